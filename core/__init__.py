@@ -1,0 +1,24 @@
+"""dsahal: one op interface for the attention of hybrid sparse-attention LLMs, many backends.
+
+    import dsahal
+    o, lse = dsahal.ops.sparse_mla(q, kv_pages, slots, kv_fmt="fp8_ds_mla", softmax_scale=s)
+
+The backend is chosen by ``DSAHAL_BACKEND`` (or automatically) when the first op runs.
+"""
+from . import formats, ops
+from ._version import __version__
+from .registry import (
+    Backend,
+    Capabilities,
+    FallbackError,
+    RegistryError,
+    active_table,
+    hookimpl,
+    set_backend,
+    use_backend,
+)
+
+__all__ = [
+    "__version__", "ops", "formats", "Backend", "Capabilities", "FallbackError", "RegistryError", "active_table",
+    "hookimpl", "set_backend", "use_backend",
+]

@@ -1,0 +1,139 @@
+"""Model configuration of a hybrid KDA + DSA model, and the named presets.
+
+Only the quantities the attention ops, the cache and the planner need are first-class; the rest
+(hidden size, MLP width, vocabulary) size the plain-torch parts of the model graph.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+
+LAYER_KINDS = ("kda", "dsa")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A hybrid model. ``layer_kinds`` lists each layer as ``"kda"`` or ``"dsa"`` (MLA + indexer).
+
+    Head counts are totals for the whole model; tensor parallelism divides them.
+    """
+
+    name: str
+    layer_kinds: tuple[str, ...]
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    # MLA (DSA layers)
+    num_heads: int
+    q_lora_rank: int
+    kv_lora_rank: int = 512  # latent "nope" dims: the cached compressed KV
+    qk_rope_dim: int = 64
+    qk_nope_dim: int = 128
+    v_head_dim: int = 128
+    mscale: float = 1.0
+    # DSA lightning indexer
+    index_heads: int = 32
+    index_dim: int = 128
+    index_topk: int = 2048
+    # KDA
+    kda_heads: int = 0  # 0: same as num_heads
+    kda_head_dim: int = 128
+    kda_gate_rank: int = 128  # low-rank channel-wise gate projection
+    # misc
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    notes: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        bad = [k for k in self.layer_kinds if k not in LAYER_KINDS]
+        if bad:
+            raise ValueError(f"ModelConfig {self.name!r}: layer_kinds expected only {LAYER_KINDS}, got {bad}")
+        if self.kv_lora_rank + self.qk_rope_dim != 576 or self.index_dim != 128:
+            raise ValueError(
+                f"ModelConfig {self.name!r}: the cache formats hold a 576-dim latent (512 + 64) and 128-dim "
+                f"index keys; got kv_lora_rank={self.kv_lora_rank}, qk_rope_dim={self.qk_rope_dim}, "
+                f"index_dim={self.index_dim}"
+            )
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_heads", "index_heads", "index_topk",
+                     "kda_head_dim"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ModelConfig {self.name!r}: {name} expected > 0, got {getattr(self, name)}")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_kinds)
+
+    @property
+    def dsa_layers(self) -> list[int]:
+        return [i for i, kind in enumerate(self.layer_kinds) if kind == "dsa"]
+
+    @property
+    def kda_layers(self) -> list[int]:
+        return [i for i, kind in enumerate(self.layer_kinds) if kind == "kda"]
+
+    @property
+    def kda_num_heads(self) -> int:
+        return self.kda_heads or self.num_heads
+
+    @property
+    def latent_dim(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_dim
+
+    @property
+    def softmax_scale(self) -> float:
+        """MLA's scale: ``(qk_nope + qk_rope)^-0.5 · mscale²`` (192^-0.5 for the real models)."""
+        return self.mscale * self.mscale / float(self.qk_nope_dim + self.qk_rope_dim) ** 0.5
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["layer_kinds"] = list(self.layer_kinds)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelConfig":
+        data = dict(data)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known - {"layer_pattern", "num_layers"})
+        if unknown:
+            raise ValueError(f"model config: unknown keys {unknown}; expected some of {sorted(known)}")
+        if "layer_kinds" not in data:
+            data["layer_kinds"] = hybrid_pattern(int(data.pop("num_layers")), data.pop("layer_pattern", "kkkd"))
+        data.pop("layer_pattern", None)
+        data.pop("num_layers", None)
+        data["layer_kinds"] = tuple(data["layer_kinds"])
+        return cls(**data)
+
+
+def hybrid_pattern(num_layers: int, pattern: str = "kkkd") -> tuple[str, ...]:
+    """Repeat a pattern of ``k`` (KDA) and ``d`` (DSA) letters over ``num_layers`` layers
+    (a pattern as long as the model spells every layer out)."""
+    letters = {"k": "kda", "d": "dsa"}
+    if not pattern or set(pattern) - set(letters):
+        raise ValueError(f"model config: layer_pattern expected letters 'k' and 'd', got {pattern!r}")
+    return tuple(letters[pattern[i % len(pattern)]] for i in range(num_layers))
+
+
+def list_presets() -> list[str]:
+    folder = resources.files("dsahal") / "presets"
+    return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def load_config(name_or_path: str) -> ModelConfig:
+    """A preset by name (``tiny``, ``k31-pro-slice``, ``k31-pro``) or a JSON file path."""
+    path = Path(name_or_path)
+    if path.suffix == ".json" and path.exists():
+        text = path.read_text()
+    else:
+        preset = resources.files("dsahal") / "presets" / f"{name_or_path}.json"
+        if not preset.is_file():
+            raise ValueError(f"unknown model config {name_or_path!r}: not a JSON file and not one of the presets "
+                             f"{list_presets()}")
+        text = preset.read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"model config {name_or_path!r} is not valid JSON: {exc}") from None
+    return ModelConfig.from_dict(data)

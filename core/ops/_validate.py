@@ -1,0 +1,134 @@
+"""Cheap argument checks shared by every op: type, rank, shape, dtype, device.
+
+Every check raises with the same message shape so a user can read what went wrong:
+``dsahal.<op>: argument '<name>' expected <what>, got <what>``. ``TypeError`` for a wrong
+Python type or dtype, ``ValueError`` for a wrong shape, device or value. Nothing here reads
+tensor *contents* (that would synchronise a GPU): only metadata.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+Dim = int | str | None  # an exact size, a named size bound on first sight, or "any"
+
+
+class ShapeBinder:
+    """Binds named dimensions (``"T"``, ``"H"``) across the arguments of one op call."""
+
+    def __init__(self, op: str, **known: int):
+        self.op = op
+        self.sizes: dict[str, int] = dict(known)
+        self.where: dict[str, str] = {k: "given" for k in known}
+
+    def tensor(
+        self,
+        name: str,
+        value: object,
+        shape: Sequence[Dim],
+        dtypes: Iterable[torch.dtype] | torch.dtype | None = None,
+        *,
+        device: torch.device | None = None,
+        optional: bool = False,
+        last_dim_contiguous: bool = False,
+    ) -> None:
+        if value is None:
+            if optional:
+                return
+            raise TypeError(f"dsahal.{self.op}: argument '{name}' expected a tensor, got None")
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"dsahal.{self.op}: argument '{name}' expected a torch.Tensor, got {type(value).__name__}"
+            )
+        if dtypes is not None:
+            allowed = (dtypes,) if isinstance(dtypes, torch.dtype) else tuple(dtypes)
+            if value.dtype not in allowed:
+                names = " or ".join(str(d).replace("torch.", "") for d in allowed)
+                raise TypeError(
+                    f"dsahal.{self.op}: argument '{name}' expected dtype {names}, "
+                    f"got {str(value.dtype).replace('torch.', '')}"
+                )
+        expected = "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"
+        if value.dim() != len(shape):
+            raise ValueError(
+                f"dsahal.{self.op}: argument '{name}' expected a {len(shape)}-d tensor of shape "
+                f"{expected}, got shape {list(value.shape)}"
+            )
+        for axis, (want, got) in enumerate(zip(shape, value.shape)):
+            if want is None:
+                continue
+            if isinstance(want, str):
+                if want not in self.sizes:
+                    self.sizes[want] = int(got)
+                    self.where[want] = f"'{name}' dim {axis}"
+                    continue
+                want_size, source = self.sizes[want], f" ({want}={self.sizes[want]} from {self.where[want]})"
+            else:
+                want_size, source = want, ""
+            if int(got) != want_size:
+                raise ValueError(
+                    f"dsahal.{self.op}: argument '{name}' expected shape {expected}{source}, "
+                    f"got shape {list(value.shape)} (dim {axis} is {int(got)})"
+                )
+        if device is not None and value.device != device:
+            raise ValueError(
+                f"dsahal.{self.op}: argument '{name}' expected device {device}, got {value.device}"
+            )
+        if last_dim_contiguous and value.dim() and value.shape[-1] > 1 and value.stride(-1) != 1:
+            raise ValueError(
+                f"dsahal.{self.op}: argument '{name}' expected unit stride in its last dim, "
+                f"got strides {list(value.stride())}"
+            )
+
+    def positive_int(self, name: str, value: object, *, minimum: int = 1) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"dsahal.{self.op}: argument '{name}' expected an int, got {type(value).__name__}")
+        if value < minimum:
+            raise ValueError(f"dsahal.{self.op}: argument '{name}' expected an int >= {minimum}, got {value}")
+
+    def positive_float(self, name: str, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"dsahal.{self.op}: argument '{name}' expected a float, got {type(value).__name__}")
+        if not (value > 0.0 and value < float("inf")):
+            raise ValueError(f"dsahal.{self.op}: argument '{name}' expected a finite float > 0, got {value}")
+
+    def choice(self, name: str, value: object, choices: Iterable[str]) -> None:
+        options = tuple(choices)
+        if value not in options:
+            raise ValueError(f"dsahal.{self.op}: argument '{name}' expected one of {list(options)}, got {value!r}")
+
+    def same_device(self, **tensors: torch.Tensor | None) -> None:
+        present = {k: v for k, v in tensors.items() if v is not None}
+        devices = {str(v.device) for v in present.values()}
+        if len(devices) > 1:
+            listing = ", ".join(f"{k} on {v.device}" for k, v in present.items())
+            raise ValueError(f"dsahal.{self.op}: expected all tensors on one device, got {listing}")
+
+    def fail(self, message: str, *, type_error: bool = False) -> None:
+        raise (TypeError if type_error else ValueError)(f"dsahal.{self.op}: {message}")
+
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def can_read_values(t: torch.Tensor) -> bool:
+    """Value checks read tensor contents (a device sync): never while tracing or graph capture."""
+    if torch.compiler.is_compiling():
+        return False
+    if t.is_cuda and torch.cuda.is_current_stream_capturing():
+        return False
+    return t.device.type != "meta"
+
+
+def values_in_range(op: str, name: str, t: torch.Tensor, low: int, high: int, *, what: str = "") -> None:
+    """Every element in ``[low, high]`` (inclusive); skipped where contents cannot be read."""
+    if t.numel() == 0 or not can_read_values(t):
+        return
+    t_min, t_max = int(t.min()), int(t.max())
+    if t_min < low or t_max > high:
+        bad = t_min if t_min < low else t_max
+        raise ValueError(
+            f"dsahal.{op}: argument '{name}' expected values in [{low}, {high}]{what}, got {bad}"
+        )

@@ -1,0 +1,76 @@
+"""One DSA layer's attention: indexer -> top-k -> position-to-slot -> sparse MLA (optionally fused)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..formats import INDEX_DIM, LATENT_DIM, LATENT_NOPE_DIM
+from ..registry.state import active_table
+from ._validate import ShapeBinder
+from .indexer import QUERY_DTYPES as INDEX_QUERY_DTYPES
+from .indexer import validate_indexer_score
+from .sparse_mla import QUERY_DTYPES, validate_sparse_mla
+
+OP = "dsa_attention"
+
+
+@torch.library.custom_op("dsahal::dsa_attention", mutates_args=())
+def _dsa_attention_op(
+    q_index: torch.Tensor, index_weights: torch.Tensor, index_pages: torch.Tensor, index_fmt: str,
+    q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, kv_scale: Optional[torch.Tensor],
+    block_table: torch.Tensor, req_ids: torch.Tensor, positions: torch.Tensor, topk: int, max_context: int,
+    softmax_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return active_table().call(OP, q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt, kv_scale,
+                               block_table, req_ids, positions, topk, max_context, softmax_scale)
+
+
+@_dsa_attention_op.register_fake
+def _(q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt, kv_scale, block_table, req_ids,
+      positions, topk, max_context, softmax_scale):
+    t, h, _ = q.shape
+    return q.new_empty((t, h, LATENT_NOPE_DIM)), q.new_empty((t, h), dtype=torch.float32)
+
+
+def validate_dsa_attention(q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt, kv_scale,
+                           block_table, req_ids, positions, topk, max_context, softmax_scale) -> None:
+    v = ShapeBinder(OP)
+    v.tensor("q_index", q_index, ["T", None, INDEX_DIM], INDEX_QUERY_DTYPES)
+    v.tensor("q", q, ["T", None, LATENT_DIM], QUERY_DTYPES)
+    v.positive_int("topk", topk)
+    validate_indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt,
+                           max_context)
+    if isinstance(kv_pages, torch.Tensor) and kv_pages.dim() == 3 and kv_pages.shape[:2] != index_pages.shape[:2]:
+        v.fail(f"argument 'kv_pages' expected the same [num_blocks, block_tokens] as index_pages "
+               f"{list(index_pages.shape[:2])}, got {list(kv_pages.shape[:2])}")
+    empty_slots = torch.empty((q.shape[0], 0), dtype=torch.int32, device=q.device)
+    validate_sparse_mla(q, kv_pages, empty_slots, kv_fmt, kv_scale, softmax_scale)
+
+
+def dsa_attention(
+    q_index: torch.Tensor, index_weights: torch.Tensor, index_pages: torch.Tensor, q: torch.Tensor,
+    kv_pages: torch.Tensor, block_table: torch.Tensor, req_ids: torch.Tensor, positions: torch.Tensor, *,
+    index_fmt: str, kv_fmt: str, topk: int, max_context: int, softmax_scale: float,
+    kv_scale: Optional[torch.Tensor] = None, check: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse attention of one DSA layer; exactly the composition
+    ``sparse_mla(q, positions_to_slots(topk(indexer_score(...), positions + 1, topk)))``.
+
+    Args:
+        q_index: ``[T, Hi, 128]`` indexer queries; index_weights: ``[T, Hi]`` fp32.
+        index_pages: ``[num_blocks, block_tokens, index_bytes]`` uint8.
+        q: ``[T, H, 576]`` absorbed MLA queries.
+        kv_pages: ``[num_blocks, block_tokens, latent_bytes]`` uint8 (same blocks as index_pages).
+        block_table: ``[B, max_blocks]`` int32; req_ids, positions: ``[T]`` int32.
+        topk: tokens each query attends to; max_context: indexer score width (≥ every position + 1).
+
+    Returns:
+        ``o`` ``[T, H, 512]`` in q's dtype and ``lse`` ``[T, H]`` fp32.
+    """
+    if check:
+        validate_dsa_attention(q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt, kv_scale,
+                               block_table, req_ids, positions, topk, max_context, softmax_scale)
+    return torch.ops.dsahal.dsa_attention(q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt,
+                                          kv_scale, block_table, req_ids, positions, topk, max_context,
+                                          float(softmax_scale))

@@ -1,0 +1,44 @@
+"""LSE combine: merge partial attention over disjoint key sets into attention over their union."""
+from __future__ import annotations
+
+import torch
+
+from ..registry.state import active_table
+from ._validate import FLOAT_DTYPES, ShapeBinder
+
+OP = "lse_combine"
+
+
+@torch.library.custom_op("dsahal::lse_combine", mutates_args=())
+def _lse_combine_op(o_parts: torch.Tensor, lse_parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return active_table().call(OP, o_parts, lse_parts)
+
+
+@_lse_combine_op.register_fake
+def _(o_parts, lse_parts):
+    return o_parts.new_empty(o_parts.shape[1:]), lse_parts.new_empty(lse_parts.shape[1:])
+
+
+def validate_lse_combine(o_parts, lse_parts) -> None:
+    v = ShapeBinder(OP)
+    v.tensor("o_parts", o_parts, ["W", "T", "H", None], FLOAT_DTYPES)
+    v.tensor("lse_parts", lse_parts, ["W", "T", "H"], torch.float32)
+    v.same_device(o_parts=o_parts, lse_parts=lse_parts)
+
+
+def lse_combine(
+    o_parts: torch.Tensor, lse_parts: torch.Tensor, *, check: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lse = log Σ_r exp(lse_r)``, ``o = Σ_r exp(lse_r - lse) · o_r``.
+
+    Args:
+        o_parts: ``[W, T, H, D]`` fp32/bf16/fp16 partial outputs.
+        lse_parts: ``[W, T, H]`` fp32 natural-log partial LSEs; -inf parts contribute nothing.
+
+    Returns:
+        ``o``: ``[T, H, D]`` in o_parts' dtype; ``lse``: ``[T, H]`` fp32. All parts -inf gives
+        ``o = 0``, ``lse = -inf``.
+    """
+    if check:
+        validate_lse_combine(o_parts, lse_parts)
+    return torch.ops.dsahal.lse_combine(o_parts, lse_parts)

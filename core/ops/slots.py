@@ -1,0 +1,57 @@
+"""Position-to-slot translation: request-relative token positions to physical cache slots."""
+from __future__ import annotations
+
+import torch
+
+from ..registry.state import active_table
+from ._validate import INDEX_DTYPES, ShapeBinder, values_in_range
+
+OP = "positions_to_slots"
+
+
+@torch.library.custom_op("dsahal::positions_to_slots", mutates_args=())
+def _positions_to_slots_op(
+    positions: torch.Tensor, req_ids: torch.Tensor, block_table: torch.Tensor, block_tokens: int
+) -> torch.Tensor:
+    return active_table().call(OP, positions, req_ids, block_table, block_tokens)
+
+
+@_positions_to_slots_op.register_fake
+def _(positions, req_ids, block_table, block_tokens):
+    return torch.empty_like(positions, dtype=torch.int32)
+
+
+def validate_positions_to_slots(positions, req_ids, block_table, block_tokens) -> None:
+    v = ShapeBinder(OP)
+    v.tensor("positions", positions, ["T", "K"], INDEX_DTYPES)
+    v.tensor("req_ids", req_ids, ["T"], INDEX_DTYPES)
+    v.tensor("block_table", block_table, ["B", None], INDEX_DTYPES)
+    v.positive_int("block_tokens", block_tokens)
+    v.same_device(positions=positions, req_ids=req_ids, block_table=block_table)
+    values_in_range(OP, "req_ids", req_ids, 0, v.sizes["B"] - 1)
+    values_in_range(OP, "positions", positions, -1, block_table.shape[1] * block_tokens - 1,
+                    what=" (-1 is padding)")
+
+
+def positions_to_slots(
+    positions: torch.Tensor,
+    req_ids: torch.Tensor,
+    block_table: torch.Tensor,
+    block_tokens: int,
+    *,
+    check: bool = True,
+) -> torch.Tensor:
+    """``slot = block_table[req, pos // block_tokens] * block_tokens + pos % block_tokens``.
+
+    Args:
+        positions: ``[T, K]`` int32 request-relative positions (a top-k result); -1 is padding.
+        req_ids: ``[T]`` int32 request of each row.
+        block_table: ``[B, max_blocks]`` int32; -1 marks an unmapped block.
+        block_tokens: tokens per cache block.
+
+    Returns:
+        ``[T, K]`` int32 physical slots; -1 where the position is -1 or its block is unmapped.
+    """
+    if check:
+        validate_positions_to_slots(positions, req_ids, block_table, block_tokens)
+    return torch.ops.dsahal.positions_to_slots(positions, req_ids, block_table, block_tokens)

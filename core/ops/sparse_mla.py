@@ -1,0 +1,84 @@
+"""Sparse MLA: absorbed multi-head latent attention over each query's selected cache slots."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ..formats import LATENT_DIM, LATENT_NOPE_DIM, latent_format
+from ..registry.state import active_table
+from ._validate import INDEX_DTYPES, ShapeBinder, values_in_range
+
+OP = "sparse_mla"
+QUERY_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@torch.library.custom_op("dsahal::sparse_mla", mutates_args=())
+def _sparse_mla_op(
+    q: torch.Tensor, kv_pages: torch.Tensor, slots: torch.Tensor, kv_fmt: str,
+    kv_scale: Optional[torch.Tensor], softmax_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return active_table().call(OP, q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
+
+
+@_sparse_mla_op.register_fake
+def _(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
+    t, h, _ = q.shape
+    return q.new_empty((t, h, LATENT_NOPE_DIM)), q.new_empty((t, h), dtype=torch.float32)
+
+
+def validate_sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> None:
+    v = ShapeBinder(OP)
+    try:
+        spec = latent_format(kv_fmt)
+    except ValueError as exc:
+        v.fail(f"argument 'kv_fmt' {exc}")
+    v.tensor("q", q, ["T", "H", LATENT_DIM], QUERY_DTYPES)
+    v.tensor("kv_pages", kv_pages, [None, None, spec.token_bytes], torch.uint8, last_dim_contiguous=True)
+    v.tensor("slots", slots, ["T", "K"], INDEX_DTYPES)
+    if spec.needs_tensor_scale:
+        v.tensor("kv_scale", kv_scale, [], torch.float32)
+    elif kv_scale is not None:
+        v.fail(f"argument 'kv_scale' expected None for latent format {kv_fmt!r}, got a tensor")
+    v.positive_float("softmax_scale", softmax_scale)
+    v.same_device(q=q, kv_pages=kv_pages, slots=slots, kv_scale=kv_scale)
+    num_slots = kv_pages.shape[0] * kv_pages.shape[1]
+    values_in_range(OP, "slots", slots, -1, num_slots - 1, what=" (-1 is skipped)")
+
+
+def sparse_mla(
+    q: torch.Tensor,
+    kv_pages: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    kv_fmt: str,
+    softmax_scale: float,
+    kv_scale: Optional[torch.Tensor] = None,
+    check: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``o[t, h] = softmax_{s ∈ I(t)}(softmax_scale · q[t, h] · kv[s]) · kv[s, :512]``.
+
+    ``I(t)`` is the set of valid entries of ``slots[t]`` (-1 entries are skipped; a slot listed
+    twice counts twice, as in a dense softmax over a list). Serves prefill and decode alike.
+
+    Args:
+        q: ``[T, H, 576]`` bf16/fp16/fp32 absorbed queries (512 latent + 64 RoPE dims).
+        kv_pages: ``[num_blocks, block_tokens, token_bytes]`` uint8 latent pages in ``kv_fmt``.
+        slots: ``[T, K]`` int32 physical slots; -1 skipped.
+        kv_fmt: latent format name (``"bf16"``, ``"fp8"``, ``"fp8_ds_mla"``, ``"nvfp4"``).
+        softmax_scale: always explicit (the model's is ``192^-0.5 · mscale²``, not ``576^-0.5``).
+        kv_scale: ``[]`` fp32 per-tensor scale for ``"fp8"``, else None.
+
+    Returns:
+        ``o``: ``[T, H, 512]`` in q's dtype; ``lse``: ``[T, H]`` fp32 natural-log sum-exp of the
+        scaled logits. A row with no valid slot gives ``o = 0`` and ``lse = -inf``.
+    """
+    if check:
+        validate_sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
+    return torch.ops.dsahal.sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, float(softmax_scale))
+
+
+def default_mla_softmax_scale(qk_head_dim: int = 192, mscale: float = 1.0) -> float:
+    """``qk_head_dim^-0.5 · mscale²``: the DeepSeek/Kimi MLA scale (192 = 128 nope + 64 rope)."""
+    return mscale * mscale / math.sqrt(qk_head_dim)

@@ -1,0 +1,51 @@
+"""Exact global top-k over a context sharded across ranks (decode context parallelism)."""
+from __future__ import annotations
+
+import torch
+
+from ..registry.state import active_table
+from ._validate import INDEX_DTYPES, ShapeBinder, values_in_range
+
+OP = "topk_merge"
+
+
+def validate_topk_merge(local_scores, local_lengths, k, group) -> None:
+    v = ShapeBinder(OP)
+    v.tensor("local_scores", local_scores, ["T", "N"], torch.float32)
+    v.tensor("local_lengths", local_lengths, ["T"], INDEX_DTYPES)
+    v.positive_int("k", k)
+    v.same_device(local_scores=local_scores, local_lengths=local_lengths)
+    values_in_range(OP, "local_lengths", local_lengths, 0, local_scores.shape[1])
+
+
+def topk_merge(
+    local_scores: torch.Tensor,
+    local_lengths: torch.Tensor,
+    k: int,
+    group=None,
+    *,
+    check: bool = True,
+) -> torch.Tensor:
+    """The global top-k of a context interleaved over the ``W`` ranks of ``group``.
+
+    Global position ``p`` lives on rank ``p % W`` at local index ``p // W``. Every rank passes its
+    local scores and receives the same result: exactly what :func:`dsahal.ops.topk` returns on the
+    gathered ``[T, W * N]`` scores (same tie rule: smaller *global* position wins; -inf never
+    selected; short rows padded with -1).
+
+    Args:
+        local_scores: ``[T, N]`` fp32 scores of this rank's tokens (same ``T`` on every rank).
+        local_lengths: ``[T]`` int32 valid local entries per row (``ceil((L - rank) / W)`` for a
+            context of length ``L``).
+        k: number to keep.
+        group: ``torch.distributed`` process group; ``None`` means the default group when
+            ``torch.distributed`` is initialised, else a single rank.
+
+    Returns:
+        ``[T, k]`` int32 global positions, valid ones first, -1 padding last.
+
+    Collective: every rank of ``group`` must call it with the same ``T`` and ``k``.
+    """
+    if check:
+        validate_topk_merge(local_scores, local_lengths, k, group)
+    return active_table().call(OP, local_scores, local_lengths, k, group)
