@@ -1,0 +1,1 @@
+"""Test-only backend plugins, loaded through DSAHAL_PLUGIN_MODULES=plugins.<name>."""

@@ -1,0 +1,176 @@
+"""The registry: discovery, selection by environment, fallbacks, strict mode, allow-list."""
+import logging
+
+import pytest
+import torch
+
+import dsahal
+from dsahal import ops
+from dsahal.registry import FallbackError, RegistryError, active_table, registry
+
+
+def _lse_args(dtype=torch.float32):
+    o_parts = torch.randn(3, 4, 2, 8).to(dtype)
+    lse_parts = torch.randn(3, 4, 2)
+    return o_parts, lse_parts
+
+
+def test_builtin_backends_are_discovered_through_entry_points():
+    records = registry().records
+    for name in ("reference", "nvidia", "amd", "tpu", "ppu"):
+        assert name in records
+    assert records["nvidia"].plugin == "nvidia"  # registered by its entry-point name, as a vendor's would be
+
+
+def test_cpu_machine_selects_reference_automatically():
+    assert active_table().name == "reference"
+
+
+def test_unknown_backend_lists_every_backend_and_why_unavailable(monkeypatch):
+    monkeypatch.setenv("DSAHAL_BACKEND", "nope")
+    with pytest.raises(RegistryError) as info:
+        active_table()
+    message = str(info.value)
+    assert "unknown backend 'nope'" in message
+    for name in ("reference", "nvidia", "amd", "tpu", "ppu"):
+        assert f"  {name}: " in message
+    assert "unavailable (" in message
+
+
+def test_unavailable_backend_named_in_env_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "plugins.unavailable")
+    monkeypatch.setenv("DSAHAL_BACKEND", "ghost")
+    with pytest.raises(RegistryError, match="backend 'ghost' is not available here: no ghost accelerator found"):
+        active_table()
+
+
+def test_unavailable_high_priority_backend_is_not_selected_automatically(monkeypatch):
+    monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "plugins.unavailable")
+    assert active_table().name == "reference"
+
+
+def test_highest_priority_available_backend_is_selected(monkeypatch):
+    monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "plugins.eager_winner,plugins.half_lse")
+    assert active_table().name == "eager"
+
+
+def test_plugin_that_fails_to_import_is_reported_not_fatal(monkeypatch):
+    monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "plugins.broken_import,plugins.half_lse")
+    reg = registry()
+    failure = next(f for f in reg.failures if f.plugin == "plugins.broken_import")
+    assert failure.stage == "import"
+    assert "simulated missing vendor library" in failure.error
+    assert "broken_import.py" in failure.error  # traceback summary points at the culprit
+    assert reg.records["halflse"].available
+
+
+def test_plugin_whose_probe_raises_is_unavailable_with_the_reason(monkeypatch):
+    monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "plugins.broken_probe")
+    record = registry().records["badprobe"]
+    assert not record.available
+    assert "driver query failed" in record.reason
+    assert active_table().name == "reference"
+
+
+def test_two_plugins_claiming_one_name_is_an_error(monkeypatch):
+    monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "plugins.duplicate_reference")
+    with pytest.raises(RegistryError, match="claimed by two plugins"):
+        registry()
+
+
+def test_allow_list_limits_loaded_plugins_but_keeps_the_reference(monkeypatch):
+    monkeypatch.setenv("DSAHAL_PLUGINS", "amd")
+    reg = registry()
+    assert set(reg.records) == {"reference", "amd"}
+    assert {"nvidia", "tpu", "ppu"} <= set(reg.excluded)
+
+
+def test_excluded_plugin_is_named_when_selected(monkeypatch):
+    monkeypatch.setenv("DSAHAL_PLUGINS", "amd")
+    monkeypatch.setenv("DSAHAL_BACKEND", "nvidia")
+    with pytest.raises(RegistryError, match="plugin nvidia: not loaded"):
+        active_table()
+
+
+def test_plugin_overrides_one_op_and_the_rest_fall_back(monkeypatch):
+    import plugins.half_lse as plugin
+
+    monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "plugins.half_lse")
+    monkeypatch.setenv("DSAHAL_BACKEND", "halflse")
+    table = active_table()
+    assert table.entries["lse_combine"].status == "native"
+    assert table.entries["dsa_attention"].status == "composite"
+    fallback = {op for op, e in table.entries.items() if e.status == "fallback"}
+    assert fallback == set(ops.OP_NAMES) - {"lse_combine", "dsa_attention"}
+    before = plugin.CALLS["lse_combine"]
+    o, lse = ops.lse_combine(*_lse_args())
+    assert plugin.CALLS["lse_combine"] == before + 1
+    assert table.calls["lse_combine"] == [1, 0]
+
+
+def test_verifier_rejection_falls_back_and_logs_the_reason_once(monkeypatch, caplog):
+    import plugins.half_lse as plugin
+
+    monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "plugins.half_lse")
+    monkeypatch.setenv("DSAHAL_BACKEND", "halflse")
+    before = plugin.CALLS["lse_combine"]
+    with caplog.at_level(logging.WARNING, logger="dsahal"):
+        for _ in range(3):
+            ops.lse_combine(*_lse_args(torch.float16))
+    assert plugin.CALLS["lse_combine"] == before  # the verifier kept the plugin out
+    messages = [r.getMessage() for r in caplog.records if "lse_combine" in r.getMessage()]
+    assert len(messages) == 1
+    assert "fp16 partial outputs are not supported" in messages[0]
+    assert active_table().calls["lse_combine"] == [0, 3]
+
+
+def test_missing_op_fallback_is_logged_once_per_op(monkeypatch, caplog):
+    monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "plugins.half_lse")
+    monkeypatch.setenv("DSAHAL_BACKEND", "halflse")
+    scores = torch.randn(2, 10)
+    with caplog.at_level(logging.WARNING, logger="dsahal"):
+        ops.topk(scores, torch.tensor([10, 5]), 3)
+        ops.topk(scores, torch.tensor([10, 5]), 3)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len([m for m in messages if "dsahal.topk" in m]) == 1
+    assert "does not implement topk" in messages[0]
+
+
+def test_strict_mode_turns_fallback_into_an_error(monkeypatch):
+    monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "plugins.half_lse")
+    monkeypatch.setenv("DSAHAL_BACKEND", "halflse")
+    monkeypatch.setenv("DSAHAL_STRICT", "1")
+    ops.lse_combine(*_lse_args())  # native: fine
+    with pytest.raises(FallbackError, match="does not implement topk"):
+        ops.topk(torch.randn(2, 10), torch.tensor([10, 5]), 3)
+    with pytest.raises(FallbackError, match="fp16 partial outputs"):
+        ops.lse_combine(*_lse_args(torch.float16))
+
+
+def test_use_backend_switches_and_restores(monkeypatch):
+    monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "plugins.half_lse")
+    monkeypatch.setenv("DSAHAL_BACKEND", "reference")
+    assert active_table().name == "reference"
+    with dsahal.use_backend("halflse") as table:
+        assert table.name == "halflse"
+        assert active_table() is table
+    assert active_table().name == "reference"
+
+
+def test_op_table_is_resolved_once_not_per_call(monkeypatch):
+    table = active_table()
+    ops.topk(torch.randn(2, 10), torch.tensor([10, 5]), 3)
+    assert active_table() is table
+    import pluggy
+
+    calls = []
+    monkeypatch.setattr(pluggy.PluginManager, "register", lambda *a, **k: calls.append(a))
+    ops.topk(torch.randn(2, 10), torch.tensor([10, 5]), 3)
+    assert calls == []
+
+
+def test_backend_declaration_is_validated():
+    with pytest.raises(ValueError, match="verifiers for ops it does not implement"):
+        dsahal.Backend(name="x", verifiers={"topk": lambda *a: (True, "")})
+    with pytest.raises(ValueError, match="non-empty identifier"):
+        dsahal.Backend(name="bad name!")
