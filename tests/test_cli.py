@@ -1,0 +1,69 @@
+"""The `dsahal` command: backends table, version, help, errors."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dsahal import __version__
+from dsahal.cli import build_parser, main
+
+
+def run_cli(*args, env=None):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DSAHAL_")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "dsahal", *args], capture_output=True, text=True, env=full_env,
+                          timeout=120)
+
+
+def test_backends_lists_every_builtin_with_availability_and_reason():
+    result = run_cli("backends")
+    assert result.returncode == 0, result.stderr
+    for name in ("reference", "nvidia", "amd", "tpu", "ppu"):
+        assert f" {name}" in result.stdout
+    assert "no CUDA device visible" in result.stdout
+    assert "selected: reference" in result.stdout
+
+
+def test_backends_json_reports_coverage_per_op():
+    result = run_cli("backends", "--json")
+    data = json.loads(result.stdout)
+    rows = {row["name"]: row for row in data["backends"]}
+    assert data["selected"] == "reference"
+    assert set(rows["reference"]["coverage"].values()) == {"native"}
+    assert rows["amd"]["available"] is False and "ROCm" in rows["amd"]["reason"]
+
+
+def test_unknown_backend_in_env_exits_nonzero_naming_the_backends():
+    result = run_cli("backends", env={"DSAHAL_BACKEND": "nope"})
+    assert result.returncode != 0
+    assert "unknown backend 'nope'" in result.stderr
+    for name in ("reference", "nvidia", "amd", "tpu", "ppu"):
+        assert name in result.stderr
+
+
+def test_installed_plugin_appears_in_the_table():
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    result = run_cli("backends", env={"DSAHAL_PLUGIN_MODULES": "plugins.half_lse",
+                                      "PYTHONPATH": tests_dir})
+    assert "halflse" in result.stdout
+    assert "native: lse_combine" in result.stdout
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert __version__ in capsys.readouterr().out
+
+
+def test_every_command_has_help(capsys):
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # argparse keeps sub-parsers here
+    assert "backends" in commands
+    for name in commands:
+        with pytest.raises(SystemExit) as info:
+            main([name, "--help"])
+        assert info.value.code == 0
+        assert "usage: dsahal " + name in capsys.readouterr().out
