@@ -1,33 +1,82 @@
-"""Alibaba T-HEAD PPU backend plugin: declaration and probe only (never run on PPU hardware)."""
+"""Alibaba T-HEAD PPU backend plugin (Zhenwu M890, 810E). Never run on PPU hardware.
+
+The PPU presents itself to torch as a CUDA device, so this backend has its own probe
+(:mod:`.detect`), shared with the ``nvidia`` backend's so exactly one of them claims a device.
+Its ops are the portable torch formulations of this folder (batched fp32 tensor code that any
+torch device runs). cache_write and the collectives stay on the reference,
+which is already batched torch (pack + scatter) and ``torch.distributed``.
+"""
 from __future__ import annotations
 
 from dsahal.registry import Backend, Capabilities, hookimpl
 
-from .detect import cuda_device_name, ppu_evidence
+from .detect import classify_cuda_device, cuda_device_name, ppu_evidence
+
+PACKAGE = "dsahal.backends.ppu"
+NEVER_RUN = "never run on PPU hardware; checked on the CPU only"
+
+OPS = {
+    "indexer_score": f"{PACKAGE}.portable_index:indexer_score",
+    "topk": f"{PACKAGE}.portable_index:topk",
+    "positions_to_slots": f"{PACKAGE}.portable_index:positions_to_slots",
+    "sparse_mla": f"{PACKAGE}.portable_attention:sparse_mla",
+    "lse_combine": f"{PACKAGE}.portable_attention:lse_combine",
+    "kda_decode": f"{PACKAGE}.portable_kda:kda_decode",
+    "kda_prefill": f"{PACKAGE}.portable_kda:kda_prefill",
+}
+VERIFIERS = {
+    "topk": f"{PACKAGE}.verifiers:verify_topk",
+    "sparse_mla": f"{PACKAGE}.verifiers:verify_sparse_mla",
+}
+TAGS = frozenset({"gpu", "cuda", "ppu"})
 
 
 def probe() -> tuple[bool, str]:
+    """Available when torch sees a CUDA device and :func:`.detect.classify_cuda_device` calls it a PPU."""
     import torch
 
+    if torch.version.hip is not None:
+        return False, f"torch is a ROCm build (hip {torch.version.hip}); the PPU needs a CUDA-compatible torch"
     if not torch.cuda.is_available():
         evidence = ppu_evidence()
         hint = f" ({'; '.join(evidence)} found)" if evidence else ""
         return False, f"no CUDA-compatible device visible to torch{hint}"
-    evidence = ppu_evidence(device_name=cuda_device_name())
-    if not evidence:
-        return False, "the CUDA device shows no sign of a PPU (no PPU_SDK, no ppu-smi, device name not a PPU)"
-    return True, "; ".join(evidence)
+    verdict = classify_cuda_device(device_name=cuda_device_name())
+    if not verdict.is_ppu:
+        return False, f"the CUDA device is not a PPU: {verdict.reason()}"
+    return True, verdict.reason()
+
+
+def versions() -> dict[str, str]:
+    import os
+    import shutil
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("torch", "triton"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "not installed"
+    found["PPU_SDK"] = os.environ.get("PPU_SDK", "unset")
+    found["ppu-smi"] = shutil.which("ppu-smi") or "not found"
+    return found
 
 
 def ppu_backend() -> Backend:
     return Backend(
         name="ppu",
-        ops={},
-        tags=frozenset({"gpu", "cuda", "ppu"}),
+        ops=dict(OPS),
+        verifiers=dict(VERIFIERS),
+        tags=TAGS,
         priority=110,
         probe=probe,
-        capabilities=Capabilities(),
-        description="CUDA-compatible Triton kernels where the PPU toolchain takes them, portable torch otherwise",
+        versions=versions,
+        # Not claimed: batch invariance (torch's GPU matmuls pick split sizes by shape) and any
+        # format limit (the portable ops read every format through its own unpack).
+        capabilities=Capabilities(deterministic=True, batch_invariant=False, distributed=True,
+                                  unverified={op: NEVER_RUN for op in OPS}),
+        description="portable batched torch ops, shared CUDA-compatible Triton kernels where registered",
     )
 
 

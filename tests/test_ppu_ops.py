@@ -1,0 +1,182 @@
+"""The PPU backend's portable ops agree with the reference on fresh random inputs and edge cases.
+
+They run here on the CPU: the same torch code the PPU would run, not the PPU itself."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dsahal import ops
+from dsahal.backends.ppu import portable_attention, portable_index, portable_kda, verifiers
+from dsahal.formats import cache_format
+from dsahal.reference import cache as ref_cache
+from dsahal.reference import indexer as ref_indexer
+from dsahal.reference import kda as ref_kda
+from dsahal.reference import lse_combine as ref_lse
+from dsahal.reference import slots as ref_slots
+from dsahal.reference import sparse_mla as ref_mla
+from dsahal.reference import topk as ref_topk
+from dsahal.registry import active_table
+
+FEW = settings(max_examples=12, deadline=None)
+NEG_INF = float("-inf")
+
+
+def _filled_pages(kind, fmt, num_blocks, block_tokens, scale=None, seed=0):
+    spec = cache_format(kind, fmt)
+    pages = torch.zeros(num_blocks, block_tokens, spec.token_bytes, dtype=torch.uint8)
+    values = torch.randn(num_blocks * block_tokens, spec.dim, generator=torch.Generator().manual_seed(seed))
+    ref_cache.cache_write(values, torch.arange(num_blocks * block_tokens), pages, kind, fmt, scale)
+    return pages
+
+
+def _assert_close_with_same_infinities(actual, expected, rtol=1e-5):
+    assert torch.equal(torch.isinf(actual), torch.isinf(expected))
+    finite = torch.isfinite(expected)
+    torch.testing.assert_close(actual[finite], expected[finite], rtol=rtol, atol=rtol * expected[finite].abs().max())
+
+
+@FEW
+@given(parts=st.integers(1, 4), tokens=st.integers(1, 5), dead=st.floats(0.0, 0.6), seed=st.integers(0, 2**16))
+def test_lse_combine_matches_reference_including_dead_parts(parts, tokens, dead, seed):
+    gen = torch.Generator().manual_seed(seed)
+    o_parts = torch.randn(parts, tokens, 3, 16, generator=gen)
+    lse_parts = 20 * torch.randn(parts, tokens, 3, generator=gen)  # spread wide: exp would overflow unshifted
+    lse_parts[torch.rand(parts, tokens, 3, generator=gen) < dead] = NEG_INF
+    o, lse = portable_attention.lse_combine(o_parts, lse_parts)
+    o_ref, lse_ref = ref_lse.lse_combine(o_parts, lse_parts)
+    _assert_close_with_same_infinities(lse, lse_ref)
+    torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-6)
+
+
+def test_lse_combine_all_dead_row_gives_zero_and_minus_inf():
+    o, lse = portable_attention.lse_combine(torch.randn(2, 1, 1, 4), torch.full((2, 1, 1), NEG_INF))
+    assert torch.equal(o, torch.zeros(1, 1, 4)) and lse.item() == NEG_INF
+
+
+@FEW
+@given(tokens=st.integers(1, 6), width=st.integers(1, 48), k=st.integers(1, 60), levels=st.integers(1, 6),
+       seed=st.integers(0, 2**16))
+def test_topk_returns_the_reference_set_under_the_tie_rule(tokens, width, k, levels, seed):
+    gen = torch.Generator().manual_seed(seed)
+    # Few distinct levels force ties straddling the k-th place; some -inf entries are never chosen.
+    scores = torch.randint(0, levels, (tokens, width), generator=gen).float()
+    scores[torch.rand(tokens, width, generator=gen) < 0.2] = NEG_INF
+    lengths = torch.randint(0, width + 1, (tokens,), generator=gen).int()
+    got = portable_index.topk(scores, lengths, k)
+    want = ref_topk.topk(scores, lengths, k)
+    assert got.shape == (tokens, k) and got.dtype == torch.int32
+    assert [sorted(r) for r in got.tolist()] == [sorted(r) for r in want.tolist()]
+    valid = got >= 0
+    assert torch.equal(valid, valid.sort(dim=1, descending=True, stable=True).values)  # -1 padding last
+
+
+@FEW
+@given(tokens=st.integers(1, 5), picks=st.integers(1, 6), block_tokens=st.sampled_from([1, 4, 16]),
+       seed=st.integers(0, 2**16))
+def test_positions_to_slots_matches_reference_with_padding_and_unmapped_blocks(tokens, picks, block_tokens, seed):
+    gen = torch.Generator().manual_seed(seed)
+    block_table = torch.randint(-1, 9, (3, 4), generator=gen).int()
+    positions = torch.randint(-1, 4 * block_tokens, (tokens, picks), generator=gen).int()
+    req_ids = torch.randint(0, 3, (tokens,), generator=gen).int()
+    assert torch.equal(portable_index.positions_to_slots(positions, req_ids, block_table, block_tokens),
+                       ref_slots.positions_to_slots(positions, req_ids, block_table, block_tokens))
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_indexer_score_matches_reference_with_causality_and_unmapped_blocks(fmt):
+    gen = torch.Generator().manual_seed(7)
+    pages = _filled_pages("index", fmt, num_blocks=6, block_tokens=4, seed=1)
+    block_table = torch.tensor([[2, 0, 5, 4], [1, -1, 3, -1]], dtype=torch.int32)
+    req_ids = torch.tensor([0, 0, 1, 1, 0], dtype=torch.int32)
+    positions = torch.tensor([0, 7, 11, 3, 14], dtype=torch.int32)
+    q, weights = torch.randn(5, 4, 128, generator=gen), torch.randn(5, 4, generator=gen)
+    args = (q, weights, pages, block_table, req_ids, positions, fmt, 12)  # max_context cuts position 14
+    _assert_close_with_same_infinities(portable_index.indexer_score(*args), ref_indexer.indexer_score(*args))
+
+
+def test_indexer_score_chunks_the_context_without_changing_the_result(monkeypatch):
+    pages = _filled_pages("index", "bf16", num_blocks=4, block_tokens=8, seed=2)
+    block_table = torch.tensor([[3, 1, 0, 2]], dtype=torch.int32)
+    q, weights = torch.randn(2, 2, 128), torch.randn(2, 2)
+    args = (q, weights, pages, block_table, torch.zeros(2, dtype=torch.int32), torch.tensor([30, 17]), "bf16", 32)
+    whole = portable_index.indexer_score(*args)
+    monkeypatch.setattr(portable_index, "INDEXER_CONTEXT_CHUNK", 5)
+    _assert_close_with_same_infinities(portable_index.indexer_score(*args), whole, rtol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_sparse_mla_matches_reference_with_skipped_repeated_and_empty_rows(fmt):
+    scale = torch.tensor(0.05) if fmt == "fp8" else None
+    pages = _filled_pages("latent", fmt, num_blocks=5, block_tokens=4, scale=scale, seed=3)
+    q = torch.randn(4, 3, 576, generator=torch.Generator().manual_seed(4))
+    slots = torch.tensor([[0, 5, 19, -1], [-1, -1, -1, -1], [3, 3, 7, 8], [12, -1, 1, -1]], dtype=torch.int32)
+    o, lse = portable_attention.sparse_mla(q, pages, slots, fmt, scale, 0.07)
+    o_ref, lse_ref = ref_mla.sparse_mla(q, pages, slots, fmt, scale, 0.07)
+    _assert_close_with_same_infinities(lse, lse_ref)
+    torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(o[1], torch.zeros_like(o[1]))
+
+
+def test_sparse_mla_gathers_in_row_groups_without_changing_the_result(monkeypatch):
+    pages = _filled_pages("latent", "bf16", num_blocks=3, block_tokens=4, seed=5)
+    q, slots = torch.randn(5, 2, 576), torch.randint(-1, 12, (5, 6)).int()
+    whole = portable_attention.sparse_mla(q, pages, slots, "bf16", None, 0.1)
+    monkeypatch.setattr(portable_attention, "SPARSE_MLA_GATHER_TOKENS", 7)  # one row per gather
+    for got, want in zip(portable_attention.sparse_mla(q, pages, slots, "bf16", None, 0.1), whole):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def _kda_inputs(tokens, heads=2, key_dim=8, value_dim=6, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(tokens, heads, key_dim, generator=gen), torch.randn(tokens, heads, key_dim, generator=gen),
+            torch.randn(tokens, heads, value_dim, generator=gen),
+            -3 * torch.rand(tokens, heads, key_dim, generator=gen), torch.rand(tokens, heads, generator=gen))
+
+
+@pytest.mark.parametrize("use_qk_l2norm", [True, False])
+def test_kda_decode_matches_reference_and_skips_padding_requests(use_qk_l2norm):
+    q, k, v, g, beta = _kda_inputs(4, seed=1)
+    pool = torch.randn(5, 2, 8, 6)
+    ref_pool = pool.clone()
+    state_ids = torch.tensor([3, -1, 0, 1], dtype=torch.int32)
+    out = portable_kda.kda_decode(q, k, v, g, beta, pool, state_ids, 0.3, use_qk_l2norm)
+    ref_out = ref_kda.kda_decode(q, k, v, g, beta, ref_pool, state_ids, 0.3, use_qk_l2norm)
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pool, ref_pool, rtol=1e-5, atol=1e-5)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+@pytest.mark.parametrize("use_qk_l2norm", [True, False])
+def test_kda_prefill_matches_reference_across_chunks_empty_and_stateless_sequences(use_qk_l2norm):
+    q, k, v, g, beta = _kda_inputs(150, seed=2)
+    cu_seqlens = torch.tensor([0, 70, 70, 150], dtype=torch.int32)  # 70 spans two chunks; one sequence empty
+    state_ids = torch.tensor([2, 4, -1], dtype=torch.int32)
+    pool = torch.randn(5, 2, 8, 6)
+    ref_pool = pool.clone()
+    out = portable_kda.kda_prefill(q, k, v, g, beta, cu_seqlens, pool, state_ids, 0.3, use_qk_l2norm)
+    ref_out = ref_kda.kda_prefill(q, k, v, g, beta, cu_seqlens, ref_pool, state_ids, 0.3, use_qk_l2norm)
+    scale = ref_out.abs().max()
+    torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-5 * scale)
+    torch.testing.assert_close(pool, ref_pool, rtol=1e-4, atol=1e-5)
+
+
+def test_verifiers_read_shapes_only_and_state_the_limit():
+    wide = torch.empty((1, 1 << 24), device="meta")
+    ok, reason = verifiers.verify_topk(wide, torch.empty((1,), dtype=torch.int32, device="meta"), 8)
+    assert not ok and "2^24" in reason
+    assert verifiers.verify_topk(torch.empty((1, 100), device="meta"), None, 8) == (True, "")
+    slots = torch.empty((1, verifiers.SPARSE_MLA_MAX_SLOTS_PER_ROW + 1), dtype=torch.int32, device="meta")
+    ok, reason = verifiers.verify_sparse_mla(None, None, slots, "bf16", None, 0.1)
+    assert not ok and "1 GiB" in reason
+
+
+def test_cpu_twin_serves_the_ppu_ops_natively_through_the_op_interface(monkeypatch):
+    monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "dsahal.backends.ppu.cpu_twin")
+    monkeypatch.setenv("DSAHAL_BACKEND", "ppu-cpu-twin")
+    o_parts, lse_parts = torch.randn(3, 2, 2, 8), torch.randn(3, 2, 2)
+    o, lse = ops.lse_combine(o_parts, lse_parts)
+    table = active_table()
+    assert table.name == "ppu-cpu-twin" and table.calls["lse_combine"] == [1, 0]
+    assert table.entries["cache_write"].status == "fallback"
+    torch.testing.assert_close(o, ref_lse.lse_combine(o_parts, lse_parts)[0])
