@@ -1,0 +1,70 @@
+"""Packing scheduled requests into one step's tensors: token ids, batch metadata, logits rows."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..model.batch import BatchMeta
+from .request import Request
+
+
+@dataclass
+class StepBatch:
+    """One step's inputs.
+
+    Attributes:
+        token_ids: ``[T]`` int64.
+        meta: :class:`~dsahal.model.BatchMeta` on the model's device.
+        logits_indices: ``[N]`` int64 tokens whose logits are sampled (each the last token of a
+            request that reaches the end of its known tokens in this step).
+        sampled: the N requests those rows belong to, in order.
+        requests: every scheduled request with its token count, in packing order.
+    """
+
+    token_ids: torch.Tensor
+    meta: BatchMeta
+    logits_indices: torch.Tensor
+    sampled: list[Request]
+    requests: list[tuple[Request, int]]
+
+
+def write_slots(block_table: torch.Tensor, req_rows: torch.Tensor, positions: torch.Tensor,
+                block_tokens: int) -> torch.Tensor:
+    """``block_table[row, pos // block_tokens] · block_tokens + pos % block_tokens`` -> ``[T]`` int64."""
+    blocks = block_table[req_rows.long(), torch.div(positions.long(), block_tokens, rounding_mode="floor")].long()
+    return blocks * block_tokens + positions.long() % block_tokens
+
+
+def build_step(scheduled: list[tuple[Request, int]], block_table: torch.Tensor, block_tokens: int,
+               max_context: int, decode: bool, device: torch.device) -> StepBatch:
+    """Pack ``(request, n)`` pairs: the next ``n`` uncomputed tokens of each request, in order.
+
+    ``block_table`` ``[R, max_blocks]`` int32 (host) must already map every position written here.
+    ``decode`` asks for the KDA recurrent step and requires ``n == 1`` for every request.
+    """
+    token_ids, positions, rows, cu_seqlens, state_ids, logits_indices, sampled = [], [], [], [0], [], [], []
+    for request, count in scheduled:
+        if decode and count != 1:
+            raise ValueError(f"build_step: a decode step takes one token per request, request "
+                             f"{request.request_id} has {count}")
+        start = request.num_computed
+        known = request.tokens
+        token_ids.extend(known[start:start + count])
+        positions.extend(range(start, start + count))
+        rows.extend([request.row] * count)
+        cu_seqlens.append(cu_seqlens[-1] + count)
+        state_ids.append(request.state_id)
+        if start + count == len(known):  # its last known token: the next one is sampled from here
+            logits_indices.append(cu_seqlens[-1] - 1)
+            sampled.append(request)
+    positions_t = torch.tensor(positions, dtype=torch.int32)
+    rows_t = torch.tensor(rows, dtype=torch.int32)
+    meta = BatchMeta(
+        positions=positions_t, req_ids=rows_t, block_table=block_table,
+        slots=write_slots(block_table, rows_t, positions_t, block_tokens),
+        cu_seqlens=torch.tensor(cu_seqlens, dtype=torch.int32), state_ids=torch.tensor(state_ids, dtype=torch.int32),
+        max_context=max_context, decode=decode,
+    ).to(device)
+    return StepBatch(torch.tensor(token_ids, dtype=torch.int64, device=device), meta,
+                     torch.tensor(logits_indices, dtype=torch.int64, device=device), sampled, scheduled)

@@ -1,0 +1,220 @@
+"""The engine loop: admit requests, chunked prefill, decode steps, sampling, freeing finished requests.
+
+Scheduling is deliberately simple and deterministic: requests are admitted in arrival order while
+a block-table row, a KDA state and the blocks for their whole length are free (no pre-emption);
+a step is a prefill chunk (up to ``prefill_chunk_tokens`` prompt tokens from the admitted requests,
+packed request after request) whenever any prompt is unfinished, otherwise a decode step of one
+token for every running request.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from ..model.batch import ModelCache
+from ..model.dsa_attention import DsaAttention
+from ..model.sampling import sample_one
+from .batch import StepBatch, build_step
+from .request import Request
+
+
+@dataclass
+class EngineStats:
+    """Token counts and wall seconds (device-synchronised) of prefill and decode steps."""
+
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+    prefill_steps: int = 0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+    decode_steps: int = 0
+
+    @staticmethod
+    def _rate(tokens: int, seconds: float) -> float:
+        return tokens / seconds if seconds > 0 else 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self._rate(self.prefill_tokens, self.prefill_seconds)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self._rate(self.decode_tokens, self.decode_seconds)
+
+
+class Engine:
+    """Runs a :class:`~dsahal.model.HybridModel` over a packed cache for a stream of requests.
+
+    Args:
+        model: the model (its parameters on ``device``).
+        cache: a :class:`dsahal.cache.PackedKVCache` (block and state allocator plus per-layer views).
+        latent_fmt, index_fmt: the cache's formats (what the layers write and the ops read).
+        max_batch: rows of the block table: requests running at once.
+        max_context: the longest request (prompt + generated tokens) the block table maps.
+        prefill_chunk_tokens: prompt tokens per prefill step (chunked prefill).
+        attention: how DSA layers write and attend; default: the model's (single-device). Decode
+            context parallelism passes its own object here.
+        compile_decode: run decode steps through ``torch.compile(model.step, fullgraph=True)``.
+    """
+
+    def __init__(self, model, cache, *, latent_fmt: str, index_fmt: str, max_batch: int, max_context: int,
+                 prefill_chunk_tokens: int = 512, attention: Optional[DsaAttention] = None,
+                 compile_decode: bool = False):
+        for name, value in (("max_batch", max_batch), ("max_context", max_context),
+                            ("prefill_chunk_tokens", prefill_chunk_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Engine: {name} expected an int >= 1, got {value!r}")
+        self.model, self.cache = model, cache
+        self.config = model.config
+        self.device = next(model.parameters()).device
+        if attention is not None:
+            model.set_attention(attention)
+        self.block_tokens = int(cache.block_tokens)
+        self.max_blocks = math.ceil(max_context / self.block_tokens)
+        self.max_context = self.max_blocks * self.block_tokens
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.views = ModelCache.from_packed(cache, self.config, latent_fmt, index_fmt)
+        self.block_table = torch.full((max_batch, self.max_blocks), -1, dtype=torch.int32)
+        self.free_rows = deque(range(max_batch))
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.finished: list[Request] = []
+        self.stats = EngineStats()
+        self._ids: set[int] = set()
+        self._decode_step = torch.compile(model.step, fullgraph=True) if compile_decode else model.step
+
+    # --- requests ---------------------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        """Queue a request; raises ``ValueError`` if it cannot ever fit this engine."""
+        if request.request_id in self._ids:
+            raise ValueError(f"Engine.add: request_id {request.request_id} is already in use")
+        if request.total_tokens > self.max_context:
+            raise ValueError(f"Engine.add: request {request.request_id} needs {request.total_tokens} tokens "
+                             f"(prompt {len(request.prompt)} + {request.max_new_tokens - 1} fed back), "
+                             f"the engine maps at most max_context={self.max_context}")
+        bad = [t for t in request.prompt if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"Engine.add: request {request.request_id} has token ids outside "
+                             f"[0, {self.config.vocab_size}): {bad[:5]}")
+        self._ids.add(request.request_id)
+        self.waiting.append(request)
+
+    def _admit(self) -> None:
+        while self.waiting and self.free_rows:
+            request = self.waiting[0]
+            needed = math.ceil(request.total_tokens / self.block_tokens)
+            try:
+                blocks = [int(b) for b in self.cache.allocate_blocks(needed)]
+            except Exception as exc:  # the cache's out-of-rows error; it changes nothing on failure
+                if self.running:
+                    return  # wait for running requests to free their rows
+                raise RuntimeError(f"Engine: request {request.request_id} needs {needed} cache blocks and none "
+                                   f"is running to free any: {exc}") from exc
+            try:
+                state_id = int(self.cache.allocate_state())
+            except Exception as exc:
+                self.cache.free_blocks(blocks)
+                if self.running:
+                    return
+                raise RuntimeError(f"Engine: no KDA state slot for request {request.request_id}: {exc}") from exc
+            self.waiting.popleft()
+            request.row, request.blocks, request.state_id = self.free_rows.popleft(), blocks, state_id
+            self.block_table[request.row, :needed] = torch.tensor(blocks, dtype=torch.int32)
+            self.running.append(request)
+
+    def _release(self, request: Request) -> None:
+        """Give a finished request's blocks, KDA state and block-table row back."""
+        self.cache.free_blocks(request.blocks)
+        self.cache.free_state(request.state_id)
+        self.block_table[request.row] = -1
+        self.free_rows.append(request.row)
+        request.row, request.blocks, request.state_id = None, [], None
+        self.running.remove(request)
+        self.finished.append(request)
+
+    # --- steps ------------------------------------------------------------------------------------
+    def _schedule(self) -> tuple[list[tuple[Request, int]], bool]:
+        prefilling = [r for r in self.running if r.in_prefill]
+        if not prefilling:
+            return [(r, 1) for r in self.running], True
+        scheduled, budget = [], self.prefill_chunk_tokens
+        for request in prefilling:
+            count = min(len(request.prompt) - request.num_computed, budget)
+            if count == 0:
+                break
+            scheduled.append((request, count))
+            budget -= count
+        return scheduled, False
+
+    def _forward(self, batch: StepBatch) -> torch.Tensor:
+        meta = batch.meta
+        if meta.decode:
+            return self._decode_step(batch.token_ids, meta.positions, meta.req_ids, meta.block_table, meta.slots,
+                                     meta.cu_seqlens, meta.state_ids, self.views, max_context=meta.max_context,
+                                     decode=True)
+        return self.model(batch.token_ids, meta, self.views, batch.logits_indices)
+
+    @torch.no_grad()
+    def step(self) -> Optional[StepBatch]:
+        """Run one step; returns what ran (None when there is nothing to do)."""
+        self._admit()
+        if not self.running:
+            return None
+        scheduled, decode = self._schedule()
+        batch = build_step(scheduled, self.block_table, self.block_tokens, self.max_context, decode, self.device)
+        start = time.perf_counter()
+        logits = self._forward(batch)
+        if logits.is_cuda:
+            torch.cuda.synchronize(logits.device)
+        elapsed = time.perf_counter() - start
+        tokens = batch.meta.num_tokens
+        if decode:
+            self.stats.decode_tokens += tokens
+            self.stats.decode_seconds += elapsed
+            self.stats.decode_steps += 1
+        else:
+            self.stats.prefill_tokens += tokens
+            self.stats.prefill_seconds += elapsed
+            self.stats.prefill_steps += 1
+        for request, count in scheduled:
+            request.num_computed += count
+        self._emit(batch, logits)
+        return batch
+
+    def _emit(self, batch: StepBatch, logits: torch.Tensor) -> None:
+        rows = logits.float().cpu()
+        for index, request in enumerate(batch.sampled):
+            if request.record_logits:
+                request.logits.append(rows[index].clone())
+            if request.forced_tokens is not None:
+                token = int(request.forced_tokens[len(request.output)])
+            else:
+                token = sample_one(rows[index], request.sampling, request.generator)
+            request.output.append(token)
+            if request.finished:
+                self._release(request)
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    def run(self, requests: list[Request] = (), progress: Optional[Callable[["Engine", StepBatch], None]] = None
+            ) -> list[Request]:
+        """Add ``requests`` and step until every request finished; returns them in ``request_id`` order.
+
+        ``progress(engine, batch)`` is called after every step.
+        """
+        for request in requests:
+            self.add(request)
+        while not self.idle:
+            batch = self.step()
+            if batch is None:
+                raise RuntimeError("Engine.run: requests are waiting but none can be admitted")
+            if progress is not None:
+                progress(self, batch)
+        return sorted(self.finished, key=lambda r: r.request_id)

@@ -1,0 +1,91 @@
+"""What one forward pass needs besides the token ids: the batch metadata and the cache views.
+
+Both are plain containers of tensors (plus a few static Python values), so a step is a function
+of tensors and traces under ``torch.compile(fullgraph=True)``. The engine builds them
+(:mod:`dsahal.engine.batch`); the model only reads them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class BatchMeta:
+    """Metadata of a packed batch of ``T`` tokens from ``B`` sequences (requests) in this step.
+
+    Tokens are packed request by request: sequence ``b`` is tokens ``cu_seqlens[b]:cu_seqlens[b+1]``.
+
+    Attributes:
+        positions: ``[T]`` int32 position of each token in its request.
+        req_ids: ``[T]`` int32 row of ``block_table`` of each token's request.
+        block_table: ``[R, max_blocks]`` int32 physical block of each logical block; -1 unmapped.
+        slots: ``[T]`` int64 physical cache slot each token's latent / index key is written to (-1: skip).
+        cu_seqlens: ``[B + 1]`` int32 sequence offsets (KDA prefill).
+        state_ids: ``[B]`` int32 KDA state slot of each sequence (-1: padding sequence).
+        max_context: static width of the indexer scores (≥ every position + 1).
+        decode: static; True when every sequence has exactly one token (``T == B``), so KDA uses
+            its recurrent decode step.
+    """
+
+    positions: torch.Tensor
+    req_ids: torch.Tensor
+    block_table: torch.Tensor
+    slots: torch.Tensor
+    cu_seqlens: torch.Tensor
+    state_ids: torch.Tensor
+    max_context: int
+    decode: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return self.positions.shape[0]
+
+    def to(self, device: torch.device | str) -> "BatchMeta":
+        moved = {name: getattr(self, name).to(device) for name in
+                 ("positions", "req_ids", "block_table", "slots", "cu_seqlens", "state_ids")}
+        return BatchMeta(**moved, max_context=self.max_context, decode=self.decode)
+
+
+@dataclass
+class DsaLayerCache:
+    """One DSA layer's views into the packed cache.
+
+    Attributes:
+        latent_pages: ``[num_blocks, block_tokens, latent_bytes]`` uint8 view.
+        index_pages: ``[num_blocks, block_tokens, index_bytes]`` uint8 view (same blocks).
+        latent_fmt, index_fmt: format names (:mod:`dsahal.formats`).
+        latent_scale: ``[]`` fp32 per-tensor scale for formats that need one, else None.
+    """
+
+    latent_pages: torch.Tensor
+    index_pages: torch.Tensor
+    latent_fmt: str
+    index_fmt: str
+    latent_scale: Optional[torch.Tensor]
+
+    @property
+    def block_tokens(self) -> int:
+        return self.latent_pages.shape[1]
+
+
+@dataclass
+class ModelCache:
+    """The cache views of every layer, indexed by model layer: a :class:`DsaLayerCache` for a DSA
+    layer, the KDA state pool ``[num_state_slots, H, K, V]`` fp32 for a KDA layer."""
+
+    layers: list
+
+    @classmethod
+    def from_packed(cls, cache, config, latent_fmt: str, index_fmt: str) -> "ModelCache":
+        """Views of a :class:`dsahal.cache.PackedKVCache` (or anything with the same view methods)."""
+        layers: list = []
+        for layer, kind in enumerate(config.layer_kinds):
+            if kind == "dsa":
+                layers.append(DsaLayerCache(cache.latent_pages(layer), cache.index_pages(layer), latent_fmt,
+                                            index_fmt, cache.latent_scale(layer)))
+            else:
+                layers.append(cache.kda_states(layer))
+        return cls(layers)
