@@ -3,6 +3,17 @@
 A format turns one token's vector (``dim`` values) into a fixed-size byte record
 (``token_bytes``) stored in a page, and back. Pages are ``uint8`` tensors
 ``[num_blocks, block_tokens, token_bytes]``; kernels reinterpret the bytes in place.
+
+Shared rules of every format:
+
+- ``pack`` rejects NaN and ±Inf with a ``ValueError`` (a block-scaled format would otherwise turn
+  one bad value into a whole block of NaN, silently).
+- Finite values beyond what the format can hold saturate to its largest magnitude (never to Inf or
+  NaN); :meth:`CacheFormat.max_abs` says where that starts, per dim.
+- ``error_bound`` is valid for every finite input, saturation included:
+  ``|unpack(pack(x)) - x| <= error_bound(x)`` elementwise.
+- ``unpack(pack(v)) == v`` exactly when ``v`` is itself an unpacked record (re-packing what a cache
+  holds loses nothing), and ``-0.0`` keeps its sign.
 """
 from __future__ import annotations
 
@@ -10,12 +21,15 @@ from dataclasses import dataclass
 
 import torch
 
+FLOAT_INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
 
 @dataclass(frozen=True)
 class CacheFormat:
     """One storage format of the latent cache (``kind="latent"``) or the index-key cache (``kind="index"``).
 
-    Subclasses implement :meth:`pack`, :meth:`unpack` and :meth:`error_bound`.
+    Subclasses implement :meth:`encode`, :meth:`decode`, :meth:`bound` and :meth:`max_abs`; the public
+    :meth:`pack`, :meth:`unpack` and :meth:`error_bound` validate their arguments first.
     ``needs_tensor_scale`` is True when the format is scaled by one external fp32 scale per
     tensor (FP8 per-tensor latent); the scale is then passed to every op that reads or writes it.
     """
@@ -26,17 +40,84 @@ class CacheFormat:
     token_bytes: int
     needs_tensor_scale: bool = False
 
+    # -- public, validated -------------------------------------------------------------------------
     def pack(self, values: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-        """values ``[N, dim]`` (any float dtype) -> bytes ``[N, token_bytes]`` uint8."""
-        raise NotImplementedError
+        """values ``[N, dim]`` (fp32/fp16/bf16/fp64, finite) -> records ``[N, token_bytes]`` uint8."""
+        self._check_values("pack", values)
+        self._check_scale("pack", scale)
+        return self.encode(values, scale)
 
     def unpack(self, records: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-        """bytes ``[N, token_bytes]`` uint8 -> values ``[N, dim]`` float32."""
-        raise NotImplementedError
+        """records ``[N, token_bytes]`` uint8 -> values ``[N, dim]`` float32."""
+        self._check_records(records)
+        self._check_scale("unpack", scale)
+        return self.decode(records, scale)
 
     def error_bound(self, values: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-        """Elementwise bound ``|unpack(pack(x)) - x| <= bound`` for finite, in-range x; ``[N, dim]`` fp32."""
+        """``[N, dim]`` fp32 with ``|unpack(pack(x)) - x| <= bound`` elementwise, for any finite x."""
+        self._check_values("error_bound", values)
+        self._check_scale("error_bound", scale)
+        return self.bound(values, scale)
+
+    # -- per format --------------------------------------------------------------------------------
+    def encode(self, values: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
+
+    def decode(self, records: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def bound(self, values: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def max_abs(self, scale: torch.Tensor | None = None) -> torch.Tensor:
+        """``[dim]`` fp32: per dim, the largest magnitude stored without saturating."""
+        raise NotImplementedError
+
+    # -- checks ------------------------------------------------------------------------------------
+    def _where(self, method: str) -> str:
+        return f"dsahal.formats.{self.kind}:{self.name}.{method}"
+
+    def _check_values(self, method: str, values: object) -> None:
+        where = self._where(method)
+        if not isinstance(values, torch.Tensor):
+            raise TypeError(f"{where}: argument 'values' expected a torch.Tensor, got {type(values).__name__}")
+        if values.dtype not in FLOAT_INPUT_DTYPES:
+            raise TypeError(f"{where}: argument 'values' expected a float32/float16/bfloat16/float64 tensor, "
+                            f"got {values.dtype}")
+        if values.dim() != 2 or values.shape[1] != self.dim:
+            raise ValueError(f"{where}: argument 'values' expected shape [N, {self.dim}], got {list(values.shape)}")
+        finite = torch.isfinite(values)
+        if not bool(finite.all()):
+            bad = int((~finite).sum())
+            raise ValueError(f"{where}: argument 'values' expected finite values (NaN/Inf cannot be stored), "
+                             f"got {bad} non-finite value(s)")
+
+    def _check_records(self, records: object) -> None:
+        where = self._where("unpack")
+        if not isinstance(records, torch.Tensor):
+            raise TypeError(f"{where}: argument 'records' expected a torch.Tensor, got {type(records).__name__}")
+        if records.dtype != torch.uint8:
+            raise TypeError(f"{where}: argument 'records' expected dtype uint8, got {records.dtype}")
+        if records.dim() != 2 or records.shape[1] != self.token_bytes:
+            raise ValueError(f"{where}: argument 'records' expected shape [N, {self.token_bytes}], "
+                             f"got {list(records.shape)}")
+
+    def _check_scale(self, method: str, scale: object) -> None:
+        where = self._where(method)
+        if not self.needs_tensor_scale:
+            if scale is not None:
+                raise ValueError(f"{where}: argument 'scale' expected None (format {self} has no tensor scale), "
+                                 f"got a {type(scale).__name__}")
+            return
+        if not isinstance(scale, torch.Tensor):
+            raise TypeError(f"{where}: argument 'scale' expected a float32 tensor of one element, "
+                            f"got {type(scale).__name__}")
+        if scale.dtype != torch.float32 or scale.numel() != 1:
+            raise TypeError(f"{where}: argument 'scale' expected a float32 tensor of one element, "
+                            f"got {scale.dtype} of shape {list(scale.shape)}")
+        value = float(scale)
+        if not (0.0 < value < float("inf")):
+            raise ValueError(f"{where}: argument 'scale' expected a finite value > 0, got {value}")
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.name}"
@@ -50,3 +131,8 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 def from_bytes(records: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Inverse of :func:`as_bytes`: ``[N, b]`` uint8 -> ``[N, b/itemsize]`` of ``dtype``."""
     return records.contiguous().view(dtype)
+
+
+def saturation_excess(values: torch.Tensor, limit: torch.Tensor | float) -> torch.Tensor:
+    """``max(|x| - limit, 0)`` in fp32: the extra error of a value clamped to ``±limit``."""
+    return (values.abs().float() - limit).clamp_min(0.0)
