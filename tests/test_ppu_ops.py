@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from dsahal import ops
 from dsahal.backends.ppu import portable_attention, portable_index, portable_kda, verifiers
-from dsahal.formats import cache_format
+from dsahal.formats import INDEX_FORMATS, LATENT_FORMATS, cache_format
 from dsahal.reference import cache as ref_cache
 from dsahal.reference import indexer as ref_indexer
 from dsahal.reference import kda as ref_kda
@@ -83,7 +83,7 @@ def test_positions_to_slots_matches_reference_with_padding_and_unmapped_blocks(t
                        ref_slots.positions_to_slots(positions, req_ids, block_table, block_tokens))
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+@pytest.mark.parametrize("fmt", sorted(INDEX_FORMATS))
 def test_indexer_score_matches_reference_with_causality_and_unmapped_blocks(fmt):
     gen = torch.Generator().manual_seed(7)
     pages = _filled_pages("index", fmt, num_blocks=6, block_tokens=4, seed=1)
@@ -105,9 +105,9 @@ def test_indexer_score_chunks_the_context_without_changing_the_result(monkeypatc
     _assert_close_with_same_infinities(portable_index.indexer_score(*args), whole, rtol=1e-6)
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+@pytest.mark.parametrize("fmt", sorted(LATENT_FORMATS))
 def test_sparse_mla_matches_reference_with_skipped_repeated_and_empty_rows(fmt):
-    scale = torch.tensor(0.05) if fmt == "fp8" else None
+    scale = torch.tensor(0.05) if LATENT_FORMATS[fmt].needs_tensor_scale else None
     pages = _filled_pages("latent", fmt, num_blocks=5, block_tokens=4, scale=scale, seed=3)
     q = torch.randn(4, 3, 576, generator=torch.Generator().manual_seed(4))
     slots = torch.tensor([[0, 5, 19, -1], [-1, -1, -1, -1], [3, 3, 7, 8], [12, -1, 1, -1]], dtype=torch.int32)
