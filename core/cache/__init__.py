@@ -1,0 +1,19 @@
+"""The packed KV cache (DESIGN §5): one row pool for every DSA layer's latent and index-key pages and
+every request's KDA state, per-layer strided views for kernels, a row allocator, and the planner.
+
+    from dsahal.cache import PackedKVCache, plan_layout
+    layout = plan_layout(load_config("tiny"), latent_fmt="nvfp4", index_fmt="mxfp4", block_tokens=64)
+    cache = PackedKVCache.from_budget(layout, 64 << 20)
+    blocks = cache.allocate_blocks(4)
+    dsahal.ops.cache_write(latent, slots, cache.latent_pages(3), kind="latent", fmt="nvfp4")
+"""
+from .allocator import BLOCK, FREE, STATE, CacheFullError, RowAllocator
+from .capacity import Capacity, Comparison, PaddedLayout, capacity, compare, padded_layouts, standard_comparisons
+from .layout import PAGE_ALIGN, ROW_ROUNDINGS, CacheLayout, PageSpec, StateSpec, next_power_of_two, plan_layout
+from .packed import PackedKVCache
+
+__all__ = [
+    "CacheLayout", "PageSpec", "StateSpec", "plan_layout", "PackedKVCache", "RowAllocator", "CacheFullError",
+    "Capacity", "Comparison", "PaddedLayout", "capacity", "compare", "padded_layouts", "standard_comparisons",
+    "PAGE_ALIGN", "ROW_ROUNDINGS", "next_power_of_two", "FREE", "BLOCK", "STATE",
+]

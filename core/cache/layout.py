@@ -1,0 +1,232 @@
+"""The row layout of the packed KV cache, derived from a model config, two formats and a parallel layout.
+
+One *row* of the pool holds one block (``block_tokens`` tokens) of every DSA layer's latent page and
+index-key page, back to back::
+
+    row = [L0 latent page][L0 index page][L1 latent page][L1 index page] ... [padding to row_bytes]
+
+A page is ``block_tokens * token_bytes`` bytes, its start rounded up to :data:`PAGE_ALIGN`. The row
+is rounded up to a power of two (``row_rounding="pow2"``, DESIGN §5) or only to :data:`PAGE_ALIGN`
+(``"page"``), see ``docs/cache.md`` for why the choice matters. A request's KDA state (every KDA
+layer, this device's heads) fills ``rows_per_state`` consecutive rows of the same pool::
+
+    state = [KDA layer 0: H_local x K x V fp32][KDA layer 1] ... [padding to rows_per_state * row_bytes]
+
+Sharding. Tensor parallelism (``tp``) divides KDA heads, so the state per device shrinks by ``tp``;
+the MLA latent and index key are shared by all heads, so TP replicates them. Decode context
+parallelism (``dcp = W``) stores every W-th token on each rank: a rank's block holds
+``block_tokens`` of *its* tokens, so per-device bytes per (global) token shrink by W.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..config import ModelConfig
+from ..formats import index_format, latent_format
+
+PAGE_ALIGN = 256  # bytes; every page and state starts on this boundary (vector loads, TMA, DMA)
+FP32_BYTES = 4
+ROW_ROUNDINGS = ("pow2", "page")
+
+
+@dataclass(frozen=True)
+class PageSpec:
+    """One DSA layer's page of one kind inside a row: bytes ``[offset, offset + nbytes)``."""
+
+    layer: int  # model layer index (a DSA layer)
+    kind: str  # "latent" or "index"
+    fmt: str
+    offset: int
+    nbytes: int
+    token_bytes: int
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One KDA layer's state inside a state slot: fp32 ``[H_local, K, V]`` at byte ``offset``."""
+
+    layer: int  # model layer index (a KDA layer)
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """Everything about where bytes live; produced by :func:`plan_layout`, consumed by
+    :class:`~dsahal.cache.PackedKVCache` and the planner. All sizes are per device, in bytes."""
+
+    model: str
+    latent_fmt: str
+    index_fmt: str
+    block_tokens: int
+    tp: int
+    dcp: int
+    row_rounding: str
+    latent_token_bytes: int
+    index_token_bytes: int
+    pages: tuple[PageSpec, ...]
+    row_data_bytes: int  # end of the last page
+    row_bytes: int
+    kda_heads_local: int
+    kda_key_dim: int
+    kda_value_dim: int
+    states: tuple[StateSpec, ...]
+    state_bytes: int  # one request's KDA state on this device (all KDA layers)
+    rows_per_state: int
+
+    # -- lookups -----------------------------------------------------------------------------------
+    @property
+    def dsa_layers(self) -> tuple[int, ...]:
+        return tuple(p.layer for p in self.pages if p.kind == "latent")
+
+    @property
+    def kda_layers(self) -> tuple[int, ...]:
+        return tuple(s.layer for s in self.states)
+
+    def page(self, layer: int, kind: str) -> PageSpec:
+        for spec in self.pages:
+            if spec.layer == layer and spec.kind == kind:
+                return spec
+        raise ValueError(f"dsahal.cache: layer {layer} is not a DSA layer of {self.model!r}; "
+                         f"DSA layers are {list(self.dsa_layers)}")
+
+    def state(self, layer: int) -> StateSpec:
+        for spec in self.states:
+            if spec.layer == layer:
+                return spec
+        raise ValueError(f"dsahal.cache: layer {layer} is not a KDA layer of {self.model!r}; "
+                         f"KDA layers are {list(self.kda_layers)}")
+
+    # -- derived sizes -----------------------------------------------------------------------------
+    @property
+    def row_padding_bytes(self) -> int:
+        """Bytes of a row that hold nothing (alignment + rounding to ``row_bytes``)."""
+        return self.row_bytes - self.payload_bytes_per_block
+
+    @property
+    def payload_bytes_per_block(self) -> int:
+        """Bytes of one block's pages, without any alignment: ``block_tokens * sum(token bytes)``."""
+        return self.block_tokens * self.num_dsa_layers * (self.latent_token_bytes + self.index_token_bytes)
+
+    @property
+    def num_dsa_layers(self) -> int:
+        return len(self.dsa_layers)
+
+    @property
+    def kda_layer_state_bytes(self) -> int:
+        return self.kda_heads_local * self.kda_key_dim * self.kda_value_dim * FP32_BYTES
+
+    @property
+    def state_slot_bytes(self) -> int:
+        return self.rows_per_state * self.row_bytes
+
+    @property
+    def state_padding_bytes(self) -> int:
+        return self.state_slot_bytes - self.state_bytes
+
+    @property
+    def payload_bytes_per_token(self) -> float:
+        """Per device, per token of the whole context: ``layers * (latent + index) / dcp``."""
+        return self.num_dsa_layers * (self.latent_token_bytes + self.index_token_bytes) / self.dcp
+
+    @property
+    def row_bytes_per_token(self) -> float:
+        """Per device, per token of the whole context, as laid out (row padding included)."""
+        return self.row_bytes / (self.block_tokens * self.dcp)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data.update(
+            row_padding_bytes=self.row_padding_bytes, payload_bytes_per_block=self.payload_bytes_per_block,
+            kda_layer_state_bytes=self.kda_layer_state_bytes, state_slot_bytes=self.state_slot_bytes,
+            state_padding_bytes=self.state_padding_bytes, payload_bytes_per_token=self.payload_bytes_per_token,
+            row_bytes_per_token=self.row_bytes_per_token,
+        )
+        return data
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def next_power_of_two(value: int) -> int:
+    return 1 << max(0, (value - 1).bit_length())
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"dsahal.cache.plan_layout: argument '{name}' expected an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"dsahal.cache.plan_layout: argument '{name}' expected an int >= 1, got {value}")
+    return value
+
+
+def plan_layout(
+    config: ModelConfig,
+    *,
+    latent_fmt: str = "bf16",
+    index_fmt: str = "fp8",
+    block_tokens: int = 64,
+    tp: int = 1,
+    dcp: int = 1,
+    row_rounding: str = "pow2",
+) -> CacheLayout:
+    """The packed row layout of ``config`` on one device.
+
+    Args:
+        config: the model (its DSA layers get pages, its KDA layers get state).
+        latent_fmt / index_fmt: format names of :mod:`dsahal.formats`.
+        block_tokens: tokens per block (per rank under DCP).
+        tp: tensor-parallel size; must divide the KDA heads (and the attention heads).
+        dcp: decode-context-parallel size: each rank stores every ``dcp``-th token.
+        row_rounding: ``"pow2"`` (row bytes a power of two) or ``"page"`` (a multiple of PAGE_ALIGN).
+
+    Raises ``TypeError``/``ValueError`` naming the argument for bad input.
+    """
+    where = "dsahal.cache.plan_layout"
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"{where}: argument 'config' expected a ModelConfig, got {type(config).__name__}")
+    block_tokens, tp, dcp = (_positive_int(n, v) for n, v in (("block_tokens", block_tokens), ("tp", tp),
+                                                              ("dcp", dcp)))
+    try:
+        latent, index = latent_format(latent_fmt), index_format(index_fmt)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    if row_rounding not in ROW_ROUNDINGS:
+        raise ValueError(f"{where}: argument 'row_rounding' expected one of {list(ROW_ROUNDINGS)}, "
+                         f"got {row_rounding!r}")
+    if not config.dsa_layers:
+        raise ValueError(f"{where}: config {config.name!r} has no DSA layer; the packed cache pages DSA layers")
+    for heads_name, heads in (("kda heads", config.kda_num_heads), ("attention heads", config.num_heads)):
+        if heads % tp:
+            raise ValueError(f"{where}: argument 'tp' expected a divisor of the {heads_name} ({heads}), got {tp}")
+
+    pages, offset = [], 0
+    for layer in config.dsa_layers:
+        for kind, spec in (("latent", latent), ("index", index)):
+            offset = _round_up(offset, PAGE_ALIGN)
+            nbytes = block_tokens * spec.token_bytes
+            pages.append(PageSpec(layer, kind, spec.name, offset, nbytes, spec.token_bytes))
+            offset += nbytes
+    row_data_bytes = offset
+    aligned = _round_up(row_data_bytes, PAGE_ALIGN)
+    row_bytes = next_power_of_two(aligned) if row_rounding == "pow2" else aligned
+
+    heads_local = config.kda_num_heads // tp
+    key_dim = value_dim = config.kda_head_dim
+    layer_state = heads_local * key_dim * value_dim * FP32_BYTES
+    states, offset = [], 0
+    for layer in config.kda_layers:
+        offset = _round_up(offset, PAGE_ALIGN)
+        states.append(StateSpec(layer, offset, layer_state))
+        offset += layer_state
+    state_bytes = offset
+    rows_per_state = -(-state_bytes // row_bytes)
+
+    return CacheLayout(
+        model=config.name, latent_fmt=latent.name, index_fmt=index.name, block_tokens=block_tokens, tp=tp, dcp=dcp,
+        row_rounding=row_rounding, latent_token_bytes=latent.token_bytes, index_token_bytes=index.token_bytes,
+        pages=tuple(pages), row_data_bytes=row_data_bytes, row_bytes=row_bytes, kda_heads_local=heads_local,
+        kda_key_dim=key_dim, kda_value_dim=value_dim, states=tuple(states), state_bytes=state_bytes,
+        rows_per_state=rows_per_state,
+    )
