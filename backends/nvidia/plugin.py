@@ -1,4 +1,9 @@
-"""NVIDIA CUDA backend plugin: declaration and probe only; kernels are imported on selection."""
+"""NVIDIA CUDA backend plugin: declaration and probe; kernels are imported on selection.
+
+Ops are the shared Triton kernels (:mod:`dsahal.backends.triton_kernels`) with this backend's block
+sizes (:mod:`.config`), KDA prefill through fla-core's chunked kernel when installed, collectives
+on NCCL. FlashInfer's sparse MLA (SM100 only) is not wired in: nothing here claims it.
+"""
 from __future__ import annotations
 
 import importlib.util
@@ -6,6 +11,41 @@ import importlib.util
 from dsahal.registry import Backend, Capabilities, hookimpl
 
 MIN_CAPABILITY = (8, 0)
+PACKAGE = "dsahal.backends.nvidia"
+
+OPS = {
+    "cache_write": f"{PACKAGE}.ops:cache_write",
+    "indexer_score": f"{PACKAGE}.ops:indexer_score",
+    "topk": f"{PACKAGE}.ops:topk",
+    "topk_merge": f"{PACKAGE}.collectives:topk_merge",
+    "positions_to_slots": f"{PACKAGE}.ops:positions_to_slots",
+    "sparse_mla": f"{PACKAGE}.ops:sparse_mla",
+    "lse_combine": f"{PACKAGE}.ops:lse_combine",
+    "kda_decode": f"{PACKAGE}.ops:kda_decode",
+    "kda_prefill": f"{PACKAGE}.ops:kda_prefill",
+    "all_gather": f"{PACKAGE}.collectives:all_gather",
+    "all_to_all": f"{PACKAGE}.collectives:all_to_all",
+    "dsa_attention": f"{PACKAGE}.ops:dsa_attention",
+}
+VERIFIERS = {
+    op: f"{PACKAGE}.verifiers:verify_{op}"
+    for op in ("cache_write", "indexer_score", "topk", "positions_to_slots", "sparse_mla", "lse_combine",
+               "kda_decode", "kda_prefill", "dsa_attention")
+}
+CAPABILITIES = Capabilities(
+    latent_formats=frozenset({"bf16", "fp8", "fp8_ds_mla"}),
+    index_formats=frozenset({"bf16", "fp8"}),
+    # Exact radix-select top-k (tie rule honoured), fixed reduction orders everywhere.
+    deterministic=True,
+    # Row-local kernels; sparse MLA's split size and KDA prefill's path stop depending on the batch
+    # under DSAHAL_BATCH_INVARIANT=1 (see config.py). Checked by the conformance suite on an H200.
+    batch_invariant=True,
+    distributed=True,
+    unverified={
+        "topk_merge": "multi-GPU NCCL path not run (single-GPU machine); single-rank path checked",
+        "all_to_all": "multi-GPU NCCL path not run (single-GPU machine)",
+    },
+)
 
 
 def probe() -> tuple[bool, str]:
@@ -44,13 +84,14 @@ def versions() -> dict[str, str]:
 def nvidia_backend() -> Backend:
     return Backend(
         name="nvidia",
-        ops={},
+        ops=dict(OPS),
+        verifiers=dict(VERIFIERS),
         tags=frozenset({"gpu", "cuda"}),
         priority=100,
         probe=probe,
         versions=versions,
-        capabilities=Capabilities(),
-        description="Triton kernels for Hopper and newer, fla-core KDA, FlashInfer on SM100",
+        capabilities=CAPABILITIES,
+        description="Triton kernels for Hopper and newer, fla-core KDA prefill",
     )
 
 

@@ -1,0 +1,66 @@
+"""Block sizes and paths the NVIDIA backend picks for the shared Triton kernels (tuned on an H200).
+
+Every choice depends only on per-row quantities (heads, top-k width, context) and, outside
+batch-invariant mode, on the number of rows; with ``DSAHAL_BATCH_INVARIANT=1`` nothing depends on
+the number of rows, so a row's result is bitwise the same whatever else is in the batch.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+# Programs wanted in flight before sparse MLA splits a row's slot list (two per SM on an H200).
+TARGET_PROGRAMS = 264
+INVARIANT_SPLIT = 512  # slots per split in batch-invariant mode, for every batch size
+
+
+def batch_invariant() -> bool:
+    return os.environ.get("DSAHAL_BATCH_INVARIANT", "0") not in ("", "0")
+
+
+def sparse_mla_config(tokens: int, heads: int, k: int) -> dict:
+    """Kernel parameters for ``q [tokens, heads, 576]`` over ``k`` slots per row."""
+    if heads >= 64:
+        cfg = dict(block_h=64, block_n=32, num_warps=8, num_stages=1)
+    elif heads >= 32:
+        cfg = dict(block_h=32, block_n=64, num_warps=4, num_stages=2)
+    else:
+        cfg = dict(block_h=16, block_n=64, num_warps=4, num_stages=2)
+    if batch_invariant():
+        cfg["split_size"] = INVARIANT_SPLIT
+        return cfg
+    programs = tokens * -(-heads // cfg["block_h"])
+    splits = 1
+    while programs * splits < TARGET_PROGRAMS and k // (splits * 2) >= 256:
+        splits *= 2
+    cfg["split_size"] = None if splits == 1 else -(-k // splits)
+    # keep split sizes a multiple of the step so every split but the last is full
+    if cfg["split_size"] is not None:
+        step = cfg["block_n"]
+        cfg["split_size"] = -(-cfg["split_size"] // step) * step
+    return cfg
+
+
+def indexer_config(heads: int) -> dict:
+    return dict(block_n=128, group=8, num_warps=4, num_stages=1)
+
+
+def topk_config() -> dict:
+    return dict(chunk=2048, bits1=12, bits2=12, num_warps=8)
+
+
+def kda_decode_config(value_dim: int) -> dict:
+    return dict(block_v=32, num_warps=4)
+
+
+def use_fla_prefill(q: torch.Tensor) -> bool:
+    """fla's chunked kernel for prefill when installed; the recurrent kernel in batch-invariant mode
+    (fla picks tiles by the batch's total length)."""
+    if batch_invariant():
+        return False
+    try:
+        import fla.ops.kda  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means "not usable here"
+        return False
+    return True

@@ -1,0 +1,60 @@
+"""Reading and writing typed values inside uint8 cache pages.
+
+Pages are ``uint8`` tensors; a token's record starts at the byte offset
+``block * stride_block + offset * stride_token``. These helpers take a uint8 pointer tensor
+and reinterpret it. bf16 is moved as raw 16-bit words and widened by a shift, which is exact
+and also correct under ``TRITON_INTERPRET=1`` (whose bf16 arithmetic is not).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Latent formats understood by the kernels (the names of ``dsahal.formats``).
+LATENT_BF16 = 0  # 576 bf16 = 1152 B
+LATENT_FP8 = 1  # 576 e4m3 = 576 B, one external fp32 scale
+LATENT_FP8_DS_MLA = 2  # 512 e4m3 | 4 fp32 tile scales | 64 bf16 rope = 656 B
+LATENT_CODES = {"bf16": LATENT_BF16, "fp8": LATENT_FP8, "fp8_ds_mla": LATENT_FP8_DS_MLA}
+
+INDEX_BF16 = 0  # 128 bf16 = 256 B
+INDEX_FP8 = 1  # 128 e4m3 + fp32 scale = 132 B
+INDEX_CODES = {"bf16": INDEX_BF16, "fp8": INDEX_FP8}
+
+
+@triton.jit
+def load_bf16(byte_ptr, mask, AS_BF16: tl.constexpr):
+    """bf16 values at ``byte_ptr`` (uint8 pointers, 2-byte aligned) as bf16 or exact fp32."""
+    words = tl.load(byte_ptr.to(tl.pointer_type(tl.uint16)), mask=mask, other=0)
+    if AS_BF16:
+        return words.to(tl.bfloat16, bitcast=True)
+    return (words.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def load_fp8(byte_ptr, mask):
+    """e4m3 bytes at ``byte_ptr`` as fp32 (exact)."""
+    raw = tl.load(byte_ptr, mask=mask, other=0)
+    return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def load_f32(byte_ptr, mask):
+    """fp32 values at ``byte_ptr`` (4-byte aligned)."""
+    return tl.load(byte_ptr.to(tl.pointer_type(tl.float32)), mask=mask, other=0.0)
+
+
+@triton.jit
+def store_bf16(byte_ptr, values, mask):
+    """Round fp32 ``values`` to bf16 (nearest-even) and store them at ``byte_ptr``."""
+    tl.store(byte_ptr.to(tl.pointer_type(tl.bfloat16)), values.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def store_fp8(byte_ptr, values, mask):
+    """Round fp32 ``values`` (already within ±448) to e4m3 and store the bytes."""
+    tl.store(byte_ptr, values.to(tl.float8e4nv).to(tl.uint8, bitcast=True), mask=mask)
+
+
+@triton.jit
+def store_f32(byte_ptr, values, mask):
+    tl.store(byte_ptr.to(tl.pointer_type(tl.float32)), values, mask=mask)

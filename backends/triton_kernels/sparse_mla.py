@@ -1,0 +1,200 @@
+"""Sparse MLA over paged latents: each query token attends to its own list of cache slots.
+
+``o[t, h] = softmax_s(scale · q[t, h] · kv[s]) · kv[s, :512]`` and ``lse[t, h]`` (natural log),
+for the slots ``s`` of ``slots[t]``; -1 (and any out-of-range slot) is skipped; a row with no
+valid slot gives ``o = 0``, ``lse = -inf``.
+
+One program owns ``BLOCK_H`` heads of one token and one split of its slot list. It gathers
+``BLOCK_N`` latent rows at a time, computes the 576-dim logits as a 512 + 64 pair of dots and keeps
+an online softmax (flash-attention style) with a ``[BLOCK_H, 512]`` fp32 accumulator. With more
+than one split, each split writes fp32 partials and :mod:`.lse_combine` merges them; the split
+size is a fixed number of slots, so a row's result does not depend on the rest of the batch.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .bytes import LATENT_BF16, LATENT_CODES, LATENT_FP8, LATENT_FP8_DS_MLA, load_bf16, load_f32, load_fp8
+from .lse_combine import lse_combine
+
+NOPE = 512
+ROPE = 64
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _gather_latent(pages_ptr, row, valid, FMT: tl.constexpr, AS_BF16: tl.constexpr):
+    """Latent rows at byte offsets ``row`` [BLOCK_N] -> (nope [BLOCK_N, 512], rope [BLOCK_N, 64]).
+
+    Values are dequantised except for the per-tensor FP8 scale, which the caller folds into the
+    logits and the output. Returned as bf16 when ``AS_BF16`` else fp32.
+    """
+    nope_cols = tl.arange(0, 512)
+    rope_cols = tl.arange(0, 64)
+    m = valid[:, None]
+    base = pages_ptr + row[:, None]
+    if FMT == 0:  # bf16: 576 bf16 values
+        nope = load_bf16(base + 2 * nope_cols[None, :], m, AS_BF16)
+        rope = load_bf16(base + 1024 + 2 * rope_cols[None, :], m, AS_BF16)
+    elif FMT == 1:  # fp8 with one tensor scale
+        nope = load_fp8(base + nope_cols[None, :], m)
+        rope = load_fp8(base + 512 + rope_cols[None, :], m)
+    else:  # fp8_ds_mla: 4 tiles of 128 e4m3 with an fp32 scale each, then 64 bf16
+        tile_scale = load_f32(base + 512 + 4 * (nope_cols[None, :] // 128), m)
+        nope = load_fp8(base + nope_cols[None, :], m) * tile_scale
+        rope = load_bf16(base + 528 + 2 * rope_cols[None, :], m, False)
+    if AS_BF16:
+        return nope.to(tl.bfloat16), rope.to(tl.bfloat16)
+    return nope.to(tl.float32), rope.to(tl.float32)
+
+
+@triton.jit
+def sparse_mla_kernel(
+    q_ptr, stride_qt, stride_qh,  # q [T, H, 576]
+    pages_ptr, stride_pb, stride_pt,  # latent pages [num_blocks, block_tokens, token_bytes] uint8
+    slots_ptr, stride_st,  # slots [T, K] int32/int64
+    kv_scale_ptr,  # [] fp32 tensor scale of the fp8 format (read in-kernel: no host sync)
+    o_ptr, stride_os, stride_ot, stride_oh,  # o [splits, T, H, 512] (fp32 partials or q's dtype)
+    lse_ptr, stride_ls, stride_lt,  # lse [splits, T, H] fp32
+    H, K, num_slots, block_tokens, split_size,
+    logit_scale,  # softmax_scale · log2(e), applied to q·kv
+    FMT: tl.constexpr, AS_BF16: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_h = tl.program_id(0)
+    t = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+
+    heads = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_ok = heads < H
+    nope_cols = tl.arange(0, 512)
+    rope_cols = tl.arange(0, 64)
+    q_rows = q_ptr + t * stride_qt + heads[:, None] * stride_qh
+    q_nope = tl.load(q_rows + nope_cols[None, :], mask=head_ok[:, None], other=0.0)
+    q_rope = tl.load(q_rows + 512 + rope_cols[None, :], mask=head_ok[:, None], other=0.0)
+    if AS_BF16:
+        q_nope = q_nope.to(tl.bfloat16)
+        q_rope = q_rope.to(tl.bfloat16)
+    else:
+        q_nope = q_nope.to(tl.float32)
+        q_rope = q_rope.to(tl.float32)
+
+    value_scale = 1.0
+    if FMT == 1:
+        value_scale = tl.load(kv_scale_ptr)
+    logit_scale = logit_scale * value_scale
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, 512], tl.float32)
+
+    start = split * split_size
+    end = tl.minimum(start + split_size, K)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        slot = tl.load(slots_ptr + t * stride_st + n, mask=n < end, other=-1).to(tl.int64)
+        valid = (slot >= 0) & (slot < num_slots)
+        slot = tl.where(valid, slot, 0)
+        row = (slot // block_tokens) * stride_pb + (slot % block_tokens) * stride_pt
+        kv_nope, kv_rope = _gather_latent(pages_ptr, row, valid, FMT, AS_BF16)
+
+        if AS_BF16:
+            s = tl.dot(q_nope, tl.trans(kv_nope))
+            s = tl.dot(q_rope, tl.trans(kv_rope), s)
+        else:
+            s = tl.dot(q_nope, tl.trans(kv_nope), input_precision="ieee")
+            s = tl.dot(q_rope, tl.trans(kv_rope), s, input_precision="ieee")
+        s = tl.where(valid[None, :], s * logit_scale, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # an all-skipped row stays at p = 0
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if AS_BF16:
+            acc = tl.dot(p.to(tl.bfloat16), kv_nope, acc * alpha[:, None])
+        else:
+            acc = tl.dot(p, kv_nope, acc * alpha[:, None], input_precision="ieee")
+        m_i = m_new
+
+    has_any = l_i > 0.0
+    o = acc * (value_scale / tl.where(has_any, l_i, 1.0))[:, None]
+    m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
+    lse = tl.where(has_any, (m_safe + tl.log2(tl.where(has_any, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
+    o_rows = o_ptr + split * stride_os + t * stride_ot + heads[:, None] * stride_oh + nope_cols[None, :]
+    tl.store(o_rows, o.to(o_ptr.dtype.element_ty), mask=head_ok[:, None])
+    tl.store(lse_ptr + split * stride_ls + t * stride_lt + heads, lse, mask=head_ok)
+
+
+def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=64, block_n=32,
+               split_size=None, num_warps=8, num_stages=1, exact_fp32=None):
+    """Launch :func:`sparse_mla_kernel`.
+
+    Args:
+        q: ``[T, H, 576]`` bf16/fp16/fp32 (unit stride in the last dim).
+        kv_pages: ``[num_blocks, block_tokens, token_bytes]`` uint8 latent pages in ``kv_fmt``.
+        slots: ``[T, K]`` int32/int64 physical slots; -1 or out of range = skipped.
+        kv_fmt: ``"bf16"``, ``"fp8"`` or ``"fp8_ds_mla"``.
+        kv_scale: ``[]`` fp32 tensor scale for ``"fp8"``, else None.
+        softmax_scale: float.
+        block_h, block_n: heads per program (power of two, ≥ 16) and slots per step.
+        split_size: slots per split (multiple of ``block_n``); None = one split.
+        exact_fp32: compute the dots in fp32 (default: unless q is bf16).
+
+    Returns:
+        ``(o [T, H, 512] in q's dtype, lse [T, H] fp32)``.
+    """
+    tokens, heads, _ = q.shape
+    k = slots.shape[1]
+    fmt = LATENT_CODES[kv_fmt]
+    as_bf16 = (q.dtype == torch.bfloat16) if exact_fp32 is None else not exact_fp32
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    if split_size is None or split_size >= k:
+        split_size, splits = max(k, 1), 1
+    else:
+        splits = triton.cdiv(k, split_size)
+    if splits == 1:
+        o = torch.empty((1, tokens, heads, NOPE), dtype=q.dtype, device=q.device)
+    else:
+        o = torch.empty((splits, tokens, heads, NOPE), dtype=torch.float32, device=q.device)
+    lse = torch.empty((splits, tokens, heads), dtype=torch.float32, device=q.device)
+    if tokens == 0 or heads == 0:
+        return o[0].to(q.dtype), lse[0]
+    grid = (triton.cdiv(heads, block_h), tokens, splits)
+    sparse_mla_kernel[grid](
+        q, q.stride(0), q.stride(1),
+        kv_pages, kv_pages.stride(0), kv_pages.stride(1),
+        slots, slots.stride(0),
+        kv_scale if fmt == LATENT_FP8 else lse,
+        o, o.stride(0), o.stride(1), o.stride(2),
+        lse, lse.stride(0), lse.stride(1),
+        heads, k, kv_pages.shape[0] * kv_pages.shape[1], kv_pages.shape[1], split_size,
+        softmax_scale * LOG2E,
+        FMT=fmt, AS_BF16=as_bf16, BLOCK_H=block_h, BLOCK_N=block_n,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if splits == 1:
+        return o[0], lse[0]
+    out, lse_out = lse_combine(o, lse, out_dtype=q.dtype)
+    return out, lse_out
+
+
+def _check(device="cuda", dtype=torch.bfloat16, fmt="bf16"):
+    """Compare with the reference on random inputs; returns the relative error of o."""
+    from dsahal.formats import latent_format
+    from dsahal.reference.sparse_mla import sparse_mla as reference
+
+    spec = latent_format(fmt)
+    blocks, block_tokens, tokens, heads, k = 8, 16, 3, 16, 40
+    latent = torch.randn(blocks * block_tokens, 576, device=device)
+    scale = torch.tensor(0.05, device=device) if spec.needs_tensor_scale else None
+    pages = spec.pack(latent, scale).view(blocks, block_tokens, -1)
+    q = torch.randn(tokens, heads, 576, device=device).to(dtype)
+    slots = torch.randint(-1, blocks * block_tokens, (tokens, k), device=device, dtype=torch.int32)
+    o, lse = sparse_mla(q, pages, slots, fmt, scale, 576**-0.5, block_h=16, block_n=16)
+    o_ref, lse_ref = reference(q, pages, slots, fmt, scale, 576**-0.5)
+    o_err = float((o.float() - o_ref.float()).norm() / o_ref.float().norm())
+    finite = torch.isfinite(lse_ref)
+    lse_err = float((lse[finite] - lse_ref[finite]).abs().max()) if bool(finite.any()) else 0.0
+    return o_err, lse_err

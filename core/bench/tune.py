@@ -1,0 +1,101 @@
+"""Block-size sweep of the shared Triton kernels at PERF.md's decode shapes (``python -m dsahal.bench.tune``).
+
+Prints, per kernel, the median time of each configuration and whether its output matches the
+first configuration's (a configuration that changes the result is a bug, not a speed-up). The
+winners are what :mod:`dsahal.backends.nvidia.config` hard-codes.
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+
+import torch
+
+from .cases import INDEX_HEADS, MLA_SCALE
+from .inputs import decode_batch, random_pages, random_slots
+from .timing import time_ms
+
+
+def _sweep(label, configs, launch, compare):
+    print(f"\n== {label}")
+    first = None
+    best = None
+    for cfg in configs:
+        try:
+            out = launch(**cfg)
+            torch.cuda.synchronize()
+            same = True if first is None else compare(out, first)
+            first = out if first is None else first
+            ms = time_ms(lambda: launch(**cfg))
+        except Exception as exc:  # noqa: BLE001 - a config that fails to compile is reported and skipped
+            print(f"  {cfg}: {type(exc).__name__}: {str(exc)[:120]}")
+            continue
+        print(f"  {cfg}: {ms:.4f} ms  same={same}")
+        if same and (best is None or ms < best[0]):
+            best = (ms, cfg)
+    print(f"  best: {best}")
+    sys.stdout.flush()
+
+
+def _close(a, b, tol=1e-2):
+    a = a[0] if isinstance(a, tuple) else a
+    b = b[0] if isinstance(b, tuple) else b
+    return bool(((a.float() - b.float()).norm() / b.float().norm()) < tol)
+
+
+def main():
+    from dsahal.backends.triton_kernels import indexer, kda, sparse_mla, topk
+
+    dev = torch.device("cuda")
+    for heads, tokens in ((128, 320), (16, 320), (128, 8)):
+        for fmt in ("bf16", "fp8"):
+            pages = random_pages("latent", fmt, (1 << 20) // 64, 64, dev)
+            scale = torch.tensor(0.5, device=dev) if fmt == "fp8" else None
+            q = torch.randn(tokens, heads, 576, device=dev, dtype=torch.bfloat16)
+            slots = random_slots(tokens, 2048, 1 << 20, dev)
+            if heads >= 64 and tokens > 64:
+                shapes = [(64, 32, 8, 1, None), (64, 32, 8, 2, None), (64, 64, 8, 1, None), (32, 64, 4, 2, None),
+                          (32, 32, 4, 2, None), (64, 16, 4, 2, None)]
+            elif heads >= 64:
+                shapes = [(64, 32, 8, 1, None), (64, 32, 8, 1, 512), (64, 32, 8, 1, 256), (32, 64, 4, 2, 256)]
+            else:
+                shapes = [(16, 32, 4, 1, None), (16, 64, 4, 2, None), (16, 64, 8, 2, None), (16, 128, 4, 2, None),
+                          (16, 64, 4, 2, 1024), (16, 64, 4, 2, 512)]
+            configs = [dict(block_h=h, block_n=n, num_warps=w, num_stages=s, split_size=sp)
+                       for h, n, w, s, sp in shapes]
+            _sweep(f"sparse_mla {fmt} T={tokens} H={heads}", configs,
+                   lambda **c: sparse_mla.sparse_mla(q, pages, slots, fmt, scale, MLA_SCALE, **c), _close)
+            del pages
+    block_table, req_ids, positions, nb = decode_batch(64, 5, 131072, 64, dev)
+    ipages = random_pages("index", "fp8", nb, 64, dev)
+    for qd in (torch.float8_e4m3fn, torch.bfloat16):
+        qi = torch.randn(320, INDEX_HEADS, 128, device=dev).to(qd)
+        w = torch.rand(320, INDEX_HEADS, device=dev)
+        configs = [dict(block_n=n, group=g, num_warps=wp, num_stages=1)
+                   for n, g, wp in itertools.product([64, 128, 256], [1, 8], [4, 8])]
+        _sweep(f"indexer fp8 keys q={qd}", configs,
+               lambda **c: indexer.indexer_score(qi, w, ipages, block_table, req_ids, positions, "fp8", 131072, **c),
+               lambda a, b: torch.equal(torch.isfinite(a), torch.isfinite(b)) and _close(
+                   torch.nan_to_num(a, neginf=0), torch.nan_to_num(b, neginf=0), 1e-3))
+    del ipages
+    scores = torch.randn(320, 131072, device=dev)
+    lengths = torch.full((320,), 131072, device=dev, dtype=torch.int32)
+    configs = [dict(chunk=c, num_warps=w, bits1=b1, bits2=b2)
+               for c, w, (b1, b2) in itertools.product([1024, 2048, 4096], [4, 8], [(12, 12), (11, 11)])]
+    _sweep("topk [320, 128K] k=2048", configs, lambda **c: topk.topk(scores, lengths, 2048, **c),
+           lambda a, b: torch.equal(a.sort(1).values, b.sort(1).values))
+    print(f"  torch.topk: {time_ms(lambda: torch.topk(scores, 2048, dim=1)):.4f} ms")
+    for batch in (64, 256):
+        pool = torch.randn(batch * 2, 32, 128, 128, device=dev) * 0.05
+        ids = torch.randperm(batch * 2, device=dev)[:batch].to(torch.int32)
+        q, k, v = (torch.randn(batch, 32, 128, device=dev, dtype=torch.bfloat16) for _ in range(3))
+        g = -torch.rand(batch, 32, 128, device=dev) * 0.1
+        beta = torch.rand(batch, 32, device=dev, dtype=torch.bfloat16)
+        configs = [dict(block_v=b, num_warps=w) for b, w in itertools.product([16, 32, 64, 128], [4, 8])]
+        _sweep(f"kda decode B={batch}", configs,
+               lambda **c: kda.kda_decode(q, k, v, g, beta, pool, ids, 128**-0.5, True, **c),
+               lambda a, b: True)
+
+
+if __name__ == "__main__":
+    main()
