@@ -118,6 +118,20 @@ def test_sparse_mla_matches_reference_with_skipped_repeated_and_empty_rows(fmt):
     assert torch.equal(o[1], torch.zeros_like(o[1]))
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_sparse_mla_ignores_whatever_bytes_sit_behind_skipped_slots(fmt):
+    scale = torch.tensor(0.05) if LATENT_FORMATS[fmt].needs_tensor_scale else None
+    pages = _filled_pages("latent", fmt, num_blocks=3, block_tokens=4, scale=scale, seed=6)
+    pages[0] = 0xFF  # NaN in bf16 and in e4m3: never written, never selected
+    q = torch.randn(2, 2, 576)
+    slots = torch.tensor([[4, -1, 9, -1], [-1, -1, -1, -1]], dtype=torch.int32)
+    o, lse = portable_attention.sparse_mla(q, pages, slots, fmt, scale, 0.1)
+    o_ref, lse_ref = ref_mla.sparse_mla(q, pages, slots, fmt, scale, 0.1)
+    assert not torch.isnan(o).any()
+    torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-5)
+    _assert_close_with_same_infinities(lse, lse_ref)
+
+
 def test_sparse_mla_gathers_in_row_groups_without_changing_the_result(monkeypatch):
     pages = _filled_pages("latent", "bf16", num_blocks=3, block_tokens=4, seed=5)
     q, slots = torch.randn(5, 2, 576), torch.randint(-1, 12, (5, 6)).int()

@@ -59,9 +59,12 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
     for start in range(0, tokens, rows_per_gather):
         rows = slice(start, start + rows_per_gather)
         chosen = slots[rows]
-        kv = _gather_latent(kv_pages, chosen, kv_fmt, kv_scale)  # [t, K, 576]
+        skipped = chosen < 0
+        # A -1 slot was read as slot 0, which may hold any bytes (even NaN): zero it, since a zero
+        # probability times NaN would still poison the output.
+        kv = _gather_latent(kv_pages, chosen, kv_fmt, kv_scale).masked_fill(skipped[..., None], 0.0)  # [t, K, 576]
         logits = softmax_scale * torch.einsum("thd,tkd->thk", q[rows].float(), kv)
-        logits = logits.masked_fill((chosen < 0)[:, None, :], float("-inf"))
+        logits = logits.masked_fill(skipped[:, None, :], float("-inf"))
         row_lse = torch.logsumexp(logits, dim=-1)  # [t, H]
         live = torch.isfinite(row_lse)
         probs = torch.exp(logits - torch.where(live, row_lse, torch.zeros_like(row_lse))[..., None])
