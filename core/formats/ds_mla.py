@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import CacheFormat, as_bytes, from_bytes
-from .numerics import BF16_MAX, FP8_MAX, pow2_scale_at_least
+from .base import CacheFormat, as_bytes, from_bytes, saturation_excess
+from .numerics import BF16_MAX, FP8_MAX, SCALED_FORMAT_MAX, pow2_scale_at_least
 from .simple import bf16_bound, fp8_scaled_bound, to_bf16_saturating
 
 NOPE_DIM = 512
@@ -33,7 +33,8 @@ class Fp8DsMlaFormat(CacheFormat):
 
     Rounding. Tile scale: the smallest power of two ``>= amax_tile / 448`` (floored at 2^-126, the
     smallest normal fp32) — a power of two so that ``x / scale`` is exact, rounded *up* so the
-    tile's largest magnitude lands in (224, 448] and never saturates. (FlashMLA's own test
+    tile's largest magnitude lands in (224, 448] and never saturates (magnitudes above 1.5·2^127
+    ≈ 2.55e38 saturate there, where the rounded value could otherwise overflow to Inf). (FlashMLA's own test
     quantiser uses ``amax / 448`` unrounded; any positive fp32 scale reads back the same way, so
     kernels are indifferent.) Nope values: round-to-nearest-even into e4m3. RoPE: round-to-nearest-
     even into bf16, saturating at ±3.39e38.
@@ -45,11 +46,13 @@ class Fp8DsMlaFormat(CacheFormat):
     def tile_scales(self, values: torch.Tensor) -> torch.Tensor:
         """``[N, 576]`` -> ``[N, 4]`` fp32 power-of-two tile scales."""
         tiles = values[:, :NOPE_DIM].float().reshape(-1, TILES, TILE)
-        return pow2_scale_at_least(tiles.abs().amax(dim=-1), FP8_MAX, min_exp=-126, max_exp=127)
+        amax = tiles.abs().amax(dim=-1).clamp(max=SCALED_FORMAT_MAX)
+        return pow2_scale_at_least(amax, FP8_MAX, min_exp=-126, max_exp=127)
 
     def encode(self, values, scale=None):
         scales = self.tile_scales(values)  # [N, 4]
-        tiles = values[:, :NOPE_DIM].float().reshape(-1, TILES, TILE) / scales[:, :, None]
+        nope = values[:, :NOPE_DIM].float().clamp(-SCALED_FORMAT_MAX, SCALED_FORMAT_MAX)
+        tiles = nope.reshape(-1, TILES, TILE) / scales[:, :, None]
         nope = tiles.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8).reshape(-1, NOPE_DIM)
         rope = as_bytes(to_bf16_saturating(values[:, NOPE_DIM:]))
         return torch.cat([nope, as_bytes(scales), rope], dim=-1)
@@ -64,8 +67,9 @@ class Fp8DsMlaFormat(CacheFormat):
     def bound(self, values, scale=None):
         per_dim_scale = self.tile_scales(values).repeat_interleave(TILE, dim=1)  # [N, 512]
         nope = fp8_scaled_bound(values[:, :NOPE_DIM], per_dim_scale, exact_division=True)
+        nope = nope + saturation_excess(values[:, :NOPE_DIM], SCALED_FORMAT_MAX)
         return torch.cat([nope, bf16_bound(values[:, NOPE_DIM:])], dim=-1)
 
     def max_abs(self, scale=None):
-        return torch.cat([torch.full((NOPE_DIM,), torch.finfo(torch.float32).max),
+        return torch.cat([torch.full((NOPE_DIM,), SCALED_FORMAT_MAX),
                           torch.full((ROPE_DIM,), BF16_MAX)]).float()

@@ -25,6 +25,7 @@ from .numerics import (
     E2M1_MAX,
     FP8_MAX,
     FP8_MIN_NORMAL,
+    SCALED_FORMAT_MAX,
     UE8M0_MAX_EXP,
     UE8M0_MIN_EXP,
     e2m1_decode,
@@ -128,18 +129,20 @@ class Mxfp4IndexFormat(CacheFormat):
     the UE8M0 range). This rounds *up*, unlike the OCP MX spec's ``2^(floor(log2 amax) - 2)``,
     which can push the block maximum past 6 and clip it; here the maximum lands in (3, 6] and
     never saturates, at the cost of one bit of headroom in the worst case. Division by a power of
-    two is exact. Values: round-to-nearest, ties-to-even into e2m1. Any finite fp32 fits (6·2^127
-    exceeds the fp32 range). Bound per element: ``s_j * h(|x| / s_j)`` (``h`` as for NVFP4).
+    two is exact. Values: round-to-nearest, ties-to-even into e2m1. Magnitudes above 1.5·2^127
+    (≈2.55e38, the largest the grid reaches without overflowing to Inf) saturate there. Bound per element: ``s_j * h(|x| / s_j)`` (``h`` as for NVFP4).
     """
 
     def block_scales(self, values: torch.Tensor) -> torch.Tensor:
         """``[N, 128]`` -> ``[N, 4]`` fp32 power-of-two scales."""
         blocks = values.float().reshape(-1, MXFP4_BLOCKS, MXFP4_BLOCK)
-        return pow2_scale_at_least(blocks.abs().amax(dim=-1), E2M1_MAX, UE8M0_MIN_EXP, UE8M0_MAX_EXP)
+        amax = blocks.abs().amax(dim=-1).clamp(max=SCALED_FORMAT_MAX)
+        return pow2_scale_at_least(amax, E2M1_MAX, UE8M0_MIN_EXP, UE8M0_MAX_EXP)
 
     def encode(self, values, scale=None):
         scales = self.block_scales(values)
-        blocks = values.float().reshape(-1, MXFP4_BLOCKS, MXFP4_BLOCK) / scales[:, :, None]
+        clipped = values.float().clamp(-SCALED_FORMAT_MAX, SCALED_FORMAT_MAX)
+        blocks = clipped.reshape(-1, MXFP4_BLOCKS, MXFP4_BLOCK) / scales[:, :, None]
         codes = pack_nibbles(e2m1_encode(blocks.reshape(-1, MXFP4_DIM)))
         return torch.cat([codes, ue8m0_encode(scales)], dim=-1)
 
@@ -151,7 +154,7 @@ class Mxfp4IndexFormat(CacheFormat):
 
     def bound(self, values, scale=None):
         per_dim_scale = self.block_scales(values).repeat_interleave(MXFP4_BLOCK, dim=1)
-        return _e2m1_bound(values, per_dim_scale, exact_division=True)
+        return _e2m1_bound(values, per_dim_scale, exact_division=True) + saturation_excess(values, SCALED_FORMAT_MAX)
 
     def max_abs(self, scale=None):
-        return torch.full((MXFP4_DIM,), torch.finfo(torch.float32).max, dtype=torch.float32)
+        return torch.full((MXFP4_DIM,), SCALED_FORMAT_MAX, dtype=torch.float32)

@@ -5,6 +5,8 @@ on it are deterministic on every device. Rounding is round-to-nearest, ties to e
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -14,6 +16,9 @@ E2M1_MAX = 6.0  # largest finite e2m1 (FP4)
 BF16_MAX = 3.3895313892515355e38  # largest finite bfloat16
 BF16_MIN_SUBNORMAL = 2.0**-133
 FP32_MIN_NORMAL = 2.0**-126
+# Largest magnitude the power-of-two-scaled formats (fp8 index, fp8_ds_mla nope, mxfp4) accept before
+# saturating: above it, rounding to the grid could reach 2^128 (Inf) after scaling, e.g. 256 * 2^120.
+SCALED_FORMAT_MAX = 1.5 * 2.0**127
 UE8M0_BIAS = 127
 UE8M0_MIN_EXP = -127  # byte 0x00; byte 0xFF is NaN, so the largest scale is 2^127
 UE8M0_MAX_EXP = 127
@@ -61,12 +66,14 @@ def pow2_scale_at_least(amax: torch.Tensor, qmax: float, min_exp: int, max_exp: 
     (fp32, same shape as ``amax``). Dividing by it is exact, and the largest magnitude maps into
     ``(qmax/2, qmax]`` so it never saturates (unless ``e`` is capped at ``max_exp``)."""
     amax = amax.float()
-    _, exp = torch.frexp(amax / qmax)  # amax/qmax = m * 2^exp, m in [0.5, 1): 2^exp is a candidate
-    exp = exp.clamp(min_exp - 1, max_exp + 1).to(torch.int32)
-    # frexp's bound may be one too large (m == 0.5) or the division may have rounded down: fix both exactly.
-    smaller = exp - 1
-    exp = torch.where(amax <= qmax * torch.ldexp(torch.ones_like(amax), smaller), smaller, exp)
-    exp = torch.where(amax > qmax * torch.ldexp(torch.ones_like(amax), exp), exp + 1, exp)
+    one = torch.ones_like(amax)
+    _, amax_exp = torch.frexp(amax)  # amax = m * 2^amax_exp, m in [0.5, 1); no division, so no underflow
+    _, qmax_exp = math.frexp(qmax)
+    exp = (amax_exp - qmax_exp).clamp(min_exp - 2, max_exp + 2)  # within one of the answer
+    for _ in range(2):  # exact checks: qmax * 2^e is exact in fp32 over this range
+        exp = torch.where(amax > qmax * torch.ldexp(one, exp), exp + 1, exp)
+    for _ in range(2):
+        exp = torch.where(amax <= qmax * torch.ldexp(one, exp - 1), exp - 1, exp)
     exp = torch.where(amax > 0, exp, torch.full_like(exp, min_exp))  # an all-zero block takes the floor
     exp = exp.clamp(min_exp, max_exp)
     return torch.ldexp(torch.ones_like(amax), exp)

@@ -12,6 +12,7 @@ from .numerics import (
     BF16_MIN_SUBNORMAL,
     FP8_MAX,
     FP8_MIN_SUBNORMAL,
+    SCALED_FORMAT_MAX,
     e4m3_half_ulp,
     pow2_scale_at_least,
 )
@@ -95,17 +96,19 @@ class Fp8TokenScaleFormat(CacheFormat):
     (128 + 4 = 132 for index keys). Scale rounding: the smallest power of two ``>= amax / 448`` (so
     dividing by it is exact and the token's largest magnitude maps into (224, 448]: it never
     saturates); amax is floored at 1e-4 so an all-zero token gets a finite scale (2^-22).
-    Values: round-to-nearest-even into e4m3. Bound: half an e4m3 ulp of ``|x|/scale`` times scale
-    (relative 2^-4; absolute 2^-10·scale in the subnormal range)."""
+    Magnitudes above 1.5·2^127 (≈2.55e38) saturate there (beyond it the rounded value could
+    overflow to Inf). Values: round-to-nearest-even into e4m3. Bound: half an e4m3 ulp of
+    ``|x|/scale`` times scale (relative 2^-4; absolute 2^-10·scale in the subnormal range)."""
 
     def token_scale(self, values: torch.Tensor) -> torch.Tensor:
         """``[N, dim]`` -> ``[N]`` fp32 power-of-two scales."""
-        amax = values.abs().float().amax(dim=-1).clamp_min(1e-4)
+        amax = values.abs().float().amax(dim=-1).clamp(1e-4, SCALED_FORMAT_MAX)
         return pow2_scale_at_least(amax, FP8_MAX, min_exp=-126, max_exp=127)
 
     def encode(self, values, scale=None):
         token_scale = self.token_scale(values)
-        q = (values.float() / token_scale[:, None]).clamp(-FP8_MAX, FP8_MAX)
+        clipped = values.float().clamp(-SCALED_FORMAT_MAX, SCALED_FORMAT_MAX)
+        q = (clipped / token_scale[:, None]).clamp(-FP8_MAX, FP8_MAX)
         return torch.cat([q.to(torch.float8_e4m3fn).view(torch.uint8), as_bytes(token_scale[:, None])], dim=-1)
 
     def decode(self, records, scale=None):
@@ -114,7 +117,8 @@ class Fp8TokenScaleFormat(CacheFormat):
         return q * token_scale
 
     def bound(self, values, scale=None):
-        return fp8_scaled_bound(values, self.token_scale(values)[:, None], exact_division=True)
+        bound = fp8_scaled_bound(values, self.token_scale(values)[:, None], exact_division=True)
+        return bound + saturation_excess(values, SCALED_FORMAT_MAX)
 
     def max_abs(self, scale=None):
-        return torch.full((self.dim,), torch.finfo(torch.float32).max, dtype=torch.float32)
+        return torch.full((self.dim,), SCALED_FORMAT_MAX, dtype=torch.float32)
