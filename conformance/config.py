@@ -1,0 +1,38 @@
+"""The suite's run settings, set once by the pytest plugin before any test module is imported."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import HealthCheck
+
+DEFAULT_MAX_EXAMPLES = 60  # the full budget: what `dsahal conformance` runs unless told otherwise
+
+# The suite draws cases whose tensors are built from a seed, so hypothesis' own data is small;
+# slow reference ops and our per-test tracker fixture are deliberate.
+SUPPRESSED_HEALTH_CHECKS = (
+    HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+    HealthCheck.function_scoped_fixture, HealthCheck.large_base_example,
+)
+
+
+@dataclass
+class SuiteConfig:
+    """``backend``: the backend under test (None: ``DSAHAL_BACKEND`` or automatic selection).
+    ``ops``: restrict to these op families (None: all). ``seed``: hypothesis seed (None: random)."""
+
+    backend: str | None = None
+    max_examples: int = DEFAULT_MAX_EXAMPLES
+    derandomize: bool = False
+    seed: int | None = None
+    ops: frozenset[str] | None = None
+    report_dir: str | None = None
+    skips_file: str | None = None
+    xfails_file: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def examples(self, scale: float = 1.0) -> int:
+        """The example budget of one property, scaled for expensive ones (at least 1)."""
+        return max(1, int(round(self.max_examples * scale)))
+
+
+CONFIG = SuiteConfig()

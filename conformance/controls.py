@@ -1,0 +1,52 @@
+"""Vendor controls: skip and xfail files of test-id prefixes.
+
+One entry per line: a test-id prefix, optionally followed by ``# reason``; blank lines and lines
+starting with ``#`` are ignored. A prefix matches the canonical id (``test_topk.py::test_name[params]``)
+or the full pytest node id. An entry that matches no collected test is stale and produces a warning.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class ControlEntry:
+    prefix: str
+    reason: str
+    source: str  # "file:line"
+    matched: int = 0
+
+
+def read_control_file(path: str | Path) -> list[ControlEntry]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"dsahal conformance: control file {str(path)!r} does not exist")
+    entries = []
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        prefix, _, comment = line.partition("#")
+        entries.append(ControlEntry(prefix.strip(), comment.strip() or "no reason given", f"{path.name}:{number}"))
+    return entries
+
+
+def canonical_id(nodeid: str) -> str:
+    """``some/dir/test_topk.py::test_x[p]`` -> ``test_topk.py::test_x[p]`` (stable across installs)."""
+    path, sep, rest = nodeid.partition("::")
+    return Path(path).name + sep + rest
+
+
+def match(entries: list[ControlEntry], nodeid: str) -> ControlEntry | None:
+    """The first entry whose prefix matches ``nodeid`` (its use is counted)."""
+    short = canonical_id(nodeid)
+    for entry in entries:
+        if short.startswith(entry.prefix) or nodeid.startswith(entry.prefix):
+            entry.matched += 1
+            return entry
+    return None
+
+
+def stale(entries: list[ControlEntry]) -> list[ControlEntry]:
+    return [e for e in entries if e.matched == 0]

@@ -1,0 +1,141 @@
+"""The glue between a property test and the suite: the ``@conformance_property`` decorator and
+the per-test :class:`PropertyRun` tracker that counts examples, tells native calls from
+reference fallbacks, and formats failures with a reproduction snippet."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import hypothesis
+import pytest
+from hypothesis import settings
+
+from dsahal.conformance.config import CONFIG, SUPPRESSED_HEALTH_CHECKS
+
+# Capability names a property may need; each maps to a Capabilities attribute.
+CAPABILITY_FLAGS = ("deterministic", "batch_invariant", "distributed")
+
+
+def conformance_property(op: str, prop: str, *, needs: Iterable[str] = (), scale: float = 1.0):
+    """Mark a ``@given`` test as the property ``prop`` of ``op`` and apply the suite's settings.
+
+    ``needs``: capability flags the backend must claim (else the test is skipped with the reason).
+    ``scale``: fraction of the example budget (expensive properties run fewer examples).
+    Settings are read when the test module is imported, i.e. after the plugin configured them.
+    """
+    unknown = set(needs) - set(CAPABILITY_FLAGS)
+    if unknown:
+        raise ValueError(f"conformance_property: unknown capability flags {sorted(unknown)}")
+
+    def decorate(test: Callable) -> Callable:
+        test = settings(
+            max_examples=CONFIG.examples(scale), derandomize=CONFIG.derandomize, deadline=None,
+            database=None, suppress_health_check=SUPPRESSED_HEALTH_CHECKS, print_blob=False,
+        )(test)
+        if CONFIG.seed is not None and not CONFIG.derandomize:
+            test = hypothesis.seed(CONFIG.seed)(test)
+        return pytest.mark.conformance(op=op, prop=prop, needs=tuple(needs))(test)
+
+    return decorate
+
+
+class PropertyViolation(AssertionError):
+    """A backend broke a property; the message names the property and carries a reproduction."""
+
+
+@dataclass
+class ExampleRecord:
+    case: Any
+    native_calls: int = 0
+    fallback_calls: int = 0
+    fallback_ops: set = field(default_factory=set)
+
+
+class PropertyRun:
+    """Tracks one property test across hypothesis' examples.
+
+    Test bodies call :meth:`begin` with the drawn case, run backend ops through :meth:`call`,
+    and report violations through :meth:`fail` (usually via :mod:`dsahal.conformance.assertions`).
+    An example in which any op call was served by the reference counts as a fallback example;
+    a test whose examples were all fallbacks is reported as "fallback", never as a pass.
+    """
+
+    def __init__(self, *, backend: str, table, op: str, prop: str, fmt: str | None, test_id: str):
+        self.backend, self.table, self.op, self.prop, self.fmt, self.test_id = backend, table, op, prop, fmt, test_id
+        self.examples: list[ExampleRecord] = []
+
+    @property
+    def capabilities(self):
+        return self.table.record.backend.capabilities
+
+    def begin(self, case: Any) -> None:
+        self.examples.append(ExampleRecord(case))
+
+    @property
+    def current(self) -> ExampleRecord:
+        if not self.examples:
+            raise RuntimeError(f"{self.test_id}: call run.begin(case) before running backend ops")
+        return self.examples[-1]
+
+    def call(self, thunk: Callable[[], Any]) -> Any:
+        """Run ``thunk`` (which calls ``dsahal.ops``) and classify it native or fallback."""
+        before = {op: list(counts) for op, counts in self.table.calls.items()}
+        result = thunk()
+        self.record_counts(before, self.table.calls)
+        return result
+
+    def record_counts(self, before: dict, after: dict) -> None:
+        """Fold call-counter deltas (``op -> [native, fallback]``) into the current example."""
+        record = self.current
+        for op, (native, fallback) in after.items():
+            old_native, old_fallback = before.get(op, (0, 0))
+            record.native_calls += native - old_native
+            if fallback > old_fallback:
+                record.fallback_calls += fallback - old_fallback
+                record.fallback_ops.add(op)
+
+    @property
+    def native_examples(self) -> int:
+        return sum(1 for e in self.examples if e.native_calls and not e.fallback_calls)
+
+    @property
+    def fallback_examples(self) -> int:
+        return sum(1 for e in self.examples if e.fallback_calls)
+
+    def fallback_reason(self) -> str:
+        ops = sorted({op for e in self.examples for op in e.fallback_ops})
+        reasons = []
+        for op in ops:
+            entry = self.table.entries[op]
+            reasons.append(f"{op}: {entry.reason}" if entry.status == "fallback"
+                           else f"{op}: the backend's verifier rejected the drawn arguments")
+        return "; ".join(reasons) or "no backend call was made"
+
+    def fail(self, detail: str) -> None:
+        case = self.current.case if self.examples else None
+        raise PropertyViolation(format_failure(self, detail, case))
+
+
+def format_failure(run: PropertyRun, detail: str, case: Any) -> str:
+    seed = ("derandomized" if CONFIG.derandomize else
+            f"{CONFIG.seed}" if CONFIG.seed is not None else "random")
+    lines = [
+        f"backend {run.backend!r} violates {run.prop} (op {run.op}"
+        + (f", format {run.fmt}" if run.fmt else "") + ")",
+        *("  " + line for line in detail.splitlines()),
+        f"  drawn: {case!r}",
+    ]
+    shapes = getattr(case, "describe_shapes", None)
+    if callable(shapes):
+        lines.append(f"  shapes: {shapes()}")
+    lines += [
+        f"  hypothesis seed: {seed}",
+        "  reproduce:",
+        f"    dsahal conformance --backend {run.backend} --ops {run.op} --seed {CONFIG.seed if CONFIG.seed is not None else 0}"
+        f" -k '{run.test_id.split('::')[-1].split('[')[0]}'",
+    ]
+    snippet = getattr(case, "snippet", None)
+    if callable(snippet):
+        lines += ["    # or, self-contained (tensors are rebuilt from the drawn parameters):"]
+        lines += ["    " + line for line in snippet(run.backend).splitlines()]
+    return "\n".join(lines)

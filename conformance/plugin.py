@@ -1,0 +1,279 @@
+"""The pytest plugin of the conformance suite (entry point ``pytest11: dsahal_conformance``).
+
+Inert unless the suite runs: it only adds ``--dsahal-*`` options and a marker; every other hook
+acts on items marked ``@pytest.mark.conformance`` that live in this package, and does nothing
+(selects no backend, writes no report) when none was collected. Run it with
+``pytest --pyargs dsahal.conformance --dsahal-backend NAME`` or ``dsahal conformance``.
+"""
+from __future__ import annotations
+
+import random
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from dsahal.conformance import controls, report
+from dsahal.conformance.config import CONFIG
+from dsahal.conformance.harness import CAPABILITY_FLAGS, PropertyRun
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+RUN_KEY = pytest.StashKey[PropertyRun]()
+
+
+class SuiteState:
+    """What one session of the suite collected: controls, the table under test, results."""
+
+    def __init__(self):
+        self.items: list = []
+        self.table = None
+        self.records: dict[str, report.TestRecord] = {}
+        self.skips: list[controls.ControlEntry] = []
+        self.xfails: list[controls.ControlEntry] = []
+        self.started = time.time()
+
+
+_STATE: SuiteState | None = None
+
+
+def pytest_addoption(parser) -> None:
+    group = parser.getgroup("dsahal-conformance", "dsahal conformance suite")
+    group.addoption("--dsahal-backend", default=None, help="backend under test (default: DSAHAL_BACKEND or automatic)")
+    group.addoption("--dsahal-max-examples", type=int, default=None, help="hypothesis examples per property")
+    group.addoption("--dsahal-derandomize", action="store_true", default=False, help="derandomize hypothesis")
+    group.addoption("--dsahal-seed", type=int, default=None, help="hypothesis seed (default: a random one, printed)")
+    group.addoption("--dsahal-skips", default=None, help="file of test-id prefixes to skip (# comments)")
+    group.addoption("--dsahal-xfails", default=None, help="file of test-id prefixes expected to fail")
+    group.addoption("--dsahal-report-dir", default=None, help="write conformance.json/.md and junit.xml here")
+    group.addoption("--dsahal-ops", default=None, help="comma-separated op families to run (default: all)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "conformance(op, prop, needs): a dsahal conformance property")
+    option = config.option
+    # Settings are only read by the suite's own modules, at import: harmless for other test runs.
+    CONFIG.backend = option.dsahal_backend
+    if option.dsahal_max_examples is not None:
+        CONFIG.max_examples = max(1, option.dsahal_max_examples)
+    CONFIG.derandomize = bool(option.dsahal_derandomize)
+    CONFIG.seed = option.dsahal_seed
+    CONFIG.ops = frozenset(o.strip() for o in option.dsahal_ops.split(",") if o.strip()) if option.dsahal_ops else None
+    CONFIG.report_dir = option.dsahal_report_dir
+    CONFIG.skips_file, CONFIG.xfails_file = option.dsahal_skips, option.dsahal_xfails
+    if CONFIG.report_dir and not getattr(option, "xmlpath", None):
+        Path(CONFIG.report_dir).mkdir(parents=True, exist_ok=True)
+        option.xmlpath = str(Path(CONFIG.report_dir) / "junit.xml")
+    if CONFIG.seed is None and not CONFIG.derandomize and _running_suite(config):
+        CONFIG.seed = random.SystemRandom().randrange(2**31)  # pinned so every failure can be re-run
+
+
+def _running_suite(config) -> bool:
+    """Whether the command line points at this package (by path or ``--pyargs``)."""
+    for arg in config.args:
+        target = str(arg).split("::")[0]
+        if target.startswith("dsahal.conformance"):
+            return True
+        try:
+            if PACKAGE_DIR in [Path(target).resolve(), *Path(target).resolve().parents]:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def is_suite_item(item) -> bool:
+    if item.get_closest_marker("conformance") is None:
+        return False
+    path = Path(str(item.fspath)).resolve()
+    return path.parent == PACKAGE_DIR
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    global _STATE
+    suite_items = [i for i in items if is_suite_item(i)]
+    if not suite_items:
+        return
+    _STATE = state = SuiteState()
+    _select_backend(state)
+    if CONFIG.skips_file:
+        state.skips = controls.read_control_file(CONFIG.skips_file)
+    if CONFIG.xfails_file:
+        state.xfails = controls.read_control_file(CONFIG.xfails_file)
+    deselected = []
+    for item in suite_items:
+        op = item.get_closest_marker("conformance").kwargs["op"]
+        skip, xfail = controls.match(state.skips, item.nodeid), controls.match(state.xfails, item.nodeid)
+        if CONFIG.ops is not None and op not in CONFIG.ops:
+            deselected.append(item)
+            continue
+        if skip:
+            item.add_marker(pytest.mark.skip(reason=f"vendor skip ({skip.source}): {skip.reason}"))
+        elif xfail:
+            item.add_marker(pytest.mark.xfail(reason=f"vendor xfail ({xfail.source}): {xfail.reason}", strict=False))
+        state.items.append(item)
+    for entry in controls.stale(state.skips) + controls.stale(state.xfails):
+        message = f"dsahal conformance: stale control entry {entry.prefix!r} ({entry.source}) matches no test"
+        warnings.warn(message, pytest.PytestWarning, stacklevel=1)
+        print(f"WARNING: {message}")
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [i for i in items if i not in set(deselected)]
+
+
+def _select_backend(state: SuiteState) -> None:
+    from dsahal.ops.catalog import OP_NAMES
+    from dsahal.registry import RegistryError, set_backend
+
+    if CONFIG.ops is not None and not CONFIG.ops <= set(OP_NAMES):
+        raise pytest.UsageError(f"--ops: unknown op(s) {sorted(CONFIG.ops - set(OP_NAMES))}; "
+                                f"expected some of {list(OP_NAMES)}")
+    try:
+        state.table = set_backend(CONFIG.backend)
+    except RegistryError as exc:
+        raise pytest.UsageError(f"dsahal conformance: {exc}") from None
+
+
+def _format_claimed(capabilities, fmt_id: str | None) -> tuple[bool, str]:
+    if not fmt_id:
+        return True, ""
+    for part in fmt_id.split("+"):
+        kind, name = part.split(":")
+        claimed = capabilities.latent_formats if kind == "latent" else capabilities.index_formats
+        if claimed is not None and name not in claimed:
+            return False, f"backend does not claim {kind} format {name!r} (claims {sorted(claimed)})"
+    return True, ""
+
+
+@pytest.fixture
+def conformance(request) -> PropertyRun:
+    """The property's tracker; skips (with the reason) what the backend does not claim or implement."""
+    item = request.node
+    if _STATE is None or _STATE.table is None:
+        pytest.skip("the dsahal conformance suite was not configured (run it via dsahal conformance)")
+    marker = item.get_closest_marker("conformance")
+    op, prop, needs = marker.kwargs["op"], marker.kwargs["prop"], marker.kwargs.get("needs", ())
+    fmt = item.callspec.params.get("fmt") if hasattr(item, "callspec") else None
+    table = _STATE.table
+    caps = table.record.backend.capabilities
+    for flag in needs:
+        if flag in CAPABILITY_FLAGS and not getattr(caps, flag):
+            pytest.skip(f"backend {table.name!r} does not claim {flag}")
+    ok, why = _format_claimed(caps, fmt)
+    if not ok:
+        pytest.skip(why)
+    entry = table.entries[op]
+    if entry.status == "fallback":
+        pytest.skip(f"fallback: {entry.reason} (served by the reference; not the backend's pass)")
+    run = PropertyRun(backend=table.name, table=table, op=op, prop=prop, fmt=fmt,
+                      test_id=controls.canonical_id(item.nodeid))
+    item.stash[RUN_KEY] = run
+    return run
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if _STATE is None or not is_suite_item(item):
+        return
+    rep = outcome.get_result()
+    run = item.stash.get(RUN_KEY, None)
+    if rep.when == "call" and rep.passed and run is not None and not hasattr(rep, "wasxfail"):
+        if run.native_examples == 0:
+            reason = (f"fallback: every example was served by the reference ({run.fallback_reason()})"
+                      if run.fallback_examples else "no example exercised the backend")
+            rep.outcome = "skipped"
+            rep.longrepr = (str(item.fspath), item.location[1] or 0, reason)
+    _record(item, rep, run)
+
+
+def _record(item, rep, run) -> None:
+    marker = item.get_closest_marker("conformance")
+    record = _STATE.records.get(item.nodeid)
+    if record is None:
+        fmt = item.callspec.params.get("fmt") if hasattr(item, "callspec") else None
+        record = _STATE.records[item.nodeid] = report.TestRecord(
+            id=controls.canonical_id(item.nodeid), nodeid=item.nodeid, op=marker.kwargs["op"],
+            property=marker.kwargs["prop"], format=fmt or "-", backend=_STATE.table.name)
+    record.duration_s += rep.duration
+    if run is not None:
+        record.examples = len(run.examples)
+        record.native_examples, record.fallback_examples = run.native_examples, run.fallback_examples
+    if rep.failed:
+        record.outcome = "fail" if record.outcome != "fail" else record.outcome
+        record.message = record.message or str(rep.longreprtext)[-6000:]
+    elif rep.skipped:
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        if hasattr(rep, "wasxfail"):
+            record.outcome, record.message = "xfail", rep.wasxfail
+        else:
+            reason = reason.removeprefix("Skipped: ")
+            record.outcome = "fallback" if reason.startswith("fallback:") else "skip"
+            record.message = reason
+    elif rep.when == "call" and hasattr(rep, "wasxfail"):
+        record.outcome, record.message = "xpass", f"unexpectedly passed: {rep.wasxfail}"
+
+
+def _backend_info(table) -> dict:
+    backend = table.record.backend
+    caps = backend.capabilities
+    try:
+        versions = dict(backend.versions())
+    except Exception as exc:  # noqa: BLE001 - a report must not die on metadata
+        versions = {"error": repr(exc)}
+    return {"name": backend.name, "tags": sorted(backend.tags), "plugin": table.record.plugin,
+            "ops": {op: e.status for op, e in table.entries.items()},
+            "capabilities": {"latent_formats": sorted(caps.latent_formats) if caps.latent_formats is not None else "all",
+                             "index_formats": sorted(caps.index_formats) if caps.index_formats is not None else "all",
+                             "deterministic": caps.deterministic, "batch_invariant": caps.batch_invariant,
+                             "distributed": caps.distributed, "unverified": dict(caps.unverified)},
+            "versions": versions}
+
+
+def _settings() -> dict:
+    return {"max_examples": CONFIG.max_examples, "derandomize": CONFIG.derandomize, "seed": CONFIG.seed,
+            "ops": sorted(CONFIG.ops) if CONFIG.ops else "all"}
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    global _STATE
+    if _STATE is None:
+        return
+    from dsahal.conformance import distributed
+    from dsahal.ops.catalog import OP_NAMES
+
+    distributed.shutdown_pool()
+    records = list(_STATE.records.values())
+    if CONFIG.report_dir and _STATE.table is not None:
+        out = Path(CONFIG.report_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        info = _backend_info(_STATE.table)
+        report.write_json(out / "conformance.json", records, info, _settings())
+        report.write_markdown(out / "conformance.md", records, info, _settings(), OP_NAMES)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    global _STATE
+    if _STATE is None:
+        return
+    from dsahal.ops.catalog import OP_NAMES
+    from dsahal.registry import reset
+
+    records = list(_STATE.records.values())
+    tr = terminalreporter
+    tr.section(f"dsahal conformance: backend {_STATE.table.name!r}")
+    table = report.matrix(records)
+    for op in [o for o in OP_NAMES if o in table]:
+        cells = ", ".join(f"{fmt}={report.cell_status(c)}" for fmt, c in sorted(table[op].items()))
+        tr.write_line(f"  {op:<20} {cells}")
+    counts = report.summary(records)
+    tr.write_line("  " + ", ".join(f"{counts[o]} {o}" for o in report.OUTCOMES if counts[o] or o in ("pass", "fail")))
+    for record in records:
+        if record.outcome in ("fail", "xpass"):
+            tr.write_line(f"  FAILED {record.id}: {record.property}")
+    tr.write_line(f"  settings: {_settings()}")
+    if CONFIG.report_dir:
+        tr.write_line(f"  reports: {CONFIG.report_dir}/conformance.json, conformance.md, junit.xml")
+    _STATE = None
+    reset()

@@ -1,0 +1,61 @@
+"""dsa_attention: one layer (indexer -> top-k -> slots -> sparse MLA) agrees with the composition of
+the reference ops, per (latent, index) format pair. Rows whose k-th place is tied or nearly tied
+in the reference scores are excluded from the output comparison unless the backend claims
+determinism: a valid selection there may differ from the reference's, and so may the output."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+
+from dsahal import ops
+from dsahal.conformance import assertions as A
+from dsahal.conformance.harness import conformance_property
+from dsahal.conformance.strategies import bind, dsa_cases, index_format_names, latent_format_names
+from dsahal.formats import LATENT_NOPE_DIM
+
+FORMATS = [f"latent:{lat}+index:{idx}" for lat in latent_format_names() for idx in index_format_names()]
+NEAR_TIE_RTOL = 2.0**-6
+
+
+def _reference(ref, a):
+    scores = ref["indexer_score"](a.q_index, a.index_weights, a.index_pages, a.block_table, a.req_ids, a.positions,
+                                  a.index_fmt, a.max_context)
+    lengths = torch.clamp(a.positions + 1, max=a.max_context).to(torch.int32)
+    chosen = ref["topk"](scores, lengths, a.topk)
+    slots = ref["positions_to_slots"](chosen, a.req_ids, a.block_table, a.index_pages.shape[1])
+    o, lse = ref["sparse_mla"](a.q, a.kv_pages, slots, a.kv_fmt, a.kv_scale, a.softmax_scale)
+    return scores, lengths, o, lse
+
+
+def ambiguous_rows(scores: torch.Tensor, lengths: torch.Tensor, k: int, exact_ties_too: bool) -> torch.Tensor:
+    """Rows whose k-th and (k+1)-th best finite scores are (nearly) equal."""
+    rows = torch.zeros(scores.shape[0], dtype=torch.bool)
+    for t in range(scores.shape[0]):
+        row = scores[t, : int(lengths[t])]
+        row = torch.sort(row[torch.isfinite(row)], descending=True).values
+        if row.numel() > k:
+            kth, next_ = float(row[k - 1]), float(row[k])
+            gap = kth - next_
+            rows[t] = gap <= NEAR_TIE_RTOL * max(abs(kth), 1e-6) and (exact_ties_too or gap > 0)
+    return rows
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@conformance_property("dsa_attention", "dsa_attention.matches_reference_composition", scale=0.3)
+@given(case=dsa_cases())
+def test_dsa_attention_matches_the_composition_of_reference_ops(fmt, case, conformance):
+    case = bind(case, fmt)
+    conformance.begin(case)
+    a = case.build()
+    o, lse = conformance.call(lambda: ops.dsa_attention(
+        a.q_index, a.index_weights, a.index_pages, a.q, a.kv_pages, a.block_table, a.req_ids, a.positions,
+        index_fmt=a.index_fmt, kv_fmt=a.kv_fmt, topk=a.topk, max_context=a.max_context,
+        softmax_scale=a.softmax_scale, kv_scale=a.kv_scale))
+    scores, lengths, ref_o, ref_lse = _reference(conformance.table.reference, a)
+    A.assert_shape_dtype(conformance, "o", o, (a.q.shape[0], a.q.shape[1], LATENT_NOPE_DIM), a.q.dtype)
+    A.assert_shape_dtype(conformance, "lse", lse, a.q.shape[:2], torch.float32)
+    keep = ~ambiguous_rows(scores, lengths, a.topk, exact_ties_too=not conformance.capabilities.deterministic)
+    rtol = A.output_rtol(a.q.dtype, torch.bfloat16)
+    A.assert_lse_close(conformance, "lse", lse[keep], ref_lse[keep], rtol)
+    A.assert_rows_close(conformance, "o", o[keep], ref_o[keep], rtol)

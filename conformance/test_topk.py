@@ -1,0 +1,64 @@
+"""topk: a valid selection with the reference's score multiset; the exact tie-rule set when the
+backend claims determinism; documented errors on bad input."""
+from __future__ import annotations
+
+import torch
+from hypothesis import example, given
+
+from dsahal import ops
+from dsahal.conformance import assertions as A
+from dsahal.conformance.badinput import check_rejections
+from dsahal.conformance.cases import TopkCase
+from dsahal.conformance.harness import conformance_property
+from dsahal.conformance.strategies import topk_cases
+
+# Equal scores straddling the k-th place, a row exactly k long and one shorter than k.
+STRADDLE = TopkCase(rows=3, width=20, k=6, lengths=(20, 6, 3), mode="straddle", neg_inf_fraction=0.0, inf_rows=(),
+                    noncontiguous=False, seed=1)
+PALETTE = TopkCase(rows=2, width=32, k=5, lengths=(32, 17), mode="palette", neg_inf_fraction=0.2, inf_rows=(),
+                   noncontiguous=True, seed=2)
+
+
+def _run_topk(run, case):
+    run.begin(case)
+    args = case.build()
+    got = run.call(lambda: ops.topk(args.scores, args.lengths, args.k))
+    expected = run.table.reference["topk"](args.scores, args.lengths, args.k)
+    return args, got, expected
+
+
+@conformance_property("topk", "topk.valid_selection")
+@given(case=topk_cases())
+@example(case=STRADDLE)
+@example(case=PALETTE)
+def test_topk_selects_the_reference_score_multiset(case, conformance):
+    args, got, expected = _run_topk(conformance, case)
+    A.assert_topk_rows(conformance, got, args.scores, args.lengths, args.k, expected, exact_set=False)
+
+
+@conformance_property("topk", "topk.exact_tie_rule", needs=("deterministic",))
+@given(case=topk_cases())
+@example(case=STRADDLE)
+@example(case=PALETTE)
+def test_topk_selects_the_exact_reference_set_under_the_tie_rule(case, conformance):
+    args, got, expected = _run_topk(conformance, case)
+    A.assert_topk_rows(conformance, got, args.scores, args.lengths, args.k, expected, exact_set=True)
+
+
+@conformance_property("topk", "topk.rejects_bad_input", scale=0.2)
+@given(case=topk_cases())
+def test_topk_rejects_bad_input(case, conformance):
+    _run_topk(conformance, case)
+    a = case.build()
+    too_long = a.lengths.clone()
+    too_long[0] = a.scores.shape[1] + 1
+    check_rejections(conformance, "topk", {
+        "scores float64": (lambda: ops.topk(a.scores.double(), a.lengths, a.k), TypeError),
+        "scores 1-d": (lambda: ops.topk(a.scores[0], a.lengths, a.k), ValueError),
+        "lengths float": (lambda: ops.topk(a.scores, a.lengths.float(), a.k), TypeError),
+        "lengths of another row count": (lambda: ops.topk(a.scores, torch.cat([a.lengths, a.lengths]), a.k),
+                                         ValueError),
+        "length beyond the scores' width": (lambda: ops.topk(a.scores, too_long, a.k), ValueError),
+        "k = 0": (lambda: ops.topk(a.scores, a.lengths, 0), ValueError),
+        "k not an int": (lambda: ops.topk(a.scores, a.lengths, float(a.k)), TypeError),
+    })

@@ -1,0 +1,39 @@
+"""topk_merge: over W = 2 and 4 gloo ranks, every rank returns exactly the single-device top-k of the
+gathered scores (same tie rule), including all winners on one rank, heavy ties and short rows."""
+from __future__ import annotations
+
+from hypothesis import example, given
+
+from dsahal.conformance import assertions as A
+from dsahal.conformance.cases import MergeCase
+from dsahal.conformance.distributed import RankPoolError, run_on_ranks
+from dsahal.conformance.harness import conformance_property
+from dsahal.conformance.strategies import merge_cases
+
+# Every winner on one rank: a merge sending only ~1.5k/W candidates per rank must resend.
+ALL_WINNERS_ON_ONE_RANK = (
+    MergeCase(world=2, rows=2, k=8, lengths=(40, 23), mode="continuous", neg_inf_fraction=0.0, concentrated=True,
+              hot_rank=1, seed=3),
+    MergeCase(world=4, rows=2, k=12, lengths=(64, 50), mode="palette", neg_inf_fraction=0.0, concentrated=True,
+              hot_rank=2, seed=4),
+)
+
+
+@conformance_property("topk_merge", "topk_merge.equals_single_device", needs=("distributed",), scale=0.5)
+@given(case=merge_cases())
+@example(case=ALL_WINNERS_ON_ONE_RANK[0])
+@example(case=ALL_WINNERS_ON_ONE_RANK[1])
+def test_topk_merge_equals_single_device_topk(case, conformance):
+    conformance.begin(case)
+    a = case.build()
+    per_rank = [(a.local_scores[r], a.local_lengths[r], a.k) for r in range(case.world)]
+    try:
+        answers = run_on_ranks(conformance.backend, "topk_merge", per_rank)
+    except RankPoolError as exc:
+        conformance.fail(f"the collective failed on the ranks: {exc}")
+    for _, (before, after) in answers:
+        conformance.record_counts(before, after)
+    expected = conformance.table.reference["topk"](a.scores, a.lengths, a.k)
+    for rank, (got, _) in enumerate(answers):
+        A.assert_topk_rows(conformance, got, a.scores, a.lengths, a.k, expected, exact_set=True,
+                           what=f"rank {rank} of {case.world}")
