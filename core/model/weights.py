@@ -22,6 +22,7 @@ from ..config import ModelConfig
 
 RESIDUAL_WRITERS = ("attn.o_proj.weight", "mlp.down.weight")
 CONFIG_KEY = "dsahal_config"
+MAX_PROBLEMS_SHOWN = 12
 
 
 class CheckpointError(ValueError):
@@ -75,9 +76,20 @@ def checkpoint_config(path: str | Path) -> ModelConfig | None:
     return ModelConfig.from_dict(json.loads(raw)) if raw else None
 
 
+def _config_hint(path, model) -> str:
+    """The fields in which the checkpoint's stored config differs from the model's ('' if none stored)."""
+    stored = checkpoint_config(path)
+    if stored is None:
+        return ""
+    ours, theirs = model.config.to_dict(), stored.to_dict()
+    differ = [f"{key}: checkpoint {theirs[key]!r}, model {ours[key]!r}" for key in ours
+              if key != "notes" and ours[key] != theirs.get(key)]
+    return ("\nthe configs differ in " + "; ".join(differ)) if differ else ""
+
+
 @torch.no_grad()
 def load_weights(model: torch.nn.Module, path: str | Path) -> torch.nn.Module:
-    """Load a ``.safetensors`` checkpoint into ``model`` in place; returns it.
+    """Load a ``.safetensors`` checkpoint into ``model`` in place (cast to each parameter's dtype); returns it.
 
     Raises :class:`CheckpointError` (a ``ValueError``) naming every missing, unexpected or
     mis-shaped tensor with both shapes, and the checkpoint's config when it differs.
@@ -91,15 +103,14 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> torch.nn.Module:
                 if name not in tensors]
     problems += [f"unexpected tensor {name!r} (checkpoint shape {list(t.shape)})" for name, t in tensors.items()
                  if name not in expected]
-    problems += [f"tensor {name!r}: checkpoint shape {list(t.shape)}, model expects {list(expected[name].shape)}"
-                 for name, t in tensors.items() if name in expected and t.shape != expected[name].shape]
+    problems += [f"tensor {name!r}: checkpoint shape {list(tensors[name].shape)}, model expects {list(p.shape)}"
+                 for name, p in expected.items() if name in tensors and tensors[name].shape != p.shape]
     if problems:
-        stored = checkpoint_config(path)
-        hint = ""
-        if stored is not None and stored != model.config:
-            hint = f"\nthe checkpoint was saved from config {stored.name!r}, the model is {model.config.name!r}"
+        shown = problems[:MAX_PROBLEMS_SHOWN]
+        if len(problems) > len(shown):
+            shown.append(f"... and {len(problems) - len(shown)} more")
         raise CheckpointError(f"load_weights: checkpoint {str(path)!r} does not fit the model "
-                              f"({len(problems)} problem(s)):\n  " + "\n  ".join(problems[:20]) + hint)
+                              f"({len(problems)} problem(s)):\n  " + "\n  ".join(shown) + _config_hint(path, model))
     for name, target in expected.items():
         target.copy_(tensors[name].to(target.dtype))
     return model
