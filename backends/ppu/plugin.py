@@ -2,9 +2,11 @@
 
 The PPU presents itself to torch as a CUDA device, so this backend has its own probe
 (:mod:`.detect`), shared with the ``nvidia`` backend's so exactly one of them claims a device.
-Its ops are the portable torch formulations of this folder (batched fp32 tensor code that any
-torch device runs). cache_write and the collectives stay on the reference,
-which is already batched torch (pack + scatter) and ``torch.distributed``.
+Each op runs a shared Triton kernel (:mod:`dsahal.backends.triton_kernels`) when :mod:`.routes`
+says the PPU's toolchain takes the call (no FP8 involved), and the portable torch formulation of
+this folder otherwise (batched fp32 tensor code that any torch device runs). cache_write and the
+collectives stay on the reference, which is already batched torch (pack + scatter) and
+``torch.distributed``.
 """
 from __future__ import annotations
 
@@ -16,12 +18,12 @@ PACKAGE = "dsahal.backends.ppu"
 NEVER_RUN = "never run on PPU hardware; checked on the CPU only"
 
 OPS = {
-    "indexer_score": f"{PACKAGE}.portable_index:indexer_score",
-    "topk": f"{PACKAGE}.portable_index:topk",
-    "positions_to_slots": f"{PACKAGE}.portable_index:positions_to_slots",
-    "sparse_mla": f"{PACKAGE}.portable_attention:sparse_mla",
-    "lse_combine": f"{PACKAGE}.portable_attention:lse_combine",
-    "kda_decode": f"{PACKAGE}.portable_kda:kda_decode",
+    "indexer_score": f"{PACKAGE}.ops:indexer_score",
+    "topk": f"{PACKAGE}.ops:topk",
+    "positions_to_slots": f"{PACKAGE}.ops:positions_to_slots",
+    "sparse_mla": f"{PACKAGE}.ops:sparse_mla",
+    "lse_combine": f"{PACKAGE}.ops:lse_combine",
+    "kda_decode": f"{PACKAGE}.ops:kda_decode",
     "kda_prefill": f"{PACKAGE}.portable_kda:kda_prefill",
 }
 VERIFIERS = {
@@ -76,7 +78,7 @@ def ppu_backend() -> Backend:
         # format limit (the portable ops read every format through its own unpack).
         capabilities=Capabilities(deterministic=True, batch_invariant=False, distributed=True,
                                   unverified={op: NEVER_RUN for op in OPS}),
-        description="portable batched torch ops, shared CUDA-compatible Triton kernels where registered",
+        description="shared Triton kernels for non-FP8 calls, portable batched torch otherwise",
     )
 
 
