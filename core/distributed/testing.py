@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import socket
 import time
 import traceback
@@ -12,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 import torch.distributed as dist
+
+
+DEAD_GRACE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -41,10 +45,13 @@ def _rank_main(fn, rank, world, port, args, env, results) -> None:
     start = time.monotonic()
     try:
         value = fn(rank, world, *args)
-        results.put(RankOutcome(rank, True, value=value, seconds=time.monotonic() - start))
+        outcome = RankOutcome(rank, True, value=value, seconds=time.monotonic() - start)
     except BaseException as exc:  # reported to the parent, which decides what is a failure
-        results.put(RankOutcome(rank, False, error_type=type(exc).__name__, error_message=str(exc),
-                                traceback=traceback.format_exc(), seconds=time.monotonic() - start))
+        outcome = RankOutcome(rank, False, error_type=type(exc).__name__, error_message=str(exc),
+                              traceback=traceback.format_exc(), seconds=time.monotonic() - start)
+    # Plain pickle copies tensors by value; the queue's own pickler would pass shared-memory handles
+    # that die with this process.
+    results.put(pickle.dumps(outcome))
 
 
 def run_on_ranks(fn: Callable[..., Any], world: int, *, args: tuple = (), timeout_s: float = 120.0,
@@ -71,14 +78,19 @@ def run_on_ranks(fn: Callable[..., Any], world: int, *, args: tuple = (), timeou
     outcomes: dict[int, RankOutcome] = {}
     awaited = set(range(world) if wait_for is None else wait_for)
     deadline = time.monotonic() + timeout_s
+    dead_since: dict[int, float] = {}
     try:
         while not awaited <= set(outcomes) and time.monotonic() < deadline:
             try:
-                outcome = results.get(timeout=0.2)
+                outcome = pickle.loads(results.get(timeout=0.2))
                 outcomes[outcome.rank] = outcome
-            except Exception:  # queue.Empty: poll for ranks that died without reporting
+            except Exception:  # queue.Empty: look for ranks that died without reporting
+                now = time.monotonic()
                 for rank, process in enumerate(processes):
-                    if rank not in outcomes and not process.is_alive() and results.empty():
+                    if rank in outcomes or process.is_alive():
+                        continue
+                    # A large result may still be in the pipe after its sender exited: allow a grace period.
+                    if now - dead_since.setdefault(rank, now) > DEAD_GRACE_S:
                         outcomes[rank] = RankOutcome(rank, False, error_type="ProcessDied",
                                                      error_message=f"exit code {process.exitcode}")
     finally:
@@ -112,7 +124,7 @@ def count_collective_bytes():
     original_gather, original_a2a = dist.all_gather, dist.all_to_all_single
 
     def all_gather(tensor_list, tensor, group=None, async_op=False):
-        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        world = dist.get_world_size(group)
         counter.sent_to_peers += tensor.numel() * tensor.element_size() * (world - 1)
         counter.calls.append("all_gather")
         return original_gather(tensor_list, tensor, group=group, async_op=async_op)
