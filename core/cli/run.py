@@ -19,6 +19,8 @@ from ..registry import RegistryError, use_backend
 from ..registry.state import active_table
 from ..engine.report import ProgressBar, compare_runs, peak_memory, print_report
 
+FINGERPRINT_ARGS = ("backend", "batch", "prompt_len", "decode", "seed", "dtype", "latent_fmt", "index_fmt",
+                    "block_tokens", "chunk", "temperature", "weights", "split_dsa")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -48,25 +50,27 @@ def resolve_device(args) -> torch.device:
     return torch.device("cuda" if gpu and torch.cuda.is_available() else "cpu")
 
 
-def dsa_attention_for(args):
-    """The DSA attention object: single-device, or decode context parallelism with ``--dcp W``."""
-    from ..model import LocalDsaAttention
+def start_dcp(args, config):
+    """Join the torchrun process group for ``--dcp W``; returns (attention, distributed context)."""
+    from ..distributed import StartupMismatch, init_distributed
+    from ..engine.dcp import DcpDsaAttention
 
-    if args.dcp == 1:
-        return LocalDsaAttention(fused=not args.split_dsa)
+    fingerprint = {"config": json.dumps(config.to_dict(), sort_keys=True), "dcp": args.dcp,
+                   **{name: getattr(args, name) for name in FINGERPRINT_ARGS}}
     try:
-        from ..distributed import DcpDsaAttention  # built by the distributed package, under torchrun
-    except ImportError as exc:
-        raise SystemExit(f"error: --dcp {args.dcp} needs dsahal.distributed.DcpDsaAttention, which this build "
-                         f"lacks ({exc})") from None
-    return DcpDsaAttention.from_environment(args.dcp)
+        context = init_distributed(fingerprint, timeout_s=args.dcp_timeout)
+    except StartupMismatch as exc:
+        raise ValueError(str(exc)) from None
+    if context.world_size != args.dcp:
+        raise ValueError(f"--dcp {args.dcp} expected a group of {args.dcp} processes, torchrun started "
+                         f"{context.world_size}")
+    return DcpDsaAttention(context.rank, context.world_size, check=True), context
 
 
-def execute(args, model, config, device, *, forced=None, progress=True):
+def execute(args, model, config, device, attention, *, forced=None, progress=True):
     """Run the requests once on the active backend; returns (finished requests, engine, op timer)."""
     from ..engine import Engine, OpTimer, build_cache
 
-    attention = dsa_attention_for(args)
     requests = make_requests(args, config.vocab_size, forced=forced)
     max_context = max(r.total_tokens for r in requests)
     cache = build_cache(config, max_batch=args.batch, max_context=max_context, latent_fmt=args.latent_fmt,
@@ -112,10 +116,26 @@ class _active:
 
 
 def _run_on_backend(args, config) -> int:
+    from ..model import LocalDsaAttention
+
+    local = LocalDsaAttention(fused=not args.split_dsa)
+    if args.dcp == 1:
+        return _report(args, config, local, resolve_device(args), rank=0)
+    from ..distributed import shutdown_distributed
+
+    attention, context = start_dcp(args, config)
+    try:
+        device = context.device if context.device.type == "cuda" else resolve_device(args)
+        return _report(args, config, attention, device, rank=context.rank, replay_attention=local)
+    finally:
+        shutdown_distributed()
+
+
+def _report(args, config, attention, device, *, rank: int, replay_attention=None) -> int:
+    """Run, replay on the reference with --check, print (rank 0 only) and write the JSON report."""
     from ..model import HybridModel, init_weights, load_weights
 
     table = active_table()
-    device = resolve_device(args)
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     model = HybridModel(config).to(device=device, dtype=dtype).eval()
     if args.weights:
@@ -124,7 +144,7 @@ def _run_on_backend(args, config) -> int:
         init_weights(model, seed=args.seed)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    finished, engine, timer = execute(args, model, config, device)
+    finished, engine, timer = execute(args, model, config, device, attention, progress=rank == 0)
     report = {
         "backend": table.name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
         "config": config.to_dict(), "latent_fmt": args.latent_fmt, "index_fmt": args.index_fmt,
@@ -137,11 +157,14 @@ def _run_on_backend(args, config) -> int:
                   "bytes": engine.cache.num_rows * engine.cache.row_bytes,
                   "state_slots": engine.cache.num_state_slots},
         "weights_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-        "memory": peak_memory(device), "outputs": [r.output for r in finished],
+        "memory": peak_memory(device), "outputs": [r.output for r in finished], "dcp": args.dcp,
     }
-    if args.check:
+    if rank != 0:
+        return 0
+    if args.check:  # single-device on the reference: the oracle for a DCP run as well
         with use_backend("reference"):
-            replay, _, _ = execute(args, model, config, device, forced=[r.output for r in finished], progress=False)
+            replay, _, _ = execute(args, model, config, device, replay_attention or attention,
+                                   forced=[r.output for r in finished], progress=False)
         report["check"] = compare_runs(finished, replay)
     print_report(report)
     if args.json:
@@ -172,7 +195,10 @@ def register(subparsers) -> None:
     parser.add_argument("--split-dsa", action="store_true",
                         help="call indexer, top-k and sparse MLA separately instead of the fused dsa_attention")
     parser.add_argument("--compile", action="store_true", help="decode through torch.compile(fullgraph=True)")
-    parser.add_argument("--dcp", type=int, default=1, help="decode context parallelism over W ranks (torchrun)")
+    parser.add_argument("--dcp", type=int, default=1,
+                        help="decode context parallelism over W processes started by torchrun (default 1)")
+    parser.add_argument("--dcp-timeout", type=float, default=120.0,
+                        help="seconds a DCP rank waits for its peers before failing (default 120)")
     parser.add_argument("--progress", action="store_true", help="always draw the progress bar (default: long runs "
                                                                 "on a terminal)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON")

@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from ..model.batch import BatchMeta
+from ..model.dsa_attention import LocalDsaAttention
 from .request import Request
+
+# The single-device rule; a DSA attention object may bring its own (decode context parallelism).
+write_slots = LocalDsaAttention.write_slots
 
 
 @dataclass
@@ -29,19 +34,15 @@ class StepBatch:
     requests: list[tuple[Request, int]]
 
 
-def write_slots(block_table: torch.Tensor, req_rows: torch.Tensor, positions: torch.Tensor,
-                block_tokens: int) -> torch.Tensor:
-    """``block_table[row, pos // block_tokens] · block_tokens + pos % block_tokens`` -> ``[T]`` int64."""
-    blocks = block_table[req_rows.long(), torch.div(positions.long(), block_tokens, rounding_mode="floor")].long()
-    return blocks * block_tokens + positions.long() % block_tokens
-
-
 def build_step(scheduled: list[tuple[Request, int]], block_table: torch.Tensor, block_tokens: int,
-               max_context: int, decode: bool, device: torch.device) -> StepBatch:
+               max_context: int, decode: bool, device: torch.device,
+               slot_fn: Callable[..., torch.Tensor] = write_slots) -> StepBatch:
     """Pack ``(request, n)`` pairs: the next ``n`` uncomputed tokens of each request, in order.
 
     ``block_table`` ``[R, max_blocks]`` int32 (host) must already map every position written here.
     ``decode`` asks for the KDA recurrent step and requires ``n == 1`` for every request.
+    ``slot_fn(block_table, rows, positions, block_tokens)`` gives the write slots (the DSA
+    attention's own rule: under decode context parallelism only this rank's tokens get one).
     """
     token_ids, positions, rows, cu_seqlens, state_ids, logits_indices, sampled = [], [], [], [0], [], [], []
     for request, count in scheduled:
@@ -62,7 +63,7 @@ def build_step(scheduled: list[tuple[Request, int]], block_table: torch.Tensor, 
     rows_t = torch.tensor(rows, dtype=torch.int32)
     meta = BatchMeta(
         positions=positions_t, req_ids=rows_t, block_table=block_table,
-        slots=write_slots(block_table, rows_t, positions_t, block_tokens),
+        slots=slot_fn(block_table, rows_t, positions_t, block_tokens).long(),
         cu_seqlens=torch.tensor(cu_seqlens, dtype=torch.int32), state_ids=torch.tensor(state_ids, dtype=torch.int32),
         max_context=max_context, decode=decode,
     ).to(device)

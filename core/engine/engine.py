@@ -19,7 +19,7 @@ import torch
 from ..model.batch import ModelCache
 from ..model.dsa_attention import DsaAttention
 from ..model.sampling import sample_one
-from .batch import StepBatch, build_step
+from .batch import StepBatch, build_step, write_slots
 from .request import Request
 
 
@@ -75,8 +75,11 @@ class Engine:
         if attention is not None:
             model.set_attention(attention)
         self.block_tokens = int(cache.block_tokens)
-        self.max_blocks = math.ceil(max_context / self.block_tokens)
-        self.max_context = self.max_blocks * self.block_tokens
+        # Under decode context parallelism this process stores every W-th token: its block table maps
+        # ceil(tokens / W) local tokens, and max_context stays a global width.
+        self.context_shards = int(getattr(model.attention, "context_shards", 1))
+        self.max_blocks = self._local_blocks(max_context)
+        self.max_context = self.max_blocks * self.block_tokens * self.context_shards
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.views = ModelCache.from_packed(cache, self.config, latent_fmt, index_fmt)
         self.block_table = torch.full((max_batch, self.max_blocks), -1, dtype=torch.int32)
@@ -107,7 +110,7 @@ class Engine:
     def _admit(self) -> None:
         while self.waiting and self.free_rows:
             request = self.waiting[0]
-            needed = math.ceil(request.total_tokens / self.block_tokens)
+            needed = self._local_blocks(request.total_tokens)
             try:
                 blocks = [int(b) for b in self.cache.allocate_blocks(needed)]
             except Exception as exc:  # the cache's out-of-rows error; it changes nothing on failure
@@ -126,6 +129,9 @@ class Engine:
             request.row, request.blocks, request.state_id = self.free_rows.popleft(), blocks, state_id
             self.block_table[request.row, :needed] = torch.tensor(blocks, dtype=torch.int32)
             self.running.append(request)
+
+    def _local_blocks(self, tokens: int) -> int:
+        return math.ceil(math.ceil(tokens / self.context_shards) / self.block_tokens)
 
     def _release(self, request: Request) -> None:
         """Give a finished request's blocks, KDA state and block-table row back."""
@@ -166,7 +172,8 @@ class Engine:
         if not self.running:
             return None
         scheduled, decode = self._schedule()
-        batch = build_step(scheduled, self.block_table, self.block_tokens, self.max_context, decode, self.device)
+        batch = build_step(scheduled, self.block_table, self.block_tokens, self.max_context, decode, self.device,
+                           slot_fn=getattr(self.model.attention, "write_slots", write_slots))
         start = time.perf_counter()
         logits = self._forward(batch)
         if logits.is_cuda:

@@ -56,7 +56,8 @@ def print_report(report: dict, out=None) -> None:
     out = out or sys.stdout
     config, stats = report["config"], report["stats"]
     kinds = config["layer_kinds"]
-    print(f"backend  {report['backend']} on {report['device']} ({report['dtype']})", file=out)
+    dcp = f", decode context parallel over {report['dcp']} ranks" if report.get("dcp", 1) > 1 else ""
+    print(f"backend  {report['backend']} on {report['device']} ({report['dtype']}){dcp}", file=out)
     print(f"config   {config['name']}: {len(kinds)} layers ({kinds.count('kda')} KDA + {kinds.count('dsa')} DSA), "
           f"hidden {config['hidden_size']}, {config['num_heads']} heads, {config['index_heads']} index heads, "
           f"top-k {config['index_topk']}, vocab {config['vocab_size']}", file=out)

@@ -18,7 +18,19 @@ from .batch import BatchMeta, DsaLayerCache
 
 class DsaAttention(Protocol):
     """The extension point. ``write`` stores one layer's new tokens; ``attend`` returns
-    ``o`` ``[T, H, 512]`` (q's dtype), the attention output in latent space."""
+    ``o`` ``[T, H, 512]`` (q's dtype), the attention output in latent space.
+
+    ``context_shards`` (W) is how many processes share each request's context (this one stores
+    ``1/W`` of its tokens, so the engine's block table maps ``ceil(tokens / W)`` local tokens);
+    ``write_slots`` gives the slot each new token is written to in *this* process's cache (-1 for
+    tokens stored elsewhere). The engine reads both when it is built and when it packs a step.
+    """
+
+    context_shards: int
+
+    def write_slots(self, block_table: torch.Tensor, req_rows: torch.Tensor, positions: torch.Tensor,
+                    block_tokens: int) -> torch.Tensor:
+        ...
 
     def write(self, cache: DsaLayerCache, latent: torch.Tensor, index_key: torch.Tensor, meta: BatchMeta) -> None:
         ...
@@ -39,9 +51,18 @@ class LocalDsaAttention:
             the timed loop once a step has passed).
     """
 
+    context_shards = 1
+
     def __init__(self, fused: bool = True, check: bool = True):
         self.fused = fused
         self.check = check
+
+    @staticmethod
+    def write_slots(block_table: torch.Tensor, req_rows: torch.Tensor, positions: torch.Tensor,
+                    block_tokens: int) -> torch.Tensor:
+        """``block_table[row, pos // block_tokens] · block_tokens + pos % block_tokens`` ``[T]`` int64."""
+        blocks = block_table[req_rows.long(), torch.div(positions.long(), block_tokens, rounding_mode="floor")]
+        return blocks.long() * block_tokens + positions.long() % block_tokens
 
     def write(self, cache: DsaLayerCache, latent: torch.Tensor, index_key: torch.Tensor, meta: BatchMeta) -> None:
         """latent ``[T, 576]``, index_key ``[T, 128]``: quantised into the layer's pages at ``meta.slots``."""
