@@ -52,7 +52,8 @@ def _fmt_int(value: int) -> str:
     return f"{value:,}"
 
 
-def print_plan(plan: dict, out=sys.stdout) -> None:
+def print_plan(plan: dict, out=None) -> None:
+    out = out or sys.stdout
     cfg, lay, cap = plan["config"], plan["layout"], plan["capacity"]
     say = lambda text="": print(text, file=out)  # noqa: E731 - a local printer keeps the layout readable
     parallel = f"TP{lay['tp']}" + (f" DCP{lay['dcp']}" if lay["dcp"] > 1 else "")
