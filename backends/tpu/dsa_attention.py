@@ -1,0 +1,25 @@
+"""One DSA layer fused into one XLA graph: indexer -> exact top-k -> slots -> sparse MLA.
+
+The same four XLA formulations as the separate ops, called directly: no validation, no
+custom-op boundary and no host round trip between them, so a decode step is one traced graph
+whose shapes depend only on (tokens, heads, max_context, topk, cache shape). Decode steps whose
+context length stays below one ``max_context`` bucket therefore reuse one compiled executable.
+"""
+from __future__ import annotations
+
+import torch
+
+from .indexer import indexer_score
+from .slots import positions_to_slots
+from .sparse_mla import sparse_mla
+from .topk import topk as exact_topk
+
+
+def dsa_attention(q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt, kv_scale, block_table,
+                  req_ids, positions, topk, max_context, softmax_scale):
+    scores = indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt,
+                           max_context)
+    lengths = torch.clamp(positions.to(torch.int32) + 1, max=max_context)
+    chosen = exact_topk(scores, lengths, topk)
+    slots = positions_to_slots(chosen, req_ids, block_table, index_pages.shape[1])
+    return sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
