@@ -47,6 +47,15 @@ def test_pack_produces_one_record_of_token_bytes_per_token(fmt):
 
 
 @pytest.mark.parametrize("fmt", ALL, ids=IDS)
+def test_an_empty_batch_packs_and_unpacks_to_empty(fmt):
+    scale = tensor_scale(fmt)
+    records = fmt.pack(torch.zeros(0, fmt.dim), scale)
+    assert records.shape == (0, fmt.token_bytes)
+    assert fmt.unpack(records, scale).shape == (0, fmt.dim)
+    assert fmt.error_bound(torch.zeros(0, fmt.dim), scale).shape == (0, fmt.dim)
+
+
+@pytest.mark.parametrize("fmt", ALL, ids=IDS)
 @FAST
 @given(seed=st.integers(0, 2**31 - 1), log_scale=st.floats(-30, 30), spread=st.floats(0, 12))
 def test_round_trip_is_within_the_documented_bound(fmt, seed, log_scale, spread):

@@ -58,7 +58,7 @@ def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`pack_nibbles`: ``[N, m]`` bytes -> ``[N, 2m]`` codes."""
     low, high = packed & 0x0F, packed >> 4
-    return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)
+    return torch.stack([low, high], dim=-1).reshape(packed.shape[0], 2 * packed.shape[1])
 
 
 def pow2_scale_at_least(amax: torch.Tensor, qmax: float, min_exp: int, max_exp: int) -> torch.Tensor:
