@@ -1,15 +1,15 @@
 """Distributed merge, DCP decode and token-sharded prefill on real gloo process groups (W = 2 and 4).
 
-Spawned processes are slow to start, so one spawn per world size runs every case (sharing its
-process group) and hands back what each case computed; each test below checks one behaviour of
-those results.
+Spawned processes are slow to start, so one spawn of 4 ranks runs every case over all 4 ranks and
+over a 2-rank subgroup, and hands back what each case computed; each test below checks one
+behaviour of those results.
 """
 import math
 
 import pytest
 import torch
 
-from dsahal import ops
+from dsahal import active_table, ops
 from dsahal.distributed import (
     dcp_dsa_attention,
     head_sharded_dsa_prefill,
@@ -81,13 +81,13 @@ def attention_inputs(seed, context_lens, block_tokens, req_ids, heads):
 
 # ----------------------------------------------------------------------------- what each rank runs
 
-def run_merge_cases(rank, world):
+def run_merge_cases(rank, world, group):
     out = {}
     for name, (scores, lengths, k) in merge_scenarios(world).items():
         local = scores[:, rank::world]
         local_lengths = local_context_lengths(lengths, rank, world)
         with count_collective_bytes() as counted:
-            got = ops.topk_merge(local.contiguous(), local_lengths, k)
+            got = ops.topk_merge(local.contiguous(), local_lengths, k, group)
         simulated, _ = merge_in_process([scores[:, r::world] for r in range(world)],
                                         [local_context_lengths(lengths, r, world) for r in range(world)], k)
         expected = ops.topk(round_scores_for_merge(scores, local.shape[1]), lengths.int(), k)
@@ -96,20 +96,20 @@ def run_merge_cases(rank, world):
     return out
 
 
-def run_traffic_case(rank, world):
+def run_traffic_case(rank, world, group):
     """Packed vs generic merge on the same scores, bytes counted at the torch.distributed calls."""
     tokens, k, width = 4, 256, 512
     scores = torch.randn(tokens, width, generator=torch.Generator().manual_seed(7 + rank))
     lengths = torch.full((tokens,), width, dtype=torch.int32)
     with count_collective_bytes() as packed:
-        ops.topk_merge(scores, lengths, k)
+        ops.topk_merge(scores, lengths, k, group)
     with count_collective_bytes() as generic:
-        topk_merge_generic(scores, lengths, k, None)
+        topk_merge_generic(scores, lengths, k, group)
     return dict(packed=packed.sent_to_peers, generic=generic.sent_to_peers, stats=merge_traffic.last,
                 expected_packed=first_round_payload_bytes(tokens, plan_merge(k, width, world)) * (world - 1))
 
 
-def run_dcp_decode_case(rank, world):
+def run_dcp_decode_case(rank, world, group):
     """Two requests (lengths not multiples of W), speculative decode: 3 query tokens + 1."""
     context_lens, block_tokens, k = torch.tensor([37, 50]), 4, 16
     req_ids = torch.tensor([0, 0, 0, 1], dtype=torch.int32)
@@ -125,11 +125,11 @@ def run_dcp_decode_case(rank, world):
     local_kv, _ = shard_paged_cache(x["kv_pages"], x["block_table"], context_lens, rank, world)
     got = dcp_dsa_attention(x["q_index"], x["index_weights"], local_index, x["q"], local_kv, local_table, req_ids,
                             positions, index_fmt=INDEX_FMT, kv_fmt=KV_FMT, topk=k, max_context=max_context,
-                            softmax_scale=SOFTMAX_SCALE)
+                            softmax_scale=SOFTMAX_SCALE, group=group)
     return dict(got=got, expected=expected)
 
 
-def run_prefill_case(rank, world):
+def run_prefill_case(rank, world, group):
     """A fresh 13-token request and a 4-token append after a 3-token prefix; H = 2·W heads, H/W per rank."""
     context_lens, block_tokens, k = torch.tensor([13, 7]), 4, 6
     req_ids = torch.tensor([0] * 13 + [1] * 4, dtype=torch.int32)
@@ -140,9 +140,10 @@ def run_prefill_case(rank, world):
     common = dict(index_fmt=INDEX_FMT, kv_fmt=KV_FMT, topk=k, max_context=16, softmax_scale=SOFTMAX_SCALE)
     args = (x["q_index"], x["index_weights"], x["index_pages"], mine, x["kv_pages"], x["block_table"], req_ids,
             positions)
-    token_o, token_lse = token_sharded_dsa_prefill(*args, return_lse=True, **common)
+    token_o, token_lse = token_sharded_dsa_prefill(*args, return_lse=True, group=group, **common)
     head_o, head_lse = head_sharded_dsa_prefill(*args, **common)
-    return dict(token=(token_o, token_lse), head=(head_o, head_lse))
+    batch_invariant = active_table().record.backend.capabilities.batch_invariant
+    return dict(token=(token_o, token_lse), head=(head_o, head_lse), batch_invariant=batch_invariant)
 
 
 CASES = {"merge": run_merge_cases, "traffic": run_traffic_case, "dcp_decode": run_dcp_decode_case,
@@ -150,28 +151,42 @@ CASES = {"merge": run_merge_cases, "traffic": run_traffic_case, "dcp_decode": ru
 
 
 def run_all_cases(rank, world):
+    """On each of 4 ranks: every case over all 4 ranks, then over the subgroup {0, 1} (ranks 2, 3 idle)."""
     import traceback
 
+    import torch.distributed as dist
+
     init_distributed({"suite": "test_distributed_gloo"}, timeout_s=60.0)
+    groups = {size: dist.new_group(list(range(size))) for size in WORLDS}  # every rank creates every group
     results = {}
-    for name, case in CASES.items():
-        try:
-            results[name] = case(rank, world)
-        except Exception:  # reported per case so one failure does not hide the others
-            results[name] = {"error": traceback.format_exc()}
+    for size in sorted(WORLDS, reverse=True):
+        if rank >= size:
+            continue
+        results[size] = {}
+        for name, case in CASES.items():
+            try:
+                results[size][name] = case(rank, size, groups[size])
+            except Exception:  # reported per case so one failure does not hide the others
+                results[size][name] = {"error": traceback.format_exc()}
+    dist.barrier()
     shutdown_distributed()
     return results
 
 
 # ----------------------------------------------------------------------------- the tests
 
-@pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"W{w}")
-def gloo(request):
-    world = request.param
-    outcomes = run_on_ranks(run_all_cases, world, timeout_s=150.0)
+@pytest.fixture(scope="module")
+def gloo_runs():
+    outcomes = run_on_ranks(run_all_cases, max(WORLDS), timeout_s=200.0)
     for outcome in outcomes:
         assert outcome.ok, f"rank {outcome.rank}: {outcome.error_type}: {outcome.error_message}\n{outcome.traceback}"
-    return world, [outcome.value for outcome in outcomes]
+    return [outcome.value for outcome in outcomes]
+
+
+@pytest.fixture(params=WORLDS, ids=lambda w: f"W{w}")
+def gloo(request, gloo_runs):
+    world = request.param
+    return world, [results[world] for results in gloo_runs[:world]]
 
 
 def case(gloo, name):
@@ -231,3 +246,5 @@ def test_token_sharded_prefill_equals_head_sharded_prefill(gloo):
         (o, lse), (o_ref, lse_ref) = r["token"], r["head"]
         torch.testing.assert_close(o, o_ref, rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(lse, lse_ref, rtol=1e-6, atol=1e-7)
+        if r["batch_invariant"]:  # a backend claiming batch invariance must match bit for bit
+            assert torch.equal(o, o_ref) and torch.equal(lse, lse_ref)
