@@ -6,6 +6,7 @@ call from a probe on any machine.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -60,8 +61,14 @@ def arch_facts(gfx: str | None) -> ArchFacts | None:
     return ARCHS.get(gfx) if gfx else None
 
 
-def device_arch(tensor: torch.Tensor) -> str | None:
-    """The gfx target of the device a tensor lives on (None off ROCm)."""
-    if tensor.device.type != "cuda":
+@functools.lru_cache(maxsize=None)
+def _gfx_of_device(device_index: int) -> str | None:
+    return rocm_arch(device_index)
+
+
+def gfx_of(tensor: torch.Tensor) -> str | None:
+    """The gfx target of the device a tensor lives on; None off ROCm (CPU, or a CUDA device)."""
+    if tensor.device.type != "cuda" or torch.version.hip is None:
         return None
-    return rocm_arch(tensor.device)
+    index = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
+    return _gfx_of_device(index)

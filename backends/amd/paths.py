@@ -19,9 +19,11 @@ from .arch import rocm_arch
 AITER_DIST = "amd-aiter"
 FLYDSL_DIST = "flydsl"
 
-# The reason every vendor path carries until someone runs it on an MI300/MI355: it is in
+# Every vendor path carries this until someone runs it on an MI300/MI355: it is in
 # Capabilities.unverified and in the conformance report, whether or not the path is present here.
-NEVER_RUN_ON_ROCM = "never run on ROCm hardware; argument marshalling unit-tested on the CPU against the reference"
+NEVER_RUN_ON_ROCM = "never run on ROCm hardware"
+MARSHALLING_CHECKED = ("marshalling checked on the CPU: our layouts converted, a plain-torch emulation of the "
+                       "kernel's documented ABI, result compared with the reference")
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class FastPath:
         distributions: the pip distributions it imports.
         archs: gfx targets it runs on.
         api: the vendor entry point (module:function), for messages and reports.
+        cpu_check: what has been checked without the hardware.
     """
 
     name: str
@@ -41,6 +44,7 @@ class FastPath:
     distributions: tuple[str, ...]
     archs: frozenset[str]
     api: str
+    cpu_check: str = MARSHALLING_CHECKED
 
 
 CDNA3_4 = frozenset({"gfx942", "gfx950"})
@@ -52,7 +56,8 @@ FAST_PATHS: tuple[FastPath, ...] = (
              "aiter.ops.triton.attention.pa_mqa_logits:deepgemm_fp8_paged_mqa_logits"),
     FastPath("aiter.topk", "topk", (AITER_DIST,), CDNA3_4, "aiter.ops.topk:top_k_per_row_prefill"),
     FastPath("aiter.all_gather", "all_gather", (AITER_DIST,), CDNA3_4,
-             "aiter.dist.device_communicators.custom_all_reduce:CustomAllreduce.custom_all_gather"),
+             "aiter.dist.device_communicators.custom_all_reduce:CustomAllreduce",
+             "not checkable without GPUs (HIP IPC between peers); RCCL is used whenever AITER declines a tensor"),
     FastPath("flydsl.sparse_mla", "sparse_mla", (AITER_DIST, FLYDSL_DIST), CDNA4,
              "aiter.ops.flydsl:flydsl_sparse_mla_decode"),
     FastPath("flydsl.indexer_mxfp4", "indexer_score", (AITER_DIST, FLYDSL_DIST), CDNA4,
@@ -76,7 +81,7 @@ def path_presence(path: FastPath, gfx: str | None = None, *, detect: bool = True
     """
     missing = [d for d in path.distributions if distribution_version(d) is None]
     if missing:
-        return False, f"{' and '.join(missing)} not installed (pip install 'dsahal[amd]')"
+        return False, f"{' and '.join(missing)} not installed; pip install 'dsahal[amd]'"
     if gfx is None and detect:
         if torch.version.hip is None:
             return False, f"installed, but torch {torch.__version__} is not a ROCm build"
