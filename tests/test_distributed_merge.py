@@ -28,8 +28,11 @@ def single_device(scores, lengths, k, world):
     return ops.topk(round_scores_for_merge(scores, scores.shape[1] // world), lengths, k)
 
 
-def random_scores(gen, rows, width, style):
-    if style == "ties":
+def random_scores(gen, rows, width, style, world=1):
+    if style == "one_hot_rank":  # most winners on one rank: its first-round candidates run out
+        scores = torch.randn(rows, width, generator=gen)
+        scores[:, world - 1::world] += 3.0
+    elif style == "ties":
         scores = torch.randint(0, 3, (rows, width), generator=gen).float()
     elif style == "huge":
         scores = (torch.rand(rows, width, generator=gen) - 0.5) * 6e38
@@ -41,10 +44,11 @@ def random_scores(gen, rows, width, style):
 
 @SETTINGS
 @given(seed=st.integers(0, 2**16), world=st.sampled_from([1, 2, 3, 4, 8]), rows=st.integers(1, 4),
-       local_width=st.integers(1, 24), k=st.integers(1, 60), style=st.sampled_from(["normal", "ties", "huge"]))
+       local_width=st.integers(1, 24), k=st.integers(1, 60),
+       style=st.sampled_from(["normal", "ties", "huge", "one_hot_rank"]))
 def test_merge_equals_single_device_topk_on_rounded_scores(seed, world, rows, local_width, k, style):
     gen = torch.Generator().manual_seed(seed)
-    scores = random_scores(gen, rows, world * local_width, style)
+    scores = random_scores(gen, rows, world * local_width, style, world)
     lengths = torch.randint(0, world * local_width + 1, (rows,), generator=gen).int()  # any L, not only multiples
     got, _ = merge_in_process(*shard_scores(scores, lengths, world), k)
     assert torch.equal(got, single_device(scores, lengths, k, world))
