@@ -99,3 +99,13 @@ def test_the_examples_own_quick_checks_pass(installed):
     source, target = installed
     done = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], str(target), str(source))
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_example_passes_the_conformance_suite_for_its_op(installed, tmp_path):
+    source, target = installed
+    done = _run(["-m", "dsahal", "conformance", "--backend", "example", "--ops", "lse_combine", "--max-examples", "3",
+                 "--report-dir", str(tmp_path)], str(target), str(source.parent))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    tests = json.loads((tmp_path / "conformance.json").read_text())["tests"]
+    matches = next(t for t in tests if t["property"] == "lse_combine.matches_reference")
+    assert matches["outcome"] == "pass" and matches["native_examples"] > 0
