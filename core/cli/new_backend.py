@@ -149,8 +149,11 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("new-backend", help="generate an installable backend plugin package",
-                                   description=__doc__.split("\n\n")[0])
+    parser = subparsers.add_parser(
+        "new-backend", help="generate an installable backend plugin package",
+        description="Generate dsahal-NAME: an installable backend plugin package (entry point, probe, one op "
+                    "with its verifier, skip file, self-hosted CI workflow, README) that passes the conformance "
+                    "suite as generated, its one op native and every other op on the reference.")
     parser.add_argument("name", metavar="NAME", help="backend name (lower case; the package is dsahal-NAME)")
     parser.add_argument("--dir", default=None, help="directory to create (default: ./dsahal-NAME)")
     parser.add_argument("--tag", action="append", metavar="TAG",
