@@ -95,13 +95,14 @@ def test_indexer_score_matches_reference_with_causality_and_unmapped_blocks(fmt)
     _assert_close_with_same_infinities(portable_index.indexer_score(*args), ref_indexer.indexer_score(*args))
 
 
-def test_indexer_score_chunks_the_context_without_changing_the_result(monkeypatch):
+def test_indexer_score_chunks_context_and_rows_without_changing_the_result(monkeypatch):
     pages = _filled_pages("index", "bf16", num_blocks=4, block_tokens=8, seed=2)
     block_table = torch.tensor([[3, 1, 0, 2]], dtype=torch.int32)
     q, weights = torch.randn(2, 2, 128), torch.randn(2, 2)
     args = (q, weights, pages, block_table, torch.zeros(2, dtype=torch.int32), torch.tensor([30, 17]), "bf16", 32)
     whole = portable_index.indexer_score(*args)
     monkeypatch.setattr(portable_index, "INDEXER_CONTEXT_CHUNK", 5)
+    monkeypatch.setattr(portable_index, "INDEXER_MAX_LOGITS", 10)  # one row per step
     _assert_close_with_same_infinities(portable_index.indexer_score(*args), whole, rtol=1e-6)
 
 

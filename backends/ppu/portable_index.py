@@ -9,8 +9,10 @@ import torch
 
 from dsahal.formats import index_format
 
-# Context positions scored per step of the indexer: bounds the [tokens, H, chunk] fp32 logits.
+# Context positions scored per step of the indexer, and the most fp32 logits ([tokens, H, chunk])
+# one step may hold (256 MiB): a long prefill request is scored a group of its tokens at a time.
 INDEXER_CONTEXT_CHUNK = 16384
+INDEXER_MAX_LOGITS = 1 << 26
 # Top-k orders the chosen indices through an fp32 key; exact only while indices fit 24 bits.
 TOPK_MAX_WIDTH = 1 << 24
 
@@ -31,21 +33,24 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
     block_tokens = index_pages.shape[1]
     scores = torch.full((q.shape[0], max_context), NEG_INF, dtype=torch.float32, device=q.device)
     queries, head_weights, positions = q.float(), weights.float(), positions.long()
-    # One pass per request: its tokens share the keys, so each key is dequantised once.
+    rows_per_step = max(1, INDEXER_MAX_LOGITS // (max(1, q.shape[1]) * INDEXER_CONTEXT_CHUNK))
+    # One pass per request: its tokens share the keys, so each key chunk is dequantised once per
+    # group of rows (one group for decode; prefill requests may need several).
     for req in torch.unique(req_ids).tolist():
-        rows = torch.nonzero(req_ids == req).flatten()
-        own_positions = positions[rows]
-        visible = min(int(own_positions.max()) + 1, max_context)
+        rows_of_req = torch.nonzero(req_ids == req).flatten()
         blocks_of_req = block_table[req].long()
-        for start in range(0, visible, INDEXER_CONTEXT_CHUNK):
-            ctx = torch.arange(start, min(visible, start + INDEXER_CONTEXT_CHUNK), device=q.device)
-            block = blocks_of_req[ctx // block_tokens]
-            records = index_pages[block.clamp_min(0), ctx % block_tokens]
-            keys = spec.unpack(records).float()  # [L, 128]
-            logits = torch.relu(torch.einsum("nhd,ld->nhl", queries[rows], keys))
-            row_scores = torch.einsum("nh,nhl->nl", head_weights[rows], logits)
-            visible_mask = (ctx[None, :] <= own_positions[:, None]) & (block >= 0)[None, :]
-            scores[rows, start:start + ctx.numel()] = torch.where(visible_mask, row_scores, NEG_INF)
+        for first in range(0, rows_of_req.numel(), rows_per_step):
+            rows = rows_of_req[first:first + rows_per_step]
+            own_positions = positions[rows]
+            visible = min(int(own_positions.max()) + 1, max_context)
+            for start in range(0, visible, INDEXER_CONTEXT_CHUNK):
+                ctx = torch.arange(start, min(visible, start + INDEXER_CONTEXT_CHUNK), device=q.device)
+                block = blocks_of_req[ctx // block_tokens]
+                keys = spec.unpack(index_pages[block.clamp_min(0), ctx % block_tokens]).float()  # [L, 128]
+                logits = torch.relu(torch.einsum("nhd,ld->nhl", queries[rows], keys))
+                row_scores = torch.einsum("nh,nhl->nl", head_weights[rows], logits)
+                visible_mask = (ctx[None, :] <= own_positions[:, None]) & (block >= 0)[None, :]
+                scores[rows, start:start + ctx.numel()] = torch.where(visible_mask, row_scores, NEG_INF)
     return scores
 
 
