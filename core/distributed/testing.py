@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import queue
 import socket
 import time
 import traceback
@@ -84,7 +85,7 @@ def run_on_ranks(fn: Callable[..., Any], world: int, *, args: tuple = (), timeou
             try:
                 outcome = pickle.loads(results.get(timeout=0.2))
                 outcomes[outcome.rank] = outcome
-            except Exception:  # queue.Empty: look for ranks that died without reporting
+            except queue.Empty:  # look for ranks that died without reporting
                 now = time.monotonic()
                 for rank, process in enumerate(processes):
                     if rank in outcomes or process.is_alive():
@@ -114,20 +115,28 @@ class CollectiveBytes:
 
 @contextmanager
 def count_collective_bytes():
-    """Count what ``torch.distributed.all_gather`` / ``all_to_all_single`` send to other ranks while inside.
+    """Count what ``torch.distributed.all_gather`` / ``all_gather_into_tensor`` / ``all_to_all_single``
+    send to other ranks while inside.
 
-    all_gather: the input's bytes once per peer; all_to_all_single: the bytes of the slices addressed
-    to other ranks. Counts at the torch.distributed call, below dsahal's op dispatch, so it measures
-    any algorithm written on the reference collectives.
+    all_gather(_into_tensor): the input's bytes once per peer; all_to_all_single: the bytes of the
+    slices addressed to other ranks. Counting at the torch.distributed call, below dsahal's op
+    dispatch, measures any algorithm whose collectives call these module functions.
     """
     counter = CollectiveBytes()
     original_gather, original_a2a = dist.all_gather, dist.all_to_all_single
+    original_gather_tensor = dist.all_gather_into_tensor
 
     def all_gather(tensor_list, tensor, group=None, async_op=False):
         world = dist.get_world_size(group)
         counter.sent_to_peers += tensor.numel() * tensor.element_size() * (world - 1)
         counter.calls.append("all_gather")
         return original_gather(tensor_list, tensor, group=group, async_op=async_op)
+
+    def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+        world = dist.get_world_size(group)
+        counter.sent_to_peers += input_tensor.numel() * input_tensor.element_size() * (world - 1)
+        counter.calls.append("all_gather_into_tensor")
+        return original_gather_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
 
     def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
                           async_op=False):
@@ -140,7 +149,9 @@ def count_collective_bytes():
                             input_split_sizes=input_split_sizes, group=group, async_op=async_op)
 
     dist.all_gather, dist.all_to_all_single = all_gather, all_to_all_single
+    dist.all_gather_into_tensor = all_gather_into_tensor
     try:
         yield counter
     finally:
         dist.all_gather, dist.all_to_all_single = original_gather, original_a2a
+        dist.all_gather_into_tensor = original_gather_tensor
