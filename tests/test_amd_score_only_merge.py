@@ -12,8 +12,11 @@ import torch
 
 from dsahal.distributed.testing import run_on_ranks
 
+# Multi-process: two spawns (W = 2, 4), 15-45 s on 2 shared cores.
+pytestmark = pytest.mark.slow
+
 K_FOR_RANDOM = (1, 3, 8, 17)
-RANDOM_DRAWS = 120  # seeded draws per world size, on top of the named adversarial cases
+RANDOM_DRAWS = 80  # seeded draws per world size, on top of the named adversarial cases
 
 
 def _global_case(name, seed):
