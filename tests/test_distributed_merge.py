@@ -145,3 +145,13 @@ def test_traffic_at_w8_k2048_is_over_8x_below_the_generic_merge():
     print(f"\nW=8 k=2048 rows={rows}: packed {stats[0].payload_bytes} B vs generic {stats[0].generic_payload_bytes} B "
           f"per rank, {stats[0].traffic_ratio:.2f}x less (key bits {plan.key_bits})")
     assert stats[0].traffic_ratio >= 8.0
+
+
+def test_the_traffic_log_totals_every_merge_and_keeps_the_last():
+    merge_traffic.reset()
+    scores, lengths = torch.randn(3, 20), torch.full((3,), 20, dtype=torch.int32)
+    ops.topk_merge(scores, lengths, 4)
+    ops.topk_merge(scores[:1], lengths[:1], 6)
+    assert merge_traffic.calls == 2 and merge_traffic.last.rows == 1 and merge_traffic.last.k == 6
+    assert merge_traffic.payload_bytes == 4 * (2 + 3 * 4) + 4 * (2 + 1 * 6)
+    assert merge_traffic.generic_payload_bytes == 8 * (3 * 4 + 1 * 6)
