@@ -83,9 +83,16 @@ def test_versions_list_every_path_and_the_packages():
 def test_capabilities_report_every_op_unverified_on_rocm_hardware():
     caps = plugin.capabilities()
     assert set(caps.unverified) == set(OP_NAMES)
-    assert all("never run on" in why or "never run" in why for why in caps.unverified.values())
+    assert all("never run" in why for why in caps.unverified.values())
     assert "mxfp4" not in caps.index_formats  # the FP4 path is absent here
-    assert caps.batch_invariant  # only the row-local Triton kernels are enabled
+
+
+def test_batch_invariance_is_claimed_only_in_its_mode_on_the_triton_paths(monkeypatch):
+    assert not plugin.capabilities().batch_invariant
+    monkeypatch.setenv("DSAHAL_BATCH_INVARIANT", "1")
+    assert plugin.capabilities().batch_invariant  # here every vendor path is absent
+    monkeypatch.setattr(routes, "enabled_paths", lambda: {"aiter.sparse_mla": "", "triton": ""})
+    assert not plugin.capabilities().batch_invariant
 
 
 def test_the_backend_serves_every_op_and_a_verifier_for_each_routed_one():

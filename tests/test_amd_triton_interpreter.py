@@ -69,7 +69,7 @@ INTERPRETED = textwrap.dedent("""
         cache.cache_write(latent, torch.arange(16), pages, "latent", fmt, scale)
         chosen = torch.tensor([[0, 5, -1, 7, 7, 12], [-1] * 6], dtype=torch.int32)
         for gfx, heads in ((None, 16), ("gfx950", 64)):  # gfx942-sized and gfx950-sized tiles
-            triton_ops.gfx_of = lambda tensor, gfx=gfx: gfx
+            triton_ops.tile_target = lambda tensor, gfx=gfx: gfx
             args = (torch.randn(2, heads, 576), pages, chosen, fmt, scale, 0.05)
             got, want = routes.sparse_mla(*args), sparse_mla.sparse_mla(*args)
             close(got[0], want[0])

@@ -18,6 +18,7 @@ import os
 from dsahal.registry import Backend, Capabilities, hookimpl
 
 from .arch import ARCHS, rocm_arch
+from .config import batch_invariant
 from .paths import AITER_DIST, FAST_PATHS, FLYDSL_DIST, NEVER_RUN_ON_ROCM, distribution_version
 from .routes import ALWAYS_ENABLED, PATHS_ENV, ROUTES
 
@@ -99,16 +100,17 @@ def capabilities() -> Capabilities:
     from .routes import enabled_paths
 
     status = enabled_paths()
-    vendor_enabled = any(not status.get(path.name) for path in FAST_PATHS)
-    index_formats = {"bf16", "fp8"} | ({"mxfp4"} if not status.get("flydsl.indexer_mxfp4") else set())
+    enabled = {path for path, why_not in status.items() if why_not == ""}
+    vendor_enabled = any(path.name in enabled for path in FAST_PATHS)
+    index_formats = {"bf16", "fp8"} | ({"mxfp4"} if "flydsl.indexer_mxfp4" in enabled else set())
     return Capabilities(
         latent_formats=frozenset({"bf16", "fp8", "fp8_ds_mla"}),
         index_formats=frozenset(index_formats),
         # Triton radix top-k and AITER's stable top-k both honour "smaller index wins"; both merges exact.
         deterministic=True,
-        # The Triton kernels are row-local (split sizes fixed under DSAHAL_BATCH_INVARIANT=1); AITER's
-        # MLA picks its KV splits from the batch, so the claim holds only on the Triton paths.
-        batch_invariant=not vendor_enabled,
+        # The Triton kernels are row-local and fix their split sizes under DSAHAL_BATCH_INVARIANT=1;
+        # AITER's MLA picks its KV splits from the batch: claimed only on the Triton paths in that mode.
+        batch_invariant=batch_invariant() and not vendor_enabled,
         distributed=True,
         unverified=unverified(),
     )

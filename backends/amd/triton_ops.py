@@ -6,6 +6,8 @@ take every op no vendor kernel takes, and the only ones that run when ``DSAHAL_A
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from dsahal.backends.triton_kernels import cache_write as _cache_write
@@ -18,6 +20,15 @@ from dsahal.backends.triton_kernels import topk as _topk
 
 from . import config
 from .arch import gfx_of
+
+
+TILES_ENV = "DSAHAL_AMD_TILES"
+
+
+def tile_target(tensor: torch.Tensor) -> str | None:
+    """The gfx target whose block sizes to use: the device's on ROCm; elsewhere (the verification run
+    on an NVIDIA GPU) ``DSAHAL_AMD_TILES`` (``gfx942`` or ``gfx950``), default the gfx942 sizes."""
+    return gfx_of(tensor) or os.environ.get(TILES_ENV) or None
 
 
 def cache_write(values, slots, pages, kind, fmt, scale):
@@ -40,7 +51,7 @@ def positions_to_slots(positions, req_ids, block_table, block_tokens):
 
 
 def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
-    cfg = config.sparse_mla_config(gfx_of(q), q.shape[0], q.shape[1], slots.shape[1])
+    cfg = config.sparse_mla_config(tile_target(q), q.shape[0], q.shape[1], slots.shape[1])
     return _mla.sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **cfg)
 
 
