@@ -99,3 +99,18 @@ def test_requests_that_cannot_fit_are_refused_with_the_reason(model):
         Request(3, [1], 0)
     with pytest.raises(ValueError, match="seed"):
         SamplingParams(temperature=0.5)
+
+
+def test_requests_wait_for_cache_rows_and_one_that_can_never_fit_is_an_error(model):
+    from dsahal.engine import Engine, build_cache
+
+    cache = build_cache(model.config, max_batch=1, max_context=64, block_tokens=16)  # room for one request
+    engine = Engine(model, cache, latent_fmt="bf16", index_fmt="fp8", max_batch=2, max_context=64)
+    prompts = random_prompts([40, 30], model.config.vocab_size, seed=9)
+    finished = engine.run([Request(0, prompts[0], 3), Request(1, prompts[1], 3)])
+    assert [len(r.output) for r in finished] == [3, 3]
+    assert engine.stats.decode_steps == 4  # never both at once: 2 + 2 decode steps
+    small = Engine(model, build_cache(model.config, max_batch=1, max_context=16, block_tokens=16),
+                   latent_fmt="bf16", index_fmt="fp8", max_batch=1, max_context=64)
+    with pytest.raises(RuntimeError, match="needs 3 cache blocks"):
+        small.run([Request(0, prompts[0], 3)])

@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..cache import CacheFullError
 from ..model.batch import ModelCache
 from ..model.dsa_attention import DsaAttention
 from ..model.sampling import sample_one
@@ -111,20 +112,21 @@ class Engine:
         while self.waiting and self.free_rows:
             request = self.waiting[0]
             needed = self._local_blocks(request.total_tokens)
+            try:  # the state first: it needs an aligned run of rows, blocks take any single row
+                state_id = int(self.cache.allocate_state())
+            except CacheFullError as exc:  # nothing was allocated
+                if self.running:
+                    return  # wait for running requests to give rows back
+                raise RuntimeError(f"Engine: no KDA state slot for request {request.request_id} and no running "
+                                   f"request to free one: {exc}") from exc
             try:
                 blocks = [int(b) for b in self.cache.allocate_blocks(needed)]
-            except Exception as exc:  # the cache's out-of-rows error; it changes nothing on failure
-                if self.running:
-                    return  # wait for running requests to free their rows
-                raise RuntimeError(f"Engine: request {request.request_id} needs {needed} cache blocks and none "
-                                   f"is running to free any: {exc}") from exc
-            try:
-                state_id = int(self.cache.allocate_state())
-            except Exception as exc:
-                self.cache.free_blocks(blocks)
+            except CacheFullError as exc:
+                self.cache.free_state(state_id)
                 if self.running:
                     return
-                raise RuntimeError(f"Engine: no KDA state slot for request {request.request_id}: {exc}") from exc
+                raise RuntimeError(f"Engine: request {request.request_id} needs {needed} cache blocks and no "
+                                   f"running request can free any: {exc}") from exc
             self.waiting.popleft()
             request.row, request.blocks, request.state_id = self.free_rows.popleft(), blocks, state_id
             self.block_table[request.row, :needed] = torch.tensor(blocks, dtype=torch.int32)

@@ -71,21 +71,67 @@ class DsaLayerCache:
         return self.latent_pages.shape[1]
 
 
+@dataclass(frozen=True)
+class PoolView:
+    """How to cut one view out of the cache's byte pool: dtype, shape, strides and storage offset
+    (in elements of ``dtype``). Rebuilt from the pool at every step, so a compiled step takes the
+    pool as its only cache input: views with another dtype that alias each other as separate graph
+    inputs are not supported by ``torch.compile`` when an op writes through them."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+    @classmethod
+    def of_view(cls, view: torch.Tensor) -> "PoolView":
+        return cls(view.dtype, tuple(view.shape), tuple(view.stride()), view.storage_offset())
+
+    def cut(self, pool: torch.Tensor) -> torch.Tensor:
+        flat = pool.view(-1)
+        base = flat if self.dtype == pool.dtype else flat.view(self.dtype)
+        return base.as_strided(self.shape, self.stride, self.offset)
+
+
 @dataclass
 class ModelCache:
     """The cache views of every layer, indexed by model layer: a :class:`DsaLayerCache` for a DSA
-    layer, the KDA state pool ``[num_state_slots, H, K, V]`` fp32 for a KDA layer."""
+    layer, the KDA state pool ``[num_state_slots, H, K, V]`` fp32 for a KDA layer.
+
+    Entries may be tensors, or :class:`PoolView` recipes cut from ``pool`` (``[rows, row_bytes]``
+    uint8) when :meth:`layer` is called; :meth:`from_packed` builds the latter.
+    """
 
     layers: list
+    pool: Optional[torch.Tensor] = None
+
+    def _resolve(self, item):
+        return item.cut(self.pool) if isinstance(item, PoolView) else item
+
+    def layer(self, index: int):
+        """Layer ``index``'s views (cut from the pool now if they are recipes)."""
+        entry = self.layers[index]
+        if isinstance(entry, DsaLayerCache):
+            return DsaLayerCache(self._resolve(entry.latent_pages), self._resolve(entry.index_pages), entry.latent_fmt,
+                                 entry.index_fmt, entry.latent_scale)
+        return self._resolve(entry)
 
     @classmethod
     def from_packed(cls, cache, config, latent_fmt: str, index_fmt: str) -> "ModelCache":
-        """Views of a :class:`dsahal.cache.PackedKVCache` (or anything with the same view methods)."""
+        """Views of a :class:`dsahal.cache.PackedKVCache`: recipes over its ``pool`` for the views
+        that live in it, the tensors themselves otherwise."""
+        pool = getattr(cache, "pool", None)
+
+        def recipe(view: torch.Tensor):
+            in_pool = (pool is not None and pool.is_contiguous() and pool.storage_offset() == 0
+                       and view.untyped_storage().data_ptr() == pool.untyped_storage().data_ptr())
+            return PoolView.of_view(view) if in_pool else view
+
         layers: list = []
         for layer, kind in enumerate(config.layer_kinds):
             if kind == "dsa":
-                layers.append(DsaLayerCache(cache.latent_pages(layer), cache.index_pages(layer), latent_fmt,
-                                            index_fmt, cache.latent_scale(layer)))
+                layers.append(DsaLayerCache(recipe(cache.latent_pages(layer)), recipe(cache.index_pages(layer)),
+                                            latent_fmt, index_fmt, cache.latent_scale(layer)))
             else:
-                layers.append(cache.kda_states(layer))
-        return cls(layers)
+                layers.append(recipe(cache.kda_states(layer)))
+        return cls(layers, pool)

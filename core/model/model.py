@@ -106,8 +106,8 @@ class HybridModel(nn.Module):
             ``[N, vocab]`` fp32 logits.
         """
         x = self.embed(token_ids)
-        for block, layer_cache in zip(self.blocks, cache.layers):
-            x = block(x, meta, layer_cache, self.attention, self.check_ops)
+        for index, block in enumerate(self.blocks):
+            x = block(x, meta, cache.layer(index), self.attention, self.check_ops)
         if logits_indices is not None:
             x = x.index_select(0, logits_indices)
         return self.lm_head(self.final_norm(x)).float()
