@@ -130,7 +130,8 @@ class Mxfp4IndexFormat(CacheFormat):
     which can push the block maximum past 6 and clip it; here the maximum lands in (3, 6] and
     never saturates, at the cost of one bit of headroom in the worst case. Division by a power of
     two is exact. Values: round-to-nearest, ties-to-even into e2m1. Magnitudes above 1.5·2^127
-    (≈2.55e38, the largest the grid reaches without overflowing to Inf) saturate there. Bound per element: ``s_j * h(|x| / s_j)`` (``h`` as for NVFP4).
+    (≈2.55e38, the largest the grid reaches without overflowing to Inf) saturate there.
+    Bound per element: ``s_j * h(|x| / s_j)`` (``h`` as for NVFP4) + the saturation excess.
     """
 
     def block_scales(self, values: torch.Tensor) -> torch.Tensor:
@@ -154,7 +155,8 @@ class Mxfp4IndexFormat(CacheFormat):
 
     def bound(self, values, scale=None):
         per_dim_scale = self.block_scales(values).repeat_interleave(MXFP4_BLOCK, dim=1)
-        return _e2m1_bound(values, per_dim_scale, exact_division=True) + saturation_excess(values, SCALED_FORMAT_MAX)
+        bound = _e2m1_bound(values, per_dim_scale, exact_division=True)
+        return bound + saturation_excess(values, SCALED_FORMAT_MAX)
 
     def max_abs(self, scale=None):
         return torch.full((MXFP4_DIM,), SCALED_FORMAT_MAX, dtype=torch.float32)
