@@ -51,9 +51,12 @@ def emulate_deepgemm_fp8_paged_mqa_logits(q_fp8, kv_cache, weights, out_logits, 
     """ABI (aiter/ops/triton/attention/pa_mqa_logits.py): kv_cache [blocks, bs, 1, 132] viewed as
     [blocks, bs*132]: bs*128 fp8 values then bs fp32 scales; q [batch, next_n, H, 128]; row
     b*next_n+n sees keys 0..ctx-next_n+n; other columns are left unwritten (garbage here)."""
+    assert q_fp8.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz) and kv_cache.dtype == torch.uint8
+    assert weights.dtype == out_logits.dtype == torch.float32
+    assert context_lens.dtype == kv_indices.dtype == torch.int32 and kv_indices.is_contiguous()
     batch, next_n, heads, dim = q_fp8.shape
     blocks, bs, _, index_dim = kv_cache.shape
-    assert bs == KVBlockSize
+    assert bs == KVBlockSize and out_logits.shape == (batch * next_n, max_model_len)
     flat = kv_cache.reshape(blocks, bs * index_dim)
     values = flat[:, : bs * dim].contiguous().view(q_fp8.dtype).float().reshape(blocks, bs, dim)
     scales = flat[:, bs * dim:].contiguous().view(torch.float32).reshape(blocks, bs)
@@ -121,8 +124,12 @@ def emulate_flydsl_pa_mqa_logits_fp4(q_fp4, q_scale, kv_cache, kv_scale, block_t
     (dims 32c..32c+31) of token t in kv_cache[block, 0, c, t]; kv_scale [blocks, 1, 4, bs] with
     token t's byte at (t % (bs/4)) * 4 + t // (bs/4); q_scale [B, NN, 1, 4, 16, pad]: head 16m+i,
     chunk c at [.., c, i, m]; low nibble = even dim; out pre-filled -inf, causal per row."""
+    assert q_fp4.dtype == q_scale.dtype == kv_cache.dtype == kv_scale.dtype == torch.uint8
+    assert weights.dtype == torch.bfloat16 and out.dtype == torch.float32  # weights are loaded as bf16
+    assert block_tables.dtype == context_lens.dtype == torch.int32
     batch, nn, heads, packed = q_fp4.shape
     bs = kv_block_size
+    assert block_tables.shape[1] * bs >= -(-max_seq_len // 256) * 256  # whole 256-key chunks stay in the table
     quarter = bs // 4
     out.fill_(float("-inf"))
     for b in range(batch):
@@ -142,7 +149,7 @@ def emulate_flydsl_pa_mqa_logits_fp4(q_fp4, q_scale, kv_cache, kv_scale, block_t
                     codes = torch.stack([chunk & 15, chunk >> 4], dim=-1).reshape(32)
                     e = int(kv_scale[block, 0, c, (t % quarter) * 4 + t // quarter])
                     key[32 * c:32 * c + 32] = _e2m1(codes) * 2.0 ** (e - 127)
-                out[b * nn + n, s] = weight_scale * (weights[b * nn + n] @ torch.relu(q @ key))
+                out[b * nn + n, s] = weight_scale * (weights[b * nn + n].float() @ torch.relu(q @ key))
     return out
 
 
@@ -157,6 +164,7 @@ def mxfp4_exact_queries(tokens, heads, gen):
 def test_mxfp4_indexer_marshalling_matches_the_reference(monkeypatch):
     gen = torch.Generator().manual_seed(3)
     pages, block_table, req_ids, positions, weights = indexer_inputs("mxfp4", gen, block_tokens=16, context=50)
+    weights = weights.to(torch.bfloat16).float()  # the kernel reads bf16 weights: keep them exact here
     q = mxfp4_exact_queries(4, 16, gen)
     monkeypatch.setitem(vendor_ops.KERNELS, "flydsl.indexer_mxfp4", emulate_flydsl_pa_mqa_logits_fp4)
     got = vendor_ops.indexer_score_mxfp4(q, weights, pages, block_table, req_ids, positions, "mxfp4", 64)
@@ -181,7 +189,9 @@ def emulate_mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv
     """ABI (aiter/mla.py): kv_buffer [num_pages, page_size, nhead_kv, 576]; request b = queries
     qo_indptr[b]..qo_indptr[b+1] over pages kv_indices[kv_indptr[b]:kv_indptr[b+1]]; lse natural log.
     An empty request's outputs are not defined (NaN here)."""
-    assert page_size == 1 and nhead_kv == 1 and max_seqlen_q == 1
+    assert page_size == 1 and nhead_kv == 1 and max_seqlen_q == 1 and return_lse
+    assert q.dtype == kv_buffer.dtype == o.dtype == torch.bfloat16 and kv_buffer.shape[1:3] == (1, 1)
+    assert qo_indptr.dtype == kv_indptr.dtype == kv_indices.dtype == kv_last_page_lens.dtype == torch.int32
     kv = kv_buffer.reshape(kv_buffer.shape[0], -1).float()
     lse = torch.full(o.shape[:2], float("nan"))
     for b in range(qo_indptr.numel() - 1):
@@ -226,8 +236,12 @@ def emulate_flydsl_sparse_mla_decode(q, kv, indices, out, sm_scale, *, partial_o
     """ABI (aiter/ops/flydsl/sparse_mla_decode_kernels.py): q [T, 16, 576] fp8, kv [P, 576] fp8 at unit
     scale, indices [T, 64·ng] (negative = masked); producer g owns tiles g, g+G, g+2G... and writes a
     normalised bf16 partial and its base-2 lse; the reducer merges them into out (bf16)."""
+    assert q.dtype == kv.dtype == torch.float8_e4m3fn and indices.dtype == torch.int32
+    assert out.dtype == partial_output.dtype == torch.bfloat16 and partial_lse.dtype == torch.float32
+    assert q.is_contiguous() and kv.is_contiguous() and q.shape[1:] == (16, 576) and kv.shape[1:] == (576,)
     tokens, groups = partial_lse.shape[:2]
     tiles = indices.shape[1] // 64
+    assert indices.shape[1] % 64 == 0 and partial_output.shape == (tokens, groups, 16, 512)
     keys = kv.reshape(-1, 576).float()
     for t in range(tokens):
         for g in range(groups):
@@ -270,6 +284,8 @@ def emulate_top_k_per_row_prefill(logits, row_starts, row_ends, indices, values,
     """ABI (aiter/ops/topk.py): k best of logits[r, start:end] (ties: smaller index, stable=True),
     emitted in ascending index order; -inf entries are ordinary values to it. What it writes past a
     short row is unspecified: index 0 here, the most misleading choice."""
+    assert logits.dtype == torch.float32 and row_starts.dtype == row_ends.dtype == indices.dtype == torch.int32
+    assert stable and (stride0, stride1) == logits.stride()
     indices.fill_(0)
     for r in range(num_rows):
         row = logits[r, int(row_starts[r]):int(row_ends[r])]

@@ -110,7 +110,7 @@ def _first_tied_positions(tie_rank, limit, width_out, rank, world):
     return keys.to(torch.int32).contiguous()
 
 
-def _tie_wins(gathered, masked, tau, tied, need, ambiguous, rank, world, group, traffic):
+def _tie_wins(masked, tau, tied, need, ambiguous, rank, world, group, traffic):
     """``[W, T]`` threshold-equal winners per rank. Exchanges tie positions for ambiguous rows only."""
     wins = tied.clone()
     if not bool(ambiguous.any()):
@@ -156,7 +156,7 @@ def score_only_local_winners(
     tied = ((gathered == tau[None, :, None]) & finite[None, :, None]).sum(dim=2)
     need = torch.where(finite, k - above.sum(dim=0), torch.zeros_like(tau, dtype=torch.long))
     ambiguous = tied.sum(dim=0) > need
-    wins = _tie_wins(gathered, masked, tau, tied, need, ambiguous, rank, world, group, traffic)
+    wins = _tie_wins(masked, tau, tied, need, ambiguous, rank, world, group, traffic)
 
     tie_rank = _tie_rank(masked, tau)
     winning = (masked > tau[:, None]) | ((tie_rank > 0) & (tie_rank <= wins[rank][:, None]))

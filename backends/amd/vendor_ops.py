@@ -76,7 +76,8 @@ def indexer_score_mxfp4(q, weights, index_pages, block_table, req_ids, positions
         tables = torch.nn.functional.pad(tables, (0, need_blocks - tables.shape[1])).contiguous()
     logits = torch.full((q.shape[0], max_context), float("-inf"), dtype=torch.float32, device=q.device)
     if q.shape[0]:
-        kernel("flydsl.indexer_mxfp4")(q_packed, q_scale, kv_cache, kv_scale, tables, weights.float().contiguous(),
+        # The kernel loads weights as bf16 (then widens to fp32): a relative 2^-9 rounding per head.
+        kernel("flydsl.indexer_mxfp4")(q_packed, q_scale, kv_cache, kv_scale, tables, weights.to(torch.bfloat16).contiguous(),
                                        context_lens, max_context, next_n=1, block_k=chunk,
                                        kv_block_size=block_tokens, out=logits)
     return marshal.mask_invisible_logits(logits, block_table, req_ids, positions, block_tokens)
