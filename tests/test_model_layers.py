@@ -140,3 +140,19 @@ def test_bad_model_config_is_named_in_the_error(field, value):
 
     with pytest.raises(ValueError, match=f"field '{field}' expected"):
         HybridModel(dataclasses.replace(small_config(), **{field: value}))
+
+
+@pytest.mark.parametrize("preset", ["tiny", "k31-pro-slice"])
+def test_presets_build_with_their_real_attention_shapes(preset):
+    from dsahal.config import load_config
+    from dsahal.model import HybridModel
+
+    config = load_config(preset)
+    with torch.device("meta"):  # shapes only: k31-pro-slice holds ~5e9 parameters
+        model = HybridModel(config)
+    mla = next(b.attn for b in model.blocks if b.kind == "dsa")
+    w_uk, w_uv = mla.absorbed_weights()
+    assert w_uk.shape == (config.num_heads, 128, 512) and w_uv.shape == (config.num_heads, 128, 512)
+    assert mla.index_q_up.out_features == config.index_heads * 128 and mla.index_k_proj.out_features == 128
+    assert [b.kind for b in model.blocks] == list(config.layer_kinds)
+    assert mla.softmax_scale == pytest.approx(192 ** -0.5)

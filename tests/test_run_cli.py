@@ -116,3 +116,10 @@ def test_a_checkpoint_of_another_config_is_refused_with_the_tensor_named(tmp_pat
     assert main(SMALL_RUN + ["--weights", str(path)]) == 2
     assert "tensor 'embed.weight': checkpoint shape [64, 256], model expects [512, 256]" in capsys.readouterr().err
 
+
+
+def test_speculative_decoding_emits_the_same_tokens(tmp_path, capsys):
+    plain, _ = run_json(tmp_path, capsys)
+    drafted, _ = run_json(tmp_path, capsys, "--draft-tokens", "3")
+    assert drafted["outputs"] == plain["outputs"]
+    assert "draft_tokens" in drafted["stats"]

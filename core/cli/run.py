@@ -20,7 +20,7 @@ from ..registry.state import active_table
 from ..engine.report import ProgressBar, compare_runs, peak_memory, print_report
 
 FINGERPRINT_ARGS = ("backend", "batch", "prompt_len", "decode", "seed", "dtype", "latent_fmt", "index_fmt",
-                    "block_tokens", "chunk", "temperature", "weights", "split_dsa")
+                    "block_tokens", "chunk", "temperature", "weights", "split_dsa", "draft_tokens")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -70,15 +70,17 @@ def start_dcp(args, config):
 def execute(args, model, config, device, attention, *, forced=None, progress=True):
     """Run the requests once on the active backend; returns (finished requests, engine, op timer)."""
     from ..engine import Engine, OpTimer, build_cache
+    from ..engine.speculative import prompt_lookup_drafter
 
     requests = make_requests(args, config.vocab_size, forced=forced)
     max_context = max(r.total_tokens for r in requests)
     cache = build_cache(config, max_batch=args.batch, max_context=max_context, latent_fmt=args.latent_fmt,
                         index_fmt=args.index_fmt, block_tokens=args.block_tokens, device=device,
                         context_shards=getattr(attention, "context_shards", 1))
+    drafter = prompt_lookup_drafter(args.draft_tokens) if args.draft_tokens else None
     engine = Engine(model, cache, latent_fmt=args.latent_fmt, index_fmt=args.index_fmt, max_batch=args.batch,
                     max_context=max_context, prefill_chunk_tokens=args.chunk, attention=attention,
-                    compile_decode=args.compile)
+                    compile_decode=args.compile, drafter=drafter, max_draft_tokens=args.draft_tokens)
     total_steps = math.ceil(sum(len(r.prompt) for r in requests) / args.chunk) + args.decode - 1
     bar = ProgressBar(total_steps, enabled=progress and (args.progress or (sys.stderr.isatty() and total_steps > 20)))
     with OpTimer(synchronize=device.type == "cuda") as timer:
@@ -195,6 +197,9 @@ def register(subparsers) -> None:
     parser.add_argument("--split-dsa", action="store_true",
                         help="call indexer, top-k and sparse MLA separately instead of the fused dsa_attention")
     parser.add_argument("--compile", action="store_true", help="decode through torch.compile(fullgraph=True)")
+    parser.add_argument("--draft-tokens", type=int, default=0, metavar="K",
+                        help="speculative decoding: verify up to K (<= 7) prompt-lookup drafts per request per "
+                             "decode step (greedy only; default 0: off)")
     parser.add_argument("--dcp", type=int, default=1,
                         help="decode context parallelism over W processes started by torchrun (default 1)")
     parser.add_argument("--dcp-timeout", type=float, default=120.0,

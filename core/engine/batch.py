@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -23,7 +23,7 @@ class StepBatch:
         meta: :class:`~dsahal.model.BatchMeta` on the model's device.
         logits_indices: ``[N]`` int64 tokens whose logits are sampled (each the last token of a
             request that reaches the end of its known tokens in this step).
-        sampled: the N requests those rows belong to, in order.
+        sampled: the N requests those rows belong to, in order (a request with drafts once per token).
         requests: every scheduled request with its token count, in packing order.
     """
 
@@ -36,27 +36,34 @@ class StepBatch:
 
 def build_step(scheduled: list[tuple[Request, int]], block_table: torch.Tensor, block_tokens: int,
                max_context: int, decode: bool, device: torch.device,
-               slot_fn: Callable[..., torch.Tensor] = write_slots) -> StepBatch:
+               slot_fn: Callable[..., torch.Tensor] = write_slots,
+               drafts: Optional[dict[int, list[int]]] = None) -> StepBatch:
     """Pack ``(request, n)`` pairs: the next ``n`` uncomputed tokens of each request, in order.
 
     ``block_table`` ``[R, max_blocks]`` int32 (host) must already map every position written here.
     ``decode`` asks for the KDA recurrent step and requires ``n == 1`` for every request.
     ``slot_fn(block_table, rows, positions, block_tokens)`` gives the write slots (the DSA
     attention's own rule: under decode context parallelism only this rank's tokens get one).
+    ``drafts[request_id]`` (speculative decoding): draft tokens that follow the request's last
+    known token in this step (``n`` counts them); every one of its tokens then gets a logits row.
     """
+    drafts = drafts or {}
     token_ids, positions, rows, cu_seqlens, state_ids, logits_indices, sampled = [], [], [], [0], [], [], []
     for request, count in scheduled:
         if decode and count != 1:
             raise ValueError(f"build_step: a decode step takes one token per request, request "
                              f"{request.request_id} has {count}")
         start = request.num_computed
-        known = request.tokens
+        known = request.tokens + drafts.get(request.request_id, [])
         token_ids.extend(known[start:start + count])
         positions.extend(range(start, start + count))
         rows.extend([request.row] * count)
         cu_seqlens.append(cu_seqlens[-1] + count)
         state_ids.append(request.state_id)
-        if start + count == len(known):  # its last known token: the next one is sampled from here
+        if request.request_id in drafts:  # verify: a row per token (each predicts the next)
+            logits_indices.extend(range(cu_seqlens[-2], cu_seqlens[-1]))
+            sampled.extend([request] * count)
+        elif start + count == len(known):  # its last known token: the next one is sampled from here
             logits_indices.append(cu_seqlens[-1] - 1)
             sampled.append(request)
     positions_t = torch.tensor(positions, dtype=torch.int32)

@@ -22,6 +22,7 @@ from ..model.dsa_attention import DsaAttention
 from ..model.sampling import sample_one
 from .batch import StepBatch, build_step, write_slots
 from .request import Request
+from .speculative import MAX_DRAFT_TOKENS, Drafter, speculative_step
 
 
 @dataclass
@@ -34,6 +35,8 @@ class EngineStats:
     decode_tokens: int = 0
     decode_seconds: float = 0.0
     decode_steps: int = 0
+    draft_tokens: int = 0  # speculative decoding: drafts proposed
+    accepted_draft_tokens: int = 0  # and accepted
 
     @staticmethod
     def _rate(tokens: int, seconds: float) -> float:
@@ -61,15 +64,24 @@ class Engine:
         attention: how DSA layers write and attend; default: the model's (single-device). Decode
             context parallelism passes its own object here.
         compile_decode: run decode steps through ``torch.compile(model.step, fullgraph=True)``.
+        drafter: speculative decoding: ``drafter(request) -> draft token ids`` proposes up to
+            ``max_draft_tokens`` (≤ 7) tokens to verify in each decode step
+            (:mod:`dsahal.engine.speculative`; greedy acceptance, so requests must be greedy).
     """
 
     def __init__(self, model, cache, *, latent_fmt: str, index_fmt: str, max_batch: int, max_context: int,
                  prefill_chunk_tokens: int = 512, attention: Optional[DsaAttention] = None,
-                 compile_decode: bool = False):
+                 compile_decode: bool = False, drafter: Optional[Drafter] = None,
+                 max_draft_tokens: int = MAX_DRAFT_TOKENS):
         for name, value in (("max_batch", max_batch), ("max_context", max_context),
                             ("prefill_chunk_tokens", prefill_chunk_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Engine: {name} expected an int >= 1, got {value!r}")
+        if isinstance(max_draft_tokens, bool) or not isinstance(max_draft_tokens, int) or \
+                not 0 <= max_draft_tokens <= MAX_DRAFT_TOKENS:
+            raise ValueError(f"Engine: max_draft_tokens expected an int in [0, {MAX_DRAFT_TOKENS}] (8 query tokens "
+                             f"per request at most), got {max_draft_tokens!r}")
+        self.drafter, self.max_draft_tokens = drafter, max_draft_tokens
         self.model, self.cache = model, cache
         self.config = model.config
         self.device = next(model.parameters()).device
@@ -174,6 +186,8 @@ class Engine:
         if not self.running:
             return None
         scheduled, decode = self._schedule()
+        if decode and self.drafter is not None:
+            return speculative_step(self)
         batch = build_step(scheduled, self.block_table, self.block_tokens, self.max_context, decode, self.device,
                            slot_fn=getattr(self.model.attention, "write_slots", write_slots))
         start = time.perf_counter()
