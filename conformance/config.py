@@ -3,16 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hypothesis import HealthCheck
-
 DEFAULT_MAX_EXAMPLES = 60  # the full budget: what `dsahal conformance` runs unless told otherwise
-
-# The suite draws cases whose tensors are built from a seed, so hypothesis' own data is small;
-# slow reference ops and our per-test tracker fixture are deliberate.
-SUPPRESSED_HEALTH_CHECKS = (
-    HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
-    HealthCheck.function_scoped_fixture, HealthCheck.large_base_example,
-)
 
 
 @dataclass

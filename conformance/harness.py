@@ -8,9 +8,16 @@ from typing import Any, Callable, Iterable
 
 import hypothesis
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
-from dsahal.conformance.config import CONFIG, SUPPRESSED_HEALTH_CHECKS
+from dsahal.conformance.config import CONFIG
+
+# The suite draws cases whose tensors are built from a seed, so hypothesis' own data is small;
+# slow reference ops and the per-test tracker fixture are deliberate.
+SUPPRESSED_HEALTH_CHECKS = (
+    HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+    HealthCheck.function_scoped_fixture, HealthCheck.large_base_example,
+)
 
 # Capability names a property may need; each maps to a Capabilities attribute.
 CAPABILITY_FLAGS = ("deterministic", "batch_invariant", "distributed")

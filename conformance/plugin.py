@@ -95,8 +95,9 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     suite_items = [i for i in items if is_suite_item(i)]
     if not suite_items:
         return
-    _STATE = state = SuiteState()
+    state = SuiteState()
     _select_backend(state)
+    _STATE = state
     if CONFIG.skips_file:
         state.skips = controls.read_control_file(CONFIG.skips_file)
     if CONFIG.xfails_file:

@@ -1,0 +1,93 @@
+"""``dsahal conformance``: run the conformance suite against one backend and write its reports.
+
+Exit status: 0 when every property passed (skips and fallbacks are reported, not failures),
+1 on any failure, 2 on a usage error (unknown backend or op, missing control file).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ..ops.catalog import OP_NAMES
+
+
+def conformance_dir() -> Path:
+    import dsahal.conformance
+
+    return Path(dsahal.conformance.__file__).resolve().parent
+
+
+def pytest_args(args) -> list[str]:
+    """The pytest command line equivalent to these options (also what a vendor's CI can run)."""
+    report_dir = Path(args.report_dir)
+    command = [str(conformance_dir()), "--rootdir", str(conformance_dir()), "-p", "no:cacheprovider",
+               "--dsahal-report-dir", str(report_dir), "--junitxml", str(report_dir / "junit.xml"),
+               "-o", "junit_family=xunit2", "-q" if not args.verbose else "-v", "-rfE"]
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        command += ["-p", "dsahal.conformance.plugin"]
+    if args.backend:
+        command += ["--dsahal-backend", args.backend]
+    if args.max_examples is not None:
+        command += ["--dsahal-max-examples", str(args.max_examples)]
+    if args.derandomize:
+        command.append("--dsahal-derandomize")
+    if args.seed is not None:
+        command += ["--dsahal-seed", str(args.seed)]
+    if args.skips:
+        command += ["--dsahal-skips", args.skips]
+    if args.xfails:
+        command += ["--dsahal-xfails", args.xfails]
+    if args.ops:
+        command += ["--dsahal-ops", ",".join(args.ops)]
+    if args.k:
+        command += ["-k", args.k]
+    if args.exitfirst:
+        command.append("-x")
+    return command
+
+
+def run(args) -> int:
+    import pytest
+
+    unknown = [op for op in (args.ops or []) if op not in OP_NAMES]
+    if unknown:
+        print(f"error: --ops: unknown op(s) {unknown}; expected some of {list(OP_NAMES)}", file=sys.stderr)
+        return 2
+    for name in ("skips", "xfails"):
+        path = getattr(args, name)
+        if path and not Path(path).is_file():
+            print(f"error: --{name}: no such file {path!r}", file=sys.stderr)
+            return 2
+    Path(args.report_dir).mkdir(parents=True, exist_ok=True)
+    code = int(pytest.main(pytest_args(args)))
+    if code == pytest.ExitCode.NO_TESTS_COLLECTED:
+        print("error: no conformance test selected (check --ops / -k)", file=sys.stderr)
+        return 2
+    if code == pytest.ExitCode.USAGE_ERROR:
+        return 2
+    return 0 if code == pytest.ExitCode.OK else 1
+
+
+def register(subparsers) -> None:
+    from dsahal.conformance.config import DEFAULT_MAX_EXAMPLES
+
+    parser = subparsers.add_parser(
+        "conformance", help="certify a backend against the reference (hypothesis properties, reports)",
+        description=__doc__)
+    parser.add_argument("--backend", default=None,
+                        help="backend under test (default: DSAHAL_BACKEND, else automatic selection)")
+    parser.add_argument("--skips", default=None, metavar="FILE", help="test-id prefixes to skip, '# reason' comments")
+    parser.add_argument("--xfails", default=None, metavar="FILE", help="test-id prefixes expected to fail")
+    parser.add_argument("--max-examples", type=int, default=None, metavar="N",
+                        help=f"hypothesis examples per property (default {DEFAULT_MAX_EXAMPLES}; CI uses fewer)")
+    parser.add_argument("--derandomize", action="store_true", help="derive hypothesis' seed from each test")
+    parser.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: random, printed)")
+    parser.add_argument("--report-dir", default="conformance-report", metavar="D",
+                        help="where junit.xml, conformance.json and conformance.md go (default ./conformance-report)")
+    parser.add_argument("--ops", nargs="+", default=None, metavar="OP", choices=OP_NAMES,
+                        help="run only these op families")
+    parser.add_argument("-k", default=None, metavar="EXPR", help="pytest -k expression to select properties")
+    parser.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first failure")
+    parser.add_argument("-v", "--verbose", action="store_true", help="one line per property")
+    parser.set_defaults(func=run)
