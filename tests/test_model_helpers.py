@@ -10,8 +10,8 @@ import dataclasses
 import torch
 
 from dsahal.config import load_config
-from dsahal.engine import Engine, Request, build_cache
-from dsahal.model import BatchMeta, HybridModel, ModelCache, init_weights
+from dsahal.engine import Engine, Request, build_cache, write_slots
+from dsahal.model import BatchMeta, HybridModel, init_weights
 
 
 def small_config(**overrides):
@@ -53,8 +53,6 @@ def full_sequence_logits(model, tokens, *, latent_fmt="bf16", index_fmt="fp8", b
     engine._admit()
     positions = torch.arange(len(tokens), dtype=torch.int32)
     rows = torch.zeros(len(tokens), dtype=torch.int32)
-    from dsahal.engine.batch import write_slots
-
     meta = BatchMeta(positions, rows, engine.block_table, write_slots(engine.block_table, rows, positions,
                                                                       engine.block_tokens),
                      torch.tensor([0, len(tokens)], dtype=torch.int32),
@@ -63,4 +61,4 @@ def full_sequence_logits(model, tokens, *, latent_fmt="bf16", index_fmt="fp8", b
 
 
 __all__ = ["small_config", "small_model", "small_engine", "random_prompts", "greedy_requests",
-           "full_sequence_logits", "ModelCache"]
+           "full_sequence_logits"]

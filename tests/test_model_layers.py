@@ -7,10 +7,8 @@ import torch
 from dsahal.engine import write_slots
 from dsahal.model import BatchMeta, DsaLayerCache
 from dsahal.model.dsa_attention import LocalDsaAttention
-from dsahal.model.kda_layer import KdaLayer
 from dsahal.model.layers import apply_rotary, rotary_cos_sin
 from dsahal.model.mla_layer import MlaLayer
-from dsahal.model.weights import init_weights
 from test_model_helpers import small_config, small_model
 
 BLOCK_TOKENS = 16
@@ -90,8 +88,7 @@ def test_fused_and_separate_dsa_ops_give_the_same_layer_output():
 
 def kda_layer(seed=0):
     config = small_config()
-    model = init_weights(type(small_model())(config), seed=seed)
-    return next(b.attn for b in model.blocks if b.kind == "kda"), config
+    return next(b.attn for b in small_model(config, seed=seed).blocks if b.kind == "kda"), config
 
 
 @torch.no_grad()

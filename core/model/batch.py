@@ -51,7 +51,8 @@ class BatchMeta:
 
 @dataclass
 class DsaLayerCache:
-    """One DSA layer's views into the packed cache.
+    """One DSA layer's views into the packed cache (inside a :class:`ModelCache` the two page
+    fields may be :class:`PoolView` recipes; :meth:`ModelCache.layer` cuts them into tensors).
 
     Attributes:
         latent_pages: ``[num_blocks, block_tokens, latent_bytes]`` uint8 view.
