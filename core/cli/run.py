@@ -95,6 +95,14 @@ def run(args) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"error: --threads expected an int >= 1, got {args.threads}", file=sys.stderr)
+            return 2
+        torch.set_num_threads(args.threads)
+    if not 0 <= args.draft_tokens <= 7:
+        print(f"error: --draft-tokens expected an int in [0, 7], got {args.draft_tokens}", file=sys.stderr)
+        return 2
     for name in ("batch", "prompt_len", "decode", "chunk", "block_tokens", "dcp"):
         if getattr(args, name) < 1:
             print(f"error: --{name.replace('_', '-')} expected an int >= 1, got {getattr(args, name)}", file=sys.stderr)
@@ -204,6 +212,8 @@ def register(subparsers) -> None:
                         help="decode context parallelism over W processes started by torchrun (default 1)")
     parser.add_argument("--dcp-timeout", type=float, default=120.0,
                         help="seconds a DCP rank waits for its peers before failing (default 120)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (default: torch's; 1 is fastest on a shared machine)")
     parser.add_argument("--progress", action="store_true", help="always draw the progress bar (default: long runs "
                                                                 "on a terminal)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON")
