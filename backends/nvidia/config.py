@@ -43,7 +43,7 @@ def sparse_mla_config(tokens: int, heads: int, k: int) -> dict:
 
 
 def indexer_config(heads: int) -> dict:
-    return dict(block_n=128, group=8, num_warps=4, num_stages=1)
+    return dict(block_n=64, group=8, num_warps=8, num_stages=1)
 
 
 def topk_config() -> dict:

@@ -7,6 +7,7 @@ and also correct under ``TRITON_INTERPRET=1`` (whose bf16 arithmetic is not).
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -21,13 +22,58 @@ INDEX_FP8 = 1  # 128 e4m3 + fp32 scale = 132 B
 INDEX_CODES = {"bf16": INDEX_BF16, "fp8": INDEX_FP8}
 
 
+def typed_views(pages):
+    """The same page bytes as (uint8, uint16, fp32) tensors, with (block, token) strides in elements.
+
+    Kernels index each view with integer element offsets instead of casting byte pointers, so
+    the compiler can prove contiguity and alignment and emit wide (up to 16-byte) loads. A view
+    whose strides are not whole elements is replaced by the uint8 one (never read in that case).
+    """
+    views = []
+    for dtype, size in ((torch.uint8, 1), (torch.uint16, 2), (torch.float32, 4)):
+        ok = pages.stride(0) % size == 0 and pages.stride(1) % size == 0 and pages.data_ptr() % size == 0
+        ok = ok and pages.shape[-1] % size == 0
+        view = pages.view(dtype) if ok else pages
+        views.append((view, pages.stride(0) // size if ok else 0, pages.stride(1) // size if ok else 0))
+    return views
+
+
+def row_alignment(pages) -> int:
+    """Largest power of two (<= 16) dividing every record's start address: the kernels promise it
+    to the compiler (``tl.multiple_of``) so that gathered rows load in 4- to 16-byte vectors."""
+    align = 16
+    for value in (pages.data_ptr(), pages.stride(0), pages.stride(1)):
+        while align > 1 and value % align:
+            align //= 2
+    return align
+
+
+@triton.jit
+def typed_rows(pages_ptr, row, ALIGN: tl.constexpr, byte_offset, DTYPE: tl.constexpr):
+    """``[BLOCK_N]`` pointers of element type ``DTYPE`` at ``row + byte_offset`` (row aligned to ALIGN).
+    Index the result with element offsets so the compiler sees contiguous, aligned accesses."""
+    return (pages_ptr + tl.multiple_of(row, ALIGN) + byte_offset).to(tl.pointer_type(DTYPE))
+
+
+@triton.jit
+def widen_bf16(words, AS_BF16: tl.constexpr):
+    """Raw bf16 words (uint16) as bf16, or exactly widened to fp32."""
+    if AS_BF16:
+        values = words.to(tl.bfloat16, bitcast=True)
+    else:
+        values = (words.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return values
+
+
 @triton.jit
 def load_bf16(byte_ptr, mask, AS_BF16: tl.constexpr):
     """bf16 values at ``byte_ptr`` (uint8 pointers, 2-byte aligned) as bf16 or exact fp32."""
     words = tl.load(byte_ptr.to(tl.pointer_type(tl.uint16)), mask=mask, other=0)
     if AS_BF16:
-        return words.to(tl.bfloat16, bitcast=True)
-    return (words.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+        values = words.to(tl.bfloat16, bitcast=True)
+    else:
+        values = (words.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return values
 
 
 @triton.jit

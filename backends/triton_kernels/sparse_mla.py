@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .bytes import LATENT_BF16, LATENT_CODES, LATENT_FP8, LATENT_FP8_DS_MLA, load_bf16, load_f32, load_fp8
+from .bytes import LATENT_CODES, LATENT_FP8, load_fp8, typed_views, widen_bf16
 from .lse_combine import lse_combine
 
 NOPE = 512
@@ -25,7 +25,8 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _gather_latent(pages_ptr, row, valid, FMT: tl.constexpr, AS_BF16: tl.constexpr):
+def _gather_latent(pages_u8, pages_u16, pages_f32, block, offset, strides, valid, FMT: tl.constexpr,
+                   AS_BF16: tl.constexpr):
     """Latent rows at byte offsets ``row`` [BLOCK_N] -> (nope [BLOCK_N, 512], rope [BLOCK_N, 64]).
 
     Values are dequantised except for the per-tensor FP8 scale, which the caller folds into the
@@ -34,26 +35,35 @@ def _gather_latent(pages_ptr, row, valid, FMT: tl.constexpr, AS_BF16: tl.constex
     nope_cols = tl.arange(0, 512)
     rope_cols = tl.arange(0, 64)
     m = valid[:, None]
-    base = pages_ptr + row[:, None]
+    s8_b, s8_t, s16_b, s16_t, s32_b, s32_t = strides
+    row8 = block * s8_b + offset * s8_t
     if FMT == 0:  # bf16: 576 bf16 values
-        nope = load_bf16(base + 2 * nope_cols[None, :], m, AS_BF16)
-        rope = load_bf16(base + 1024 + 2 * rope_cols[None, :], m, AS_BF16)
+        row16 = block * s16_b + offset * s16_t
+        words = pages_u16 + row16[:, None]
+        nope = widen_bf16(tl.load(words + nope_cols[None, :], mask=m, other=0), AS_BF16)
+        rope = widen_bf16(tl.load(words + 512 + rope_cols[None, :], mask=m, other=0), AS_BF16)
     elif FMT == 1:  # fp8 with one tensor scale
-        nope = load_fp8(base + nope_cols[None, :], m)
-        rope = load_fp8(base + 512 + rope_cols[None, :], m)
+        raw = pages_u8 + row8[:, None]
+        nope = load_fp8(raw + nope_cols[None, :], m)
+        rope = load_fp8(raw + 512 + rope_cols[None, :], m)
     else:  # fp8_ds_mla: 4 tiles of 128 e4m3 with an fp32 scale each, then 64 bf16
-        tile_scale = load_f32(base + 512 + 4 * (nope_cols[None, :] // 128), m)
-        nope = load_fp8(base + nope_cols[None, :], m) * tile_scale
-        rope = load_bf16(base + 528 + 2 * rope_cols[None, :], m, False)
+        row16 = block * s16_b + offset * s16_t
+        row32 = block * s32_b + offset * s32_t
+        tile_scale = tl.load(pages_f32 + row32[:, None] + 128 + nope_cols[None, :] // 128, mask=m, other=0.0)
+        nope = load_fp8(pages_u8 + row8[:, None] + nope_cols[None, :], m) * tile_scale
+        rope = widen_bf16(tl.load(pages_u16 + row16[:, None] + 264 + rope_cols[None, :], mask=m, other=0), False)
     if AS_BF16:
-        return nope.to(tl.bfloat16), rope.to(tl.bfloat16)
-    return nope.to(tl.float32), rope.to(tl.float32)
+        nope, rope = nope.to(tl.bfloat16), rope.to(tl.bfloat16)
+    else:
+        nope, rope = nope.to(tl.float32), rope.to(tl.float32)
+    return nope, rope
 
 
 @triton.jit
 def sparse_mla_kernel(
     q_ptr, stride_qt, stride_qh,  # q [T, H, 576]
-    pages_ptr, stride_pb, stride_pt,  # latent pages [num_blocks, block_tokens, token_bytes] uint8
+    pages_u8, pages_u16, pages_f32,  # the latent pages [num_blocks, block_tokens, token_bytes] as 3 typed views
+    s8_b, s8_t, s16_b, s16_t, s32_b, s32_t,  # (block, token) strides of each view, in its elements
     slots_ptr, stride_st,  # slots [T, K] int32/int64
     kv_scale_ptr,  # [] fp32 tensor scale of the fp8 format (read in-kernel: no host sync)
     o_ptr, stride_os, stride_ot, stride_oh,  # o [splits, T, H, 512] (fp32 partials or q's dtype)
@@ -96,8 +106,8 @@ def sparse_mla_kernel(
         slot = tl.load(slots_ptr + t * stride_st + n, mask=n < end, other=-1).to(tl.int64)
         valid = (slot >= 0) & (slot < num_slots)
         slot = tl.where(valid, slot, 0)
-        row = (slot // block_tokens) * stride_pb + (slot % block_tokens) * stride_pt
-        kv_nope, kv_rope = _gather_latent(pages_ptr, row, valid, FMT, AS_BF16)
+        kv_nope, kv_rope = _gather_latent(pages_u8, pages_u16, pages_f32, slot // block_tokens, slot % block_tokens,
+                                          (s8_b, s8_t, s16_b, s16_t, s32_b, s32_t), valid, FMT, AS_BF16)
 
         if AS_BF16:
             s = tl.dot(q_nope, tl.trans(kv_nope))
@@ -162,9 +172,10 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=6
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
     grid = (triton.cdiv(heads, block_h), tokens, splits)
+    views = typed_views(kv_pages)
     sparse_mla_kernel[grid](
         q, q.stride(0), q.stride(1),
-        kv_pages, kv_pages.stride(0), kv_pages.stride(1),
+        views[0][0], views[1][0], views[2][0], *(s for _, sb, st in views for s in (sb, st)),
         slots, slots.stride(0),
         kv_scale if fmt == LATENT_FP8 else lse,
         o, o.stride(0), o.stride(1), o.stride(2),
