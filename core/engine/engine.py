@@ -35,6 +35,7 @@ class EngineStats:
     decode_tokens: int = 0
     decode_seconds: float = 0.0
     decode_steps: int = 0
+    compile_seconds: float = 0.0  # the first compiled decode step (tracing + codegen), kept out of the rates
     draft_tokens: int = 0  # speculative decoding: drafts proposed
     accepted_draft_tokens: int = 0  # and accepted
 
@@ -103,6 +104,7 @@ class Engine:
         self.stats = EngineStats()
         self._ids: set[int] = set()
         self._decode_step = torch.compile(model.step, fullgraph=True) if compile_decode else model.step
+        self._compiling = compile_decode
 
     # --- requests ---------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -196,7 +198,10 @@ class Engine:
             torch.cuda.synchronize(logits.device)
         elapsed = time.perf_counter() - start
         tokens = batch.meta.num_tokens
-        if decode:
+        if decode and self._compiling:
+            self._compiling = False
+            self.stats.compile_seconds += elapsed
+        elif decode:
             self.stats.decode_tokens += tokens
             self.stats.decode_seconds += elapsed
             self.stats.decode_steps += 1

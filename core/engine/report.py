@@ -71,6 +71,9 @@ def print_report(report: dict, out=None) -> None:
           f"{stats['prefill_tokens_per_s']:.1f} tokens/s ({stats['prefill_steps']} steps)", file=out)
     print(f"decode   {stats['decode_tokens']} tokens in {stats['decode_seconds']:.3f} s = "
           f"{stats['decode_tokens_per_s']:.1f} tokens/s ({stats['decode_steps']} steps)", file=out)
+    if stats.get("compile_seconds"):
+        print(f"         (the first decode step, {stats['compile_seconds']:.1f} s with torch.compile, is not counted)",
+              file=out)
     if stats.get("draft_tokens"):
         print(f"         speculative: {stats['accepted_draft_tokens']} of {stats['draft_tokens']} draft tokens "
               f"accepted ({100 * stats['accepted_draft_tokens'] / stats['draft_tokens']:.1f}%)", file=out)
