@@ -59,3 +59,29 @@ def test_dsa_attention_matches_the_composition_of_reference_ops(fmt, case, confo
     rtol = A.output_rtol(a.q.dtype, torch.bfloat16)
     A.assert_lse_close(conformance, "lse", lse[keep], ref_lse[keep], rtol)
     A.assert_rows_close(conformance, "o", o[keep], ref_o[keep], rtol)
+
+
+@pytest.mark.parametrize("fmt", FORMATS[:1])
+@conformance_property("dsa_attention", "dsa_attention.rejects_bad_input", scale=0.2)
+@given(case=dsa_cases())
+def test_dsa_attention_rejects_bad_input(fmt, case, conformance):
+    from dsahal.conformance.badinput import check_rejections
+
+    case = bind(case, fmt)
+    conformance.begin(case)
+    a = case.build()
+
+    def call(**changes):
+        args = dict(q_index=a.q_index, index_weights=a.index_weights, index_pages=a.index_pages, q=a.q,
+                    kv_pages=a.kv_pages, block_table=a.block_table, req_ids=a.req_ids, positions=a.positions,
+                    index_fmt=a.index_fmt, kv_fmt=a.kv_fmt, topk=a.topk, max_context=a.max_context,
+                    softmax_scale=a.softmax_scale, kv_scale=a.kv_scale)
+        args.update(changes)
+        return lambda: ops.dsa_attention(**args)
+
+    conformance.call(call())
+    check_rejections(conformance, "dsa_attention", {
+        "kv_pages with other blocks than index_pages": (call(kv_pages=a.kv_pages[:0]), ValueError),
+        "topk = 0": (call(topk=0), ValueError),
+        "q of another token count": (call(q=torch.cat([a.q, a.q])), ValueError),
+    })

@@ -192,3 +192,30 @@ def test_kda_rejects_bad_input_and_leaves_states_alone(case, conformance):
         "v of another head count": (prefill(v=torch.cat([a.v, a.v], dim=1)), ValueError),
         "q int": (prefill(q=a.q.int()), TypeError),
     }, after_each=unchanged)
+
+
+@conformance_property("kda_decode", "kda_decode.rejects_bad_input", scale=0.2)
+@given(case=decode_cases())
+def test_kda_decode_rejects_bad_input_and_leaves_states_alone(case, conformance):
+    conformance.begin(case)
+    a = case.build()
+    pool = a.state_pool.clone()
+    conformance.call(lambda: _decode(a, pool, a.state_ids))
+    snapshot = pool.clone()
+
+    def decode(**changes):
+        args = dict(q=a.q, k=a.k, v=a.v, g=a.g, beta=a.beta, state_pool=pool, state_ids=a.state_ids)
+        args.update(changes)
+        return lambda: ops.kda_decode(**args, scale=a.scale, use_qk_l2norm=a.use_qk_l2norm)
+
+    def unchanged(name):
+        if not torch.equal(pool, snapshot):
+            conformance.fail(f"bad input '{name}' was rejected but the state pool changed")
+
+    check_rejections(conformance, "kda_decode", {
+        "state id below -1": (decode(state_ids=a.state_ids.clamp(max=-2)), ValueError),
+        "k with another head dim": (decode(k=a.k[..., :-1].contiguous()), ValueError),
+        "beta 3-d": (decode(beta=a.beta[..., None]), ValueError),
+        "q with a strided last dim": (decode(q=torch.cat([a.q, a.q], dim=-1)[..., ::2]), ValueError),
+        "scale 0": (lambda: ops.kda_decode(a.q, a.k, a.v, a.g, a.beta, pool, a.state_ids, scale=0.0), ValueError),
+    }, after_each=unchanged)

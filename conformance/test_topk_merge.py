@@ -37,3 +37,28 @@ def test_topk_merge_equals_single_device_topk(case, conformance):
     for rank, (got, _) in enumerate(answers):
         A.assert_topk_rows(conformance, got, a.scores, a.lengths, a.k, expected, exact_set=True,
                            what=f"rank {rank} of {case.world}")
+
+
+@conformance_property("topk_merge", "topk_merge.rejects_bad_input", scale=0.2)
+@given(case=merge_cases(worlds=(2,)))
+def test_topk_merge_rejects_bad_input(case, conformance):
+    """Validation happens on each rank before any communication, so a single process checks it
+    (the valid call runs as a group of one)."""
+    import torch
+
+    from dsahal import ops
+    from dsahal.conformance.badinput import check_rejections
+
+    conformance.begin(case)
+    a = case.build()
+    scores, lengths = a.local_scores[0], a.local_lengths[0]
+    conformance.call(lambda: ops.topk_merge(scores, lengths, a.k))
+    too_long = lengths.clone()
+    too_long[0] = scores.shape[1] + 1
+    check_rejections(conformance, "topk_merge", {
+        "local_scores bf16": (lambda: ops.topk_merge(scores.bfloat16(), lengths, a.k), TypeError),
+        "local_lengths of another row count": (lambda: ops.topk_merge(scores, torch.cat([lengths, lengths]), a.k),
+                                               ValueError),
+        "local length beyond the local width": (lambda: ops.topk_merge(scores, too_long, a.k), ValueError),
+        "k = 0": (lambda: ops.topk_merge(scores, lengths, 0), ValueError),
+    })

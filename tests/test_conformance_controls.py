@@ -130,3 +130,14 @@ def test_a_matrix_cell_fails_if_any_property_failed():
     assert report.cell_status(table["kda_decode"]["-"]) == "fallback"
 
 
+
+
+def test_the_ci_template_runs_one_job_per_hardware_and_uploads_the_reports():
+    import dsahal.conformance
+
+    template = (Path(dsahal.conformance.__file__).parent / "templates" / "conformance-ci.yml").read_text()
+    for label in ("nvidia-h200", "amd-mi300x", "tpu-v5e", "ppu", "ubuntu-latest"):
+        assert label in template
+    assert "runs-on: ${{ matrix.runs-on }}" in template
+    assert "dsahal conformance" in template and "actions/upload-artifact" in template
+    assert "--report-dir" in template and "GITHUB_STEP_SUMMARY" in template
