@@ -3,6 +3,7 @@ the per-test :class:`PropertyRun` tracker that counts examples, tells native cal
 reference fallbacks, and formats failures with a reproduction snippet."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -71,6 +72,9 @@ class PropertyRun:
         self.backend, self.table, self.op, self.prop, self.fmt, self.test_id = backend, table, op, prop, fmt, test_id
         self.examples: list[ExampleRecord] = []
 
+    def __repr__(self) -> str:
+        return f"PropertyRun(backend={self.backend!r}, prop={self.prop!r}, fmt={self.fmt!r})"
+
     @property
     def capabilities(self):
         return self.table.record.backend.capabilities
@@ -135,11 +139,14 @@ def format_failure(run: PropertyRun, detail: str, case: Any) -> str:
     shapes = getattr(case, "describe_shapes", None)
     if callable(shapes):
         lines.append(f"  shapes: {shapes()}")
+    selection = "--derandomize" if CONFIG.derandomize else f"--seed {CONFIG.seed if CONFIG.seed is not None else 0}"
+    plugins = os.environ.get("DSAHAL_PLUGIN_MODULES")
+    env = f"DSAHAL_PLUGIN_MODULES={plugins} " if plugins else ""
+    test_name = run.test_id.split("::")[-1].split("[")[0]
     lines += [
         f"  hypothesis seed: {seed}",
         "  reproduce:",
-        f"    dsahal conformance --backend {run.backend} --ops {run.op} --seed {CONFIG.seed if CONFIG.seed is not None else 0}"
-        f" -k '{run.test_id.split('::')[-1].split('[')[0]}'",
+        f"    {env}dsahal conformance --backend {run.backend} --ops {run.op} {selection} -k '{test_name}'",
     ]
     snippet = getattr(case, "snippet", None)
     if callable(snippet):

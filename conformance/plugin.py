@@ -8,7 +8,6 @@ acts on items marked ``@pytest.mark.conformance`` that live in this package, and
 from __future__ import annotations
 
 import random
-import time
 import warnings
 from pathlib import Path
 
@@ -31,7 +30,6 @@ class SuiteState:
         self.records: dict[str, report.TestRecord] = {}
         self.skips: list[controls.ControlEntry] = []
         self.xfails: list[controls.ControlEntry] = []
-        self.started = time.time()
 
 
 _STATE: SuiteState | None = None
@@ -157,6 +155,8 @@ def conformance(request) -> PropertyRun:
     op, prop, needs = marker.kwargs["op"], marker.kwargs["prop"], marker.kwargs.get("needs", ())
     fmt = item.callspec.params.get("fmt") if hasattr(item, "callspec") else None
     table = _STATE.table
+    for key, value in (("op", op), ("property", prop), ("format", fmt or "-"), ("backend", table.name)):
+        item.user_properties.append((key, value))  # carried into junit.xml
     caps = table.record.backend.capabilities
     for flag in needs:
         if flag in CAPABILITY_FLAGS and not getattr(caps, flag):
@@ -225,7 +225,8 @@ def _backend_info(table) -> dict:
         versions = {"error": repr(exc)}
     return {"name": backend.name, "tags": sorted(backend.tags), "plugin": table.record.plugin,
             "ops": {op: e.status for op, e in table.entries.items()},
-            "capabilities": {"latent_formats": sorted(caps.latent_formats) if caps.latent_formats is not None else "all",
+            "capabilities": {"latent_formats": sorted(caps.latent_formats) if caps.latent_formats is not None
+                             else "all",
                              "index_formats": sorted(caps.index_formats) if caps.index_formats is not None else "all",
                              "deterministic": caps.deterministic, "batch_invariant": caps.batch_invariant,
                              "distributed": caps.distributed, "unverified": dict(caps.unverified)},

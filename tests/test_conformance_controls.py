@@ -13,9 +13,10 @@ import torch
 from dsahal.conformance import controls, report
 from dsahal.conformance.assertions import assert_topk_rows
 from dsahal.conformance.harness import PropertyViolation
-from test_conformance_mutants import MUTANTS_DIR, run_suite
+from test_conformance_mutants import run_suite
 
 
+@pytest.mark.slow  # a suite subprocess
 def test_skip_and_xfail_files_apply_by_prefix_and_warn_about_stale_entries(tmp_path):
     skips = tmp_path / "skips.txt"
     skips.write_text("# vendor skips\ntest_topk.py::test_topk_rejects_bad_input  # validation is upstream\n"
@@ -33,6 +34,7 @@ def test_skip_and_xfail_files_apply_by_prefix_and_warn_about_stale_entries(tmp_p
     assert "stale control entry 'test_nothing.py::test_gone' (skips.txt:3)" in output
 
 
+@pytest.mark.slow  # a suite subprocess
 def test_ops_served_by_the_reference_are_reported_as_fallback_never_as_passes(tmp_path):
     proc, rep = run_suite(tmp_path, "partial", "--ops", "topk", "lse_combine", "positions_to_slots", "sparse_mla",
                           "topk_merge", "--max-examples", "6", plugin="partial_backend")
@@ -55,6 +57,7 @@ def test_ops_served_by_the_reference_are_reported_as_fallback_never_as_passes(tm
     assert "| positions_to_slots | - | **fallback** |" in markdown
 
 
+@pytest.mark.slow  # a suite subprocess
 def test_the_suite_runs_as_a_plain_pytest_plugin_with_pyargs(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSAHAL_")}
     env["DSAHAL_BACKEND"] = "reference"

@@ -19,21 +19,25 @@ EXAMPLES = "5"
 
 # mutant module -> (op family, property that must fail, its test function)
 MUTANTS = {
-    "mutant_indexer_causal": ("indexer_score", "indexer_score.matches_reference", "test_indexer_score_matches_reference"),
+    "mutant_indexer_causal": ("indexer_score", "indexer_score.matches_reference",
+                              "test_indexer_score_matches_reference"),
     "mutant_topk_tie": ("topk", "topk.exact_tie_rule", "test_topk_selects_the_exact_reference_set_under_the_tie_rule"),
     "mutant_sparse_mla_minus_one": ("sparse_mla", "sparse_mla.skips_minus_one",
                                     "test_sparse_mla_ignores_interleaved_minus_one_slots"),
     "mutant_lse_base2": ("sparse_mla", "sparse_mla.matches_reference", "test_sparse_mla_matches_reference"),
-    "mutant_kda_read_before_write": ("kda_decode", "kda_decode.matches_reference", "test_kda_decode_matches_reference"),
+    "mutant_kda_read_before_write": ("kda_decode", "kda_decode.matches_reference",
+                                     "test_kda_decode_matches_reference"),
     "mutant_merge_drops_winners": ("topk_merge", "topk_merge.equals_single_device",
                                    "test_topk_merge_equals_single_device_topk"),
     "mutant_cache_write_neighbour": ("cache_write", "cache_write.no_write_outside_slots",
                                      "test_cache_write_touches_nothing_outside_its_target_slots"),
-    "mutant_batch_split": ("sparse_mla", "sparse_mla.batch_invariant", "test_sparse_mla_rows_do_not_depend_on_the_batch"),
+    "mutant_batch_split": ("sparse_mla", "sparse_mla.batch_invariant",
+                           "test_sparse_mla_rows_do_not_depend_on_the_batch"),
 }
 
 
-def run_suite(tmp_path: Path, backend: str, *extra: str, plugin: str | None = None) -> tuple[subprocess.CompletedProcess, dict]:
+def run_suite(tmp_path: Path, backend: str, *extra: str,
+              plugin: str | None = None) -> tuple[subprocess.CompletedProcess, dict]:
     """``dsahal conformance`` in a fresh process; returns the process and the JSON report."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(MUTANTS_DIR), env.get("PYTHONPATH")]))
@@ -53,6 +57,7 @@ def test_every_mutant_module_is_listed():
     assert modules == set(MUTANTS)
 
 
+@pytest.mark.slow  # one suite process per mutant
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
 def test_the_suite_fails_the_mutant_naming_the_broken_property(mutant, tmp_path):
     family, prop, test_name = MUTANTS[mutant]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+import pytest
+
 from dsahal import formats
 from dsahal.ops.catalog import OP_NAMES
 from test_conformance_mutants import run_suite
 
 
+@pytest.mark.slow  # the whole suite in a subprocess, with gloo ranks
 def test_reference_passes_the_whole_suite_and_writes_three_reports(tmp_path):
     proc, report = run_suite(tmp_path, "reference", "--max-examples", "3", "--derandomize")
     output = proc.stdout + proc.stderr
