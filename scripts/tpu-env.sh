@@ -14,9 +14,17 @@ if [ ! -x "$TPU_VENV/bin/python" ]; then
 fi
 "$TPU_VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 # torch 2.9.0 and torch-xla 2.9.0 in one resolve so pip cannot pick mismatched releases.
-"$TPU_VENV/bin/python" -m pip install -q --progress-bar off \
-    "torch==2.9.0" "torch-xla==2.9.0" \
+# pip's log goes to a file (this machine's pip config adds local indexes that warn on every
+# package) and is printed only when an install fails.
+PIP_LOG="$(mktemp)"
+trap 'rm -f "$PIP_LOG"' EXIT
+pip_quiet() {
+    if ! "$TPU_VENV/bin/python" -m pip install -q --progress-bar off "$@" >"$PIP_LOG" 2>&1; then
+        cat "$PIP_LOG" >&2
+        return 1
+    fi
+}
+pip_quiet "torch==2.9.0" "torch-xla==2.9.0" \
     "pytest>=8" "hypothesis>=6.100" "pluggy>=1.5" "safetensors>=0.4" "numpy>=1.24"
-"$TPU_VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$ROOT" 2>/dev/null \
-    || "$TPU_VENV/bin/python" -m pip install -q --no-deps -e "$ROOT"
+pip_quiet --no-deps -e "$ROOT"
 export PATH="$TPU_VENV/bin:$PATH"

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from dsahal.formats import cache_format
-
 from .formats import pack, unpack
 from .paged import gather_records, scatter_rows_skipping, split_slots
 
@@ -16,10 +14,9 @@ def cache_write(values, slots, pages, kind, fmt, scale) -> None:
     Every token is packed (a static shape); the scatter skips the -1 ones without writing."""
     if values.shape[0] == 0:
         return
-    records = pack(values, kind, fmt, scale)
     keep = slots >= 0
     block, offset = split_slots(torch.where(keep, slots, torch.zeros_like(slots)), pages.shape[1])
-    scatter_rows_skipping(pages, (block, offset), records, keep)
+    scatter_rows_skipping(pages, (block, offset), values, keep, encode=lambda rows: pack(rows, kind, fmt, scale))
 
 
 def read_tokens(pages, slots, kind, fmt, scale=None):
@@ -30,6 +27,3 @@ def read_tokens(pages, slots, kind, fmt, scale=None):
     values = unpack(records, kind, fmt, scale)
     return values, valid
 
-
-def token_dim(kind: str, fmt: str) -> int:
-    return cache_format(kind, fmt).dim

@@ -39,6 +39,7 @@ def score_tile(q, weights, index_pages, slots, positions, index_fmt) -> torch.Te
     block_tokens = index_pages.shape[1]
     records = index_pages[torch.div(safe, block_tokens, rounding_mode="floor"), torch.remainder(safe, block_tokens)]
     keys = unpack(records, "index", index_fmt, None)  # [t, C, 128] fp32
+    keys = torch.where(valid[..., None], keys, torch.zeros_like(keys))  # unmapped: slot 0's bytes, maybe NaN
     logits = torch.einsum("thd,tcd->thc", q.to(torch.float32), keys)
     scores = torch.einsum("th,thc->tc", weights.to(torch.float32), torch.relu(logits))
     context = torch.arange(slots.shape[1], device=slots.device)

@@ -7,6 +7,8 @@ would give a data-dependent shape.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 
@@ -33,8 +35,8 @@ def gather_records(pages: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tens
 
 
 def scatter_rows_skipping(dest: torch.Tensor, index: tuple[torch.Tensor, ...], values: torch.Tensor,
-                          keep: torch.Tensor) -> None:
-    """``dest[index[0][i], index[1][i], ...] = values[i]`` for every ``i`` with ``keep[i]``; in place.
+                          keep: torch.Tensor, encode: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+    """``dest[index[0][i], index[1][i], ...] = encode(values)[i]`` for every ``i`` with ``keep[i]``; in place.
 
     A skipped row must not write anything, yet an XLA scatter has one static size. Skipped rows
     are therefore redirected to the address of the first kept row *with that row's value*, so
@@ -42,11 +44,16 @@ def scatter_rows_skipping(dest: torch.Tensor, index: tuple[torch.Tensor, ...], v
     in which the scatter applies them. With no kept row at all, every row rewrites address 0
     with the value it already holds. Kept addresses must be distinct (the ops validate it).
 
+    The redirection picks rows of the *input* before ``encode`` (a row-wise function, e.g. a
+    quantiser), so the encoded tensor has a single consumer: XLA:CPU takes seconds to compile a
+    row gather out of an FP8 quantisation by a runtime scale, and the result is the same.
+
     Args:
         dest: the tensor written in place (may be a view; the write goes through it).
         index: one int tensor ``[N]`` per leading dim of ``dest`` addressed.
-        values: ``[N, *rest]`` in dest's dtype.
+        values: ``[N, *rest]``; ``encode(values)`` must be in dest's dtype with dest's row shape.
         keep: ``[N]`` bool.
+        encode: row-wise map applied before writing (None: identity).
     """
     rows = keep.shape[0]
     if rows == 0:
@@ -60,8 +67,9 @@ def scatter_rows_skipping(dest: torch.Tensor, index: tuple[torch.Tensor, ...], v
         component = component.to(torch.int64)
         fallback = torch.where(any_kept, component[first], torch.zeros_like(component[first]))
         redirected.append(torch.where(keep, component, fallback))
-    current = dest[tuple(torch.zeros_like(c[:1]) for c in redirected)][0]
-    fallback_value = torch.where(any_kept, values[first], current)
     shape = (rows,) + (1,) * (values.dim() - 1)
-    final = torch.where(keep.reshape(shape), values, fallback_value.unsqueeze(0))
+    chosen = torch.where(keep.reshape(shape), values, values[first].unsqueeze(0))
+    encoded = chosen if encode is None else encode(chosen)
+    current = dest[tuple(torch.zeros_like(c[:1]) for c in redirected)]  # [1, *rest]: address 0 today
+    final = torch.where(any_kept, encoded, current)
     dest.index_put_(tuple(redirected), final)

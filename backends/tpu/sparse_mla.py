@@ -18,6 +18,9 @@ from .cache import read_tokens
 def attend_tile(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
     """q ``[t, H, 576]``, slots ``[t, K]`` -> (o ``[t, H, 512]`` fp32, lse ``[t, H]`` fp32)."""
     kv, valid = read_tokens(kv_pages, slots, "latent", kv_fmt, kv_scale)  # [t, K, 576]
+    # A -1 slot read slot 0, whose bytes may be anything (NaN included): zero it so a masked
+    # column contributes 0 * 0, not 0 * NaN, to the output.
+    kv = torch.where(valid[..., None], kv, torch.zeros_like(kv))
     logits = softmax_scale * torch.einsum("thd,tkd->thk", q.to(torch.float32), kv)
     logits = torch.where(valid[:, None, :], logits, torch.full_like(logits, float("-inf")))
     peak = logits.amax(dim=-1)  # [t, H]

@@ -1,0 +1,78 @@
+"""The XLA codecs pack and unpack every claimed cache format bit for bit like the host formats."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsahal.backends.tpu import bits, formats
+from dsahal.backends.tpu.support import INDEX_FORMATS, LATENT_FORMATS
+from dsahal.formats import cache_format
+
+CLAIMED = [("latent", f) for f in sorted(LATENT_FORMATS)] + [("index", f) for f in sorted(INDEX_FORMATS)]
+
+
+def values_with_extremes(dim: int, scale: float) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(dim)
+    values = torch.randn(16, dim, generator=gen) * torch.logspace(-6, 3, 16)[:, None]
+    values[0] = 0.0
+    values[1, ::2] = -0.0
+    values[2] = 448.0 * scale * torch.linspace(-1.5, 1.5, dim)  # beyond the FP8 range: saturates
+    values[3] = 2.0**-12 * scale  # FP8 subnormals
+    return values
+
+
+@pytest.mark.parametrize("kind,fmt", CLAIMED, ids=[f"{k}:{f}" for k, f in CLAIMED])
+def test_pack_is_bit_identical_to_the_host_format(kind, fmt, xla):
+    spec = cache_format(kind, fmt)
+    scale = torch.tensor(0.03) if spec.needs_tensor_scale else None
+    values = values_with_extremes(spec.dim, 0.03 if scale is not None else 1.0)
+    expected = spec.pack(values, scale)
+    got = formats.pack(values.to(xla), kind, fmt, None if scale is None else scale.to(xla)).cpu()
+    assert torch.equal(got, expected), f"{kind}:{fmt}: {(got != expected).sum()} bytes differ"
+
+
+@pytest.mark.parametrize("kind,fmt", CLAIMED, ids=[f"{k}:{f}" for k, f in CLAIMED])
+def test_unpack_is_bit_identical_to_the_host_format(kind, fmt, xla):
+    spec = cache_format(kind, fmt)
+    scale = torch.tensor(0.03) if spec.needs_tensor_scale else None
+    records = spec.pack(values_with_extremes(spec.dim, 1.0), scale).reshape(4, 4, spec.token_bytes)
+    expected = spec.unpack(records.reshape(-1, spec.token_bytes), scale).reshape(4, 4, spec.dim)
+    got = formats.unpack(records.to(xla), kind, fmt, None if scale is None else scale.to(xla)).cpu()
+    assert torch.equal(got, expected)
+
+
+def test_every_fp8_code_decodes_exactly(xla):
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    expected = codes.view(torch.float8_e4m3fn).float()
+    got = bits.fp8_e4m3_decode(codes.to(xla)).cpu()
+    numbers = ~torch.isnan(expected)
+    assert torch.equal(got[numbers], expected[numbers])
+    assert torch.equal(torch.signbit(got[numbers]), torch.signbit(expected[numbers]))  # -0.0 kept
+    assert bool(torch.isnan(got[~numbers]).all())
+
+
+def test_every_finite_fp8_value_encodes_to_its_code(xla):
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    values = codes.view(torch.float8_e4m3fn)
+    numbers = ~torch.isnan(values.float())
+    got = bits.fp8_codes(values.to(xla)).cpu()
+    assert torch.equal(got[numbers], codes[numbers])
+
+
+def test_every_fp4_code_decodes_to_its_e2m1_value(xla):
+    magnitudes = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    expected = torch.tensor(magnitudes + [-m for m in magnitudes])
+    assert torch.equal(bits.fp4_e2m1_decode(torch.arange(16).to(xla)).cpu(), expected)
+
+
+def test_powers_of_two_are_exact_over_the_normal_range(xla):
+    exponents = torch.arange(-126, 128)
+    expected = torch.tensor([2.0**int(n) for n in exponents])
+    assert torch.equal(bits.exact_pow2(exponents.to(xla)).cpu(), expected)
+
+
+def test_bitcast_round_trips_through_bytes_like_a_host_view(xla):
+    values = torch.randn(5, 6)
+    raw = bits.to_bytes(values.to(xla))
+    assert torch.equal(raw.cpu(), values.view(torch.uint8))
+    assert torch.equal(bits.bytes_to(raw, torch.float32).cpu(), values)
