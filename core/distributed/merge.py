@@ -1,40 +1,69 @@
-"""The exact DCP top-k merge with packed 32-bit candidates (DESIGN §3.4).
+"""The exact DCP top-k merge with packed 32-bit candidates (DESIGN §3.4), exact on the raw fp32 scores.
 
-Each rank ranks its local scores, sends only its best ``c = ceil(1.5·k/W)`` candidates as 32-bit
-words (:mod:`.packing`), and every rank selects the same global top-k from the gathered words.
-Exactness: a rank's unsent tokens all rank below its last sent candidate ``y``; if a global winner
-were unsent, ``y`` would rank above it, hence be a winner itself, hence be among the selected
-candidates. So the selection can be wrong only in rows where some rank sent ``c`` real
-candidates and its last one was selected. Those (rank, row) pairs are *flagged* — every rank
-computes the same flags from the same gathered words — and the flagged rank resends its local
-ranks ``c..k-1`` for those rows only; one resend always suffices (the same argument, now with
-``k`` candidates from that rank, which hold all its winners).
+Each rank ranks its local scores and sends only its best ``c = ceil(1.5·k/W)`` candidates as 32-bit
+words (:mod:`.packing`: a score key truncated to ``32 - bit_length(N-1)`` bits, then the local id).
+Every rank runs the same selection on the same gathered words, so every decision below is taken
+identically on every rank without extra messages. A rank's local ranking (rounded key, then
+smaller id) goes ``ranked = min(k + 1, N)`` words deep.
 
-Result: exactly ``dsahal.ops.topk(round_scores_for_merge(gathered_scores, N), lengths, k)``, the
-single-device top-k on the merge-rounded scores with the tie rule "smaller global position wins".
+1. **First round.** Select the top-k of the gathered words by (rounded key, then smaller global
+   position). Its k-th rounded key is the row's *threshold* ``tau``.
+2. **Resend.** A rank's unsent entries all have rounded keys ``<=`` its last sent one. If that key
+   is ``< tau`` the rank sent every entry with a key ``>= tau``; otherwise (or when fewer than k
+   candidates were gathered) the rank is *flagged* and resends its local ranks ``c..ranked-1`` for
+   those rows only. After it, ``tau`` is the true k-th largest rounded key of the row (truncated
+   keys never exceed the truth, and a flagged rank now shows ``>= k`` entries ``>= tau``), every
+   entry with a key ``> tau`` is known, and so is every entry with key ``== tau`` (the *band*),
+   except on a rank whose ``(k+1)``-th word is still in the band: it "may overflow", holding band
+   members past its ranking.
+3. **Band round.** Truncation is monotonic (rounded(a) > rounded(b) implies a > b), so the
+   ``A`` known entries above the band win and everything below it loses; ``m = k - A`` slots go to
+   the band members with the best (raw score, then smaller global position). Rows whose band has
+   at most ``m`` members, and no rank that may overflow, are done. For the other rows each rank
+   sends, per row, either the raw fp32 scores of its known band members in word order (their ids
+   are known from the words: 4 B each) or, when it may overflow or that is cheaper (its known band
+   members ``> 2m``), its own ``m`` best band members as (fp32 score, local id) pairs (8 B each).
+   A rank's band winners are among its own ``m`` best, so every rank picks the same ``m`` best.
+
+Result: the same *set* as ``dsahal.ops.topk(gathered_raw_scores, lengths, k)`` in every row (tie
+rule: smaller global position wins; -inf never selected; -1 padding last). Order: winners above the
+band by (rounded key, position), then the band's winners by (raw score, position); best first
+up to the rounding classes.
 
 Traffic per rank (payload it contributes, each reaching the ``W-1`` peers): ``4·(2 + T·c)`` bytes,
-plus ``4·(min(k, N) - c)`` per flagged row; the generic merge contributes ``8·T·k``. At W = 8, k = 2048:
-c = 384, 1,536 vs 16,384 bytes per row, 10.7x less.
+plus ``4·(ranked - c)`` per flagged row, plus the band round's ``4·|known band members|`` (or
+``8·m``) per band row; the generic merge contributes ``8·T·k``. At W = 8, k = 2048 with neither
+resend nor band round: c = 384, 1,536 vs 16,384 bytes per row, 10.7x less.
 """
 from __future__ import annotations
 
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 
 from ..ops.collectives import group_rank_and_size
 from . import collective
-from .packing import id_bits_for_width, pack_candidates, unpack_local_ids, wire_to_words, words_to_wire
+from .packing import (
+    id_bits_for_width,
+    pack_candidates,
+    score_key,
+    truncated_key,
+    unpack_local_ids,
+    wire_to_words,
+    words_to_wire,
+)
 
 OVERSAMPLE = 1.5
 HEADER_INTS = 2  # (local width N, k) travel with the candidates so mismatched ranks are caught
 WORD_BYTES = 4
 GENERIC_BYTES_PER_CANDIDATE = 8  # fp32 score + int32 id
 RECENT_MERGES = 256
+
+# exchange(payloads by rank computed in this process, int32 count of every rank, step name) -> W payloads
+Exchange = Callable[[Mapping[int, torch.Tensor], Sequence[int], str], list]
 
 
 @dataclass(frozen=True)
@@ -46,7 +75,7 @@ class MergePlan:
     width: int  # N, local score width
     id_bits: int
     candidates: int  # c, sent per row in the first round
-    ranked: int  # min(k, N): depth of the local ranking (first round + possible resend)
+    ranked: int  # min(k + 1, N): depth of the local ranking (first round + possible resend)
     pos_bits: int  # bits of a global position < W·N
 
     @property
@@ -59,8 +88,10 @@ class MergePlan:
 
 
 def plan_merge(k: int, width: int, world: int, oversample: float = OVERSAMPLE) -> MergePlan:
-    """``c = min(ceil(oversample·k/W), k, N)`` candidates per row; at ``c = min(k, N)`` no resend can happen."""
-    ranked = min(k, width)
+    """``c = min(ceil(oversample·k/W), k + 1, N)`` candidates per row; at ``c = min(k + 1, N)`` no resend can
+    happen. The ranking goes one word past the top-k: whether that word is in the band tells every
+    rank whether this one may hold band members it never sent."""
+    ranked = min(k + 1, width)
     candidates = max(1, min(math.ceil(oversample * k / world), ranked))
     return MergePlan(world=world, k=k, width=width, id_bits=id_bits_for_width(width), candidates=candidates,
                      ranked=ranked, pos_bits=max(1, (world * width - 1).bit_length()))
@@ -71,10 +102,13 @@ def rank_locally(local_scores: torch.Tensor, local_lengths: torch.Tensor, plan: 
 
     Entries at or past ``local_lengths[t]`` and -inf entries are never candidates.
     """
-    columns = torch.arange(local_scores.shape[1], device=local_scores.device)
-    valid = (columns[None, :] < local_lengths.long()[:, None]) & (local_scores != float("-inf"))
-    words = pack_candidates(local_scores, valid, plan.id_bits)
+    words = pack_candidates(local_scores, _valid_entries(local_scores, local_lengths), plan.id_bits)
     return torch.topk(words, plan.ranked, dim=1, sorted=True).values  # words are distinct except 0s
+
+
+def _valid_entries(local_scores: torch.Tensor, local_lengths: torch.Tensor) -> torch.Tensor:
+    columns = torch.arange(local_scores.shape[1], device=local_scores.device)
+    return (columns[None, :] < local_lengths.long()[:, None]) & (local_scores != float("-inf"))
 
 
 def global_order(words: torch.Tensor, plan: MergePlan) -> torch.Tensor:
@@ -99,19 +133,23 @@ def select_top(keys: torch.Tensor, k: int) -> torch.Tensor:
     return top
 
 
-def flag_resends(first_words: torch.Tensor, selected: torch.Tensor, plan: MergePlan) -> torch.Tensor:
-    """``[W, T]`` bool: rank ``r`` may own winners it did not send in row ``t``.
+def threshold_keys(selected: torch.Tensor, plan: MergePlan) -> torch.Tensor:
+    """``[T]`` int64 rounded score key (``word >> id_bits``) of the k-th selected; -1 when fewer than k."""
+    last = selected[:, plan.k - 1]
+    return torch.where(last >= 0, last >> plan.pos_bits, torch.full_like(last, -1))
 
-    True when ``r`` sent ``c`` real candidates, could have more (``c < min(k, N)``), and its last
-    one is selected (or fewer than ``k`` candidates were selected at all).
+
+def flag_resends(first_words: torch.Tensor, selected: torch.Tensor, plan: MergePlan) -> torch.Tensor:
+    """``[W, T]`` bool: rank ``r`` may own winners or band members it did not send in row ``t``.
+
+    True when ``r`` sent ``c`` real candidates, could have more (``c < ranked``), and the rounded
+    score key of its last one is ``>=`` the threshold (or fewer than ``k`` were selected at all).
     """
     world, tokens, c = first_words.shape
     if plan.resend_width == 0:
         return torch.zeros((world, tokens), dtype=torch.bool, device=first_words.device)
-    last = first_words[:, :, c - 1:]
-    last_key = global_order(last, plan).reshape(tokens, world).T  # [W, T]
-    threshold = selected[:, plan.k - 1]  # -1 when fewer than k were selected: every real key passes
-    return (last[:, :, 0] != 0) & (last_key >= threshold[None, :])
+    last = first_words[:, :, c - 1]
+    return (last != 0) & ((last >> plan.id_bits) >= threshold_keys(selected, plan)[None, :])
 
 
 def keys_to_positions(selected: torch.Tensor, plan: MergePlan) -> torch.Tensor:
@@ -120,20 +158,166 @@ def keys_to_positions(selected: torch.Tensor, plan: MergePlan) -> torch.Tensor:
     return torch.where(selected >= 0, mask - (selected & mask), torch.full_like(selected, -1)).to(torch.int32)
 
 
-def reselect_rows(first_words: torch.Tensor, extra_words: torch.Tensor, rows: torch.Tensor, plan: MergePlan
-                  ) -> torch.Tensor:
-    """Selection for ``rows`` over the first-round candidates plus the resent ones.
-
-    Args:
-        first_words: ``[W, T, c]``; extra_words: ``[W, R, k - c]`` (0 where a rank resent nothing);
-        rows: ``[R]`` int64 row indices.
+def apply_resends(first: torch.Tensor, selected: torch.Tensor, flagged: torch.Tensor, parts: Sequence[torch.Tensor],
+                  plan: MergePlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scatter each rank's resent words (wire int32, its flagged rows' ranks ``c..ranked-1``) and
+    reselect the flagged rows.
 
     Returns:
-        ``[R, k]`` int64 selected keys.
+        (every known word ``[W, T, ranked]`` int64, 0 where nothing was sent; ``[T, k]`` selected keys).
     """
-    keys = torch.cat([global_order(first_words[:, rows], plan), global_order(extra_words, plan)], dim=1)
-    return select_top(keys, plan.k)
+    world, tokens, _ = first.shape
+    extra = torch.zeros((world, tokens, plan.resend_width), dtype=torch.int64, device=first.device)
+    for r, part in enumerate(parts):
+        extra[r, flagged[r]] = wire_to_words(part).reshape(-1, plan.resend_width)
+    known = torch.cat([first, extra], dim=2)
+    rows = flagged.any(dim=0).nonzero().squeeze(1)
+    selected = selected.clone()
+    selected[rows] = select_top(global_order(known[:, rows], plan), plan.k)
+    return known, selected
 
+
+# ----------------------------------------------------------------------------- the band round
+
+@dataclass(frozen=True)
+class BandPlan:
+    """The rows needing a band round and what each rank sends for them (identical on every rank).
+
+    ``R`` band rows. ``threshold``, ``above``, ``slots``: ``[R]`` int64 (rounded key ``tau``, count
+    of known entries above it, ``m = k - above``). ``sent``: ``[W, R]`` int64 band members each
+    rank's known words hold. ``pairs``: ``[W, R]`` bool, the rank sends its ``m`` best band members
+    as (score, id) pairs instead of its known members' scores. ``counts``: ``[W, R]`` int64 int32
+    values each rank sends per row.
+    """
+
+    rows: torch.Tensor
+    threshold: torch.Tensor
+    above: torch.Tensor
+    slots: torch.Tensor
+    sent: torch.Tensor
+    pairs: torch.Tensor
+    counts: torch.Tensor
+
+
+def plan_band(known: torch.Tensor, selected: torch.Tensor, plan: MergePlan) -> BandPlan:
+    """Band rows of ``known`` ``[W, T, ranked]`` words after the resend, with ``selected`` ``[T, k]``."""
+    threshold = threshold_keys(selected, plan)
+    keys, real = known >> plan.id_bits, known != 0
+    has_threshold = threshold >= 0
+    in_band = real & (keys == threshold[None, :, None]) & has_threshold[None, :, None]
+    sent = in_band.sum(dim=2)  # [W, T]
+    above = (real & (keys > threshold[None, :, None])).sum(dim=(0, 2))
+    slots = plan.k - above
+    if plan.ranked > plan.k:  # its (k+1)-th word is in the band: it may hold more members past it
+        may_overflow = in_band[:, :, plan.k]
+    else:  # the ranking holds all N entries of a rank: nothing of it is unknown
+        may_overflow = torch.zeros_like(sent, dtype=torch.bool)
+    rows = (has_threshold & ((sent.sum(dim=0) > slots) | may_overflow.any(dim=0))).nonzero().squeeze(1)
+    sent, slots = sent[:, rows], slots[rows]
+    # Overflowing ranks must name their members; others do when m pairs are cheaper than all scores.
+    pairs = may_overflow[:, rows] | (2 * slots[None, :] < sent)
+    counts = torch.where(pairs, 2 * slots[None, :].expand_as(sent), sent)
+    return BandPlan(rows=rows, threshold=threshold[rows], above=above[rows], slots=slots, sent=sent, pairs=pairs,
+                    counts=counts)
+
+
+def _band_ids_in_word_order(words: torch.Tensor, threshold: torch.Tensor, plan: MergePlan) -> torch.Tensor:
+    """``[R, ranked]`` words of one rank -> ``[R, ranked]`` local ids of its band members first (word
+    order), then meaningless ids clamped into ``[0, N)``."""
+    in_band = (words != 0) & ((words >> plan.id_bits) == threshold[:, None])
+    order = torch.sort((~in_band).to(torch.int8), dim=1, stable=True).indices
+    return unpack_local_ids(words.gather(1, order), plan.id_bits).clamp(0, plan.width - 1)
+
+
+def _best_band_members(scores: torch.Tensor, lengths: torch.Tensor, threshold: torch.Tensor, count: int,
+                       plan: MergePlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's ``count`` best band members of each row by (raw score, then smaller local id).
+
+    Args:
+        scores: ``[R, N]`` fp32; lengths: ``[R]``; threshold: ``[R]`` int64.
+
+    Returns:
+        (``[R, count]`` fp32 scores, ``[R, count]`` int64 local ids). The plan asks only where the
+        rank holds at least that row's ``m`` members; entries past them are meaningless.
+    """
+    member = _valid_entries(scores, lengths) & ((truncated_key(scores, plan.id_bits) >> plan.id_bits)
+                                                == threshold[:, None])
+    ids = torch.arange(scores.shape[1], device=scores.device, dtype=torch.int64)
+    order = (score_key(scores) << plan.id_bits) | ((1 << plan.id_bits) - 1 - ids)[None, :]
+    best = torch.topk(torch.where(member, order, torch.full_like(order, -1)), count, dim=1).indices
+    return scores.gather(1, best), best
+
+
+def band_payload(local_scores: torch.Tensor, local_lengths: torch.Tensor, own_words: torch.Tensor, rank: int,
+                 band: BandPlan, plan: MergePlan) -> torch.Tensor:
+    """What ``rank`` sends in the band round: ``[band.counts[rank].sum()]`` int32, row after row.
+
+    Args:
+        local_scores: ``[T, N]`` fp32; local_lengths: ``[T]``; own_words: ``[T, ranked]`` int64 (this
+            rank's local ranking).
+    """
+    counts, pairs, slots = band.counts[rank], band.pairs[rank], band.slots
+    width = max(plan.ranked, 2 * int(slots.max())) if band.rows.numel() else 0
+    scores = local_scores[band.rows]
+    ids = _band_ids_in_word_order(own_words[band.rows], band.threshold, plan)
+    content = _pad_columns(scores.gather(1, ids).view(torch.int32), width)
+    chosen = pairs.nonzero().squeeze(1)
+    if chosen.numel():
+        best_scores, best_ids = _best_band_members(scores[chosen], local_lengths[band.rows[chosen]],
+                                                   band.threshold[chosen], int(slots[chosen].max()), plan)
+        m = slots[chosen, None]
+        columns = torch.arange(width, device=scores.device)[None, :]
+        take = torch.where(columns < m, columns, columns - m).clamp(0, best_ids.shape[1] - 1)
+        content[chosen] = torch.where(columns < m, best_scores.view(torch.int32).gather(1, take),
+                                      best_ids.to(torch.int32).gather(1, take))
+    return content[torch.arange(width, device=scores.device)[None, :] < counts[:, None]]
+
+
+def _pad_columns(x: torch.Tensor, width: int) -> torch.Tensor:
+    if x.shape[1] >= width:
+        return x[:, :width].clone()
+    return torch.cat([x, x.new_zeros((x.shape[0], width - x.shape[1]))], dim=1)
+
+
+def resolve_band(parts: Sequence[torch.Tensor], known: torch.Tensor, band: BandPlan, plan: MergePlan
+                 ) -> torch.Tensor:
+    """The band's winners from every rank's band payload: ``[R, max m]`` int64 global positions, best
+    first by (raw score, then smaller position), -1 past each row's ``m``."""
+    world = len(parts)
+    rows = band.rows.numel()
+    width = max(plan.ranked, 2 * int(band.slots.max()))
+    columns = torch.arange(width, device=known.device)[None, :]
+    pos_mask = (1 << plan.pos_bits) - 1
+    candidates = []
+    for r, part in enumerate(parts):
+        content = torch.zeros((rows, width), dtype=torch.int32, device=known.device)
+        content[columns < band.counts[r][:, None]] = part.to(known.device)
+        local = _band_ids_in_word_order(known[r, band.rows], band.threshold, plan)
+        count = band.sent[r][:, None]
+        m = band.slots[:, None]
+        take = (columns + m).clamp(max=width - 1)
+        local = torch.where(band.pairs[r][:, None], content.gather(1, take).long(), _pad_columns(local, width))
+        count = torch.where(band.pairs[r][:, None], m, count)
+        raw_key = score_key(content.view(torch.float32))
+        order = (raw_key << plan.pos_bits) | (pos_mask - (local * world + r))
+        candidates.append(torch.where(columns < count, order, torch.full_like(order, -1)))
+    top = torch.topk(torch.cat(candidates, dim=1), int(band.slots.max()), dim=1).values
+    winners = pos_mask - (top & pos_mask)
+    keep = torch.arange(top.shape[1], device=top.device)[None, :] < band.slots[:, None]
+    return torch.where(keep, winners, torch.full_like(winners, -1))
+
+
+def insert_band_winners(positions: torch.Tensor, band: BandPlan, winners: torch.Tensor) -> torch.Tensor:
+    """Band rows of ``positions`` ``[T, k]`` int32: the ``above`` selected entries, then the band's winners."""
+    positions = positions.clone()
+    columns = torch.arange(positions.shape[1], device=positions.device)[None, :]
+    above = band.above[:, None]
+    from_band = winners.gather(1, (columns - above).clamp(0, winners.shape[1] - 1)).to(positions.dtype)
+    positions[band.rows] = torch.where(columns < above, positions[band.rows], from_band)
+    return positions
+
+
+# ----------------------------------------------------------------------------- traffic accounting
 
 @dataclass(frozen=True)
 class MergeStats:
@@ -148,10 +332,12 @@ class MergeStats:
     first_round_bytes: int
     resend_bytes: int
     resend_rows: tuple[int, ...]  # flagged rows per rank
+    band_bytes: int = 0  # this rank's band-round payload (raw fp32 scores, ids where needed)
+    band_rows: int = 0  # rows that needed a band round (the same on every rank)
 
     @property
     def payload_bytes(self) -> int:
-        return self.first_round_bytes + self.resend_bytes
+        return self.first_round_bytes + self.resend_bytes + self.band_bytes
 
     @property
     def wire_bytes(self) -> int:
@@ -176,6 +362,8 @@ class MergeTrafficLog:
     payload_bytes: int = 0
     generic_payload_bytes: int = 0
     resent_rows: int = 0
+    band_rows: int = 0
+    rows: int = 0
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_MERGES))
 
     @property
@@ -187,10 +375,13 @@ class MergeTrafficLog:
         self.payload_bytes += stats.payload_bytes
         self.generic_payload_bytes += stats.generic_payload_bytes
         self.resent_rows += sum(stats.resend_rows)
+        self.band_rows += stats.band_rows
+        self.rows += stats.rows
         self.recent.append(stats)
 
     def reset(self) -> None:
         self.calls = self.payload_bytes = self.generic_payload_bytes = self.resent_rows = 0
+        self.band_rows = self.rows = 0
         self.recent.clear()
 
 
@@ -198,8 +389,43 @@ merge_traffic = MergeTrafficLog()
 
 
 def first_round_payload_bytes(rows: int, plan: MergePlan) -> int:
-    """Bytes one rank contributes to the first round (header + ``rows·c`` words): the no-resend total."""
+    """Bytes one rank contributes to the first round (header + ``rows·c`` words): the total when
+    neither a resend nor a band round happens."""
     return WORD_BYTES * (HEADER_INTS + rows * plan.candidates)
+
+
+# ----------------------------------------------------------------------------- the algorithm
+
+def _merge_after_first_round(first: torch.Tensor, mine: Mapping[int, tuple], plan: MergePlan, exchange: Exchange
+                             ) -> tuple[torch.Tensor, list[MergeStats]]:
+    """Steps 1-3 of the module docstring from the gathered first-round words ``[W, T, c]``.
+
+    ``mine``: rank -> (local scores ``[T, N]``, local lengths ``[T]``, local ranking ``[T, ranked]``)
+    for the rank(s) this process computes payloads for. Returns positions and per-rank stats.
+    """
+    world, tokens, c = first.shape
+    selected = select_top(global_order(first, plan), plan.k)
+    flagged = flag_resends(first, selected, plan)
+    resend_counts = [n * plan.resend_width for n in flagged.sum(dim=1).tolist()]
+    known = torch.cat([first, first.new_zeros((world, tokens, plan.resend_width))], dim=2)
+    if any(resend_counts):  # the same decision on every rank: flags come from identical gathered data
+        payloads = {r: words_to_wire(ranked[flagged[r], c:]).reshape(-1) for r, (_, _, ranked) in mine.items()}
+        parts = exchange(payloads, resend_counts, "topk_merge resend")
+        known, selected = apply_resends(first, selected, flagged, parts, plan)
+    positions = keys_to_positions(selected, plan)
+    band = plan_band(known, selected, plan)
+    band_counts = band.counts.sum(dim=1).tolist()
+    if band.rows.numel():
+        payloads = {r: band_payload(scores, lengths, ranked, r, band, plan)
+                    for r, (scores, lengths, ranked) in mine.items()}
+        parts = exchange(payloads, band_counts, "topk_merge band round")
+        positions = insert_band_winners(positions, band, resolve_band(parts, known, band, plan))
+    stats = [MergeStats(world=world, rows=tokens, k=plan.k, candidates=c, key_bits=plan.key_bits,
+                        first_round_bytes=first_round_payload_bytes(tokens, plan),
+                        resend_bytes=WORD_BYTES * resend_counts[r], resend_rows=tuple(flagged.sum(dim=1).tolist()),
+                        band_bytes=WORD_BYTES * band_counts[r], band_rows=int(band.rows.numel()))
+             for r in range(world)]
+    return positions, stats
 
 
 def _check_headers(headers: torch.Tensor, plan: MergePlan) -> None:
@@ -217,7 +443,8 @@ def exact_topk_merge(local_scores: torch.Tensor, local_lengths: torch.Tensor, k:
         local_scores: ``[T, N]`` fp32 (same ``T``, ``N`` on every rank); local_lengths: ``[T]`` int.
 
     Returns:
-        ``[T, k]`` int32 global positions (``local * W + rank``), best first, -1 padding. Collective.
+        ``[T, k]`` int32 global positions (``local * W + rank``), the set of the single-device top-k
+        of the raw scores, -1 padding. Collective.
     """
     rank, world = group_rank_and_size(group)
     tokens = local_scores.shape[0]
@@ -228,33 +455,13 @@ def exact_topk_merge(local_scores: torch.Tensor, local_lengths: torch.Tensor, k:
     gathered = collective.all_gather(message, group, "topk_merge first round")  # [W, 2 + T·c]
     _check_headers(gathered[:, :HEADER_INTS], plan)
     first = wire_to_words(gathered[:, HEADER_INTS:]).reshape(world, tokens, plan.candidates)
-    selected = select_top(global_order(first, plan), k)
-    flagged = flag_resends(first, selected, plan)
-    counts = flagged.sum(dim=1).tolist()
-    resend_bytes = 0
-    if any(counts):  # the same decision on every rank: flags come from identical gathered data
-        payload = words_to_wire(ranked[flagged[rank], plan.candidates:]).reshape(-1)
-        resend_bytes = WORD_BYTES * payload.numel()
-        parts = collective.all_gather_varying(payload, [n * plan.resend_width for n in counts], group,
-                                              "topk_merge resend")
-        selected = _apply_resends(first, selected, flagged, parts, plan)
-    merge_traffic.record(MergeStats(
-        world=world, rows=tokens, k=k, candidates=plan.candidates, key_bits=plan.key_bits,
-        first_round_bytes=WORD_BYTES * message.numel(), resend_bytes=resend_bytes, resend_rows=tuple(counts)))
-    return keys_to_positions(selected, plan)
 
+    def exchange(payloads, counts, what):
+        return collective.all_gather_varying(payloads[rank], list(counts), group, what)
 
-def _apply_resends(first: torch.Tensor, selected: torch.Tensor, flagged: torch.Tensor,
-                   parts: Sequence[torch.Tensor], plan: MergePlan) -> torch.Tensor:
-    """Scatter each rank's resent words into its flagged rows, then reselect those rows."""
-    world, tokens, _ = first.shape
-    extra = torch.zeros((world, tokens, plan.resend_width), dtype=torch.int64, device=first.device)
-    for r, part in enumerate(parts):
-        extra[r, flagged[r]] = wire_to_words(part).reshape(-1, plan.resend_width)
-    rows = flagged.any(dim=0).nonzero().squeeze(1)
-    selected = selected.clone()
-    selected[rows] = reselect_rows(first, extra[:, rows], rows, plan)
-    return selected
+    positions, stats = _merge_after_first_round(first, {rank: (local_scores, local_lengths, ranked)}, plan, exchange)
+    merge_traffic.record(stats[rank])
+    return positions
 
 
 def merge_in_process(local_scores: Sequence[torch.Tensor], local_lengths: Sequence[torch.Tensor], k: int
@@ -268,18 +475,13 @@ def merge_in_process(local_scores: Sequence[torch.Tensor], local_lengths: Sequen
         (``[T, k]`` int32 global positions, one :class:`MergeStats` per simulated rank).
     """
     world = len(local_scores)
-    tokens = local_scores[0].shape[0]
     plan = plan_merge(k, local_scores[0].shape[1], world)
-    ranked = [rank_locally(s, n, plan) for s, n in zip(local_scores, local_lengths)]
-    first = torch.stack([r[:, :plan.candidates] for r in ranked])
-    selected = select_top(global_order(first, plan), k)
-    flagged = flag_resends(first, selected, plan)
-    counts = flagged.sum(dim=1).tolist()
-    if any(counts):
-        parts = [words_to_wire(ranked[r][flagged[r], plan.candidates:]).reshape(-1) for r in range(world)]
-        selected = _apply_resends(first, selected, flagged, parts, plan)
-    stats = [MergeStats(world=world, rows=tokens, k=k, candidates=plan.candidates, key_bits=plan.key_bits,
-                        first_round_bytes=first_round_payload_bytes(tokens, plan),
-                        resend_bytes=WORD_BYTES * counts[r] * plan.resend_width, resend_rows=tuple(counts))
-             for r in range(world)]
-    return keys_to_positions(selected, plan), stats
+    mine = {r: (s, n, rank_locally(s, n, plan)) for r, (s, n) in enumerate(zip(local_scores, local_lengths))}
+    first = torch.stack([mine[r][2][:, :plan.candidates] for r in range(world)])
+
+    def exchange(payloads, counts, what):
+        for r in range(world):
+            assert payloads[r].numel() == counts[r], f"{what}: rank {r} payload {payloads[r].numel()} != {counts[r]}"
+        return [payloads[r] for r in range(world)]
+
+    return _merge_after_first_round(first, mine, plan, exchange)
