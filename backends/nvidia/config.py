@@ -47,7 +47,7 @@ def indexer_config(heads: int) -> dict:
 
 
 def topk_config() -> dict:
-    return dict(chunk=2048, bits1=12, bits2=12, num_warps=8)
+    return dict(chunk=2048, bits1=8, bits2=12, num_warps=8)
 
 
 def kda_decode_config(value_dim: int) -> dict:

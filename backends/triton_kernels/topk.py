@@ -101,13 +101,14 @@ def topk_kernel(
         top = (_sort_key(x) >> (32 - BITS1)).to(tl.int32)
         win = valid & (top > bin1)
         cand = valid & (top == bin1) & (top > 0)  # bin 0: everything was taken
-        win_i = win.to(tl.int32)
-        cand_i = cand.to(tl.int32)
-        _emit(out_row, written + tl.cumsum(win_i, axis=0) - 1, cols, win, req, block_table_ptr, stride_bt,
+        # one scan for both lists: winners counted in the low 16 bits, candidates in the high ones
+        packed = tl.cumsum(win.to(tl.int32) + (cand.to(tl.int32) << 16), axis=0)
+        _emit(out_row, written + (packed & 0xFFFF) - 1, cols, win, req, block_table_ptr, stride_bt,
               max_blocks, block_tokens, EMIT_SLOTS)
-        tl.store(cand_row + candidates + tl.cumsum(cand_i, axis=0) - 1, cols, mask=cand)
-        written += tl.sum(win_i, axis=0)
-        candidates += tl.sum(cand_i, axis=0)
+        tl.store(cand_row + candidates + (packed >> 16) - 1, cols, mask=cand)
+        total = tl.max(packed, axis=0)  # the scan's last element
+        written += total & 0xFFFF
+        candidates += total >> 16
 
     need = tl.where(take_all, 0, k - written)
     if need > 0:
@@ -158,13 +159,14 @@ def topk_kernel(
         tl.store(out_row + cols, tl.full([CHUNK], -1, tl.int32), mask=cols < k)
 
 
-def topk(scores, lengths, k, *, chunk=2048, bits1=12, bits2=12, num_warps=8, emit_slots=None, scratch=None):
+def topk(scores, lengths, k, *, chunk=2048, bits1=8, bits2=12, num_warps=8, emit_slots=None, scratch=None):
     """Launch :func:`topk_kernel`.
 
     Args:
         scores: ``[T, N]`` fp32 (unit stride in N). lengths: ``[T]`` int32 in ``[0, N]``.
         k: entries to keep per row.
-        chunk: entries per step (power of two); bits1/bits2: key bits resolved by levels 1 and 2.
+        chunk: entries per step (power of two, < 65536); bits1/bits2: key bits resolved by levels 1
+            and 2 (level 1 runs over the whole row: few bins keep its histogram cheap).
         emit_slots: ``(req_ids [T], block_table [B, max_blocks], block_tokens)`` to write physical
             slots instead of positions (-1 where unmapped).
         scratch: optional ``[T, N]`` int32 work buffer.

@@ -1,0 +1,85 @@
+"""The NVIDIA backend's declaration, verifiers, block-size policy and bench command, on the CPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsahal.backends.nvidia import config, verifiers
+from dsahal.backends.nvidia.plugin import CAPABILITIES, nvidia_backend
+from dsahal.ops.catalog import OP_NAMES
+from dsahal.registry import resolve_lazy
+
+
+def test_declares_every_op_natively_and_each_reference_resolves():
+    backend = nvidia_backend()
+    assert set(backend.ops) == set(OP_NAMES)
+    pytest.importorskip("triton")
+    for op, ref in {**backend.ops, **backend.verifiers}.items():
+        assert callable(resolve_lazy(ref)), op
+
+
+def test_probe_says_why_it_is_unavailable_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    ok, reason = nvidia_backend().probe()
+    assert not ok and "CUDA" in reason
+
+
+def test_claims_only_formats_with_kernels():
+    assert CAPABILITIES.latent_formats == {"bf16", "fp8", "fp8_ds_mla"}
+    assert CAPABILITIES.index_formats == {"bf16", "fp8"}
+    assert CAPABILITIES.batch_invariant and CAPABILITIES.deterministic
+
+
+def test_verifiers_reject_cpu_tensors_with_a_reason():
+    q = torch.zeros(2, 4, 576)
+    pages = torch.zeros(2, 16, 1152, dtype=torch.uint8)
+    slots = torch.zeros(2, 8, dtype=torch.int32)
+    ok, reason = verifiers.verify_sparse_mla(q, pages, slots, "bf16", None, 0.1)
+    assert not ok and "cuda" in reason.lower()
+
+
+@pytest.mark.parametrize("kind,fmt", [("latent", "nvfp4"), ("index", "mxfp4")])
+def test_verifiers_reject_formats_without_a_kernel(kind, fmt):
+    values = torch.zeros(2, 576 if kind == "latent" else 128)
+    ok, reason = verifiers.verify_cache_write(values, torch.zeros(2, dtype=torch.int32),
+                                              torch.zeros(1, 4, 8, dtype=torch.uint8), kind, fmt, None)
+    assert not ok and fmt in reason
+
+
+def test_sparse_mla_split_depends_on_the_batch_only_outside_invariant_mode(monkeypatch):
+    monkeypatch.delenv("DSAHAL_BATCH_INVARIANT", raising=False)
+    assert config.sparse_mla_config(8, 128, 2048)["split_size"] != config.sparse_mla_config(320, 128, 2048)["split_size"]
+    monkeypatch.setenv("DSAHAL_BATCH_INVARIANT", "1")
+    assert config.sparse_mla_config(8, 128, 2048) == config.sparse_mla_config(320, 128, 2048)
+    assert config.sparse_mla_config(1, 16, 2048) == config.sparse_mla_config(4096, 16, 2048)
+
+
+def test_kda_prefill_leaves_fla_in_invariant_mode(monkeypatch):
+    monkeypatch.setenv("DSAHAL_BATCH_INVARIANT", "1")
+    assert not config.use_fla_prefill(torch.zeros(1))
+
+
+def test_bench_command_needs_a_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    from dsahal.cli import main
+
+    assert main(["bench", "--quick"]) == 2
+    assert "needs a CUDA" in capsys.readouterr().err
+
+
+def test_bench_declares_a_case_for_every_timed_op():
+    from dsahal.bench.cases import all_cases
+
+    ops = {case.op for case in all_cases(quick=True)}
+    assert {"indexer_score", "topk", "sparse_mla", "lse_combine", "kda_decode", "kda_prefill", "dsa_attention",
+            "cache_write"} <= ops
+
+
+def test_bench_checks_pass_on_the_reference_backend():
+    """The harness itself: each correctness check compares two runs; reference vs reference must agree."""
+    from dsahal.bench.cases import check_lse_combine, check_topk
+
+    assert check_topk(torch.device("cpu"), "reference")[0]
+    assert check_lse_combine(torch.device("cpu"), "reference")[0]
