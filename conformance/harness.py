@@ -3,6 +3,7 @@ the per-test :class:`PropertyRun` tracker that counts examples, tells native cal
 reference fallbacks, and formats failures with a reproduction snippet."""
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -45,6 +46,24 @@ def conformance_property(op: str, prop: str, *, needs: Iterable[str] = (), scale
         return pytest.mark.conformance(op=op, prop=prop, needs=tuple(needs))(test)
 
     return decorate
+
+
+class FallbackReasons(logging.Handler):
+    """Collects the registry's "falling back to the reference" log records (logged once per op and
+    reason) so a fallback outcome can say why, e.g. what the backend's verifier objected to."""
+
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+        self.by_op: dict[str, set[str]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "falling back to the reference" in str(record.msg) and isinstance(record.args, tuple) \
+                and len(record.args) == 3:
+            op, _, reason = record.args
+            self.by_op.setdefault(str(op), set()).add(str(reason))
+
+
+FALLBACK_REASONS = FallbackReasons()
 
 
 class PropertyViolation(AssertionError):
@@ -118,8 +137,9 @@ class PropertyRun:
         reasons = []
         for op in ops:
             entry = self.table.entries[op]
+            logged = "; ".join(sorted(FALLBACK_REASONS.by_op.get(op, ())))
             reasons.append(f"{op}: {entry.reason}" if entry.status == "fallback"
-                           else f"{op}: the backend's verifier rejected the drawn arguments")
+                           else f"{op}: the backend's verifier rejected the drawn arguments ({logged or 'no reason'})")
         return "; ".join(reasons) or "no backend call was made"
 
     def fail(self, detail: str) -> None:

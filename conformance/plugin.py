@@ -7,6 +7,7 @@ acts on items marked ``@pytest.mark.conformance`` that live in this package, and
 """
 from __future__ import annotations
 
+import logging
 import random
 import warnings
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from dsahal.conformance import controls, report
 from dsahal.conformance.config import CONFIG
-from dsahal.conformance.harness import CAPABILITY_FLAGS, PropertyRun
+from dsahal.conformance.harness import CAPABILITY_FLAGS, FALLBACK_REASONS, PropertyRun
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 RUN_KEY = pytest.StashKey[PropertyRun]()
@@ -96,6 +97,7 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     state = SuiteState()
     _select_backend(state)
     _STATE = state
+    logging.getLogger("dsahal").addHandler(FALLBACK_REASONS)
     if CONFIG.skips_file:
         state.skips = controls.read_control_file(CONFIG.skips_file)
     if CONFIG.xfails_file:
@@ -278,4 +280,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     if CONFIG.report_dir:
         tr.write_line(f"  reports: {CONFIG.report_dir}/conformance.json, conformance.md, junit.xml")
     _STATE = None
+    logging.getLogger("dsahal").removeHandler(FALLBACK_REASONS)
     reset()
