@@ -257,7 +257,7 @@ def band_payload(local_scores: torch.Tensor, local_lengths: torch.Tensor, own_wo
             rank's local ranking).
     """
     counts, pairs, slots = band.counts[rank], band.pairs[rank], band.slots
-    width = max(plan.ranked, 2 * int(slots.max())) if band.rows.numel() else 0
+    width = max(plan.ranked, 2 * int(slots.max()))  # widest row: all known words, or m pairs
     scores = local_scores[band.rows]
     ids = _band_ids_in_word_order(own_words[band.rows], band.threshold, plan)
     content = _pad_columns(scores.gather(1, ids).view(torch.int32), width)
@@ -274,8 +274,7 @@ def band_payload(local_scores: torch.Tensor, local_lengths: torch.Tensor, own_wo
 
 
 def _pad_columns(x: torch.Tensor, width: int) -> torch.Tensor:
-    if x.shape[1] >= width:
-        return x[:, :width].clone()
+    """``[R, n]`` -> ``[R, width]`` (``width >= n``), zeros on the right."""
     return torch.cat([x, x.new_zeros((x.shape[0], width - x.shape[1]))], dim=1)
 
 
@@ -292,12 +291,12 @@ def resolve_band(parts: Sequence[torch.Tensor], known: torch.Tensor, band: BandP
     for r, part in enumerate(parts):
         content = torch.zeros((rows, width), dtype=torch.int32, device=known.device)
         content[columns < band.counts[r][:, None]] = part.to(known.device)
-        local = _band_ids_in_word_order(known[r, band.rows], band.threshold, plan)
-        count = band.sent[r][:, None]
-        m = band.slots[:, None]
-        take = (columns + m).clamp(max=width - 1)
-        local = torch.where(band.pairs[r][:, None], content.gather(1, take).long(), _pad_columns(local, width))
-        count = torch.where(band.pairs[r][:, None], m, count)
+        # Scores in word order (ids from the known words), or m scores then their m local ids.
+        pairs, m = band.pairs[r][:, None], band.slots[:, None]
+        named = content.gather(1, (columns + m).clamp(max=width - 1)).long()
+        in_words = _pad_columns(_band_ids_in_word_order(known[r, band.rows], band.threshold, plan), width)
+        local = torch.where(pairs, named, in_words)
+        count = torch.where(pairs, m, band.sent[r][:, None])
         raw_key = score_key(content.view(torch.float32))
         order = (raw_key << plan.pos_bits) | (pos_mask - (local * world + r))
         candidates.append(torch.where(columns < count, order, torch.full_like(order, -1)))

@@ -6,18 +6,20 @@ A candidate travels as one 32-bit word::
 
 ``score_key`` maps fp32 monotonically onto uint32 (the usual sign-flip trick, ``-0.0`` first made
 ``+0.0`` so equal floats get equal keys). Keeping its top ``key_bits = 32 - id_bits`` bits is the
-*merge rounding*. It groups fp32 values into classes (same sign, same magnitude truncated to
-``key_bits - 9`` mantissa bits; ``id_bits = 16`` gives bfloat16's classes) and maps every score to
-the lowest value of its class: for a positive score the truncated value, for a negative one the
-most negative value with the same truncated magnitude. Scores in one class tie; the tie rule then
-decides. Storing ``2**id_bits - 1 - local_id`` makes a larger word mean
-"higher rounded score, then smaller local id", so one unsigned comparison ranks candidates of a
-rank with the tie rule. Word 0 is never a real candidate (``id_bits <= 23`` keeps every finite key
->= 2**23) and marks padding.
+*rounded key*. It groups fp32 values into classes (same sign, same magnitude truncated to
+``key_bits - 9`` mantissa bits; ``id_bits = 16`` gives bfloat16's classes). Truncation is monotone:
+a larger rounded key always means a larger raw score, so the words order candidates exactly
+*between* classes; *within* a class they are ordered by local id only. The merge therefore trusts
+the words above and below the threshold's class and settles that one class (the *band*) with raw
+fp32 scores in a band round (:mod:`.merge`): its result does not depend on the rounding.
+
+Storing ``2**id_bits - 1 - local_id`` makes a larger word mean "higher rounded key, then smaller
+local id", so one unsigned comparison ranks a rank's candidates. Word 0 is never a real candidate
+(``id_bits <= 23`` keeps every finite key >= 2**23) and marks padding.
 
 ``id_bits = bit_length(N - 1)`` for a local score width ``N``: all bits not needed for ids carry
-score, so shorter shards merge with finer rounding. At ``N = 65536`` (512K context over W = 8)
-scores are ranked with bf16's precision; at N = 128 only 7 id bits leave a 25-bit key (near fp32).
+score, so shorter shards get finer classes (smaller bands). At ``N = 131072`` (1M context over
+W = 8) 15 key bits keep 6 mantissa bits; at ``N = 65536`` bf16's 7; at N = 128, 25 key bits keep 16.
 """
 from __future__ import annotations
 
@@ -60,11 +62,12 @@ def truncated_key(scores: torch.Tensor, id_bits: int) -> torch.Tensor:
 
 
 def round_scores_for_merge(scores: torch.Tensor, local_width: int) -> torch.Tensor:
-    """The scores the merge actually ranks: each fp32 score rounded toward -inf to ``32 - id_bits`` key bits,
-    ``id_bits = bit_length(local_width - 1)``. ``-inf`` stays ``-inf``; finite stays finite.
+    """The lowest fp32 value of each score's rounding class at local width ``N = local_width``: scores
+    with equal results share a rounded key (``32 - bit_length(N - 1)`` bits) in the merge's words.
+    ``-inf`` stays ``-inf``; finite stays finite.
 
-    ``dsahal.ops.topk(round_scores_for_merge(gathered, N), lengths, k)`` is exactly what the packed
-    merge returns for local score rows of width ``N``.
+    Not the merge's result any more: the merge returns the top-k of the *raw* scores (its band round
+    settles each class). Kept to describe and construct rounding collisions (tests, analysis).
     """
     rounded = key_to_score(truncated_key(scores, id_bits_for_width(local_width)))
     return torch.where(scores == float("-inf"), scores, rounded)
