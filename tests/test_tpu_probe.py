@@ -61,5 +61,5 @@ def test_verifiers_route_unclaimed_formats_away_and_accept_claimed_ones():
     from dsahal.backends.tpu import support
 
     assert support.verify_sparse_mla(None, None, None, "bf16", None, 1.0) == (True, "")
-    ok, reason = support.verify_cache_write(None, None, None, "latent", "nvfp4", None)
-    assert not ok and "nvfp4" in reason
+    ok, reason = support.verify_cache_write(None, None, None, "latent", "fp6_future", None)
+    assert not ok and "fp6_future" in reason

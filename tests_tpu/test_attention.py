@@ -33,7 +33,7 @@ def batch_metadata():
     return block_table, req_ids, positions
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "bf16"])
+@pytest.mark.parametrize("fmt", ["fp8", "bf16", "mxfp4"])
 def test_indexer_scores_match_the_reference_with_unmapped_blocks(fmt, xla):
     pages = filled_pages("index", fmt, seed=1)
     gen = torch.Generator().manual_seed(2)
@@ -58,7 +58,7 @@ def test_indexer_accepts_fp8_queries(xla):
     assert_close(got, expected, atol=1e-3, rtol=1e-5, what="indexer_score fp8 q")
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "fp8_ds_mla", "nvfp4"])
 def test_sparse_mla_matches_the_reference_with_minus_one_empty_and_duplicate_slots(fmt, xla):
     scale = torch.tensor(0.01) if fmt == "fp8" else None
     pages = filled_pages("latent", fmt, seed=5, scale=scale)
@@ -78,7 +78,7 @@ def test_sparse_mla_matches_the_reference_with_minus_one_empty_and_duplicate_slo
     assert bool((got[0][1].cpu() == 0).all())
 
 
-@pytest.mark.parametrize("index_fmt,kv_fmt", [("fp8", "bf16"), ("bf16", "fp8")])
+@pytest.mark.parametrize("index_fmt,kv_fmt", [("fp8", "bf16"), ("bf16", "fp8"), ("mxfp4", "nvfp4"), ("fp8", "fp8_ds_mla")])
 def test_fused_dsa_attention_equals_the_reference_composition(index_fmt, kv_fmt, xla):
     kv_scale = torch.tensor(0.01) if kv_fmt == "fp8" else None
     index_pages = filled_pages("index", index_fmt, seed=7)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from dsahal import ops
+from dsahal.backends.tpu.support import INDEX_FORMATS, LATENT_FORMATS
 from dsahal.formats import cache_format
 
 from conftest import on_reference, on_tpu
@@ -15,7 +16,10 @@ def random_pages(num_blocks, block_tokens, token_bytes, seed=0):
     return torch.randint(0, 256, (num_blocks, block_tokens, token_bytes), generator=gen, dtype=torch.int32).to(torch.uint8)
 
 
-@pytest.mark.parametrize("kind,fmt", [("latent", "bf16"), ("latent", "fp8"), ("index", "fp8"), ("index", "bf16")])
+CLAIMED = [("latent", f) for f in sorted(LATENT_FORMATS)] + [("index", f) for f in sorted(INDEX_FORMATS)]
+
+
+@pytest.mark.parametrize("kind,fmt", CLAIMED, ids=[f"{k}:{f}" for k, f in CLAIMED])
 def test_cache_write_matches_the_reference_bytes_and_skips_minus_one(kind, fmt, xla):
     spec = cache_format(kind, fmt)
     scale = torch.tensor(0.02) if spec.needs_tensor_scale else None

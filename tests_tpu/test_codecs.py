@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsahal.backends.tpu import bits, formats
+from dsahal.backends.tpu import bits, formats, numerics
 from dsahal.backends.tpu.support import INDEX_FORMATS, LATENT_FORMATS
 from dsahal.formats import cache_format
 
@@ -65,10 +65,30 @@ def test_every_fp4_code_decodes_to_its_e2m1_value(xla):
     assert torch.equal(bits.fp4_e2m1_decode(torch.arange(16).to(xla)).cpu(), expected)
 
 
-def test_powers_of_two_are_exact_over_the_normal_range(xla):
-    exponents = torch.arange(-126, 128)
+def test_powers_of_two_are_exact_down_to_the_smallest_subnormal(xla):
+    exponents = torch.arange(-149, 128)
     expected = torch.tensor([2.0**int(n) for n in exponents])
-    assert torch.equal(bits.exact_pow2(exponents.to(xla)).cpu(), expected)
+    assert torch.equal(numerics.pow2(exponents.to(xla)).cpu(), expected)
+
+
+def test_the_power_of_two_scale_search_matches_the_host(xla):
+    from dsahal.formats.numerics import pow2_scale_at_least
+
+    gen = torch.Generator().manual_seed(3)
+    amax = torch.cat([torch.rand(200, generator=gen) * torch.logspace(-30, 30, 200),
+                      torch.tensor([0.0, 448.0, 448.0 * 2**-20, 6.0, 6.0 * 2**100, 1.5 * 2.0**127])])
+    for qmax, low, high in ((448.0, -126, 127), (6.0, -127, 127)):
+        expected = pow2_scale_at_least(amax, qmax, low, high)
+        got = numerics.pow2(numerics.pow2_exponent_at_least(amax.to(xla), qmax, low, high)).cpu()
+        assert torch.equal(got, expected), f"qmax {qmax}"
+
+
+def test_e2m1_rounding_matches_the_host_on_every_midpoint_and_sign(xla):
+    from dsahal.formats.numerics import e2m1_encode
+
+    grid = torch.tensor([0.0, 0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0])
+    values = torch.cat([grid, -grid, torch.randn(300) * 3])
+    assert torch.equal(numerics.e2m1_codes(values.to(xla)).cpu(), e2m1_encode(values).to(torch.int32))
 
 
 def test_bitcast_round_trips_through_bytes_like_a_host_view(xla):

@@ -132,10 +132,3 @@ def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """``[*S, 2n]`` integer codes 0..15 -> ``[*S, n]`` uint8, low nibble first."""
     pair = codes.to(torch.int32).reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
     return (pair[..., 0] | (pair[..., 1] << 4)).to(torch.uint8)
-
-
-def exact_pow2(exponent: torch.Tensor) -> torch.Tensor:
-    """``2^n`` for integer tensor ``n`` in [-126, 127], exactly, as the fp32 bit pattern
-    ``(n + 127) << 23`` (``torch.exp2`` falls back to the host on torch-xla 2.9)."""
-    biased = (exponent.to(torch.int32) + 127).clamp(1, 254)
-    return bitcast(biased << 23, torch.float32)

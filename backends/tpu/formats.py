@@ -14,16 +14,18 @@ import torch
 
 from dsahal.formats import cache_format
 
-from .bits import bitcast, bytes_to, exact_pow2, fp8_codes, fp8_e4m3_decode, to_bytes
+from . import formats_scaled as scaled
+from .bits import bytes_to, fp8_codes, fp8_e4m3_decode, to_bytes
+from .numerics import FP8_MAX, pow2, pow2_exponent_at_least, to_bf16_saturating
 
-FP8_MAX = 448.0
+SCALED_FORMAT_MAX = scaled.SCALED_FORMAT_MAX
 
 Packer = Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
 Unpacker = Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
 
 
 def _pack_bf16(values, scale=None):
-    return to_bytes(values.to(torch.bfloat16))
+    return to_bytes(to_bf16_saturating(values))
 
 
 def _unpack_bf16(records, scale=None):
@@ -40,22 +42,17 @@ def _unpack_fp8_tensor_scale(records, scale):
 
 
 def fp8_token_scale(values: torch.Tensor) -> torch.Tensor:
-    """``2^ceil(log2(max(amax, 1e-4) / 448))`` per token, ``[*S, dim] -> [*S]`` fp32, exactly.
-
-    The ceiling of the log is read off the fp32 bits of the ratio (its exponent, plus one unless
-    the mantissa is zero) rather than from a ``log2`` whose last-ulp rounding differs by device.
-    """
-    ratio = values.abs().to(torch.float32).amax(dim=-1).clamp_min(1e-4) / FP8_MAX
-    bits = bitcast(ratio, torch.int32)
-    exponent = ((bits >> 23) & 0xFF) - 127
-    exact_power = (bits & 0x7FFFFF) == 0
-    return exact_pow2(torch.where(exact_power, exponent, exponent + 1))
+    """The smallest power of two ``>= clamp(amax, 1e-4, 1.5 2^127) / 448`` per token, ``[N, dim] -> [N]``
+    fp32, from the bits of amax (no division, no log: exact on every device)."""
+    amax = values.abs().to(torch.float32).amax(dim=-1).clamp(1e-4, SCALED_FORMAT_MAX)
+    return pow2(pow2_exponent_at_least(amax, FP8_MAX, -126, 127))
 
 
 def _pack_fp8_token_scale(values, scale=None):
     token_scale = fp8_token_scale(values)
-    codes = fp8_codes((values.to(torch.float32) / token_scale[..., None]).to(torch.float8_e4m3fn))
-    return torch.cat([codes, to_bytes(token_scale[..., None])], dim=-1)
+    clipped = values.to(torch.float32).clamp(-SCALED_FORMAT_MAX, SCALED_FORMAT_MAX)
+    scaled = (clipped / token_scale[..., None]).clamp(-FP8_MAX, FP8_MAX)  # a normal power of two: exact
+    return torch.cat([fp8_codes(scaled.to(torch.float8_e4m3fn)), to_bytes(token_scale[..., None])], dim=-1)
 
 
 def _unpack_fp8_token_scale(records, scale=None):
@@ -71,11 +68,14 @@ CODECS: dict[tuple[str, str], tuple[Packer, Unpacker]] = {
     ("latent", "fp8"): (_pack_fp8_tensor_scale, _unpack_fp8_tensor_scale),
     ("index", "bf16"): (_pack_bf16, _unpack_bf16),
     ("index", "fp8"): (_pack_fp8_token_scale, _unpack_fp8_token_scale),
+    ("latent", "fp8_ds_mla"): (scaled.pack_fp8_ds_mla, scaled.unpack_fp8_ds_mla),
+    ("latent", "nvfp4"): (scaled.pack_nvfp4, scaled.unpack_nvfp4),
+    ("index", "mxfp4"): (scaled.pack_mxfp4, scaled.unpack_mxfp4),
 }
 
 
 def pack(values: torch.Tensor, kind: str, fmt: str, scale: Optional[torch.Tensor]) -> torch.Tensor:
-    """``[*S, dim]`` float -> ``[*S, token_bytes]`` uint8 records in ``kind:fmt``."""
+    """``[N, dim]`` float -> ``[N, token_bytes]`` uint8 records in ``kind:fmt``."""
     return CODECS[(kind, fmt)][0](values, scale)
 
 

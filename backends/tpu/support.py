@@ -1,8 +1,8 @@
 """What the TPU backend claims, importable without torch_xla (the plugin and verifiers use it)."""
 from __future__ import annotations
 
-LATENT_FORMATS = frozenset({"bf16", "fp8"})
-INDEX_FORMATS = frozenset({"bf16", "fp8"})
+LATENT_FORMATS = frozenset({"bf16", "fp8", "fp8_ds_mla", "nvfp4"})
+INDEX_FORMATS = frozenset({"bf16", "fp8", "mxfp4"})
 
 UNVERIFIED_REASON = "run on XLA's CPU client (PJRT_DEVICE=CPU) only, never on a TPU"
 
