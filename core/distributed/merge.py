@@ -405,7 +405,8 @@ def _merge_after_first_round(first: torch.Tensor, mine: Mapping[int, tuple], pla
     world, tokens, c = first.shape
     selected = select_top(global_order(first, plan), plan.k)
     flagged = flag_resends(first, selected, plan)
-    resend_counts = [n * plan.resend_width for n in flagged.sum(dim=1).tolist()]
+    resend_rows = tuple(flagged.sum(dim=1).tolist())
+    resend_counts = [n * plan.resend_width for n in resend_rows]
     known = torch.cat([first, first.new_zeros((world, tokens, plan.resend_width))], dim=2)
     if any(resend_counts):  # the same decision on every rank: flags come from identical gathered data
         payloads = {r: words_to_wire(ranked[flagged[r], c:]).reshape(-1) for r, (_, _, ranked) in mine.items()}
@@ -421,7 +422,7 @@ def _merge_after_first_round(first: torch.Tensor, mine: Mapping[int, tuple], pla
         positions = insert_band_winners(positions, band, resolve_band(parts, known, band, plan))
     stats = [MergeStats(world=world, rows=tokens, k=plan.k, candidates=c, key_bits=plan.key_bits,
                         first_round_bytes=first_round_payload_bytes(tokens, plan),
-                        resend_bytes=WORD_BYTES * resend_counts[r], resend_rows=tuple(flagged.sum(dim=1).tolist()),
+                        resend_bytes=WORD_BYTES * resend_counts[r], resend_rows=resend_rows,
                         band_bytes=WORD_BYTES * band_counts[r], band_rows=int(band.rows.numel()))
              for r in range(world)]
     return positions, stats
@@ -479,8 +480,10 @@ def merge_in_process(local_scores: Sequence[torch.Tensor], local_lengths: Sequen
     first = torch.stack([mine[r][2][:, :plan.candidates] for r in range(world)])
 
     def exchange(payloads, counts, what):
-        for r in range(world):
-            assert payloads[r].numel() == counts[r], f"{what}: rank {r} payload {payloads[r].numel()} != {counts[r]}"
+        for r in range(world):  # the sizes every rank agreed on must be what each one built
+            if payloads[r].numel() != counts[r]:
+                raise RuntimeError(f"dsahal.topk_merge: {what}: rank {r} built {payloads[r].numel()} values, "
+                                   f"the plan says {counts[r]}")
         return [payloads[r] for r in range(world)]
 
     return _merge_after_first_round(first, mine, plan, exchange)
