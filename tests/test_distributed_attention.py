@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dsahal import ops
-from dsahal.distributed import dcp_dsa_attention, round_scores_for_merge, token_sharded_dsa_prefill
+from dsahal.distributed import dcp_dsa_attention, token_sharded_dsa_prefill
 
 from test_distributed_gloo import INDEX_FMT, KV_FMT, SOFTMAX_SCALE, attention_inputs
 
@@ -17,7 +17,7 @@ def decode_batch():
     return context_lens, req_ids, positions, attention_inputs(5, context_lens, 4, req_ids, heads=2)
 
 
-def test_one_rank_dcp_attention_is_dsa_attention_on_merge_rounded_scores(decode_batch):
+def test_one_rank_dcp_attention_is_dsa_attention(decode_batch):
     _, req_ids, positions, x = decode_batch
     k, max_context = 8, 24
     got_o, got_lse = dcp_dsa_attention(x["q_index"], x["index_weights"], x["index_pages"], x["q"], x["kv_pages"],
@@ -25,7 +25,7 @@ def test_one_rank_dcp_attention_is_dsa_attention_on_merge_rounded_scores(decode_
                                        topk=k, max_context=max_context, softmax_scale=SOFTMAX_SCALE)
     scores = ops.indexer_score(x["q_index"], x["index_weights"], x["index_pages"], x["block_table"], req_ids,
                                positions, index_fmt=INDEX_FMT, max_context=max_context)
-    chosen = ops.topk(round_scores_for_merge(scores, max_context), positions + 1, k)
+    chosen = ops.topk(scores, positions + 1, k)
     slots = ops.positions_to_slots(chosen, req_ids, x["block_table"], 4)
     o, lse = ops.sparse_mla(x["q"], x["kv_pages"], slots, kv_fmt=KV_FMT, softmax_scale=SOFTMAX_SCALE)
     torch.testing.assert_close(got_o, o, rtol=1e-6, atol=1e-7)

@@ -7,8 +7,8 @@ Per layer and step, on every rank of the DCP group:
 3. ``sparse_mla`` over the winners this rank owns (``p % W == rank``, local position ``p // W``);
 4. ``all_gather`` of the partial ``(o, lse)`` and ``lse_combine`` into attention over all winners.
 
-The result equals single-device DSA attention whose top-k ranks the merge-rounded scores
-(:func:`dsahal.distributed.round_scores_for_merge`), within the tolerance of the LSE combine.
+The result equals single-device DSA attention (the merge selects exactly the single-device top-k
+set of the raw scores), within the tolerance of the LSE combine.
 """
 from __future__ import annotations
 

@@ -32,8 +32,8 @@ def topk(scores, lengths, k):
 
 def topk_merge(local_scores, local_lengths, k, group):
     """The packed exact merge (:mod:`dsahal.distributed.merge`): each rank sends ~1.5·k/W candidates
-    as 32-bit words and resends only where it may own more winners. Equals ``topk`` on the
-    gathered scores after the merge rounding (:func:`dsahal.distributed.round_scores_for_merge`)."""
+    as 32-bit words, resends only where it may own more winners, and resolves the rounding band
+    with raw fp32 scores. Equals the set ``topk`` selects on the gathered raw scores."""
     return exact_topk_merge(local_scores, local_lengths, k, group)
 
 
