@@ -79,14 +79,20 @@ def render_markdown(records: list[TestRecord], backend: dict, settings: dict, op
              + (f", {counts['xfail']} xfail" if counts["xfail"] else "")
              + (f", {counts['xpass']} xpass" if counts["xpass"] else ""),
              "", f"Settings: {', '.join(f'{k}={v}' for k, v in settings.items())}", "",
-             "| op | format | status | pass | fail | skip | fallback |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| op | format | status | pass | fail | skip | fallback | examples native / fallback |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     table = matrix(records)
+    examples: dict = defaultdict(lambda: [0, 0])
+    for r in records:
+        examples[(r.op, r.format)][0] += r.native_examples
+        examples[(r.op, r.format)][1] += r.fallback_examples
     ordered = [op for op in op_order if op in table] + sorted(set(table) - set(op_order))
     for op in ordered:
         for fmt in sorted(table[op]):
             c = table[op][fmt]
+            native, fallback = examples[(op, fmt)]
             lines.append(f"| {op} | {fmt} | **{cell_status(c)}** | {c['pass']} | {c['fail'] + c['xpass']} | "
-                         f"{c['skip'] + c['xfail']} | {c['fallback']} |")
+                         f"{c['skip'] + c['xfail']} | {c['fallback']} | {native} / {fallback} |")
     failures = [r for r in records if r.outcome in ("fail", "xpass")]
     if failures:
         lines += ["", "## Failures", ""]

@@ -33,6 +33,6 @@ def test_reference_passes_the_whole_suite_and_writes_three_reports(tmp_path):
     assert int(suite.get("failures")) == 0 and int(suite.get("tests")) == len(tests)
 
     markdown = (tmp_path / "report" / "conformance.md").read_text()
-    assert "| op | format | status | pass | fail | skip | fallback |" in markdown
+    assert "| op | format | status | pass | fail | skip | fallback | examples native / fallback |" in markdown
     for op in OP_NAMES:
         assert f"| {op} |" in markdown
