@@ -33,7 +33,13 @@ def assert_shape_dtype(run, name: str, got, shape, dtypes) -> None:
                  f"got shape {list(got.shape)} dtype {got.dtype}")
 
 
+def _cpu(*tensors: torch.Tensor):
+    """Comparisons run on the CPU whatever device produced the tensors."""
+    return tuple(t.cpu() if isinstance(t, torch.Tensor) else t for t in tensors)
+
+
 def assert_no_nan(run, name: str, got: torch.Tensor) -> None:
+    (got,) = _cpu(got)
     bad = torch.isnan(got.float())
     if bool(bad.any()):
         where = tuple(int(i) for i in bad.nonzero()[0])
@@ -42,6 +48,7 @@ def assert_no_nan(run, name: str, got: torch.Tensor) -> None:
 
 def assert_same_neg_inf(run, name: str, got: torch.Tensor, expected: torch.Tensor, what: str = "") -> None:
     """-inf exactly where the reference has -inf (masks are exact, not approximate)."""
+    got, expected = _cpu(got, expected)
     got_inf, exp_inf = got == float("-inf"), expected == float("-inf")
     if torch.equal(got_inf, exp_inf):
         return
@@ -56,6 +63,7 @@ def assert_rows_close(run, name: str, got: torch.Tensor, expected: torch.Tensor,
                       row_dims: int = 1) -> None:
     """Per row (the last ``row_dims`` dims form one vector): ``|got - expected| <= rtol * (|expected|
     + 1e-3 * max row norm)``. Entries that are -inf in both are ignored; NaN always fails."""
+    got, expected = _cpu(got, expected)
     assert_no_nan(run, name, got)
     if got.shape != expected.shape:
         run.fail(f"'{name}' expected shape {list(expected.shape)}, got {list(got.shape)}")
@@ -84,6 +92,7 @@ def assert_rows_close(run, name: str, got: torch.Tensor, expected: torch.Tensor,
 def assert_lse_close(run, name: str, got: torch.Tensor, expected: torch.Tensor, rtol: float) -> None:
     """-inf exactly where expected; elsewhere ``|Δ| <= rtol * (1 + |expected|)`` (an lse error is
     the relative error of the softmax denominator)."""
+    got, expected = _cpu(got, expected)
     assert_no_nan(run, name, got)
     assert_same_neg_inf(run, name, got, expected)
     finite = torch.isfinite(expected)
@@ -99,6 +108,7 @@ def assert_lse_close(run, name: str, got: torch.Tensor, expected: torch.Tensor, 
 
 def assert_equal(run, name: str, got: torch.Tensor, expected: torch.Tensor) -> None:
     """Exact equality (integer results, untouched memory)."""
+    got, expected = _cpu(got, expected)
     if got.shape != expected.shape:
         run.fail(f"'{name}' expected shape {list(expected.shape)}, got {list(got.shape)}")
     if not torch.equal(got.to(expected.dtype), expected):
@@ -109,6 +119,7 @@ def assert_equal(run, name: str, got: torch.Tensor, expected: torch.Tensor) -> N
 
 def assert_bitwise(run, name: str, got: torch.Tensor, expected: torch.Tensor, context: str) -> None:
     """Bit-for-bit identity (batch invariance)."""
+    got, expected = _cpu(got, expected)
     a, b = got.contiguous(), expected.contiguous()
     if a.dtype != b.dtype or a.shape != b.shape:
         run.fail(f"'{name}' {context}: dtype/shape changed ({a.dtype} {list(a.shape)} vs {b.dtype} {list(b.shape)})")
@@ -126,6 +137,7 @@ def assert_topk_rows(run, got: torch.Tensor, scores: torch.Tensor, lengths: torc
     never a -inf score, as many as the reference, and the reference's score multiset. With
     ``exact_set``: exactly the reference's id set (the tie rule: smaller index wins)."""
     assert_shape_dtype(run, what, got, (scores.shape[0], k), (torch.int32, torch.int64))
+    got, scores, lengths, expected = _cpu(got, scores, lengths, expected)
     for t in range(scores.shape[0]):
         row, ref = got[t].long(), expected[t].long()
         valid, ref_valid = row[row >= 0], ref[ref >= 0]

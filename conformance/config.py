@@ -9,7 +9,8 @@ DEFAULT_MAX_EXAMPLES = 60  # the full budget: what `dsahal conformance` runs unl
 @dataclass
 class SuiteConfig:
     """``backend``: the backend under test (None: ``DSAHAL_BACKEND`` or automatic selection).
-    ``ops``: restrict to these op families (None: all). ``seed``: hypothesis seed (None: random)."""
+    ``ops``: restrict to these op families (None: all). ``seed``: hypothesis seed (None: random).
+    ``device``: where op arguments are placed (None: inferred from the backend's tags)."""
 
     backend: str | None = None
     max_examples: int = DEFAULT_MAX_EXAMPLES
@@ -17,6 +18,7 @@ class SuiteConfig:
     seed: int | None = None
     ops: frozenset[str] | None = None
     report_dir: str | None = None
+    device: str | None = None
     skips_file: str | None = None
     xfails_file: str | None = None
     extra: dict = field(default_factory=dict)

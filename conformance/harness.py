@@ -6,10 +6,12 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Callable, Iterable
 
 import hypothesis
 import pytest
+import torch
 from hypothesis import HealthCheck, settings
 
 from dsahal.conformance.config import CONFIG
@@ -87,8 +89,10 @@ class PropertyRun:
     a test whose examples were all fallbacks is reported as "fallback", never as a pass.
     """
 
-    def __init__(self, *, backend: str, table, op: str, prop: str, fmt: str | None, test_id: str):
+    def __init__(self, *, backend: str, table, op: str, prop: str, fmt: str | None, test_id: str,
+                 device: str = "cpu"):
         self.backend, self.table, self.op, self.prop, self.fmt, self.test_id = backend, table, op, prop, fmt, test_id
+        self.device = torch.device(device)
         self.examples: list[ExampleRecord] = []
 
     def __repr__(self) -> str:
@@ -106,6 +110,11 @@ class PropertyRun:
         if not self.examples:
             raise RuntimeError(f"{self.test_id}: call run.begin(case) before running backend ops")
         return self.examples[-1]
+
+    def build(self, case: Any) -> SimpleNamespace:
+        """``case.build()`` with every tensor moved to the device under test. Views keep their
+        strides and stay views of their (moved) base, so guarded page pools survive the move."""
+        return place(case.build(), self.device)
 
     def call(self, thunk: Callable[[], Any]) -> Any:
         """Run ``thunk`` (which calls ``dsahal.ops``) and classify it native or fallback."""
@@ -145,6 +154,37 @@ class PropertyRun:
     def fail(self, detail: str) -> None:
         case = self.current.case if self.examples else None
         raise PropertyViolation(format_failure(self, detail, case))
+
+
+def default_device(backend) -> str:
+    """The device a backend's ops expect, from its tags: CUDA/ROCm (and the PPU, which presents
+    itself as CUDA) -> "cuda", XLA/TPU -> "xla", anything else -> "cpu"."""
+    if backend.tags & {"cuda", "rocm"}:
+        return "cuda"
+    if backend.tags & {"xla", "tpu"}:
+        return "xla"
+    return "cpu"
+
+
+def place(args: SimpleNamespace, device: torch.device) -> SimpleNamespace:
+    if device.type == "cpu":
+        return args
+    moved_bases: dict[int, torch.Tensor] = {}
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        base = t if t._base is None else t._base
+        if t._base is not None and not (base.is_contiguous() and base.storage_offset() == 0):
+            return t.to(device)
+        if id(base) not in moved_bases:
+            moved_bases[id(base)] = base.to(device)
+        moved = moved_bases[id(base)]
+        return moved if t is base else moved.as_strided(t.size(), t.stride(), t.storage_offset())
+
+    placed = SimpleNamespace(**{k: move(v) if isinstance(v, torch.Tensor) else v for k, v in vars(args).items()})
+    guarded = getattr(args, "guarded", None)
+    if guarded is not None:
+        placed.guarded = type(guarded)(move(guarded.pool), move(guarded.pages), guarded.lead, guarded.guard_blocks)
+    return placed
 
 
 def format_failure(run: PropertyRun, detail: str, case: Any) -> str:

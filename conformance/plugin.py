@@ -16,7 +16,7 @@ import pytest
 
 from dsahal.conformance import controls, report
 from dsahal.conformance.config import CONFIG
-from dsahal.conformance.harness import CAPABILITY_FLAGS, FALLBACK_REASONS, PropertyRun
+from dsahal.conformance.harness import CAPABILITY_FLAGS, FALLBACK_REASONS, PropertyRun, default_device
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 RUN_KEY = pytest.StashKey[PropertyRun]()
@@ -31,6 +31,7 @@ class SuiteState:
         self.records: dict[str, report.TestRecord] = {}
         self.skips: list[controls.ControlEntry] = []
         self.xfails: list[controls.ControlEntry] = []
+        self.device = "cpu"
 
 
 _STATE: SuiteState | None = None
@@ -46,6 +47,7 @@ def pytest_addoption(parser) -> None:
     group.addoption("--dsahal-xfails", default=None, help="file of test-id prefixes expected to fail")
     group.addoption("--dsahal-report-dir", default=None, help="write conformance.json/.md and junit.xml here")
     group.addoption("--dsahal-ops", default=None, help="comma-separated op families to run (default: all)")
+    group.addoption("--dsahal-device", default=None, help="device for op arguments (default: from the backend's tags)")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -60,6 +62,7 @@ def pytest_configure(config) -> None:
     CONFIG.seed = option.dsahal_seed
     CONFIG.ops = frozenset(o.strip() for o in option.dsahal_ops.split(",") if o.strip()) if option.dsahal_ops else None
     CONFIG.report_dir = option.dsahal_report_dir
+    CONFIG.device = option.dsahal_device
     CONFIG.skips_file, CONFIG.xfails_file = option.dsahal_skips, option.dsahal_xfails
     if CONFIG.report_dir and not getattr(option, "xmlpath", None):
         Path(CONFIG.report_dir).mkdir(parents=True, exist_ok=True)
@@ -134,6 +137,7 @@ def _select_backend(state: SuiteState) -> None:
         state.table = set_backend(CONFIG.backend)
     except RegistryError as exc:
         raise pytest.UsageError(f"dsahal conformance: {exc}") from None
+    state.device = CONFIG.device or default_device(state.table.record.backend)
 
 
 def _format_claimed(capabilities, fmt_id: str | None) -> tuple[bool, str]:
@@ -170,7 +174,7 @@ def conformance(request) -> PropertyRun:
     if entry.status == "fallback":
         pytest.skip(f"fallback: {entry.reason} (served by the reference; not the backend's pass)")
     run = PropertyRun(backend=table.name, table=table, op=op, prop=prop, fmt=fmt,
-                      test_id=controls.canonical_id(item.nodeid))
+                      test_id=controls.canonical_id(item.nodeid), device=_STATE.device)
     item.stash[RUN_KEY] = run
     return run
 
@@ -237,7 +241,7 @@ def _backend_info(table) -> dict:
 
 def _settings() -> dict:
     return {"max_examples": CONFIG.max_examples, "derandomize": CONFIG.derandomize, "seed": CONFIG.seed,
-            "ops": sorted(CONFIG.ops) if CONFIG.ops else "all"}
+            "ops": sorted(CONFIG.ops) if CONFIG.ops else "all", "device": _STATE.device if _STATE else CONFIG.device}
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

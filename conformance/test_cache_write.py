@@ -31,15 +31,16 @@ def _write(a, slots=None, values=None, scale="same"):
 def test_cache_write_then_read_is_within_the_format_bound(fmt, case, conformance):
     case = bind(case, fmt)
     conformance.begin(case)
-    a = case.build()
+    a = conformance.build(case)
     conformance.call(lambda: _write(a))
     keep = a.slots >= 0
     slots = a.slots[keep].long()
-    records = a.pages[slots // a.pages.shape[1], slots % a.pages.shape[1]]
-    values = a.values[keep].float()
-    read = a.spec.unpack(records, a.scale)
+    records = a.pages[slots // a.pages.shape[1], slots % a.pages.shape[1]].cpu()
+    values = a.values[keep].float().cpu()
+    scale = None if a.scale is None else a.scale.cpu()
+    read = a.spec.unpack(records, scale)
     A.assert_no_nan(conformance, "read back", read)
-    bound = a.spec.error_bound(values, a.scale)
+    bound = a.spec.error_bound(values, scale)
     err = (read - values).abs()
     if bool((err > bound).any()):
         token, dim = (int(i) for i in (err > bound).nonzero()[0])
@@ -55,11 +56,11 @@ def test_cache_write_then_read_is_within_the_format_bound(fmt, case, conformance
 def test_cache_write_touches_nothing_outside_its_target_slots(fmt, case, conformance):
     case = bind(case, fmt)
     conformance.begin(case)
-    a = case.build()
-    before = a.guarded.pool.clone()
+    a = conformance.build(case)
+    before = a.guarded.pool.cpu()
     conformance.call(lambda: _write(a))
-    outside = ~a.guarded.record_mask(a.slots)
-    changed = (a.guarded.pool != before) & outside
+    outside = ~a.guarded.record_mask(a.slots.cpu())
+    changed = (a.guarded.pool.cpu() != before) & outside
     if bool(changed.any()):
         block, offset, byte = (int(i) for i in changed.nonzero()[0])
         block -= a.guarded.guard_blocks
@@ -76,7 +77,7 @@ def test_cache_write_touches_nothing_outside_its_target_slots(fmt, case, conform
 def test_cache_write_rejects_bad_input_and_writes_nothing(fmt, case, conformance):
     case = bind(case, fmt)
     conformance.begin(case)
-    a = case.build()
+    a = conformance.build(case)
     conformance.call(lambda: _write(a))
     num_slots = a.pages.shape[0] * a.pages.shape[1]
     snapshot = a.guarded.pool.clone()
@@ -84,8 +85,8 @@ def test_cache_write_rejects_bad_input_and_writes_nothing(fmt, case, conformance
     beyond[-1] = num_slots
     valid = a.slots[a.slots >= 0]
     repeated = int(valid[0]) if valid.numel() else 0
-    twice = torch.cat([a.slots, torch.tensor([repeated, repeated], dtype=a.slots.dtype)])
-    wrong_scale = None if a.spec.needs_tensor_scale else torch.tensor(1.0)
+    twice = torch.cat([a.slots, torch.tensor([repeated, repeated], dtype=a.slots.dtype, device=a.slots.device)])
+    wrong_scale = None if a.spec.needs_tensor_scale else torch.tensor(1.0, device=a.values.device)
 
     def unchanged(name):
         if not torch.equal(a.guarded.pool, snapshot):

@@ -33,7 +33,7 @@ def _call(a, rows=None):
 def test_indexer_score_matches_reference(fmt, case, conformance):
     case = bind(case, fmt)
     conformance.begin(case)
-    a = case.build()
+    a = conformance.build(case)
     got = conformance.call(lambda: _call(a))
     expected = conformance.table.reference["indexer_score"](a.q, a.weights, a.index_pages, a.block_table, a.req_ids,
                                                             a.positions, a.index_fmt, a.max_context)
@@ -50,7 +50,7 @@ def test_indexer_score_matches_reference(fmt, case, conformance):
 def test_indexer_score_rows_do_not_depend_on_the_batch(fmt, case, conformance):
     case = bind(case, fmt)
     conformance.begin(case)
-    a = case.build()
+    a = conformance.build(case)
     got = conformance.call(lambda: _call(a))
     for t in range(a.q.shape[0]):
         alone = conformance.call(lambda: _call(a, rows=slice(t, t + 1)))
@@ -63,7 +63,7 @@ def test_indexer_score_rows_do_not_depend_on_the_batch(fmt, case, conformance):
 def test_indexer_score_rejects_bad_input(fmt, case, conformance):
     case = bind(case, fmt)
     conformance.begin(case)
-    a = case.build()
+    a = conformance.build(case)
     conformance.call(lambda: _call(a))
     far = a.positions.clone()
     far[0] = a.block_table.shape[1] * a.index_pages.shape[1]

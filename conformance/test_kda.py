@@ -46,7 +46,7 @@ def _compare_states(run, name, got_pool, ref_pool, rtol):
 @example(case=DECODE_BATCH)
 def test_kda_decode_matches_reference(case, conformance):
     conformance.begin(case)
-    a = case.build()
+    a = conformance.build(case)
     pool, ref_pool = a.state_pool.clone(), a.state_pool.clone()
     got = conformance.call(lambda: _decode(a, pool, a.state_ids))
     expected = conformance.table.reference["kda_decode"](a.q, a.k, a.v, a.g, a.beta, ref_pool, a.state_ids,
@@ -64,7 +64,7 @@ def test_kda_decode_matches_reference(case, conformance):
 @example(case=PREFILL_BATCH)
 def test_kda_prefill_matches_reference(case, conformance):
     conformance.begin(case)
-    a = case.build()
+    a = conformance.build(case)
     pool, ref_pool = a.state_pool.clone(), a.state_pool.clone()
     got = conformance.call(lambda: ops.kda_prefill(a.q, a.k, a.v, a.g, a.beta, a.cu_seqlens, pool, a.state_ids,
                                                    scale=a.scale, use_qk_l2norm=a.use_qk_l2norm))
@@ -90,8 +90,8 @@ def _with_scratch_states(a):
     pool = a.state_pool.clone()
     padded = (ids < 0).nonzero().flatten().tolist()
     if padded:
-        scratch = torch.zeros((len(padded), *pool.shape[1:]), dtype=pool.dtype)
-        ids[padded] = torch.arange(pool.shape[0], pool.shape[0] + len(padded), dtype=ids.dtype)
+        scratch = torch.zeros((len(padded), *pool.shape[1:]), dtype=pool.dtype, device=pool.device)
+        ids[padded] = torch.arange(pool.shape[0], pool.shape[0] + len(padded), dtype=ids.dtype, device=ids.device)
         pool = torch.cat([pool, scratch])
     return pool, ids
 
@@ -101,7 +101,7 @@ def _with_scratch_states(a):
 @example(case=PREFILL_BATCH.replace(seqlens=(7, 0, 12)))
 def test_kda_chunked_prefill_equals_the_recurrent_form(case, conformance):
     conformance.begin(case)
-    a = case.build()
+    a = conformance.build(case)
     pool, ids = _with_scratch_states(a)
     chunked_pool = pool.clone()
     chunked = conformance.call(lambda: ops.kda_prefill(a.q, a.k, a.v, a.g, a.beta, a.cu_seqlens, chunked_pool, ids,
@@ -121,16 +121,16 @@ def test_kda_chunked_prefill_equals_the_recurrent_form(case, conformance):
 @example(case=PREFILL_BATCH.replace(seqlens=(7, 0, 9)), cut=0.5)
 def test_kda_prefill_then_decode_equals_prefill_of_the_whole(case, cut, conformance):
     conformance.begin(case)
-    a = case.build()
+    a = conformance.build(case)
     pool, ids = _with_scratch_states(a)
     whole_pool = pool.clone()
     whole = conformance.call(lambda: ops.kda_prefill(a.q, a.k, a.v, a.g, a.beta, a.cu_seqlens, whole_pool, ids,
                                                      scale=a.scale, use_qk_l2norm=a.use_qk_l2norm))
     bounds = a.cu_seqlens.tolist()
     heads = [start + int(cut * (end - start)) for start, end in zip(bounds[:-1], bounds[1:])]
-    prefix = torch.cat([torch.arange(s, h) for s, h in zip(bounds[:-1], heads)]).long()
+    prefix = torch.cat([torch.arange(s, h) for s, h in zip(bounds[:-1], heads)]).long().to(a.q.device)
     prefix_cu = torch.tensor([0, *torch.cumsum(torch.tensor([h - s for s, h in zip(bounds[:-1], heads)]), 0)],
-                             dtype=torch.int32)
+                             dtype=torch.int32, device=a.q.device)
     split_pool = pool.clone()
     head_out = conformance.call(lambda: ops.kda_prefill(a.q[prefix], a.k[prefix], a.v[prefix], a.g[prefix],
                                                         a.beta[prefix], prefix_cu, split_pool, ids, scale=a.scale,
@@ -149,7 +149,7 @@ def test_kda_prefill_then_decode_equals_prefill_of_the_whole(case, cut, conforma
 @example(case=DECODE_BATCH)
 def test_kda_decode_rows_do_not_depend_on_the_batch(case, conformance):
     conformance.begin(case)
-    a = case.build()
+    a = conformance.build(case)
     pool = a.state_pool.clone()
     batch = conformance.call(lambda: _decode(a, pool, a.state_ids))
     for b in range(a.q.shape[0]):
@@ -165,7 +165,7 @@ def test_kda_decode_rows_do_not_depend_on_the_batch(case, conformance):
 @given(case=kda_cases(min_sequences=2))
 def test_kda_rejects_bad_input_and_leaves_states_alone(case, conformance):
     conformance.begin(case)
-    a = case.build()
+    a = conformance.build(case)
     pool = a.state_pool.clone()
     conformance.call(lambda: ops.kda_prefill(a.q, a.k, a.v, a.g, a.beta, a.cu_seqlens, pool, a.state_ids,
                                              scale=a.scale, use_qk_l2norm=a.use_qk_l2norm))
@@ -198,7 +198,7 @@ def test_kda_rejects_bad_input_and_leaves_states_alone(case, conformance):
 @given(case=decode_cases())
 def test_kda_decode_rejects_bad_input_and_leaves_states_alone(case, conformance):
     conformance.begin(case)
-    a = case.build()
+    a = conformance.build(case)
     pool = a.state_pool.clone()
     conformance.call(lambda: _decode(a, pool, a.state_ids))
     snapshot = pool.clone()

@@ -19,7 +19,7 @@ def _call(a):
 @given(case=slots_cases())
 def test_positions_to_slots_matches_reference_exactly(case, conformance):
     conformance.begin(case)
-    a = case.build()
+    a = conformance.build(case)
     got = conformance.call(lambda: _call(a))
     expected = conformance.table.reference["positions_to_slots"](a.positions, a.req_ids, a.block_table,
                                                                 a.block_tokens)
@@ -31,7 +31,7 @@ def test_positions_to_slots_matches_reference_exactly(case, conformance):
 @given(case=slots_cases())
 def test_positions_to_slots_rejects_bad_input(case, conformance):
     conformance.begin(case)
-    a = case.build()
+    a = conformance.build(case)
     conformance.call(lambda: _call(a))
     beyond = a.positions.clone()
     beyond[0, 0] = a.block_table.shape[1] * a.block_tokens

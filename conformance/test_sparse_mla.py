@@ -39,7 +39,7 @@ def _rtol(a) -> float:
 def test_sparse_mla_matches_reference(fmt, case, conformance):
     case = bind(case, fmt)
     conformance.begin(case)
-    a = case.build()
+    a = conformance.build(case)
     o, lse = conformance.call(lambda: _call(a))
     ref_o, ref_lse = conformance.table.reference["sparse_mla"](a.q, a.kv_pages, a.slots, a.kv_fmt, a.kv_scale,
                                                                a.softmax_scale)
@@ -60,12 +60,12 @@ def test_sparse_mla_matches_reference(fmt, case, conformance):
 def test_sparse_mla_ignores_interleaved_minus_one_slots(fmt, case, extra, conformance):
     case = bind(case, fmt)
     conformance.begin(case)
-    a = case.build()
+    a = conformance.build(case)
     gen = generator(case.seed + 1)
     width = a.slots.shape[1] + extra
-    padded = torch.full((a.slots.shape[0], width), -1, dtype=a.slots.dtype)
+    padded = torch.full((a.slots.shape[0], width), -1, dtype=a.slots.dtype, device=a.slots.device)
     for t in range(a.slots.shape[0]):  # keep the row's slots, in order, at random columns
-        columns = torch.sort(torch.randperm(width, generator=gen)[: a.slots.shape[1]]).values
+        columns = torch.sort(torch.randperm(width, generator=gen)[: a.slots.shape[1]]).values.to(a.slots.device)
         padded[t, columns] = a.slots[t]
     o, lse = conformance.call(lambda: _call(a))
     o_padded, lse_padded = conformance.call(lambda: _call(a, slots=padded))
@@ -80,8 +80,8 @@ def test_sparse_mla_ignores_interleaved_minus_one_slots(fmt, case, extra, confor
 def test_sparse_mla_over_a_union_is_the_lse_combine_of_its_parts(fmt, case, parts, conformance):
     case = bind(case, fmt)
     conformance.begin(case)
-    a = case.build()
-    owner = torch.randint(0, parts, a.slots.shape, generator=generator(case.seed + 2))
+    a = conformance.build(case)
+    owner = torch.randint(0, parts, a.slots.shape, generator=generator(case.seed + 2)).to(a.slots.device)
     partials = [conformance.call(lambda p=p: _call(a, slots=torch.where(owner == p, a.slots, -1)))
                 for p in range(parts)]
     o_parts = torch.stack([o for o, _ in partials]).float()
@@ -99,7 +99,7 @@ def test_sparse_mla_over_a_union_is_the_lse_combine_of_its_parts(fmt, case, part
 def test_sparse_mla_rows_do_not_depend_on_the_batch(fmt, case, conformance):
     case = bind(case, fmt)
     conformance.begin(case)
-    a = case.build()
+    a = conformance.build(case)
     o, lse = conformance.call(lambda: _call(a))
     rows = a.q.shape[0]
     for t in range(rows):
@@ -116,7 +116,7 @@ def test_sparse_mla_rows_do_not_depend_on_the_batch(fmt, case, conformance):
 def test_sparse_mla_rejects_bad_input(fmt, case, conformance):
     case = bind(case, fmt)
     conformance.begin(case)
-    a = case.build()
+    a = conformance.build(case)
     conformance.call(lambda: _call(a))
     num_slots = a.kv_pages.shape[0] * a.kv_pages.shape[1]
     beyond = a.slots.clone()

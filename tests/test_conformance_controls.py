@@ -145,3 +145,22 @@ def test_the_ci_template_runs_one_job_per_hardware_and_uploads_the_reports():
     assert "runs-on: ${{ matrix.runs-on }}" in template
     assert "dsahal conformance" in template and "actions/upload-artifact" in template
     assert "--report-dir" in template and "GITHUB_STEP_SUMMARY" in template
+
+
+def test_arguments_move_to_the_device_under_test_keeping_views_and_guards():
+    from dsahal.conformance.harness import default_device, place
+    from dsahal.conformance.paged import SparseMlaCase
+    from dsahal.registry import Backend
+
+    case = SparseMlaCase(fmt="bf16", rows=2, heads=2, topk=5, num_blocks=2, block_tokens=4, minus_one_fraction=0.2,
+                         empty_rows=(), duplicates=False, q_dtype="bfloat16", softmax_scale=0.1, regime="normal",
+                         lead=8, seed=1)
+    cpu = case.build()
+    moved = place(cpu, torch.device("meta"))
+    assert moved.q.device.type == "meta" and moved.slots.device.type == "meta"
+    assert moved.kv_pages.stride() == cpu.kv_pages.stride() and not moved.kv_pages.is_contiguous()
+    assert moved.kv_pages._base is moved.guarded.pool  # still a view into the guarded pool
+    assert moved.guarded.pages._base is moved.guarded.pool
+    assert default_device(Backend("g", tags=frozenset({"gpu", "cuda", "ppu"}))) == "cuda"
+    assert default_device(Backend("t", tags=frozenset({"tpu", "xla"}))) == "xla"
+    assert default_device(Backend("c", tags=frozenset({"cpu"}))) == "cpu"

@@ -40,6 +40,8 @@ def pytest_args(args) -> list[str]:
         command += ["--dsahal-xfails", args.xfails]
     if args.ops:
         command += ["--dsahal-ops", ",".join(args.ops)]
+    if args.device:
+        command += ["--dsahal-device", args.device]
     if args.k:
         command += ["-k", args.k]
     if args.exitfirst:
@@ -87,6 +89,8 @@ def register(subparsers) -> None:
                         help="where junit.xml, conformance.json and conformance.md go (default ./conformance-report)")
     parser.add_argument("--ops", nargs="+", default=None, metavar="OP", choices=OP_NAMES,
                         help="run only these op families")
+    parser.add_argument("--device", default=None,
+                        help="device for op arguments (default: from the backend's tags: cuda, xla or cpu)")
     parser.add_argument("-k", default=None, metavar="EXPR", help="pytest -k expression to select properties")
     parser.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first failure")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per property")
