@@ -92,19 +92,21 @@ def is_suite_item(item) -> bool:
     return path.parent == PACKAGE_DIR
 
 
+@pytest.hookimpl(tryfirst=True)  # before -k/-m deselect, so control entries are matched against every test
 def pytest_collection_modifyitems(session, config, items) -> None:
     global _STATE
     suite_items = [i for i in items if is_suite_item(i)]
     if not suite_items:
         return
     state = SuiteState()
+    try:
+        state.skips = controls.read_control_file(CONFIG.skips_file) if CONFIG.skips_file else []
+        state.xfails = controls.read_control_file(CONFIG.xfails_file) if CONFIG.xfails_file else []
+    except FileNotFoundError as exc:
+        raise pytest.UsageError(str(exc)) from None
     _select_backend(state)
     _STATE = state
     logging.getLogger("dsahal").addHandler(FALLBACK_REASONS)
-    if CONFIG.skips_file:
-        state.skips = controls.read_control_file(CONFIG.skips_file)
-    if CONFIG.xfails_file:
-        state.xfails = controls.read_control_file(CONFIG.xfails_file)
     deselected = []
     for item in suite_items:
         op = item.get_closest_marker("conformance").kwargs["op"]
