@@ -30,11 +30,19 @@ def decode_cache(seed: int):
 
 
 def decode_step(xla, caches, block_table, context_lengths, seed):
-    """One decode step of a DSA layer for every request at its context length; caches on the device."""
+    """One decode step of a DSA layer for every request at its context length: write the new tokens into
+    the device-resident caches, then indexer -> top-k -> sparse MLA; one ``torch_xla.sync()``."""
     gen = torch.Generator().manual_seed(seed)
     positions = torch.tensor(context_lengths, dtype=torch.int32) - 1
     max_context = length_bucket(max(context_lengths), minimum=32)
     index_pages, kv_pages = caches  # already on the device: only the step's small inputs move
+    # The step first writes each request's new token (its key and latent) into the paged caches.
+    rows = block_table[torch.arange(REQUESTS), positions // BLOCK_TOKENS]
+    slots = (rows * BLOCK_TOKENS + positions % BLOCK_TOKENS).to(torch.int32).to(xla)
+    ops.cache_write(torch.randn(REQUESTS, 128, generator=gen).to(xla), slots, index_pages, kind="index", fmt="fp8",
+                    check=False)
+    ops.cache_write(torch.randn(REQUESTS, 576, generator=gen).to(xla), slots, kv_pages, kind="latent", fmt="bf16",
+                    check=False)
     o, lse = ops.dsa_attention(
         torch.randn(REQUESTS, 4, 128, generator=gen).to(xla), torch.randn(REQUESTS, 4, generator=gen).to(xla),
         index_pages, torch.randn(REQUESTS, 2, 576, generator=gen).to(xla), kv_pages, block_table.to(xla),
@@ -71,11 +79,43 @@ def test_a_decode_step_matches_the_reference(xla):
     caches, block_table = decode_cache(seed=3)
     with dsahal.use_backend("tpu"):
         o, lse, max_context = decode_step(xla, [c.to(xla) for c in caches], block_table, [45, 120], seed=4)
+    # The same step on the host with the reference: same draws, in the same order.
     gen = torch.Generator().manual_seed(4)
-    inputs = (torch.randn(REQUESTS, 4, 128, generator=gen), torch.randn(REQUESTS, 4, generator=gen))
+    positions = torch.tensor([44, 119], dtype=torch.int32)
+    slots = (block_table[torch.arange(REQUESTS), positions // BLOCK_TOKENS] * BLOCK_TOKENS
+             + positions % BLOCK_TOKENS).to(torch.int32)
+    on_reference(ops.cache_write, torch.randn(REQUESTS, 128, generator=gen), slots, caches[0], kind="index", fmt="fp8")
+    on_reference(ops.cache_write, torch.randn(REQUESTS, 576, generator=gen), slots, caches[1], kind="latent",
+                 fmt="bf16")
+    q_index, weights = torch.randn(REQUESTS, 4, 128, generator=gen), torch.randn(REQUESTS, 4, generator=gen)
     q = torch.randn(REQUESTS, 2, 576, generator=gen)
-    expected = on_reference(ops.dsa_attention, *inputs, caches[0], q, caches[1], block_table,
-                            torch.arange(REQUESTS, dtype=torch.int32), torch.tensor([44, 119], dtype=torch.int32),
+    expected = on_reference(ops.dsa_attention, q_index, weights, caches[0], q, caches[1], block_table,
+                            torch.arange(REQUESTS, dtype=torch.int32), positions,
                             index_fmt="fp8", kv_fmt="bf16", topk=16, max_context=max_context, softmax_scale=0.05)
     assert torch.allclose(o.cpu(), expected[0], atol=1e-4, rtol=1e-4)
     assert torch.allclose(lse.cpu(), expected[1], atol=1e-4, rtol=1e-5)
+
+
+def test_kda_decode_steps_reuse_one_graph_and_update_the_pool_on_device(xla):
+    import dsahal
+
+    heads, key_dim, value_dim, batch = 2, 16, 8, 3
+    state_pool = torch.zeros(6, heads, key_dim, value_dim).to(xla)
+    state_ids = torch.tensor([4, -1, 1], dtype=torch.int32).to(xla)
+
+    def step(seed):
+        gen = torch.Generator().manual_seed(seed)
+        inputs = [torch.randn(batch, heads, key_dim, generator=gen), torch.randn(batch, heads, key_dim, generator=gen),
+                  torch.randn(batch, heads, value_dim, generator=gen), -torch.rand(batch, heads, key_dim, generator=gen),
+                  torch.rand(batch, heads, generator=gen)]
+        ops.kda_decode(*[x.to(xla) for x in inputs], state_pool, state_ids, check=False)
+        torch_xla.sync()
+
+    with dsahal.use_backend("tpu"):
+        step(0)
+        compiles, executions = compile_count(), execute_count()
+        for seed in range(1, 5):
+            step(seed)
+        assert compile_count() == compiles
+        assert execute_count() == executions + 4
+    assert bool((state_pool.cpu()[[4, 1]] != 0).all()) and bool((state_pool.cpu()[[0, 2, 3, 5]] == 0).all())

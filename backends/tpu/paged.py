@@ -59,17 +59,19 @@ def scatter_rows_skipping(dest: torch.Tensor, index: tuple[torch.Tensor, ...], v
     if rows == 0:
         return
     order = torch.arange(rows, device=keep.device)
-    first = torch.where(keep, order, torch.full_like(order, rows)).min()
-    any_kept = first < rows
+    first = torch.where(keep, order, torch.full_like(order, rows)).min().reshape(1)
+    any_kept = first < rows  # [1]
+    # Index with a 1-element tensor, never a 0-d one: torch turns a 0-d integer index into a
+    # Python int (``.item()``), which on XLA is a device round trip and a graph cut.
     first = first.clamp(max=rows - 1)
     redirected = []
     for component in index:
         component = component.to(torch.int64)
-        fallback = torch.where(any_kept, component[first], torch.zeros_like(component[first]))
+        fallback = torch.where(any_kept, component.index_select(0, first), torch.zeros_like(first))
         redirected.append(torch.where(keep, component, fallback))
     shape = (rows,) + (1,) * (values.dim() - 1)
-    chosen = torch.where(keep.reshape(shape), values, values[first].unsqueeze(0))
+    chosen = torch.where(keep.reshape(shape), values, values.index_select(0, first))
     encoded = chosen if encode is None else encode(chosen)
     current = dest[tuple(torch.zeros_like(c[:1]) for c in redirected)]  # [1, *rest]: address 0 today
-    final = torch.where(any_kept, encoded, current)
+    final = torch.where(any_kept.reshape((1,) * encoded.dim()), encoded, current)
     dest.index_put_(tuple(redirected), final)
