@@ -38,6 +38,11 @@ def typed_views(pages):
     return views
 
 
+def views_usable(pages) -> bool:
+    """Whether every record starts 4-byte aligned (all three typed views are exact)."""
+    return pages.data_ptr() % 4 == 0 and pages.stride(0) % 4 == 0 and pages.stride(1) % 4 == 0
+
+
 def row_alignment(pages) -> int:
     """Largest power of two (<= 16) dividing every record's start address: the kernels promise it
     to the compiler (``tl.multiple_of``) so that gathered rows load in 4- to 16-byte vectors."""

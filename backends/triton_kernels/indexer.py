@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .bytes import INDEX_CODES, typed_views, widen_bf16
+from .bytes import INDEX_CODES, typed_views, views_usable, widen_bf16
 
 DOT_BF16 = 0
 DOT_FP8 = 1
@@ -27,13 +27,14 @@ DOT_FP32 = 2
 
 
 @triton.jit
-def _key_tile(pages_u8, s8_b, pages_u16, s16_b, pages_f32, s32_b, block_table_ptr, stride_bt, req, s, s_ok,
-              num_blocks, max_blocks, block_tokens, FMT: tl.constexpr, DOT: tl.constexpr,
+def _key_tile(pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s32_t, block_table_ptr, stride_bt,
+              req, s, s_ok, num_blocks, max_blocks, block_tokens, FMT: tl.constexpr, DOT: tl.constexpr,
               TOKEN_BYTES: tl.constexpr):
     """Keys at positions ``s`` [BLOCK_N] of request ``req`` -> (keys [BLOCK_N, 128], scale, mapped).
 
-    The token stride is the format's record size (a compile-time constant), so the compiler knows
-    each record's alignment: 16 B for bf16, 4 B for the 132-byte FP8 records.
+    When tokens are packed (``TOKEN_BYTES`` > 0, the record size) the token stride is a compile-time
+    constant, so the compiler knows each record's alignment (16 B for bf16, 4 B for the 132-byte FP8
+    records); otherwise the run-time strides are used.
     """
     dims = tl.arange(0, 128)
     logical = s // block_tokens
@@ -42,20 +43,28 @@ def _key_tile(pages_u8, s8_b, pages_u16, s16_b, pages_f32, s32_b, block_table_pt
     block = tl.where(mapped, block, 0).to(tl.int64)
     offset = s % block_tokens
     if FMT == 0:
-        row = block * s16_b + offset * (TOKEN_BYTES // 2)
+        if TOKEN_BYTES > 0:
+            row = block * s16_b + offset * (TOKEN_BYTES // 2)
+        else:
+            row = block * s16_b + offset * s16_t
         keys = widen_bf16(tl.load(pages_u16 + row[:, None] + dims[None, :], mask=mapped[:, None], other=0), DOT == 0)
         if DOT == 2:
             keys = keys.to(tl.float32)
         scale = tl.full(s.shape, 1.0, tl.float32)
     else:
-        row = block * s8_b + offset * TOKEN_BYTES
+        if TOKEN_BYTES > 0:
+            row = block * s8_b + offset * TOKEN_BYTES
+            row32 = block * s32_b + offset * (TOKEN_BYTES // 4)
+        else:
+            row = block * s8_b + offset * s8_t
+            row32 = block * s32_b + offset * s32_t
         keys = tl.load(pages_u8 + row[:, None] + dims[None, :], mask=mapped[:, None], other=0)
         keys = keys.to(tl.float8e4nv, bitcast=True)
         if DOT == 0:
             keys = keys.to(tl.bfloat16)
         elif DOT == 2:
             keys = keys.to(tl.float32)
-        scale = tl.load(pages_f32 + block * s32_b + offset * (TOKEN_BYTES // 4) + 32, mask=mapped, other=0.0)
+        scale = tl.load(pages_f32 + row32 + 32, mask=mapped, other=0.0)
     return keys, scale, mapped
 
 
@@ -63,7 +72,8 @@ def _key_tile(pages_u8, s8_b, pages_u16, s16_b, pages_f32, s32_b, block_table_pt
 def indexer_score_kernel(
     q_ptr, stride_qt, stride_qh,  # q [T, H, 128]
     w_ptr, stride_wt,  # weights [T, H] fp32 (unit stride in H)
-    pages_u8, s8_b, pages_u16, s16_b, pages_f32, s32_b,  # index pages as typed views; block strides in elements
+    pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s32_t,  # typed views of the index pages,
+    # each with its (block, token) strides in elements
     block_table_ptr, stride_bt,  # [B, max_blocks]
     req_ptr, pos_ptr, run_offset_ptr,  # [T]: request, position, index of the token within its request's run
     out_ptr, stride_ot,  # scores [T, max_context] fp32
@@ -95,8 +105,8 @@ def indexer_score_kernel(
 
         for tile in tl.static_range(TILES):
             s = (tl.program_id(0) * TILES + tile) * BLOCK_N + tl.arange(0, BLOCK_N)
-            keys, scale, mapped = _key_tile(pages_u8, s8_b, pages_u16, s16_b, pages_f32, s32_b, block_table_ptr,
-                                            stride_bt, req, s, (s <= reach) & (s < max_context), num_blocks,
+            keys, scale, mapped = _key_tile(pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s32_t,
+                                            block_table_ptr, stride_bt, req, s, (s <= reach) & (s < max_context), num_blocks,
                                             max_blocks, block_tokens, FMT, DOT, TOKEN_BYTES)
             if DOT == 2:
                 logits = tl.dot(keys, tl.trans(q), input_precision="ieee")  # [BLOCK_N, GROUP * BLOCK_H]
@@ -152,10 +162,10 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         out = torch.empty((tokens, max_context), dtype=torch.float32, device=q.device)
     if tokens == 0:
         return out
-    token_bytes = index_pages.shape[-1]
-    if index_pages.stride(1) != token_bytes:
-        raise ValueError(f"triton indexer_score: index pages need contiguous tokens within a block "
-                         f"(stride(1) == {token_bytes}), got stride {index_pages.stride()}")
+    if not views_usable(index_pages):
+        raise ValueError(f"triton indexer_score: index pages need 4-byte aligned records, got strides "
+                         f"{index_pages.stride()}")
+    packed_bytes = index_pages.shape[-1] if index_pages.stride(1) == index_pages.shape[-1] else 0
     dot = pick_dot(q.dtype, index_fmt) if dot is None else dot
     block_h = max(triton.next_power_of_2(heads), triton.cdiv(16, group))  # the MMA needs N >= 16
     views = typed_views(index_pages)
@@ -163,12 +173,12 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
     indexer_score_kernel[grid](
         q, q.stride(0), q.stride(1),
         weights, weights.stride(0),
-        views[0][0], views[0][1], views[1][0], views[1][1], views[2][0], views[2][1],
+        *(x for view in views for x in view),
         block_table, block_table.stride(0),
         req_ids, positions, run_offsets(req_ids),
         out, out.stride(0),
         tokens, heads, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1],
-        FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=token_bytes, BLOCK_H=block_h, BLOCK_N=block_n,
+        FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=packed_bytes, BLOCK_H=block_h, BLOCK_N=block_n,
         GROUP=group, TILES=tiles, num_warps=num_warps, num_stages=num_stages,
     )
     return out

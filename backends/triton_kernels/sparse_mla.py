@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .bytes import LATENT_CODES, LATENT_FP8, load_fp8, typed_views, widen_bf16
+from .bytes import LATENT_CODES, LATENT_FP8, load_fp8, typed_views, views_usable, widen_bf16
 from .lse_combine import lse_combine
 
 NOPE = 512
@@ -172,6 +172,8 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=6
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
     grid = (triton.cdiv(heads, block_h), tokens, splits)
+    if not views_usable(kv_pages):
+        raise ValueError(f"triton sparse_mla: latent pages need 4-byte aligned records, got strides {kv_pages.stride()}")
     views = typed_views(kv_pages)
     sparse_mla_kernel[grid](
         q, q.stride(0), q.stride(1),
