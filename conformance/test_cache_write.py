@@ -57,7 +57,7 @@ def test_cache_write_touches_nothing_outside_its_target_slots(fmt, case, conform
     case = bind(case, fmt)
     conformance.begin(case)
     a = conformance.build(case)
-    before = a.guarded.pool.cpu()
+    before = a.guarded.pool.cpu().clone()  # .cpu() alone aliases a CPU tensor
     conformance.call(lambda: _write(a))
     outside = ~a.guarded.record_mask(a.slots.cpu())
     changed = (a.guarded.pool.cpu() != before) & outside
