@@ -3,6 +3,7 @@ with padding ids (-1), empty sequences, sequences spanning several chunks, stron
 from __future__ import annotations
 
 import torch
+import torch_xla
 
 from dsahal import ops
 from dsahal.backends.tpu.kda import CHUNK_SIZE
@@ -80,3 +81,24 @@ def test_prefill_then_decode_equals_prefill_of_the_whole_sequence(xla):
     step = on_tpu(ops.kda_decode, *last, split_pool, torch.tensor([2], dtype=torch.int32).to(xla))
     assert_close(step, whole[20:], atol=1e-5, rtol=1e-4, what="last token")
     assert_close(split_pool, whole_pool, atol=1e-5, rtol=1e-4, what="final state")
+
+
+def test_prefill_is_one_graph_without_host_round_trips(xla):
+    import dsahal
+
+    from conftest import compile_count, execute_count, host_fallback_counters
+
+    cu_seqlens = torch.tensor([0, 10, 10, 70], dtype=torch.int32).to(xla)
+    state_ids = torch.tensor([0, 2, -1], dtype=torch.int32).to(xla)
+    state_pool = pool(8).to(xla)
+    with dsahal.use_backend("tpu"):
+        for seed in (9, 10):  # different data, same shapes
+            inputs = to(xla, *kda_inputs(70, seed=seed))
+            executions, fallbacks = execute_count(), host_fallback_counters()
+            out = ops.kda_prefill(*inputs, cu_seqlens, state_pool, state_ids, check=False)
+            torch_xla.sync()
+            assert execute_count() == executions + 1 and host_fallback_counters() == fallbacks
+            if seed == 9:
+                compiles = compile_count()
+        assert compile_count() == compiles
+    assert out.device.type == "xla"
