@@ -18,6 +18,16 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _unaligned(pages):
+    """The same records in a pool that starts one byte in: every record at an odd address."""
+    import torch
+
+    pool = torch.zeros(pages.numel() + 1, dtype=torch.uint8)
+    view = pool[1:].view(pages.shape)
+    view.copy_(pages)
+    return view
+
+
 def _rel(a, b) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
@@ -41,8 +51,10 @@ def _sparse_mla_cases(results):
         slots[0, 5] = 96 + 1000  # out of range: skipped, never read
         safe = torch.where(slots >= 96, -1, slots)
         want_o, want_lse = reference(q, pages, safe, fmt, scale, 0.08)
-        for split in (None, 16):
-            o, lse = sparse_mla(q, pages, slots, fmt, scale, 0.08, block_h=16, block_n=16, split_size=split)
+        for split in (None, 16, "unaligned"):
+            source = _unaligned(pages) if split == "unaligned" else pages
+            o, lse = sparse_mla(q, source, slots, fmt, scale, 0.08, block_h=16, block_n=16,
+                                split_size=16 if split == "unaligned" else split)
             finite = torch.isfinite(want_lse)
             ok = (_rel(o, want_o) < 1e-5 and bool((lse[finite] - want_lse[finite]).abs().max() < 1e-4)
                   and bool(torch.isneginf(lse[3]).all()) and bool((o[3] == 0).all()))
@@ -68,11 +80,13 @@ def _indexer_cases(results):
                 continue  # widened to bf16: wrong under the interpreter, checked on the GPU
             q = torch.randn(9, 4, 128).to(q_dtype)
             w = torch.randn(9, 4)
-            got = indexer_score(q, w, pages, table, req, pos, fmt, 100, block_n=32, group=2, tiles=2)
             want = reference(q.float(), w, pages, safe_table, req, pos, fmt, 100)
             finite = torch.isfinite(want)
-            same_mask = torch.equal(torch.isfinite(got), finite)
-            results[f"indexer_{fmt}_{str(q_dtype).split('.')[-1]}"] = same_mask and _rel(got[finite], want[finite]) < 1e-5
+            ok = True
+            for source in (pages, _unaligned(pages)):
+                got = indexer_score(q, w, source, table, req, pos, fmt, 100, block_n=32, group=2, tiles=2)
+                ok &= torch.equal(torch.isfinite(got), finite) and _rel(got[finite], want[finite]) < 1e-5
+            results[f"indexer_{fmt}_{str(q_dtype).split('.')[-1]}"] = ok
 
 
 def _topk_cases(results):
@@ -183,7 +197,7 @@ def _cache_write_cases(results):
         values = torch.randn(6, spec.dim) * 3
         scale = torch.tensor(0.01) if spec.needs_tensor_scale else None
         slots = torch.tensor([5, -1, 17, 100000, 0, 31], dtype=torch.int64)  # -1 and out of range: skipped
-        pages = torch.randint(0, 255, (4, 8, spec.token_bytes), dtype=torch.uint8)
+        pages = _unaligned(torch.randint(0, 255, (4, 8, spec.token_bytes), dtype=torch.uint8))
         before = pages.clone()
         cache_write(values, slots, pages, kind, fmt, scale)
         keep = (slots >= 0) & (slots < 32)
@@ -234,13 +248,13 @@ def interpreted():
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "fp8_ds_mla"])
-@pytest.mark.parametrize("split", [None, 16])
+@pytest.mark.parametrize("split", [None, 16, "unaligned"])
 def test_sparse_mla_matches_reference_skips_invalid_slots_and_empties_rows(interpreted, fmt, split):
     assert interpreted[f"sparse_mla_{fmt}_split{split}"]
 
 
 @pytest.mark.parametrize("case", ["bf16_float32", "fp8_float32", "fp8_float8_e4m3fn"])
-def test_indexer_score_matches_reference_with_unmapped_and_out_of_range_blocks(interpreted, case):
+def test_indexer_score_matches_reference_with_unmapped_blocks_and_unaligned_pools(interpreted, case):
     assert interpreted[f"indexer_{case}"]
 
 
@@ -274,7 +288,7 @@ def test_kda_recurrent_prefill_matches_reference_with_empty_sequences(interprete
 
 
 @pytest.mark.parametrize("case", ["index_fp8", "latent_fp8", "latent_fp8_ds_mla"])
-def test_cache_write_packs_like_the_format_and_writes_only_valid_slots(interpreted, case):
+def test_cache_write_packs_like_the_format_into_an_unaligned_pool_and_writes_only_valid_slots(interpreted, case):
     assert interpreted[f"cache_write_{case}"]
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from dsahal.backends.triton_kernels.bytes import views_usable
 from dsahal.backends.triton_kernels.cache_write import format_code
 
 LATENT_FORMATS = frozenset({"bf16", "fp8", "fp8_ds_mla"})
@@ -31,8 +30,6 @@ def verify_indexer_score(q, weights, index_pages, block_table, req_ids, position
         return False, f"index format {index_fmt!r} has no Triton kernel (have {sorted(INDEX_FORMATS)})"
     if q.shape[1] > MAX_INDEX_HEADS:
         return False, f"{q.shape[1]} indexer heads; the kernel holds at most {MAX_INDEX_HEADS}"
-    if not views_usable(index_pages):
-        return False, f"index page records are not 4-byte aligned (strides {index_pages.stride()})"
     return _on_cuda(q=q, weights=weights, index_pages=index_pages, block_table=block_table)
 
 
@@ -47,8 +44,6 @@ def verify_positions_to_slots(positions, req_ids, block_table, block_tokens):
 def verify_sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
     if kv_fmt not in LATENT_FORMATS:
         return False, f"latent format {kv_fmt!r} has no Triton kernel (have {sorted(LATENT_FORMATS)})"
-    if not views_usable(kv_pages):
-        return False, f"latent page records are not 4-byte aligned (strides {kv_pages.stride()})"
     return _on_cuda(q=q, kv_pages=kv_pages, slots=slots)
 
 

@@ -71,6 +71,35 @@ def widen_bf16(words, AS_BF16: tl.constexpr):
 
 
 @triton.jit
+def load_u16_bytewise(byte_ptr, mask):
+    """Little-endian 16-bit words at any byte address (two byte loads; for unaligned page pools)."""
+    lo = tl.load(byte_ptr, mask=mask, other=0).to(tl.uint16)
+    hi = tl.load(byte_ptr + 1, mask=mask, other=0).to(tl.uint16)
+    return lo | (hi << 8)
+
+
+@triton.jit
+def load_f32_bytewise(byte_ptr, mask):
+    """fp32 at any byte address (four byte loads)."""
+    word = tl.load(byte_ptr, mask=mask, other=0).to(tl.uint32)
+    for i in tl.static_range(1, 4):
+        word = word | (tl.load(byte_ptr + i, mask=mask, other=0).to(tl.uint32) << (8 * i))
+    return word.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def store_u16_bytewise(byte_ptr, words, mask):
+    tl.store(byte_ptr, (words & 0xFF).to(tl.uint8), mask=mask)
+    tl.store(byte_ptr + 1, (words >> 8).to(tl.uint8), mask=mask)
+
+
+@triton.jit
+def store_u32_bytewise(byte_ptr, words, mask):
+    for i in tl.static_range(0, 4):
+        tl.store(byte_ptr + i, ((words >> (8 * i)) & 0xFF).to(tl.uint8), mask=mask)
+
+
+@triton.jit
 def load_bf16(byte_ptr, mask, AS_BF16: tl.constexpr):
     """bf16 values at ``byte_ptr`` (uint8 pointers, 2-byte aligned) as bf16 or exact fp32."""
     words = tl.load(byte_ptr.to(tl.pointer_type(tl.uint16)), mask=mask, other=0)
@@ -96,8 +125,8 @@ def load_f32(byte_ptr, mask):
 
 @triton.jit
 def store_bf16(byte_ptr, values, mask):
-    """Round fp32 ``values`` to bf16 (nearest-even) and store them at ``byte_ptr``."""
-    tl.store(byte_ptr.to(tl.pointer_type(tl.bfloat16)), values.to(tl.bfloat16), mask=mask)
+    """Round fp32 ``values`` to bf16 (nearest-even) and store them at ``byte_ptr`` (any alignment)."""
+    store_u16_bytewise(byte_ptr, values.to(tl.bfloat16).to(tl.uint16, bitcast=True), mask)
 
 
 @triton.jit
@@ -108,4 +137,5 @@ def store_fp8(byte_ptr, values, mask):
 
 @triton.jit
 def store_f32(byte_ptr, values, mask):
-    tl.store(byte_ptr.to(tl.pointer_type(tl.float32)), values, mask=mask)
+    """fp32 ``values`` at ``byte_ptr`` (any alignment)."""
+    store_u32_bytewise(byte_ptr, values.to(tl.uint32, bitcast=True), mask)

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .bytes import INDEX_CODES, typed_views, views_usable, widen_bf16
+from .bytes import INDEX_CODES, load_f32_bytewise, load_u16_bytewise, typed_views, views_usable, widen_bf16
 
 DOT_BF16 = 0
 DOT_FP8 = 1
@@ -29,7 +29,7 @@ DOT_FP32 = 2
 @triton.jit
 def _key_tile(pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s32_t, block_table_ptr, stride_bt,
               req, s, s_ok, num_blocks, max_blocks, block_tokens, FMT: tl.constexpr, DOT: tl.constexpr,
-              TOKEN_BYTES: tl.constexpr):
+              TOKEN_BYTES: tl.constexpr, ALIGNED: tl.constexpr):
     """Keys at positions ``s`` [BLOCK_N] of request ``req`` -> (keys [BLOCK_N, 128], scale, mapped).
 
     When tokens are packed (``TOKEN_BYTES`` > 0, the record size) the token stride is a compile-time
@@ -42,7 +42,21 @@ def _key_tile(pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s
     mapped = s_ok & (block >= 0) & (block < num_blocks)
     block = tl.where(mapped, block, 0).to(tl.int64)
     offset = s % block_tokens
-    if FMT == 0:
+    if not ALIGNED:  # records at odd addresses: assemble from bytes through the uint8 view
+        raw = pages_u8 + block * s8_b + offset * s8_t
+        if FMT == 0:
+            keys = widen_bf16(load_u16_bytewise(raw[:, None] + 2 * dims[None, :], mapped[:, None]), DOT == 0)
+            if DOT == 2:
+                keys = keys.to(tl.float32)
+            scale = tl.full(s.shape, 1.0, tl.float32)
+        else:
+            keys = tl.load(raw[:, None] + dims[None, :], mask=mapped[:, None], other=0).to(tl.float8e4nv, bitcast=True)
+            if DOT == 0:
+                keys = keys.to(tl.bfloat16)
+            elif DOT == 2:
+                keys = keys.to(tl.float32)
+            scale = load_f32_bytewise(raw + 128, mapped)
+    elif FMT == 0:
         if TOKEN_BYTES > 0:
             row = block * s16_b + offset * (TOKEN_BYTES // 2)
         else:
@@ -79,7 +93,7 @@ def indexer_score_kernel(
     out_ptr, stride_ot,  # scores [T, max_context] fp32
     T, H, max_context, num_blocks, max_blocks, block_tokens,
     FMT: tl.constexpr, DOT: tl.constexpr, TOKEN_BYTES: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr, GROUP: tl.constexpr, TILES: tl.constexpr,
+    BLOCK_N: tl.constexpr, GROUP: tl.constexpr, TILES: tl.constexpr, ALIGNED: tl.constexpr,
 ):
     t0 = tl.program_id(1)
     if tl.load(run_offset_ptr + t0) % GROUP == 0:
@@ -107,7 +121,7 @@ def indexer_score_kernel(
             s = (tl.program_id(0) * TILES + tile) * BLOCK_N + tl.arange(0, BLOCK_N)
             keys, scale, mapped = _key_tile(pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s32_t,
                                             block_table_ptr, stride_bt, req, s, (s <= reach) & (s < max_context), num_blocks,
-                                            max_blocks, block_tokens, FMT, DOT, TOKEN_BYTES)
+                                            max_blocks, block_tokens, FMT, DOT, TOKEN_BYTES, ALIGNED)
             if DOT == 2:
                 logits = tl.dot(keys, tl.trans(q), input_precision="ieee")  # [BLOCK_N, GROUP * BLOCK_H]
             else:
@@ -162,9 +176,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         out = torch.empty((tokens, max_context), dtype=torch.float32, device=q.device)
     if tokens == 0:
         return out
-    if not views_usable(index_pages):
-        raise ValueError(f"triton indexer_score: index pages need 4-byte aligned records, got strides "
-                         f"{index_pages.stride()}")
+    aligned = views_usable(index_pages)
     packed_bytes = index_pages.shape[-1] if index_pages.stride(1) == index_pages.shape[-1] else 0
     dot = pick_dot(q.dtype, index_fmt) if dot is None else dot
     block_h = max(triton.next_power_of_2(heads), triton.cdiv(16, group))  # the MMA needs N >= 16
@@ -179,6 +191,6 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         out, out.stride(0),
         tokens, heads, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1],
         FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=packed_bytes, BLOCK_H=block_h, BLOCK_N=block_n,
-        GROUP=group, TILES=tiles, num_warps=num_warps, num_stages=num_stages,
+        GROUP=group, TILES=tiles, ALIGNED=aligned, num_warps=num_warps, num_stages=num_stages,
     )
     return out

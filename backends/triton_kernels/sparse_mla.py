@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .bytes import LATENT_CODES, LATENT_FP8, load_fp8, typed_views, views_usable, widen_bf16
+from .bytes import (LATENT_CODES, LATENT_FP8, load_f32_bytewise, load_fp8, load_u16_bytewise, typed_views,
+                    views_usable, widen_bf16)
 from .lse_combine import lse_combine
 
 NOPE = 512
@@ -26,7 +27,7 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def _gather_latent(pages_u8, pages_u16, pages_f32, block, offset, strides, valid, FMT: tl.constexpr,
-                   AS_BF16: tl.constexpr):
+                   AS_BF16: tl.constexpr, ALIGNED: tl.constexpr):
     """Latent rows at byte offsets ``row`` [BLOCK_N] -> (nope [BLOCK_N, 512], rope [BLOCK_N, 64]).
 
     Values are dequantised except for the per-tensor FP8 scale, which the caller folds into the
@@ -37,7 +38,19 @@ def _gather_latent(pages_u8, pages_u16, pages_f32, block, offset, strides, valid
     m = valid[:, None]
     s8_b, s8_t, s16_b, s16_t, s32_b, s32_t = strides
     row8 = block * s8_b + offset * s8_t
-    if FMT == 0:  # bf16: 576 bf16 values
+    if not ALIGNED:  # records at odd addresses (e.g. a pool with a lead byte): assemble from bytes
+        raw = pages_u8 + row8[:, None]
+        if FMT == 0:
+            nope = widen_bf16(load_u16_bytewise(raw + 2 * nope_cols[None, :], m), AS_BF16)
+            rope = widen_bf16(load_u16_bytewise(raw + 1024 + 2 * rope_cols[None, :], m), AS_BF16)
+        elif FMT == 1:
+            nope = load_fp8(raw + nope_cols[None, :], m)
+            rope = load_fp8(raw + 512 + rope_cols[None, :], m)
+        else:
+            tile_scale = load_f32_bytewise(raw + 512 + 4 * (nope_cols[None, :] // 128), m)
+            nope = load_fp8(raw + nope_cols[None, :], m) * tile_scale
+            rope = widen_bf16(load_u16_bytewise(raw + 528 + 2 * rope_cols[None, :], m), False)
+    elif FMT == 0:  # bf16: 576 bf16 values
         row16 = block * s16_b + offset * s16_t
         words = pages_u16 + row16[:, None]
         nope = widen_bf16(tl.load(words + nope_cols[None, :], mask=m, other=0), AS_BF16)
@@ -71,6 +84,7 @@ def sparse_mla_kernel(
     H, K, num_slots, block_tokens, split_size,
     logit_scale,  # softmax_scale · log2(e), applied to q·kv
     FMT: tl.constexpr, AS_BF16: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    ALIGNED: tl.constexpr,  # every record 4-byte aligned: typed views; else byte loads
 ):
     pid_h = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
@@ -107,7 +121,7 @@ def sparse_mla_kernel(
         valid = (slot >= 0) & (slot < num_slots)
         slot = tl.where(valid, slot, 0)
         kv_nope, kv_rope = _gather_latent(pages_u8, pages_u16, pages_f32, slot // block_tokens, slot % block_tokens,
-                                          (s8_b, s8_t, s16_b, s16_t, s32_b, s32_t), valid, FMT, AS_BF16)
+                                          (s8_b, s8_t, s16_b, s16_t, s32_b, s32_t), valid, FMT, AS_BF16, ALIGNED)
 
         if AS_BF16:
             s = tl.dot(q_nope, tl.trans(kv_nope))
@@ -172,8 +186,6 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=6
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
     grid = (triton.cdiv(heads, block_h), tokens, splits)
-    if not views_usable(kv_pages):
-        raise ValueError(f"triton sparse_mla: latent pages need 4-byte aligned records, got strides {kv_pages.stride()}")
     views = typed_views(kv_pages)
     sparse_mla_kernel[grid](
         q, q.stride(0), q.stride(1),
@@ -184,7 +196,7 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=6
         lse, lse.stride(0), lse.stride(1),
         heads, k, kv_pages.shape[0] * kv_pages.shape[1], kv_pages.shape[1], split_size,
         softmax_scale * LOG2E,
-        FMT=fmt, AS_BF16=as_bf16, BLOCK_H=block_h, BLOCK_N=block_n,
+        FMT=fmt, AS_BF16=as_bf16, BLOCK_H=block_h, BLOCK_N=block_n, ALIGNED=views_usable(kv_pages),
         num_warps=num_warps, num_stages=num_stages,
     )
     if splits == 1:
