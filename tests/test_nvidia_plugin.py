@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dsahal.backends.nvidia import config, verifiers
-from dsahal.backends.nvidia.plugin import CAPABILITIES, nvidia_backend
+from dsahal.backends.nvidia.plugin import nvidia_backend
 from dsahal.ops.catalog import OP_NAMES
 from dsahal.registry import resolve_lazy
 
@@ -26,9 +26,17 @@ def test_probe_says_why_it_is_unavailable_without_cuda():
 
 
 def test_claims_only_formats_with_kernels():
-    assert CAPABILITIES.latent_formats == {"bf16", "fp8", "fp8_ds_mla"}
-    assert CAPABILITIES.index_formats == {"bf16", "fp8"}
-    assert CAPABILITIES.batch_invariant and CAPABILITIES.deterministic
+    caps = nvidia_backend().capabilities
+    assert caps.latent_formats == {"bf16", "fp8", "fp8_ds_mla"}
+    assert caps.index_formats == {"bf16", "fp8"}
+    assert caps.deterministic
+
+
+def test_claims_batch_invariance_only_in_batch_invariant_mode(monkeypatch):
+    monkeypatch.delenv("DSAHAL_BATCH_INVARIANT", raising=False)
+    assert not nvidia_backend().capabilities.batch_invariant
+    monkeypatch.setenv("DSAHAL_BATCH_INVARIANT", "1")
+    assert nvidia_backend().capabilities.batch_invariant
 
 
 def test_verifiers_reject_cpu_tensors_with_a_reason():

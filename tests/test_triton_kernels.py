@@ -118,6 +118,12 @@ def _topk_cases(results):
     slots = topk(row_scores, lens, 20, chunk=32, emit_slots=(req, table, 16))
     results["topk_emits_slots"] = torch.equal(slots, positions_to_slots(positions, req, table, 16))
 
+    from dsahal.backends.nvidia.collectives import topk_merge
+
+    merged = topk_merge(scores, lengths, 64, None)  # one rank: must equal the single-device top-k
+    results["topk_merge_single_rank"] = torch.equal(merged.sort(dim=1).values,
+                                                    reference(scores, lengths, 64).sort(dim=1).values)
+
 
 def _small_op_cases(results):
     import torch
@@ -268,6 +274,10 @@ def test_topk_returns_the_reference_set_under_the_tie_rule(interpreted):
 
 def test_topk_can_emit_physical_slots(interpreted):
     assert interpreted["topk_emits_slots"]
+
+
+def test_topk_merge_on_one_rank_is_the_single_device_top_k(interpreted):
+    assert interpreted["topk_merge_single_rank"]
 
 
 def test_positions_to_slots_matches_reference(interpreted):

@@ -32,20 +32,27 @@ VERIFIERS = {
     for op in ("cache_write", "indexer_score", "topk", "positions_to_slots", "sparse_mla", "lse_combine",
                "kda_decode", "kda_prefill", "dsa_attention")
 }
-CAPABILITIES = Capabilities(
-    latent_formats=frozenset({"bf16", "fp8", "fp8_ds_mla"}),
-    index_formats=frozenset({"bf16", "fp8"}),
-    # Exact radix-select top-k (tie rule honoured), fixed reduction orders everywhere.
-    deterministic=True,
-    # Row-local kernels; sparse MLA's split size and KDA prefill's path stop depending on the batch
-    # under DSAHAL_BATCH_INVARIANT=1 (see config.py). Checked by the conformance suite on an H200.
-    batch_invariant=True,
-    distributed=True,
-    unverified={
-        "topk_merge": "multi-GPU NCCL path not run (single-GPU machine); single-rank path checked",
-        "all_to_all": "multi-GPU NCCL path not run (single-GPU machine)",
-    },
-)
+UNVERIFIED = {
+    "topk_merge": "multi-GPU NCCL path not run (single-GPU machine)",
+    "all_gather": "multi-GPU NCCL path not run (single-GPU machine)",
+    "all_to_all": "multi-GPU NCCL path not run (single-GPU machine)",
+}
+
+
+def capabilities() -> Capabilities:
+    """What the backend claims. Batch invariance only under ``DSAHAL_BATCH_INVARIANT=1`` (read when
+    the backend is discovered): by default sparse MLA splits rows by the batch size for occupancy
+    and KDA prefill uses fla's chunked kernel, whose tiles depend on the batch."""
+    from .config import batch_invariant
+
+    return Capabilities(
+        latent_formats=frozenset({"bf16", "fp8", "fp8_ds_mla"}),
+        index_formats=frozenset({"bf16", "fp8"}),
+        deterministic=True,  # exact radix-select top-k (tie rule honoured), fixed reduction orders
+        batch_invariant=batch_invariant(),
+        distributed=True,
+        unverified=dict(UNVERIFIED),
+    )
 
 
 def probe() -> tuple[bool, str]:
@@ -90,7 +97,7 @@ def nvidia_backend() -> Backend:
         priority=100,
         probe=probe,
         versions=versions,
-        capabilities=CAPABILITIES,
+        capabilities=capabilities(),
         description="Triton kernels for Hopper and newer, fla-core KDA prefill",
     )
 
