@@ -11,7 +11,7 @@ cd "$ROOT"
 export PJRT_DEVICE=CPU
 unset DSAHAL_BACKEND DSAHAL_PLUGINS
 python -m pytest -q -p no:cacheprovider tests_tpu "$@"
-EXAMPLES="${DSAHAL_TPU_EXAMPLES:-3}"
+EXAMPLES="${DSAHAL_TPU_EXAMPLES:-2}"
 # 1. Arguments on the XLA device (the suite's default for an xla-tagged backend), minus the few
 #    properties torch-xla cannot host (see the skips file for why)...
 DSAHAL_STRICT=1 dsahal conformance --backend tpu --device xla --max-examples "$EXAMPLES" --seed 0 \
