@@ -232,6 +232,7 @@ def _backend_info(table) -> dict:
     except Exception as exc:  # noqa: BLE001 - a report must not die on metadata
         versions = {"error": repr(exc)}
     return {"name": backend.name, "tags": sorted(backend.tags), "plugin": table.record.plugin,
+            "reason": table.record.reason,
             "ops": {op: e.status for op, e in table.entries.items()},
             "capabilities": {"latent_formats": sorted(caps.latent_formats) if caps.latent_formats is not None
                              else "all",

@@ -72,6 +72,20 @@ def write_json(path: Path, records: list[TestRecord], backend: dict, settings: d
     path.write_text(json.dumps(payload, indent=2, sort_keys=False))
 
 
+def _provenance(backend: dict) -> list[str]:
+    """Where this run happened and what was never verified: the probe's own words, versions, and the
+    backend's declared unverified paths (so a report can say "Triton paths on NVIDIA hardware")."""
+    lines = []
+    if backend.get("reason"):
+        lines.append(f"Device (probe): {backend['reason']}")
+    versions = backend.get("versions") or {}
+    if versions:
+        lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    unverified = (backend.get("capabilities") or {}).get("unverified") or {}
+    lines += [f"- unverified on hardware: `{op}`: {why}" for op, why in unverified.items()]
+    return lines + [""] if lines else []
+
+
 def render_markdown(records: list[TestRecord], backend: dict, settings: dict, op_order) -> str:
     counts = summary(records)
     lines = [f"# dsahal conformance: backend `{backend.get('name')}`", "",
@@ -79,6 +93,7 @@ def render_markdown(records: list[TestRecord], backend: dict, settings: dict, op
              + (f", {counts['xfail']} xfail" if counts["xfail"] else "")
              + (f", {counts['xpass']} xpass" if counts["xpass"] else ""),
              "", f"Settings: {', '.join(f'{k}={v}' for k, v in settings.items())}", "",
+             *_provenance(backend),
              "| op | format | status | pass | fail | skip | fallback | examples native / fallback |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     table = matrix(records)

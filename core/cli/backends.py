@@ -56,9 +56,14 @@ def _print_table(rows, reg, selected) -> None:
             native_ops = [op for op, s in row["coverage"].items() if s == "native"]
             print(f"{'':<35}native: {', '.join(native_ops) or '-'}")
             print(f"{'':<35}fallback to reference: {', '.join(fallback) or '-'}")
-        versions = ", ".join(f"{k} {v}" for k, v in row["versions"].items())
+        # Keys named "path ..." describe one implementation path each (e.g. AMD's AITER/FlyDSL/Triton):
+        # one line per path reads better than one long joined line.
+        paths = {k: v for k, v in row["versions"].items() if k.startswith("path ")}
+        versions = ", ".join(f"{k} {v}" for k, v in row["versions"].items() if k not in paths)
         if versions:
             print(f"{'':<35}{versions}")
+        for key, value in paths.items():
+            print(f"{'':<35}{key}: {value}")
         for op, why in row["unverified"].items():
             print(f"{'':<35}unverified on hardware: {op}: {why}")
     for failure in reg.failures:
