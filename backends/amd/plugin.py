@@ -28,7 +28,8 @@ COLLECTIVE_OPS = {
     "topk_merge": f"{PACKAGE}.collectives:topk_merge",
     "all_gather": f"{PACKAGE}.collectives:all_gather",
     "all_to_all": f"{PACKAGE}.collectives:all_to_all",
-    "dsa_attention": f"{PACKAGE}.collectives:dsa_attention",
+    # The composition through the public ops, so each stage takes its own best AMD route.
+    "dsa_attention": "dsahal.reference.dsa_attention:dsa_attention",
 }
 OPS = {**{op: f"{PACKAGE}.routes:{op}" for op in ROUTES}, **COLLECTIVE_OPS}
 VERIFIERS = {op: f"{PACKAGE}.routes:verify_{op}" for op in ROUTES}

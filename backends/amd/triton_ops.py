@@ -59,17 +59,6 @@ def lse_combine(o_parts, lse_parts):
     return _lse.lse_combine(o_parts, lse_parts, **config.lse_combine_config())
 
 
-def dsa_attention(q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt, kv_scale, block_table,
-                  req_ids, positions, topk, max_context, softmax_scale):
-    """Indexer -> top-k writing physical slots directly (the translation fused) -> sparse MLA."""
-    scores = indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt,
-                           max_context)
-    lengths = torch.clamp(positions.to(torch.int32) + 1, max=max_context)
-    slots = _topk.topk(scores, lengths, topk, emit_slots=(req_ids, block_table, index_pages.shape[1]),
-                       **config.topk_config())
-    return sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
-
-
 def kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm):
     return _kda.kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm,
                            **config.kda_decode_config(v.shape[-1]))

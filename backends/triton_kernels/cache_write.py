@@ -14,7 +14,6 @@ Every rule mirrors :mod:`dsahal.formats` bit for bit (checked on the GPU against
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 

@@ -11,6 +11,10 @@ def all_gather(x, group):
     _, world = group_rank_and_size(group)
     if world == 1:
         return x.unsqueeze(0).clone()
+    if x.is_cuda:  # NCCL/RCCL: one call into the output, no per-rank list and stack copy
+        out = x.new_empty((world, *x.shape))
+        dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+        return out
     parts = [torch.empty_like(x) for _ in range(world)]
     dist.all_gather(parts, x.contiguous(), group=group)
     return torch.stack(parts)
