@@ -91,3 +91,23 @@ def test_bench_checks_pass_on_the_reference_backend():
 
     assert check_topk(torch.device("cpu"), "reference")[0]
     assert check_lse_combine(torch.device("cpu"), "reference")[0]
+
+
+def test_kda_verifiers_decline_a_gate_without_unit_channel_stride():
+    """The Triton KDA kernel steps through g's channels one element at a time; a strided g (which a
+    caller skipping validation could pass) must go to the reference, not be misread."""
+    import torch
+
+    from dsahal.backends.amd import limits as amd_limits
+    from dsahal.backends.nvidia import verifiers
+
+    q = torch.randn(2, 4, 16)
+    v = torch.randn(2, 4, 16)
+    g = torch.randn(2, 4, 32)[..., ::2]  # [2, 4, 16] with stride 2 in K
+    pool = torch.zeros(3, 4, 16, 16)
+    ids = torch.tensor([0, 1], dtype=torch.int32)
+    beta = torch.rand(2, 4)
+    ok, reason = verifiers.verify_kda_decode(q, q, v, g, beta, pool, ids, 0.25, True)
+    assert not ok and "g needs unit stride" in reason
+    ok, reason = amd_limits.triton_kda_decode(q, q, v, g, beta, pool, ids, 0.25, True)
+    assert not ok and "unit stride in g" in reason

@@ -87,20 +87,22 @@ def triton_lse_combine(o_parts, lse_parts):
     return on_gpu(o_parts=o_parts, lse_parts=lse_parts)
 
 
-def _triton_kda(q, v, state_pool):
+def _triton_kda(q, v, g, state_pool):
     if q.shape[-1] > TRITON_MAX_KDA_KEY_DIM:
         return False, f"Triton KDA key dim {q.shape[-1]} > {TRITON_MAX_KDA_KEY_DIM}"
     if state_pool.stride(-1) != 1:
         return False, "Triton KDA needs unit stride in the state pool's last (V) dim"
+    if g.shape[-1] > 1 and g.stride(-1) != 1:  # the kernel reads g's channels with unit steps
+        return False, f"Triton KDA needs unit stride in g's last (K) dim, got strides {list(g.stride())}"
     return on_gpu(q=q, v=v, state_pool=state_pool)
 
 
 def triton_kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm):
-    return _triton_kda(q, v, state_pool)
+    return _triton_kda(q, v, g, state_pool)
 
 
 def triton_kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
-    return _triton_kda(q, v, state_pool)
+    return _triton_kda(q, v, g, state_pool)
 
 
 # -- AITER ------------------------------------------------------------------------------------------

@@ -60,17 +60,19 @@ def verify_dsa_attention(q_index, index_weights, index_pages, index_fmt, q, kv_p
     return verify_sparse_mla(q, kv_pages, positions, kv_fmt, kv_scale, softmax_scale)
 
 
-def _verify_kda(q, v, state_pool):
+def _verify_kda(q, v, g, state_pool):
     if q.shape[-1] > MAX_KDA_KEY_DIM:
         return False, f"key dim {q.shape[-1]} > {MAX_KDA_KEY_DIM}"
     if state_pool.stride(-1) != 1:
         return False, "state_pool needs unit stride in its last (V) dim"
+    if g.shape[-1] > 1 and g.stride(-1) != 1:  # the kernel reads g's channels with unit steps
+        return False, f"g needs unit stride in its last (K) dim, got strides {list(g.stride())}"
     return _on_cuda(q=q, v=v, state_pool=state_pool)
 
 
 def verify_kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm):
-    return _verify_kda(q, v, state_pool)
+    return _verify_kda(q, v, g, state_pool)
 
 
 def verify_kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
-    return _verify_kda(q, v, state_pool)
+    return _verify_kda(q, v, g, state_pool)
