@@ -38,14 +38,14 @@ resend nor band round: c = 384, 1,536 vs 16,384 bytes per row, 10.7x less.
 from __future__ import annotations
 
 import math
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
 
 import torch
 
 from ..ops.collectives import group_rank_and_size
 from . import collective
+from .traffic import MergeStats, merge_traffic
 from .packing import (
     id_bits_for_width,
     pack_candidates,
@@ -59,8 +59,6 @@ from .packing import (
 OVERSAMPLE = 1.5
 HEADER_INTS = 2  # (local width N, k) travel with the candidates so mismatched ranks are caught
 WORD_BYTES = 4
-GENERIC_BYTES_PER_CANDIDATE = 8  # fp32 score + int32 id
-RECENT_MERGES = 256
 
 # exchange(payloads by rank computed in this process, int32 count of every rank, step name) -> W payloads
 Exchange = Callable[[Mapping[int, torch.Tensor], Sequence[int], str], list]
@@ -314,77 +312,6 @@ def insert_band_winners(positions: torch.Tensor, band: BandPlan, winners: torch.
     from_band = winners.gather(1, (columns - above).clamp(0, winners.shape[1] - 1)).to(positions.dtype)
     positions[band.rows] = torch.where(columns < above, positions[band.rows], from_band)
     return positions
-
-
-# ----------------------------------------------------------------------------- traffic accounting
-
-@dataclass(frozen=True)
-class MergeStats:
-    """Traffic of one merge on one rank. ``*_bytes`` are payloads this rank contributed to collectives;
-    each reaches the ``W - 1`` peers, which :attr:`wire_bytes` counts."""
-
-    world: int
-    rows: int
-    k: int
-    candidates: int
-    key_bits: int
-    first_round_bytes: int
-    resend_bytes: int
-    resend_rows: tuple[int, ...]  # flagged rows per rank
-    band_bytes: int = 0  # this rank's band-round payload (raw fp32 scores, ids where needed)
-    band_rows: int = 0  # rows that needed a band round (the same on every rank)
-
-    @property
-    def payload_bytes(self) -> int:
-        return self.first_round_bytes + self.resend_bytes + self.band_bytes
-
-    @property
-    def wire_bytes(self) -> int:
-        return self.payload_bytes * (self.world - 1)
-
-    @property
-    def generic_payload_bytes(self) -> int:
-        """What the generic merge (full local top-k as fp32 score + int32 id) would contribute."""
-        return self.rows * self.k * GENERIC_BYTES_PER_CANDIDATE
-
-    @property
-    def traffic_ratio(self) -> float:
-        return self.generic_payload_bytes / self.payload_bytes
-
-
-@dataclass
-class MergeTrafficLog:
-    """Totals over every merge this process ran since :meth:`reset`, and the most recent merges
-    (``dsahal.distributed.merge_traffic``). Bounded: a serving process merges every layer and step."""
-
-    calls: int = 0
-    payload_bytes: int = 0
-    generic_payload_bytes: int = 0
-    resent_rows: int = 0
-    band_rows: int = 0
-    rows: int = 0
-    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_MERGES))
-
-    @property
-    def last(self) -> Optional[MergeStats]:
-        return self.recent[-1] if self.recent else None
-
-    def record(self, stats: MergeStats) -> None:
-        self.calls += 1
-        self.payload_bytes += stats.payload_bytes
-        self.generic_payload_bytes += stats.generic_payload_bytes
-        self.resent_rows += sum(stats.resend_rows)
-        self.band_rows += stats.band_rows
-        self.rows += stats.rows
-        self.recent.append(stats)
-
-    def reset(self) -> None:
-        self.calls = self.payload_bytes = self.generic_payload_bytes = self.resent_rows = 0
-        self.band_rows = self.rows = 0
-        self.recent.clear()
-
-
-merge_traffic = MergeTrafficLog()
 
 
 def first_round_payload_bytes(rows: int, plan: MergePlan) -> int:

@@ -1,0 +1,79 @@
+"""Traffic accounting of the exact top-k merge: what one merge sent, and process-wide totals
+(``dsahal.distributed.merge_traffic``), compared with the generic merge."""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+GENERIC_BYTES_PER_CANDIDATE = 8  # fp32 score + int32 id
+RECENT_MERGES = 256
+
+
+@dataclass(frozen=True)
+class MergeStats:
+    """Traffic of one merge on one rank. ``*_bytes`` are payloads this rank contributed to collectives;
+    each reaches the ``W - 1`` peers, which :attr:`wire_bytes` counts."""
+
+    world: int
+    rows: int
+    k: int
+    candidates: int
+    key_bits: int
+    first_round_bytes: int
+    resend_bytes: int
+    resend_rows: tuple[int, ...]  # flagged rows per rank
+    band_bytes: int = 0  # this rank's band-round payload (raw fp32 scores, ids where needed)
+    band_rows: int = 0  # rows that needed a band round (the same on every rank)
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.first_round_bytes + self.resend_bytes + self.band_bytes
+
+    @property
+    def wire_bytes(self) -> int:
+        return self.payload_bytes * (self.world - 1)
+
+    @property
+    def generic_payload_bytes(self) -> int:
+        """What the generic merge (full local top-k as fp32 score + int32 id) would contribute."""
+        return self.rows * self.k * GENERIC_BYTES_PER_CANDIDATE
+
+    @property
+    def traffic_ratio(self) -> float:
+        return self.generic_payload_bytes / self.payload_bytes
+
+
+@dataclass
+class MergeTrafficLog:
+    """Totals over every merge this process ran since :meth:`reset`, and the most recent merges
+    (``dsahal.distributed.merge_traffic``). Bounded: a serving process merges every layer and step."""
+
+    calls: int = 0
+    payload_bytes: int = 0
+    generic_payload_bytes: int = 0
+    resent_rows: int = 0
+    band_rows: int = 0
+    rows: int = 0
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_MERGES))
+
+    @property
+    def last(self) -> Optional[MergeStats]:
+        return self.recent[-1] if self.recent else None
+
+    def record(self, stats: MergeStats) -> None:
+        self.calls += 1
+        self.payload_bytes += stats.payload_bytes
+        self.generic_payload_bytes += stats.generic_payload_bytes
+        self.resent_rows += sum(stats.resend_rows)
+        self.band_rows += stats.band_rows
+        self.rows += stats.rows
+        self.recent.append(stats)
+
+    def reset(self) -> None:
+        self.calls = self.payload_bytes = self.generic_payload_bytes = self.resent_rows = 0
+        self.band_rows = self.rows = 0
+        self.recent.clear()
+
+
+merge_traffic = MergeTrafficLog()
