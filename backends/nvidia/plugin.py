@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from dsahal.registry import Backend, Capabilities, hookimpl
+from dsahal.registry import Backend, Capabilities, hookimpl, package_versions
 
 MIN_CAPABILITY = (8, 0)
 PACKAGE = "dsahal.backends.nvidia"
@@ -77,15 +77,7 @@ def probe() -> tuple[bool, str]:
 
 
 def versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for package in ("torch", "triton", "fla-core", "flashinfer-python"):
-        try:
-            found[package] = version(package)
-        except PackageNotFoundError:
-            found[package] = "not installed"
-    return found
+    return package_versions("torch", "triton", "fla-core", "flashinfer-python")
 
 
 def nvidia_backend() -> Backend:

@@ -10,7 +10,7 @@ collectives stay on the reference, which is already batched torch (pack + scatte
 """
 from __future__ import annotations
 
-from dsahal.registry import Backend, Capabilities, hookimpl
+from dsahal.registry import Backend, Capabilities, hookimpl, package_versions
 
 from .detect import classify_cuda_device, cuda_device_name, ppu_evidence
 
@@ -52,14 +52,7 @@ def probe() -> tuple[bool, str]:
 def versions() -> dict[str, str]:
     import os
     import shutil
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for package in ("torch", "triton"):
-        try:
-            found[package] = version(package)
-        except PackageNotFoundError:
-            found[package] = "not installed"
+    found = package_versions("torch", "triton")
     found["PPU_SDK"] = os.environ.get("PPU_SDK", "unset")
     found["ppu-smi"] = shutil.which("ppu-smi") or "not found"
     return found

@@ -65,6 +65,20 @@ class Backend:
             raise ValueError(f"backend {self.name!r}: verifiers for ops it does not implement: {sorted(unknown)}")
 
 
+def package_versions(*distributions: str) -> dict[str, str]:
+    """``{distribution: version or "not installed"}`` from package metadata, for ``Backend.versions``
+    (reads metadata only: nothing is imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in distributions:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
 def resolve_lazy(value: Lazy) -> Callable[..., Any]:
     """Import ``"module:attr"`` (dotted attrs allowed) or return a callable unchanged."""
     if callable(value):
