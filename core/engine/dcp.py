@@ -13,6 +13,7 @@ import torch
 
 from .. import ops
 from ..model.batch import BatchMeta, DsaLayerCache
+from ..model.dsa_attention import write_layer_cache
 
 
 class DcpDsaAttention:
@@ -44,10 +45,7 @@ class DcpDsaAttention:
                                                  self.context_shards).long()
 
     def write(self, cache: DsaLayerCache, latent: torch.Tensor, index_key: torch.Tensor, meta: BatchMeta) -> None:
-        ops.cache_write(latent, meta.slots, cache.latent_pages, kind="latent", fmt=cache.latent_fmt,
-                        scale=cache.latent_scale, check=self.check)
-        ops.cache_write(index_key, meta.slots, cache.index_pages, kind="index", fmt=cache.index_fmt,
-                        check=self.check)
+        write_layer_cache(cache, latent, index_key, meta.slots, self.check)
 
     def attend(self, cache: DsaLayerCache, q_index: torch.Tensor, index_weights: torch.Tensor, q: torch.Tensor,
                meta: BatchMeta, topk: int, softmax_scale: float) -> torch.Tensor:

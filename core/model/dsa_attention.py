@@ -40,6 +40,15 @@ class DsaAttention(Protocol):
         ...
 
 
+def write_layer_cache(cache: DsaLayerCache, latent: torch.Tensor, index_key: torch.Tensor, slots: torch.Tensor,
+                      check: bool = True) -> None:
+    """latent ``[T, 576]``, index_key ``[T, 128]``: quantised into the layer's pages at ``slots`` ``[T]``
+    (-1: not stored in this process's cache)."""
+    ops.cache_write(latent, slots, cache.latent_pages, kind="latent", fmt=cache.latent_fmt,
+                    scale=cache.latent_scale, check=check)
+    ops.cache_write(index_key, slots, cache.index_pages, kind="index", fmt=cache.index_fmt, check=check)
+
+
 class LocalDsaAttention:
     """Single-device DSA: every token of every request lives in this process's cache.
 
@@ -66,10 +75,7 @@ class LocalDsaAttention:
 
     def write(self, cache: DsaLayerCache, latent: torch.Tensor, index_key: torch.Tensor, meta: BatchMeta) -> None:
         """latent ``[T, 576]``, index_key ``[T, 128]``: quantised into the layer's pages at ``meta.slots``."""
-        ops.cache_write(latent, meta.slots, cache.latent_pages, kind="latent", fmt=cache.latent_fmt,
-                        scale=cache.latent_scale, check=self.check)
-        ops.cache_write(index_key, meta.slots, cache.index_pages, kind="index", fmt=cache.index_fmt,
-                        check=self.check)
+        write_layer_cache(cache, latent, index_key, meta.slots, self.check)
 
     def attend(self, cache: DsaLayerCache, q_index: torch.Tensor, index_weights: torch.Tensor, q: torch.Tensor,
                meta: BatchMeta, topk: int, softmax_scale: float) -> torch.Tensor:
