@@ -147,7 +147,9 @@ def _report(args, config, attention, device, *, rank: int, replay_attention=None
 
     table = active_table()
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    model = HybridModel(config).to(device=device, dtype=dtype).eval()
+    with torch.device("meta"):  # no default init: every parameter is drawn or loaded just below
+        model = HybridModel(config)
+    model = model.to_empty(device=device).to(dtype).eval()
     if args.weights:
         load_weights(model, args.weights)
     else:
