@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from dsahal.backends.triton_kernels import limits as triton_limits
+
 from .arch import gfx_of
 from .marshal import latent_pages_are_dense
 from .paths import CDNA3_4, CDNA4
 
 OK = (True, "")
-TRITON_LATENT_FORMATS = frozenset({"bf16", "fp8", "fp8_ds_mla"})
-TRITON_INDEX_FORMATS = frozenset({"bf16", "fp8"})
-TRITON_MAX_INDEX_HEADS = 128
-TRITON_MAX_KDA_KEY_DIM = 256
 AITER_MLA_BF16_HEADS = frozenset({16, 128})  # a16w16 decode kernels AITER ships for gfx942/gfx950
 AITER_TOPK_MAX_K = 2048
 FLYDSL_MLA_HEADS = 16  # H of the compiled FlyDSL sparse decode kernel
@@ -51,58 +49,28 @@ def _first_failure(*checks) -> tuple[bool, str]:
     return OK
 
 
-# -- Triton (shared kernels) ------------------------------------------------------------------------
+# -- Triton (shared kernels): the kernels' own limits, with this backend's device check ---------------
 
-def triton_cache_write(values, slots, pages, kind, fmt, scale):
-    from dsahal.backends.triton_kernels.cache_write import format_code
+def _triton(shared):
+    """A shared-kernel verifier that checks devices with this module's :func:`on_gpu` (looked up per
+    call, so the AMD device rules apply wherever the Triton path is chosen)."""
 
-    if format_code(kind, fmt) is None:
-        return False, f"no Triton cache-write kernel for format {kind}:{fmt}"
-    return on_gpu(values=values, slots=slots, pages=pages)
+    def verify(*args):
+        return shared(*args, device_check=lambda **tensors: on_gpu(**tensors))
 
-
-def triton_indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context):
-    if index_fmt not in TRITON_INDEX_FORMATS:
-        return False, f"Triton indexer reads {sorted(TRITON_INDEX_FORMATS)} keys, not {index_fmt!r}"
-    if q.shape[1] > TRITON_MAX_INDEX_HEADS:
-        return False, f"Triton indexer holds at most {TRITON_MAX_INDEX_HEADS} heads, got {q.shape[1]}"
-    return on_gpu(q=q, weights=weights, index_pages=index_pages, block_table=block_table)
+    verify.__name__ = f"triton_{shared.__name__}"
+    verify.__doc__ = shared.__doc__
+    return verify
 
 
-def triton_topk(scores, lengths, k):
-    return on_gpu(scores=scores, lengths=lengths)
-
-
-def triton_positions_to_slots(positions, req_ids, block_table, block_tokens):
-    return on_gpu(positions=positions, req_ids=req_ids, block_table=block_table)
-
-
-def triton_sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
-    if kv_fmt not in TRITON_LATENT_FORMATS:
-        return False, f"Triton sparse MLA reads {sorted(TRITON_LATENT_FORMATS)} latents, not {kv_fmt!r}"
-    return on_gpu(q=q, kv_pages=kv_pages, slots=slots)
-
-
-def triton_lse_combine(o_parts, lse_parts):
-    return on_gpu(o_parts=o_parts, lse_parts=lse_parts)
-
-
-def _triton_kda(q, v, g, state_pool):
-    if q.shape[-1] > TRITON_MAX_KDA_KEY_DIM:
-        return False, f"Triton KDA key dim {q.shape[-1]} > {TRITON_MAX_KDA_KEY_DIM}"
-    if state_pool.stride(-1) != 1:
-        return False, "Triton KDA needs unit stride in the state pool's last (V) dim"
-    if g.shape[-1] > 1 and g.stride(-1) != 1:  # the kernel reads g's channels with unit steps
-        return False, f"Triton KDA needs unit stride in g's last (K) dim, got strides {list(g.stride())}"
-    return on_gpu(q=q, v=v, state_pool=state_pool)
-
-
-def triton_kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm):
-    return _triton_kda(q, v, g, state_pool)
-
-
-def triton_kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
-    return _triton_kda(q, v, g, state_pool)
+triton_cache_write = _triton(triton_limits.cache_write)
+triton_indexer_score = _triton(triton_limits.indexer_score)
+triton_topk = _triton(triton_limits.topk)
+triton_positions_to_slots = _triton(triton_limits.positions_to_slots)
+triton_sparse_mla = _triton(triton_limits.sparse_mla)
+triton_lse_combine = _triton(triton_limits.lse_combine)
+triton_kda_decode = _triton(triton_limits.kda_decode)
+triton_kda_prefill = _triton(triton_limits.kda_prefill)
 
 
 # -- AITER ------------------------------------------------------------------------------------------

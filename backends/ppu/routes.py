@@ -17,11 +17,10 @@ import os
 
 import torch
 
+from dsahal.backends.triton_kernels import limits
+
 # The Triton launchers take device tensors of this type (the PPU is a CUDA device to torch).
 KERNEL_DEVICE_TYPE = "cuda"
-# Limits of the shared kernels (see their launchers' docstrings).
-MAX_INDEX_HEADS = 128
-MAX_KDA_KEY_DIM = 256
 
 TAKES = (True, "")
 
@@ -34,7 +33,8 @@ def triton_enabled() -> tuple[bool, str]:
     return TAKES
 
 
-def _common(**tensors) -> tuple[bool, str]:
+def _on_kernel_device(**tensors) -> tuple[bool, str]:
+    """The PPU's device check for the shared kernels' verifiers (the route switch included)."""
     enabled = triton_enabled()
     if not enabled[0]:
         return enabled
@@ -44,53 +44,44 @@ def _common(**tensors) -> tuple[bool, str]:
     return TAKES
 
 
-def _unit_stride(**tensors) -> tuple[bool, str]:
-    for name, tensor in tensors.items():
-        if tensor.stride(-1) != 1:
-            return False, f"'{name}' has stride {tensor.stride(-1)} in its last dim; the kernel needs 1"
-    return TAKES
+def _kernel_limits(shared, *args) -> tuple[bool, str]:
+    """The shared kernel's own limits (formats, sizes, strides), checked with the PPU device rule;
+    ``KERNEL_DEVICE_TYPE`` is read per call so tests can point it at the interpreter's host tensors."""
+    return shared(*args, device_check=_on_kernel_device)
 
 
 def takes_lse_combine(o_parts, lse_parts):
-    return _common(o_parts=o_parts, lse_parts=lse_parts)
+    return _kernel_limits(limits.lse_combine, o_parts, lse_parts)
 
 
 def takes_positions_to_slots(positions, req_ids, block_table, block_tokens):
-    ok = _common(positions=positions, req_ids=req_ids, block_table=block_table)
-    return ok if not ok[0] else _unit_stride(block_table=block_table)
+    return _kernel_limits(limits.positions_to_slots, positions, req_ids, block_table, block_tokens)
 
 
 def takes_topk(scores, lengths, k):
-    return _common(scores=scores, lengths=lengths)  # integer radix select: no FP8 anywhere
+    return _kernel_limits(limits.topk, scores, lengths, k)  # integer radix select: no FP8 anywhere
 
 
 def takes_indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context):
-    ok = _common(q=q, weights=weights, index_pages=index_pages, block_table=block_table)
+    ok = _on_kernel_device(q=q, weights=weights, index_pages=index_pages, block_table=block_table)
     if not ok[0]:
         return ok
     if index_fmt != "bf16":
         return False, f"index format {index_fmt!r}: FP8/FP4 keys need conversions not assumed on the PPU"
     if q.dtype == torch.float8_e4m3fn:
         return False, "fp8 queries need FP8 conversions not assumed on the PPU"
-    if q.shape[1] > MAX_INDEX_HEADS:
-        return False, f"{q.shape[1]} indexer heads; the kernel holds at most {MAX_INDEX_HEADS}"
-    return _unit_stride(block_table=block_table)
+    return _kernel_limits(limits.indexer_score, q, weights, index_pages, block_table, req_ids, positions,
+                          index_fmt, max_context)
 
 
 def takes_sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
-    ok = _common(q=q, kv_pages=kv_pages, slots=slots)
+    ok = _on_kernel_device(q=q, kv_pages=kv_pages, slots=slots)
     if not ok[0]:
         return ok
     if kv_fmt != "bf16":
         return False, f"latent format {kv_fmt!r}: FP8/FP4 latents need conversions not assumed on the PPU"
-    return TAKES
+    return _kernel_limits(limits.sparse_mla, q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
 
 
 def takes_kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm):
-    ok = _common(q=q, k=k, v=v, g=g, beta=beta, state_pool=state_pool, state_ids=state_ids)
-    if not ok[0]:
-        return ok
-    if q.shape[-1] > MAX_KDA_KEY_DIM:
-        return False, f"key dim {q.shape[-1]} > {MAX_KDA_KEY_DIM}"
-    # The kernel walks K and V with unit steps: q, k, g, v and the pool's V dim must be dense.
-    return _unit_stride(q=q, k=k, v=v, g=g, state_pool=state_pool)
+    return _kernel_limits(limits.kda_decode, q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm)

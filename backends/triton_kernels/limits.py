@@ -1,0 +1,94 @@
+"""What the shared Triton kernels accept: one verifier per op, ``(*op_args) -> (ok, reason)``.
+
+Every backend that routes to these kernels (nvidia, amd, ppu) uses these verifiers, adding only its
+own device or architecture conditions through ``device_check`` (default :func:`on_gpu`). They read
+metadata only (never tensor values: no GPU sync). ROCm and PPU tensors report device type ``"cuda"``,
+like NVIDIA ones.
+"""
+from __future__ import annotations
+
+import torch
+
+# Plain data, no triton import: a backend's verifiers must load where triton is absent.
+CACHE_WRITE_FORMATS = frozenset({("latent", "bf16"), ("latent", "fp8"), ("latent", "fp8_ds_mla"),
+                                 ("index", "bf16"), ("index", "fp8")})
+LATENT_FORMATS = frozenset({"bf16", "fp8", "fp8_ds_mla"})
+INDEX_FORMATS = frozenset({"bf16", "fp8"})
+MAX_INDEX_HEADS = 128
+MAX_KDA_KEY_DIM = 256
+OK = (True, "")
+
+
+def on_gpu(**tensors) -> tuple[bool, str]:
+    for name, tensor in tensors.items():
+        if isinstance(tensor, torch.Tensor) and tensor.device.type != "cuda":
+            return False, f"'{name}' is on {tensor.device}; the Triton kernels need GPU (cuda) tensors"
+    return OK
+
+
+def unit_stride(**tensors) -> tuple[bool, str]:
+    """The kernels step through the last dim of these tensors one element at a time."""
+    for name, tensor in tensors.items():
+        if tensor.dim() and tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
+            return False, f"'{name}' has stride {tensor.stride(-1)} in its last dim; the Triton kernel needs 1"
+    return OK
+
+
+def _all(*checks) -> tuple[bool, str]:
+    """The first failing check, else OK; checks are thunks so later ones run only when needed."""
+    for check in checks:
+        ok, why = check()
+        if not ok:
+            return ok, why
+    return OK
+
+
+def cache_write(values, slots, pages, kind, fmt, scale, *, device_check=on_gpu):
+    if (kind, fmt) not in CACHE_WRITE_FORMATS:
+        return False, f"no Triton cache-write kernel for format {kind}:{fmt}"
+    return device_check(values=values, slots=slots, pages=pages)
+
+
+def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,
+                  device_check=on_gpu):
+    if index_fmt not in INDEX_FORMATS:
+        return False, f"the Triton indexer reads {sorted(INDEX_FORMATS)} keys, not {index_fmt!r}"
+    if q.shape[1] > MAX_INDEX_HEADS:
+        return False, f"the Triton indexer holds at most {MAX_INDEX_HEADS} heads, got {q.shape[1]}"
+    return _all(lambda: unit_stride(q=q, weights=weights, block_table=block_table),
+                lambda: device_check(q=q, weights=weights, index_pages=index_pages, block_table=block_table))
+
+
+def topk(scores, lengths, k, *, device_check=on_gpu):
+    return device_check(scores=scores, lengths=lengths)
+
+
+def positions_to_slots(positions, req_ids, block_table, block_tokens, *, device_check=on_gpu):
+    return _all(lambda: unit_stride(block_table=block_table),
+                lambda: device_check(positions=positions, req_ids=req_ids, block_table=block_table))
+
+
+def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, device_check=on_gpu):
+    if kv_fmt not in LATENT_FORMATS:
+        return False, f"Triton sparse MLA reads {sorted(LATENT_FORMATS)} latents, not {kv_fmt!r}"
+    return device_check(q=q, kv_pages=kv_pages, slots=slots)
+
+
+def lse_combine(o_parts, lse_parts, *, device_check=on_gpu):
+    return device_check(o_parts=o_parts, lse_parts=lse_parts)
+
+
+def _kda(q, k, v, g, state_pool, device_check):
+    if q.shape[-1] > MAX_KDA_KEY_DIM:
+        return False, f"Triton KDA key dim {q.shape[-1]} > {MAX_KDA_KEY_DIM}"
+    return _all(lambda: unit_stride(q=q, k=k, v=v, g=g, state_pool=state_pool),
+                lambda: device_check(q=q, k=k, v=v, g=g, state_pool=state_pool))
+
+
+def kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm, *, device_check=on_gpu):
+    return _kda(q, k, v, g, state_pool, device_check)
+
+
+def kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm, *,
+                device_check=on_gpu):
+    return _kda(q, k, v, g, state_pool, device_check)
