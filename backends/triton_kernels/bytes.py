@@ -103,11 +103,7 @@ def store_u32_bytewise(byte_ptr, words, mask):
 def load_bf16(byte_ptr, mask, AS_BF16: tl.constexpr):
     """bf16 values at ``byte_ptr`` (uint8 pointers, 2-byte aligned) as bf16 or exact fp32."""
     words = tl.load(byte_ptr.to(tl.pointer_type(tl.uint16)), mask=mask, other=0)
-    if AS_BF16:
-        values = words.to(tl.bfloat16, bitcast=True)
-    else:
-        values = (words.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-    return values
+    return widen_bf16(words, AS_BF16)
 
 
 @triton.jit
