@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# One device session's validation on an NVIDIA GPU, in one call (device time is scarce):
-# install the carried pure-Python wheels (.whl/) and dsahal, then
-#   1. the conformance suite against `nvidia` (batch-invariant mode, so that claim is tested too),
-#   2. the conformance suite against `amd` forced onto its Triton paths ("Triton paths on NVIDIA hardware"),
-#   3. the model: `dsahal run --config k31-pro-slice --backend nvidia --check`,
-#   4. `dsahal bench` (correctness check before every timing).
+# Validation on an NVIDIA GPU in few calls (device time is scarce). Usage:
+#   scripts/gpu-validate.sh STEP...      STEP: tune | run | conformance | bench
+# Installs the carried pure-Python wheels (.whl/) and dsahal, then runs the steps in order:
+#   tune         block-size sweep of the shared Triton kernels (python -m dsahal.bench.tune)
+#   run          the model: `dsahal run --config k31-pro-slice --backend nvidia --check`, eager and with
+#                its decode steps replayed from CUDA graphs
+#   conformance  three suites at once, each split over processes (`--jobs`): `nvidia` (default mode),
+#                `nvidia` in batch-invariant mode (proves that claim), `amd` forced onto its Triton
+#                paths ("Triton paths on NVIDIA hardware")
+#   bench        `dsahal bench --backend nvidia` (correctness check before every timing)
 # Everything lands in $OUT (the device tool's output folder) or ./gpu-out. Each step has its own
-# time limit so one slow step cannot eat the others; a step's failure does not stop the rest.
+# time limit (T_<STEP> seconds) so one slow step cannot eat the others; a failing step does not stop
+# the rest.
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
@@ -17,9 +22,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-echo "commit $COMMIT" | tee "$OUT/meta.txt"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/meta.txt"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/meta.txt"
+{ echo "commit $COMMIT (working tree $(git status --porcelain 2>/dev/null | wc -l) changed paths)"; date -u;
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader;
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$OUT/meta.txt"
+
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 limit=$2; shift 2
     echo "=== $name (limit ${limit}s)"
@@ -27,13 +33,38 @@ step() {  # step NAME SECONDS COMMAND...
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
     local rc=$?
     echo "=== $name rc=$rc in $((SECONDS - start))s" | tee -a "$OUT/meta.txt"
-    tail -n 25 "$OUT/$name.log"
+    tail -n "${TAIL:-25}" "$OUT/$name.log"
 }
-MAX_EXAMPLES="${MAX_EXAMPLES:-10}"
-step conformance-nvidia "${T_NV:-170}" env DSAHAL_BATCH_INVARIANT=1 python3 -m dsahal conformance --backend nvidia \
-    --seed 1 --max-examples "$MAX_EXAMPLES" --report-dir "$OUT/conformance-nvidia"
-step conformance-amd "${T_AMD:-110}" env DSAHAL_AMD_PATHS=triton DSAHAL_BATCH_INVARIANT=1 python3 -m dsahal conformance \
-    --backend amd --seed 1 --max-examples "$MAX_EXAMPLES" --report-dir "$OUT/conformance-amd"
-step run-k31-slice "${T_RUN:-70}" python3 -m dsahal run --config k31-pro-slice --backend nvidia --batch 4 \
-    --prompt-len 512 --decode 8 --check --json "$OUT/run-k31-slice.json"
-step bench "${T_BENCH:-120}" python3 -m dsahal bench --backend nvidia --json "$OUT/bench.json"
+
+conformance() {  # three suites concurrently; JOBS processes each
+    local jobs="${JOBS:-5}" examples="${MAX_EXAMPLES:-10}" limit="${T_CONFORMANCE:-540}"
+    local common=(--seed 1 --max-examples "$examples" --jobs "$jobs")
+    timeout "$limit" python3 -m dsahal conformance --backend nvidia "${common[@]}" \
+        --report-dir "$OUT/conformance-nvidia" >"$OUT/conformance-nvidia.log" 2>&1 &
+    timeout "$limit" env DSAHAL_BATCH_INVARIANT=1 python3 -m dsahal conformance --backend nvidia "${common[@]}" \
+        --report-dir "$OUT/conformance-nvidia-invariant" >"$OUT/conformance-nvidia-invariant.log" 2>&1 &
+    timeout "$limit" env DSAHAL_AMD_PATHS=triton python3 -m dsahal conformance --backend amd "${common[@]}" \
+        --report-dir "$OUT/conformance-amd-triton" >"$OUT/conformance-amd-triton.log" 2>&1 &
+    local start=$SECONDS
+    wait
+    echo "=== conformance (3 suites x $jobs jobs, $examples examples) done in $((SECONDS - start))s" | tee -a "$OUT/meta.txt"
+    for suite in nvidia nvidia-invariant amd-triton; do
+        echo "--- $suite"; tail -n 15 "$OUT/conformance-$suite.log"
+        rm -rf "$OUT/conformance-$suite/parts"/*/junit.xml 2>/dev/null
+    done
+}
+
+for what in "$@"; do
+    case "$what" in
+        tune) TAIL=400 step tune "${T_TUNE:-300}" python3 -m dsahal.bench.tune ;;
+        run)
+            step run-k31-slice "${T_RUN:-150}" python3 -m dsahal run --config k31-pro-slice --backend nvidia \
+                --batch 8 --prompt-len 512 --decode 16 --check --json "$OUT/run-k31-slice.json"
+            step run-k31-slice-graph "${T_RUN:-150}" python3 -m dsahal run --config k31-pro-slice --backend nvidia \
+                --batch 8 --prompt-len 512 --decode 16 --check --cuda-graph --json "$OUT/run-k31-slice-graph.json" ;;
+        conformance) conformance ;;
+        bench) TAIL=60 step bench "${T_BENCH:-420}" python3 -m dsahal bench --backend nvidia --json "$OUT/bench.json" \
+                   --plot "$OUT/roofline.png" ;;
+        *) echo "unknown step $what (tune | run | conformance | bench)"; exit 2 ;;
+    esac
+done

@@ -105,8 +105,8 @@ def _topk_cases(results):
     lengths = torch.tensor([300, 300, 300, 250, 300, 7], dtype=torch.int32)
     exact = True
     for k in (1, 17, 64, 400):
-        for bits in ((8, 12), (12, 12)):
-            got = topk(scores, lengths, k, chunk=64, bits1=bits[0], bits2=bits[1])
+        for row_levels in (1, 2):
+            got = topk(scores, lengths, k, chunk=64, row_levels=row_levels)
             want = reference(scores, lengths, k)
             exact &= torch.equal(got.sort(dim=1).values, want.sort(dim=1).values)
     results["topk_exact_tie_rule"] = exact

@@ -74,7 +74,7 @@ def indexer_config(heads: int) -> dict:
 
 def topk_config() -> dict:
     # 256 lanes per row: the same thread count as the NVIDIA choice of 8 warps.
-    return dict(chunk=2048, bits1=12, bits2=12, num_warps=wavefronts_for_threads(256))
+    return dict(chunk=2048, row_levels=2, num_warps=wavefronts_for_threads(256))
 
 
 def lse_combine_config() -> dict:

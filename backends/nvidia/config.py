@@ -49,7 +49,7 @@ def indexer_config(heads: int) -> dict:
 
 
 def topk_config() -> dict:
-    return dict(chunk=2048, bits1=8, bits2=12, num_warps=8)
+    return dict(chunk=2048, row_levels=2, num_warps=8)
 
 
 def kda_decode_config(value_dim: int) -> dict:

@@ -54,37 +54,43 @@ def main():
             q = torch.randn(tokens, heads, 576, device=dev, dtype=torch.bfloat16)
             slots = random_slots(tokens, 2048, 1 << 20, dev)
             if heads >= 64 and tokens > 64:
-                shapes = [(64, 32, 8, 1, None), (64, 32, 8, 2, None), (64, 64, 8, 1, None), (32, 64, 4, 2, None),
-                          (32, 32, 4, 2, None), (64, 16, 4, 2, None)]
+                shapes = [(64, 32, 8, 1, None), (64, 32, 8, 2, None), (64, 32, 8, 3, None), (64, 64, 8, 1, None),
+                          (64, 64, 8, 2, None), (64, 64, 4, 2, None), (32, 64, 4, 2, None), (64, 16, 4, 2, None),
+                          (64, 64, 8, 2, 1024)]
             elif heads >= 64:
-                shapes = [(64, 32, 8, 1, None), (64, 32, 8, 1, 512), (64, 32, 8, 1, 256), (32, 64, 4, 2, 256)]
+                shapes = [(64, 32, 8, 1, None), (64, 32, 8, 1, 512), (64, 32, 8, 1, 256), (64, 64, 8, 2, 256),
+                          (64, 32, 8, 2, 256), (32, 64, 4, 2, 256)]
             else:
-                shapes = [(16, 32, 4, 1, None), (16, 64, 4, 2, None), (16, 64, 8, 2, None), (16, 128, 4, 2, None),
-                          (16, 64, 4, 2, 1024), (16, 64, 4, 2, 512)]
+                shapes = [(16, 64, 4, 2, 512), (16, 32, 4, 1, None), (16, 64, 4, 2, None), (16, 64, 4, 3, 512),
+                          (16, 128, 4, 2, 512), (16, 128, 8, 2, 512), (16, 64, 4, 2, 256), (16, 64, 8, 2, 256),
+                          (16, 128, 4, 3, 256), (16, 32, 4, 3, 256)]
             configs = [dict(block_h=h, block_n=n, num_warps=w, num_stages=s, split_size=sp)
                        for h, n, w, s, sp in shapes]
             _sweep(f"sparse_mla {fmt} T={tokens} H={heads}", configs,
                    lambda **c: sparse_mla.sparse_mla(q, pages, slots, fmt, scale, MLA_SCALE, **c), _close)
-            del pages
+            pages = None  # free the pool before the next shape
     block_table, req_ids, positions, nb = decode_batch(64, 5, 131072, 64, dev)
     ipages = random_pages("index", "fp8", nb, 64, dev)
     for qd in (torch.float8_e4m3fn, torch.bfloat16):
         qi = torch.randn(320, INDEX_HEADS, 128, device=dev).to(qd)
         w = torch.rand(320, INDEX_HEADS, device=dev)
-        configs = [dict(block_n=n, group=g, num_warps=wp, num_stages=1)
-                   for n, g, wp in itertools.product([64, 128, 256], [1, 8], [4, 8])]
+        configs = [dict(block_n=n, group=8, tiles=tl_, num_warps=wp, num_stages=1)
+                   for n, tl_, wp in itertools.product([64, 128], [4, 8, 16], [4, 8])]
         _sweep(f"indexer fp8 keys q={qd}", configs,
                lambda **c: indexer.indexer_score(qi, w, ipages, block_table, req_ids, positions, "fp8", 131072, **c),
                lambda a, b: torch.equal(torch.isfinite(a), torch.isfinite(b)) and _close(
                    torch.nan_to_num(a, neginf=0), torch.nan_to_num(b, neginf=0), 1e-3))
-    del ipages
-    scores = torch.randn(320, 131072, device=dev)
+    # Top-k on two score distributions: Gaussian, and the indexer's own output (non-negative sums of
+    # relu terms, crowded into few exponents), which is what the DSA layer feeds it.
+    indexer_scores = indexer.indexer_score(qi, w, ipages, block_table, req_ids, positions, "fp8", 131072)
+    ipages = None
     lengths = torch.full((320,), 131072, device=dev, dtype=torch.int32)
-    configs = [dict(chunk=c, num_warps=w, bits1=b1, bits2=b2)
-               for c, w, (b1, b2) in itertools.product([1024, 2048, 4096], [4, 8], [(12, 12), (11, 11)])]
-    _sweep("topk [320, 128K] k=2048", configs, lambda **c: topk.topk(scores, lengths, 2048, **c),
-           lambda a, b: torch.equal(a.sort(1).values, b.sort(1).values))
-    print(f"  torch.topk: {time_ms(lambda: torch.topk(scores, 2048, dim=1)):.4f} ms")
+    for label, scores in (("gaussian", torch.randn(320, 131072, device=dev)), ("indexer output", indexer_scores)):
+        configs = [dict(chunk=c, num_warps=w, row_levels=r)
+                   for r, c, w in itertools.product([2, 1], [2048, 4096, 8192], [4, 8, 16])]
+        _sweep(f"topk [320, 128K] k=2048 {label}", configs, lambda **c: topk.topk(scores, lengths, 2048, **c),
+               lambda a, b: torch.equal(a.sort(1).values, b.sort(1).values))
+        print(f"  torch.topk: {time_ms(lambda: torch.topk(scores, 2048, dim=1)):.4f} ms")
     for batch in (64, 256):
         pool = torch.randn(batch * 2, 32, 128, 128, device=dev) * 0.05
         ids = torch.randperm(batch * 2, device=dev)[:batch].to(torch.int32)
