@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .bytes import (LATENT_CODES, LATENT_FP8, load_f32_bytewise, load_fp8, load_u16_bytewise, typed_views,
-                    views_usable, widen_bf16)
+from .bytes import (LATENT_BF16, LATENT_CODES, LATENT_FP8, load_f32_bytewise, load_fp8, load_u16_bytewise,
+                    typed_views, views_usable, widen_bf16)
 from .lse_combine import lse_combine
 
 NOPE = 512
@@ -152,7 +152,7 @@ def sparse_mla_kernel(
 
 
 def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=64, block_n=32,
-               split_size=None, num_warps=8, num_stages=1, exact_fp32=None):
+               split_size=None, num_warps=8, num_stages=1, exact_fp32=None, bf16_view=True):
     """Launch :func:`sparse_mla_kernel`.
 
     Args:
@@ -165,6 +165,8 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=6
         block_h, block_n: heads per program (power of two, ≥ 16) and slots per step.
         split_size: slots per split (multiple of ``block_n``); None = one split.
         exact_fp32: compute the dots in fp32 (default: unless q is bf16).
+        bf16_view: read bf16 latents through a bf16-typed view of the pages (a plain load that feeds
+            the MMA, which the software pipeliner can stage) rather than as raw 16-bit words.
 
     Returns:
         ``(o [T, H, 512] in q's dtype, lse [T, H] fp32)``.
@@ -187,6 +189,9 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=6
         return o[0].to(q.dtype), lse[0]
     grid = (triton.cdiv(heads, block_h), tokens, splits)
     views = typed_views(kv_pages)
+    if bf16_view and as_bf16 and fmt == LATENT_BF16 and views[1][0].dtype == torch.uint16:
+        # widen_bf16 is then a same-type bitcast (only the AS_BF16 path reads bf16 latents this way)
+        views[1] = (views[1][0].view(torch.bfloat16), views[1][1], views[1][2])
     sparse_mla_kernel[grid](
         q, q.stride(0), q.stride(1),
         views[0][0], views[1][0], views[2][0], *(s for _, sb, st in views for s in (sb, st)),

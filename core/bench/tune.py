@@ -16,12 +16,35 @@ from .inputs import decode_batch, random_pages, random_slots
 from .timing import time_ms
 
 
-def _sweep(label, configs, launch, compare):
+def _compiled(jit_fns) -> dict:
+    """``{id: kernel}`` of every compiled variant of these ``@triton.jit`` functions (Triton 3.x caches)."""
+    found = {}
+    for fn in jit_fns:
+        try:
+            for cache in getattr(fn, "device_caches", {}).values():
+                for kernel in cache[0].values():
+                    found[id(kernel)] = kernel
+        except Exception:  # noqa: BLE001 - cache layout differs between Triton versions: no resource column
+            pass
+    return found
+
+
+def _resources(kernels) -> str:
+    """Registers per thread, spilled bytes and shared memory of newly compiled kernels (why a config is slow)."""
+    parts = []
+    for kernel in kernels:
+        shared = getattr(getattr(kernel, "metadata", None), "shared", "?")
+        parts.append(f"regs={getattr(kernel, 'n_regs', '?')} spills={getattr(kernel, 'n_spills', '?')} smem={shared}")
+    return " [" + "; ".join(parts) + "]" if parts else ""
+
+
+def _sweep(label, configs, launch, compare, jit_fns=()):
     print(f"\n== {label}")
     first = None
     best = None
     for cfg in configs:
         try:
+            before = _compiled(jit_fns)
             out = launch(**cfg)
             torch.cuda.synchronize()
             same = True if first is None else compare(out, first)
@@ -30,7 +53,8 @@ def _sweep(label, configs, launch, compare):
         except Exception as exc:  # noqa: BLE001 - a config that fails to compile is reported and skipped
             print(f"  {cfg}: {type(exc).__name__}: {str(exc)[:120]}")
             continue
-        print(f"  {cfg}: {ms:.4f} ms  same={same}")
+        after = _compiled(jit_fns)
+        print(f"  {cfg}: {ms:.4f} ms  same={same}" + _resources(after[i] for i in after.keys() - before.keys()))
         if same and (best is None or ms < best[0]):
             best = (ms, cfg)
     print(f"  best: {best}")
@@ -66,8 +90,11 @@ def main():
                           (16, 128, 4, 3, 256), (16, 32, 4, 3, 256)]
             configs = [dict(block_h=h, block_n=n, num_warps=w, num_stages=s, split_size=sp)
                        for h, n, w, s, sp in shapes]
+            if fmt == "bf16":  # the same first configs reading raw 16-bit words instead of a bf16 view
+                configs += [dict(c, bf16_view=False) for c in configs[:3]]
             _sweep(f"sparse_mla {fmt} T={tokens} H={heads}", configs,
-                   lambda **c: sparse_mla.sparse_mla(q, pages, slots, fmt, scale, MLA_SCALE, **c), _close)
+                   lambda **c: sparse_mla.sparse_mla(q, pages, slots, fmt, scale, MLA_SCALE, **c), _close,
+                   (sparse_mla.sparse_mla_kernel,))
             pages = None  # free the pool before the next shape
     block_table, req_ids, positions, nb = decode_batch(64, 5, 131072, 64, dev)
     ipages = random_pages("index", "fp8", nb, 64, dev)
@@ -79,7 +106,8 @@ def main():
         _sweep(f"indexer fp8 keys q={qd}", configs,
                lambda **c: indexer.indexer_score(qi, w, ipages, block_table, req_ids, positions, "fp8", 131072, **c),
                lambda a, b: torch.equal(torch.isfinite(a), torch.isfinite(b)) and _close(
-                   torch.nan_to_num(a, neginf=0), torch.nan_to_num(b, neginf=0), 1e-3))
+                   torch.nan_to_num(a, neginf=0), torch.nan_to_num(b, neginf=0), 1e-3),
+               (indexer.indexer_score_kernel,))
     # Top-k on two score distributions: Gaussian, and the indexer's own output (non-negative sums of
     # relu terms, crowded into few exponents), which is what the DSA layer feeds it.
     indexer_scores = indexer.indexer_score(qi, w, ipages, block_table, req_ids, positions, "fp8", 131072)
@@ -89,7 +117,7 @@ def main():
         configs = [dict(chunk=c, num_warps=w, row_levels=r)
                    for r, c, w in itertools.product([2, 1], [2048, 4096, 8192], [4, 8, 16])]
         _sweep(f"topk [320, 128K] k=2048 {label}", configs, lambda **c: topk.topk(scores, lengths, 2048, **c),
-               lambda a, b: torch.equal(a.sort(1).values, b.sort(1).values))
+               lambda a, b: torch.equal(a.sort(1).values, b.sort(1).values), (topk.topk_kernel,))
         print(f"  torch.topk: {time_ms(lambda: torch.topk(scores, 2048, dim=1)):.4f} ms")
     for batch in (64, 256):
         pool = torch.randn(batch * 2, 32, 128, 128, device=dev) * 0.05
@@ -100,7 +128,7 @@ def main():
         configs = [dict(block_v=b, num_warps=w) for b, w in itertools.product([16, 32, 64, 128], [4, 8])]
         _sweep(f"kda decode B={batch}", configs,
                lambda **c: kda.kda_decode(q, k, v, g, beta, pool, ids, 128**-0.5, True, **c),
-               lambda a, b: True)
+               lambda a, b: True, (kda.kda_recurrent_kernel,))
 
 
 if __name__ == "__main__":
