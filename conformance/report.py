@@ -1,12 +1,15 @@
 """Reports of a conformance run: a JSON record per test and a markdown matrix op × format × outcome.
-(JUnit XML comes from pytest's own ``--junitxml``.)"""
+(JUnit XML comes from pytest's own ``--junitxml``.) ``merge`` and ``merge_junit`` combine the reports
+of runs over disjoint op families (``dsahal conformance --jobs N``) into those of one run."""
 from __future__ import annotations
 
 import json
 import platform
+import xml.etree.ElementTree as ET
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Mapping, Sequence
 
 OUTCOMES = ("pass", "fail", "skip", "fallback", "xfail", "xpass")
 
@@ -65,10 +68,12 @@ def cell_status(counts: dict) -> str:
     return "skip"
 
 
-def write_json(path: Path, records: list[TestRecord], backend: dict, settings: dict) -> None:
+def write_json(path: Path, records: list[TestRecord], backend: dict, settings: dict,
+               extra: dict | None = None) -> None:
+    """``extra``: further top-level keys (a merged run adds ``merge``: its parts and any problem)."""
     payload = {"backend": backend, "settings": settings, "versions": _versions(), "summary": summary(records),
                "matrix": {op: {fmt: dict(c) for fmt, c in fmts.items()} for op, fmts in matrix(records).items()},
-               "tests": [asdict(r) for r in records]}
+               "tests": [asdict(r) for r in records], **(extra or {})}
     path.write_text(json.dumps(payload, indent=2, sort_keys=False))
 
 
@@ -86,13 +91,16 @@ def _provenance(backend: dict) -> list[str]:
     return lines + [""] if lines else []
 
 
-def render_markdown(records: list[TestRecord], backend: dict, settings: dict, op_order) -> str:
+def render_markdown(records: list[TestRecord], backend: dict, settings: dict, op_order,
+                    notes: Sequence[str] = ()) -> str:
+    """``notes``: markdown lines shown under the settings (a merged run lists its parts there)."""
     counts = summary(records)
     lines = [f"# dsahal conformance: backend `{backend.get('name')}`", "",
              f"{counts['pass']} pass, {counts['fail']} fail, {counts['skip']} skip, {counts['fallback']} fallback"
              + (f", {counts['xfail']} xfail" if counts["xfail"] else "")
              + (f", {counts['xpass']} xpass" if counts["xpass"] else ""),
              "", f"Settings: {', '.join(f'{k}={v}' for k, v in settings.items())}", "",
+             *([*notes, ""] if notes else []),
              *_provenance(backend),
              "| op | format | status | pass | fail | skip | fallback | examples native / fallback |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -122,5 +130,103 @@ def render_markdown(records: list[TestRecord], backend: dict, settings: dict, op
     return "\n".join(lines) + "\n"
 
 
-def write_markdown(path: Path, records, backend, settings, op_order) -> None:
-    path.write_text(render_markdown(records, backend, settings, op_order))
+def write_markdown(path: Path, records, backend, settings, op_order, notes: Sequence[str] = ()) -> None:
+    path.write_text(render_markdown(records, backend, settings, op_order, notes))
+
+
+# --- merging the reports of parts (``dsahal conformance --jobs N``) ---------------------------------
+
+
+@dataclass
+class MergedRun:
+    """The parts' records as one run's; ``problems``: where the parts disagree (backend or settings),
+    which makes the merged run invalid: its parts did not certify one and the same thing."""
+
+    records: list[TestRecord]
+    backend: dict
+    settings: dict
+    problems: list[str] = field(default_factory=list)
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def records_from(payload: dict) -> list[TestRecord]:
+    return [TestRecord(**test) for test in payload.get("tests", [])]
+
+
+def _short(value, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _disagreements(what: str, by_part: Mapping[str, dict]) -> list[str]:
+    """One line per key whose value is not the same in every part."""
+    lines = []
+    keys = list(dict.fromkeys(k for d in by_part.values() for k in d))
+    for key in keys:
+        values = {label: d.get(key) for label, d in by_part.items()}
+        if len({json.dumps(v, sort_keys=True, default=str) for v in values.values()}) > 1:
+            shown = "; ".join(f"{label}: {_short(v)}" for label, v in values.items())
+            lines.append(f"{what} {key!r} differs between parts ({shown})")
+    return lines
+
+
+def merge(payloads: Mapping[str, dict], settings: Mapping | None = None) -> MergedRun:
+    """Combine the ``conformance.json`` payloads of parts (label -> payload) run over disjoint op
+    families into one run's records, backend and settings.
+
+    Records keep the suite's order (by test file, then each part's own order, which is pytest's).
+    The backend is the parts' common one; every key on which they differ is a problem, as is any
+    setting other than ``ops`` (the union of the parts'). ``settings`` overrides merged values.
+    """
+    records = sorted((r for p in payloads.values() for r in records_from(p)), key=lambda r: r.nodeid.split("::")[0])
+    backends = {label: p.get("backend", {}) for label, p in payloads.items()}
+    part_settings = {label: dict(p.get("settings", {})) for label, p in payloads.items()}
+    ops = sorted({op for s in part_settings.values() if isinstance(s.get("ops"), list) for op in s["ops"]})
+    without_ops = {label: {k: v for k, v in s.items() if k != "ops"} for label, s in part_settings.items()}
+    problems = _disagreements("backend", backends) + _disagreements("setting", without_ops)
+    merged = dict(next(iter(part_settings.values()), {}))
+    merged["ops"] = ops or "all"
+    merged.update(settings or {})
+    return MergedRun(records, next(iter(backends.values()), {}), merged, problems)
+
+
+def _junit_suites(path: Path) -> list[ET.Element]:
+    root = ET.parse(path).getroot()
+    return [root] if root.tag == "testsuite" else root.findall("testsuite")
+
+
+def _failure_suite(failures: Sequence[TestRecord]) -> ET.Element:
+    """A <testsuite> for failures no part could report itself (a part that crashed)."""
+    suite = ET.Element("testsuite", name="dsahal conformance parts", errors="0", failures=str(len(failures)),
+                       skipped="0", tests=str(len(failures)), time="0")
+    for record in failures:
+        case = ET.SubElement(suite, "testcase", classname=record.op, name=record.id, time="0")
+        failure = ET.SubElement(case, "failure", message=record.message.splitlines()[0] if record.message else "")
+        failure.text = record.message
+    return suite
+
+
+def merge_junit(sources: Mapping[str, Path], out: Path, failures: Sequence[TestRecord] = ()) -> list[str]:
+    """Write one xunit2 file: a <testsuites> holding each part's <testsuite> (renamed "<name> <label>")
+    and, for ``failures``, one more suite. Returns the labels whose file was missing or unreadable."""
+    root = ET.Element("testsuites", name="dsahal conformance")
+    unreadable = []
+    for label, path in sources.items():
+        try:
+            suites = _junit_suites(path)
+        except (OSError, ET.ParseError):
+            unreadable.append(label)
+            continue
+        for suite in suites:
+            suite.set("name", f"{suite.get('name', 'pytest')} {label}")
+            root.append(suite)
+    if failures:
+        root.append(_failure_suite(failures))
+    for attr in ("tests", "failures", "errors", "skipped"):
+        root.set(attr, str(sum(int(s.get(attr, 0)) for s in root)))
+    root.set("time", f"{sum(float(s.get('time', 0)) for s in root):.3f}")
+    ET.ElementTree(root).write(out, encoding="utf-8", xml_declaration=True)
+    return unreadable

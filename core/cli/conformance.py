@@ -2,6 +2,11 @@
 
 Exit status: 0 when every property passed (skips and fallbacks are reported, not failures),
 1 on any failure, 2 on a usage error (unknown backend or op, missing control file).
+
+``--jobs N`` (N > 1) runs the op families in N child processes, each writing its reports to
+``<report-dir>/parts/<i>/`` (with its output in ``log.txt``), and merges them into one report.
+Exit status as above; also 1 when a child crashed or wrote no report (the report names its ops)
+or when the children disagree on the backend under test.
 """
 from __future__ import annotations
 
@@ -52,6 +57,9 @@ def pytest_args(args) -> list[str]:
 def run(args) -> int:
     import pytest
 
+    if args.jobs < 1:
+        print(f"error: --jobs: expected a positive number, got {args.jobs}", file=sys.stderr)
+        return 2
     unknown = [op for op in (args.ops or []) if op not in OP_NAMES]
     if unknown:
         print(f"error: --ops: unknown op(s) {unknown}; expected some of {list(OP_NAMES)}", file=sys.stderr)
@@ -62,6 +70,10 @@ def run(args) -> int:
             print(f"error: --{name}: no such file {path!r}", file=sys.stderr)
             return 2
     Path(args.report_dir).mkdir(parents=True, exist_ok=True)
+    if args.jobs > 1:
+        from .conformance_jobs import run_jobs
+
+        return run_jobs(args, conformance_dir())
     code = int(pytest.main(pytest_args(args)))
     if code == pytest.ExitCode.NO_TESTS_COLLECTED:
         print("error: no conformance test selected (check --ops / -k)", file=sys.stderr)
@@ -94,4 +106,7 @@ def register(subparsers) -> None:
     parser.add_argument("-k", default=None, metavar="EXPR", help="pytest -k expression to select properties")
     parser.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first failure")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per property")
+    parser.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                        help="split the op families over N processes and merge their reports (GPUs: Triton "
+                             "compiles on the CPU, one core per process); parts go to REPORT_DIR/parts/<i>")
     parser.set_defaults(func=run)
