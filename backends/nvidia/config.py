@@ -19,14 +19,22 @@ def batch_invariant() -> bool:
     return os.environ.get("DSAHAL_BATCH_INVARIANT", "0") not in ("", "0")
 
 
-def sparse_mla_config(tokens: int, heads: int, k: int) -> dict:
-    """Kernel parameters for ``q [tokens, heads, 576]`` over ``k`` slots per row."""
+def sparse_mla_config(tokens: int, heads: int, k: int, kv_fmt: str = "bf16") -> dict:
+    """Kernel parameters for ``q [tokens, heads, 576]`` over ``k`` slots per row of ``kv_fmt`` latents.
+
+    Measured on the H200 (2026-11-29, ``python -m dsahal.bench.tune``, 320 tokens, k = 2048):
+    H = 128 bf16 1.27 ms at (64 heads, 64 slots, 8 warps, 2 stages) against 1.88 ms for the earlier
+    (64, 32, 8, 1) — two stages spill nothing once bf16 latents load through a bf16 view; FP8 latents
+    are widened in registers, and one stage measured best there (1.16 ms vs 1.22 ms). H = 16: 0.45 ms
+    for both formats (FP8 with three stages) with 512-slot splits.
+    """
+    fp8 = kv_fmt != "bf16"
     if heads >= 64:
-        cfg = dict(block_h=64, block_n=32, num_warps=8, num_stages=1)
+        cfg = dict(block_h=64, block_n=64, num_warps=8, num_stages=1 if fp8 else 2)
     elif heads >= 32:
         cfg = dict(block_h=32, block_n=64, num_warps=4, num_stages=2)
     else:
-        cfg = dict(block_h=16, block_n=64, num_warps=4, num_stages=2)
+        cfg = dict(block_h=16, block_n=64, num_warps=4, num_stages=3 if fp8 else 2)
     if batch_invariant() or heads < 64:
         # Few heads: memory-bound, and the fixed split measured faster on the H200 (H=16, 320 tokens:
         # 0.46 ms vs 0.62 ms unsplit, 2026-11-29), so it is the default there too.
@@ -45,11 +53,15 @@ def sparse_mla_config(tokens: int, heads: int, k: int) -> dict:
 
 
 def indexer_config(heads: int) -> dict:
-    return dict(block_n=64, group=8, num_warps=8, num_stages=1)
+    # H200, 320 tokens (64 requests x 5) at 128K context: 2.03 ms (FP8 q) / 2.45 ms (bf16 q) at
+    # 4 tiles of 64 keys and 4 warps; 16 tiles or 128-key tiles were slower or spilled.
+    return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1)
 
 
 def topk_config() -> dict:
-    return dict(chunk=2048, row_levels=2, num_warps=8)
+    # H200, [320, 128K] Gaussian scores, k = 2048: 0.79 ms at 2048-entry chunks and 4 warps
+    # (8 warps 0.83 ms, 4096-entry chunks 1.0 ms).
+    return dict(chunk=2048, row_levels=2, num_warps=4)
 
 
 def kda_decode_config(value_dim: int) -> dict:

@@ -154,7 +154,7 @@ def run_offsets(req_ids):
 
 
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,
-                  block_n=64, group=8, tiles=16, num_warps=8, num_stages=1, dot=None, out=None):
+                  block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, dot=None, out=None):
     """Launch :func:`indexer_score_kernel`.
 
     Args:

@@ -67,11 +67,15 @@ def _close(a, b, tol=1e-2):
     return bool(((a.float() - b.float()).norm() / b.float().norm()) < tol)
 
 
-def main():
+def main(sections=("sparse_mla", "indexer", "topk", "kda")):
+    """Run the sweeps named in ``sections`` (command line: ``python -m dsahal.bench.tune [SECTION...]``)."""
     from dsahal.backends.triton_kernels import indexer, kda, sparse_mla, topk
 
+    unknown = set(sections) - {"sparse_mla", "indexer", "topk", "kda"}
+    if unknown:
+        raise SystemExit(f"tune: unknown section(s) {sorted(unknown)}; expected sparse_mla, indexer, topk, kda")
     dev = torch.device("cuda")
-    for heads, tokens in ((128, 320), (16, 320), (128, 8)):
+    for heads, tokens in ((128, 320), (16, 320), (128, 8)) if "sparse_mla" in sections else ():
         for fmt in ("bf16", "fp8"):
             pages = random_pages("latent", fmt, (1 << 20) // 64, 64, dev)
             scale = torch.tensor(0.5, device=dev) if fmt == "fp8" else None
@@ -98,7 +102,7 @@ def main():
             pages = None  # free the pool before the next shape
     block_table, req_ids, positions, nb = decode_batch(64, 5, 131072, 64, dev)
     ipages = random_pages("index", "fp8", nb, 64, dev)
-    for qd in (torch.float8_e4m3fn, torch.bfloat16):
+    for qd in (torch.float8_e4m3fn, torch.bfloat16) if "indexer" in sections else ():
         qi = torch.randn(320, INDEX_HEADS, 128, device=dev).to(qd)
         w = torch.rand(320, INDEX_HEADS, device=dev)
         configs = [dict(block_n=n, group=8, tiles=tl_, num_warps=wp, num_stages=1)
@@ -110,16 +114,19 @@ def main():
                (indexer.indexer_score_kernel,))
     # Top-k on two score distributions: Gaussian, and the indexer's own output (non-negative sums of
     # relu terms, crowded into few exponents), which is what the DSA layer feeds it.
+    qi = torch.randn(320, INDEX_HEADS, 128, device=dev).to(torch.float8_e4m3fn)
+    w = torch.rand(320, INDEX_HEADS, device=dev)
     indexer_scores = indexer.indexer_score(qi, w, ipages, block_table, req_ids, positions, "fp8", 131072)
     ipages = None
     lengths = torch.full((320,), 131072, device=dev, dtype=torch.int32)
-    for label, scores in (("gaussian", torch.randn(320, 131072, device=dev)), ("indexer output", indexer_scores)):
+    distributions = (("indexer output", indexer_scores), ("gaussian", torch.randn(320, 131072, device=dev)))
+    for label, scores in distributions if "topk" in sections else ():
         configs = [dict(chunk=c, num_warps=w, row_levels=r)
-                   for r, c, w in itertools.product([2, 1], [2048, 4096, 8192], [4, 8, 16])]
+                   for r, c, w in itertools.product([2, 1], [1024, 2048], [4, 8])]
         _sweep(f"topk [320, 128K] k=2048 {label}", configs, lambda **c: topk.topk(scores, lengths, 2048, **c),
                lambda a, b: torch.equal(a.sort(1).values, b.sort(1).values), (topk.topk_kernel,))
         print(f"  torch.topk: {time_ms(lambda: torch.topk(scores, 2048, dim=1)):.4f} ms")
-    for batch in (64, 256):
+    for batch in (64, 256) if "kda" in sections else ():
         pool = torch.randn(batch * 2, 32, 128, 128, device=dev) * 0.05
         ids = torch.randperm(batch * 2, device=dev)[:batch].to(torch.int32)
         q, k, v = (torch.randn(batch, 32, 128, device=dev, dtype=torch.bfloat16) for _ in range(3))
@@ -132,4 +139,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(tuple(sys.argv[1:]) or ("sparse_mla", "indexer", "topk", "kda"))
