@@ -45,6 +45,9 @@ conformance() {  # three suites concurrently; JOBS processes each
         --report-dir "$OUT/conformance-nvidia-invariant" >"$OUT/conformance-nvidia-invariant.log" 2>&1 &
     timeout "$limit" env DSAHAL_AMD_PATHS=triton python3 -m dsahal conformance --backend amd "${common[@]}" \
         --report-dir "$OUT/conformance-amd-triton" >"$OUT/conformance-amd-triton.log" 2>&1 &
+    if [ -n "${WITH_RUN:-}" ]; then  # the model run alongside (a correctness check; its timings are disturbed)
+        ( run_model ) >"$OUT/run-alongside.log" 2>&1 &
+    fi
     local start=$SECONDS
     wait
     echo "=== conformance (3 suites x $jobs jobs, $examples examples) done in $((SECONDS - start))s" | tee -a "$OUT/meta.txt"
@@ -54,14 +57,17 @@ conformance() {  # three suites concurrently; JOBS processes each
     done
 }
 
+run_model() {  # the model eager, then with decode steps replayed from CUDA graphs, each checked against the reference
+    step run-k31-slice "${T_RUN:-150}" python3 -m dsahal run --config k31-pro-slice --backend nvidia \
+        --batch 8 --prompt-len 512 --decode 16 --check --progress --json "$OUT/run-k31-slice.json"
+    step run-k31-slice-graph "${T_RUN:-150}" python3 -m dsahal run --config k31-pro-slice --backend nvidia \
+        --batch 8 --prompt-len 512 --decode 16 --check --progress --cuda-graph --json "$OUT/run-k31-slice-graph.json"
+}
+
 for what in "$@"; do
     case "$what" in
-        tune) TAIL=400 step tune "${T_TUNE:-300}" python3 -m dsahal.bench.tune ;;
-        run)
-            step run-k31-slice "${T_RUN:-150}" python3 -m dsahal run --config k31-pro-slice --backend nvidia \
-                --batch 8 --prompt-len 512 --decode 16 --check --json "$OUT/run-k31-slice.json"
-            step run-k31-slice-graph "${T_RUN:-150}" python3 -m dsahal run --config k31-pro-slice --backend nvidia \
-                --batch 8 --prompt-len 512 --decode 16 --check --cuda-graph --json "$OUT/run-k31-slice-graph.json" ;;
+        tune) TAIL=400 step tune "${T_TUNE:-300}" python3 -m dsahal.bench.tune ${TUNE_SECTIONS:-} ;;
+        run) run_model ;;
         conformance) conformance ;;
         bench) TAIL=60 step bench "${T_BENCH:-420}" python3 -m dsahal bench --backend nvidia --json "$OUT/bench.json" \
                    --plot "$OUT/roofline.png" ;;
