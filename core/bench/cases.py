@@ -31,6 +31,8 @@ class Built:
     baseline: Optional[Callable[[], object]] = None
     peers: dict = field(default_factory=dict)  # name -> callable
     graph_ok: bool = True
+    # Its own CUDA graph: a factory that captures and returns the replay callable (the "graph ms" column).
+    graph: Optional[Callable[[], Callable[[], object]]] = None
 
 
 @dataclass(frozen=True)
@@ -373,8 +375,20 @@ def all_cases(quick: bool = False) -> list[Case]:
         Case("DSA layer decode", "dsa_attention", f"64x5 tok, ctx {ctx128}, H=16",
              build_dsa(64, 5, ctx128, 16), dev_check(check_dsa)),
         Case("cache write", "cache_write", "checks only", None, dev_check(check_cache_write)),
+        model_decode_case(quick),
     ]
     return cases
+
+
+def model_decode_case(quick: bool = False) -> Case:
+    """One decode step of ``k31-pro-slice``: 64 requests of context 4096 (quick: 16 of 1024), eager and
+    replayed from a CUDA graph (:mod:`.model_step`)."""
+    from .model_step import build_model_decode, check_model_decode
+
+    requests, context = (16, 1024) if quick else (64, 4096)
+    return Case("model decode step", "model", f"k31-pro-slice, {requests} req x ctx {context}",
+                build_model_decode("k31-pro-slice", requests, context),
+                lambda device, backend: check_model_decode(device, backend))
 
 
 def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:

@@ -7,7 +7,7 @@ import platform
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -97,41 +97,71 @@ def _time_case(row: Row, case: Case, device, ceilings: Ceilings, graphs: bool) -
             row.invariant_ms = time_ms(built.run)
         finally:
             del os.environ["DSAHAL_BATCH_INVARIANT"]
-    if graphs and built.graph_ok and case.op == "dsa_attention":
+    if graphs and built.graph is not None:  # the case captures its own graph (the model step: the engine's runner)
+        row.graph_ms = time_ms(built.graph())
+    elif graphs and built.graph_ok and case.op == "dsa_attention":
         row.graph_ms = time_ms_graph(built.run)
     del built
     torch.cuda.empty_cache()
 
 
-def run_bench(cases: list[Case], backend: str, graphs: bool = True) -> tuple[Ceilings, list[Row]]:
+def run_bench(cases: list[Case], backend: str, graphs: bool = True,
+              on_row: Optional[Callable[[Ceilings, Row], None]] = None) -> tuple[Ceilings, list[Row]]:
+    """Measure the ceilings, then run every case; ``on_row(ceilings, row)`` as each case finishes.
+
+    A case that raises anywhere (check, build, timing) gets an ``error`` row and the run goes on."""
     device = torch.device("cuda")
     progress(0, len(cases) + 1, "ceilings (copy, bf16 matmul)")
     ceilings = measure_ceilings(device)
     rows = []
     for i, case in enumerate(cases, start=1):
         progress(i, len(cases) + 1, f"{case.name} {case.shape}")
-        rows.append(run_case(case, backend, device, ceilings, graphs))
+        try:
+            row = run_case(case, backend, device, ceilings, graphs)
+        except Exception as exc:  # noqa: BLE001 - whatever broke, the other cases still run
+            row = Row(case.name, case.op, case.shape, "error", f"{type(exc).__name__}: {exc}"[:300])
+            torch.cuda.empty_cache()
+        rows.append(row)
+        if on_row is not None:
+            clear_progress()
+            on_row(ceilings, row)
     progress(len(cases) + 1, len(cases) + 1, "done")
     return ceilings, rows
+
+
+def clear_progress() -> None:
+    """Blank the progress bar's line on a terminal, so a row printed now starts at column 0."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r" + " " * 100 + "\r")
+        sys.stderr.flush()
 
 
 def _fmt(x, spec=".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def table(ceilings: Ceilings, rows: list[Row]) -> str:
-    lines = [
+def table_header(ceilings: Ceilings) -> list[str]:
+    return [
         f"ceilings (this run): copy {ceilings.copy_tbps:.2f} TB/s, bf16 matmul {ceilings.matmul_tflops:.0f} TFLOP/s",
         "",
         "| op | shape | check | ms | GB/s | TFLOP/s | % ceiling | vs torch | peer | inv. ms | graph ms |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in rows:
-        peer = "; ".join(f"{n} {_fmt(p['ms'])} ms ({_fmt(p['ratio'], '.2f')}x)" for n, p in (r.peers or {}).items())
-        pct = "-" if r.pct_ceiling is None else f"{r.pct_ceiling:.0f}% {r.bound}"
-        lines.append(
-            f"| {r.name} | {r.shape} | {r.check} | {_fmt(r.ms)} | {_fmt(r.gbps, '.0f')} | {_fmt(r.tflops, '.1f')} | "
+
+
+def row_line(r: Row, detail: bool = False) -> str:
+    """One table row; ``detail``: a check that did not pass carries its reason in the check cell."""
+    peer = "; ".join(f"{n} {_fmt(p['ms'])} ms ({_fmt(p['ratio'], '.2f')}x)" for n, p in (r.peers or {}).items())
+    pct = "-" if r.pct_ceiling is None else f"{r.pct_ceiling:.0f}% {r.bound}"
+    check = f"{r.check}: {r.check_detail[:160]}" if detail and r.check != "pass" else r.check
+    return (f"| {r.name} | {r.shape} | {check} | {_fmt(r.ms)} | {_fmt(r.gbps, '.0f')} | {_fmt(r.tflops, '.1f')} | "
             f"{pct} | {_fmt(r.vs_torch, '.1f')}x | {peer or '-'} | {_fmt(r.invariant_ms)} | {_fmt(r.graph_ms)} |")
+
+
+def table(ceilings: Ceilings, rows: list[Row]) -> str:
+    lines = table_header(ceilings)
+    for r in rows:
+        lines.append(row_line(r))
     failed = [r for r in rows if r.check != "pass"]
     for r in failed:
         lines.append(f"\nFAILED {r.name} {r.shape}: {r.check_detail}")

@@ -67,8 +67,10 @@ def start_dcp(args, config):
     return DcpDsaAttention(context.rank, context.world_size, check=True), context
 
 
-def execute(args, model, config, device, attention, *, forced=None, progress=True):
-    """Run the requests once on the active backend; returns (finished requests, engine, op timer)."""
+def execute(args, model, config, device, attention, *, forced=None, progress=True, cuda_graph=None):
+    """Run the requests once on the active backend; returns (finished requests, engine, op timer).
+
+    ``cuda_graph`` (default ``--cuda-graph``): replay decode steps from CUDA graphs."""
     from ..engine import Engine, OpTimer, build_cache
     from ..engine.speculative import prompt_lookup_drafter
 
@@ -80,7 +82,8 @@ def execute(args, model, config, device, attention, *, forced=None, progress=Tru
     drafter = prompt_lookup_drafter(args.draft_tokens) if args.draft_tokens else None
     engine = Engine(model, cache, latent_fmt=args.latent_fmt, index_fmt=args.index_fmt, max_batch=args.batch,
                     max_context=max_context, prefill_chunk_tokens=args.chunk, attention=attention,
-                    compile_decode=args.compile, drafter=drafter, max_draft_tokens=args.draft_tokens)
+                    compile_decode=args.compile, drafter=drafter, max_draft_tokens=args.draft_tokens,
+                    cuda_graph=args.cuda_graph if cuda_graph is None else cuda_graph)
     total_steps = math.ceil(sum(len(r.prompt) for r in requests) / args.chunk) + args.decode - 1
     bar = ProgressBar(total_steps, enabled=progress and (args.progress or (sys.stderr.isatty() and total_steps > 20)))
     with OpTimer(synchronize=device.type == "cuda") as timer:
@@ -170,13 +173,14 @@ def _report(args, config, attention, device, *, rank: int, replay_attention=None
                   "state_slots": engine.cache.num_state_slots},
         "weights_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
         "memory": peak_memory(device), "outputs": [r.output for r in finished], "dcp": args.dcp,
+        "cuda_graph": engine.graphs is not None,
     }
     if rank != 0:
         return 0
     if args.check:  # single-device on the reference: the oracle for a DCP run as well
-        with use_backend("reference"):
+        with use_backend("reference"):  # eager: the reference reads values on the host, nothing to capture
             replay, _, _ = execute(args, model, config, device, replay_attention or attention,
-                                   forced=[r.output for r in finished], progress=False)
+                                   forced=[r.output for r in finished], progress=False, cuda_graph=False)
         report["check"] = compare_runs(finished, replay)
     print_report(report)
     if args.json:
@@ -207,6 +211,9 @@ def register(subparsers) -> None:
     parser.add_argument("--split-dsa", action="store_true",
                         help="call indexer, top-k and sparse MLA separately instead of the fused dsa_attention")
     parser.add_argument("--compile", action="store_true", help="decode through torch.compile(fullgraph=True)")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="replay decode steps from CUDA graphs captured per batch size (CUDA only; capture "
+                             "time is reported apart and not counted in decode tokens/s)")
     parser.add_argument("--draft-tokens", type=int, default=0, metavar="K",
                         help="speculative decoding: verify up to K (<= 7) prompt-lookup drafts per request per "
                              "decode step (greedy only; default 0: off)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -20,7 +20,9 @@ from ..cache import CacheFullError
 from ..model.batch import ModelCache
 from ..model.dsa_attention import DsaAttention
 from ..model.sampling import sample_one
+from ..registry.state import active_table
 from .batch import StepBatch, build_step, write_slots
+from .cuda_graph import DecodeGraphs, DecodeInputs
 from .request import Request
 from .speculative import MAX_DRAFT_TOKENS, Drafter, speculative_step
 
@@ -36,6 +38,9 @@ class EngineStats:
     decode_seconds: float = 0.0
     decode_steps: int = 0
     compile_seconds: float = 0.0  # the first compiled decode step (tracing + codegen), kept out of the rates
+    graph_capture_seconds: float = 0.0  # CUDA graphs: warm-up + capture of each graph, kept out of the rates
+    graph_sizes: list = field(default_factory=list)  # the batch sizes a decode graph was captured for
+    graph_steps: int = 0  # decode steps replayed from a CUDA graph (the rest of decode_steps ran eagerly)
     draft_tokens: int = 0  # speculative decoding: drafts proposed
     accepted_draft_tokens: int = 0  # and accepted
 
@@ -68,12 +73,19 @@ class Engine:
         drafter: speculative decoding: ``drafter(request) -> draft token ids`` proposes up to
             ``max_draft_tokens`` (≤ 7) tokens to verify in each decode step
             (:mod:`dsahal.engine.speculative`; greedy acceptance, so requests must be greedy).
+        cuda_graph: run decode steps by replaying CUDA graphs of ``model.step(..., decode=True)``, one per
+            batch size bucket, captured the first time it is needed (:mod:`dsahal.engine.cuda_graph`).
+            Prefill steps stay eager. Needs a CUDA device and a backend whose decode ops never fall back
+            to the reference; not with ``compile_decode``, a drafter or decode context parallelism.
+        graph_sizes: the batch sizes decode graphs may be captured for (default 1, 2, 4, multiples of 8
+            and ``max_batch``); a batch runs padded up to the next one.
     """
 
     def __init__(self, model, cache, *, latent_fmt: str, index_fmt: str, max_batch: int, max_context: int,
                  prefill_chunk_tokens: int = 512, attention: Optional[DsaAttention] = None,
                  compile_decode: bool = False, drafter: Optional[Drafter] = None,
-                 max_draft_tokens: int = MAX_DRAFT_TOKENS):
+                 max_draft_tokens: int = MAX_DRAFT_TOKENS, cuda_graph: bool = False,
+                 graph_sizes: Optional[list[int]] = None):
         for name, value in (("max_batch", max_batch), ("max_context", max_context),
                             ("prefill_chunk_tokens", prefill_chunk_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -105,6 +117,24 @@ class Engine:
         self._ids: set[int] = set()
         self._decode_step = torch.compile(model.step, fullgraph=True) if compile_decode else model.step
         self._compiling = compile_decode
+        self._table_version = 0  # bumped whenever the block table changes (graphs copy it only then)
+        self.graphs: Optional[DecodeGraphs] = None
+        if cuda_graph:
+            self._check_cuda_graph(compile_decode)
+            self.graphs = DecodeGraphs(model, self.views, max_batch=max_batch, max_blocks=self.max_blocks,
+                                       max_context=self.max_context, device=self.device, sizes=graph_sizes)
+
+    def _check_cuda_graph(self, compile_decode: bool) -> None:
+        if self.device.type != "cuda":
+            raise ValueError(f"Engine: cuda_graph=True needs a CUDA device, the model is on {self.device}")
+        conflicts = [name for name, on in (("compile_decode", compile_decode), ("a drafter", self.drafter is not None),
+                                           ("decode context parallelism", self.context_shards > 1)) if on]
+        if conflicts:
+            raise ValueError(f"Engine: cuda_graph=True cannot be combined with {' or '.join(conflicts)}")
+        backend = active_table().name
+        if backend == "reference":
+            raise ValueError("Engine: cuda_graph=True on the reference backend: its ops read tensor values on the "
+                             "host (it is the float64 oracle) and cannot be captured in a CUDA graph")
 
     # --- requests ---------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -144,6 +174,7 @@ class Engine:
             self.waiting.popleft()
             request.row, request.blocks, request.state_id = self.free_rows.popleft(), blocks, state_id
             self.block_table[request.row, :needed] = torch.tensor(blocks, dtype=torch.int32)
+            self._table_version += 1
             self.running.append(request)
 
     def _local_blocks(self, tokens: int) -> int:
@@ -154,6 +185,7 @@ class Engine:
         self.cache.free_blocks(request.blocks)
         self.cache.free_state(request.state_id)
         self.block_table[request.row] = -1
+        self._table_version += 1
         self.free_rows.append(request.row)
         request.row, request.blocks, request.state_id = None, [], None
         self.running.remove(request)
@@ -190,14 +222,29 @@ class Engine:
         scheduled, decode = self._schedule()
         if decode and self.drafter is not None:
             return speculative_step(self)
-        batch = build_step(scheduled, self.block_table, self.block_tokens, self.max_context, decode, self.device,
+        graphs = self.graphs if decode else None
+        batch = build_step(scheduled, self.block_table, self.block_tokens, self.max_context, decode,
+                           torch.device("cpu") if graphs else self.device,  # graphs copy into their own buffers
                            slot_fn=getattr(self.model.attention, "write_slots", write_slots))
+        if graphs is not None:
+            inputs = DecodeInputs.from_step(batch)
+            size = graphs.size_for(inputs.batch)
+            if not graphs.captured(size):
+                self.stats.graph_capture_seconds += graphs.capture(size)
+                self.stats.graph_sizes.append(size)
+            # Untimed, like the eager step's host-to-device copies in build_step: the inputs into the buffers.
+            graphs.load(inputs, self.block_table, self._table_version)
         start = time.perf_counter()
-        logits = self._forward(batch)
+        if graphs is not None:
+            logits = graphs.replay(size)[:inputs.batch]
+        else:
+            logits = self._forward(batch)
         if logits.is_cuda:
             torch.cuda.synchronize(logits.device)
         elapsed = time.perf_counter() - start
         tokens = batch.meta.num_tokens
+        if graphs is not None:
+            self.stats.graph_steps += 1
         if decode and self._compiling:
             self._compiling = False
             self.stats.compile_seconds += elapsed

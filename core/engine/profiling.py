@@ -5,6 +5,10 @@ method sees every backend, fused or composed, without touching the model. Compos
 backend's ``dsa_attention`` built from its own ops) nest: each op's *self* time excludes the ops
 it called, so the self times add up to the time spent in ops. On CUDA every call is bracketed
 by device synchronisations (which slows the run a little but attributes time honestly).
+
+Calls made while a CUDA graph is being captured are neither synchronised (that would break the
+capture) nor counted (nothing runs then); steps replayed from a graph run no Python at all, so
+their ops never appear here.
 """
 from __future__ import annotations
 
@@ -40,8 +44,11 @@ class OpTimer:
         sync = torch.cuda.is_available() and torch.cuda.is_initialized() if self.synchronize is None \
             else self.synchronize
         stack: list[float] = []  # time spent in children of each open call
+        cuda = torch.cuda.is_available()  # (a CPU-only build has no capture query at all)
 
         def timed_call(op, *args, **kwargs):
+            if cuda and torch.cuda.is_current_stream_capturing():
+                return self._original(op, *args, **kwargs)
             if sync:
                 torch.cuda.synchronize()
             stack.append(0.0)

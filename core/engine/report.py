@@ -69,8 +69,16 @@ def print_report(report: dict, out=None) -> None:
           f"{report['decode_tokens_per_request']} generated each, seed {report['seed']}", file=out)
     print(f"prefill  {stats['prefill_tokens']} tokens in {stats['prefill_seconds']:.3f} s = "
           f"{stats['prefill_tokens_per_s']:.1f} tokens/s ({stats['prefill_steps']} steps)", file=out)
+    if report.get("cuda_graph"):
+        mode = f"{stats.get('graph_steps', 0)} replayed from CUDA graphs"
+    else:
+        mode = "eager" if not stats.get("compile_seconds") else "torch.compile"
     print(f"decode   {stats['decode_tokens']} tokens in {stats['decode_seconds']:.3f} s = "
-          f"{stats['decode_tokens_per_s']:.1f} tokens/s ({stats['decode_steps']} steps)", file=out)
+          f"{stats['decode_tokens_per_s']:.1f} tokens/s ({stats['decode_steps']} steps, {mode})", file=out)
+    if report.get("cuda_graph"):
+        sizes = stats.get("graph_sizes") or []
+        print(f"         (capturing {len(sizes)} CUDA graph(s) for batch size(s) {sizes}, "
+              f"{stats.get('graph_capture_seconds', 0.0):.2f} s with warm-up, is not counted)", file=out)
     if stats.get("compile_seconds"):
         print(f"         (the first decode step, {stats['compile_seconds']:.1f} s with torch.compile, is not counted)",
               file=out)
@@ -80,6 +88,9 @@ def print_report(report: dict, out=None) -> None:
     step_seconds = stats["prefill_seconds"] + stats["decode_seconds"]
     print(f"\nper-op time (self time; nested ops excluded from their caller) — {1e3 * report['ops_seconds']:.1f} ms "
           f"in ops of {1e3 * step_seconds:.1f} ms of steps", file=out)
+    if report.get("cuda_graph"):
+        print("  (decode steps replayed from CUDA graphs run no Python: their ops are not below; the warm-up "
+              "steps before each capture are)", file=out)
     print(f"  {'op':<20}{'calls':>7}{'self ms':>11}{'total ms':>11}{'% steps':>9}  status", file=out)
     for row in report["ops"]:
         share = 100.0 * row["self_ms"] / (1e3 * step_seconds) if step_seconds else 0.0
