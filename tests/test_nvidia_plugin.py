@@ -130,3 +130,14 @@ def test_kernel_limits_import_without_triton():
             "from dsahal.backends.triton_kernels import limits; print(sorted(limits.LATENT_FORMATS))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("heads", [1, 16, 32, 128])
+@pytest.mark.parametrize("kv_fmt", ["bf16", "fp8", "fp8_ds_mla"])
+def test_sparse_mla_exact_fp32_path_takes_tiles_that_fit_shared_memory(heads, kv_fmt):
+    """fp32 queries run fp32 dots: the bf16 tiles asked the H200 for 258-349 KB of shared memory
+    (conformance, 2026-11-29). Operand bytes per stage must stay well under its 227 KB."""
+    cfg = config.sparse_mla_config(4, heads, 2048, kv_fmt, torch.float32)
+    operand_bytes = 4 * 576 * (cfg["block_h"] + cfg["block_n"] * cfg["num_stages"])
+    assert operand_bytes <= 120 * 1024, cfg
+    assert cfg != config.sparse_mla_config(4, heads, 2048, kv_fmt, torch.bfloat16)

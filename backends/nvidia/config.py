@@ -19,7 +19,8 @@ def batch_invariant() -> bool:
     return os.environ.get("DSAHAL_BATCH_INVARIANT", "0") not in ("", "0")
 
 
-def sparse_mla_config(tokens: int, heads: int, k: int, kv_fmt: str = "bf16") -> dict:
+def sparse_mla_config(tokens: int, heads: int, k: int, kv_fmt: str = "bf16",
+                      q_dtype: torch.dtype = torch.bfloat16) -> dict:
     """Kernel parameters for ``q [tokens, heads, 576]`` over ``k`` slots per row of ``kv_fmt`` latents.
 
     Measured on the H200 (2026-11-29, ``python -m dsahal.bench.tune``, 320 tokens, k = 2048):
@@ -27,9 +28,13 @@ def sparse_mla_config(tokens: int, heads: int, k: int, kv_fmt: str = "bf16") -> 
     (64, 32, 8, 1) — two stages spill nothing once bf16 latents load through a bf16 view; FP8 latents
     are widened in registers, and one stage measured best there (1.16 ms vs 1.22 ms). H = 16: 0.45 ms
     for both formats (FP8 with three stages) with 512-slot splits.
+    Non-bf16 queries take the exact fp32 dots, whose operands are twice as large: small tiles, one
+    stage (the bf16 tiles ask for 258-349 KB of shared memory there; the H200 has 227 KB).
     """
     fp8 = kv_fmt != "bf16"
-    if heads >= 64:
+    if q_dtype != torch.bfloat16:
+        cfg = dict(block_h=32 if heads >= 32 else 16, block_n=16, num_warps=4, num_stages=1)
+    elif heads >= 64:
         cfg = dict(block_h=64, block_n=64, num_warps=8, num_stages=1 if fp8 else 2)
     elif heads >= 32:
         cfg = dict(block_h=32, block_n=64, num_warps=4, num_stages=2)

@@ -35,7 +35,7 @@ def positions_to_slots(positions, req_ids, block_table, block_tokens):
 
 
 def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
-    cfg = config.sparse_mla_config(q.shape[0], q.shape[1], slots.shape[1], kv_fmt)
+    cfg = config.sparse_mla_config(q.shape[0], q.shape[1], slots.shape[1], kv_fmt, q.dtype)
     return _mla.sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **cfg)
 
 

@@ -51,7 +51,12 @@ def _pow2_scale_at_least(amax, MIN_EXP: tl.constexpr, MAX_EXP: tl.constexpr):
     return _pow2(exponent)
 
 
-@triton.jit
+# Counts and sizes that vary from call to call are not specialised on (Triton would compile a
+# variant per value pattern: ==1, multiple of 16); strides stay specialised for wide loads.
+SIZE_ARGS = ("num_slots", "block_tokens")
+
+
+@triton.jit(do_not_specialize=SIZE_ARGS)
 def cache_write_kernel(
     values_ptr, stride_vn,  # [N, D]
     slots_ptr,  # [N]

@@ -82,7 +82,12 @@ def _key_tile(pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s
     return keys, scale, mapped
 
 
-@triton.jit
+# Counts and sizes that vary from call to call are not specialised on (Triton would compile a
+# variant per value pattern: ==1, multiple of 16); strides stay specialised for wide loads.
+SIZE_ARGS = ("T", "H", "max_context", "num_blocks", "max_blocks", "block_tokens")
+
+
+@triton.jit(do_not_specialize=SIZE_ARGS)
 def indexer_score_kernel(
     q_ptr, stride_qt, stride_qh,  # q [T, H, 128]
     w_ptr, stride_wt,  # weights [T, H] fp32 (unit stride in H)

@@ -11,7 +11,12 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# Counts and sizes that vary from call to call are not specialised on (Triton would compile a
+# variant per value pattern: ==1, multiple of 16); strides stay specialised for wide loads.
+SIZE_ARGS = ("W", "H")
+
+
+@triton.jit(do_not_specialize=SIZE_ARGS)
 def lse_combine_kernel(
     o_ptr, stride_ow, stride_ot, stride_oh,  # o_parts [W, T, H, D]
     lse_ptr, stride_lw, stride_lt, stride_lh,  # lse_parts [W, T, H] fp32

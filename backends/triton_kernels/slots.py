@@ -9,7 +9,12 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# Counts and sizes that vary from call to call are not specialised on (Triton would compile a
+# variant per value pattern: ==1, multiple of 16); strides stay specialised for wide loads.
+SIZE_ARGS = ("K", "num_requests", "max_blocks", "block_tokens")
+
+
+@triton.jit(do_not_specialize=SIZE_ARGS)
 def positions_to_slots_kernel(
     pos_ptr, stride_pt,  # positions [T, K]
     req_ptr,  # [T]

@@ -72,7 +72,12 @@ def _gather_latent(pages_u8, pages_u16, pages_f32, block, offset, strides, valid
     return nope, rope
 
 
-@triton.jit
+# Counts and sizes that vary from call to call are not specialised on (Triton would compile a
+# variant per value pattern: ==1, multiple of 16); strides stay specialised for wide loads.
+SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")
+
+
+@triton.jit(do_not_specialize=SIZE_ARGS)
 def sparse_mla_kernel(
     q_ptr, stride_qt, stride_qh,  # q [T, H, 576]
     pages_u8, pages_u16, pages_f32,  # the latent pages [num_blocks, block_tokens, token_bytes] as 3 typed views

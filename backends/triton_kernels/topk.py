@@ -77,7 +77,12 @@ def _emit(out_row, where, positions, mask, req, block_table_ptr, stride_bt, max_
     tl.store(out_row + where, value, mask=mask)
 
 
-@triton.jit
+# Counts and sizes that vary from call to call are not specialised on (Triton would compile a
+# variant per value pattern: ==1, multiple of 16); strides stay specialised for wide loads.
+SIZE_ARGS = ("max_blocks", "block_tokens", "N", "k")
+
+
+@triton.jit(do_not_specialize=SIZE_ARGS)
 def topk_kernel(
     scores_ptr, stride_st,  # [T, N] fp32
     lengths_ptr,  # [T]
