@@ -38,12 +38,15 @@ step() {  # step NAME SECONDS COMMAND...
 
 conformance() {  # three suites concurrently; JOBS processes each
     local jobs="${JOBS:-5}" examples="${MAX_EXAMPLES:-10}" limit="${T_CONFORMANCE:-540}"
-    local common=(--seed 1 --max-examples "$examples" --jobs "$jobs")
-    timeout "$limit" python3 -m dsahal conformance --backend nvidia "${common[@]}" \
-        --report-dir "$OUT/conformance-nvidia" >"$OUT/conformance-nvidia.log" 2>&1 &
+    local common=(--seed 1 --max-examples "$examples")
+    # NV_OPS, NV_INV_OPS, AMD_OPS: op families per suite (default all); JOBS_NV, JOBS_INV, JOBS_AMD: processes
+    timeout "$limit" python3 -m dsahal conformance --backend nvidia "${common[@]}" --jobs "${JOBS_NV:-$jobs}" \
+        ${NV_OPS:+--ops $NV_OPS} --report-dir "$OUT/conformance-nvidia" >"$OUT/conformance-nvidia.log" 2>&1 &
     timeout "$limit" env DSAHAL_BATCH_INVARIANT=1 python3 -m dsahal conformance --backend nvidia "${common[@]}" \
+        --jobs "${JOBS_INV:-$jobs}" ${NV_INV_OPS:+--ops $NV_INV_OPS} \
         --report-dir "$OUT/conformance-nvidia-invariant" >"$OUT/conformance-nvidia-invariant.log" 2>&1 &
     timeout "$limit" env DSAHAL_AMD_PATHS=triton python3 -m dsahal conformance --backend amd "${common[@]}" \
+        --jobs "${JOBS_AMD:-$jobs}" ${AMD_OPS:+--ops $AMD_OPS} \
         --report-dir "$OUT/conformance-amd-triton" >"$OUT/conformance-amd-triton.log" 2>&1 &
     if [ -n "${WITH_RUN:-}" ]; then  # the model run alongside (a correctness check; its timings are disturbed)
         ( run_model ) >"$OUT/run-alongside.log" 2>&1 &
@@ -53,8 +56,12 @@ conformance() {  # three suites concurrently; JOBS processes each
     echo "=== conformance (3 suites x $jobs jobs, $examples examples) done in $((SECONDS - start))s" | tee -a "$OUT/meta.txt"
     for suite in nvidia nvidia-invariant amd-triton; do
         echo "--- $suite"; tail -n 15 "$OUT/conformance-$suite.log"
-        rm -rf "$OUT/conformance-$suite/parts"/*/junit.xml 2>/dev/null
     done
+    pack conformance
+}
+
+pack() {  # the device tool returns a limited number of files: fold report folders into one archive
+    (cd "$OUT" && tar czf "$1-reports.tgz" conformance-*/ 2>/dev/null && rm -rf conformance-*/)
 }
 
 run_model() {  # the model eager, then with decode steps replayed from CUDA graphs, each checked against the reference
@@ -70,7 +77,7 @@ for what in "$@"; do
         run) run_model ;;
         conformance) conformance ;;
         bench) TAIL=60 step bench "${T_BENCH:-420}" python3 -m dsahal bench --backend nvidia --json "$OUT/bench.json" \
-                   --plot "$OUT/roofline.png" ;;
+                   --plot "$OUT/roofline.png" ${BENCH_OPS:-} ;;
         *) echo "unknown step $what (tune | run | conformance | bench)"; exit 2 ;;
     esac
 done
