@@ -65,7 +65,14 @@ def test_sparse_mla_split_depends_on_the_batch_only_outside_invariant_mode(monke
 
 def test_kda_prefill_leaves_fla_in_invariant_mode(monkeypatch):
     monkeypatch.setenv("DSAHAL_BATCH_INVARIANT", "1")
-    assert not config.use_fla_prefill(torch.zeros(1))
+    assert not config.use_fla_prefill(torch.zeros(1, dtype=torch.bfloat16))
+
+
+def test_kda_prefill_keeps_fp32_inputs_on_the_exact_recurrent_kernel(monkeypatch):
+    monkeypatch.delenv("DSAHAL_BATCH_INVARIANT", raising=False)
+    pytest.importorskip("fla.ops.kda")
+    assert not config.use_fla_prefill(torch.zeros(1, dtype=torch.float32))
+    assert config.use_fla_prefill(torch.zeros(1, dtype=torch.bfloat16))
 
 
 def test_bench_command_needs_a_gpu(capsys):

@@ -302,6 +302,33 @@ def test_cache_write_packs_like_the_format_into_an_unaligned_pool_and_writes_onl
     assert interpreted[f"cache_write_{case}"]
 
 
+def test_indexer_exact_fp32_path_launches_small_tiles(monkeypatch):
+    """fp32 queries compile to FMA loops unrolled over the tile; the tensor-core tile (8 tokens x 4 tiles)
+    kept ptxas busy for minutes on the H200. The launcher must shrink the tile for that path only."""
+    pytest.importorskip("triton")
+    import torch
+
+    from dsahal.backends.triton_kernels import indexer
+
+    launched = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **meta: launched.append((grid, meta))
+
+    monkeypatch.setattr(indexer, "indexer_score_kernel", Recorder())
+    table = torch.zeros(1, 2, dtype=torch.int32)
+    pages = torch.zeros(2, 16, 132, dtype=torch.uint8)
+    ids = torch.zeros(3, dtype=torch.int32)
+    w = torch.ones(3, 4)
+    for q_dtype in (torch.float32, torch.bfloat16):
+        indexer.indexer_score(torch.ones(3, 4, 128, dtype=q_dtype), w, pages, table, ids, ids, "fp8", 32)
+    (_, exact), (_, fast) = launched
+    assert exact["DOT"] == indexer.DOT_FP32 and (exact["GROUP"], exact["TILES"]) == (1, 1) and exact["BLOCK_N"] <= 32
+    assert fast["DOT"] == indexer.DOT_BF16 and (fast["GROUP"], fast["TILES"]) == (8, 4)
+
+
 if __name__ == "__main__":
     # Child process: TRITON_INTERPRET=1 is already in the environment, before triton's import.
     print(json.dumps(_run_all()))
+

@@ -169,7 +169,8 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             of a block contiguous (``stride(1) == token_bytes``).
         block_table: ``[B, max_blocks]`` int32, -1 unmapped. req_ids, positions: ``[T]`` int32.
         index_fmt: ``"bf16"`` or ``"fp8"``. max_context: output width.
-        block_n: key positions per MMA; group: query tokens per segment; tiles: key tiles per program.
+        block_n: key positions per MMA; group: query tokens per segment; tiles: key tiles per program
+            (fp32/fp16 queries, whose dots run exactly in fp32, use one token and one tile of <= 32 keys).
         out: optional ``[T, max_context]`` fp32 buffer (unit stride in the last dim).
 
     Returns:
@@ -184,6 +185,11 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
     aligned = views_usable(index_pages)
     packed_bytes = index_pages.shape[-1] if index_pages.stride(1) == index_pages.shape[-1] else 0
     dot = pick_dot(q.dtype, index_fmt) if dot is None else dot
+    if dot == DOT_FP32:
+        # Exact fp32 dots are lowered to FMA loops unrolled over the whole tile: the tensor-core tile
+        # (8 tokens x 32 heads x 64 keys, 4 tiles) made ptxas run for minutes on the H200 (conformance,
+        # 2026-11-29). This path is for exactness, not speed: one token, one small tile per program.
+        block_n, group, tiles = min(block_n, 32), 1, 1
     block_h = max(triton.next_power_of_2(heads), triton.cdiv(16, group))  # the MMA needs N >= 16
     views = typed_views(index_pages)
     grid = (triton.cdiv(max_context, block_n * tiles), tokens)
