@@ -11,7 +11,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-OUTCOMES = ("pass", "fail", "skip", "fallback", "xfail", "xpass")
+# "incomplete": the test was set up but its body never reported (the run was interrupted or timed out
+# inside it); it is never a pass.
+OUTCOMES = ("pass", "fail", "skip", "fallback", "xfail", "xpass", "incomplete")
 
 
 @dataclass
@@ -22,7 +24,7 @@ class TestRecord:
     property: str
     format: str
     backend: str
-    outcome: str = "pass"
+    outcome: str = "incomplete"  # until the test body reports
     examples: int = 0
     native_examples: int = 0
     fallback_examples: int = 0
@@ -56,9 +58,11 @@ def matrix(records: list[TestRecord]) -> dict:
 
 
 def cell_status(counts: dict) -> str:
-    """One word for a matrix cell: any fail wins, then pass, then fallback, then skip."""
+    """One word for a matrix cell: any fail wins, then incomplete, then pass, then fallback, then skip."""
     if counts["fail"] or counts["xpass"]:
         return "fail"
+    if counts.get("incomplete"):
+        return "incomplete"
     if counts["pass"]:
         return "pass"
     if counts["fallback"]:
@@ -98,7 +102,8 @@ def render_markdown(records: list[TestRecord], backend: dict, settings: dict, op
     lines = [f"# dsahal conformance: backend `{backend.get('name')}`", "",
              f"{counts['pass']} pass, {counts['fail']} fail, {counts['skip']} skip, {counts['fallback']} fallback"
              + (f", {counts['xfail']} xfail" if counts["xfail"] else "")
-             + (f", {counts['xpass']} xpass" if counts["xpass"] else ""),
+             + (f", {counts['xpass']} xpass" if counts["xpass"] else "")
+             + (f", **{counts['incomplete']} incomplete** (interrupted, not certified)" if counts["incomplete"] else ""),
              "", f"Settings: {', '.join(f'{k}={v}' for k, v in settings.items())}", "",
              *([*notes, ""] if notes else []),
              *_provenance(backend),
@@ -121,7 +126,7 @@ def render_markdown(records: list[TestRecord], backend: dict, settings: dict, op
         lines += ["", "## Failures", ""]
         for r in failures:
             lines += [f"### `{r.id}` ({r.property})", "", "```", r.message.strip()[:4000], "```", ""]
-    not_run = [r for r in records if r.outcome in ("skip", "fallback", "xfail")]
+    not_run = [r for r in records if r.outcome in ("skip", "fallback", "xfail", "incomplete")]
     if not_run:
         lines += ["", "## Not counted as passes", "", "| test | outcome | reason |", "| --- | --- | --- |"]
         for r in not_run:

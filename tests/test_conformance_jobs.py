@@ -194,3 +194,16 @@ def test_children_get_the_environment_and_a_share_of_the_threads(monkeypatch):
     assert env["OMP_NUM_THREADS"] == "1"
     monkeypatch.setenv("OMP_NUM_THREADS", "7")
     assert jobs.child_env(2)["OMP_NUM_THREADS"] == "7"  # the user's choice wins
+
+
+def test_a_property_interrupted_inside_its_body_is_incomplete_not_passed(tmp_path):
+    proc, payload = run_suite(tmp_path, "interruptlse", "--ops", "lse_combine", "--max-examples", "2",
+                              plugin="interrupt_lse")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-3000:]
+    states = outcomes(payload)
+    interrupted = [test for test, outcome in states.items() if outcome == "incomplete"]
+    assert len(interrupted) == 1 and "pass" not in states.values(), states
+    assert payload["summary"]["incomplete"] == 1
+    markdown = (tmp_path / "report" / "conformance.md").read_text()
+    assert "| lse_combine | - | **incomplete** |" in markdown and "1 incomplete" in markdown

@@ -225,8 +225,10 @@ def collect(part: Part) -> None:
 
 
 def progress_line(part: Part, done: int, total: int) -> str:
+    from dsahal.conformance import report
+
     counts = (part.payload or {}).get("summary") or {}
-    shown = ", ".join(f"{counts[o]} {o}" for o in ("pass", "fail", "skip", "fallback", "xfail", "xpass")
+    shown = ", ".join(f"{counts.get(o, 0)} {o}" for o in report.OUTCOMES
                       if counts.get(o) or o in ("pass", "fail")) if counts else "no report"
     return (f"[{done}/{total}] {part.label} ({', '.join(part.ops)}): {part.status}, {part.describe_exit()} "
             f"after {part.seconds:.1f} s; {shown}; log {part.log}")
@@ -368,9 +370,11 @@ def print_summary(records: list, problems: list[str], settings: dict, report_dir
 
 
 def exit_status(parts: list[Part], records: list, problems: list[str]) -> int:
-    """1 when any part failed, crashed or was stopped, any test failed or the parts disagree."""
+    """1 when any part failed, crashed or was stopped, any test failed or never finished, or the parts
+    disagree."""
     bad = {"failed", "crashed", "stopped"}
-    if problems or any(p.status in bad for p in parts) or any(r.outcome in ("fail", "xpass") for r in records):
+    if problems or any(p.status in bad for p in parts) or \
+            any(r.outcome in ("fail", "xpass", "incomplete") for r in records):
         return 1
     return 0
 
