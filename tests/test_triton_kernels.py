@@ -110,6 +110,13 @@ def _topk_cases(results):
             want = reference(scores, lengths, k)
             exact &= torch.equal(got.sort(dim=1).values, want.sort(dim=1).values)
     results["topk_exact_tie_rule"] = exact
+    split_same = True  # several programs per row: the same output, bit for bit, order included
+    for k in (17, 296):
+        single = topk(scores, lengths, k, chunk=32)
+        split = topk(scores, lengths, k, chunk=32, segments=3)
+        split_same &= torch.equal(split, single) and torch.equal(
+            split.sort(dim=1).values, reference(scores, lengths, k).sort(dim=1).values)
+    results["topk_split_rows_exact"] = split_same
     table = torch.tensor([[3, 1, 0, -1], [2, 4, 6, 5]], dtype=torch.int32)
     req = torch.tensor([0, 1, 1, 0, 1, 0], dtype=torch.int32)
     row_scores = torch.randn(6, 64)
@@ -270,6 +277,10 @@ def test_indexer_segments_tokens_by_request_runs(interpreted):
 
 def test_topk_returns_the_reference_set_under_the_tie_rule(interpreted):
     assert interpreted["topk_exact_tie_rule"]
+
+
+def test_topk_with_rows_split_over_programs_matches_the_one_program_kernel(interpreted):
+    assert interpreted["topk_split_rows_exact"]
 
 
 def test_topk_can_emit_physical_slots(interpreted):

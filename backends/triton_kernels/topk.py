@@ -146,50 +146,74 @@ def topk_kernel(
         candidates += total >> 16
 
     if cut:
-        # 3. The remaining digits over the candidate list.
-        for level in tl.static_range(ROW_LEVELS, 4):
-            hist = tl.zeros([256], tl.int32)
-            for c0 in range(0, candidates, CHUNK):
-                idx = c0 + lanes
-                in_list = idx < candidates
-                col = tl.load(cand_row + idx, mask=in_list, other=0)
-                key = _sort_key(tl.load(score_row + col, mask=in_list, other=0.0))
-                hist += _digit_histogram(key, in_list & _matches(key, prefix, level), level)
-            chosen, above = _threshold(hist, need)
-            prefix = prefix | (chosen.to(tl.uint32) << (24 - 8 * level))
-            need = need - above
-        # 4. Above tau always, equal to tau in index order until the quota (need) is filled.
-        ties_seen = 0
+        written = _resolve_candidates(score_row, cand_row, out_row, candidates, prefix, need, written, req,
+                                      block_table_ptr, stride_bt, max_blocks, block_tokens, lanes, EMIT_SLOTS,
+                                      ROW_LEVELS)
+    _pad(out_row, written, k, lanes)
+
+
+@triton.jit
+def _resolve_candidates(score_row, cand_row, out_row, candidates, prefix, need, written, req, block_table_ptr,
+                        stride_bt, max_blocks, block_tokens, lanes, EMIT_SLOTS: tl.constexpr,
+                        ROW_LEVELS: tl.constexpr):
+    """Steps 3 and 4 over the ``candidates`` indices in ``cand_row`` (index order), whose top
+    ``ROW_LEVELS`` digits equal ``prefix``'s; ``need`` of them are still to be chosen and ``written``
+    outputs exist. Returns the new count of outputs."""
+    CHUNK: tl.constexpr = lanes.shape[0]
+    # 3. The remaining digits over the candidate list.
+    for level in tl.static_range(ROW_LEVELS, 4):
+        hist = tl.zeros([256], tl.int32)
         for c0 in range(0, candidates, CHUNK):
             idx = c0 + lanes
             in_list = idx < candidates
             col = tl.load(cand_row + idx, mask=in_list, other=0)
             key = _sort_key(tl.load(score_row + col, mask=in_list, other=0.0))
-            tie = in_list & (key == prefix)
-            tie_rank = ties_seen + tl.cumsum(tie.to(tl.int32), axis=0)
-            win = (in_list & (key > prefix)) | (tie & (tie_rank <= need))
-            win_i = win.to(tl.int32)
-            _emit(out_row, written + tl.cumsum(win_i, axis=0) - 1, col, win, req, block_table_ptr, stride_bt,
-                  max_blocks, block_tokens, EMIT_SLOTS)
-            written += tl.sum(win_i, axis=0)
-            ties_seen += tl.sum(tie.to(tl.int32), axis=0)
+            hist += _digit_histogram(key, in_list & _matches(key, prefix, level), level)
+        chosen, above = _threshold(hist, need)
+        prefix = prefix | (chosen.to(tl.uint32) << (24 - 8 * level))
+        need = need - above
+    # 4. Above tau always, equal to tau in index order until the quota (need) is filled.
+    ties_seen = 0
+    for c0 in range(0, candidates, CHUNK):
+        idx = c0 + lanes
+        in_list = idx < candidates
+        col = tl.load(cand_row + idx, mask=in_list, other=0)
+        key = _sort_key(tl.load(score_row + col, mask=in_list, other=0.0))
+        tie = in_list & (key == prefix)
+        tie_rank = ties_seen + tl.cumsum(tie.to(tl.int32), axis=0)
+        win = (in_list & (key > prefix)) | (tie & (tie_rank <= need))
+        win_i = win.to(tl.int32)
+        _emit(out_row, written + tl.cumsum(win_i, axis=0) - 1, col, win, req, block_table_ptr, stride_bt,
+              max_blocks, block_tokens, EMIT_SLOTS)
+        written += tl.sum(win_i, axis=0)
+        ties_seen += tl.sum(tie.to(tl.int32), axis=0)
+    return written
 
+
+@triton.jit
+def _pad(out_row, written, k, lanes):
+    """-1 in output columns ``written .. k - 1`` (rows with fewer than k valid entries)."""
+    CHUNK: tl.constexpr = lanes.shape[0]
     for c0 in range(written, k, CHUNK):
         cols = c0 + lanes
         tl.store(out_row + cols, tl.full([CHUNK], -1, tl.int32), mask=cols < k)
 
 
-def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slots=None, scratch=None):
-    """Launch :func:`topk_kernel`.
+def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slots=None, scratch=None,
+         segments=1):
+    """Launch :func:`topk_kernel` (or, with ``segments > 1``, :mod:`.topk_split`'s passes).
 
     Args:
         scores: ``[T, N]`` fp32 (unit stride in N). lengths: ``[T]`` int32 in ``[0, N]``.
         k: entries to keep per row.
-        chunk: entries per step (power of two, <= 16384: a chunk's two counts share one int32 scan); row_levels: key digits (8 bits each)
-            resolved over the whole row before the candidate list is cut (1 or 2).
+        chunk: entries per step (power of two, <= 16384: a chunk's two counts share one int32 scan).
+        row_levels: key digits (8 bits each) resolved over the whole row before the candidate list
+            is cut (1 or 2).
         emit_slots: ``(req_ids [T], block_table [B, max_blocks], block_tokens)`` to write physical
             slots instead of positions (-1 where unmapped).
         scratch: optional ``[T, N]`` int32 work buffer.
+        segments: programs per row for the passes over the whole row (1: one program per row;
+            more keep the GPU busy when rows are few and long). The result is the same bit for bit.
 
     Returns:
         ``[T, k]`` int32 indices (or slots), -1 padding last.
@@ -207,6 +231,11 @@ def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slot
     else:
         req_ids, block_table, block_tokens = emit_slots
         emit = True
+    if segments > 1:
+        from .topk_split import topk_split
+
+        return topk_split(scores, lengths, k, out, scratch, emit, req_ids, block_table, block_tokens,
+                          segments=segments, chunk=chunk, row_levels=row_levels, num_warps=num_warps)
     topk_kernel[(tokens,)](
         scores, scores.stride(0), lengths, out, out.stride(0), scratch, scratch.stride(0),
         req_ids, block_table, block_table.stride(0), block_table.shape[1], block_tokens,

@@ -103,7 +103,7 @@ def variants() -> list[Variant]:
     import torch
 
     from dsahal.backends.nvidia import config
-    from dsahal.backends.triton_kernels import indexer, kda, sparse_mla, topk
+    from dsahal.backends.triton_kernels import indexer, kda, sparse_mla, topk, topk_split
     from dsahal.backends.triton_kernels.bytes import LATENT_CODES
 
     out = []
@@ -142,6 +142,15 @@ def variants() -> list[Variant]:
             dict(EMIT_SLOTS=emit, CHUNK=cfg["chunk"], ROW_LEVELS=cfg["row_levels"]),
             dict(scores_ptr="fp32", lengths_ptr="i32", out_ptr="i32", scratch_ptr="i32", req_ptr="i32",
                  block_table_ptr="i32"), num_warps=cfg["num_warps"]))
+    split_ptrs = dict(scores_ptr="fp32", lengths_ptr="i32", hist_ptr="i32", counts_ptr="i32", out_ptr="i32",
+                      scratch_ptr="i32", req_ptr="i32", block_table_ptr="i32")
+    for kernel, extra in ((topk_split.split_histogram_kernel, dict(LEVEL=1)), (topk_split.split_count_kernel, {}),
+                          (topk_split.split_write_kernel, dict(EMIT_SLOTS=True)),
+                          (topk_split.split_finish_kernel, dict(EMIT_SLOTS=True))):
+        out.append(Variant(
+            f"top-k split rows: {kernel.__name__}", kernel,
+            dict(extra, ROW_LEVELS=cfg["row_levels"], CHUNK=cfg["chunk"]),
+            {name: kind for name, kind in split_ptrs.items() if name in kernel.arg_names}, num_warps=cfg["num_warps"]))
     cfg = config.kda_decode_config(128)
     out.append(Variant(
         "KDA decode step", kda.kda_recurrent_kernel,

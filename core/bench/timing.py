@@ -49,5 +49,4 @@ def measure_ceilings(device="cuda", copy_bytes: int = 2 << 30, matmul_n: int = 8
     a = torch.randn(matmul_n, matmul_n, device=device, dtype=torch.bfloat16)
     b = torch.randn(matmul_n, matmul_n, device=device, dtype=torch.bfloat16)
     mm_ms = time_ms(lambda: a @ b)
-    del src, dst, a, b
     return Ceilings(copy_tbps=2 * copy_bytes / copy_ms / 1e9, matmul_tflops=2 * matmul_n**3 / mm_ms / 1e9)

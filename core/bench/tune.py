@@ -69,7 +69,7 @@ def _close(a, b, tol=1e-2):
 
 def main(sections=("sparse_mla", "indexer", "topk", "kda")):
     """Run the sweeps named in ``sections`` (command line: ``python -m dsahal.bench.tune [SECTION...]``)."""
-    from dsahal.backends.triton_kernels import indexer, kda, sparse_mla, topk
+    from dsahal.backends.triton_kernels import indexer, kda, sparse_mla, topk, topk_split
 
     unknown = set(sections) - {"sparse_mla", "indexer", "topk", "kda"}
     if unknown:
@@ -121,10 +121,14 @@ def main(sections=("sparse_mla", "indexer", "topk", "kda")):
     lengths = torch.full((320,), 131072, device=dev, dtype=torch.int32)
     distributions = (("indexer output", indexer_scores), ("gaussian", torch.randn(320, 131072, device=dev)))
     for label, scores in distributions if "topk" in sections else ():
-        configs = [dict(chunk=c, num_warps=w, row_levels=r)
-                   for r, c, w in itertools.product([2, 1], [1024, 2048], [4, 8])]
+        configs = [dict(chunk=2048, num_warps=4, row_levels=2)]  # today's choice first: the reference
+        configs += [dict(chunk=c, num_warps=w, row_levels=2, segments=sg)  # rows split over programs
+                    for sg, c, w in itertools.product([4, 8, 16], [1024, 2048], [4, 8])]
+        configs += [dict(chunk=2048, num_warps=4, row_levels=1), dict(chunk=2048, num_warps=4, row_levels=1,
+                                                                      segments=8)]
         _sweep(f"topk [320, 128K] k=2048 {label}", configs, lambda **c: topk.topk(scores, lengths, 2048, **c),
-               lambda a, b: torch.equal(a.sort(1).values, b.sort(1).values), (topk.topk_kernel,))
+               lambda a, b: torch.equal(a.sort(1).values, b.sort(1).values),
+               (topk.topk_kernel, topk_split.split_histogram_kernel, topk_split.split_write_kernel))
         print(f"  torch.topk: {time_ms(lambda: torch.topk(scores, 2048, dim=1)):.4f} ms")
     for batch in (64, 256) if "kda" in sections else ():
         pool = torch.randn(batch * 2, 32, 128, 128, device=dev) * 0.05
