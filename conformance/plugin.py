@@ -4,9 +4,15 @@ Inert unless the suite runs: it only adds ``--dsahal-*`` options and a marker; e
 acts on items marked ``@pytest.mark.conformance`` that live in this package, and does nothing
 (selects no backend, writes no report) when none was collected. Run it with
 ``pytest --pyargs dsahal.conformance --dsahal-backend NAME`` or ``dsahal conformance``.
+
+``--dsahal-list-tests FILE`` writes one JSON line per collected test of the suite (nodeid, op, property,
+format, whether the selection options keep it, whether a skip file skips it) and runs none: what
+``dsahal conformance --jobs N`` splits. ``--dsahal-tests FILE`` runs only the node ids a file lists,
+one a line (what each of those N parts runs); a listed id that is not collected is a usage error.
 """
 from __future__ import annotations
 
+import json
 import logging
 import random
 import warnings
@@ -20,6 +26,7 @@ from dsahal.conformance.harness import CAPABILITY_FLAGS, FALLBACK_REASONS, Prope
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 RUN_KEY = pytest.StashKey[PropertyRun]()
+LISTED_KEY = pytest.StashKey[list]()  # --dsahal-list-tests: every suite item, before any deselection
 
 
 class SuiteState:
@@ -48,6 +55,11 @@ def pytest_addoption(parser) -> None:
     group.addoption("--dsahal-report-dir", default=None, help="write conformance.json/.md and junit.xml here")
     group.addoption("--dsahal-ops", default=None, help="comma-separated op families to run (default: all)")
     group.addoption("--dsahal-device", default=None, help="device for op arguments (default: from the backend's tags)")
+    group.addoption("--dsahal-tests", default=None,
+                    help="file of node ids to run, one a line; the rest is deselected (an id not collected: "
+                         "usage error)")
+    group.addoption("--dsahal-list-tests", default=None,
+                    help="write one JSON line per collected conformance test to this file and run none")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -69,6 +81,8 @@ def pytest_configure(config) -> None:
         option.xmlpath = str(Path(CONFIG.report_dir) / "junit.xml")
     if CONFIG.seed is None and not CONFIG.derandomize and _running_suite(config):
         CONFIG.seed = random.SystemRandom().randrange(2**31)  # pinned so every failure can be re-run
+    if option.dsahal_list_tests:
+        config.pluginmanager.register(SuiteLister(Path(option.dsahal_list_tests)), "dsahal-conformance-lister")
 
 
 def _running_suite(config) -> bool:
@@ -92,6 +106,44 @@ def is_suite_item(item) -> bool:
     return path.parent == PACKAGE_DIR
 
 
+class SuiteLister:
+    """``--dsahal-list-tests FILE``: after every other deselection (``-k``, ``-m``), one JSON line per
+    suite test to FILE (``selected``: whether it would have run), then deselects them all."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, session, config, items) -> None:
+        listed = config.stash.get(LISTED_KEY, [])
+        kept = {item.nodeid for item in items}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("w") as out:
+            for entry in listed:
+                out.write(json.dumps({**entry, "selected": entry["nodeid"] in kept}) + "\n")
+        if items:
+            config.hook.pytest_deselected(items=list(items))
+            items[:] = []
+
+
+def _read_test_ids(path: str, suite_items: list) -> set[str]:
+    """The node ids ``--dsahal-tests`` lists (one a line, blank lines and ``#`` comments ignored),
+    each as collected here; any that names no collected test is a usage error."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise pytest.UsageError(f"--dsahal-tests: cannot read {path!r}: {exc}") from None
+    listed = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+    known = {}
+    for item in suite_items:
+        known[item.nodeid] = known[controls.canonical_id(item.nodeid)] = item.nodeid
+    missing = [test for test in listed if test not in known]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise pytest.UsageError(f"--dsahal-tests {path}: {len(missing)} listed test(s) not collected: {shown}")
+    return {known[test] for test in listed}
+
+
 @pytest.hookimpl(tryfirst=True)  # before -k/-m deselect, so control entries are matched against every test
 def pytest_collection_modifyitems(session, config, items) -> None:
     global _STATE
@@ -104,15 +156,28 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         state.xfails = controls.read_control_file(CONFIG.xfails_file) if CONFIG.xfails_file else []
     except FileNotFoundError as exc:
         raise pytest.UsageError(str(exc)) from None
-    _select_backend(state)
-    _STATE = state
-    logging.getLogger("dsahal").addHandler(FALLBACK_REASONS)
+    wanted = _read_test_ids(config.option.dsahal_tests, suite_items) if config.option.dsahal_tests else None
+    listing = bool(config.option.dsahal_list_tests)
+    if listing:  # no backend is selected: the listing runs nothing and writes no report
+        _check_ops()
+        config.stash[LISTED_KEY] = []
+    else:
+        _select_backend(state)
+        _STATE = state
+        logging.getLogger("dsahal").addHandler(FALLBACK_REASONS)
     deselected = []
     for item in suite_items:
-        op = item.get_closest_marker("conformance").kwargs["op"]
+        marker = item.get_closest_marker("conformance")
+        op = marker.kwargs["op"]
         skip, xfail = controls.match(state.skips, item.nodeid), controls.match(state.xfails, item.nodeid)
-        if CONFIG.ops is not None and op not in CONFIG.ops:
+        if listing:
+            fmt = item.callspec.params.get("fmt") if hasattr(item, "callspec") else None
+            config.stash[LISTED_KEY].append({"nodeid": item.nodeid, "op": op, "property": marker.kwargs["prop"],
+                                             "format": fmt or "-", "vendor_skip": skip is not None})
+        if (CONFIG.ops is not None and op not in CONFIG.ops) or (wanted is not None and item.nodeid not in wanted):
             deselected.append(item)
+            continue
+        if listing:
             continue
         if skip:
             item.add_marker(pytest.mark.skip(reason=f"vendor skip ({skip.source}): {skip.reason}"))
@@ -128,13 +193,18 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         items[:] = [i for i in items if i not in set(deselected)]
 
 
-def _select_backend(state: SuiteState) -> None:
+def _check_ops() -> None:
     from dsahal.ops.catalog import OP_NAMES
-    from dsahal.registry import RegistryError, set_backend
 
     if CONFIG.ops is not None and not CONFIG.ops <= set(OP_NAMES):
         raise pytest.UsageError(f"--ops: unknown op(s) {sorted(CONFIG.ops - set(OP_NAMES))}; "
                                 f"expected some of {list(OP_NAMES)}")
+
+
+def _select_backend(state: SuiteState) -> None:
+    from dsahal.registry import RegistryError, set_backend
+
+    _check_ops()
     try:
         state.table = set_backend(CONFIG.backend)
     except RegistryError as exc:
@@ -252,7 +322,6 @@ def _settings() -> dict:
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
-    global _STATE
     if _STATE is None:
         return
     from dsahal.conformance import distributed

@@ -1,6 +1,6 @@
 """Reports of a conformance run: a JSON record per test and a markdown matrix op × format × outcome.
 (JUnit XML comes from pytest's own ``--junitxml``.) ``merge`` and ``merge_junit`` combine the reports
-of runs over disjoint op families (``dsahal conformance --jobs N``) into those of one run."""
+of runs over disjoint sets of tests (``dsahal conformance --jobs N``) into those of one run."""
 from __future__ import annotations
 
 import json
@@ -179,8 +179,8 @@ def _disagreements(what: str, by_part: Mapping[str, dict]) -> list[str]:
 
 
 def merge(payloads: Mapping[str, dict], settings: Mapping | None = None) -> MergedRun:
-    """Combine the ``conformance.json`` payloads of parts (label -> payload) run over disjoint op
-    families into one run's records, backend and settings.
+    """Combine the ``conformance.json`` payloads of parts (label -> payload) run over disjoint sets of
+    tests into one run's records, backend and settings.
 
     Records keep the suite's order (by test file, then each part's own order, which is pytest's).
     The backend is the parts' common one; every key on which they differ is a problem, as is any
@@ -204,19 +204,23 @@ def _junit_suites(path: Path) -> list[ET.Element]:
 
 
 def _failure_suite(failures: Sequence[TestRecord]) -> ET.Element:
-    """A <testsuite> for failures no part could report itself (a part that crashed)."""
-    suite = ET.Element("testsuite", name="dsahal conformance parts", errors="0", failures=str(len(failures)),
-                       skipped="0", tests=str(len(failures)), time="0")
+    """A <testsuite> for records no part could report itself: a <failure> for each failing one (a part
+    that crashed), an <error> for each other (an "incomplete" test of a part that was stopped)."""
+    errors = sum(record.outcome != "fail" for record in failures)
+    suite = ET.Element("testsuite", name="dsahal conformance parts", errors=str(errors),
+                       failures=str(len(failures) - errors), skipped="0", tests=str(len(failures)), time="0")
     for record in failures:
         case = ET.SubElement(suite, "testcase", classname=record.op, name=record.id, time="0")
-        failure = ET.SubElement(case, "failure", message=record.message.splitlines()[0] if record.message else "")
+        tag = "failure" if record.outcome == "fail" else "error"
+        failure = ET.SubElement(case, tag, message=record.message.splitlines()[0] if record.message else "")
         failure.text = record.message
     return suite
 
 
 def merge_junit(sources: Mapping[str, Path], out: Path, failures: Sequence[TestRecord] = ()) -> list[str]:
     """Write one xunit2 file: a <testsuites> holding each part's <testsuite> (renamed "<name> <label>")
-    and, for ``failures``, one more suite. Returns the labels whose file was missing or unreadable."""
+    and, for ``failures`` (records no part wrote: failing or incomplete), one more suite. Returns the
+    labels whose file was missing or unreadable."""
     root = ET.Element("testsuites", name="dsahal conformance")
     unreadable = []
     for label, path in sources.items():

@@ -1,8 +1,10 @@
-"""``dsahal conformance --jobs N``: op families split over child processes, reports merged into one
-run's; a part that fails, crashes or writes no report fails the merged run, naming its ops."""
+"""``dsahal conformance --jobs N``: the selected tests split over child processes, reports merged into
+one run's; a part that fails, crashes or writes no report fails the merged run, naming its ops and
+failing its unreported tests; a stopped part's unreported tests are incomplete."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -10,8 +12,11 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from dsahal.cli import build_parser, main
 from dsahal.cli import conformance_jobs as jobs
+from dsahal.cli.conformance import conformance_dir
 from dsahal.conformance import report
 from dsahal.ops.catalog import COLLECTIVE_OPS, OP_NAMES
 from test_conformance_mutants import run_suite
@@ -23,19 +28,67 @@ def outcomes(payload: dict) -> dict:
     return {t["id"]: t["outcome"] for t in payload["tests"]}
 
 
-def test_split_balances_the_weight_and_keeps_the_collectives_in_one_group():
-    groups = jobs.split_ops(list(OP_NAMES), 4)
-    assert len(groups) == 4 and sorted(op for g in groups for op in g) == sorted(OP_NAMES)
-    assert sum(any(op in g for op in COLLECTIVE_OPS) for g in groups) == 1
-    loads = [sum(jobs.OP_WEIGHTS[op] for op in g) for g in groups]
-    assert max(loads) - min(loads) <= max(jobs.OP_WEIGHTS.values()) / 2
-    assert jobs.split_ops(["lse_combine", "positions_to_slots"], 8) == [["positions_to_slots"], ["lse_combine"]]
+def listing(tmp_path: Path, *options: str) -> list[jobs.Listed]:
+    """The suite's tests as ``dsahal conformance <options> --jobs N`` lists them (a child pytest)."""
+    args = build_parser().parse_args(["conformance", *options])
+    listed = jobs.list_tests(args, conformance_dir(), tmp_path / "tests.jsonl")
+    assert isinstance(listed, list), listed
+    return listed
 
 
-def test_every_op_has_conformance_tests():
-    from dsahal.cli.conformance import conformance_dir
+@pytest.fixture(scope="module")
+def every_test(tmp_path_factory) -> list[jobs.Listed]:
+    return listing(tmp_path_factory.mktemp("listing"))
 
-    assert jobs.ops_with_tests(conformance_dir()) == list(OP_NAMES)
+
+def ids(tests) -> list[str]:
+    return [t.nodeid for t in tests]
+
+
+def test_the_listing_names_every_collected_test_and_runs_none(every_test, tmp_path):
+    assert {t.op for t in every_test} == set(OP_NAMES)  # every op has conformance tests
+    assert all(t.selected and not t.vendor_skip for t in every_test) and len(set(ids(every_test))) == len(every_test)
+    mla = next(t for t in every_test if t.nodeid == "test_sparse_mla.py::test_sparse_mla_matches_reference[latent:fp8]")
+    assert (mla.op, mla.property, mla.format) == ("sparse_mla", "sparse_mla.matches_reference", "latent:fp8")
+    assert not (tmp_path / "conformance.json").exists()
+    skips = tmp_path / "skips.txt"
+    skips.write_text("test_sparse_mla.py::test_sparse_mla_rejects_bad_input  # not yet\n")
+    kept = listing(tmp_path, "--ops", "sparse_mla", "lse_combine", "-k", "bad_input", "--skips", str(skips))
+    assert ids(kept) == ids(every_test)  # deselected tests are listed too, as not selected
+    selected = [t for t in kept if t.selected]
+    assert {t.op for t in selected} == {"sparse_mla", "lse_combine"} and all("bad_input" in t.nodeid for t in selected)
+    costs = jobs.estimated_costs(kept)
+    mla_tests = [t for t in kept if t.op == "sparse_mla"]
+    assert all(t.vendor_skip == ("rejects_bad_input" in t.nodeid) for t in mla_tests)
+    assert costs[mla.nodeid] == jobs.OP_WEIGHTS["sparse_mla"] / len(mla_tests)  # -k leaves a test its share
+    assert all(costs[t.nodeid] == jobs.VENDOR_SKIP_WEIGHT for t in mla_tests if t.vendor_skip)
+
+
+def test_one_family_splits_over_every_part(tmp_path):
+    listed = listing(tmp_path, "--ops", "sparse_mla")
+    selected = [t for t in listed if t.selected]
+    assert len(selected) >= 3 and {t.op for t in selected} == {"sparse_mla"}
+    parts = jobs.split_tests(listed, 3)
+    assert len(parts) == 3 and all(parts)
+    every = [nodeid for part in parts for nodeid in ids(part)]
+    assert sorted(every) == sorted(ids(selected))  # each test in exactly one part
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_split_balances_the_cost_and_keeps_the_collectives_in_one_part(every_test):
+    parts = jobs.split_tests(every_test, 4)
+    assert len(parts) == 4 and sorted(nodeid for p in parts for nodeid in ids(p)) == sorted(ids(every_test))
+    assert sum(any(t.op in COLLECTIVE_OPS for t in p) for p in parts) == 1
+    costs = jobs.estimated_costs(every_test)
+    loads = [sum(costs[t.nodeid] for t in p) + jobs.RANK_POOL_STARTUP_WEIGHT * any(t.op in COLLECTIVE_OPS for t in p)
+             for p in parts]
+    collectives = jobs.RANK_POOL_STARTUP_WEIGHT + sum(costs[t.nodeid] for t in every_test if t.op in COLLECTIVE_OPS)
+    assert loads == sorted(loads, reverse=True) and max(loads) - min(loads) <= collectives
+    assert sum(loads) == pytest.approx(sum(jobs.OP_WEIGHTS.values()) + jobs.RANK_POOL_STARTUP_WEIGHT)
+    for part in parts:  # each part keeps the suite's order
+        assert [t.index for t in part] == sorted(t.index for t in part)
+    small = [t for t in every_test if t.op in ("lse_combine", "positions_to_slots")]
+    assert [len(p) for p in jobs.split_tests(small, 8)] == [1] * len(small)  # no more parts than tests
 
 
 def test_jobs_2_merges_into_the_report_of_jobs_1(tmp_path):
@@ -52,6 +105,9 @@ def test_jobs_2_merges_into_the_report_of_jobs_1(tmp_path):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert {t["op"] for t in merged["tests"]} == {"positions_to_slots", "lse_combine"}
     assert outcomes(merged) == outcomes(single) and merged["matrix"] == single["matrix"]
+    assert list(outcomes(merged)) == list(outcomes(single))  # in the suite's order
+    split = [part["tests"] for part in merged["merge"]["parts"]]
+    assert len(split) == 2 and sorted(sum(split, [])) == sorted(outcomes(single))
     assert merged["backend"] == single["backend"]
     assert {k: v for k, v in merged["settings"].items() if k != "jobs"} == single["settings"]
 
@@ -66,24 +122,39 @@ def test_a_crashed_part_fails_the_run_naming_its_ops(tmp_path):
     proc, merged = run_suite(tmp_path, "crashlse", *SMALL, "--jobs", "2", plugin="crash_lse")
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output[-3000:]
-    assert "(ops: lse_combine) was killed by SIGKILL and wrote no conformance.json" in output
-    assert merged["summary"]["fail"] == 1
+    named = re.search(r"part (\d) \(ops: ([a-z_, ]+); (\d+) tests?\) was killed by SIGKILL and wrote no "
+                      r"conformance.json: these ops are NOT certified", output)
+    assert named and "lse_combine" in named.group(2).split(", "), output[-3000:]
+    crashed = merged["merge"]["parts"][int(named.group(1))]
+    assert crashed["status"] == "crashed" and len(crashed["tests"]) == int(named.group(3))
+    # one failing record per test of the crashed part (it reported none), under the test's own id
     failed = [t for t in merged["tests"] if t["outcome"] == "fail"]
-    assert [t["op"] for t in failed] == ["lse_combine"] and "NOT certified" in failed[0]["message"]
+    assert sorted(t["id"] for t in failed) == sorted(crashed["tests"])
+    assert all("NOT certified" in t["message"] for t in failed) and "lse_combine" in {t["op"] for t in failed}
+    assert merged["summary"]["fail"] == len(failed)
+    listed = sorted(nodeid for part in merged["merge"]["parts"] for nodeid in part["tests"])
+    assert sorted(t["id"] for t in merged["tests"]) == listed  # no test missing, none twice
     assert {t["op"] for t in merged["tests"]} == {"positions_to_slots", "lse_combine"}
     junit = ET.parse(tmp_path / "report" / "junit.xml").getroot()
-    assert int(junit.get("failures")) == 1
+    assert int(junit.get("failures")) == len(failed)
 
 
-def fake_part(tmp_path: Path, index: int, ops: list[str], outcome: str | None, returncode: int) -> jobs.Part:
-    """A finished part as a child leaves it: its JSON and junit.xml (none when ``outcome`` is None)."""
-    part = jobs.Part(index, ops, tmp_path / "parts" / str(index), returncode=returncode, seconds=1.0)
+def listed(op: str, name: str = "t") -> jobs.Listed:
+    return jobs.Listed(nodeid=f"test_{op}.py::{name}", op=op, property=f"{op}.p")
+
+
+def fake_part(tmp_path: Path, index: int, ops: list[str], outcome: str | None, returncode: int,
+              names: tuple[str, ...] = ("t",), reported: int | None = None) -> jobs.Part:
+    """A finished part as a child leaves it: its JSON and junit.xml (none when ``outcome`` is None);
+    a test per op and name, the first ``reported`` of them with a record (default: all)."""
+    tests = [listed(op, name) for op in ops for name in names]
+    part = jobs.Part(index, tests, tmp_path / "parts" / str(index), returncode=returncode, seconds=1.0)
     part.dir.mkdir(parents=True)
     if outcome is None:
         return part
-    records = [report.TestRecord(id=f"test_{op}.py::t", nodeid=f"test_{op}.py::t", op=op, property=f"{op}.p",
-                                 format="-", backend="reference", outcome=outcome, message="boom")
-               for op in ops]
+    records = [report.TestRecord(id=t.nodeid, nodeid=t.nodeid, op=t.op, property=t.property, format="-",
+                                 backend="reference", outcome=outcome, message="boom")
+               for t in tests[:reported]]
     settings = {"max_examples": 2, "derandomize": False, "seed": 5, "ops": sorted(ops), "device": "cpu"}
     report.write_json(part.dir / "conformance.json", records, {"name": "reference"}, settings)
     failures = int(outcome == "fail")
@@ -112,13 +183,36 @@ def test_a_part_with_a_failing_test_fails_the_merged_run(tmp_path, capsys):
 
 def test_a_part_without_a_report_fails_the_run_naming_its_ops(tmp_path, capsys):
     # Exit status 0 but no JSON (e.g. a report directory removed under it): still never a pass.
-    parts = [fake_part(tmp_path, 0, ["topk"], "pass", 0), fake_part(tmp_path, 1, ["kda_decode", "kda_prefill"], None, 0)]
+    parts = [fake_part(tmp_path, 0, ["topk"], "pass", 0),
+             fake_part(tmp_path, 1, ["kda_decode", "kda_prefill"], None, 0)]
     code, merged, markdown = finish(tmp_path, parts)
     err = capsys.readouterr().err
     assert code == 1
-    assert "part 1 (ops: kda_decode, kda_prefill) exited with status 0 and wrote no conformance.json" in err
-    assert {t["op"] for t in merged["tests"] if t["outcome"] == "fail"} == {"kda_decode", "kda_prefill"}
-    assert "**problem**: part 1 (ops: kda_decode, kda_prefill)" in markdown
+    assert "part 1 (ops: kda_decode, kda_prefill; 2 tests) exited with status 0 and wrote no conformance.json" in err
+    failed = [t for t in merged["tests"] if t["outcome"] == "fail"]
+    assert [t["id"] for t in failed] == ["test_kda_decode.py::t", "test_kda_prefill.py::t"]  # one per test
+    assert "**problem**: part 1 (ops: kda_decode, kda_prefill; 2 tests)" in markdown
+
+
+def test_a_stopped_parts_unreported_tests_are_incomplete(tmp_path, capsys):
+    # Stopped (SIGTERM) after reporting one of its three tests; another stopped before it reported any.
+    parts = [fake_part(tmp_path, 0, ["sparse_mla"], "pass", 1, names=("a", "b", "c"), reported=1),
+             fake_part(tmp_path, 1, ["topk"], None, -2)]
+    for part in parts:
+        part.stopped = "on SIGTERM"
+    code, merged, markdown = finish(tmp_path, parts)
+    assert code == 1
+    assert outcomes(merged) == {"test_sparse_mla.py::a": "pass", "test_sparse_mla.py::b": "incomplete",
+                                "test_sparse_mla.py::c": "incomplete", "test_topk.py::t": "incomplete"}
+    assert merged["summary"]["incomplete"] == 3 and merged["summary"]["fail"] == 0
+    assert [p["unreported"] for p in merged["merge"]["parts"]] == [2, 1]
+    err = capsys.readouterr().err
+    assert ("part 0 (ops: sparse_mla; 3 tests) was stopped on SIGTERM: its report covers the tests done until "
+            "then; 2 of its tests without a record are reported incomplete") in err
+    assert "part 1 (ops: topk; 1 test) was stopped on SIGTERM: it left no report; 1 of its tests" in err
+    assert "**3 incomplete**" in markdown and "| sparse_mla | - | **incomplete** |" in markdown
+    junit = ET.parse(tmp_path / "junit.xml").getroot()
+    assert int(junit.get("errors")) == 3 and int(junit.get("failures")) == 0
 
 
 def test_parts_that_disagree_on_the_backend_are_a_problem():
@@ -141,8 +235,8 @@ except KeyboardInterrupt:
 
 def test_exitfirst_stops_the_other_parts_and_keeps_what_they_reported(tmp_path):
     report_file = tmp_path / "1" / "conformance.json"
-    parts = [jobs.Part(0, ["topk"], tmp_path / "0", command=[sys.executable, "-c", "import sys; sys.exit(1)"]),
-             jobs.Part(1, ["sparse_mla"], tmp_path / "1",
+    parts = [jobs.Part(0, [listed("topk")], tmp_path / "0", command=[sys.executable, "-c", "import sys; sys.exit(1)"]),
+             jobs.Part(1, [listed("sparse_mla")], tmp_path / "1",
                        command=[sys.executable, "-c", WRITES_REPORT_ON_SIGINT, str(report_file)])]
     for part in parts:
         jobs.launch(part, jobs.child_env(2))
@@ -157,7 +251,7 @@ def test_sigterm_stops_the_parts_and_still_writes_the_merged_report(tmp_path):
                "--ops", "sparse_mla", "cache_write", "--max-examples", "1000", "--report-dir", str(tmp_path)]
     parent = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in parent.stdout:
-        if line.startswith("  part 1:"):
+        if line.startswith("  part 1 "):
             break
     time.sleep(0.5)
     parent.send_signal(signal.SIGTERM)
@@ -165,7 +259,11 @@ def test_sigterm_stops_the_parts_and_still_writes_the_merged_report(tmp_path):
     assert parent.wait(timeout=60) == 1, output
     merged = json.loads((tmp_path / "conformance.json").read_text())
     assert [p["status"] for p in merged["merge"]["parts"]] == ["stopped", "stopped"]
-    assert "(ops: sparse_mla) was stopped on SIGTERM" in output
+    assert re.search(r"part 0 \(ops: [a-z_, ]+; \d+ tests\) was stopped on SIGTERM", output), output
+    # every test of the parts is in the report; those no child reported are incomplete, never missing
+    listed = sorted(nodeid for part in merged["merge"]["parts"] for nodeid in part["tests"])
+    assert sorted(t["id"] for t in merged["tests"]) == listed
+    assert merged["summary"]["incomplete"] >= sum(p["unreported"] for p in merged["merge"]["parts"]) > 0
 
 
 def test_jobs_must_be_positive(capsys):
@@ -177,12 +275,24 @@ def test_child_command_passes_every_option_through():
     args = build_parser().parse_args(["conformance", "--backend", "nvidia", "--skips", "s.txt", "--xfails", "x.txt",
                                       "--max-examples", "3", "--derandomize", "--device", "cuda:0", "-k", "mla",
                                       "-x", "-v", "--jobs", "4"])
-    command = jobs.child_command(args, ["sparse_mla"], Path("r/parts/0"), None)
-    assert command[1:] == ["-m", "dsahal", "conformance", "--ops", "sparse_mla", "--report-dir", "r/parts/0",
+    command = jobs.child_command(args, ["sparse_mla"], Path("r/parts/0"), None, Path("r/parts/0/tests.txt"))
+    assert command[1:] == ["-m", "dsahal", "conformance", "--ops", "sparse_mla", "--tests", "r/parts/0/tests.txt",
+                           "--report-dir", "r/parts/0",
                            "--backend", "nvidia", "--skips", "s.txt", "--xfails", "x.txt", "--max-examples", "3",
                            "--device", "cuda:0", "-k", "mla", "--derandomize", "--exitfirst", "--verbose"]
     reparsed = build_parser().parse_args(command[3:])
-    assert reparsed.jobs == 1 and reparsed.ops == ["sparse_mla"]
+    assert reparsed.jobs == 1 and reparsed.ops == ["sparse_mla"] and reparsed.tests == "r/parts/0/tests.txt"
+    listing_command = " ".join(jobs.list_command(args, Path("suite"), Path("t.jsonl")))
+    assert " -m pytest suite --rootdir suite " in listing_command and "--collect-only --dsahal-list-tests t.jsonl" \
+        in listing_command and listing_command.endswith("--dsahal-skips s.txt --dsahal-xfails x.txt -k mla")
+
+
+def test_a_listed_test_that_is_not_collected_is_a_usage_error(tmp_path):
+    tests = tmp_path / "tests.txt"
+    tests.write_text("test_lse_combine.py::test_lse_combine_matches_reference\ntest_lse_combine.py::no_such_test\n")
+    proc, _ = run_suite(tmp_path, "reference", "--tests", str(tests), "--max-examples", "1")
+    assert proc.returncode == 2, (proc.stdout + proc.stderr)[-3000:]
+    assert "1 listed test(s) not collected: test_lse_combine.py::no_such_test" in proc.stdout + proc.stderr
 
 
 def test_children_get_the_environment_and_a_share_of_the_threads(monkeypatch):

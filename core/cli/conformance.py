@@ -3,10 +3,12 @@
 Exit status: 0 when every property passed (skips and fallbacks are reported, not failures),
 1 on any failure, 2 on a usage error (unknown backend or op, missing control file).
 
-``--jobs N`` (N > 1) runs the op families in N child processes, each writing its reports to
-``<report-dir>/parts/<i>/`` (with its output in ``log.txt``), and merges them into one report.
-Exit status as above; also 1 when a child crashed or wrote no report (the report names its ops)
-or when the children disagree on the backend under test.
+``--jobs N`` (N > 1) lists the selected tests, splits them over N child processes balanced by an
+estimated cost (the collectives stay together), each writing its reports to ``<report-dir>/parts/<i>/``
+(with its output in ``log.txt``), and merges them into one report. Exit status as above; also 1 when
+a child crashed or wrote no report (the report names its ops and fails each of its tests without a
+record), when a child was stopped (its tests without a record are "incomplete"), or when the children
+disagree on the backend under test.
 """
 from __future__ import annotations
 
@@ -47,6 +49,8 @@ def pytest_args(args) -> list[str]:
         command += ["--dsahal-ops", ",".join(args.ops)]
     if args.device:
         command += ["--dsahal-device", args.device]
+    if args.tests:
+        command += ["--dsahal-tests", args.tests]
     if args.k:
         command += ["-k", args.k]
     if args.exitfirst:
@@ -64,7 +68,7 @@ def run(args) -> int:
     if unknown:
         print(f"error: --ops: unknown op(s) {unknown}; expected some of {list(OP_NAMES)}", file=sys.stderr)
         return 2
-    for name in ("skips", "xfails"):
+    for name in ("skips", "xfails", "tests"):
         path = getattr(args, name)
         if path and not Path(path).is_file():
             print(f"error: --{name}: no such file {path!r}", file=sys.stderr)
@@ -104,9 +108,11 @@ def register(subparsers) -> None:
     parser.add_argument("--device", default=None,
                         help="device for op arguments (default: from the backend's tags: cuda, xla or cpu)")
     parser.add_argument("-k", default=None, metavar="EXPR", help="pytest -k expression to select properties")
+    parser.add_argument("--tests", default=None, metavar="FILE",
+                        help="run only the tests whose node ids FILE lists, one a line (what --jobs gives each part)")
     parser.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first failure")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per property")
     parser.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
-                        help="split the op families over N processes and merge their reports (GPUs: Triton "
+                        help="split the selected tests over N processes and merge their reports (GPUs: Triton "
                              "compiles on the CPU, one core per process); parts go to REPORT_DIR/parts/<i>")
     parser.set_defaults(func=run)

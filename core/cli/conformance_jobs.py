@@ -1,17 +1,26 @@
-"""``dsahal conformance --jobs N``: the suite split by op family over N child processes, whose reports
-are merged into those of one run.
+"""``dsahal conformance --jobs N``: the suite's tests split over N child processes, whose reports are
+merged into those of one run.
 
 Why: on a GPU most of the suite's time is Triton compiling a kernel for each shape specialisation,
-which is CPU-bound, and one process keeps one core busy. Op families are independent (each property
-draws its own inputs), so groups of them can run side by side and their reports be concatenated.
+which is CPU-bound, and one process keeps one core busy. Tests are independent (each property draws
+its own inputs), so sets of them can run side by side and their reports be concatenated. Splitting by
+test rather than by op family matters: one family (sparse MLA, ~20 tests) alone would otherwise be the
+floor of the wall time whatever N is.
 
-Each child is ``python -m dsahal conformance ... --ops <group> --report-dir <D>/parts/<i>`` with every
-other option passed through and one seed drawn here for all. Its output goes to ``parts/<i>/log.txt``;
-one line is printed as each child finishes, then the logs of the children that failed, then the
-merged summary. ``<D>`` gets the merged conformance.json, conformance.md and junit.xml.
+First a child ``pytest --collect-only --dsahal-list-tests`` lists the selected tests (``--ops``, ``-k``,
+the skip file applied; nothing runs) to ``<D>/parts/tests.jsonl``. They are assigned to N parts by
+longest-processing-time-first on an estimated cost (an op family's weight shared among its tests; the
+collectives stay in one part, so only one pool of gloo ranks starts). Each child is
+``python -m dsahal conformance ... --ops <its ops> --tests <D>/parts/<i>/tests.txt --report-dir
+<D>/parts/<i>`` with every other option passed through and one seed drawn here for all. Its output
+goes to ``parts/<i>/log.txt``; one line is printed as each child finishes, then the logs of the
+children that failed, then the merged summary. ``<D>`` gets the merged conformance.json,
+conformance.md and junit.xml, with a record for every listed test: a test whose part crashed before
+reporting it fails, one whose part was stopped (Ctrl-C, SIGTERM, -x) is "incomplete".
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -20,14 +29,17 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..ops.catalog import COLLECTIVE_OPS, OP_NAMES
 
-# Relative cost of an op family's properties on a GPU (roughly: tests x kernels compiled per test).
-# Only the balance between groups depends on it; an op missing here gets DEFAULT_WEIGHT.
+# Relative cost of an op family's properties on a GPU (roughly: tests x kernels compiled per test),
+# shared equally among the family's tests. Only the balance between parts depends on it; an op missing
+# here gets DEFAULT_WEIGHT. (A test skipped for a format the backend does not claim costs next to
+# nothing, but claims are only known once a backend is selected, in the children: not estimated.)
 OP_WEIGHTS = {
     "cache_write": 20.0,  # 3 properties x 7 latent/index formats
     "sparse_mla": 24.0,  # 5 properties x latent formats, split-K and lse variants
@@ -46,6 +58,7 @@ DEFAULT_WEIGHT = 5.0
 # The collectives run on a pool of gloo ranks that each process starts once (spawn + torch import):
 # they stay in one group so that only one child pays for it, and the group carries that cost.
 RANK_POOL_STARTUP_WEIGHT = 3.0
+VENDOR_SKIP_WEIGHT = 0.01  # a test the skip file skips: set-up only
 POLL_S = 0.1
 LOG_TAIL_LINES = 300
 STOP_GRACE_S = 15.0  # for a stopped child to write its partial reports (a Triton compile is not interruptible)
@@ -55,48 +68,98 @@ class Terminated(Exception):
     """SIGTERM or SIGHUP reached the parent (``timeout``, a CI cancel): stop the children and merge."""
 
 
-def ops_with_tests(suite_dir: Path) -> list[str]:
-    """The op families the suite has properties for (in OP_NAMES order): a child given an op
-    without any would select no test and fail as a usage error."""
-    pattern = re.compile(r"""conformance_property\(\s*["']([a-z_0-9]+)["']""")
-    found = {m.group(1) for path in suite_dir.glob("test_*.py") for m in pattern.finditer(path.read_text())}
-    return [op for op in OP_NAMES if op in found]
+@dataclass(frozen=True)
+class Listed:
+    """One line of ``--dsahal-list-tests``: a collected test of the suite."""
+
+    nodeid: str
+    op: str
+    property: str = ""
+    format: str = "-"
+    selected: bool = True  # kept by --ops / -k / --tests
+    vendor_skip: bool = False  # the skip file skips it
+    index: int = 0  # its place in the suite's order
+
+    @classmethod
+    def from_json(cls, line: str, index: int) -> "Listed":
+        entry = json.loads(line)
+        return cls(**{key: entry[key] for key in cls.__dataclass_fields__ if key in entry}, index=index)
 
 
-def _units(ops: list[str]) -> list[tuple[list[str], float]]:
-    """Indivisible groups of ops with their weight: every op alone, except the collectives together."""
-    collectives = [op for op in ops if op in COLLECTIVE_OPS]
-    units = [([op], OP_WEIGHTS.get(op, DEFAULT_WEIGHT)) for op in ops if op not in COLLECTIVE_OPS]
-    if collectives:
-        weight = RANK_POOL_STARTUP_WEIGHT + sum(OP_WEIGHTS.get(op, DEFAULT_WEIGHT) for op in collectives)
-        units.append((collectives, weight))
+def list_command(args, suite_dir: Path, out: Path) -> list[str]:
+    """``pytest --collect-only`` over the suite with the selecting options of ``args``, writing the
+    tests to ``out`` (the same root directory as the children, so the same node ids)."""
+    command = [sys.executable, "-m", "pytest", str(suite_dir), "--rootdir", str(suite_dir), "-p", "no:cacheprovider",
+               "-q", "--collect-only", "--dsahal-list-tests", str(out)]
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        command += ["-p", "dsahal.conformance.plugin"]
+    valued = (("--dsahal-ops", ",".join(args.ops) if args.ops else None), ("--dsahal-skips", args.skips),
+              ("--dsahal-xfails", args.xfails), ("--dsahal-tests", getattr(args, "tests", None)), ("-k", args.k))
+    for flag, value in valued:
+        if value is not None:
+            command += [flag, str(value)]
+    return command
+
+
+def list_tests(args, suite_dir: Path, out: Path) -> list[Listed] | int:
+    """Every collected test of the suite (``selected`` says which the options keep), in suite order;
+    an exit status when the listing failed (2 on a usage error), its output then printed."""
+    command = list_command(args, suite_dir, out)
+    log = out.with_suffix(".log")
+    proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                          text=True, errors="replace", env=child_env(1))
+    log.write_text(proc.stdout)
+    if proc.returncode in (0, 5) and out.is_file():  # 5: nothing left selected, as the listing wants
+        lines = [line for line in out.read_text().splitlines() if line.strip()]
+        return [Listed.from_json(line, i) for i, line in enumerate(lines)]
+    print("\n".join(proc.stdout.splitlines()[-LOG_TAIL_LINES:]), flush=True)
+    print(f"error: listing the conformance tests failed (pytest exit status {proc.returncode}; "
+          f"{' '.join(command)}; log {log})", file=sys.stderr)
+    return 2 if proc.returncode == 4 else 1  # 4: pytest's usage error
+
+
+def estimated_costs(listed: list[Listed]) -> dict[str, float]:
+    """Estimated cost of each test: its op family's weight over the family's tests (all collected
+    ones, so that -k leaves each kept test its share), next to nothing for one the skip file skips."""
+    per_op = Counter(t.op for t in listed)
+    return {t.nodeid: VENDOR_SKIP_WEIGHT if t.vendor_skip else OP_WEIGHTS.get(t.op, DEFAULT_WEIGHT) / per_op[t.op]
+            for t in listed}
+
+
+def _units(listed: list[Listed]) -> list[tuple[list[Listed], float]]:
+    """Indivisible groups of the selected tests with their cost: every test alone, except the tests
+    of the collectives together (with the start-up of their rank pool)."""
+    costs = estimated_costs(listed)
+    selected = [t for t in listed if t.selected]
+    collective = [t for t in selected if t.op in COLLECTIVE_OPS]
+    units = [([t], costs[t.nodeid]) for t in selected if t.op not in COLLECTIVE_OPS]
+    if collective:
+        units.append((collective, RANK_POOL_STARTUP_WEIGHT + sum(costs[t.nodeid] for t in collective)))
     return units
 
 
-def split_ops(ops: list[str], jobs: int) -> list[list[str]]:
-    """At most ``jobs`` non-empty groups of ``ops`` with balanced weight (heaviest unit first into the
-    lightest group); each group lists its ops in OP_NAMES order, groups heaviest first."""
-    order = {op: i for i, op in enumerate(OP_NAMES)}
-
-    def rank(op_list: list[str]) -> int:  # ties are broken by the catalog's order, not by the caller's
-        return min(order.get(op, len(order)) for op in op_list)
-
-    units = sorted(_units(ops), key=lambda unit: (-unit[1], rank(unit[0])))
-    groups: list[tuple[float, list[str]]] = [(0.0, []) for _ in range(min(jobs, len(units)))]
-    for unit_ops, weight in units:
-        lightest = min(range(len(groups)), key=lambda i: groups[i][0])
-        load, members = groups[lightest]
-        groups[lightest] = (load + weight, members + unit_ops)
-    groups.sort(key=lambda group: (-group[0], rank(group[1])))
-    return [sorted(members, key=lambda op: order.get(op, len(order))) for _, members in groups]
+def split_tests(listed: list[Listed], jobs: int) -> list[list[Listed]]:
+    """At most ``jobs`` non-empty parts of the selected tests of ``listed``, balanced on the estimated
+    cost by longest-processing-time-first (costliest unit into the lightest part); each part keeps the
+    suite's order of its tests, parts costliest first."""
+    position = {t.nodeid: i for i, t in enumerate(listed)}
+    units = sorted(_units(listed), key=lambda unit: (-unit[1], position[unit[0][0].nodeid]))
+    parts: list[tuple[float, list[Listed]]] = [(0.0, []) for _ in range(min(jobs, len(units)))]
+    for tests, cost in units:
+        lightest = min(range(len(parts)), key=lambda i: parts[i][0])
+        load, members = parts[lightest]
+        parts[lightest] = (load + cost, members + tests)
+    parts = [(load, sorted(members, key=lambda t: position[t.nodeid])) for load, members in parts]
+    parts.sort(key=lambda part: (-part[0], position[part[1][0].nodeid]))
+    return [members for _, members in parts]
 
 
 @dataclass
 class Part:
-    """One child run: its ops, report directory, process and what it left behind."""
+    """One child run: its tests, report directory, process and what it left behind."""
 
     index: int
-    ops: list[str]
+    tests: list[Listed]
     dir: Path
     command: list[str] = field(default_factory=list)
     process: subprocess.Popen | None = None
@@ -112,8 +175,31 @@ class Part:
         return f"part {self.index}"
 
     @property
+    def ops(self) -> list[str]:
+        """The op families of its tests, in the catalog's order."""
+        order = {op: i for i, op in enumerate(OP_NAMES)}
+        return sorted({t.op for t in self.tests}, key=lambda op: (order.get(op, len(order)), op))
+
+    @property
+    def what(self) -> str:
+        """What a message names: ``ops: a, b; 7 tests``."""
+        count = len(self.tests)
+        return f"ops: {', '.join(self.ops)}; {count} test{'' if count == 1 else 's'}"
+
+    @property
     def log(self) -> Path:
         return self.dir / "log.txt"
+
+    @property
+    def tests_file(self) -> Path:
+        return self.dir / "tests.txt"
+
+    def unreported(self) -> list[Listed]:
+        """Its tests of which its report (if any) has no record."""
+        from dsahal.conformance.controls import canonical_id
+
+        recorded = {canonical_id(t.get("nodeid") or t.get("id", "")) for t in (self.payload or {}).get("tests", [])}
+        return [t for t in self.tests if canonical_id(t.nodeid) not in recorded]
 
     @property
     def status(self) -> str:
@@ -143,10 +229,11 @@ class Part:
         return f"exited with status {code}"
 
 
-def child_command(args, ops: list[str], report_dir: Path, seed: int | None) -> list[str]:
-    """``python -m dsahal conformance`` for one group: every option of ours except --jobs, --ops and
-    --report-dir passed through unchanged."""
-    command = [sys.executable, "-m", "dsahal", "conformance", "--ops", *ops, "--report-dir", str(report_dir)]
+def child_command(args, ops: list[str], report_dir: Path, seed: int | None, tests_file: Path) -> list[str]:
+    """``python -m dsahal conformance`` for one part: its ops and tests file, and every option of ours
+    except --jobs, --ops, --tests and --report-dir passed through unchanged."""
+    command = [sys.executable, "-m", "dsahal", "conformance", "--ops", *ops, "--tests", str(tests_file),
+               "--report-dir", str(report_dir)]
     valued = (("--backend", args.backend), ("--skips", args.skips), ("--xfails", args.xfails),
               ("--max-examples", args.max_examples), ("--seed", seed), ("--device", args.device), ("-k", args.k))
     for flag, value in valued:
@@ -230,7 +317,7 @@ def progress_line(part: Part, done: int, total: int) -> str:
     counts = (part.payload or {}).get("summary") or {}
     shown = ", ".join(f"{counts.get(o, 0)} {o}" for o in report.OUTCOMES
                       if counts.get(o) or o in ("pass", "fail")) if counts else "no report"
-    return (f"[{done}/{total}] {part.label} ({', '.join(part.ops)}): {part.status}, {part.describe_exit()} "
+    return (f"[{done}/{total}] {part.label} ({part.what}): {part.status}, {part.describe_exit()} "
             f"after {part.seconds:.1f} s; {shown}; log {part.log}")
 
 
@@ -271,7 +358,7 @@ def print_log(part: Part, seen: dict[str, str]) -> None:
     """The tail of a failed child's log; a log identical to one already printed is named, not repeated
     (a usage error prints the same message in every child)."""
     text = part.log.read_text(errors="replace") if part.log.is_file() else ""
-    print(f"\n===== {part.label} ({', '.join(part.ops)}): {part.status}; log {part.log} =====", flush=True)
+    print(f"\n===== {part.label} ({part.what}): {part.status}; log {part.log} =====", flush=True)
     key = re.sub(r"\d+(\.\d+)?s\b", "", text)  # pytest's timings differ between otherwise equal logs
     if key in seen:
         print(f"(same output as {seen[key]})")
@@ -287,33 +374,54 @@ def print_log(part: Part, seen: dict[str, str]) -> None:
 
 def missing_report_message(part: Part) -> str:
     why = part.read_error or "wrote no conformance.json"
-    return (f"{part.label} (ops: {', '.join(part.ops)}) {part.describe_exit()} and {why}: "
+    return (f"{part.label} ({part.what}) {part.describe_exit()} and {why}: "
             f"these ops are NOT certified by this run; log {part.log}")
 
 
-def failure_records(part: Part) -> list:
-    """Failing records for a part that crashed, or exited non-zero with no failing test in its report
-    (interrupted, internal error): so the merged JSON, markdown and junit never read as a pass."""
-    from dsahal.conformance import report
+def stopped_message(part: Part) -> str:
+    missing = len(part.unreported())
+    return (f"{part.label} ({part.what}) was stopped {part.stopped}: "
+            + ("its report covers the tests done until then" if part.payload else "it left no report")
+            + (f"; {missing} of its tests without a record are reported incomplete" if missing else ""))
 
-    if part.status == "crashed":
-        message = missing_report_message(part) if part.payload is None else \
-            f"{part.label} (ops: {', '.join(part.ops)}) {part.describe_exit()}; log {part.log}"
+
+def part_records(part: Part) -> list:
+    """Records the part could not write itself, so that the merged JSON, markdown and junit never read
+    as a pass: for a part that was stopped, each of its tests without a record is "incomplete"; for one
+    that crashed (or exited non-zero with no failing test in its report, or left tests unreported), each
+    such test fails (one failing record per op when every test has a record)."""
+    from dsahal.conformance import controls, report
+
+    missing = part.unreported()
+    if part.status == "stopped":
+        outcome = "incomplete"
+        message = f"{part.label} ({part.what}) was stopped {part.stopped} before this test reported"
+    elif part.status == "crashed":
+        outcome, message = "fail", missing_report_message(part) if part.payload is None else \
+            f"{part.label} ({part.what}) {part.describe_exit()}; log {part.log}"
     elif part.status == "failed" and not any(t["outcome"] in ("fail", "xpass") for t in part.payload["tests"]):
-        message = f"{part.label} (ops: {', '.join(part.ops)}) {part.describe_exit()} but reported no failing test"
+        outcome, message = "fail", f"{part.label} ({part.what}) {part.describe_exit()} but reported no failing test"
+    elif missing:
+        outcome, message = "fail", f"{part.label} ({part.what}) {part.describe_exit()} without a record of this test"
     else:
         return []
-    tail = part.log.read_text(errors="replace").splitlines()[-40:] if part.log.is_file() else []
-    full = message + ("\nlast lines of its log:\n" + "\n".join(tail) if tail else "")
+    if outcome == "fail":
+        tail = part.log.read_text(errors="replace").splitlines()[-40:] if part.log.is_file() else []
+        message += ("\nlast lines of its log:\n" + "\n".join(tail)) if tail else ""
+    if missing:
+        return [report.TestRecord(id=controls.canonical_id(t.nodeid), nodeid=t.nodeid, op=t.op, property=t.property,
+                                  format=t.format, backend="", outcome=outcome, message=message) for t in missing]
+    if outcome != "fail":
+        return []
     return [report.TestRecord(id=f"parts/{part.index}::{op}", nodeid=f"parts/{part.index}::{op}", op=op,
                               property="run.part_completed", format="-", backend="", outcome="fail",
-                              message=full) for op in part.ops]
+                              message=message) for op in part.ops]
 
 
 def part_notes(parts: list[Part], problems: list[str]) -> list[str]:
     """Markdown lines for the merged report: each part, and every problem in bold."""
     notes = [f"Parts (`--jobs {len(parts)}`, in `parts/<i>/`):"]
-    notes += [f"- {p.label}: {', '.join(p.ops)}: {p.status}, {p.describe_exit()} after {p.seconds:.0f} s"
+    notes += [f"- {p.label} ({p.what}): {p.status}, {p.describe_exit()} after {p.seconds:.0f} s"
               for p in parts]
     notes += [f"- **problem**: {problem}" for problem in problems]
     return notes
@@ -323,25 +431,26 @@ def write_merged(parts: list[Part], report_dir: Path, settings: dict, defaults: 
                  backend_name: str | None) -> tuple[list, list[str], dict]:
     """Merge the parts' reports into ``report_dir``: ``settings`` override the parts' own, ``defaults``
     stand in where no part left a report. Returns (records, problems, settings)."""
-    from dsahal.conformance import report
+    from dsahal.conformance import controls, report
 
     merged = report.merge({p.label: p.payload for p in parts if p.payload is not None}, settings)
     merged.settings = {**defaults, **merged.settings}
-    extra_failures = [r for p in parts for r in failure_records(p)]
+    extra_records = [r for p in parts for r in part_records(p)]
     problems = [missing_report_message(p) for p in parts if p.status == "crashed" and p.payload is None]
-    problems += [f"{p.label} (ops: {', '.join(p.ops)}) was stopped {p.stopped}: "
-                 + ("its report covers the properties done until then" if p.payload else "it left no report")
-                 for p in parts if p.status == "stopped"]
+    problems += [stopped_message(p) for p in parts if p.status == "stopped"]
     problems += merged.problems
-    for record in extra_failures:
+    for record in extra_records:
         record.backend = merged.backend.get("name") or backend_name or ""
-    records = merged.records + extra_failures
+    # the suite's order, as one run writes it (a file's tests may be spread over several parts)
+    position = {controls.canonical_id(t.nodeid): t.index for p in parts for t in p.tests}
+    records = sorted(merged.records + extra_records, key=lambda r: position.get(r.id, len(position)))
     backend = merged.backend or {"name": backend_name}
     junit = {p.label: p.dir / "junit.xml" for p in parts if p.payload is not None}
-    unreadable = report.merge_junit(junit, report_dir / "junit.xml", extra_failures)
+    unreadable = report.merge_junit(junit, report_dir / "junit.xml", extra_records)
     problems += [f"{label}: junit.xml missing or unreadable, left out of the merged junit.xml" for label in unreadable]
     merge_info = {"merge": {"jobs": len(parts), "problems": problems, "parts": [
-        {"index": p.index, "ops": p.ops, "status": p.status, "returncode": p.returncode,
+        {"index": p.index, "ops": p.ops, "tests": [t.nodeid for t in p.tests], "status": p.status,
+         "unreported": len(p.unreported()), "returncode": p.returncode,
          "seconds": round(p.seconds, 3), "dir": str(p.dir)} for p in parts]}}
     report.write_json(report_dir / "conformance.json", records, backend, merged.settings, merge_info)
     report.write_markdown(report_dir / "conformance.md", records, backend, merged.settings, OP_NAMES,
@@ -388,28 +497,46 @@ def prepare(report_dir: Path) -> Path:
     return parts_dir
 
 
+def plan(args, suite_dir: Path, parts_dir: Path, seed: int | None) -> list[Part] | int:
+    """List the selected tests, split them into parts, write each part's tests file and command and
+    print the plan; an exit status when there is nothing to run."""
+    listed = list_tests(args, suite_dir, parts_dir / "tests.jsonl")
+    if isinstance(listed, int):
+        return listed
+    selected = [t for t in listed if t.selected]
+    if not selected:
+        print("error: no conformance test selected (check --ops / -k)", file=sys.stderr)
+        return 2
+    parts = [Part(i, tests, parts_dir / str(i)) for i, tests in enumerate(split_tests(listed, args.jobs))]
+    ops = {t.op for t in selected}
+    print(f"dsahal conformance: {len(parts)} jobs over {len(selected)} tests of {len(ops)} op families"
+          + (f" (asked for {args.jobs}; no more tests to split)" if len(parts) < args.jobs else "")
+          + (f", seed {seed}" if seed is not None else ", derandomized") + f"; parts in {parts_dir}", flush=True)
+    costs = estimated_costs(listed)
+    for part in parts:
+        part.dir.mkdir(parents=True)
+        part.tests_file.write_text("".join(f"{t.nodeid}\n" for t in part.tests))
+        part.command = child_command(args, part.ops, part.dir, seed, part.tests_file)
+        cost = sum(costs[t.nodeid] for t in part.tests)
+        print(f"  {part.label} ({part.what}; estimated cost {cost:.1f})", flush=True)
+    return parts
+
+
 def run_jobs(args, suite_dir: Path) -> int:
     """Run the suite as ``args.jobs`` children and merge their reports; the exit status of one run."""
-    available = ops_with_tests(suite_dir)
-    ops = [op for op in (args.ops or available) if op in available]
-    if not ops:
-        print(f"error: --ops: no conformance test for {args.ops}", file=sys.stderr)
-        return 2
     seed = args.seed
     if seed is None and not args.derandomize:
         seed = random.SystemRandom().randrange(2**31)  # one seed for every child, printed once
     report_dir = Path(args.report_dir)
     parts_dir = prepare(report_dir)
-    parts = [Part(i, group, parts_dir / str(i)) for i, group in enumerate(split_ops(ops, args.jobs))]
-    print(f"dsahal conformance: {len(parts)} jobs over {len(ops)} op families"
-          + (f" (asked for {args.jobs}; no more groups to split)" if len(parts) < args.jobs else "")
-          + (f", seed {seed}" if seed is not None else ", derandomized") + f"; parts in {parts_dir}", flush=True)
-    env = child_env(len(parts))
-    for part in parts:
-        part.command = child_command(args, part.ops, part.dir, seed)
-        print(f"  {part.label}: {', '.join(part.ops)}", flush=True)
+    parts: list[Part] = []
     try:
         with terminate_raises():
+            planned = plan(args, suite_dir, parts_dir, seed)
+            if isinstance(planned, int):
+                return planned
+            parts = planned
+            env = child_env(len(parts))
             for part in parts:
                 launch(part, env)
             wait_all(parts, args.exitfirst)
@@ -417,6 +544,9 @@ def run_jobs(args, suite_dir: Path) -> int:
         # Stop what still runs (or never started) and merge what the parts reported: a run cut by a
         # time limit still leaves the reports of what it did, and fails.
         why = f"on {exc}" if isinstance(exc, Terminated) else "on Ctrl-C"
+        if not parts:
+            print(f"error: stopped {why} while listing the tests; nothing ran", file=sys.stderr)
+            return 1
         unfinished = [p for p in parts if p.returncode is None]
         print(f"{why}: stopping {', '.join(p.label for p in unfinished)}", flush=True)
         stop_all(unfinished, why)
