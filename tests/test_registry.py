@@ -64,6 +64,13 @@ def test_plugin_that_fails_to_import_is_reported_not_fatal(monkeypatch):
     assert reg.records["halflse"].available
 
 
+def test_an_interrupt_during_plugin_import_is_not_swallowed(monkeypatch):
+    # a broken plugin is reported and skipped, but Ctrl-C (or a time limit's SIGINT) must still stop the run
+    monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "plugins.interrupted_import")
+    with pytest.raises(KeyboardInterrupt):
+        registry()
+
+
 def test_plugin_whose_probe_raises_is_unavailable_with_the_reason(monkeypatch):
     monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "plugins.broken_probe")
     record = registry().records["badprobe"]

@@ -98,13 +98,17 @@ def discover() -> Registry:
     for plugin_name, load in candidates:
         try:
             plugin = load()
-        except BaseException as exc:  # noqa: BLE001 - a broken plugin must not break the others
+        except KeyboardInterrupt:  # the user's (or a time limit's) interrupt is not the plugin's failure
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a broken plugin (even one calling exit) must not break the others
             registry.failures.append(PluginFailure(plugin_name, "import", _summarise(exc)))
             continue
         try:
             manager.register(plugin, name=plugin_name)
             impls = [i for i in manager.hook.dsahal_backends.get_hookimpls() if i.plugin_name == plugin_name]
             backends = [b for impl in impls for b in (impl.function() or [])]
+        except KeyboardInterrupt:
+            raise
         except BaseException as exc:  # noqa: BLE001
             registry.failures.append(PluginFailure(plugin_name, "register", _summarise(exc)))
             continue
@@ -127,6 +131,8 @@ def discover() -> Registry:
 def _probe(backend: Backend, plugin_name: str, registry: Registry) -> BackendRecord:
     try:
         ok, reason = backend.probe()
+    except KeyboardInterrupt:
+        raise
     except BaseException as exc:  # noqa: BLE001
         registry.failures.append(PluginFailure(plugin_name, "probe", _summarise(exc)))
         return BackendRecord(backend, plugin_name, False, f"probe raised {_summarise(exc)}")
