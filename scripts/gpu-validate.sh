@@ -9,6 +9,9 @@
 #                `nvidia` in batch-invariant mode (proves that claim), `amd` forced onto its Triton
 #                paths ("Triton paths on NVIDIA hardware")
 #   bench        `dsahal bench --backend nvidia` (correctness check before every timing)
+# The device machine's copy of the repository keeps the session's first commit as HEAD: write the commit
+# under test first (`git rev-parse --short HEAD > .device-commit`, ignored through .gitignore,
+# carried with `.whl`) so meta.txt names it.
 # Everything lands in $OUT (the device tool's output folder) or ./gpu-out. Each step has its own
 # time limit (T_<STEP> seconds) so one slow step cannot eat the others; a failing step does not stop
 # the rest.
@@ -21,8 +24,12 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     export PYTHONPATH=/tmp/site
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-{ echo "commit $COMMIT (working tree $(git status --porcelain 2>/dev/null | wc -l) changed paths)"; date -u;
+if [ -f .device-commit ]; then
+    COMMIT="$(cat .device-commit) (as written before the call)"
+else
+    COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo unknown) (the machine's copy; may predate the tree)"
+fi
+{ echo "commit $COMMIT, working tree $(git status --porcelain 2>/dev/null | wc -l) changed paths"; date -u;
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader;
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$OUT/meta.txt"
 
