@@ -83,9 +83,14 @@ def _indexer_cases(results):
             want = reference(q.float(), w, pages, safe_table, req, pos, fmt, 100)
             finite = torch.isfinite(want)
             ok = True
+            # the unrolled loop, and the rolled (pipelinable) loop with keys as either MMA operand
+            variants = (dict(), dict(pipeline=True, typed_keys=True), dict(pipeline=True, typed_keys=True,
+                                                                            keys_as_b=True))
             for source in (pages, _unaligned(pages)):
-                got = indexer_score(q, w, source, table, req, pos, fmt, 100, block_n=32, group=2, tiles=2)
-                ok &= torch.equal(torch.isfinite(got), finite) and _rel(got[finite], want[finite]) < 1e-5
+                for variant in variants:
+                    got = indexer_score(q, w, source, table, req, pos, fmt, 100, block_n=32, group=2, tiles=2,
+                                        **variant)
+                    ok &= torch.equal(torch.isfinite(got), finite) and _rel(got[finite], want[finite]) < 1e-5
             results[f"indexer_{fmt}_{str(q_dtype).split('.')[-1]}"] = ok
 
 

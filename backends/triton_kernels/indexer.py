@@ -72,7 +72,8 @@ def _key_tile(pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s
         else:
             row = block * s8_b + offset * s8_t
             row32 = block * s32_b + offset * s32_t
-        keys = tl.load(pages_u8 + row[:, None] + dims[None, :], mask=mapped[:, None], other=0)
+        # (other=0.0: the pointer may be the fp8-typed view, which takes no integer fill value)
+        keys = tl.load(pages_u8 + row[:, None] + dims[None, :], mask=mapped[:, None], other=0.0)
         keys = keys.to(tl.float8e4nv, bitcast=True)
         if DOT == 0:
             keys = keys.to(tl.bfloat16)
@@ -99,45 +100,93 @@ def indexer_score_kernel(
     T, H, max_context, num_blocks, max_blocks, block_tokens,
     FMT: tl.constexpr, DOT: tl.constexpr, TOKEN_BYTES: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, GROUP: tl.constexpr, TILES: tl.constexpr, ALIGNED: tl.constexpr,
+    PIPELINE: tl.constexpr,  # key tiles in a pipelined loop (else unrolled)
+    KEYS_AS_B: tl.constexpr,  # q @ keysᵀ (keys in shared memory, prefetchable) instead of keys @ qᵀ
 ):
     t0 = tl.program_id(1)
-    if tl.load(run_offset_ptr + t0) % GROUP == 0:
-        req = tl.load(req_ptr + t0).to(tl.int64)
-        # The segment: tokens t0 .. t0 + GROUP - 1 that belong to the same request.
-        members = t0 + tl.arange(0, GROUP)
-        member_ok = (members < T) & (tl.load(req_ptr + members, mask=members < T, other=-1) == req)
-        member_pos = tl.load(pos_ptr + members, mask=member_ok, other=-1).to(tl.int64)
-        reach = tl.max(member_pos, axis=0)
-        rows = tl.arange(0, GROUP * BLOCK_H)
-        row_tok = t0 + rows // BLOCK_H
-        row_head = rows % BLOCK_H
-        row_ok = (row_tok < T) & (row_head < H)
-        row_ok = row_ok & (tl.load(req_ptr + row_tok, mask=row_ok, other=-1) == req)
-        dims = tl.arange(0, 128)
-        q = tl.load(q_ptr + row_tok.to(tl.int64)[:, None] * stride_qt + row_head[:, None] * stride_qh + dims[None, :],
-                    mask=row_ok[:, None], other=0.0)
-        if DOT == 0:
-            q = q.to(tl.bfloat16)
-        elif DOT == 2:
-            q = q.to(tl.float32)
-        w = tl.load(w_ptr + row_tok.to(tl.int64) * stride_wt + row_head, mask=row_ok, other=0.0)
-
+    is_start = tl.load(run_offset_ptr + t0) % GROUP == 0  # only a segment's first token works
+    views = (pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s32_t)
+    sizes = (max_context, num_blocks, max_blocks, block_tokens)
+    if PIPELINE:
+        # A loop at the top level (not under a branch), which the software pipeliner may stage
+        # num_stages deep; other tokens' programs mask their loads and run it zero times.
+        q, w, segment = _load_segment(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, req_ptr, pos_ptr, t0, T, H,
+                                      is_start, DOT, BLOCK_H, GROUP)
+        for tile in range(tl.where(is_start, TILES, 0)):
+            _score_tile(tl.program_id(0) * TILES + tile, q, w, views, block_table_ptr, stride_bt, segment, sizes,
+                        out_ptr, stride_ot, FMT, DOT, TOKEN_BYTES, GROUP, BLOCK_H, BLOCK_N, ALIGNED, KEYS_AS_B)
+    elif is_start:  # unrolled; other tokens' programs exit at once
+        q, w, segment = _load_segment(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, req_ptr, pos_ptr, t0, T, H,
+                                      is_start, DOT, BLOCK_H, GROUP)
         for tile in tl.static_range(TILES):
-            s = (tl.program_id(0) * TILES + tile) * BLOCK_N + tl.arange(0, BLOCK_N)
-            keys, scale, mapped = _key_tile(pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s32_t,
-                                            block_table_ptr, stride_bt, req, s, (s <= reach) & (s < max_context), num_blocks,
-                                            max_blocks, block_tokens, FMT, DOT, TOKEN_BYTES, ALIGNED)
-            if DOT == 2:
-                logits = tl.dot(keys, tl.trans(q), input_precision="ieee")  # [BLOCK_N, GROUP * BLOCK_H]
-            else:
-                logits = tl.dot(keys, tl.trans(q))
-            weighted = tl.maximum(logits, 0.0) * w[None, :]
-            score = tl.sum(tl.reshape(weighted, [BLOCK_N, GROUP, BLOCK_H]), axis=2) * scale[:, None]  # [BLOCK_N, GROUP]
-            visible = (s[:, None] <= member_pos[None, :]) & mapped[:, None]
-            score = tl.where(visible, score, float("-inf"))
-            out = out_ptr + members.to(tl.int64)[None, :] * stride_ot + s[:, None]
-            tl.store(out, score, mask=member_ok[None, :] & (s < max_context)[:, None])
+            _score_tile(tl.program_id(0) * TILES + tile, q, w, views, block_table_ptr, stride_bt, segment, sizes,
+                        out_ptr, stride_ot, FMT, DOT, TOKEN_BYTES, GROUP, BLOCK_H, BLOCK_N, ALIGNED, KEYS_AS_B)
 
+
+@triton.jit
+def _load_segment(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, req_ptr, pos_ptr, t0, T, H, is_start,
+                  DOT: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr):
+    """The segment of token ``t0`` (it and up to ``GROUP - 1`` following tokens of the same request):
+    its queries as one ``[GROUP * BLOCK_H, 128]`` operand, their head weights, and
+    ``(request, member mask, member positions, member token ids, furthest position)``."""
+    req = tl.load(req_ptr + t0).to(tl.int64)
+    members = t0 + tl.arange(0, GROUP)
+    # is_start as lane vectors: the interpreter mishandles masks that mix tensors and scalars
+    member_ok = (members < T) & (tl.load(req_ptr + members, mask=members < T, other=-1) == req) \
+        & ((members * 0 + is_start.to(tl.int32)) != 0)
+    member_pos = tl.load(pos_ptr + members, mask=member_ok, other=-1).to(tl.int64)
+    reach = tl.max(member_pos, axis=0)
+    rows = tl.arange(0, GROUP * BLOCK_H)
+    row_tok = t0 + rows // BLOCK_H
+    row_head = rows % BLOCK_H
+    row_ok = (row_tok < T) & (row_head < H) & ((rows * 0 + is_start.to(tl.int32)) != 0)
+    row_ok = row_ok & (tl.load(req_ptr + row_tok, mask=row_ok, other=-1) == req)
+    dims = tl.arange(0, 128)
+    q = tl.load(q_ptr + row_tok.to(tl.int64)[:, None] * stride_qt + row_head[:, None] * stride_qh + dims[None, :],
+                mask=row_ok[:, None], other=0.0)
+    if DOT == 0:
+        q = q.to(tl.bfloat16)
+    elif DOT == 2:
+        q = q.to(tl.float32)
+    w = tl.load(w_ptr + row_tok.to(tl.int64) * stride_wt + row_head, mask=row_ok, other=0.0)
+    return q, w, (req, member_ok, member_pos, members, reach)
+
+@triton.jit
+def _score_tile(tile, q, w, views, block_table_ptr, stride_bt, segment, sizes, out_ptr, stride_ot,
+                FMT: tl.constexpr, DOT: tl.constexpr, TOKEN_BYTES: tl.constexpr, GROUP: tl.constexpr,
+                BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr, KEYS_AS_B: tl.constexpr):
+    """Scores of key tile ``tile`` (``BLOCK_N`` positions) for every token of the segment: one MMA."""
+    pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s32_t = views
+    req, member_ok, member_pos, members, reach = segment
+    max_context, num_blocks, max_blocks, block_tokens = sizes
+    s = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    keys, scale, mapped = _key_tile(pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s32_t,
+                                    block_table_ptr, stride_bt, req, s, (s <= reach) & (s < max_context), num_blocks,
+                                    max_blocks, block_tokens, FMT, DOT, TOKEN_BYTES, ALIGNED)
+    if KEYS_AS_B:
+        # q @ keysᵀ: the keys are the MMA's B operand, which lives in shared memory, so the software
+        # pipeliner can prefetch them with async copies; the head sum then runs across warps.
+        if DOT == 2:
+            logits = tl.dot(q, tl.trans(keys), input_precision="ieee")  # [GROUP * BLOCK_H, BLOCK_N]
+        else:
+            logits = tl.dot(q, tl.trans(keys))
+        weighted = tl.maximum(logits, 0.0) * w[:, None]
+        score = tl.sum(tl.reshape(weighted, [GROUP, BLOCK_H, BLOCK_N]), axis=1) * scale[None, :]  # [GROUP, BLOCK_N]
+        visible = (s[None, :] <= member_pos[:, None]) & mapped[None, :]
+        score = tl.where(visible, score, float("-inf"))
+        out = out_ptr + members.to(tl.int64)[:, None] * stride_ot + s[None, :]
+        tl.store(out, score, mask=member_ok[:, None] & (s < max_context)[None, :])
+    else:
+        if DOT == 2:
+            logits = tl.dot(keys, tl.trans(q), input_precision="ieee")  # [BLOCK_N, GROUP * BLOCK_H]
+        else:
+            logits = tl.dot(keys, tl.trans(q))
+        weighted = tl.maximum(logits, 0.0) * w[None, :]
+        score = tl.sum(tl.reshape(weighted, [BLOCK_N, GROUP, BLOCK_H]), axis=2) * scale[:, None]  # [BLOCK_N, GROUP]
+        visible = (s[:, None] <= member_pos[None, :]) & mapped[:, None]
+        score = tl.where(visible, score, float("-inf"))
+        out = out_ptr + members.to(tl.int64)[None, :] * stride_ot + s[:, None]
+        tl.store(out, score, mask=member_ok[None, :] & (s < max_context)[:, None])
 
 def pick_dot(q_dtype, index_fmt):
     """FP8 q on FP8 keys: FP8 MMA. bf16 q, or FP8 q on bf16 keys: bf16 MMA (exact widening). Else fp32."""
@@ -159,7 +208,8 @@ def run_offsets(req_ids):
 
 
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,
-                  block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, dot=None, out=None):
+                  block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, pipeline=False, typed_keys=False,
+                  keys_as_b=False, dot=None, out=None):
     """Launch :func:`indexer_score_kernel`.
 
     Args:
@@ -171,6 +221,11 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         index_fmt: ``"bf16"`` or ``"fp8"``. max_context: output width.
         block_n: key positions per MMA; group: query tokens per segment; tiles: key tiles per program
             (fp32/fp16 queries, whose dots run exactly in fp32, use one token and one tile of <= 32 keys).
+        pipeline: run the key tiles in a loop the software pipeliner stages ``num_stages`` deep
+            (else unrolled). typed_keys: read aligned keys through an fp8 (FP8 MMA) or bf16 (bf16 MMA)
+            view of the pages, so the load feeds the MMA with no conversion between them.
+        keys_as_b: compute ``q @ keysᵀ`` (keys as the MMA's shared-memory operand: what the pipeliner
+            can prefetch) rather than ``keys @ qᵀ`` (keys in registers, heads summed within a warp).
         out: optional ``[T, max_context]`` fp32 buffer (unit stride in the last dim).
 
     Returns:
@@ -192,6 +247,11 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         block_n, group, tiles = min(block_n, 32), 1, 1
     block_h = max(triton.next_power_of_2(heads), triton.cdiv(16, group))  # the MMA needs N >= 16
     views = typed_views(index_pages)
+    if typed_keys and aligned:
+        if index_fmt == "fp8" and dot == DOT_FP8:  # the kernel's bitcast to e4m3 is then a no-op
+            views[0] = (index_pages.view(torch.float8_e4m3fn), views[0][1], views[0][2])
+        elif index_fmt == "bf16" and dot == DOT_BF16 and views[1][0].dtype == torch.uint16:  # same for bf16
+            views[1] = (views[1][0].view(torch.bfloat16), views[1][1], views[1][2])
     grid = (triton.cdiv(max_context, block_n * tiles), tokens)
     indexer_score_kernel[grid](
         q, q.stride(0), q.stride(1),
@@ -202,6 +262,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         out, out.stride(0),
         tokens, heads, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1],
         FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=packed_bytes, BLOCK_H=block_h, BLOCK_N=block_n,
-        GROUP=group, TILES=tiles, ALIGNED=aligned, num_warps=num_warps, num_stages=num_stages,
+        GROUP=group, TILES=tiles, ALIGNED=aligned, PIPELINE=pipeline,
+        KEYS_AS_B=keys_as_b, num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -115,11 +115,18 @@ def variants() -> list[Variant]:
         if dot == indexer.DOT_FP32:  # what the launcher does for exact dots
             cfg.update(block_n=min(cfg["block_n"], 32), group=1, tiles=1)
         block_h = max(32, -(-16 // cfg["group"]))
-        out.append(Variant(
-            f"indexer fp8 keys, {label}, 32 heads", indexer.indexer_score_kernel,
-            dict(FMT=1, DOT=dot, TOKEN_BYTES=132, BLOCK_H=block_h, BLOCK_N=cfg["block_n"], GROUP=cfg["group"],
-                 TILES=cfg["tiles"], ALIGNED=True),
-            dict(index_ptrs, q_ptr=q_type), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+        pipelined = [(False, cfg["tiles"], cfg["num_stages"])]
+        if dot == indexer.DOT_FP8:  # the pipelined loop over fp8-typed keys, as the tune sweep runs it
+            pipelined += [(True, 16, 2), (True, 16, 3)]
+        for (pipeline, tiles, stages), keys_as_b in [(p, False) for p in pipelined] + [(p, True) for p in pipelined[1:]]:
+            pointers = dict(index_ptrs, q_ptr=q_type, pages_u8="fp8e4nv" if pipeline else "u8")
+            out.append(Variant(
+                f"indexer fp8 keys, {label}, 32 heads" + (f", pipelined x{tiles}" if pipeline else "")
+                + (", keys as B" if keys_as_b else ""),
+                indexer.indexer_score_kernel,
+                dict(FMT=1, DOT=dot, TOKEN_BYTES=132, BLOCK_H=block_h, BLOCK_N=cfg["block_n"], GROUP=cfg["group"],
+                     TILES=tiles, ALIGNED=True, PIPELINE=pipeline, KEYS_AS_B=keys_as_b),
+                pointers, num_warps=cfg["num_warps"], num_stages=stages))
     mla_ptrs = dict(pages_u8="u8", pages_u16="u16", pages_f32="fp32", slots_ptr="i32", kv_scale_ptr="fp32",
                     o_ptr="fp32", lse_ptr="fp32")
     for heads, fmt, q_dtype in ((128, "bf16", torch.bfloat16), (128, "fp8", torch.bfloat16),

@@ -105,8 +105,12 @@ def main(sections=("sparse_mla", "indexer", "topk", "kda")):
     for qd in (torch.float8_e4m3fn, torch.bfloat16) if "indexer" in sections else ():
         qi = torch.randn(320, INDEX_HEADS, 128, device=dev).to(qd)
         w = torch.rand(320, INDEX_HEADS, device=dev)
-        configs = [dict(block_n=n, group=8, tiles=tl_, num_warps=wp, num_stages=1)
-                   for n, tl_, wp in itertools.product([64, 128], [4, 8, 16], [4, 8])]
+        configs = [dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1)]  # today's choice first
+        # the rolled loop (fewer registers, the query operand amortised over more tiles), keys as either
+        # MMA operand, read through a typed view
+        configs += [dict(block_n=64, group=8, tiles=tl_, num_warps=wp, num_stages=st, pipeline=True, typed_keys=True,
+                         keys_as_b=kb)
+                    for kb, tl_, wp, st in itertools.product([False, True], [8, 16], [4, 8], [2])]
         _sweep(f"indexer fp8 keys q={qd}", configs,
                lambda **c: indexer.indexer_score(qi, w, ipages, block_table, req_ids, positions, "fp8", 131072, **c),
                lambda a, b: torch.equal(torch.isfinite(a), torch.isfinite(b)) and _close(
