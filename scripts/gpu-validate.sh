@@ -8,7 +8,8 @@
 #   conformance  three suites at once, each split over processes (`--jobs`): `nvidia` (default mode),
 #                `nvidia` in batch-invariant mode (proves that claim), `amd` forced onto its Triton
 #                paths ("Triton paths on NVIDIA hardware")
-#   bench        `dsahal bench --backend nvidia` (correctness check before every timing)
+#   bench        `dsahal bench --backend nvidia` (correctness check before every timing; BENCH_OPS="--op A
+#                --op B" picks ops, in that order)
 # The device machine's copy of the repository keeps the session's first commit as HEAD: write the commit
 # under test first (`git rev-parse --short HEAD > .device-commit`, ignored through .gitignore,
 # carried with `.whl`) so meta.txt names it.

@@ -113,3 +113,13 @@ def test_the_check_catches_padding_rows_that_write(monkeypatch):
     monkeypatch.setattr(cuda_graph, "pad_decode_inputs", writing_padding)
     ok, detail = check_model_decode(torch.device("cpu"), "reference")
     assert not ok and "padding rows wrote nothing: False" in detail
+
+
+def test_bench_runs_the_asked_ops_in_the_order_asked():
+    from dsahal.bench.cases import all_cases
+    from dsahal.cli.bench import select_cases
+
+    cases = all_cases(quick=True)
+    chosen = select_cases(cases, ["dsa_attention", "model", "topk"])
+    assert [c.op for c in chosen] == ["dsa_attention", "dsa_attention", "model", "topk"]
+    assert select_cases(cases, None) == cases
