@@ -53,11 +53,13 @@ def _sparse_mla_cases(results):
         want_o, want_lse = reference(q, pages, safe, fmt, scale, 0.08)
         for split in (None, 16, "unaligned"):
             source = _unaligned(pages) if split == "unaligned" else pages
-            o, lse = sparse_mla(q, source, slots, fmt, scale, 0.08, block_h=16, block_n=16,
-                                split_size=16 if split == "unaligned" else split)
-            finite = torch.isfinite(want_lse)
-            ok = (_rel(o, want_o) < 1e-5 and bool((lse[finite] - want_lse[finite]).abs().max() < 1e-4)
-                  and bool(torch.isneginf(lse[3]).all()) and bool((o[3] == 0).all()))
+            ok = True
+            for v_split in (1, 2):  # the value columns in one program, or shared by two
+                o, lse = sparse_mla(q, source, slots, fmt, scale, 0.08, block_h=16, block_n=16,
+                                    split_size=16 if split == "unaligned" else split, v_split=v_split)
+                finite = torch.isfinite(want_lse)
+                ok &= (_rel(o, want_o) < 1e-5 and bool((lse[finite] - want_lse[finite]).abs().max() < 1e-4)
+                       and bool(torch.isneginf(lse[3]).all()) and bool((o[3] == 0).all()))
             results[f"sparse_mla_{fmt}_split{split}"] = ok
 
 

@@ -26,49 +26,70 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _gather_latent(pages_u8, pages_u16, pages_f32, block, offset, strides, valid, FMT: tl.constexpr,
-                   AS_BF16: tl.constexpr, ALIGNED: tl.constexpr):
-    """Latent rows at byte offsets ``row`` [BLOCK_N] -> (nope [BLOCK_N, 512], rope [BLOCK_N, 64]).
-
-    Values are dequantised except for the per-tensor FP8 scale, which the caller folds into the
-    logits and the output. Returned as bf16 when ``AS_BF16`` else fp32.
-    """
-    nope_cols = tl.arange(0, 512)
-    rope_cols = tl.arange(0, 64)
+def _gather_nope(pages_u8, pages_u16, pages_f32, block, offset, strides, valid, cols, FMT: tl.constexpr,
+                 AS_BF16: tl.constexpr, ALIGNED: tl.constexpr):
+    """Columns ``cols`` (of the 512 "nope" values) of the latent rows of ``(block, offset)`` [BLOCK_N]
+    -> ``[BLOCK_N, len(cols)]``, dequantised except for the per-tensor FP8 scale (the caller folds it
+    into the logits and the output); bf16 when ``AS_BF16`` else fp32. Invalid rows read as 0."""
     m = valid[:, None]
     s8_b, s8_t, s16_b, s16_t, s32_b, s32_t = strides
     row8 = block * s8_b + offset * s8_t
     if not ALIGNED:  # records at odd addresses (e.g. a pool with a lead byte): assemble from bytes
         raw = pages_u8 + row8[:, None]
         if FMT == 0:
-            nope = widen_bf16(load_u16_bytewise(raw + 2 * nope_cols[None, :], m), AS_BF16)
-            rope = widen_bf16(load_u16_bytewise(raw + 1024 + 2 * rope_cols[None, :], m), AS_BF16)
+            nope = widen_bf16(load_u16_bytewise(raw + 2 * cols[None, :], m), AS_BF16)
         elif FMT == 1:
-            nope = load_fp8(raw + nope_cols[None, :], m)
-            rope = load_fp8(raw + 512 + rope_cols[None, :], m)
+            nope = load_fp8(raw + cols[None, :], m)
         else:
-            tile_scale = load_f32_bytewise(raw + 512 + 4 * (nope_cols[None, :] // 128), m)
-            nope = load_fp8(raw + nope_cols[None, :], m) * tile_scale
-            rope = widen_bf16(load_u16_bytewise(raw + 528 + 2 * rope_cols[None, :], m), False)
+            tile_scale = load_f32_bytewise(raw + 512 + 4 * (cols[None, :] // 128), m)
+            nope = load_fp8(raw + cols[None, :], m) * tile_scale
     elif FMT == 0:  # bf16: 576 bf16 values
         row16 = block * s16_b + offset * s16_t
-        words = pages_u16 + row16[:, None]
-        nope = widen_bf16(tl.load(words + nope_cols[None, :], mask=m, other=0), AS_BF16)
-        rope = widen_bf16(tl.load(words + 512 + rope_cols[None, :], mask=m, other=0), AS_BF16)
+        nope = widen_bf16(tl.load(pages_u16 + row16[:, None] + cols[None, :], mask=m, other=0), AS_BF16)
     elif FMT == 1:  # fp8 with one tensor scale
-        raw = pages_u8 + row8[:, None]
-        nope = load_fp8(raw + nope_cols[None, :], m)
-        rope = load_fp8(raw + 512 + rope_cols[None, :], m)
+        nope = load_fp8(pages_u8 + row8[:, None] + cols[None, :], m)
     else:  # fp8_ds_mla: 4 tiles of 128 e4m3 with an fp32 scale each, then 64 bf16
-        row16 = block * s16_b + offset * s16_t
         row32 = block * s32_b + offset * s32_t
-        tile_scale = tl.load(pages_f32 + row32[:, None] + 128 + nope_cols[None, :] // 128, mask=m, other=0.0)
-        nope = load_fp8(pages_u8 + row8[:, None] + nope_cols[None, :], m) * tile_scale
+        tile_scale = tl.load(pages_f32 + row32[:, None] + 128 + cols[None, :] // 128, mask=m, other=0.0)
+        nope = load_fp8(pages_u8 + row8[:, None] + cols[None, :], m) * tile_scale
+    if AS_BF16:
+        nope = nope.to(tl.bfloat16)
+    else:
+        nope = nope.to(tl.float32)
+    return nope
+
+
+@triton.jit
+def _gather_latent(pages_u8, pages_u16, pages_f32, block, offset, strides, valid, FMT: tl.constexpr,
+                   AS_BF16: tl.constexpr, ALIGNED: tl.constexpr):
+    """Whole latent rows of ``(block, offset)`` [BLOCK_N] -> (nope [BLOCK_N, 512], rope [BLOCK_N, 64]),
+    dequantised as :func:`_gather_nope` says."""
+    rope_cols = tl.arange(0, 64)
+    m = valid[:, None]
+    s8_b, s8_t, s16_b, s16_t, s32_b, s32_t = strides
+    nope = _gather_nope(pages_u8, pages_u16, pages_f32, block, offset, strides, valid, tl.arange(0, 512), FMT,
+                        AS_BF16, ALIGNED)
+    row8 = block * s8_b + offset * s8_t
+    if not ALIGNED:
+        raw = pages_u8 + row8[:, None]
+        if FMT == 0:
+            rope = widen_bf16(load_u16_bytewise(raw + 1024 + 2 * rope_cols[None, :], m), AS_BF16)
+        elif FMT == 1:
+            rope = load_fp8(raw + 512 + rope_cols[None, :], m)
+        else:
+            rope = widen_bf16(load_u16_bytewise(raw + 528 + 2 * rope_cols[None, :], m), False)
+    elif FMT == 0:
+        row16 = block * s16_b + offset * s16_t
+        rope = widen_bf16(tl.load(pages_u16 + row16[:, None] + 512 + rope_cols[None, :], mask=m, other=0), AS_BF16)
+    elif FMT == 1:
+        rope = load_fp8(pages_u8 + row8[:, None] + 512 + rope_cols[None, :], m)
+    else:
+        row16 = block * s16_b + offset * s16_t
         rope = widen_bf16(tl.load(pages_u16 + row16[:, None] + 264 + rope_cols[None, :], mask=m, other=0), False)
     if AS_BF16:
-        nope, rope = nope.to(tl.bfloat16), rope.to(tl.bfloat16)
+        rope = rope.to(tl.bfloat16)
     else:
-        nope, rope = nope.to(tl.float32), rope.to(tl.float32)
+        rope = rope.to(tl.float32)
     return nope, rope
 
 
@@ -90,8 +111,12 @@ def sparse_mla_kernel(
     logit_scale,  # softmax_scale · log2(e), applied to q·kv
     FMT: tl.constexpr, AS_BF16: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     ALIGNED: tl.constexpr,  # every record 4-byte aligned: typed views; else byte loads
+    V_SPLIT: tl.constexpr,  # programs sharing a head block, each accumulating 512 / V_SPLIT value columns
 ):
-    pid_h = tl.program_id(0)
+    pid_h = tl.program_id(0) // V_SPLIT
+    v_part = tl.program_id(0) % V_SPLIT
+    VD: tl.constexpr = 512 // V_SPLIT
+    v_cols = v_part * VD + tl.arange(0, VD)  # the value columns this program accumulates and writes
     t = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
 
@@ -116,7 +141,7 @@ def sparse_mla_kernel(
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, 512], tl.float32)
+    acc = tl.zeros([BLOCK_H, VD], tl.float32)
 
     start = split * split_size
     end = tl.minimum(start + split_size, K)
@@ -141,23 +166,29 @@ def sparse_mla_kernel(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
+        if V_SPLIT == 1:
+            values = kv_nope
+        else:  # this program's value columns of the same rows again (just read: cache hits)
+            values = _gather_nope(pages_u8, pages_u16, pages_f32, slot // block_tokens, slot % block_tokens,
+                                  (s8_b, s8_t, s16_b, s16_t, s32_b, s32_t), valid, v_cols, FMT, AS_BF16, ALIGNED)
         if AS_BF16:
-            acc = tl.dot(p.to(tl.bfloat16), kv_nope, acc * alpha[:, None])
+            acc = tl.dot(p.to(tl.bfloat16), values, acc * alpha[:, None])
         else:
-            acc = tl.dot(p, kv_nope, acc * alpha[:, None], input_precision="ieee")
+            acc = tl.dot(p, values, acc * alpha[:, None], input_precision="ieee")
         m_i = m_new
 
     has_any = l_i > 0.0
     o = acc * (value_scale / tl.where(has_any, l_i, 1.0))[:, None]
     m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
     lse = tl.where(has_any, (m_safe + tl.log2(tl.where(has_any, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
-    o_rows = o_ptr + split * stride_os + t * stride_ot + heads[:, None] * stride_oh + nope_cols[None, :]
+    o_rows = o_ptr + split * stride_os + t * stride_ot + heads[:, None] * stride_oh + v_cols[None, :]
     tl.store(o_rows, o.to(o_ptr.dtype.element_ty), mask=head_ok[:, None])
-    tl.store(lse_ptr + split * stride_ls + t * stride_lt + heads, lse, mask=head_ok)
+    # every value part computed the same lse; the first writes it (lane vector: see the KDA kernel)
+    tl.store(lse_ptr + split * stride_ls + t * stride_lt + heads, lse, mask=head_ok & ((heads * 0 + v_part) == 0))
 
 
 def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=64, block_n=32,
-               split_size=None, num_warps=8, num_stages=1, exact_fp32=None, bf16_view=True):
+               split_size=None, num_warps=8, num_stages=1, exact_fp32=None, bf16_view=True, v_split=1):
     """Launch :func:`sparse_mla_kernel`.
 
     Args:
@@ -172,6 +203,8 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=6
         exact_fp32: compute the dots in fp32 (default: unless q is bf16).
         bf16_view: read bf16 latents through a bf16-typed view of the pages (a plain load that feeds
             the MMA, which the software pipeliner can stage) rather than as raw 16-bit words.
+        v_split: 1 or 2 programs per head block; with 2 each computes the logits and accumulates
+            half of the 512 value columns (half the accumulator registers, twice the QK work).
 
     Returns:
         ``(o [T, H, 512] in q's dtype, lse [T, H] fp32)``.
@@ -192,7 +225,9 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=6
     lse = torch.empty((splits, tokens, heads), dtype=torch.float32, device=q.device)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
-    grid = (triton.cdiv(heads, block_h), tokens, splits)
+    if v_split not in (1, 2, 4):
+        raise ValueError(f"triton sparse_mla: v_split expected 1, 2 or 4, got {v_split!r}")
+    grid = (triton.cdiv(heads, block_h) * v_split, tokens, splits)
     views = typed_views(kv_pages)
     if bf16_view and as_bf16 and fmt == LATENT_BF16 and views[1][0].dtype == torch.uint16:
         # widen_bf16 is then a same-type bitcast (only the AS_BF16 path reads bf16 latents this way)
@@ -206,7 +241,7 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=6
         lse, lse.stride(0), lse.stride(1),
         heads, k, kv_pages.shape[0] * kv_pages.shape[1], kv_pages.shape[1], split_size,
         softmax_scale * LOG2E,
-        FMT=fmt, AS_BF16=as_bf16, BLOCK_H=block_h, BLOCK_N=block_n, ALIGNED=views_usable(kv_pages),
+        FMT=fmt, AS_BF16=as_bf16, BLOCK_H=block_h, BLOCK_N=block_n, ALIGNED=views_usable(kv_pages), V_SPLIT=v_split,
         num_warps=num_warps, num_stages=num_stages,
     )
     if splits == 1:

@@ -129,18 +129,21 @@ def variants() -> list[Variant]:
                 pointers, num_warps=cfg["num_warps"], num_stages=stages))
     mla_ptrs = dict(pages_u8="u8", pages_u16="u16", pages_f32="fp32", slots_ptr="i32", kv_scale_ptr="fp32",
                     o_ptr="fp32", lse_ptr="fp32")
-    for heads, fmt, q_dtype in ((128, "bf16", torch.bfloat16), (128, "fp8", torch.bfloat16),
-                                (16, "bf16", torch.bfloat16), (128, "bf16", torch.float32),
-                                (4, "fp8_ds_mla", torch.float32)):
+    for heads, fmt, q_dtype, v_split in ((128, "bf16", torch.bfloat16, 1), (128, "bf16", torch.bfloat16, 2),
+                                         (128, "fp8", torch.bfloat16, 1), (128, "fp8", torch.bfloat16, 2),
+                                         (16, "bf16", torch.bfloat16, 1), (128, "bf16", torch.float32, 1),
+                                         (4, "fp8_ds_mla", torch.float32, 1)):
         cfg = config.sparse_mla_config(320, heads, 2048, fmt, q_dtype)
         as_bf16 = q_dtype == torch.bfloat16
         pointers = dict(mla_ptrs, q_ptr="bf16" if as_bf16 else "fp32")
         if as_bf16 and fmt == "bf16":
             pointers["pages_u16"] = "bf16"  # the launcher's bf16 view
         out.append(Variant(
-            f"sparse MLA {fmt} latents, {'bf16' if as_bf16 else 'fp32 (exact)'} q, H={heads}",
+            f"sparse MLA {fmt} latents, {'bf16' if as_bf16 else 'fp32 (exact)'} q, H={heads}"
+            + (f", values split {v_split} ways" if v_split > 1 else ""),
             sparse_mla.sparse_mla_kernel,
-            dict(FMT=LATENT_CODES[fmt], AS_BF16=as_bf16, BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], ALIGNED=True),
+            dict(FMT=LATENT_CODES[fmt], AS_BF16=as_bf16, BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], ALIGNED=True,
+                 V_SPLIT=v_split),
             pointers, floats=("logit_scale",), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
     cfg = config.topk_config()
     for emit in (False, True):

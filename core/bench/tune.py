@@ -94,8 +94,10 @@ def main(sections=("sparse_mla", "indexer", "topk", "kda")):
                           (16, 128, 4, 3, 256), (16, 32, 4, 3, 256)]
             configs = [dict(block_h=h, block_n=n, num_warps=w, num_stages=s, split_size=sp)
                        for h, n, w, s, sp in shapes]
-            if fmt == "bf16":  # the same first configs reading raw 16-bit words instead of a bf16 view
-                configs += [dict(c, bf16_view=False) for c in configs[:3]]
+            if heads >= 64:  # two programs per head block, each with half of the value columns
+                configs += [dict(c, v_split=2) for c in configs if c["block_h"] == 64 and c["num_warps"] == 8]
+                configs += [dict(block_h=64, block_n=64, num_warps=4, num_stages=2, split_size=configs[0]["split_size"],
+                                 v_split=2)]
             _sweep(f"sparse_mla {fmt} T={tokens} H={heads}", configs,
                    lambda **c: sparse_mla.sparse_mla(q, pages, slots, fmt, scale, MLA_SCALE, **c), _close,
                    (sparse_mla.sparse_mla_kernel,))
