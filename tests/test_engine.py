@@ -114,3 +114,30 @@ def test_requests_wait_for_cache_rows_and_one_that_can_never_fit_is_an_error(mod
                    latent_fmt="bf16", index_fmt="fp8", max_batch=1, max_context=64)
     with pytest.raises(RuntimeError, match="needs 3 cache blocks"):
         small.run([Request(0, prompts[0], 3)])
+
+
+@pytest.mark.parametrize("validate,after", [("first", False), ("always", True), ("never", False)])
+def test_op_argument_checks_stop_after_a_validated_prefill_and_decode_step(validate, after):
+    from dsahal.model import LocalDsaAttention
+    from test_model_helpers import small_model
+
+    model = small_model(seed=3)
+    model.set_attention(LocalDsaAttention(check=True))
+    engine = small_engine(model, validate=validate)
+    seen = []
+
+    def progress(eng, batch):
+        seen.append((batch.meta.decode, model.check_ops, model.attention.check))
+
+    engine.run(greedy_requests(random_prompts([20, 9], model.config.vocab_size), 3), progress=progress)
+    first_prefill = next(s for s in seen if not s[0])
+    assert first_prefill[1:] == ((validate != "never"),) * 2  # the first step ran with checks as asked
+    assert (model.check_ops, model.attention.check) == (after, after)
+    if validate == "first":  # on until the first decode step has passed
+        first_decode = seen.index(next(s for s in seen if s[0]))
+        assert all(s[1] for s in seen[:first_decode])
+
+
+def test_engine_rejects_an_unknown_validate_mode(model):
+    with pytest.raises(ValueError, match="validate expected one of"):
+        small_engine(model, validate="sometimes")

@@ -83,7 +83,8 @@ def execute(args, model, config, device, attention, *, forced=None, progress=Tru
     engine = Engine(model, cache, latent_fmt=args.latent_fmt, index_fmt=args.index_fmt, max_batch=args.batch,
                     max_context=max_context, prefill_chunk_tokens=args.chunk, attention=attention,
                     compile_decode=args.compile, drafter=drafter, max_draft_tokens=args.draft_tokens,
-                    cuda_graph=args.cuda_graph if cuda_graph is None else cuda_graph)
+                    cuda_graph=args.cuda_graph if cuda_graph is None else cuda_graph,
+                    validate=getattr(args, "validate", "first"))
     total_steps = math.ceil(sum(len(r.prompt) for r in requests) / args.chunk) + args.decode - 1
     bar = ProgressBar(total_steps, enabled=progress and (args.progress or (sys.stderr.isatty() and total_steps > 20)))
     with OpTimer(synchronize=device.type == "cuda") as timer:
@@ -211,6 +212,9 @@ def register(subparsers) -> None:
     parser.add_argument("--split-dsa", action="store_true",
                         help="call indexer, top-k and sparse MLA separately instead of the fused dsa_attention")
     parser.add_argument("--compile", action="store_true", help="decode through torch.compile(fullgraph=True)")
+    parser.add_argument("--validate", choices=("first", "always", "never"), default="first",
+                        help="op argument checks (some read tensor values on the host): until one prefill and one "
+                             "decode step have passed (default), on every step, or never")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="replay decode steps from CUDA graphs captured per batch size (CUDA only; capture "
                              "time is reported apart and not counted in decode tokens/s)")

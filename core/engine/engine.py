@@ -26,6 +26,8 @@ from .cuda_graph import DecodeGraphs, DecodeInputs
 from .request import Request
 from .speculative import MAX_DRAFT_TOKENS, Drafter, speculative_step
 
+VALIDATE_MODES = ("first", "always", "never")
+
 
 @dataclass
 class EngineStats:
@@ -79,13 +81,18 @@ class Engine:
             to the reference; not with ``compile_decode``, a drafter or decode context parallelism.
         graph_sizes: the batch sizes decode graphs may be captured for (default 1, 2, 4, multiples of 8
             and ``max_batch``); a batch runs padded up to the next one.
+        validate: when the ops check their arguments (some checks read tensor values on the host, a
+            device sync each): ``"first"`` (default): as the model and attention were built (checks on
+            by default) until one prefill and one decode step have run, then off — every later step's
+            tensors come from the same packing code; ``"always"``: left as built; ``"never"``: off.
+            Requests themselves are always validated by :meth:`add`.
     """
 
     def __init__(self, model, cache, *, latent_fmt: str, index_fmt: str, max_batch: int, max_context: int,
                  prefill_chunk_tokens: int = 512, attention: Optional[DsaAttention] = None,
                  compile_decode: bool = False, drafter: Optional[Drafter] = None,
                  max_draft_tokens: int = MAX_DRAFT_TOKENS, cuda_graph: bool = False,
-                 graph_sizes: Optional[list[int]] = None):
+                 graph_sizes: Optional[list[int]] = None, validate: str = "first"):
         for name, value in (("max_batch", max_batch), ("max_context", max_context),
                             ("prefill_chunk_tokens", prefill_chunk_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -94,6 +101,8 @@ class Engine:
                 not 0 <= max_draft_tokens <= MAX_DRAFT_TOKENS:
             raise ValueError(f"Engine: max_draft_tokens expected an int in [0, {MAX_DRAFT_TOKENS}] (8 query tokens "
                              f"per request at most), got {max_draft_tokens!r}")
+        if validate not in VALIDATE_MODES:
+            raise ValueError(f"Engine: validate expected one of {VALIDATE_MODES}, got {validate!r}")
         self.drafter, self.max_draft_tokens = drafter, max_draft_tokens
         self.model, self.cache = model, cache
         self.config = model.config
@@ -118,6 +127,10 @@ class Engine:
         self._decode_step = torch.compile(model.step, fullgraph=True) if compile_decode else model.step
         self._compiling = compile_decode
         self._table_version = 0  # bumped whenever the block table changes (graphs copy it only then)
+        self.validate = validate
+        self._validated: set[str] = set()  # step kinds ("prefill", "decode") that ran with checks on
+        if validate == "never":
+            self._set_op_checks(False)
         self.graphs: Optional[DecodeGraphs] = None
         if cuda_graph:
             self._check_cuda_graph(compile_decode)
@@ -221,7 +234,9 @@ class Engine:
             return None
         scheduled, decode = self._schedule()
         if decode and self.drafter is not None:
-            return speculative_step(self)
+            batch = speculative_step(self)
+            self._step_validated("decode")
+            return batch
         graphs = self.graphs if decode else None
         batch = build_step(scheduled, self.block_table, self.block_tokens, self.max_context, decode,
                            torch.device("cpu") if graphs else self.device,  # graphs copy into their own buffers
@@ -259,7 +274,21 @@ class Engine:
         for request, count in scheduled:
             request.num_computed += count
         self._emit(batch, logits)
+        self._step_validated("decode" if decode else "prefill")
         return batch
+
+    def _set_op_checks(self, on: bool) -> None:
+        """Turn the ops' argument checks on or off for every layer (KDA layers and the DSA attention)."""
+        self.model.check_ops = on
+        if hasattr(self.model.attention, "check"):
+            self.model.attention.check = on
+
+    def _step_validated(self, kind: str) -> None:
+        if self.validate != "first" or kind in self._validated:
+            return
+        self._validated.add(kind)
+        if self._validated == {"prefill", "decode"}:
+            self._set_op_checks(False)
 
     def _emit(self, batch: StepBatch, logits: torch.Tensor) -> None:
         rows = logits.float().cpu()
