@@ -231,7 +231,7 @@ def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slot
     else:
         req_ids, block_table, block_tokens = emit_slots
         emit = True
-    if segments > 1:
+    if segments > 1 and width > chunk:  # (a row of one chunk has nothing to split)
         from .topk_split import topk_split
 
         return topk_split(scores, lengths, k, out, scratch, emit, req_ids, block_table, block_tokens,
