@@ -36,7 +36,6 @@ def cache_write(values, slots, pages, kind, fmt, scale):
 
 
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context):
-    weights = weights if weights.stride(-1) == 1 else weights.contiguous()
     return _indexer.indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context,
                                   **config.indexer_config(q.shape[1]))
 

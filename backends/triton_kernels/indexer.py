@@ -197,6 +197,19 @@ def pick_dot(q_dtype, index_fmt):
     return DOT_FP32
 
 
+def tile_shape(heads, dot, block_n, group, tiles):
+    """``(block_h, block_n, group, tiles)`` the kernel is launched with for ``heads`` query heads.
+
+    Exact fp32 dots are lowered to FMA loops unrolled over the whole tile: the tensor-core tile
+    (8 tokens x 32 heads x 64 keys, 4 tiles) made ptxas run for minutes on the H200 (conformance,
+    2026-11-29). That path is for exactness, not speed: one token, one tile of <= 32 keys.
+    """
+    if dot == DOT_FP32:
+        block_n, group, tiles = min(block_n, 32), 1, 1
+    block_h = max(triton.next_power_of_2(heads), triton.cdiv(16, group))  # the MMA needs N >= 16
+    return block_h, block_n, group, tiles
+
+
 def run_offsets(req_ids):
     """``[T]`` int32: each token's index within its run of equal consecutive ``req_ids`` (no host sync)."""
     tokens = req_ids.shape[0]
@@ -214,7 +227,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
 
     Args:
         q: ``[T, H, 128]`` bf16/fp16/fp32/float8_e4m3fn (unit stride in the last dim).
-        weights: ``[T, H]`` fp32 (unit stride in H).
+        weights: ``[T, H]`` fp32.
         index_pages: ``[num_blocks, block_tokens, token_bytes]`` uint8 (256 B bf16, 132 B fp8), tokens
             of a block contiguous (``stride(1) == token_bytes``).
         block_table: ``[B, max_blocks]`` int32, -1 unmapped. req_ids, positions: ``[T]`` int32.
@@ -233,6 +246,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
     """
     tokens, heads, _ = q.shape
     q = q if q.stride(-1) == 1 else q.contiguous()
+    weights = weights if weights.stride(-1) == 1 else weights.contiguous()
     if out is None:
         out = torch.empty((tokens, max_context), dtype=torch.float32, device=q.device)
     if tokens == 0:
@@ -240,12 +254,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
     aligned = views_usable(index_pages)
     packed_bytes = index_pages.shape[-1] if index_pages.stride(1) == index_pages.shape[-1] else 0
     dot = pick_dot(q.dtype, index_fmt) if dot is None else dot
-    if dot == DOT_FP32:
-        # Exact fp32 dots are lowered to FMA loops unrolled over the whole tile: the tensor-core tile
-        # (8 tokens x 32 heads x 64 keys, 4 tiles) made ptxas run for minutes on the H200 (conformance,
-        # 2026-11-29). This path is for exactness, not speed: one token, one small tile per program.
-        block_n, group, tiles = min(block_n, 32), 1, 1
-    block_h = max(triton.next_power_of_2(heads), triton.cdiv(16, group))  # the MMA needs N >= 16
+    block_h, block_n, group, tiles = tile_shape(heads, dot, block_n, group, tiles)
     views = typed_views(index_pages)
     if typed_keys and aligned:
         if index_fmt == "fp8" and dot == DOT_FP8:  # the kernel's bitcast to e4m3 is then a no-op

@@ -80,6 +80,17 @@ def split_histogram_kernel(
 
 
 @triton.jit
+def _counted(counts_ptr, row, segments, upto):
+    """(winners, candidates) of the row's segments ``0 .. upto - 1`` from ``counts [T, S, 2]``."""
+    winners = 0
+    candidates = 0
+    for s in range(upto):
+        winners += tl.load(counts_ptr + (row * segments + s) * 2)
+        candidates += tl.load(counts_ptr + (row * segments + s) * 2 + 1)
+    return winners, candidates
+
+
+@triton.jit
 def _split_lists(x, cols, end, prefix, k, num_valid, ROW_LEVELS: tl.constexpr):
     """Per lane: a winner by its top digits, or a candidate (top digits equal to the prefix)."""
     valid = (cols < end) & (x != float("-inf"))
@@ -136,11 +147,7 @@ def split_write_kernel(
     req = 0
     if EMIT_SLOTS:
         req = tl.load(req_ptr + row).to(tl.int32)
-    written = 0
-    candidates = 0
-    for s in range(seg):  # offsets: what the earlier segments of the row write
-        written += tl.load(counts_ptr + (row * segments + s) * 2)
-        candidates += tl.load(counts_ptr + (row * segments + s) * 2 + 1)
+    written, candidates = _counted(counts_ptr, row, segments, seg)  # what the earlier segments write
     lanes = tl.arange(0, CHUNK)
     start = seg * seg_len
     end = tl.minimum(start + seg_len, length)
@@ -168,11 +175,7 @@ def split_finish_kernel(
     row = tl.program_id(0).to(tl.int64)
     prefix, need, num_valid = _prefix(hist_ptr + row * (ROW_LEVELS * segments * 256), segments, k, ROW_LEVELS)
     out_row = out_ptr + row * stride_ot
-    written = 0
-    candidates = 0
-    for s in range(segments):
-        written += tl.load(counts_ptr + (row * segments + s) * 2)
-        candidates += tl.load(counts_ptr + (row * segments + s) * 2 + 1)
+    written, candidates = _counted(counts_ptr, row, segments, segments)
     lanes = tl.arange(0, CHUNK)
     if num_valid > k:
         req = 0

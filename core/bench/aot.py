@@ -112,9 +112,8 @@ def variants() -> list[Variant]:
     for label, q_type, dot in (("fp8 q", "fp8e4nv", indexer.DOT_FP8), ("bf16 q", "bf16", indexer.DOT_BF16),
                                ("fp32 q (exact)", "fp32", indexer.DOT_FP32)):
         cfg = dict(config.indexer_config(32))
-        if dot == indexer.DOT_FP32:  # what the launcher does for exact dots
-            cfg.update(block_n=min(cfg["block_n"], 32), group=1, tiles=1)
-        block_h = max(32, -(-16 // cfg["group"]))
+        block_h, cfg["block_n"], cfg["group"], cfg["tiles"] = indexer.tile_shape(32, dot, cfg["block_n"], cfg["group"],
+                                                                                 cfg["tiles"])
         pipelined = [(False, cfg["tiles"], cfg["num_stages"])]
         if dot == indexer.DOT_FP8:  # the pipelined loop over fp8-typed keys, as the tune sweep runs it
             pipelined += [(True, 16, 2), (True, 16, 3)]
