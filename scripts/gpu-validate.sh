@@ -47,13 +47,19 @@ step() {  # step NAME SECONDS COMMAND...
 conformance() {  # three suites concurrently; JOBS processes each
     local jobs="${JOBS:-5}" examples="${MAX_EXAMPLES:-10}" limit="${T_CONFORMANCE:-540}"
     local common=(--seed 1 --max-examples "$examples")
+    # With two or more GPUs the default-mode suite gets a GPU of its own and the other two share the next
+    # (the suites are compile-bound; a GPU each still keeps their kernels from queueing behind each other).
+    local ngpu gpu_nv="" gpu_other=""
+    ngpu=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 1)
+    if [ "${ngpu:-1}" -ge 2 ]; then gpu_nv=0; gpu_other=1; fi
     # NV_OPS, NV_INV_OPS, AMD_OPS: op families per suite (default all); JOBS_NV, JOBS_INV, JOBS_AMD: processes
-    timeout "$limit" python3 -m dsahal conformance --backend nvidia "${common[@]}" --jobs "${JOBS_NV:-$jobs}" \
+    timeout "$limit" env ${gpu_nv:+CUDA_VISIBLE_DEVICES=$gpu_nv} python3 -m dsahal conformance --backend nvidia \
+        "${common[@]}" --jobs "${JOBS_NV:-$jobs}" \
         ${NV_OPS:+--ops $NV_OPS} --report-dir "$OUT/conformance-nvidia" >"$OUT/conformance-nvidia.log" 2>&1 &
-    timeout "$limit" env DSAHAL_BATCH_INVARIANT=1 python3 -m dsahal conformance --backend nvidia "${common[@]}" \
+    timeout "$limit" env ${gpu_other:+CUDA_VISIBLE_DEVICES=$gpu_other} DSAHAL_BATCH_INVARIANT=1 python3 -m dsahal conformance --backend nvidia "${common[@]}" \
         --jobs "${JOBS_INV:-$jobs}" ${NV_INV_OPS:+--ops $NV_INV_OPS} \
         --report-dir "$OUT/conformance-nvidia-invariant" >"$OUT/conformance-nvidia-invariant.log" 2>&1 &
-    timeout "$limit" env DSAHAL_AMD_PATHS=triton python3 -m dsahal conformance --backend amd "${common[@]}" \
+    timeout "$limit" env ${gpu_other:+CUDA_VISIBLE_DEVICES=$gpu_other} DSAHAL_AMD_PATHS=triton python3 -m dsahal conformance --backend amd "${common[@]}" \
         --jobs "${JOBS_AMD:-$jobs}" ${AMD_OPS:+--ops $AMD_OPS} \
         --report-dir "$OUT/conformance-amd-triton" >"$OUT/conformance-amd-triton.log" 2>&1 &
     if [ -n "${WITH_RUN:-}" ]; then  # the model run alongside (a correctness check; its timings are disturbed)
