@@ -346,6 +346,19 @@ def test_indexer_exact_fp32_path_launches_small_tiles(monkeypatch):
     assert fast["DOT"] == indexer.DOT_BF16 and (fast["GROUP"], fast["TILES"]) == (8, 4)
 
 
+
+@pytest.mark.parametrize("heads", [1, 4, 32, 64, 128])
+def test_indexer_segment_operand_fits_one_hopper_mma(heads):
+    """Tokens x heads of a segment stay within 256 rows (the widest wgmma): 8 tokens x 64 heads gave
+    wrong scores on the H200. Fewer heads keep the full 8-token segment; every launch has N >= 16."""
+    pytest.importorskip("triton")
+    from dsahal.backends.triton_kernels import indexer
+
+    block_h, block_n, group, tiles = indexer.tile_shape(heads, indexer.DOT_BF16, 64, 8, 4)
+    assert block_h >= heads and group * block_h <= indexer.MAX_SEGMENT_ROWS and group * block_h >= 16
+    assert (block_n, tiles) == (64, 4)
+    assert group == (8 if heads <= 32 else indexer.MAX_SEGMENT_ROWS // block_h)
+
 if __name__ == "__main__":
     # Child process: TRITON_INTERPRET=1 is already in the environment, before triton's import.
     print(json.dumps(_run_all()))

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dsahal.distributed.generic_merge import rank_with_tie_rule
 from dsahal.ops.collectives import all_gather, group_rank_and_size
 
 NEG_INF = float("-inf")
@@ -171,15 +172,6 @@ def score_only_local_winners(
     return LocalWinners(local_index, gathered, above + wins, traffic)
 
 
-def _ranked_by_score_then_position(scores, positions, k):
-    """Order each row by (score descending, position ascending), keep k; -inf entries become -1."""
-    by_position = torch.sort(positions, dim=1, stable=True).indices
-    scores, positions = scores.gather(1, by_position), positions.gather(1, by_position)
-    by_score = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :k]
-    scores, positions = scores.gather(1, by_score), positions.gather(1, by_score)
-    return torch.where(scores == NEG_INF, torch.full_like(positions, -1), positions).to(torch.int32)
-
-
 def _winner_positions_by_score(local_scores, winners: LocalWinners, rank, world):
     """``[T, k]`` this rank's winners' global positions ordered by (score desc, position asc)."""
     index = winners.local_index  # ascending local index = ascending global position, -1 last
@@ -228,4 +220,4 @@ def score_only_topk_merge(
     scores = torch.where(within, winners.candidate_scores, torch.full_like(winners.candidate_scores, NEG_INF))
     scores = scores.permute(1, 0, 2).reshape(tokens, -1)
     positions = positions.permute(1, 0, 2).reshape(tokens, -1)
-    return _ranked_by_score_then_position(scores, positions, k)
+    return rank_with_tie_rule(scores, positions, k).to(torch.int32)

@@ -24,6 +24,7 @@ from .bytes import INDEX_CODES, load_f32_bytewise, load_u16_bytewise, typed_view
 DOT_BF16 = 0
 DOT_FP8 = 1
 DOT_FP32 = 2
+MAX_SEGMENT_ROWS = 256  # tokens x heads of one segment: the widest Hopper MMA (wgmma N <= 256)
 
 
 @triton.jit
@@ -203,10 +204,16 @@ def tile_shape(heads, dot, block_n, group, tiles):
     Exact fp32 dots are lowered to FMA loops unrolled over the whole tile: the tensor-core tile
     (8 tokens x 32 heads x 64 keys, 4 tiles) made ptxas run for minutes on the H200 (conformance,
     2026-11-29). That path is for exactness, not speed: one token, one tile of <= 32 keys.
+
+    The segment operand (``group x block_h`` rows) is capped at 256 rows, the widest Hopper MMA: at
+    64 heads x 8 tokens (512) the H200 returned wrong scores (conformance, 2026-11-29; 32 heads, the
+    benchmarked shape, was right), and the [64, 512] fp32 accumulator alone would fill every register.
     """
     if dot == DOT_FP32:
         block_n, group, tiles = min(block_n, 32), 1, 1
-    block_h = max(triton.next_power_of_2(heads), triton.cdiv(16, group))  # the MMA needs N >= 16
+    block_h = triton.next_power_of_2(heads)
+    group = max(1, min(group, MAX_SEGMENT_ROWS // block_h))
+    block_h = max(block_h, triton.cdiv(16, group))  # the MMA needs N >= 16
     return block_h, block_n, group, tiles
 
 

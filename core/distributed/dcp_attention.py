@@ -12,7 +12,7 @@ set of the raw scores), within the tolerance of the LSE combine.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -28,6 +28,7 @@ def dcp_dsa_attention(
     kv_pages: torch.Tensor, block_table: torch.Tensor, req_ids: torch.Tensor, positions: torch.Tensor, *,
     index_fmt: str, kv_fmt: str, topk: int, max_context: int, softmax_scale: float,
     kv_scale: Optional[torch.Tensor] = None, group=None, check: bool = True,
+    merge: Optional[Callable[..., torch.Tensor]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One DSA layer's decode attention over an interleaved context; drop-in for ``dsahal.ops.dsa_attention``
     (same arguments, plus ``group``) where the cache views and block table are this rank's shard.
@@ -43,6 +44,9 @@ def dcp_dsa_attention(
             (a query sees global keys ``0..p``).
         topk: tokens attended per query; max_context: global score width (>= every position + 1).
         group: the DCP process group (None: the default group, or a single rank).
+        merge: ``(local_scores, local_lengths, k, group) -> [T, k]`` global positions; default the
+            backend's ``dsahal.ops.topk_merge`` (the multi-GPU bench passes
+            :func:`~dsahal.distributed.generic_merge.generic_topk_merge` to time the baseline).
 
     Returns:
         ``o`` ``[T, H, 512]`` in q's dtype and ``lse`` ``[T, H]`` fp32, identical on every rank. Collective.
@@ -59,7 +63,10 @@ def dcp_dsa_attention(
                                index_fmt=index_fmt, max_context=width, check=False)
     local_lengths = torch.clamp(shard.local_lengths, max=width)
     with collective.collective_step("topk_merge", group):
-        winners = ops.topk_merge(scores, local_lengths, topk, group, check=False)  # [T, k] global positions
+        if merge is None:
+            winners = ops.topk_merge(scores, local_lengths, topk, group, check=False)  # [T, k] global positions
+        else:
+            winners = merge(scores, local_lengths, topk, group)
     mine = (winners >= 0) & (winners.long() % world == rank)
     local_winners = torch.where(mine, torch.div(winners, world, rounding_mode="floor"), torch.full_like(winners, -1))
     slots = ops.positions_to_slots(local_winners, req_ids, block_table, kv_pages.shape[1], check=False)

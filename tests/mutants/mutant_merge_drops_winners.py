@@ -5,7 +5,8 @@ import math
 import torch
 
 from dsahal.ops.collectives import all_gather, group_rank_and_size
-from dsahal.reference.topk import _ranked, topk
+from dsahal.distributed.generic_merge import rank_with_tie_rule
+from dsahal.reference.topk import topk
 from dsahal.registry import hookimpl
 
 from mutant_base import mutant_backend
@@ -22,8 +23,8 @@ def topk_merge(local_scores, local_lengths, k, group):
     ids = torch.where(valid, local * world + rank, torch.full_like(local, 2**31 - 1)).to(torch.int32)
     all_scores, all_ids = all_gather(scores, group, check=False), all_gather(ids, group, check=False)
     tokens = local_scores.shape[0]
-    return _ranked(all_scores.permute(1, 0, 2).reshape(tokens, -1), all_ids.permute(1, 0, 2).reshape(tokens, -1),
-                   k).to(torch.int32)
+    return rank_with_tie_rule(all_scores.permute(1, 0, 2).reshape(tokens, -1),
+                              all_ids.permute(1, 0, 2).reshape(tokens, -1), k).to(torch.int32)
 
 
 @hookimpl
