@@ -58,16 +58,22 @@ def sparse_mla_config(tokens: int, heads: int, k: int, kv_fmt: str = "bf16",
     return cfg
 
 
-def indexer_config(heads: int) -> dict:
-    # H200, 320 tokens (64 requests x 5) at 128K context: 2.03 ms (FP8 q) / 2.45 ms (bf16 q) at
-    # 4 tiles of 64 keys and 4 warps; 16 tiles or 128-key tiles were slower or spilled.
+def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt: str = "fp8") -> dict:
+    # H200, 320 tokens (64 requests x 5) at 128K context, 32 heads (2026-11-29, tune sweep):
+    # FP8 q on FP8 keys: 1.99 ms with 16 key tiles in a pipelined loop over fp8-typed keys, 8 warps
+    # (2.10 ms unrolled x4 at 4 warps); bf16 q: 2.50 ms unrolled x4 at 4 warps, every pipelined
+    # variant slower (2.83-6.35 ms); keys as the MMA's B operand was slower for both (3.9-6.4 ms).
+    if q_dtype == torch.float8_e4m3fn and index_fmt == "fp8":
+        return dict(block_n=64, group=8, tiles=16, num_warps=8, num_stages=2, pipeline=True, typed_keys=True)
     return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1)
 
 
 def topk_config() -> dict:
-    # H200, [320, 128K] Gaussian scores, k = 2048: 0.79 ms at 2048-entry chunks and 4 warps
-    # (8 warps 0.83 ms, 4096-entry chunks 1.0 ms).
-    return dict(chunk=2048, row_levels=2, num_warps=4)
+    # H200, [320, 128K], k = 2048 (2026-11-29, tune sweep): rows split over 8 programs, 1024-entry
+    # chunks, 4 warps: 0.613 ms on indexer output and on Gaussian scores (one program per row:
+    # 0.785 ms; torch.topk 0.652 ms). 16 segments were as fast; one row level is faster on Gaussian
+    # scores (0.505 ms) but 1.14 ms on real indexer output, whose scores crowd a few exponents.
+    return dict(chunk=1024, row_levels=2, num_warps=4, segments=8)
 
 
 def kda_decode_config(value_dim: int) -> dict:

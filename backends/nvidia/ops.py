@@ -22,7 +22,7 @@ def cache_write(values, slots, pages, kind, fmt, scale):
 
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context):
     return _indexer.indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context,
-                                  **config.indexer_config(q.shape[1]))
+                                  **config.indexer_config(q.shape[1], q.dtype, index_fmt))
 
 
 def topk(scores, lengths, k):

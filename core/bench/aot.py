@@ -109,15 +109,17 @@ def variants() -> list[Variant]:
     out = []
     index_ptrs = dict(w_ptr="fp32", pages_u8="u8", pages_u16="u16", pages_f32="fp32", block_table_ptr="i32",
                       req_ptr="i32", pos_ptr="i32", run_offset_ptr="i32", out_ptr="fp32")
-    for label, q_type, dot in (("fp8 q", "fp8e4nv", indexer.DOT_FP8), ("bf16 q", "bf16", indexer.DOT_BF16),
-                               ("fp32 q (exact)", "fp32", indexer.DOT_FP32)):
-        cfg = dict(config.indexer_config(32))
+    for label, q_type, dot, q_dtype in (("fp8 q", "fp8e4nv", indexer.DOT_FP8, torch.float8_e4m3fn),
+                                        ("bf16 q", "bf16", indexer.DOT_BF16, torch.bfloat16),
+                                        ("fp32 q (exact)", "fp32", indexer.DOT_FP32, torch.float32)):
+        cfg = dict(config.indexer_config(32, q_dtype, "fp8"))
         block_h, cfg["block_n"], cfg["group"], cfg["tiles"] = indexer.tile_shape(32, dot, cfg["block_n"], cfg["group"],
                                                                                  cfg["tiles"])
-        pipelined = [(False, cfg["tiles"], cfg["num_stages"])]
+        pipelined = [(cfg.get("pipeline", False), cfg["tiles"], cfg["num_stages"])]  # the backend's choice first
         if dot == indexer.DOT_FP8:  # the pipelined loop over fp8-typed keys, as the tune sweep runs it
-            pipelined += [(True, 16, 2), (True, 16, 3)]
-        for (pipeline, tiles, stages), keys_as_b in [(p, False) for p in pipelined] + [(p, True) for p in pipelined[1:]]:
+            pipelined += [p for p in ((True, 16, 2), (True, 16, 3)) if p != pipelined[0]]
+        variants = [(p, False) for p in pipelined] + [(p, True) for p in pipelined if p[0]]
+        for (pipeline, tiles, stages), keys_as_b in variants:
             pointers = dict(index_ptrs, q_ptr=q_type, pages_u8="fp8e4nv" if pipeline else "u8")
             out.append(Variant(
                 f"indexer fp8 keys, {label}, 32 heads" + (f", pipelined x{tiles}" if pipeline else "")
