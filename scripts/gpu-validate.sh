@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Validation on an NVIDIA GPU in few calls (device time is scarce). Usage:
-#   scripts/gpu-validate.sh STEP...      STEP: tune | run | conformance | bench | multigpu
+#   scripts/gpu-validate.sh STEP...      STEP: tune | run | conformance | bench | profile | multigpu
 # Installs the carried pure-Python wheels (.whl/) and dsahal, then runs the steps in order:
 #   tune         block-size sweep of the shared Triton kernels (python -m dsahal.bench.tune)
 #   run          the model: `dsahal run --config k31-pro-slice --backend nvidia --check`, eager and with
@@ -10,6 +10,8 @@
 #                paths ("Triton paths on NVIDIA hardware")
 #   bench        `dsahal bench --backend nvidia` (correctness check before every timing; BENCH_OPS="--op A
 #                --op B" picks ops, in that order)
+#   profile      Nsight Compute counters (speed of light, memory, warp stalls, occupancy) of the PERF.md
+#                targets' kernels: `ncu ... python -m dsahal.bench.profile --targets`
 #   multigpu     `torchrun -m dsahal.bench.multi_gpu` over every GPU (NCCL, NVLink multicast off):
 #                KV capacity DCP vs TP, exact vs generic merge, token- vs head-sharded prefill
 #                (MULTI_GPU_ARGS adds arguments, e.g. "--section merge --prefill-lengths 8192")
@@ -95,10 +97,13 @@ for what in "$@"; do
         conformance) conformance ;;
         bench) TAIL=60 step bench "${T_BENCH:-420}" python3 -m dsahal bench --backend nvidia --json "$OUT/bench.json" \
                    --plot "$OUT/roofline.png" ${BENCH_OPS:-} ;;
+        profile) TAIL=400 step profile "${T_PROFILE:-240}" ncu --clock-control none --profile-from-start off \
+                     --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+                     --section Occupancy --section LaunchStats python3 -m dsahal.bench.profile ${PROFILE_ARGS:---targets} ;;
         multigpu) TAIL=80 step multigpu "${T_MULTIGPU:-420}" env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
                       NVSHMEM_DISABLE_NVLS=1 DSAHAL_BACKEND=nvidia python3 -m torch.distributed.run --nproc-per-node \
                       "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -m dsahal.bench.multi_gpu \
                       --json "$OUT/multi_gpu.json" ${MULTI_GPU_ARGS:-} ;;
-        *) echo "unknown step $what (tune | run | conformance | bench | multigpu)"; exit 2 ;;
+        *) echo "unknown step $what (tune | run | conformance | bench | profile | multigpu)"; exit 2 ;;
     esac
 done
