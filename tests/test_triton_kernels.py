@@ -88,10 +88,13 @@ def _indexer_cases(results):
             # the unrolled loop, and the rolled (pipelinable) loop with keys as either MMA operand
             variants = (dict(), dict(pipeline=True, typed_keys=True), dict(pipeline=True, typed_keys=True,
                                                                             keys_as_b=True))
+            # 16-key tiles on 16-token blocks: a tile is one cache block (one table lookup per tile), or
+            # addressed key by key as any other tile shape
+            variants += tuple(dict(v, block_n=16, one_block_tiles=one) for v in variants[:2] for one in (True, False))
             for source in (pages, _unaligned(pages)):
                 for variant in variants:
-                    got = indexer_score(q, w, source, table, req, pos, fmt, 100, block_n=32, group=2, tiles=2,
-                                        **variant)
+                    got = indexer_score(q, w, source, table, req, pos, fmt, 100, **{
+                        "block_n": 32, "group": 2, "tiles": 2, **variant})
                     ok &= torch.equal(torch.isfinite(got), finite) and _rel(got[finite], want[finite]) < 1e-5
             results[f"indexer_{fmt}_{str(q_dtype).split('.')[-1]}"] = ok
 

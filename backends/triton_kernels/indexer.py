@@ -29,14 +29,18 @@ MAX_SEGMENT_ROWS = 256  # tokens x heads of one segment: the widest Hopper MMA (
 
 @triton.jit
 def _key_tile(pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s32_t, block_table_ptr, stride_bt,
-              req, s, s_ok, num_blocks, max_blocks, block_tokens, FMT: tl.constexpr, DOT: tl.constexpr,
-              TOKEN_BYTES: tl.constexpr, ALIGNED: tl.constexpr):
-    """Keys at positions ``s`` [BLOCK_N] of request ``req`` -> (keys [BLOCK_N, 128], scale, mapped).
+              req, tile, s, s_ok, num_blocks, max_blocks, block_tokens, FMT: tl.constexpr, DOT: tl.constexpr,
+              TOKEN_BYTES: tl.constexpr, ALIGNED: tl.constexpr, ONE_BLOCK: tl.constexpr):
+    """Keys at positions ``s`` [BLOCK_N] (key tile ``tile``) of request ``req`` -> (keys [BLOCK_N, 128],
+    scale, mapped).
 
     When tokens are packed (``TOKEN_BYTES`` > 0, the record size) the token stride is a compile-time
     constant, so the compiler knows each record's alignment (16 B for bf16, 4 B for the 132-byte FP8
     records); otherwise the run-time strides are used.
     """
+    if ONE_BLOCK:
+        return _one_block_key_tile(pages_u8, s8_b, pages_u16, s16_b, pages_f32, s32_b, block_table_ptr, stride_bt,
+                                   req, tile, s, s_ok, num_blocks, max_blocks, FMT, DOT, TOKEN_BYTES)
     dims = tl.arange(0, 128)
     logical = s // block_tokens
     block = tl.load(block_table_ptr + req * stride_bt + logical, mask=s_ok & (logical < max_blocks), other=-1)
@@ -84,6 +88,40 @@ def _key_tile(pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s
     return keys, scale, mapped
 
 
+@triton.jit
+def _one_block_key_tile(pages_u8, s8_b, pages_u16, s16_b, pages_f32, s32_b, block_table_ptr, stride_bt, req, tile,
+                        s, s_ok, num_blocks, max_blocks, FMT: tl.constexpr, DOT: tl.constexpr,
+                        TOKEN_BYTES: tl.constexpr):
+    """:func:`_key_tile` when the tile is exactly one cache block (``BLOCK_N == block_tokens``, packed and
+    aligned records): one block-table entry and one base pointer per tile, and record offsets that are
+    the same for every tile (the compiler hoists them out of the tile loop). Per-key block lookups and
+    64-bit pointers were the indexer's busiest pipe (integer ALU, 62%: ncu on the H200, 2026-11-29)."""
+    dims = tl.arange(0, 128)
+    keys_in_block = tl.arange(0, s.shape[0])
+    in_table = tile < max_blocks
+    block = tl.load(block_table_ptr + req * stride_bt + tile, mask=in_table, other=-1)
+    block_ok = in_table & (block >= 0) & (block < num_blocks)
+    # block_ok as a lane vector: the interpreter mishandles masks that mix tensors and scalars
+    mapped = s_ok & ((keys_in_block * 0 + block_ok.to(tl.int32)) != 0)
+    block = tl.where(block_ok, block, 0).to(tl.int64)
+    if FMT == 0:
+        offsets = keys_in_block[:, None] * (TOKEN_BYTES // 2) + dims[None, :]
+        keys = widen_bf16(tl.load(pages_u16 + block * s16_b + offsets, mask=mapped[:, None], other=0), DOT == 0)
+        if DOT == 2:
+            keys = keys.to(tl.float32)
+        scale = tl.full(s.shape, 1.0, tl.float32)
+    else:
+        offsets = keys_in_block[:, None] * TOKEN_BYTES + dims[None, :]
+        keys = tl.load(pages_u8 + block * s8_b + offsets, mask=mapped[:, None], other=0.0)
+        keys = keys.to(tl.float8e4nv, bitcast=True)
+        if DOT == 0:
+            keys = keys.to(tl.bfloat16)
+        elif DOT == 2:
+            keys = keys.to(tl.float32)
+        scale = tl.load(pages_f32 + block * s32_b + keys_in_block * (TOKEN_BYTES // 4) + 32, mask=mapped, other=0.0)
+    return keys, scale, mapped
+
+
 # Counts and sizes that vary from call to call are not specialised on (Triton would compile a
 # variant per value pattern: ==1, multiple of 16); strides stay specialised for wide loads.
 SIZE_ARGS = ("T", "H", "max_context", "num_blocks", "max_blocks", "block_tokens")
@@ -103,6 +141,7 @@ def indexer_score_kernel(
     BLOCK_N: tl.constexpr, GROUP: tl.constexpr, TILES: tl.constexpr, ALIGNED: tl.constexpr,
     PIPELINE: tl.constexpr,  # key tiles in a pipelined loop (else unrolled)
     KEYS_AS_B: tl.constexpr,  # q @ keysᵀ (keys in shared memory, prefetchable) instead of keys @ qᵀ
+    ONE_BLOCK: tl.constexpr,  # BLOCK_N == block_tokens on packed, aligned pages: a tile is one cache block
 ):
     t0 = tl.program_id(1)
     is_start = tl.load(run_offset_ptr + t0) % GROUP == 0  # only a segment's first token works
@@ -115,13 +154,13 @@ def indexer_score_kernel(
                                       is_start, DOT, BLOCK_H, GROUP)
         for tile in range(tl.where(is_start, TILES, 0)):
             _score_tile(tl.program_id(0) * TILES + tile, q, w, views, block_table_ptr, stride_bt, segment, sizes,
-                        out_ptr, stride_ot, FMT, DOT, TOKEN_BYTES, GROUP, BLOCK_H, BLOCK_N, ALIGNED, KEYS_AS_B)
+                        out_ptr, stride_ot, FMT, DOT, TOKEN_BYTES, GROUP, BLOCK_H, BLOCK_N, ALIGNED, KEYS_AS_B, ONE_BLOCK)
     elif is_start:  # unrolled; other tokens' programs exit at once
         q, w, segment = _load_segment(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, req_ptr, pos_ptr, t0, T, H,
                                       is_start, DOT, BLOCK_H, GROUP)
         for tile in tl.static_range(TILES):
             _score_tile(tl.program_id(0) * TILES + tile, q, w, views, block_table_ptr, stride_bt, segment, sizes,
-                        out_ptr, stride_ot, FMT, DOT, TOKEN_BYTES, GROUP, BLOCK_H, BLOCK_N, ALIGNED, KEYS_AS_B)
+                        out_ptr, stride_ot, FMT, DOT, TOKEN_BYTES, GROUP, BLOCK_H, BLOCK_N, ALIGNED, KEYS_AS_B, ONE_BLOCK)
 
 
 @triton.jit
@@ -155,15 +194,16 @@ def _load_segment(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, req_ptr, pos_pt
 @triton.jit
 def _score_tile(tile, q, w, views, block_table_ptr, stride_bt, segment, sizes, out_ptr, stride_ot,
                 FMT: tl.constexpr, DOT: tl.constexpr, TOKEN_BYTES: tl.constexpr, GROUP: tl.constexpr,
-                BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr, KEYS_AS_B: tl.constexpr):
+                BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr, KEYS_AS_B: tl.constexpr,
+                ONE_BLOCK: tl.constexpr):
     """Scores of key tile ``tile`` (``BLOCK_N`` positions) for every token of the segment: one MMA."""
     pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s32_t = views
     req, member_ok, member_pos, members, reach = segment
     max_context, num_blocks, max_blocks, block_tokens = sizes
     s = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     keys, scale, mapped = _key_tile(pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s32_t,
-                                    block_table_ptr, stride_bt, req, s, (s <= reach) & (s < max_context), num_blocks,
-                                    max_blocks, block_tokens, FMT, DOT, TOKEN_BYTES, ALIGNED)
+                                    block_table_ptr, stride_bt, req, tile, s, (s <= reach) & (s < max_context),
+                                    num_blocks, max_blocks, block_tokens, FMT, DOT, TOKEN_BYTES, ALIGNED, ONE_BLOCK)
     if KEYS_AS_B:
         # q @ keysᵀ: the keys are the MMA's B operand, which lives in shared memory, so the software
         # pipeliner can prefetch them with async copies; the head sum then runs across warps.
@@ -229,7 +269,7 @@ def run_offsets(req_ids):
 
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,
                   block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, pipeline=False, typed_keys=False,
-                  keys_as_b=False, dot=None, out=None):
+                  keys_as_b=False, one_block_tiles=True, dot=None, out=None):
     """Launch :func:`indexer_score_kernel`.
 
     Args:
@@ -246,6 +286,8 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             view of the pages, so the load feeds the MMA with no conversion between them.
         keys_as_b: compute ``q @ keysᵀ`` (keys as the MMA's shared-memory operand: what the pipeliner
             can prefetch) rather than ``keys @ qᵀ`` (keys in registers, heads summed within a warp).
+        one_block_tiles: when a key tile is exactly one cache block (``block_n == block_tokens``, packed
+            aligned records), address it with one table lookup and tile-invariant offsets.
         out: optional ``[T, max_context]`` fp32 buffer (unit stride in the last dim).
 
     Returns:
@@ -268,6 +310,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             views[0] = (index_pages.view(torch.float8_e4m3fn), views[0][1], views[0][2])
         elif index_fmt == "bf16" and dot == DOT_BF16 and views[1][0].dtype == torch.uint16:  # same for bf16
             views[1] = (views[1][0].view(torch.bfloat16), views[1][1], views[1][2])
+    one_block = one_block_tiles and aligned and packed_bytes > 0 and index_pages.shape[1] == block_n
     grid = (triton.cdiv(max_context, block_n * tiles), tokens)
     indexer_score_kernel[grid](
         q, q.stride(0), q.stride(1),
@@ -279,6 +322,6 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         tokens, heads, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1],
         FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=packed_bytes, BLOCK_H=block_h, BLOCK_N=block_n,
         GROUP=group, TILES=tiles, ALIGNED=aligned, PIPELINE=pipeline,
-        KEYS_AS_B=keys_as_b, num_warps=num_warps, num_stages=num_stages,
+        KEYS_AS_B=keys_as_b, ONE_BLOCK=one_block, num_warps=num_warps, num_stages=num_stages,
     )
     return out
