@@ -59,13 +59,15 @@ def sparse_mla_config(tokens: int, heads: int, k: int, kv_fmt: str = "bf16",
 
 
 def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt: str = "fp8") -> dict:
-    # H200, 320 tokens (64 requests x 5) at 128K context, 32 heads (2026-11-29, tune sweep):
-    # FP8 q on FP8 keys: 1.99 ms with 16 key tiles in a pipelined loop over fp8-typed keys, 8 warps
-    # (2.10 ms unrolled x4 at 4 warps); bf16 q: 2.50 ms unrolled x4 at 4 warps, every pipelined
-    # variant slower (2.83-6.35 ms); keys as the MMA's B operand was slower for both (3.9-6.4 ms).
+    # H200, 320 tokens (64 requests x 5) at 128K context, 32 heads (2026-11-29, tune sweep and bench):
+    # FP8 q on FP8 keys: 1.98 ms with 16 key tiles in a pipelined loop over fp8-typed keys, 8 warps
+    # (2.10 ms unrolled x4 at 4 warps); one-block tile addressing made this loop slower (2.05 ms), so
+    # it stays per key. bf16 q: unrolled x4 at 4 warps with one-block tiles, 2.13 ms (2.50 ms per-key
+    # addressing; every pipelined variant 2.83-6.35 ms); keys as the MMA's B operand was slower for both.
     if q_dtype == torch.float8_e4m3fn and index_fmt == "fp8":
-        return dict(block_n=64, group=8, tiles=16, num_warps=8, num_stages=2, pipeline=True, typed_keys=True)
-    return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1)
+        return dict(block_n=64, group=8, tiles=16, num_warps=8, num_stages=2, pipeline=True, typed_keys=True,
+                    one_block_tiles=False)
+    return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True)
 
 
 def topk_config() -> dict:

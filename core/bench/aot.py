@@ -127,7 +127,7 @@ def variants() -> list[Variant]:
                 indexer.indexer_score_kernel,
                 dict(FMT=1, DOT=dot, TOKEN_BYTES=132, BLOCK_H=block_h, BLOCK_N=cfg["block_n"], GROUP=cfg["group"],
                      TILES=tiles, ALIGNED=True, PIPELINE=pipeline, KEYS_AS_B=keys_as_b,
-                     ONE_BLOCK=cfg["block_n"] == 64),
+                     ONE_BLOCK=cfg.get("one_block_tiles", True) and cfg["block_n"] == 64),
                 pointers, num_warps=cfg["num_warps"], num_stages=stages))
     mla_ptrs = dict(pages_u8="u8", pages_u16="u16", pages_f32="fp32", slots_ptr="i32", kv_scale_ptr="fp32",
                     o_ptr="fp32", lse_ptr="fp32")
