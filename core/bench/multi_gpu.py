@@ -414,6 +414,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         if rank == 0 and args.json:
             with open(args.json, "w") as f:
                 json.dump(report, f, indent=2)
+        # Leave together: a rank tearing its process group down while a peer is still in a collective's
+        # tail aborted that peer at exit on gloo ("terminate called without an active exception").
+        dist.barrier()
     finally:
         shutdown_distributed()
     return 0
