@@ -31,7 +31,8 @@ from .sharding import (
 )
 
 __all__ = [
-    "DistributedFault", "dcp_dsa_attention", "generic_payload_bytes", "generic_topk_merge", "DistributedContext", "StartupMismatch", "init_distributed",
+    "DistributedFault", "dcp_dsa_attention", "generic_payload_bytes", "generic_topk_merge", "DistributedContext",
+    "StartupMismatch", "init_distributed",
     "shutdown_distributed", "MergePlan", "MergeStats", "exact_topk_merge", "merge_in_process", "merge_traffic",
     "plan_merge", "round_scores_for_merge", "balanced_token_split", "head_sharded_dsa_prefill",
     "token_sharded_dsa_prefill", "DcpQueryShard", "build_local_block_table", "dcp_write_slots",
