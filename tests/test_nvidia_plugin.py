@@ -148,3 +148,45 @@ def test_sparse_mla_exact_fp32_path_takes_tiles_that_fit_shared_memory(heads, kv
     operand_bytes = 4 * 576 * (cfg["block_h"] + cfg["block_n"] * cfg["num_stages"])
     assert operand_bytes <= 120 * 1024, cfg
     assert cfg != config.sparse_mla_config(4, heads, 2048, kv_fmt, torch.bfloat16)
+
+
+def test_fla_prefill_wrapper_gathers_states_drops_empty_sequences_and_scatters_finals(monkeypatch):
+    """The marshalling around fla's `chunk_kda`, with fla's kernel replaced by the float64 recurrence
+    (fla's own numerics are checked on the GPU by the conformance suite): pool states gathered per
+    sequence, padding ids start from zero and write nothing, empty sequences never reach fla, g passed
+    unconverted, and the output is every token's."""
+    fla_kda = pytest.importorskip("fla.ops.kda")
+    from dsahal.backends.nvidia.kda_fla import kda_prefill_fla
+    from dsahal.reference.kda import kda_prefill, kda_recurrent_sequence
+
+    seen = {}
+
+    def recurrent_chunk_kda(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                            cu_seqlens):
+        seen.update(g_dtype=g.dtype, cu=cu_seqlens.tolist(), states=initial_state.shape[0])
+        o = torch.zeros(v.shape[1:], dtype=torch.float64)
+        finals = []
+        bounds = cu_seqlens.tolist()
+        for n, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+            state, out = kda_recurrent_sequence(q[0, start:end], k[0, start:end], v[0, start:end], g[0, start:end],
+                                                beta[0, start:end], initial_state[n], scale, use_qk_l2norm_in_kernel)
+            o[start:end] = out
+            finals.append(state)
+        return o.to(v.dtype)[None], torch.stack(finals).float()
+
+    monkeypatch.setattr(fla_kda, "chunk_kda", recurrent_chunk_kda)
+    torch.manual_seed(0)
+    lengths = [3, 0, 5, 2]
+    tokens, heads, dim = sum(lengths), 2, 8
+    q, k, v = (torch.randn(tokens, heads, dim) for _ in range(3))
+    g = -torch.rand(tokens, heads, dim).to(torch.bfloat16)
+    beta = torch.rand(tokens, heads)
+    cu = torch.tensor([0, 3, 3, 8, 10], dtype=torch.int32)
+    ids = torch.tensor([2, 0, -1, 1], dtype=torch.int32)  # the empty sequence's state 0 must stay as it is
+    pool = torch.randn(3, heads, dim, dim) * 0.1
+    want_pool = pool.clone()
+    want = kda_prefill(q, k, v, g, beta, cu, want_pool, ids, 0.35, True)
+    got = kda_prefill_fla(q, k, v, g, beta, cu, pool, ids, 0.35, True)
+    assert seen == {"g_dtype": torch.bfloat16, "cu": [0, 3, 8, 10], "states": 3}
+    assert got.shape == v.shape and got.dtype == q.dtype
+    assert torch.allclose(got, want, atol=1e-5) and torch.allclose(pool, want_pool, atol=1e-6)
