@@ -164,6 +164,36 @@ def test_use_backend_switches_and_restores(monkeypatch):
     assert active_table().name == "reference"
 
 
+
+def test_use_backend_is_local_to_its_thread_and_nests(monkeypatch):
+    """A block run on another backend (e.g. a check against the reference) must not redirect the ops
+    that other threads of the process run meanwhile; blocks nest and restore in order."""
+    import threading
+
+    monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "plugins.half_lse")
+    monkeypatch.setenv("DSAHAL_BACKEND", "reference")
+    inside, release, seen = threading.Event(), threading.Event(), {}
+
+    def worker():
+        with dsahal.use_backend("halflse"):
+            seen["worker"] = active_table().name
+            inside.set()
+            release.wait(5)
+        seen["worker after"] = active_table().name
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert inside.wait(5)
+    seen["main during"] = active_table().name
+    release.set()
+    thread.join(5)
+    assert seen == {"worker": "halflse", "main during": "reference", "worker after": "reference"}
+    with dsahal.use_backend("halflse"):
+        with dsahal.use_backend("reference"):
+            assert active_table().name == "reference"
+        assert active_table().name == "halflse"
+    assert active_table().name == "reference"
+
 def test_op_table_is_resolved_once_not_per_call(monkeypatch):
     table = active_table()
     ops.topk(torch.randn(2, 10), torch.tensor([10, 5]), 3)

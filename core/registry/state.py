@@ -1,7 +1,9 @@
-"""Process-wide registry and active op table, created on first use."""
+"""Process-wide registry and active op table, created on first use; ``use_backend`` overrides the
+table for the current thread (or asyncio task) only."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 
 from .discovery import Registry, discover
@@ -10,6 +12,9 @@ from .table import OpTable, select
 _lock = threading.RLock()
 _registry: Registry | None = None
 _table: OpTable | None = None
+# use_backend's override: a context variable, so a block run on another backend in one thread (a check
+# against the reference, say) never redirects ops that other threads of a server run meanwhile.
+_override: contextvars.ContextVar[OpTable | None] = contextvars.ContextVar("dsahal_backend_override", default=None)
 
 
 def registry() -> Registry:
@@ -28,8 +33,12 @@ def _resolve(name: str | None) -> OpTable:
 
 
 def active_table() -> OpTable:
-    """The table of the selected backend (``DSAHAL_BACKEND`` or automatic), resolved once."""
+    """The table of this thread's ``use_backend`` block if inside one, else of the process's backend
+    (``set_backend``, ``DSAHAL_BACKEND`` or automatic), resolved once."""
     global _table
+    override = _override.get()
+    if override is not None:
+        return override
     table = _table
     if table is None:
         with _lock:
@@ -49,16 +58,15 @@ def set_backend(name: str | None) -> OpTable:
 
 @contextlib.contextmanager
 def use_backend(name: str):
-    """Run a block on another backend, then restore the previous table (not thread-local)."""
-    global _table
+    """Run a block on another backend in this thread (or asyncio task); other threads keep theirs.
+    Blocks nest; the previous selection is restored on exit."""
     with _lock:
-        previous = _table
-        _table = _resolve(name)
+        table = _resolve(name)
+    token = _override.set(table)
     try:
-        yield _table
+        yield table
     finally:
-        with _lock:
-            _table = previous
+        _override.reset(token)
 
 
 def reset() -> None:
@@ -66,3 +74,4 @@ def reset() -> None:
     global _registry, _table
     with _lock:
         _registry, _table = None, None
+    _override.set(None)
