@@ -41,3 +41,23 @@ def test_multi_gpu_bench_on_two_gloo_ranks(tmp_path):
     assert first["token_vs_head_sharded_bitwise"] and second["token_vs_head_sharded_bitwise"]
     assert first["batch_invariant_token_sharded_equals_single_device_bitwise"]
     assert "batch_invariant_token_sharded_equals_single_device_bitwise" not in second  # checked once
+
+
+def run_one_rank(rank, world, json_path, sections):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["DSAHAL_BACKEND"] = "reference"
+    try:
+        return multi_gpu.main(["--quick", "--json", json_path, "--layout-world", "4"] + sections)
+    except SystemExit as exc:  # argparse's error exit
+        return exc.code
+
+
+@pytest.mark.slow
+def test_one_rank_measures_the_capacity_of_a_wider_layout_and_refuses_collective_sections(tmp_path):
+    path = str(tmp_path / "capacity.json")
+    (outcome,) = run_on_ranks(run_one_rank, 1, args=(path, ["--section", "capacity"]), timeout_s=120)
+    assert outcome.ok and outcome.value == 0, (outcome.error_type, outcome.error_message)
+    tp, dcp = json.loads(open(path).read())["capacity"]
+    assert (tp["layout"], dcp["layout"]) == ("TP4", "TP4 DCP4") and dcp["tokens_vs_tp"] == 4.0
+    (outcome,) = run_on_ranks(run_one_rank, 1, args=(path, ["--section", "merge"]), timeout_s=120)
+    assert outcome.ok and outcome.value == 2  # needs two ranks: an error, not a silent skip

@@ -161,9 +161,11 @@ def measure_capacity(config_name: str, budget_gib: float, context: int, latent_f
         cache = None  # the pool goes before the next layout is allocated
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    for row in rows:
-        row["tokens_vs_tp"] = row["measured_tokens"] / max(rows[0]["measured_tokens"], 1)
-        row["contexts_vs_tp"] = row["measured_contexts"] / max(rows[0]["measured_contexts"], 1)
+    for row in rows:  # None where TP=W holds nothing to compare with
+        row["tokens_vs_tp"] = row["measured_tokens"] / rows[0]["measured_tokens"] if rows[0]["measured_tokens"] \
+            else None
+        row["contexts_vs_tp"] = row["measured_contexts"] / rows[0]["measured_contexts"] \
+            if rows[0]["measured_contexts"] else None
         row["same_on_every_rank"] = _same_on_every_rank(
             torch.tensor([row["measured_tokens"], row["measured_contexts"]], device=device))
     return rows
@@ -345,7 +347,8 @@ def _print_table(title: str, rows: list[dict], columns: list[str]) -> None:
     for row in rows:
         cells = []
         for c in columns:
-            v = row.get(c, "-")
+            v = row.get(c)
+            v = "-" if v is None else v
             cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
         print("| " + " | ".join(cells) + " |")
     print(flush=True)
@@ -358,6 +361,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny shapes (a CPU/gloo smoke run)")
     parser.add_argument("--config", default="k31-pro", help="model preset for the capacity section")
     parser.add_argument("--budget-gib", type=float, default=None, help="cache memory per device (capacity)")
+    parser.add_argument("--layout-world", type=int, default=None,
+                        help="W of the TP=W / DCP=W layouts in the capacity section (default: the number of "
+                             "ranks); each device's pool does not depend on the others, so one GPU measures "
+                             "what each of W would hold")
     parser.add_argument("--heads", type=int, default=128, help="attention heads of the DSA layer")
     parser.add_argument("--prefill-lengths", default=None, help="comma-separated prompt lengths")
     parser.add_argument("--reps", type=int, default=5)
@@ -367,6 +374,11 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     ctx = init_distributed({"tool": "bench.multi_gpu", "sections": sections, "quick": args.quick})
     rank, world, device = ctx.rank, ctx.world_size, ctx.device
+    collective_sections = [s for s in sections if s in ("merge", "prefill")]
+    if world < 2 and collective_sections:
+        shutdown_distributed()
+        parser.error(f"sections {collective_sections} need at least 2 ranks (torchrun --nproc-per-node W), "
+                     f"got {world}; only 'capacity' runs on one")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     quick = args.quick
@@ -376,10 +388,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         if "capacity" in sections:
             budget = args.budget_gib or (0.25 if quick else 32.0)
+            layout_world = args.layout_world or world
             report["capacity"] = measure_capacity("tiny" if quick else args.config, budget,
-                                                  4096 if quick else 131072, "fp8", "fp8", 64, world, device)
+                                                  4096 if quick else 131072, "fp8", "fp8", 64, layout_world, device)
             if rank == 0:
-                _print_table(f"KV capacity per {budget:g} GiB per device, W={world}", report["capacity"],
+                _print_table(f"KV capacity per {budget:g} GiB per device, layouts for W={layout_world} "
+                             f"({world} rank(s) allocating)", report["capacity"],
                              ["layout", "row_bytes", "rows", "pool_bytes_allocated", "predicted_tokens",
                               "measured_tokens", "tokens_vs_tp", "predicted_contexts", "measured_contexts",
                               "contexts_vs_tp", "same_on_every_rank"])
