@@ -153,8 +153,8 @@ def test_sparse_mla_exact_fp32_path_takes_tiles_that_fit_shared_memory(heads, kv
 def test_fla_prefill_wrapper_gathers_states_drops_empty_sequences_and_scatters_finals(monkeypatch):
     """The marshalling around fla's `chunk_kda`, with fla's kernel replaced by the float64 recurrence
     (fla's own numerics are checked on the GPU by the conformance suite): pool states gathered per
-    sequence, padding ids start from zero and write nothing, empty sequences never reach fla, g passed
-    unconverted, and the output is every token's."""
+    sequence, padding ids start from zero and write nothing, empty sequences never reach fla, g widened
+    to fp32, and the output is every token's."""
     fla_kda = pytest.importorskip("fla.ops.kda")
     from dsahal.backends.nvidia.kda_fla import kda_prefill_fla
     from dsahal.reference.kda import kda_prefill, kda_recurrent_sequence
@@ -187,6 +187,6 @@ def test_fla_prefill_wrapper_gathers_states_drops_empty_sequences_and_scatters_f
     want_pool = pool.clone()
     want = kda_prefill(q, k, v, g, beta, cu, want_pool, ids, 0.35, True)
     got = kda_prefill_fla(q, k, v, g, beta, cu, pool, ids, 0.35, True)
-    assert seen == {"g_dtype": torch.bfloat16, "cu": [0, 3, 8, 10], "states": 3}
+    assert seen == {"g_dtype": torch.float32, "cu": [0, 3, 8, 10], "states": 3}
     assert got.shape == v.shape and got.dtype == q.dtype
     assert torch.allclose(got, want, atol=1e-5) and torch.allclose(pool, want_pool, atol=1e-6)
