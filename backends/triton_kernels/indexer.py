@@ -28,6 +28,26 @@ MAX_SEGMENT_ROWS = 256  # tokens x heads of one segment: the widest Hopper MMA (
 
 
 @triton.jit
+def _bf16_keys_for_dot(words, DOT: tl.constexpr):
+    """Raw bf16 key words (uint16) as the MMA operand type: bf16, or exactly widened to fp32."""
+    keys = widen_bf16(words, DOT == 0)
+    if DOT == 2:
+        keys = keys.to(tl.float32)
+    return keys
+
+
+@triton.jit
+def _fp8_keys_for_dot(raw, DOT: tl.constexpr):
+    """Raw e4m3 key bytes as the MMA operand type: fp8 (FP8 MMA), or exactly widened to bf16 / fp32."""
+    keys = raw.to(tl.float8e4nv, bitcast=True)
+    if DOT == 0:
+        keys = keys.to(tl.bfloat16)
+    elif DOT == 2:
+        keys = keys.to(tl.float32)
+    return keys
+
+
+@triton.jit
 def _key_tile(pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s32_t, block_table_ptr, stride_bt,
               req, tile, s, s_ok, num_blocks, max_blocks, block_tokens, FMT: tl.constexpr, DOT: tl.constexpr,
               TOKEN_BYTES: tl.constexpr, ALIGNED: tl.constexpr, ONE_BLOCK: tl.constexpr):
@@ -50,25 +70,17 @@ def _key_tile(pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s
     if not ALIGNED:  # records at odd addresses: assemble from bytes through the uint8 view
         raw = pages_u8 + block * s8_b + offset * s8_t
         if FMT == 0:
-            keys = widen_bf16(load_u16_bytewise(raw[:, None] + 2 * dims[None, :], mapped[:, None]), DOT == 0)
-            if DOT == 2:
-                keys = keys.to(tl.float32)
+            keys = _bf16_keys_for_dot(load_u16_bytewise(raw[:, None] + 2 * dims[None, :], mapped[:, None]), DOT)
             scale = tl.full(s.shape, 1.0, tl.float32)
         else:
-            keys = tl.load(raw[:, None] + dims[None, :], mask=mapped[:, None], other=0).to(tl.float8e4nv, bitcast=True)
-            if DOT == 0:
-                keys = keys.to(tl.bfloat16)
-            elif DOT == 2:
-                keys = keys.to(tl.float32)
+            keys = _fp8_keys_for_dot(tl.load(raw[:, None] + dims[None, :], mask=mapped[:, None], other=0), DOT)
             scale = load_f32_bytewise(raw + 128, mapped)
     elif FMT == 0:
         if TOKEN_BYTES > 0:
             row = block * s16_b + offset * (TOKEN_BYTES // 2)
         else:
             row = block * s16_b + offset * s16_t
-        keys = widen_bf16(tl.load(pages_u16 + row[:, None] + dims[None, :], mask=mapped[:, None], other=0), DOT == 0)
-        if DOT == 2:
-            keys = keys.to(tl.float32)
+        keys = _bf16_keys_for_dot(tl.load(pages_u16 + row[:, None] + dims[None, :], mask=mapped[:, None], other=0), DOT)
         scale = tl.full(s.shape, 1.0, tl.float32)
     else:
         if TOKEN_BYTES > 0:
@@ -78,12 +90,7 @@ def _key_tile(pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s
             row = block * s8_b + offset * s8_t
             row32 = block * s32_b + offset * s32_t
         # (other=0.0: the pointer may be the fp8-typed view, which takes no integer fill value)
-        keys = tl.load(pages_u8 + row[:, None] + dims[None, :], mask=mapped[:, None], other=0.0)
-        keys = keys.to(tl.float8e4nv, bitcast=True)
-        if DOT == 0:
-            keys = keys.to(tl.bfloat16)
-        elif DOT == 2:
-            keys = keys.to(tl.float32)
+        keys = _fp8_keys_for_dot(tl.load(pages_u8 + row[:, None] + dims[None, :], mask=mapped[:, None], other=0.0), DOT)
         scale = tl.load(pages_f32 + row32 + 32, mask=mapped, other=0.0)
     return keys, scale, mapped
 
@@ -108,18 +115,11 @@ def _one_block_key_tile(pages_u8, s8_b, pages_u16, s16_b, pages_f32, s32_b, bloc
     block = tl.where(block_ok, block, 0).to(tl.int64)
     if FMT == 0:
         offsets = keys_in_block[:, None] * (TOKEN_BYTES // 2) + dims[None, :]
-        keys = widen_bf16(tl.load(pages_u16 + block * s16_b + offsets, mask=mapped[:, None], other=0), DOT == 0)
-        if DOT == 2:
-            keys = keys.to(tl.float32)
+        keys = _bf16_keys_for_dot(tl.load(pages_u16 + block * s16_b + offsets, mask=mapped[:, None], other=0), DOT)
         scale = tl.full(s.shape, 1.0, tl.float32)
     else:
         offsets = keys_in_block[:, None] * TOKEN_BYTES + dims[None, :]
-        keys = tl.load(pages_u8 + block * s8_b + offsets, mask=mapped[:, None], other=0.0)
-        keys = keys.to(tl.float8e4nv, bitcast=True)
-        if DOT == 0:
-            keys = keys.to(tl.bfloat16)
-        elif DOT == 2:
-            keys = keys.to(tl.float32)
+        keys = _fp8_keys_for_dot(tl.load(pages_u8 + block * s8_b + offsets, mask=mapped[:, None], other=0.0), DOT)
         scale = tl.load(pages_f32 + block * s32_b + keys_in_block * (TOKEN_BYTES // 4) + 32, mask=mapped, other=0.0)
     return keys, scale, mapped
 
@@ -156,13 +156,15 @@ def indexer_score_kernel(
                                       is_start, DOT, BLOCK_H, GROUP)
         for tile in range(tl.where(is_start, TILES, 0)):
             _score_tile(tl.program_id(0) * TILES + tile, q, w, views, block_table_ptr, stride_bt, segment, sizes,
-                        out_ptr, stride_ot, FMT, DOT, TOKEN_BYTES, GROUP, BLOCK_H, BLOCK_N, ALIGNED, KEYS_AS_B, ONE_BLOCK)
+                        out_ptr, stride_ot, FMT, DOT, TOKEN_BYTES, GROUP, BLOCK_H, BLOCK_N, ALIGNED, KEYS_AS_B,
+                        ONE_BLOCK)
     elif is_start:  # unrolled; other tokens' programs exit at once
         q, w, segment = _load_segment(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, req_ptr, pos_ptr, t0, T, H,
                                       is_start, DOT, BLOCK_H, GROUP)
         for tile in tl.static_range(TILES):
             _score_tile(tl.program_id(0) * TILES + tile, q, w, views, block_table_ptr, stride_bt, segment, sizes,
-                        out_ptr, stride_ot, FMT, DOT, TOKEN_BYTES, GROUP, BLOCK_H, BLOCK_N, ALIGNED, KEYS_AS_B, ONE_BLOCK)
+                        out_ptr, stride_ot, FMT, DOT, TOKEN_BYTES, GROUP, BLOCK_H, BLOCK_N, ALIGNED, KEYS_AS_B,
+                        ONE_BLOCK)
 
 
 @triton.jit

@@ -7,7 +7,9 @@ fresh random inputs at a reduced shape and compares it with the reference backen
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -46,9 +48,25 @@ class Case:
 
 
 # ---------------------------------------------------------------- correctness at reduced shapes
-def _rel(a, b) -> float:
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Normwise ``|a - b| / |b|`` in float64 (the bench's and its checks' one measure)."""
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+@contextlib.contextmanager
+def batch_invariant_mode(on: bool = True):
+    """``DSAHAL_BATCH_INVARIANT`` set for the calls inside (the GPU backends read it per call), then
+    restored to what it was."""
+    before = os.environ.get("DSAHAL_BATCH_INVARIANT")
+    os.environ["DSAHAL_BATCH_INVARIANT"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("DSAHAL_BATCH_INVARIANT", None)
+        else:
+            os.environ["DSAHAL_BATCH_INVARIANT"] = before
 
 
 def _compare(fn_backend, fn_reference, backend: str):
@@ -75,7 +93,7 @@ def check_indexer(device, backend, index_fmt="fp8", q_dtype=torch.float8_e4m3fn)
         want = ops.indexer_score(q.float() if q_dtype == torch.float8_e4m3fn else q, *args[1:], **kw)
     same_mask = torch.equal(torch.isfinite(got), torch.isfinite(want))
     finite = torch.isfinite(want)
-    err = _rel(got[finite], want[finite])
+    err = relative_error(got[finite], want[finite])
     return same_mask and err < 1e-4, f"-inf mask equal={same_mask}, rel err {err:.1e}"
 
 
@@ -104,7 +122,7 @@ def check_sparse_mla(device, backend, kv_fmt="bf16", heads=128, q_dtype=torch.bf
         o, lse = ops.sparse_mla(q, pages, slots, **kw)
     with use_backend("reference"):
         o_ref, lse_ref = ops.sparse_mla(q, pages, slots, **kw)
-    err = _rel(o, o_ref)
+    err = relative_error(o, o_ref)
     lse_err = float((lse[:-1] - lse_ref[:-1]).abs().max())
     empty_ok = bool((o[-1] == 0).all()) and bool(torch.isneginf(lse[-1]).all())
     tol = 2e-2 if q_dtype == torch.bfloat16 else 1e-4
@@ -123,7 +141,7 @@ def check_kda_decode(device, backend, batch=6, heads=4, dtype=torch.float32):
         o = ops.kda_decode(q, k, v, g, beta, pool_a, ids)
     with use_backend("reference"):
         o_ref = ops.kda_decode(q, k, v, g, beta, pool_b, ids)
-    err, state_err = _rel(o, o_ref), _rel(pool_a, pool_b)
+    err, state_err = relative_error(o, o_ref), relative_error(pool_a, pool_b)
     return err < 1e-4 and state_err < 1e-5, f"o rel err {err:.1e}, state rel err {state_err:.1e}"
 
 
@@ -142,7 +160,7 @@ def check_kda_prefill(device, backend, dtype=torch.float32):
         o = ops.kda_prefill(q, k, v, g, beta, cu, pool_a, ids)
     with use_backend("reference"):
         o_ref = ops.kda_prefill(q, k, v, g, beta, cu, pool_b, ids)
-    err, state_err = _rel(o, o_ref), _rel(pool_a, pool_b)
+    err, state_err = relative_error(o, o_ref), relative_error(pool_a, pool_b)
     return err < 2e-3 and state_err < 2e-3, f"o rel err {err:.1e}, state rel err {state_err:.1e}"
 
 
@@ -155,7 +173,7 @@ def check_lse_combine(device, backend):
         o, lse = ops.lse_combine(o_parts, lse_parts)
     with use_backend("reference"):
         o_ref, lse_ref = ops.lse_combine(o_parts, lse_parts)
-    err = _rel(o, o_ref)
+    err = relative_error(o, o_ref)
     lse_ok = torch.allclose(lse, lse_ref, atol=1e-5, equal_nan=True) and bool(torch.isneginf(lse[0, 0]))
     return err < 1e-5 and lse_ok, f"o rel err {err:.1e}, lse ok {lse_ok}"
 
@@ -174,7 +192,7 @@ def check_dsa(device, backend, kv_fmt="bf16", index_fmt="fp8"):
         o, lse = ops.dsa_attention(*args, **kw)
     with use_backend("reference"):
         o_ref, lse_ref = ops.dsa_attention(*args, **kw)
-    err = _rel(o, o_ref)
+    err = relative_error(o, o_ref)
     return err < 2e-2, f"o rel err {err:.1e}"
 
 

@@ -34,6 +34,7 @@ from ..engine.factory import build_cache
 from ..model import HybridModel, LocalDsaAttention, ModelCache
 from ..model.weights import RESIDUAL_WRITERS, _draw
 from ..registry import use_backend
+from .cases import relative_error
 from .inputs import random_pages
 
 BLOCK_TOKENS = 64
@@ -147,11 +148,6 @@ def step_cost(setup: DecodeSetup, contexts: list[int]) -> tuple[float, float]:
     return float(weights + cache + states), matmul + attention
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
-
-
 def _changed_rows(before: torch.Tensor, after: torch.Tensor) -> set[int]:
     return set((after != before).any(dim=1).nonzero().flatten().tolist())
 
@@ -172,7 +168,7 @@ def _against_reference(config, device, backend: str, dtype, tol: float):
     with use_backend("reference"):
         want = setup.step()
     pool.copy_(before)
-    err = _rel(ours, want)
+    err = relative_error(ours, want)
     name = str(dtype).replace("torch.", "")
     return err < tol, f"{name} logits rel err vs reference {err:.1e} (tol {tol:.0e})", setup, ours, after
 
@@ -209,13 +205,13 @@ def check_model_decode(device, backend: str, config_name: str = "tiny") -> tuple
             torch.cuda.synchronize(device)
             harmless = harmless and _changed_rows(before, pool) <= owned
             pool.copy_(before)
-    pad_err = _rel(padded, ours)
+    pad_err = relative_error(padded, ours)
     ok = ok and pad_err < tol and harmless
     details.append(f"{rows} rows padded to 8 vs unpadded rel err {pad_err:.1e} (tol {tol:.0e}), padding rows "
                    f"wrote nothing: {harmless}")
     if not cuda:
         return ok, "; ".join(details) + "; graph replay not checked (not on CUDA)"
-    same_err = _rel(replayed, padded)
+    same_err = relative_error(replayed, padded)
     ok = ok and same_err < 1e-3 and bool(torch.isfinite(replayed).all())
     details.append(f"graph replay vs the same step eager rel err {same_err:.1e} (tol 1e-03)")
     return ok, "; ".join(details)

@@ -28,7 +28,6 @@ import json
 import os
 import statistics
 import time
-from contextlib import contextmanager
 from typing import Callable, Optional
 
 import torch
@@ -51,25 +50,12 @@ from ..distributed import (
     token_sharded_dsa_prefill,
 )
 from ..distributed.traffic import merge_traffic
+from .cases import batch_invariant_mode, relative_error
 from .inputs import decode_batch, random_pages
 
 MLA_SCALE = 192 ** -0.5
 INDEX_HEADS = 32
 SECTIONS = ("capacity", "merge", "prefill")
-
-
-@contextmanager
-def batch_invariant(on: bool):
-    """Set ``DSAHAL_BATCH_INVARIANT`` for the calls inside (the GPU backends read it per call)."""
-    before = os.environ.get("DSAHAL_BATCH_INVARIANT")
-    os.environ["DSAHAL_BATCH_INVARIANT"] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("DSAHAL_BATCH_INVARIANT", None)
-        else:
-            os.environ["DSAHAL_BATCH_INVARIANT"] = before
 
 
 def _sync(device: torch.device) -> None:
@@ -110,11 +96,6 @@ def _same_on_every_rank(x: torch.Tensor) -> bool:
     gathered = [torch.empty_like(x) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, x.contiguous())
     return all(torch.equal(g, gathered[0]) for g in gathered)
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 # -- capacity ---------------------------------------------------------------------------------------
@@ -252,7 +233,7 @@ def measure_merge(requests: int, per_request: int, context: int, heads: int, top
         exact_payload_bytes_per_rank=stats.payload_bytes, exact_first_round_bytes=stats.first_round_bytes,
         exact_resend_bytes=stats.resend_bytes, exact_band_bytes=stats.band_bytes, band_rows=stats.band_rows,
         generic_payload_bytes_per_rank=generic_payload_bytes(scores.shape[0], topk),
-        dcp_vs_single_gpu_o_rel_err=_rel(o_dcp, o_single),
+        dcp_vs_single_gpu_o_rel_err=relative_error(o_dcp, o_single),
         dcp_vs_single_gpu_lse_max_err=float((lse_dcp - lse_single).abs().max()),
         generic_vs_exact_dcp_o_bitwise=bool(torch.equal(o_generic, o_dcp)),
     )
@@ -316,10 +297,10 @@ def measure_prefill(length: int, heads: int, topk: int, kv_fmt: str, index_fmt: 
     result = dict(length=length, heads=heads, topk=topk, kv_fmt=kv_fmt, index_fmt=index_fmt, world=world)
     o_token = token_sharded()
     o_head, _ = head_sharded()
-    result["token_vs_head_sharded_o_rel_err"] = _rel(o_token, o_head)
+    result["token_vs_head_sharded_o_rel_err"] = relative_error(o_token, o_head)
     result["token_vs_head_sharded_bitwise"] = _all_ranks(bool(torch.equal(o_token, o_head)), device)
     if check_bitwise:
-        with batch_invariant(True):
+        with batch_invariant_mode():
             o_token_inv = token_sharded()
             o_single, _ = ops.dsa_attention(*args, q_all, *cache, **kw)  # one device, every head, every token
             same = bool(torch.equal(o_token_inv, o_single[:, mine]))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
 import sys
 import time
@@ -11,7 +10,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .cases import Case, ratio
+from .cases import Case, batch_invariant_mode, ratio
 from .timing import Ceilings, measure_ceilings, time_ms, time_ms_graph
 
 INVARIANT_OPS = {"sparse_mla", "kda_prefill", "dsa_attention"}
@@ -92,11 +91,8 @@ def _time_case(row: Row, case: Case, device, ceilings: Ceilings, graphs: bool) -
             peer_ms = _safe_time(fn)
             row.peers[name] = {"ms": peer_ms, "ratio": ratio(row.ms, peer_ms)}
     if case.op in INVARIANT_OPS:
-        os.environ["DSAHAL_BATCH_INVARIANT"] = "1"
-        try:
+        with batch_invariant_mode():
             row.invariant_ms = time_ms(built.run)
-        finally:
-            del os.environ["DSAHAL_BATCH_INVARIANT"]
     if graphs and built.graph is not None:  # the case captures its own graph (the model step: the engine's runner)
         row.graph_ms = time_ms(built.graph())
     elif graphs and built.graph_ok and case.op == "dsa_attention":

@@ -11,10 +11,10 @@
 """
 from .collective import DistributedFault
 from .dcp_attention import dcp_dsa_attention
-from .generic_merge import generic_payload_bytes, generic_topk_merge
+from .generic_merge import generic_topk_merge
 from .launch import DistributedContext, StartupMismatch, init_distributed, shutdown_distributed
 from .merge import MergePlan, exact_topk_merge, merge_in_process, plan_merge
-from .traffic import MergeStats, merge_traffic
+from .traffic import MergeStats, generic_payload_bytes, merge_traffic
 from .packing import round_scores_for_merge
 from .prefill import balanced_token_split, head_sharded_dsa_prefill, token_sharded_dsa_prefill
 from .sharding import (

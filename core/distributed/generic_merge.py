@@ -65,8 +65,3 @@ def generic_topk_merge(local_scores: torch.Tensor, local_lengths: torch.Tensor, 
     # -1 ids carry -inf scores; give them a huge id so they never outrank a real candidate.
     merged_ids = torch.where(merged_ids < 0, torch.full_like(merged_ids, torch.iinfo(torch.int32).max), merged_ids)
     return rank_with_tie_rule(merged_scores, merged_ids, k).to(torch.int32)
-
-
-def generic_payload_bytes(rows: int, k: int) -> int:
-    """Bytes one rank contributes to the generic merge of ``rows`` rows (fp32 score + int32 id each)."""
-    return rows * k * 8

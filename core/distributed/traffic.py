@@ -10,6 +10,12 @@ GENERIC_BYTES_PER_CANDIDATE = 8  # fp32 score + int32 id
 RECENT_MERGES = 256
 
 
+def generic_payload_bytes(rows: int, k: int) -> int:
+    """Bytes one rank contributes to the generic merge of ``rows`` rows: its full local top-k as
+    fp32 score + int32 id (:mod:`.generic_merge`)."""
+    return rows * k * GENERIC_BYTES_PER_CANDIDATE
+
+
 @dataclass(frozen=True)
 class MergeStats:
     """Traffic of one merge on one rank. ``*_bytes`` are payloads this rank contributed to collectives;
@@ -37,7 +43,7 @@ class MergeStats:
     @property
     def generic_payload_bytes(self) -> int:
         """What the generic merge (full local top-k as fp32 score + int32 id) would contribute."""
-        return self.rows * self.k * GENERIC_BYTES_PER_CANDIDATE
+        return generic_payload_bytes(self.rows, self.k)
 
     @property
     def traffic_ratio(self) -> float:
