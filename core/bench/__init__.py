@@ -1,4 +1,4 @@
-"""``dsahal bench``: op timings at the shapes of PERF.md against ceilings measured in the same process.
+"""``dsahal bench``: op timings at the shapes of docs/performance.md against ceilings measured in the same process.
 
 - :mod:`.timing`     ceilings (device copy, bf16 matmul) and the timer (median of CUDA-event runs)
 - :mod:`.baselines`  the plain-torch compositions each op is compared with

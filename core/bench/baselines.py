@@ -1,7 +1,7 @@
 """Plain-torch compositions of the ops (what a model would write without custom kernels).
 
 Batched tensor code on the GPU, bf16 matmuls where the model would use them; the baseline each
-op's speed-up is measured against (PERF.md "what plain PyTorch achieves"). Not the oracle: the
+op's "vs torch" ratio is measured against (docs/performance.md). Not the oracle: the
 correctness checks compare against :mod:`dsahal.reference`.
 """
 from __future__ import annotations
@@ -72,8 +72,8 @@ def kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm):
     return torch.einsum("bhkv,bhk->bhv", state, scale * qf).to(q.dtype)
 
 
-def dsa_attention(q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt, kv_scale, block_table,
-                  req_ids, positions, topk_k, max_context, softmax_scale):
+def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions, index_fmt,
+                  kv_fmt, kv_scale, topk_k, max_context, softmax_scale):
     scores = indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt,
                            max_context)
     chosen = topk(scores, positions.to(torch.int32) + 1, topk_k).long()

@@ -1,4 +1,4 @@
-"""The bench cases: one per (op, shape) of PERF.md.
+"""The bench cases: one per (op, shape) of docs/performance.md.
 
 A case builds its inputs on the device and returns what to time (the backend's op through the
 public ``dsahal.ops`` API with ``check=False``), the plain-torch baseline, an installed peer, and
@@ -355,7 +355,7 @@ def build_dsa(requests, per_request, context, heads, kv_fmt="fp8", index_fmt="fp
 
 
 def all_cases(quick: bool = False) -> list[Case]:
-    """PERF.md's shapes (``quick``: the same ops at a fraction of the size, for a smoke run)."""
+    """docs/performance.md's shapes (``quick``: the same ops at a fraction of the size, for a smoke run)."""
     ctx128 = 16384 if quick else 131072
     ctx32 = 8192 if quick else 32768
     ctx1m = 65536 if quick else 1 << 20

@@ -19,7 +19,7 @@ import torch
 from ..registry import use_backend
 from .cases import all_cases
 
-# The PERF.md targets' kernels ("name | shape" of dsahal bench's rows): what --targets profiles.
+# The kernels of docs/performance.md's targets ("name | shape" of dsahal bench's rows): what --targets profiles.
 TARGET_CASES = (
     "indexer fp8 q / fp8 keys | 64x5 tok, ctx 131072",
     "topk k=2048 | [320, 131072]",
@@ -36,7 +36,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--op", action="append", default=None, help="op families (default: all with a shape)")
     parser.add_argument("--match", action="append", default=None,
                         help="keep cases whose 'name shape' contains this text (any of several)")
-    parser.add_argument("--targets", action="store_true", help="the PERF.md targets' cases (TARGET_CASES)")
+    parser.add_argument("--targets", action="store_true",
+                        help="the cases of docs/performance.md's targets (TARGET_CASES)")
     parser.add_argument("--quick", action="store_true", help="the bench's reduced shapes")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

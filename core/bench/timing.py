@@ -1,4 +1,4 @@
-"""Timing: the median of CUDA-event timed runs after warm-up, and the two ceilings of PERF.md."""
+"""Timing: the median of CUDA-event timed runs after warm-up, and the two ceilings of docs/performance.md."""
 from __future__ import annotations
 
 import statistics

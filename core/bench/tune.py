@@ -1,4 +1,5 @@
-"""Block-size sweep of the shared Triton kernels at PERF.md's decode shapes (``python -m dsahal.bench.tune``).
+"""Block-size sweep of the shared Triton kernels at the decode shapes of docs/performance.md
+(``python -m dsahal.bench.tune``).
 
 Prints, per kernel, the median time of each configuration and whether its output matches the
 first configuration's (a configuration that changes the result is a bug, not a speed-up). The
