@@ -15,7 +15,8 @@ import triton.language as tl
 LATENT_BF16 = 0  # 576 bf16 = 1152 B
 LATENT_FP8 = 1  # 576 e4m3 = 576 B, one external fp32 scale
 LATENT_FP8_DS_MLA = 2  # 512 e4m3 | 4 fp32 tile scales | 64 bf16 rope = 656 B
-LATENT_CODES = {"bf16": LATENT_BF16, "fp8": LATENT_FP8, "fp8_ds_mla": LATENT_FP8_DS_MLA}
+LATENT_NVFP4 = 3  # 256 B of e2m1 pairs | 64 e4m3 rope | 32 e4m3 block scales (one per 16 dims) = 352 B
+LATENT_CODES = {"bf16": LATENT_BF16, "fp8": LATENT_FP8, "fp8_ds_mla": LATENT_FP8_DS_MLA, "nvfp4": LATENT_NVFP4}
 
 INDEX_BF16 = 0  # 128 bf16 = 256 B
 INDEX_FP8 = 1  # 128 e4m3 + fp32 scale = 132 B

@@ -12,7 +12,7 @@ import torch
 # Plain data, no triton import: a backend's verifiers must load where triton is absent.
 CACHE_WRITE_FORMATS = frozenset({("latent", "bf16"), ("latent", "fp8"), ("latent", "fp8_ds_mla"),
                                  ("index", "bf16"), ("index", "fp8")})
-LATENT_FORMATS = frozenset({"bf16", "fp8", "fp8_ds_mla"})
+LATENT_FORMATS = frozenset({"bf16", "fp8", "fp8_ds_mla", "nvfp4"})
 INDEX_FORMATS = frozenset({"bf16", "fp8"})
 MAX_INDEX_HEADS = 128
 MAX_KDA_KEY_DIM = 256

@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .bytes import (LATENT_BF16, LATENT_CODES, LATENT_FP8, load_f32_bytewise, load_fp8, load_u16_bytewise,
-                    typed_views, views_usable, widen_bf16)
+from .bytes import (LATENT_BF16, LATENT_CODES, LATENT_FP8, load_f32_bytewise, load_u16_bytewise, typed_views,
+                    views_usable, widen_bf16)
 from .lse_combine import lse_combine
 
 NOPE = 512
@@ -26,71 +26,126 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _gather_nope(pages_u8, pages_u16, pages_f32, block, offset, strides, valid, cols, FMT: tl.constexpr,
-                 AS_BF16: tl.constexpr, ALIGNED: tl.constexpr):
-    """Columns ``cols`` (of the 512 "nope" values) of the latent rows of ``(block, offset)`` [BLOCK_N]
-    -> ``[BLOCK_N, len(cols)]``, dequantised except for the per-tensor FP8 scale (the caller folds it
-    into the logits and the output); bf16 when ``AS_BF16`` else fp32. Invalid rows read as 0."""
-    m = valid[:, None]
+def record_rows(slot, block_tokens, strides):
+    """Physical slots [BLOCK_N] (int64, already made safe) -> each record's start in the uint8, uint16
+    and fp32 views, in that view's elements."""
+    block = slot // block_tokens
+    offset = slot % block_tokens
     s8_b, s8_t, s16_b, s16_t, s32_b, s32_t = strides
-    row8 = block * s8_b + offset * s8_t
-    if not ALIGNED:  # records at odd addresses (e.g. a pool with a lead byte): assemble from bytes
-        raw = pages_u8 + row8[:, None]
-        if FMT == 0:
-            nope = widen_bf16(load_u16_bytewise(raw + 2 * cols[None, :], m), AS_BF16)
-        elif FMT == 1:
-            nope = load_fp8(raw + cols[None, :], m)
-        else:
-            tile_scale = load_f32_bytewise(raw + 512 + 4 * (cols[None, :] // 128), m)
-            nope = load_fp8(raw + cols[None, :], m) * tile_scale
-    elif FMT == 0:  # bf16: 576 bf16 values
-        row16 = block * s16_b + offset * s16_t
-        nope = widen_bf16(tl.load(pages_u16 + row16[:, None] + cols[None, :], mask=m, other=0), AS_BF16)
-    elif FMT == 1:  # fp8 with one tensor scale
-        nope = load_fp8(pages_u8 + row8[:, None] + cols[None, :], m)
-    else:  # fp8_ds_mla: 4 tiles of 128 e4m3 with an fp32 scale each, then 64 bf16
-        row32 = block * s32_b + offset * s32_t
-        tile_scale = tl.load(pages_f32 + row32[:, None] + 128 + cols[None, :] // 128, mask=m, other=0.0)
-        nope = load_fp8(pages_u8 + row8[:, None] + cols[None, :], m) * tile_scale
-    if AS_BF16:
-        nope = nope.to(tl.bfloat16)
-    else:
-        nope = nope.to(tl.float32)
-    return nope
+    return block * s8_b + offset * s8_t, block * s16_b + offset * s16_t, block * s32_b + offset * s32_t
 
 
 @triton.jit
-def _gather_latent(pages_u8, pages_u16, pages_f32, block, offset, strides, valid, FMT: tl.constexpr,
-                   AS_BF16: tl.constexpr, ALIGNED: tl.constexpr):
-    """Whole latent rows of ``(block, offset)`` [BLOCK_N] -> (nope [BLOCK_N, 512], rope [BLOCK_N, 64]),
-    dequantised as :func:`_gather_nope` says."""
-    rope_cols = tl.arange(0, 64)
+def load_nope_raw(pages_u8, pages_u16, pages_f32, rows, valid, c0, C: tl.constexpr, FMT: tl.constexpr,
+                  ALIGNED: tl.constexpr):
+    """The stored codes of nope dims ``[c0, c0 + C)`` of the records at ``rows`` (:func:`record_rows`),
+    undecoded, and their scales: ``(codes, scales)``; invalid rows read as 0. ``c0`` is a multiple
+    of C, C of 128. Shapes (BLOCK_N = len(valid)):
+
+    - bf16: codes ``[BLOCK_N, C]`` uint16 words; scales unused
+    - fp8: codes ``[BLOCK_N, C]`` e4m3 bytes; scales unused (the tensor scale is the caller's)
+    - fp8_ds_mla: codes ``[BLOCK_N, C/128, 128]`` e4m3 bytes, scales ``[BLOCK_N, C/128, 1]`` fp32
+    - nvfp4: codes ``[BLOCK_N, C/16, 8]`` bytes of two e2m1 each, scales ``[BLOCK_N, C/16, 1]`` e4m3 bytes
+
+    Block-scaled codes keep a block axis so that the scale broadcasts inside each thread's registers
+    (no scale per element is ever loaded: that was a 4-byte load per fp8 value).
+    """
+    row8, row16, row32 = rows
     m = valid[:, None]
-    s8_b, s8_t, s16_b, s16_t, s32_b, s32_t = strides
-    nope = _gather_nope(pages_u8, pages_u16, pages_f32, block, offset, strides, valid, tl.arange(0, 512), FMT,
-                        AS_BF16, ALIGNED)
-    row8 = block * s8_b + offset * s8_t
-    if not ALIGNED:
-        raw = pages_u8 + row8[:, None]
-        if FMT == 0:
-            rope = widen_bf16(load_u16_bytewise(raw + 1024 + 2 * rope_cols[None, :], m), AS_BF16)
-        elif FMT == 1:
-            rope = load_fp8(raw + 512 + rope_cols[None, :], m)
-        else:
-            rope = widen_bf16(load_u16_bytewise(raw + 528 + 2 * rope_cols[None, :], m), False)
-    elif FMT == 0:
-        row16 = block * s16_b + offset * s16_t
-        rope = widen_bf16(tl.load(pages_u16 + row16[:, None] + 512 + rope_cols[None, :], mask=m, other=0), AS_BF16)
+    cols = c0 + tl.arange(0, C)
+    unused = valid.to(tl.float32)
+    if FMT == 0:
+        if ALIGNED:
+            codes = tl.load(pages_u16 + row16[:, None] + cols[None, :], mask=m, other=0)
+        else:  # records at odd addresses (a pool with a lead byte): assemble words from bytes
+            codes = load_u16_bytewise(pages_u8 + row8[:, None] + 2 * cols[None, :], m)
+        scales = unused
     elif FMT == 1:
-        rope = load_fp8(pages_u8 + row8[:, None] + 512 + rope_cols[None, :], m)
+        codes = tl.load(pages_u8 + row8[:, None] + cols[None, :], mask=m, other=0)
+        scales = unused
+    elif FMT == 2:  # 4 tiles of 128 e4m3 at bytes 0..511, their fp32 scales at bytes 512..527
+        tiles = c0 // 128 + tl.arange(0, C // 128)
+        m3 = valid[:, None, None]
+        byte = tiles[None, :, None] * 128 + tl.arange(0, 128)[None, None, :]
+        codes = tl.load(pages_u8 + row8[:, None, None] + byte, mask=m3, other=0)
+        if ALIGNED:
+            scales = tl.load(pages_f32 + row32[:, None, None] + 128 + tiles[None, :, None], mask=m3, other=0.0)
+        else:
+            scales = load_f32_bytewise(pages_u8 + row8[:, None, None] + 512 + 4 * tiles[None, :, None], m3)
+    else:  # nvfp4: 32 blocks of 16 dims = 8 bytes at bytes 0..255, e4m3 block scales at bytes 320..351
+        blocks = c0 // 16 + tl.arange(0, C // 16)
+        m3 = valid[:, None, None]
+        byte = blocks[None, :, None] * 8 + tl.arange(0, 8)[None, None, :]
+        codes = tl.load(pages_u8 + row8[:, None, None] + byte, mask=m3, other=0)
+        scales = tl.load(pages_u8 + row8[:, None, None] + 320 + blocks[None, :, None], mask=m3, other=0)
+    return codes, scales
+
+
+@triton.jit
+def load_rope_raw(pages_u8, pages_u16, rows, valid, FMT: tl.constexpr, ALIGNED: tl.constexpr):
+    """The stored codes of the 64 RoPE dims: ``[BLOCK_N, 64]`` uint16 bf16 words (bf16, fp8_ds_mla)
+    or e4m3 bytes (fp8, nvfp4); invalid rows read as 0."""
+    row8, row16, _ = rows
+    m = valid[:, None]
+    cols = tl.arange(0, 64)
+    if FMT == 0 or FMT == 2:
+        word0: tl.constexpr = 512 if FMT == 0 else 264  # bf16 RoPE at byte 1024 / 528
+        if ALIGNED:
+            codes = tl.load(pages_u16 + row16[:, None] + word0 + cols[None, :], mask=m, other=0)
+        else:
+            codes = load_u16_bytewise(pages_u8 + row8[:, None] + 2 * word0 + 2 * cols[None, :], m)
     else:
-        row16 = block * s16_b + offset * s16_t
-        rope = widen_bf16(tl.load(pages_u16 + row16[:, None] + 264 + rope_cols[None, :], mask=m, other=0), False)
+        byte0: tl.constexpr = 512 if FMT == 1 else 256
+        codes = tl.load(pages_u8 + row8[:, None] + byte0 + cols[None, :], mask=m, other=0)
+    return codes
+
+
+@triton.jit
+def e2m1_to_f32(nibbles):
+    """e2m1 codes (0..15, any int dtype) -> fp32, exactly: the 3 magnitude bits placed as an fp16
+    exponent/mantissa pair give ``value · 2^-14`` (0.5 becomes the fp16 subnormal 2^-15, which fp16
+    never flushes), the sign bit goes to bit 15."""
+    c = nibbles.to(tl.int32)
+    half_bits = (((c & 7) << 9) | ((c & 8) << 12)).to(tl.uint16)
+    return half_bits.to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
+
+
+@triton.jit
+def decode_nope(codes, scales, FMT: tl.constexpr, AS_BF16: tl.constexpr):
+    """:func:`load_nope_raw`'s ``(codes, scales)`` -> values ``[BLOCK_N, C]``, bf16 when ``AS_BF16``
+    else fp32, except for the per-tensor FP8 scale (the caller folds it into logits and output).
+    Exact: block-scaled values have at most 6 significant bits (nvfp4) and the fp8_ds_mla product
+    is rounded once, like the format's own decode."""
+    if FMT == 0:
+        values = widen_bf16(codes, AS_BF16)
+    elif FMT == 1:
+        values = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    elif FMT == 2:
+        tiles = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scales
+        values = tl.reshape(tiles, [tiles.shape[0], tiles.shape[1] * tiles.shape[2]])
+    else:
+        scale = scales.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        lo = e2m1_to_f32(codes & 15) * scale  # dim 2i: low nibble
+        hi = e2m1_to_f32(codes >> 4) * scale  # dim 2i + 1: high nibble
+        pairs = tl.interleave(lo, hi)  # [BLOCK_N, C/16, 16], each thread keeps its pairs
+        values = tl.reshape(pairs, [pairs.shape[0], pairs.shape[1] * pairs.shape[2]])
     if AS_BF16:
-        rope = rope.to(tl.bfloat16)
+        values = values.to(tl.bfloat16)
     else:
-        rope = rope.to(tl.float32)
-    return nope, rope
+        values = values.to(tl.float32)
+    return values
+
+
+@triton.jit
+def decode_rope(codes, FMT: tl.constexpr, AS_BF16: tl.constexpr):
+    """:func:`load_rope_raw`'s codes -> ``[BLOCK_N, 64]`` bf16 or fp32 (exact either way)."""
+    if FMT == 0 or FMT == 2:
+        values = widen_bf16(codes, AS_BF16)  # a bitcast when the words are already bf16 (bf16 view)
+    else:
+        values = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    if AS_BF16:
+        values = values.to(tl.bfloat16)
+    return values
 
 
 # Counts and sizes that vary from call to call are not specialised on (Triton would compile a
@@ -150,8 +205,10 @@ def sparse_mla_kernel(
         slot = tl.load(slots_ptr + t * stride_st + n, mask=n < end, other=-1).to(tl.int64)
         valid = (slot >= 0) & (slot < num_slots)
         slot = tl.where(valid, slot, 0)
-        kv_nope, kv_rope = _gather_latent(pages_u8, pages_u16, pages_f32, slot // block_tokens, slot % block_tokens,
-                                          (s8_b, s8_t, s16_b, s16_t, s32_b, s32_t), valid, FMT, AS_BF16, ALIGNED)
+        rows = record_rows(slot, block_tokens, (s8_b, s8_t, s16_b, s16_t, s32_b, s32_t))
+        codes, scales = load_nope_raw(pages_u8, pages_u16, pages_f32, rows, valid, 0, 512, FMT, ALIGNED)
+        kv_nope = decode_nope(codes, scales, FMT, AS_BF16)
+        kv_rope = decode_rope(load_rope_raw(pages_u8, pages_u16, rows, valid, FMT, ALIGNED), FMT, AS_BF16)
 
         if AS_BF16:
             s = tl.dot(q_nope, tl.trans(kv_nope))
@@ -169,8 +226,8 @@ def sparse_mla_kernel(
         if V_SPLIT == 1:
             values = kv_nope
         else:  # this program's value columns of the same rows again (just read: cache hits)
-            values = _gather_nope(pages_u8, pages_u16, pages_f32, slot // block_tokens, slot % block_tokens,
-                                  (s8_b, s8_t, s16_b, s16_t, s32_b, s32_t), valid, v_cols, FMT, AS_BF16, ALIGNED)
+            codes, scales = load_nope_raw(pages_u8, pages_u16, pages_f32, rows, valid, v_part * VD, VD, FMT, ALIGNED)
+            values = decode_nope(codes, scales, FMT, AS_BF16)
         if AS_BF16:
             acc = tl.dot(p.to(tl.bfloat16), values, acc * alpha[:, None])
         else:
@@ -195,7 +252,7 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=6
         q: ``[T, H, 576]`` bf16/fp16/fp32 (unit stride in the last dim).
         kv_pages: ``[num_blocks, block_tokens, token_bytes]`` uint8 latent pages in ``kv_fmt``.
         slots: ``[T, K]`` int32/int64 physical slots; -1 or out of range = skipped.
-        kv_fmt: ``"bf16"``, ``"fp8"`` or ``"fp8_ds_mla"``.
+        kv_fmt: ``"bf16"``, ``"fp8"``, ``"fp8_ds_mla"`` or ``"nvfp4"``.
         kv_scale: ``[]`` fp32 tensor scale for ``"fp8"``, else None.
         softmax_scale: float.
         block_h, block_n: heads per program (power of two, ≥ 16) and slots per step.
