@@ -40,7 +40,7 @@ def _sparse_mla_cases(results):
     from dsahal.formats import latent_format
     from dsahal.reference.sparse_mla import sparse_mla as reference
 
-    for fmt in ("bf16", "fp8", "fp8_ds_mla"):
+    for fmt in ("bf16", "fp8", "fp8_ds_mla", "nvfp4"):
         spec = latent_format(fmt)
         pages = spec.pack(torch.randn(6 * 16, 576) * 2, torch.tensor(0.03) if spec.needs_tensor_scale else None)
         pages = pages.view(6, 16, -1)
@@ -54,7 +54,7 @@ def _sparse_mla_cases(results):
         for split in (None, 16, "unaligned"):
             source = _unaligned(pages) if split == "unaligned" else pages
             ok = True
-            for v_split in (1, 2):  # the value columns in one program, or shared by two
+            for v_split in (1, 2, 4):  # the value columns in one program, or shared by two or four
                 o, lse = sparse_mla(q, source, slots, fmt, scale, 0.08, block_h=16, block_n=16,
                                     split_size=16 if split == "unaligned" else split, v_split=v_split)
                 finite = torch.isfinite(want_lse)
@@ -270,7 +270,7 @@ def interpreted():
     return results
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8", "fp8_ds_mla"])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "fp8_ds_mla", "nvfp4"])
 @pytest.mark.parametrize("split", [None, 16, "unaligned"])
 def test_sparse_mla_matches_reference_skips_invalid_slots_and_empties_rows(interpreted, fmt, split):
     assert interpreted[f"sparse_mla_{fmt}_split{split}"]

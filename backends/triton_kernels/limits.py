@@ -15,6 +15,8 @@ CACHE_WRITE_FORMATS = frozenset({("latent", "bf16"), ("latent", "fp8"), ("latent
 LATENT_FORMATS = frozenset({"bf16", "fp8", "fp8_ds_mla", "nvfp4"})
 INDEX_FORMATS = frozenset({"bf16", "fp8"})
 MAX_INDEX_HEADS = 128
+MAX_SMALL_MLA_HEADS = 64  # sparse_mla_small_heads.MAX_HEADS: its fp32 accumulator is 512 x heads
+SMALL_MLA_Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_KDA_KEY_DIM = 256
 OK = (True, "")
 
@@ -71,6 +73,18 @@ def positions_to_slots(positions, req_ids, block_table, block_tokens, *, device_
 def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, device_check=on_gpu):
     if kv_fmt not in LATENT_FORMATS:
         return False, f"Triton sparse MLA reads {sorted(LATENT_FORMATS)} latents, not {kv_fmt!r}"
+    return device_check(q=q, kv_pages=kv_pages, slots=slots)
+
+
+def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, device_check=on_gpu):
+    """The few-heads kernel (:mod:`.sparse_mla_small_heads`): every head of a token in one program."""
+    if kv_fmt not in LATENT_FORMATS:
+        return False, f"Triton small-head sparse MLA reads {sorted(LATENT_FORMATS)} latents, not {kv_fmt!r}"
+    if q.dim() != 3 or q.shape[1] > MAX_SMALL_MLA_HEADS:
+        return False, (f"Triton small-head sparse MLA holds at most {MAX_SMALL_MLA_HEADS} heads in one program, "
+                       f"got q of shape {list(q.shape)}")
+    if q.dtype not in SMALL_MLA_Q_DTYPES:
+        return False, f"Triton small-head sparse MLA reads bf16/fp16/fp32 queries, not {q.dtype}"
     return device_check(q=q, kv_pages=kv_pages, slots=slots)
 
 
