@@ -2,7 +2,7 @@
 # Validation on an NVIDIA GPU in few calls (device time is scarce). Usage:
 #   scripts/gpu-validate.sh STEP...      STEP: tune | run | conformance | bench | profile | multigpu
 # Installs the carried pure-Python wheels (.whl/) and dsahal, then runs the steps in order:
-#   tune         block-size sweep of the shared Triton kernels (python -m dsahal.bench.tune)
+#   tune         block-size sweep of the shared Triton kernels (python -m dsahal.backends.nvidia.tune)
 #   run          the model: `dsahal run --config k31-pro-slice --backend nvidia --check`, eager and with
 #                its decode steps replayed from CUDA graphs
 #   conformance  three suites at once, each split over processes (`--jobs`): `nvidia` (default mode),
@@ -92,7 +92,7 @@ run_model() {  # the model eager, then with decode steps replayed from CUDA grap
 
 for what in "$@"; do
     case "$what" in
-        tune) TAIL=400 step tune "${T_TUNE:-300}" python3 -m dsahal.bench.tune ${TUNE_SECTIONS:-} ;;
+        tune) TAIL=400 step tune "${T_TUNE:-300}" python3 -m dsahal.backends.nvidia.tune ${TUNE_SECTIONS:-} ;;
         run) run_model ;;
         conformance) conformance ;;
         bench) TAIL=60 step bench "${T_BENCH:-420}" python3 -m dsahal bench --backend nvidia --json "$OUT/bench.json" \

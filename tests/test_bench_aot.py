@@ -1,11 +1,15 @@
-"""``python -m dsahal.bench.aot``: the shared kernels compiled for sm_90 without a GPU."""
+"""``python -m dsahal.backends.nvidia.aot``: the shared kernels compiled for sm_90 without a GPU."""
 from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
 
 import pytest
 
 pytest.importorskip("triton")
 
-from dsahal.bench import aot  # noqa: E402
+from dsahal.backends.nvidia import aot  # noqa: E402
 
 
 def test_variants_cover_the_fast_and_the_exact_paths():
@@ -22,3 +26,25 @@ def test_a_variant_compiles_for_hopper_and_reports_its_resources():
     result = aot.compile_variant(topk)
     assert result.error == "", result.error
     assert 0 < result.registers <= 255 and result.stack_bytes is not None and result.shared_bytes >= 0
+
+
+def test_the_old_module_paths_resolve_with_a_deprecation_warning():
+    """``dsahal.bench.aot`` / ``dsahal.bench.tune`` moved into the NVIDIA backend: the core names them
+    only as strings, and the old names still reach the moved functions."""
+    import dsahal.bench.aot as old_aot
+    import dsahal.bench.tune as old_tune
+
+    with pytest.warns(DeprecationWarning, match="use dsahal.backends.nvidia.aot"):
+        assert old_aot.variants is aot.variants
+    with pytest.warns(DeprecationWarning, match="use dsahal.backends.nvidia.tune"):
+        assert old_tune.main is importlib.import_module("dsahal.backends.nvidia.tune").main
+    with pytest.raises(AttributeError, match="no_such_name"):
+        old_aot.no_such_name
+
+
+def test_python_m_on_the_old_path_runs_the_moved_tool():
+    proc = subprocess.run([sys.executable, "-m", "dsahal.bench.aot", "--help"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m dsahal.backends.nvidia.aot")  # the moved tool's own parser
+    assert "python -m dsahal.bench.aot is deprecated; use python -m dsahal.backends.nvidia.aot" in proc.stderr

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from dsahal.cli import build_parser, main
-from dsahal.cli import conformance_jobs as jobs
 from dsahal.cli.conformance import conformance_dir
-from dsahal.conformance import report
+from dsahal.conformance import jobs, jobs_plan, report
 from dsahal.ops.catalog import COLLECTIVE_OPS, OP_NAMES
 from test_conformance_mutants import run_suite
 
@@ -28,16 +27,16 @@ def outcomes(payload: dict) -> dict:
     return {t["id"]: t["outcome"] for t in payload["tests"]}
 
 
-def listing(tmp_path: Path, *options: str) -> list[jobs.Listed]:
+def listing(tmp_path: Path, *options: str) -> list[jobs_plan.Listed]:
     """The suite's tests as ``dsahal conformance <options> --jobs N`` lists them (a child pytest)."""
     args = build_parser().parse_args(["conformance", *options])
-    listed = jobs.list_tests(args, conformance_dir(), tmp_path / "tests.jsonl")
+    listed = jobs_plan.list_tests(args, conformance_dir(), tmp_path / "tests.jsonl")
     assert isinstance(listed, list), listed
     return listed
 
 
 @pytest.fixture(scope="module")
-def every_test(tmp_path_factory) -> list[jobs.Listed]:
+def every_test(tmp_path_factory) -> list[jobs_plan.Listed]:
     return listing(tmp_path_factory.mktemp("listing"))
 
 
@@ -57,18 +56,18 @@ def test_the_listing_names_every_collected_test_and_runs_none(every_test, tmp_pa
     assert ids(kept) == ids(every_test)  # deselected tests are listed too, as not selected
     selected = [t for t in kept if t.selected]
     assert {t.op for t in selected} == {"sparse_mla", "lse_combine"} and all("bad_input" in t.nodeid for t in selected)
-    costs = jobs.estimated_costs(kept)
+    costs = jobs_plan.estimated_costs(kept)
     mla_tests = [t for t in kept if t.op == "sparse_mla"]
     assert all(t.vendor_skip == ("rejects_bad_input" in t.nodeid) for t in mla_tests)
-    assert costs[mla.nodeid] == jobs.OP_WEIGHTS["sparse_mla"] / len(mla_tests)  # -k leaves a test its share
-    assert all(costs[t.nodeid] == jobs.VENDOR_SKIP_WEIGHT for t in mla_tests if t.vendor_skip)
+    assert costs[mla.nodeid] == jobs_plan.OP_WEIGHTS["sparse_mla"] / len(mla_tests)  # -k leaves a test its share
+    assert all(costs[t.nodeid] == jobs_plan.VENDOR_SKIP_WEIGHT for t in mla_tests if t.vendor_skip)
 
 
 def test_one_family_splits_over_every_part(tmp_path):
     listed = listing(tmp_path, "--ops", "sparse_mla")
     selected = [t for t in listed if t.selected]
     assert len(selected) >= 3 and {t.op for t in selected} == {"sparse_mla"}
-    parts = jobs.split_tests(listed, 3)
+    parts = jobs_plan.split_tests(listed, 3)
     assert len(parts) == 3 and all(parts)
     every = [nodeid for part in parts for nodeid in ids(part)]
     assert sorted(every) == sorted(ids(selected))  # each test in exactly one part
@@ -76,19 +75,19 @@ def test_one_family_splits_over_every_part(tmp_path):
 
 
 def test_split_balances_the_cost_and_keeps_the_collectives_in_one_part(every_test):
-    parts = jobs.split_tests(every_test, 4)
+    parts = jobs_plan.split_tests(every_test, 4)
     assert len(parts) == 4 and sorted(nodeid for p in parts for nodeid in ids(p)) == sorted(ids(every_test))
     assert sum(any(t.op in COLLECTIVE_OPS for t in p) for p in parts) == 1
-    costs = jobs.estimated_costs(every_test)
-    loads = [sum(costs[t.nodeid] for t in p) + jobs.RANK_POOL_STARTUP_WEIGHT * any(t.op in COLLECTIVE_OPS for t in p)
-             for p in parts]
-    collectives = jobs.RANK_POOL_STARTUP_WEIGHT + sum(costs[t.nodeid] for t in every_test if t.op in COLLECTIVE_OPS)
+    costs = jobs_plan.estimated_costs(every_test)
+    startup = jobs_plan.RANK_POOL_STARTUP_WEIGHT
+    loads = [sum(costs[t.nodeid] for t in p) + startup * any(t.op in COLLECTIVE_OPS for t in p) for p in parts]
+    collectives = startup + sum(costs[t.nodeid] for t in every_test if t.op in COLLECTIVE_OPS)
     assert loads == sorted(loads, reverse=True) and max(loads) - min(loads) <= collectives
-    assert sum(loads) == pytest.approx(sum(jobs.OP_WEIGHTS.values()) + jobs.RANK_POOL_STARTUP_WEIGHT)
+    assert sum(loads) == pytest.approx(sum(jobs_plan.OP_WEIGHTS.values()) + jobs_plan.RANK_POOL_STARTUP_WEIGHT)
     for part in parts:  # each part keeps the suite's order
         assert [t.index for t in part] == sorted(t.index for t in part)
     small = [t for t in every_test if t.op in ("lse_combine", "positions_to_slots")]
-    assert [len(p) for p in jobs.split_tests(small, 8)] == [1] * len(small)  # no more parts than tests
+    assert [len(p) for p in jobs_plan.split_tests(small, 8)] == [1] * len(small)  # no more parts than tests
 
 
 def test_jobs_2_merges_into_the_report_of_jobs_1(tmp_path):
@@ -139,16 +138,16 @@ def test_a_crashed_part_fails_the_run_naming_its_ops(tmp_path):
     assert int(junit.get("failures")) == len(failed)
 
 
-def listed(op: str, name: str = "t") -> jobs.Listed:
-    return jobs.Listed(nodeid=f"test_{op}.py::{name}", op=op, property=f"{op}.p")
+def listed(op: str, name: str = "t") -> jobs_plan.Listed:
+    return jobs_plan.Listed(nodeid=f"test_{op}.py::{name}", op=op, property=f"{op}.p")
 
 
 def fake_part(tmp_path: Path, index: int, ops: list[str], outcome: str | None, returncode: int,
-              names: tuple[str, ...] = ("t",), reported: int | None = None) -> jobs.Part:
+              names: tuple[str, ...] = ("t",), reported: int | None = None) -> jobs_plan.Part:
     """A finished part as a child leaves it: its JSON and junit.xml (none when ``outcome`` is None);
     a test per op and name, the first ``reported`` of them with a record (default: all)."""
     tests = [listed(op, name) for op in ops for name in names]
-    part = jobs.Part(index, tests, tmp_path / "parts" / str(index), returncode=returncode, seconds=1.0)
+    part = jobs_plan.Part(index, tests, tmp_path / "parts" / str(index), returncode=returncode, seconds=1.0)
     part.dir.mkdir(parents=True)
     if outcome is None:
         return part
@@ -165,7 +164,7 @@ def fake_part(tmp_path: Path, index: int, ops: list[str], outcome: str | None, r
     return part
 
 
-def finish(tmp_path: Path, parts: list[jobs.Part]) -> tuple[int, dict, str]:
+def finish(tmp_path: Path, parts: list[jobs_plan.Part]) -> tuple[int, dict, str]:
     args = build_parser().parse_args(["conformance", "--seed", "5", "--report-dir", str(tmp_path), "--jobs", "2"])
     code = jobs.finish(parts, args, tmp_path, 5)
     return code, report.read_json(tmp_path / "conformance.json"), (tmp_path / "conformance.md").read_text()
@@ -235,11 +234,12 @@ except KeyboardInterrupt:
 
 def test_exitfirst_stops_the_other_parts_and_keeps_what_they_reported(tmp_path):
     report_file = tmp_path / "1" / "conformance.json"
-    parts = [jobs.Part(0, [listed("topk")], tmp_path / "0", command=[sys.executable, "-c", "import sys; sys.exit(1)"]),
-             jobs.Part(1, [listed("sparse_mla")], tmp_path / "1",
-                       command=[sys.executable, "-c", WRITES_REPORT_ON_SIGINT, str(report_file)])]
+    parts = [jobs_plan.Part(0, [listed("topk")], tmp_path / "0",
+                            command=[sys.executable, "-c", "import sys; sys.exit(1)"]),
+             jobs_plan.Part(1, [listed("sparse_mla")], tmp_path / "1",
+                            command=[sys.executable, "-c", WRITES_REPORT_ON_SIGINT, str(report_file)])]
     for part in parts:
-        jobs.launch(part, jobs.child_env(2))
+        jobs.launch(part, jobs_plan.child_env(2))
     time.sleep(1.0)  # let the second child reach its sleep
     jobs.wait_all(parts, exitfirst=True)
     assert [p.status for p in parts] == ["crashed", "stopped"]  # exit 1 without a report: crashed
@@ -275,14 +275,14 @@ def test_child_command_passes_every_option_through():
     args = build_parser().parse_args(["conformance", "--backend", "nvidia", "--skips", "s.txt", "--xfails", "x.txt",
                                       "--max-examples", "3", "--derandomize", "--device", "cuda:0", "-k", "mla",
                                       "-x", "-v", "--jobs", "4"])
-    command = jobs.child_command(args, ["sparse_mla"], Path("r/parts/0"), None, Path("r/parts/0/tests.txt"))
+    command = jobs_plan.child_command(args, ["sparse_mla"], Path("r/parts/0"), None, Path("r/parts/0/tests.txt"))
     assert command[1:] == ["-m", "dsahal", "conformance", "--ops", "sparse_mla", "--tests", "r/parts/0/tests.txt",
                            "--report-dir", "r/parts/0",
                            "--backend", "nvidia", "--skips", "s.txt", "--xfails", "x.txt", "--max-examples", "3",
                            "--device", "cuda:0", "-k", "mla", "--derandomize", "--exitfirst", "--verbose"]
     reparsed = build_parser().parse_args(command[3:])
     assert reparsed.jobs == 1 and reparsed.ops == ["sparse_mla"] and reparsed.tests == "r/parts/0/tests.txt"
-    listing_command = " ".join(jobs.list_command(args, Path("suite"), Path("t.jsonl")))
+    listing_command = " ".join(jobs_plan.list_command(args, Path("suite"), Path("t.jsonl")))
     assert " -m pytest suite --rootdir suite " in listing_command and "--collect-only --dsahal-list-tests t.jsonl" \
         in listing_command and listing_command.endswith("--dsahal-skips s.txt --dsahal-xfails x.txt -k mla")
 
@@ -299,11 +299,11 @@ def test_children_get_the_environment_and_a_share_of_the_threads(monkeypatch):
     monkeypatch.setenv("DSAHAL_BATCH_INVARIANT", "1")
     monkeypatch.setenv("DSAHAL_AMD_PATHS", "triton")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    env = jobs.child_env(64)
+    env = jobs_plan.child_env(64)
     assert env["DSAHAL_BATCH_INVARIANT"] == "1" and env["DSAHAL_AMD_PATHS"] == "triton"
     assert env["OMP_NUM_THREADS"] == "1"
     monkeypatch.setenv("OMP_NUM_THREADS", "7")
-    assert jobs.child_env(2)["OMP_NUM_THREADS"] == "7"  # the user's choice wins
+    assert jobs_plan.child_env(2)["OMP_NUM_THREADS"] == "7"  # the user's choice wins
 
 
 def test_a_property_interrupted_inside_its_body_is_incomplete_not_passed(tmp_path):

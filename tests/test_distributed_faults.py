@@ -8,6 +8,7 @@ import torch
 from dsahal import ops
 from dsahal.distributed import DistributedFault, StartupMismatch, init_distributed, shutdown_distributed
 from dsahal.distributed.launch import describe_differences
+from dsahal.distributed.merge import exact_topk_merge
 from dsahal.distributed.testing import run_on_ranks
 
 TIMEOUT_S = 3.0
@@ -16,17 +17,26 @@ TIMEOUT_S = 3.0
 def merge_while_peer_misbehaves(rank, world, misbehaviour):
     init_distributed({"suite": "faults"}, timeout_s=TIMEOUT_S)
     scores = torch.randn(2, 64)
-    ops.topk_merge(scores, torch.full((2,), 64), 8)  # a healthy round first: the group works
+    exact_topk_merge(scores, torch.full((2,), 64), 8)  # a healthy round first: the group works
+    ops.topk_merge(scores, torch.full((2,), 64), 8)  # and the reference's merge, by definition
     if rank == 1:
         if misbehaviour == "dies":
             os._exit(17)
         time.sleep(60)  # stops answering; the harness kills it once rank 0 has reported
     start = time.monotonic()
     try:
-        ops.topk_merge(scores, torch.full((2,), 64), 8)
+        exact_topk_merge(scores, torch.full((2,), 64), 8)
     except DistributedFault as exc:
-        return {"seconds": time.monotonic() - start, "message": str(exc)}
-    return {"seconds": time.monotonic() - start, "message": "no error"}
+        outcome = {"seconds": time.monotonic() - start, "message": str(exc)}
+    else:
+        outcome = {"seconds": time.monotonic() - start, "message": "no error"}
+    if misbehaviour == "dies":  # the reference's merge after the peer died: a clear error too, naming the op
+        try:
+            ops.topk_merge(scores, torch.full((2,), 64), 8)
+            outcome["reference"] = "no error"
+        except RuntimeError as exc:
+            outcome["reference"] = str(exc)
+    return outcome
 
 
 def start_with(rank, world, fingerprints):
@@ -42,6 +52,8 @@ def test_a_dead_peer_makes_the_merge_fail_at_once_with_a_clear_error():
     report = outcomes[0].value
     assert "topk_merge first round failed on rank 0 of 2: a peer rank died or did not answer" in report["message"]
     assert report["seconds"] < TIMEOUT_S + 2.0
+    assert report["reference"].startswith(
+        "dsahal.topk_merge (reference): the all-gather of the local scores failed on rank 0 of 2: "), report["reference"]
 
 
 def test_a_silent_peer_makes_the_merge_fail_within_the_timeout():

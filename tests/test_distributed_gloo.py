@@ -22,10 +22,11 @@ from dsahal.distributed import (
     shutdown_distributed,
     token_sharded_dsa_prefill,
 )
-from dsahal.distributed.merge import first_round_payload_bytes
+from dsahal.distributed.generic_merge import generic_topk_merge
+from dsahal.distributed.merge import exact_topk_merge, first_round_payload_bytes
 from dsahal.distributed.testing import count_collective_bytes, run_on_ranks
 from dsahal.formats import index_format, latent_format
-from dsahal.reference.topk import topk_merge_generic
+from dsahal.reference.topk import topk as reference_topk
 
 WORLDS = [2, 4]
 INDEX_FMT, KV_FMT = "fp8", "bf16"
@@ -89,12 +90,15 @@ def run_merge_cases(rank, world, group):
         local = scores[:, rank::world]
         local_lengths = local_context_lengths(lengths, rank, world)
         with count_collective_bytes() as counted:
-            got = ops.topk_merge(local.contiguous(), local_lengths, k, group)
+            got = exact_topk_merge(local.contiguous(), local_lengths, k, group)
+        stats = merge_traffic.last
+        # the selected backend's op: the reference here, whose merge is the op's definition (gather all, top-k)
+        by_definition = ops.topk_merge(local.contiguous(), local_lengths, k, group)
         simulated, _ = merge_in_process([scores[:, r::world] for r in range(world)],
                                         [local_context_lengths(lengths, r, world) for r in range(world)], k)
         expected = ops.topk(scores, lengths.int(), k)  # single device, raw fp32 scores
-        out[name] = dict(got=got, expected=expected, simulated=simulated, stats=merge_traffic.last,
-                         counted_bytes=counted.sent_to_peers)
+        out[name] = dict(got=got, by_definition=by_definition, backend=active_table().record.backend.name,
+                         expected=expected, simulated=simulated, stats=stats, counted_bytes=counted.sent_to_peers)
     return out
 
 
@@ -104,9 +108,9 @@ def run_traffic_case(rank, world, group):
     scores = torch.randn(tokens, width, generator=torch.Generator().manual_seed(7 + rank))
     lengths = torch.full((tokens,), width, dtype=torch.int32)
     with count_collective_bytes() as packed:
-        ops.topk_merge(scores, lengths, k, group)
+        exact_topk_merge(scores, lengths, k, group)
     with count_collective_bytes() as generic:
-        topk_merge_generic(scores, lengths, k, group)
+        generic_topk_merge(scores, lengths, k, group, local_topk=reference_topk)
     return dict(packed=packed.sent_to_peers, generic=generic.sent_to_peers, stats=merge_traffic.last,
                 expected_packed=first_round_payload_bytes(tokens, plan_merge(k, width, world)) * (world - 1))
 
@@ -214,6 +218,17 @@ def test_every_rank_gets_the_single_device_topk_of_raw_scores(gloo, scenario):
     for r in ranks:
         assert same_topk_set(r[scenario]["got"], r[scenario]["expected"])
         assert torch.equal(r[scenario]["got"], r[scenario]["simulated"])
+
+
+@pytest.mark.parametrize("scenario", ["ties_and_ragged_lengths", "all_winners_on_one_rank", "rows_shorter_than_k",
+                                      "raw_scores_sharing_rounded_keys"])
+def test_the_reference_merge_is_the_single_device_topk_of_the_gathered_row(gloo, scenario):
+    """The oracle's topk_merge (all-gather every local row, interleave, top-k) equals the single-device
+    top-k exactly, order included, on every rank."""
+    _, ranks = case(gloo, "merge")
+    for r in ranks:
+        assert r[scenario]["backend"] == "reference"
+        assert torch.equal(r[scenario]["by_definition"], r[scenario]["expected"])
 
 
 def test_the_band_round_runs_where_rounded_keys_tie(gloo):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from dsahal import ops
 from dsahal.distributed import local_context_lengths, merge_in_process, plan_merge, round_scores_for_merge
-from dsahal.distributed.merge import first_round_payload_bytes, merge_traffic
+from dsahal.distributed.merge import exact_topk_merge, first_round_payload_bytes, merge_traffic
 from dsahal.distributed.packing import id_bits_for_width, key_to_score, score_key, truncated_key
 
 SETTINGS = settings(max_examples=40, deadline=None)
@@ -178,12 +178,12 @@ def test_winners_come_best_first_by_rounded_key():
     assert torch.all(keys[:, 1:] <= keys[:, :-1])
 
 
-def test_one_rank_op_call_equals_single_device_topk():
-    """W = 1 through dsahal.ops.topk_merge without torch.distributed initialised."""
+def test_one_rank_exact_merge_equals_single_device_topk():
+    """W = 1 through the packed merge's entry point without torch.distributed initialised."""
     gen = torch.Generator().manual_seed(3)
     scores = random_scores(gen, 4, 30, "ties")
     lengths = torch.tensor([30, 17, 1, 0], dtype=torch.int32)
-    got = ops.topk_merge(scores, lengths, 9)
+    got = exact_topk_merge(scores, lengths, 9)
     assert_same_topk_set(got, ops.topk(scores, lengths, 9))
     assert merge_traffic.last.world == 1 and merge_traffic.last.resend_bytes == 0
     assert merge_traffic.last.band_rows > 0 and merge_traffic.last.wire_bytes == 0
@@ -265,12 +265,12 @@ def test_the_traffic_log_totals_every_merge_and_keeps_the_last():
     merge_traffic.reset()
     scores = torch.arange(60, dtype=torch.float32).reshape(3, 20)  # distinct rounded keys: no band round
     lengths = torch.full((3,), 20, dtype=torch.int32)
-    ops.topk_merge(scores, lengths, 4)
-    ops.topk_merge(scores[:1], lengths[:1], 6)
+    exact_topk_merge(scores, lengths, 4)
+    exact_topk_merge(scores[:1], lengths[:1], 6)
     assert merge_traffic.calls == 2 and merge_traffic.last.rows == 1 and merge_traffic.last.k == 6
     first_round = [first_round_payload_bytes(rows, plan_merge(k, 20, 1)) for rows, k in ((3, 4), (1, 6))]
     assert merge_traffic.payload_bytes == sum(first_round) == 4 * (2 + 3 * 5) + 4 * (2 + 1 * 7)  # c = k + 1 at W = 1
     assert merge_traffic.generic_payload_bytes == 8 * (3 * 4 + 1 * 6)
     assert merge_traffic.rows == 4 and merge_traffic.band_rows == 0
-    ops.topk_merge(torch.full((2, 20), 3.0), lengths[:2], 4)  # one class, 20 members for 4 slots
+    exact_topk_merge(torch.full((2, 20), 3.0), lengths[:2], 4)  # one class, 20 members for 4 slots
     assert merge_traffic.band_rows == 2

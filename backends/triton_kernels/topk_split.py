@@ -14,7 +14,7 @@ re-derives the prefix from the stored histograms (a few KB) instead of a separat
 3. ``split_write_kernel``: winners and candidates written in index order at offsets summed from
    the earlier segments' counts;
 4. ``split_finish_kernel`` (one program per row): the remaining digits over the candidates, the
-   tie quota, -1 padding — :func:`.topk._resolve_candidates`, shared with the one-program kernel.
+   tie quota, -1 padding — :func:`.topk_common._resolve_candidates`, shared with the one-program kernel.
 
 No atomics: the output is bitwise the same run to run and whatever else is in the batch.
 """
@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .topk import _digit_histogram, _emit, _matches, _pad, _resolve_candidates, _sort_key, _threshold
+from .topk_common import _digit_histogram, _emit, _matches, _pad, _resolve_candidates, _sort_key, _threshold
 
 SIZE_ARGS = ("max_blocks", "block_tokens", "N", "k", "seg_len", "segments")
 

@@ -10,50 +10,23 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 from .. import ops
 from ..registry import use_backend
 from . import baselines
+from .case_types import Built, Case
 from .inputs import decode_batch, random_pages, random_slots
+from .measure import relative_error
 
 MLA_SCALE = 192**-0.5
 INDEX_HEADS = 32
 TOPK = 2048
 
 
-@dataclass
-class Built:
-    run: Callable[[], object]
-    bytes: float
-    flops: float
-    baseline: Optional[Callable[[], object]] = None
-    peers: dict = field(default_factory=dict)  # name -> callable
-    graph_ok: bool = True
-    # Its own CUDA graph: a factory that captures and returns the replay callable (the "graph ms" column).
-    graph: Optional[Callable[[], Callable[[], object]]] = None
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    op: str
-    shape: str
-    build: Callable[[object], Built]
-    check: Callable[[object, str], tuple[bool, str]]  # (device, backend) -> (passed, detail)
-    invariant_sensitive: bool = False  # its block sizes change under DSAHAL_BATCH_INVARIANT=1
-
-
 # ---------------------------------------------------------------- correctness at reduced shapes
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Normwise ``|a - b| / |b|`` in float64 (the bench's and its checks' one measure)."""
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
-
-
 @contextlib.contextmanager
 def batch_invariant_mode(on: bool = True):
     """``DSAHAL_BATCH_INVARIANT`` set for the calls inside (the GPU backends read it per call), then

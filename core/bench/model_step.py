@@ -34,8 +34,9 @@ from ..engine.factory import build_cache
 from ..model import HybridModel, LocalDsaAttention, ModelCache
 from ..model.weights import RESIDUAL_WRITERS, _draw
 from ..registry import use_backend
-from .cases import relative_error
+from .case_types import Built
 from .inputs import random_pages
+from .measure import relative_error
 
 BLOCK_TOKENS = 64
 SMALL_PARAM = 1 << 20  # parameters up to this size are drawn by init_weights' own rules on the host
@@ -220,8 +221,6 @@ def check_model_decode(device, backend: str, config_name: str = "tiny") -> tuple
 def build_model_decode(config_name: str, requests: int, context: int):
     """The bench ``build``: the eager step, its bytes and FLOPs, and a graph factory (capture, then replay)."""
     def build(device):
-        from .cases import Built
-
         contexts = [context] * requests
         setup = decode_setup(load_config(config_name), contexts, device)
         nbytes, flops = step_cost(setup, contexts)

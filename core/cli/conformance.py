@@ -75,7 +75,7 @@ def run(args) -> int:
             return 2
     Path(args.report_dir).mkdir(parents=True, exist_ok=True)
     if args.jobs > 1:
-        from .conformance_jobs import run_jobs
+        from dsahal.conformance.jobs import run_jobs
 
         return run_jobs(args, conformance_dir())
     code = int(pytest.main(pytest_args(args)))

@@ -1,0 +1,33 @@
+"""Composite ops: what a backend that does not fuse an op gets, the composition of the public ops.
+
+Each stage goes through :mod:`dsahal.ops` with ``check=False`` (the composite's own caller validated
+the whole call), so each stage runs on the backend's own best route for it, or falls back to the
+reference for that stage alone. The registry serves ``dsa_attention`` with this function when the
+selected backend declares no route for it.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import ops
+
+
+def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions, index_fmt,
+                  kv_fmt, kv_scale, topk, max_context, softmax_scale):
+    """``dsahal.ops.dsa_attention`` as indexer -> top-k -> position-to-slot -> sparse MLA.
+
+    Arguments in the op spec's order (:data:`dsahal.ops.catalog.SPECS`), as the registry passes them:
+    q_index ``[T, Hi, 128]``, index_weights ``[T, Hi]`` fp32, index_pages / kv_pages
+    ``[num_blocks, block_tokens, bytes]`` uint8, q ``[T, H, 576]``, block_table ``[B, max_blocks]``
+    int32, req_ids / positions ``[T]`` int32.
+
+    Returns:
+        ``o`` ``[T, H, 512]`` in q's dtype and ``lse`` ``[T, H]`` fp32.
+    """
+    scores = ops.indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions,
+                               index_fmt=index_fmt, max_context=max_context, check=False)
+    lengths = torch.clamp(positions.to(torch.int32) + 1, max=max_context)  # causal bound of each query
+    chosen = ops.topk(scores, lengths, topk, check=False)
+    slots = ops.positions_to_slots(chosen, req_ids, block_table, index_pages.shape[1], check=False)
+    return ops.sparse_mla(q, kv_pages, slots, kv_fmt=kv_fmt, kv_scale=kv_scale, softmax_scale=softmax_scale,
+                          check=False)
