@@ -9,6 +9,11 @@ One program owns ``BLOCK_H`` heads of one token and one split of its slot list. 
 an online softmax (flash-attention style) with a ``[BLOCK_H, 512]`` fp32 accumulator. With more
 than one split, each split writes fp32 partials and :mod:`.lse_combine` merges them; the split
 size is a fixed number of slots, so a row's result does not depend on the rest of the batch.
+
+Latents (bf16, fp8, fp8_ds_mla, nvfp4) are loaded as raw codes (:func:`load_nope_raw`,
+:func:`load_rope_raw`) and decoded in registers (:func:`decode_nope`, :func:`decode_rope`); block
+scales keep a block axis so each is loaded once per row and broadcast in registers. The helpers are
+shared with :mod:`.sparse_mla_small_heads`.
 """
 from __future__ import annotations
 
