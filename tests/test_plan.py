@@ -14,7 +14,7 @@ KDA_STATE_TP8 = 69 * 12 * 128 * 128 * 4  # 69 KDA layers x 12 heads/device x 128
 
 
 def test_k31_fp8_tp8_pow2_rows_by_hand():
-    layout = plan_layout(K31, latent_fmt="fp8", index_fmt="fp8", block_tokens=64, tp=8)
+    layout = plan_layout(K31, latent_fmt="fp8", index_fmt="fp8", block_tokens=64, tp=8, row_rounding="pow2")
     # 24 DSA layers x 64 tokens x (576 + 132) B; both page sizes are multiples of 256, so no alignment gaps
     assert layout.row_data_bytes == 24 * 64 * (576 + 132) == 1_087_488
     assert layout.row_bytes == 2**21
@@ -24,6 +24,15 @@ def test_k31_fp8_tp8_pow2_rows_by_hand():
     cap = capacity(layout, GIB_48, 1_000_000)
     assert cap.rows == 24_576 and cap.tokens == 24_576 * 64
     assert cap.blocks_per_context == 15_625 and cap.full_contexts == 24_576 // (15_625 + 26) == 1
+
+
+def test_rows_are_rounded_to_whole_pages_by_default_not_to_a_power_of_two():
+    layout = plan_layout(K31, latent_fmt="fp8", index_fmt="fp8", block_tokens=64, tp=8)
+    assert layout.row_rounding == "page"
+    assert layout.row_bytes == layout.row_data_bytes == 1_087_488  # 4248 pages of 256 B: no padding at all
+    assert layout.rows_per_state == 50  # ceil(54,263,808 / 1,087,488)
+    cap = capacity(layout, GIB_48, 1_000_000)
+    assert cap.rows == 47_393 and cap.tokens == 47_393 * 64  # 3.03M: the seed's 3.04M, not pow2's 1.57M
 
 
 def test_k31_nvfp4_mxfp4_tp8_dcp8_page_rows_by_hand():
@@ -62,7 +71,8 @@ def test_fp4_formats_against_fp8_match_the_bytes_per_token_ratio():
     (versus_fp8,) = standard_comparisons(K31, layout, GIB_48, 1_000_000)
     assert versus_fp8.payload_ratio == pytest.approx((576 + 132) / (352 + 68))  # 1.686
     assert versus_fp8.tokens_ratio == pytest.approx(708 / 420, rel=1e-4)  # page rows: whole rows only
-    pow2 = plan_layout(K31, latent_fmt="nvfp4", index_fmt="mxfp4", tp=8)
+    assert plan_layout(K31, latent_fmt="nvfp4", index_fmt="mxfp4", tp=8) == layout  # page rows are the default
+    pow2 = plan_layout(K31, latent_fmt="nvfp4", index_fmt="mxfp4", tp=8, row_rounding="pow2")
     (pow2_versus_fp8,) = standard_comparisons(K31, pow2, GIB_48, 1_000_000)
     assert pow2_versus_fp8.tokens_ratio == 2.0  # 1 MiB rows against 2 MiB rows
 
@@ -71,9 +81,9 @@ def test_dcp8_holds_eight_times_the_tokens_of_tp8():
     layout = plan_layout(K31, latent_fmt="fp8", index_fmt="fp8", tp=8, dcp=8)
     (versus_tp8,) = standard_comparisons(K31, layout, GIB_48, 1_000_000)
     assert versus_tp8.baseline == "fp8+fp8 TP8" and versus_tp8.tokens_ratio == 8.0
-    # per device a 1M context needs 15,625 block rows under TP8 but 1,954 under DCP8; the 26-row KDA state
-    # is not sharded by DCP, so contexts grow by less than 8x before rounding down
-    assert versus_tp8.contexts == (24_576 // (15_625 + 26), 24_576 // (1_954 + 26)) == (1, 12)
+    # per device a 1M context needs 15,625 block rows under TP8 but 1,954 under DCP8; the 50-row KDA state
+    # is not sharded by DCP, so contexts grow by less than 8x before rounding down (47,393 page rows)
+    assert versus_tp8.contexts == (47_393 // (15_625 + 50), 47_393 // (1_954 + 50)) == (3, 23)
 
 
 def test_per_layer_padding_wastes_what_the_packed_row_saves_by_hand():

@@ -9,11 +9,11 @@ every request's KDA state, per-layer strided views for kernels, a row allocator,
 """
 from .allocator import BLOCK, FREE, STATE, CacheFullError, RowAllocator
 from .capacity import Capacity, Comparison, PaddedLayout, capacity, compare, padded_layouts, standard_comparisons
-from .layout import PAGE_ALIGN, ROW_ROUNDINGS, CacheLayout, PageSpec, StateSpec, next_power_of_two, plan_layout
+from .layout import DEFAULT_ROW_ROUNDING, PAGE_ALIGN, ROW_ROUNDINGS, CacheLayout, PageSpec, StateSpec, next_power_of_two, plan_layout
 from .packed import PackedKVCache
 
 __all__ = [
     "CacheLayout", "PageSpec", "StateSpec", "plan_layout", "PackedKVCache", "RowAllocator", "CacheFullError",
     "Capacity", "Comparison", "PaddedLayout", "capacity", "compare", "padded_layouts", "standard_comparisons",
-    "PAGE_ALIGN", "ROW_ROUNDINGS", "next_power_of_two", "FREE", "BLOCK", "STATE",
+    "DEFAULT_ROW_ROUNDING", "PAGE_ALIGN", "ROW_ROUNDINGS", "next_power_of_two", "FREE", "BLOCK", "STATE",
 ]

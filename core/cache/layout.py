@@ -6,8 +6,10 @@ index-key page, back to back::
     row = [L0 latent page][L0 index page][L1 latent page][L1 index page] ... [padding to row_bytes]
 
 A page is ``block_tokens * token_bytes`` bytes, its start rounded up to :data:`PAGE_ALIGN`. The row
-is rounded up to a power of two (``row_rounding="pow2"``, DESIGN §5) or only to :data:`PAGE_ALIGN`
-(``"page"``), see ``docs/cache.md`` for why the choice matters. A request's KDA state (every KDA
+is rounded up to :data:`PAGE_ALIGN` (``row_rounding="page"``, the default: every page and state still
+starts on a 256-byte boundary, which is what vector loads, TMA and DMA need) or, on request, to a
+power of two (``"pow2"``: for an allocator or a transfer engine that requires power-of-two buffers;
+for the real formats it pads rows by 29-48%). ``docs/cache.md`` has the figures. A request's KDA state (every KDA
 layer, this device's heads) fills ``rows_per_state`` consecutive rows of the same pool::
 
     state = [KDA layer 0: H_local x K x V fp32][KDA layer 1] ... [padding to rows_per_state * row_bytes]
@@ -26,7 +28,8 @@ from ..formats import index_format, latent_format
 
 PAGE_ALIGN = 256  # bytes; every page and state starts on this boundary (vector loads, TMA, DMA)
 FP32_BYTES = 4
-ROW_ROUNDINGS = ("pow2", "page")
+ROW_ROUNDINGS = ("page", "pow2")
+DEFAULT_ROW_ROUNDING = "page"  # pow2 padded rows by 29-48% for the seed's formats (docs/cache.md, issue 20)
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,7 @@ def plan_layout(
     block_tokens: int = 64,
     tp: int = 1,
     dcp: int = 1,
-    row_rounding: str = "pow2",
+    row_rounding: str = DEFAULT_ROW_ROUNDING,
 ) -> CacheLayout:
     """The packed row layout of ``config`` on one device.
 
@@ -179,7 +182,8 @@ def plan_layout(
         block_tokens: tokens per block (per rank under DCP).
         tp: tensor-parallel size; must divide the KDA heads (and the attention heads).
         dcp: decode-context-parallel size: each rank stores every ``dcp``-th token.
-        row_rounding: ``"pow2"`` (row bytes a power of two) or ``"page"`` (a multiple of PAGE_ALIGN).
+        row_rounding: ``"page"`` (default: row bytes a multiple of PAGE_ALIGN) or ``"pow2"`` (a power of
+            two, for consumers that need power-of-two buffers; costs the padding).
 
     Raises ``TypeError``/``ValueError`` naming the argument for bad input.
     """
