@@ -3,7 +3,7 @@
 Rules (issue 16, item 5):
 
 - the reference backend is the oracle: ``dsahal.reference`` imports nothing it judges, i.e. nothing
-  from ``dsahal.distributed``, ``dsahal.ops`` (bar ``dsahal.ops.catalog``, the list of op names),
+  from ``dsahal.distributed``, ``dsahal.ops`` (bar ``dsahal.ops.catalog``, the op names and specs),
   ``dsahal.backends``, ``dsahal.engine`` or ``dsahal.model``;
 - no module of one hardware backend (nvidia, amd, tpu, ppu) imports another one (the shared
   ``backends/triton_kernels`` and modules at ``backends/`` top level are for everyone);
@@ -12,11 +12,11 @@ Rules (issue 16, item 5):
 - the contract (``dsahal.ops``, ``registry``, ``reference``, ``formats``, ``cache``: README, "Reading the
   code") imports none of its consumers (``model``, ``engine``, ``distributed``, ``cli``, ``bench``, the
   backends, the suite); ``dsahal.config``, the model dimensions the cache is laid out from, is shared;
-- no import cycle among dsahal modules, counting module-level imports (a function-level import runs
-  after every module involved has loaded, so it cannot deadlock an import; ``if TYPE_CHECKING:``
-  blocks never run).
+- no import cycle among dsahal modules, counting module-level imports (``if TYPE_CHECKING:`` blocks
+  never run); nor, separately, counting function-level imports too (the two circles found in review,
+  ``triton_kernels.topk`` <-> ``topk_split`` and ``bench.cases`` <-> ``bench.model_step``, were lazy).
 
-The first three count function-level imports too: a lazy import is still a dependency.
+The first four count function-level imports too: a lazy import is still a dependency.
 Strings naming a module (the plugins' ``"pkg.mod:fn"`` entries) are not imports: resolving them is
 the registry's job, on selection.
 """
@@ -82,8 +82,6 @@ def modules() -> dict[str, Path]:
                 if name.endswith(".py"):
                     path = Path(dirpath) / name
                     found[_module_name(package, root, path)] = path
-    # core/ walks into backends' and conformance's names only through ROOTS: both are real folders of
-    # their own, so nothing is counted twice.
     return found
 
 
