@@ -59,9 +59,10 @@ def _worker(rank: int, world: int, port: int, backend: str, inbox, outbox) -> No
         import torch.distributed as dist
 
         import dsahal
+        from dsahal.registry.observers import CallLog, observe
 
         torch.set_num_threads(1)
-        table = dsahal.set_backend(backend)
+        dsahal.set_backend(backend)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=TASK_TIMEOUT_S))
         groups = {w: dist.new_group(list(range(w))) for w in WORLD_SIZES if w <= world}
@@ -74,14 +75,13 @@ def _worker(rank: int, world: int, port: int, backend: str, inbox, outbox) -> No
         if message is None:
             break
         task_id, name, size, args = message
-        before = {op: list(c) for op, c in table.calls.items()}
+        log = CallLog()
         try:
-            result = TASKS[name](args, groups[size])
-            after = {op: list(c) for op, c in table.calls.items()}
-            outbox.put((task_id, rank, True, result, (before, after)))
+            with observe(log):
+                result = TASKS[name](args, groups[size])
+            outbox.put((task_id, rank, True, result, log.calls))
         except BaseException as exc:  # noqa: BLE001
-            after = {op: list(c) for op, c in table.calls.items()}
-            outbox.put((task_id, rank, False, f"{type(exc).__name__}: {exc}", (before, after)))
+            outbox.put((task_id, rank, False, f"{type(exc).__name__}: {exc}", log.calls))
     dist.destroy_process_group()
 
 
@@ -116,7 +116,7 @@ class RankPool:
 
     def run(self, name: str, per_rank_args: list) -> list[tuple]:
         """Run task ``name`` on ranks ``0..len(per_rank_args)-1`` (a group of that size).
-        Returns ``[(result, (calls_before, calls_after)), ...]`` in rank order."""
+        Returns ``[(result, calls), ...]`` in rank order, ``calls`` the op calls the rank made (observed)."""
         size = len(per_rank_args)
         if size not in WORLD_SIZES or size > self.world:
             raise ValueError(f"RankPool.run: group size {size} not in {WORLD_SIZES}")

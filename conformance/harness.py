@@ -3,7 +3,6 @@ the per-test :class:`PropertyRun` tracker that counts examples, tells native cal
 reference fallbacks, and formats failures with a reproduction snippet."""
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -15,6 +14,7 @@ import torch
 from hypothesis import HealthCheck, settings
 
 from dsahal.conformance.config import CONFIG
+from dsahal.registry.observers import CallLog, observe
 
 # The suite draws cases whose tensors are built from a seed, so hypothesis' own data is small;
 # slow reference ops and the per-test tracker fixture are deliberate.
@@ -50,24 +50,6 @@ def conformance_property(op: str, prop: str, *, needs: Iterable[str] = (), scale
     return decorate
 
 
-class FallbackReasons(logging.Handler):
-    """Collects the registry's "falling back to the reference" log records (logged once per op and
-    reason) so a fallback outcome can say why, e.g. what the backend's verifier objected to."""
-
-    def __init__(self):
-        super().__init__(level=logging.WARNING)
-        self.by_op: dict[str, set[str]] = {}
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "falling back to the reference" in str(record.msg) and isinstance(record.args, tuple) \
-                and len(record.args) == 3:
-            op, _, reason = record.args
-            self.by_op.setdefault(str(op), set()).add(str(reason))
-
-
-FALLBACK_REASONS = FallbackReasons()
-
-
 class PropertyViolation(AssertionError):
     """A backend broke a property; the message names the property and carries a reproduction."""
 
@@ -78,6 +60,8 @@ class ExampleRecord:
     native_calls: int = 0
     fallback_calls: int = 0
     fallback_ops: set = field(default_factory=set)
+    routes: set = field(default_factory=set)  # "op:route" of every call that served this example
+    fallback_reasons: dict = field(default_factory=dict)  # op -> {reason}
 
 
 class PropertyRun:
@@ -117,21 +101,33 @@ class PropertyRun:
         return place(case.build(), self.device)
 
     def call(self, thunk: Callable[[], Any]) -> Any:
-        """Run ``thunk`` (which calls ``dsahal.ops``) and classify it native or fallback."""
-        before = {op: list(counts) for op, counts in self.table.calls.items()}
-        result = thunk()
-        self.record_counts(before, self.table.calls)
+        """Run ``thunk`` (which calls ``dsahal.ops``) under an observer and classify each call it made:
+        served by a route of the backend, or by the reference (with why)."""
+        with observe(CallLog()) as log:
+            result = thunk()
+        self.record_calls(log.calls)
         return result
 
-    def record_counts(self, before: dict, after: dict) -> None:
-        """Fold call-counter deltas (``op -> [native, fallback]``) into the current example."""
+    def record_calls(self, calls) -> None:
+        """Fold observed calls (:class:`dsahal.registry.observers.CallRecord`) into the current example."""
         record = self.current
-        for op, (native, fallback) in after.items():
-            old_native, old_fallback = before.get(op, (0, 0))
-            record.native_calls += native - old_native
-            if fallback > old_fallback:
-                record.fallback_calls += fallback - old_fallback
-                record.fallback_ops.add(op)
+        for call in calls:
+            if call.fallback:
+                record.fallback_calls += 1
+                record.fallback_ops.add(call.op)
+                record.fallback_reasons.setdefault(call.op, set()).add(call.reason)
+            else:
+                record.native_calls += 1
+            record.routes.add(f"{call.op}:{call.route}")
+
+    @property
+    def routes(self) -> dict[str, int]:
+        """``{"op:route": examples it served}`` over every example of the property."""
+        counts: dict[str, int] = {}
+        for example in self.examples:
+            for route in example.routes:
+                counts[route] = counts.get(route, 0) + 1
+        return counts
 
     @property
     def native_examples(self) -> int:
@@ -146,9 +142,9 @@ class PropertyRun:
         reasons = []
         for op in ops:
             entry = self.table.entries[op]
-            logged = "; ".join(sorted(FALLBACK_REASONS.by_op.get(op, ())))
+            seen = "; ".join(sorted({r for e in self.examples for r in e.fallback_reasons.get(op, ())}))
             reasons.append(f"{op}: {entry.reason}" if entry.status == "fallback"
-                           else f"{op}: the backend's verifier rejected the drawn arguments ({logged or 'no reason'})")
+                           else f"{op}: every route declined the drawn arguments ({seen or 'no reason'})")
         return "; ".join(reasons) or "no backend call was made"
 
     def fail(self, detail: str) -> None:

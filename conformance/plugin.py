@@ -13,7 +13,6 @@ one a line (what each of those N parts runs); a listed id that is not collected 
 from __future__ import annotations
 
 import json
-import logging
 import random
 import warnings
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 
 from dsahal.conformance import controls, report
 from dsahal.conformance.config import CONFIG
-from dsahal.conformance.harness import CAPABILITY_FLAGS, FALLBACK_REASONS, PropertyRun, default_device
+from dsahal.conformance.harness import CAPABILITY_FLAGS, PropertyRun, default_device
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 RUN_KEY = pytest.StashKey[PropertyRun]()
@@ -164,7 +163,6 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     else:
         _select_backend(state)
         _STATE = state
-        logging.getLogger("dsahal").addHandler(FALLBACK_REASONS)
     deselected = []
     for item in suite_items:
         marker = item.get_closest_marker("conformance")
@@ -279,6 +277,7 @@ def _record(item, rep, run) -> None:
     if run is not None:
         record.examples = len(run.examples)
         record.native_examples, record.fallback_examples = run.native_examples, run.fallback_examples
+        record.routes = run.routes
     if rep.failed:
         record.outcome = "fail" if record.outcome != "fail" else record.outcome
         record.message = record.message or str(rep.longreprtext)[-6000:]
@@ -308,6 +307,9 @@ def _backend_info(table) -> dict:
     return {"name": backend.name, "tags": sorted(backend.tags), "plugin": table.record.plugin,
             "reason": table.record.reason,
             "ops": {op: e.status for op, e in table.entries.items()},
+            "routes": {op: [{"name": r.name, "available": r.available, "reason": r.reason} for r in e.routes]
+                       for op, e in table.entries.items()},
+            "route_overrides": table.overrides.text(),
             "capabilities": {"latent_formats": sorted(caps.latent_formats) if caps.latent_formats is not None
                              else "all",
                              "index_formats": sorted(caps.index_formats) if caps.index_formats is not None else "all",
@@ -360,5 +362,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     if CONFIG.report_dir:
         tr.write_line(f"  reports: {CONFIG.report_dir}/conformance.json, conformance.md, junit.xml")
     _STATE = None
-    logging.getLogger("dsahal").removeHandler(FALLBACK_REASONS)
     reset()

@@ -30,6 +30,7 @@ class TestRecord:
     fallback_examples: int = 0
     duration_s: float = 0.0
     message: str = ""
+    routes: dict = field(default_factory=dict)  # "op:route" -> examples it served
 
 
 def _versions() -> dict:
@@ -107,20 +108,24 @@ def render_markdown(records: list[TestRecord], backend: dict, settings: dict, op
              "", f"Settings: {', '.join(f'{k}={v}' for k, v in settings.items())}", "",
              *([*notes, ""] if notes else []),
              *_provenance(backend),
-             "| op | format | status | pass | fail | skip | fallback | examples native / fallback |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| op | format | status | pass | fail | skip | fallback | examples native / fallback | routes (examples) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     table = matrix(records)
     examples: dict = defaultdict(lambda: [0, 0])
+    served: dict = defaultdict(lambda: defaultdict(int))
     for r in records:
         examples[(r.op, r.format)][0] += r.native_examples
         examples[(r.op, r.format)][1] += r.fallback_examples
+        for route, n in (r.routes or {}).items():
+            served[(r.op, r.format)][route] += n
     ordered = [op for op in op_order if op in table] + sorted(set(table) - set(op_order))
     for op in ordered:
         for fmt in sorted(table[op]):
             c = table[op][fmt]
             native, fallback = examples[(op, fmt)]
+            routes = ", ".join(f"{name} {n}" for name, n in sorted(served[(op, fmt)].items())) or "-"
             lines.append(f"| {op} | {fmt} | **{cell_status(c)}** | {c['pass']} | {c['fail'] + c['xpass']} | "
-                         f"{c['skip'] + c['xfail']} | {c['fallback']} | {native} / {fallback} |")
+                         f"{c['skip'] + c['xfail']} | {c['fallback']} | {native} / {fallback} | {routes} |")
     failures = [r for r in records if r.outcome in ("fail", "xpass")]
     if failures:
         lines += ["", "## Failures", ""]

@@ -15,8 +15,8 @@ def _on_ranks(run, name, per_rank):
         answers = run_on_ranks(run.backend, name, per_rank)
     except RankPoolError as exc:
         run.fail(f"the collective failed on the ranks: {exc}")
-    for _, (before, after) in answers:
-        run.record_counts(before, after)
+    for _, calls in answers:
+        run.record_calls(calls)
     return [result for result, _ in answers]
 
 

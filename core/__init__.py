@@ -10,15 +10,24 @@ from ._version import __version__
 from .registry import (
     Backend,
     Capabilities,
+    CallLog,
     FallbackError,
+    OpCall,
+    OpObserver,
     RegistryError,
+    Route,
     active_table,
+    add_observer,
     hookimpl,
+    observe,
+    remove_observer,
     set_backend,
     use_backend,
+    use_routes,
 )
 
 __all__ = [
-    "__version__", "ops", "formats", "Backend", "Capabilities", "FallbackError", "RegistryError", "active_table",
-    "hookimpl", "set_backend", "use_backend",
+    "__version__", "ops", "formats", "Backend", "Capabilities", "Route", "FallbackError", "RegistryError",
+    "active_table", "hookimpl", "set_backend", "use_backend", "use_routes", "observe", "add_observer",
+    "remove_observer", "OpObserver", "OpCall", "CallLog",
 ]

@@ -8,7 +8,7 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
 
-_REGISTRY_ENV = ("DSAHAL_BACKEND", "DSAHAL_PLUGINS", "DSAHAL_STRICT", "DSAHAL_PLUGIN_MODULES")
+_REGISTRY_ENV = ("DSAHAL_BACKEND", "DSAHAL_PLUGINS", "DSAHAL_STRICT", "DSAHAL_PLUGIN_MODULES", "DSAHAL_ROUTES")
 
 
 @pytest.fixture(autouse=True)
@@ -21,5 +21,17 @@ def fresh_registry(monkeypatch):
             continue
         monkeypatch.delenv(name)
     dsahal.registry.reset()
+    _forget_backend_modes()  # at set-up, where the environment is this test's own
     yield
     dsahal.registry.reset()
+
+
+def _forget_backend_modes():
+    """Backends read their mode variables once per registry build (DSAHAL_BATCH_INVARIANT, the AMD path
+    status); a test that changed one must not leave its reading to the next test."""
+    nvidia_config = sys.modules.get("dsahal.backends.nvidia.config")
+    if nvidia_config is not None:
+        nvidia_config.read_mode()
+    amd_routes = sys.modules.get("dsahal.backends.amd.routes")
+    if amd_routes is not None:
+        amd_routes.reset()

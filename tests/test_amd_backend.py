@@ -97,14 +97,28 @@ def test_batch_invariance_is_claimed_only_in_its_mode_on_the_triton_paths(monkey
 
 def test_the_backend_serves_every_op_and_a_verifier_for_each_routed_one():
     backend = plugin.amd_backend()
-    assert set(backend.ops) == set(OP_NAMES) and set(backend.verifiers) == set(routes.ROUTES)
+    assert set(backend.ops) == set(OP_NAMES) - {"dsa_attention"}  # the registry's composite serves it
+    assert all(route.verifier for op in routes.ROUTES for route in backend.routes(op))
+    assert [r.name for r in backend.routes("sparse_mla")] == ["aiter.sparse_mla", "flydsl.sparse_mla", "triton"]
     assert backend.tags == frozenset({"gpu", "rocm"})
 
 
 # -- routing limits ---------------------------------------------------------------------------------
 
+def amd_table(status=None):
+    """The registry's op table for the amd backend with the path status pinned (None: the real one)."""
+    from dsahal.ops.catalog import COMPOSITE_OPS
+    from dsahal.reference.plugin import reference_backend
+    from dsahal.registry import BackendRecord, OpTable
+
+    backend = plugin.amd_backend()
+    routes.reset(status)
+    return OpTable(BackendRecord(backend, "amd", True, "test"), BackendRecord(reference_backend(), "reference", True, ""),
+                   OP_NAMES, COMPOSITE_OPS)
+
+
 def every_path_enabled():
-    return routes.Router({**{p.name: "" for p in paths.FAST_PATHS}, "triton": "", "rccl": "", "merge": ""})
+    return amd_table({**{p.name: "" for p in paths.FAST_PATHS}, "triton": "", "rccl": "", "merge": ""})
 
 
 def on_gpu_of(monkeypatch, gfx):
@@ -137,8 +151,8 @@ def indexer_args(index_fmt, heads=32, block_tokens=64):
 ])
 def test_sparse_mla_takes_the_first_path_whose_limits_accept(monkeypatch, gfx, kv_fmt, heads, q_dtype, expected):
     on_gpu_of(monkeypatch, gfx)
-    route, _ = every_path_enabled().choose("sparse_mla", mla_args(kv_fmt, heads, q_dtype=q_dtype))
-    assert route.path == expected
+    route, _ = every_path_enabled().choose("sparse_mla", *mla_args(kv_fmt, heads, q_dtype=q_dtype))
+    assert route == expected
 
 
 @pytest.mark.parametrize("gfx, index_fmt, expected", [
@@ -147,9 +161,10 @@ def test_sparse_mla_takes_the_first_path_whose_limits_accept(monkeypatch, gfx, k
 ])
 def test_indexer_routes_by_key_format_and_architecture(monkeypatch, gfx, index_fmt, expected):
     on_gpu_of(monkeypatch, gfx)
-    route, why = every_path_enabled().choose("indexer_score", indexer_args(index_fmt))
-    assert (route.path if route else None) == expected
+    route, declined = every_path_enabled().choose("indexer_score", *indexer_args(index_fmt))
+    assert route == expected
     if route is None:
+        why = "; ".join(f"{name}: {reason}" for name, reason in declined)
         assert "gfx942" in why and "'mxfp4'" in why  # every refusal is listed
 
 
@@ -165,13 +180,15 @@ def test_triton_only_mode_sends_fp8_sparse_mla_to_triton(monkeypatch):
     on_gpu_of(monkeypatch, "gfx950")
     status = routes.enabled_paths({**{p.name: (True, "") for p in paths.FAST_PATHS}, "triton": (True, "")},
                                   allow="triton")
-    route, _ = routes.Router(status).choose("sparse_mla", mla_args("fp8", 16))
-    assert route.path == "triton"
+    route, declined = amd_table(status).choose("sparse_mla", *mla_args("fp8", 16))
+    assert route == "triton" and "disabled by DSAHAL_AMD_PATHS=triton" in dict(declined)["flydsl.sparse_mla"]
 
 
 def test_cpu_tensors_are_refused_with_every_reason():
-    ok, why = routes.verify_sparse_mla(*mla_args("bf16", 16))
-    assert not ok and "triton: 'q' is on cpu" in why and "aiter.sparse_mla: amd-aiter not installed" in why
+    table = amd_table()
+    route, _ = table.choose("sparse_mla", *mla_args("bf16", 16))
+    why = table.explain("sparse_mla", *mla_args("bf16", 16))
+    assert route is None and "triton: 'q' is on cpu" in why and "aiter.sparse_mla: amd-aiter not installed" in why
 
 
 # -- merge selection --------------------------------------------------------------------------------

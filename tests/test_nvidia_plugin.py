@@ -4,18 +4,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsahal.backends.nvidia import config, verifiers
+from dsahal.backends.nvidia import config, kda_fla
+from dsahal.backends.triton_kernels import limits
 from dsahal.backends.nvidia.plugin import nvidia_backend
 from dsahal.ops.catalog import OP_NAMES
 from dsahal.registry import resolve_lazy
 
 
-def test_declares_every_op_natively_and_each_reference_resolves():
+def test_declares_every_op_as_routes_and_each_reference_resolves():
     backend = nvidia_backend()
-    assert set(backend.ops) == set(OP_NAMES)
+    assert set(backend.ops) == set(OP_NAMES) and not backend.verifiers
+    assert [r.name for r in backend.routes("sparse_mla")] == ["flashmla_decode", "flashmla_prefill", "triton"]
+    assert [r.name for r in backend.routes("kda_prefill")] == ["fla_chunk", "triton_recurrent"]
     pytest.importorskip("triton")
-    for op, ref in {**backend.ops, **backend.verifiers}.items():
-        assert callable(resolve_lazy(ref)), op
+    for op in OP_NAMES:
+        for route in backend.routes(op):
+            for ref in (route.fn, route.verifier, route.probe):
+                assert ref is None or callable(resolve_lazy(ref)), (op, route.name)
 
 
 def test_probe_says_why_it_is_unavailable_without_cuda():
@@ -43,14 +48,14 @@ def test_verifiers_reject_cpu_tensors_with_a_reason():
     q = torch.zeros(2, 4, 576)
     pages = torch.zeros(2, 16, 1152, dtype=torch.uint8)
     slots = torch.zeros(2, 8, dtype=torch.int32)
-    ok, reason = verifiers.verify_sparse_mla(q, pages, slots, "bf16", None, 0.1)
+    ok, reason = limits.sparse_mla(q, pages, slots, "bf16", None, 0.1)
     assert not ok and "cuda" in reason.lower()
 
 
 @pytest.mark.parametrize("kind,fmt", [("latent", "nvfp4"), ("index", "mxfp4")])
 def test_verifiers_reject_formats_without_a_kernel(kind, fmt):
     values = torch.zeros(2, 576 if kind == "latent" else 128)
-    ok, reason = verifiers.verify_cache_write(values, torch.zeros(2, dtype=torch.int32),
+    ok, reason = limits.cache_write(values, torch.zeros(2, dtype=torch.int32),
                                               torch.zeros(1, 4, 8, dtype=torch.uint8), kind, fmt, None)
     assert not ok and fmt in reason
 
@@ -58,30 +63,34 @@ def test_verifiers_reject_formats_without_a_kernel(kind, fmt):
 def test_sparse_mla_split_depends_on_the_batch_only_outside_invariant_mode(monkeypatch):
     monkeypatch.delenv("DSAHAL_BATCH_INVARIANT", raising=False)
     assert config.sparse_mla_config(8, 128, 2048)["split_size"] != config.sparse_mla_config(320, 128, 2048)["split_size"]
+    config.read_mode()
     monkeypatch.setenv("DSAHAL_BATCH_INVARIANT", "1")
+    config.read_mode()  # the backend re-reads the mode when the registry is built, not per call
     assert config.sparse_mla_config(8, 128, 2048) == config.sparse_mla_config(320, 128, 2048)
     assert config.sparse_mla_config(1, 16, 2048) == config.sparse_mla_config(4096, 16, 2048)
 
 
+def _kda_prefill_args(dtype, device="cuda"):
+    x = torch.empty(4, 2, 16, dtype=dtype, device="meta")
+    pool = torch.empty(3, 2, 16, 16, device="meta")
+    return (x, x, x, x, torch.empty(4, 2, dtype=dtype, device="meta"), torch.empty(2, dtype=torch.int32, device="meta"),
+            pool, torch.empty(1, dtype=torch.int32, device="meta"), 0.25, True)
+
+
 def test_kda_prefill_leaves_fla_in_invariant_mode(monkeypatch):
     monkeypatch.setenv("DSAHAL_BATCH_INVARIANT", "1")
-    assert not config.use_fla_prefill(torch.zeros(1, dtype=torch.bfloat16))
+    config.read_mode()
+    ok, reason = kda_fla.accepts(*_kda_prefill_args(torch.bfloat16))
+    monkeypatch.delenv("DSAHAL_BATCH_INVARIANT")
+    config.read_mode()
+    assert not ok and "batch-invariant" in reason
 
 
 def test_kda_prefill_keeps_fp32_inputs_on_the_exact_recurrent_kernel(monkeypatch):
     monkeypatch.delenv("DSAHAL_BATCH_INVARIANT", raising=False)
-    pytest.importorskip("fla.ops.kda")
-    assert not config.use_fla_prefill(torch.zeros(1, dtype=torch.float32))
-    assert config.use_fla_prefill(torch.zeros(1, dtype=torch.bfloat16))
-
-
-def test_bench_command_needs_a_gpu(capsys):
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA device is visible")
-    from dsahal.cli import main
-
-    assert main(["bench", "--quick"]) == 2
-    assert "needs a CUDA" in capsys.readouterr().err
+    config.read_mode()
+    ok, reason = kda_fla.accepts(*_kda_prefill_args(torch.float32))
+    assert not ok and "fp32" in reason
 
 
 def test_bench_declares_a_case_for_every_timed_op():
@@ -106,7 +115,6 @@ def test_kda_verifiers_decline_a_gate_without_unit_channel_stride():
     import torch
 
     from dsahal.backends.amd import limits as amd_limits
-    from dsahal.backends.nvidia import verifiers
 
     q = torch.randn(2, 4, 16)
     v = torch.randn(2, 4, 16)
@@ -114,7 +122,7 @@ def test_kda_verifiers_decline_a_gate_without_unit_channel_stride():
     pool = torch.zeros(3, 4, 16, 16)
     ids = torch.tensor([0, 1], dtype=torch.int32)
     beta = torch.rand(2, 4)
-    ok, reason = verifiers.verify_kda_decode(q, q, v, g, beta, pool, ids, 0.25, True)
+    ok, reason = limits.kda_decode(q, q, v, g, beta, pool, ids, 0.25, True)
     assert not ok and "'g' has stride 2" in reason
     ok, reason = amd_limits.triton_kda_decode(q, q, v, g, beta, pool, ids, 0.25, True)
     assert not ok and "'g' has stride 2" in reason

@@ -3,6 +3,8 @@
 They run here on the CPU: the same torch code the PPU would run, not the PPU itself."""
 import pytest
 import torch
+
+import dsahal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -178,11 +180,11 @@ def test_kda_prefill_matches_reference_across_chunks_empty_and_stateless_sequenc
 
 def test_verifiers_read_shapes_only_and_state_the_limit():
     wide = torch.empty((1, 1 << 24), device="meta")
-    ok, reason = verifiers.verify_topk(wide, torch.empty((1,), dtype=torch.int32, device="meta"), 8)
+    ok, reason = verifiers.portable_topk(wide, torch.empty((1,), dtype=torch.int32, device="meta"), 8)
     assert not ok and "2^24" in reason
-    assert verifiers.verify_topk(torch.empty((1, 100), device="meta"), None, 8) == (True, "")
+    assert verifiers.portable_topk(torch.empty((1, 100), device="meta"), None, 8) == (True, "")
     slots = torch.empty((1, verifiers.SPARSE_MLA_MAX_SLOTS_PER_ROW + 1), dtype=torch.int32, device="meta")
-    ok, reason = verifiers.verify_sparse_mla(None, None, slots, "bf16", None, 0.1)
+    ok, reason = verifiers.portable_sparse_mla(None, None, slots, "bf16", None, 0.1)
     assert not ok and "1 GiB" in reason
 
 
@@ -190,8 +192,9 @@ def test_cpu_twin_serves_the_ppu_ops_natively_through_the_op_interface(monkeypat
     monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "dsahal.backends.ppu.cpu_twin")
     monkeypatch.setenv("DSAHAL_BACKEND", "ppu-cpu-twin")
     o_parts, lse_parts = torch.randn(3, 2, 2, 8), torch.randn(3, 2, 2)
-    o, lse = ops.lse_combine(o_parts, lse_parts)
+    with dsahal.observe(dsahal.CallLog()) as log:
+        o, lse = ops.lse_combine(o_parts, lse_parts)
     table = active_table()
-    assert table.name == "ppu-cpu-twin" and table.calls["lse_combine"] == [1, 0]
+    assert table.name == "ppu-cpu-twin" and [(c.route, c.fallback) for c in log.calls] == [("portable", False)]
     assert table.entries["cache_write"].status == "fallback"
     torch.testing.assert_close(o, ref_lse.lse_combine(o_parts, lse_parts)[0])

@@ -61,9 +61,20 @@ def test_kda_decode_needs_dense_rows_for_the_kernel(on_kernel_device):
     assert not takes and "'g' has stride 2" in reason
 
 
-def test_environment_switch_turns_every_triton_route_off(on_kernel_device, monkeypatch):
+def test_environment_switch_turns_every_triton_route_off(monkeypatch):
     monkeypatch.setenv("DSAHAL_PPU_TRITON", "0")
-    assert routes.takes_lse_combine(_t(2, 3, 4, 8), _t(2, 3, 4)) == (False, "DSAHAL_PPU_TRITON=0")
+    monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "dsahal.backends.ppu.cpu_twin")
+    assert routes.triton_enabled() == (False, "DSAHAL_PPU_TRITON=0")  # the triton routes' probe
+    from dsahal.registry import reset, set_backend
+
+    reset()
+    table = set_backend("ppu-cpu-twin")
+    try:
+        for op, entry in table.entries.items():
+            triton = [r for r in entry.routes if r.name == "triton"]
+            assert all(not r.available and r.reason == "DSAHAL_PPU_TRITON=0" for r in triton), op
+    finally:
+        reset()
 
 
 def test_host_tensors_never_take_a_triton_kernel():
@@ -73,9 +84,8 @@ def test_host_tensors_never_take_a_triton_kernel():
 
 def test_verifier_limits_apply_only_to_the_portable_path(on_kernel_device, monkeypatch):
     wide, lengths = _t(1, 1 << 24), _t(1, dtype=torch.int32)
-    assert verifiers.verify_topk(wide, lengths, 8) == (True, "")  # the radix-select kernel has no width limit
-    monkeypatch.setattr(routes, "KERNEL_DEVICE_TYPE", "cuda")  # now the meta tensors take the portable path
-    ok, reason = verifiers.verify_topk(wide, lengths, 8)
+    assert routes.takes_topk(wide, lengths, 8) == (True, "")  # the radix-select kernel has no width limit
+    ok, reason = verifiers.portable_topk(wide, lengths, 8)
     assert not ok and "2^24" in reason
 
 

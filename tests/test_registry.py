@@ -110,9 +110,10 @@ def test_plugin_overrides_one_op_and_the_rest_fall_back(monkeypatch):
     fallback = {op for op, e in table.entries.items() if e.status == "fallback"}
     assert fallback == set(ops.OP_NAMES) - {"lse_combine", "dsa_attention"}
     before = plugin.CALLS["lse_combine"]
-    o, lse = ops.lse_combine(*_lse_args())
+    with dsahal.observe(dsahal.CallLog()) as log:
+        o, lse = ops.lse_combine(*_lse_args())
     assert plugin.CALLS["lse_combine"] == before + 1
-    assert table.calls["lse_combine"] == [1, 0]
+    assert [(c.op, c.route, c.fallback) for c in log.calls] == [("lse_combine", "default", False)]
 
 
 def test_verifier_rejection_falls_back_and_logs_the_reason_once(monkeypatch, caplog):
@@ -121,14 +122,15 @@ def test_verifier_rejection_falls_back_and_logs_the_reason_once(monkeypatch, cap
     monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "plugins.half_lse")
     monkeypatch.setenv("DSAHAL_BACKEND", "halflse")
     before = plugin.CALLS["lse_combine"]
-    with caplog.at_level(logging.WARNING, logger="dsahal"):
+    with caplog.at_level(logging.WARNING, logger="dsahal"), dsahal.observe(dsahal.CallLog()) as log:
         for _ in range(3):
             ops.lse_combine(*_lse_args(torch.float16))
     assert plugin.CALLS["lse_combine"] == before  # the verifier kept the plugin out
     messages = [r.getMessage() for r in caplog.records if "lse_combine" in r.getMessage()]
     assert len(messages) == 1
     assert "fp16 partial outputs are not supported" in messages[0]
-    assert active_table().calls["lse_combine"] == [0, 3]
+    assert log.count("lse_combine", fallback=True) == 3 and log.count(fallback=False) == 0
+    assert all("fp16 partial outputs are not supported" in c.reason for c in log.calls)
 
 
 def test_missing_op_fallback_is_logged_once_per_op(monkeypatch, caplog):

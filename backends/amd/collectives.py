@@ -38,7 +38,7 @@ def topk_merge(local_scores, local_lengths, k, group):
 def all_gather(x, group):
     """``x`` -> ``[W, *x.shape]``: AITER's custom all-gather where its route is on, else RCCL."""
     _, world = group_rank_and_size(group)
-    if world > 1 and x.device.type == "cuda" and routes.router().status.get("aiter.all_gather", "absent") == "":
+    if world > 1 and x.device.type == "cuda" and routes.path_status().get("aiter.all_gather", "absent") == "":
         from .vendor_ops import all_gather as aiter_all_gather
 
         return aiter_all_gather(x, group)

@@ -1,6 +1,7 @@
 """AMD ROCm backend plugin (MI300-class gfx942, MI355X gfx950). Never run on ROCm hardware.
 
-Every op is routed (:mod:`.routes`) to the first enabled path that accepts its arguments: AITER's
+Every op is an ordered route list (:mod:`.routes`, one route per path); a call takes the first enabled path
+that accepts its arguments: AITER's
 kernels (sparse MLA decode, FP8 paged indexer logits, top-k, custom all-gather), FlyDSL's (sparse
 MLA on fp8 latents, native-FP4 indexer on MXFP4 keys; gfx950), else the shared Triton kernels with
 AMD block sizes (:mod:`.config`). The DCP top-k merge defaults to the score-only algorithm
@@ -15,7 +16,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from dsahal.registry import Backend, Capabilities, hookimpl
+from dsahal.registry import Backend, Capabilities, Route, hookimpl
 
 from .arch import ARCHS, rocm_arch
 from .config import batch_invariant
@@ -24,15 +25,19 @@ from .routes import ALWAYS_ENABLED, PATHS_ENV, ROUTES
 
 PACKAGE = "dsahal.backends.amd"
 TAGS = frozenset({"gpu", "rocm"})
+# Not fast paths: one route each. dsa_attention is left to the registry's composite route (the
+# composition through the public ops), so each stage takes its own best AMD route.
 COLLECTIVE_OPS = {
-    "topk_merge": f"{PACKAGE}.collectives:topk_merge",
-    "all_gather": f"{PACKAGE}.collectives:all_gather",
-    "all_to_all": f"{PACKAGE}.collectives:all_to_all",
-    # The composition through the public ops, so each stage takes its own best AMD route.
-    "dsa_attention": "dsahal.reference.dsa_attention:dsa_attention",
+    "topk_merge": [Route("merge", f"{PACKAGE}.collectives:topk_merge",
+                         description="score-only exact merge (DSAHAL_AMD_TOPK_MERGE=packed: the packed one)")],
+    "all_gather": [Route("rccl", f"{PACKAGE}.collectives:all_gather",
+                         description="AITER custom all-gather where its path is on, else RCCL")],
+    "all_to_all": [Route("rccl", f"{PACKAGE}.collectives:all_to_all", description="RCCL via torch.distributed")],
 }
-OPS = {**{op: f"{PACKAGE}.routes:{op}" for op in ROUTES}, **COLLECTIVE_OPS}
-VERIFIERS = {op: f"{PACKAGE}.routes:verify_{op}" for op in ROUTES}
+
+
+def ops() -> dict[str, list[Route]]:
+    return {**{op: list(routes) for op, routes in ROUTES.items()}, **COLLECTIVE_OPS}
 
 TRITON_UNVERIFIED = ("triton: never run on ROCm hardware; the same Triton source with these block sizes can be "
                      "checked on an NVIDIA GPU with DSAHAL_AMD_PATHS=triton (conformance/reports lists the runs "
@@ -118,10 +123,12 @@ def capabilities() -> Capabilities:
 
 
 def amd_backend() -> Backend:
+    from . import routes
+
+    routes.reset()  # path presence and DSAHAL_AMD_PATHS, read once per registry build
     return Backend(
         name="amd",
-        ops=dict(OPS),
-        verifiers=dict(VERIFIERS),
+        ops=ops(),
         tags=TAGS,
         priority=100,
         probe=probe,

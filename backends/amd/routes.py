@@ -1,6 +1,6 @@
-"""Which AMD path serves each call: the first route whose path is enabled here and whose limits
-(:mod:`.limits`) accept the arguments. The backend's op and verifier for an op both come from here,
-so "rejected" always means "no AMD path takes these arguments" and the reason lists why each refused.
+"""The AMD backend's routes: per op, one route per path (AITER, FlyDSL, Triton) in order of preference,
+each verified by its limits (:mod:`.limits`) and probed by its path's presence (:mod:`.paths`). The
+registry picks the first route that is usable here and accepts the arguments, like every backend's.
 
 ``DSAHAL_AMD_PATHS`` (comma-separated) limits the paths used: ``triton`` forces every op onto the
 shared Triton kernels; ``aiter`` enables every ``aiter.*`` path; unset means every present path.
@@ -9,51 +9,17 @@ always enabled.
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
-from dataclasses import dataclass
-from typing import Callable
 
-from dsahal.registry import resolve_lazy
+from dsahal.registry import Route
 
 from .paths import presence_report
 
 PACKAGE = "dsahal.backends.amd"
 PATHS_ENV = "DSAHAL_AMD_PATHS"
 ALWAYS_ENABLED = frozenset({"rccl", "merge"})
-
-
-@dataclass(frozen=True)
-class Route:
-    """One way to serve an op: the path it needs, its limits, its implementation."""
-
-    path: str
-    accepts: str  # "module:function" (*op_args) -> (ok, reason)
-    run: str  # "module:function" with the op's backend-facing signature
-
-
-def _triton(op: str) -> Route:
-    return Route("triton", f"{PACKAGE}.limits:triton_{op}", f"{PACKAGE}.triton_ops:{op}")
-
-
-ROUTES: dict[str, tuple[Route, ...]] = {
-    "cache_write": (_triton("cache_write"),),
-    "indexer_score": (
-        Route("flydsl.indexer_mxfp4", f"{PACKAGE}.limits:flydsl_indexer_mxfp4", f"{PACKAGE}.vendor_ops:indexer_score_mxfp4"),
-        Route("aiter.indexer_fp8", f"{PACKAGE}.limits:aiter_indexer_fp8", f"{PACKAGE}.vendor_ops:indexer_score_fp8"),
-        _triton("indexer_score"),
-    ),
-    "topk": (Route("aiter.topk", f"{PACKAGE}.limits:aiter_topk", f"{PACKAGE}.vendor_ops:topk"), _triton("topk")),
-    "positions_to_slots": (_triton("positions_to_slots"),),
-    "sparse_mla": (
-        Route("aiter.sparse_mla", f"{PACKAGE}.limits:aiter_sparse_mla", f"{PACKAGE}.vendor_ops:sparse_mla_aiter"),
-        Route("flydsl.sparse_mla", f"{PACKAGE}.limits:flydsl_sparse_mla", f"{PACKAGE}.vendor_ops:sparse_mla_flydsl"),
-        _triton("sparse_mla"),
-    ),
-    "lse_combine": (_triton("lse_combine"),),
-    "kda_decode": (_triton("kda_decode"),),
-    "kda_prefill": (_triton("kda_prefill"),),
-}
 
 
 def enabled_paths(report: dict[str, tuple[bool, str]] | None = None, allow: str | None = None) -> dict[str, str]:
@@ -74,83 +40,70 @@ def enabled_paths(report: dict[str, tuple[bool, str]] | None = None, allow: str 
     return status
 
 
-class Router:
-    """The route choice for one process: path status resolved once, limits checked per call."""
-
-    def __init__(self, status: dict[str, str]):
-        self.status = status
-        self._resolved: dict[str, Callable] = {}
-
-    def _fn(self, ref: str) -> Callable:
-        fn = self._resolved.get(ref)
-        if fn is None:
-            fn = self._resolved[ref] = resolve_lazy(ref)
-        return fn
-
-    def choose(self, op: str, args: tuple) -> tuple[Route | None, str]:
-        """The first enabled route accepting ``args``, or None and every refusal."""
-        refusals = []
-        for route in ROUTES[op]:
-            unusable = self.status.get(route.path, f"unknown path {route.path}")
-            if unusable:
-                refusals.append(f"{route.path}: {unusable}")
-                continue
-            ok, why = self._fn(route.accepts)(*args)
-            if ok:
-                return route, ""
-            refusals.append(f"{route.path}: {why}")
-        return None, "; ".join(refusals)
-
-    def run(self, op: str, args: tuple):
-        route, why = self.choose(op, args)
-        if route is None:
-            raise RuntimeError(f"dsahal.{op}: no AMD path accepts these arguments ({why})")
-        return self._fn(route.run)(*args)
-
-    def verify(self, op: str, args: tuple) -> tuple[bool, str]:
-        route, why = self.choose(op, args)
-        return (True, route.path) if route is not None else (False, why)
-
-
-_router: Router | None = None
+_status: dict[str, str] | None = None
 _lock = threading.Lock()
 
 
-def router() -> Router:
-    global _router
-    if _router is None:
+def path_status() -> dict[str, str]:
+    """:func:`enabled_paths`, computed once per process (until :func:`reset`)."""
+    global _status
+    if _status is None:
         with _lock:
-            if _router is None:
-                _router = Router(enabled_paths())
-    return _router
+            if _status is None:
+                _status = enabled_paths()
+    return _status
 
 
-def reset() -> None:
-    """Forget the path status so the next call re-reads presence and ``DSAHAL_AMD_PATHS`` (tests)."""
-    global _router
+def reset(status: dict[str, str] | None = None) -> None:
+    """Forget the path status so the next use re-reads presence and ``DSAHAL_AMD_PATHS``; tests may
+    pin a status instead (``{path: ""}`` usable, ``{path: reason}`` not)."""
+    global _status
     with _lock:
-        _router = None
+        _status = status
 
 
-def _make_op(op: str):
-    def serve(*args):
-        return router().run(op, args)
-
-    serve.__name__ = serve.__qualname__ = op
-    serve.__doc__ = f"Serve dsahal.{op} on the first AMD path that accepts the arguments."
-    return serve
+def path_probe(path: str) -> tuple[bool, str]:
+    """A route's probe: is its path present and enabled here?"""
+    why_not = path_status().get(path, f"unknown path {path}")
+    return (True, f"path {path} enabled") if not why_not else (False, why_not)
 
 
-def _make_verifier(op: str):
-    def verify(*args):
-        return router().verify(op, args)
+PATH_DESCRIPTIONS = {
+    "triton": "the shared Triton kernels with AMD block sizes",
+    "aiter.sparse_mla": "AITER mla_decode_fwd (CDNA3/4)",
+    "aiter.indexer_fp8": "AITER deepgemm_fp8_paged_mqa_logits (CDNA3/4)",
+    "aiter.topk": "AITER top_k_per_row (CDNA3/4)",
+    "flydsl.sparse_mla": "FlyDSL sparse MLA decode on fp8 latents (gfx950)",
+    "flydsl.indexer_mxfp4": "FlyDSL native-FP4 indexer on MXFP4 keys (gfx950)",
+}
 
-    verify.__name__ = verify.__qualname__ = f"verify_{op}"
-    verify.__doc__ = f"(True, path) if an AMD path accepts these dsahal.{op} arguments, else (False, every refusal)."
-    return verify
+
+def _route(path: str, limits: str, run: str) -> Route:
+    """The route of one path: named after it, verified by ``limits`` (in :mod:`.limits`), probed by the
+    path's presence and ``DSAHAL_AMD_PATHS``."""
+    return Route(path, f"{PACKAGE}.{run}", f"{PACKAGE}.limits:{limits}", probe=functools.partial(path_probe, path),
+                 description=PATH_DESCRIPTIONS[path])
 
 
-# The backend registers "dsahal.backends.amd.routes:<op>" and ":verify_<op>" for each routed op.
-for _op in ROUTES:
-    globals()[_op] = _make_op(_op)
-    globals()[f"verify_{_op}"] = _make_verifier(_op)
+def _triton(op: str) -> Route:
+    return _route("triton", f"triton_{op}", f"triton_ops:{op}")
+
+
+ROUTES: dict[str, tuple[Route, ...]] = {
+    "cache_write": (_triton("cache_write"),),
+    "indexer_score": (
+        _route("flydsl.indexer_mxfp4", "flydsl_indexer_mxfp4", "vendor_ops:indexer_score_mxfp4"),
+        _route("aiter.indexer_fp8", "aiter_indexer_fp8", "vendor_ops:indexer_score_fp8"),
+        _triton("indexer_score"),
+    ),
+    "topk": (_route("aiter.topk", "aiter_topk", "vendor_ops:topk"), _triton("topk")),
+    "positions_to_slots": (_triton("positions_to_slots"),),
+    "sparse_mla": (
+        _route("aiter.sparse_mla", "aiter_sparse_mla", "vendor_ops:sparse_mla_aiter"),
+        _route("flydsl.sparse_mla", "flydsl_sparse_mla", "vendor_ops:sparse_mla_flydsl"),
+        _triton("sparse_mla"),
+    ),
+    "lse_combine": (_triton("lse_combine"),),
+    "kda_decode": (_triton("kda_decode"),),
+    "kda_prefill": (_triton("kda_prefill"),),
+}

@@ -6,6 +6,7 @@ the number of rows, so a row's result is bitwise the same whatever else is in th
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -15,10 +16,29 @@ TARGET_PROGRAMS = 264
 INVARIANT_SPLIT = 512  # slots per split in batch-invariant mode, for every batch size
 
 
+_batch_invariant: bool | None = None
+
+
 def batch_invariant() -> bool:
-    return os.environ.get("DSAHAL_BATCH_INVARIANT", "0") not in ("", "0")
+    """``DSAHAL_BATCH_INVARIANT=1``, read once (and again after :func:`read_mode`): route verifiers and
+    launchers ask on every call, which must not cost an environment lookup."""
+    global _batch_invariant
+    if _batch_invariant is None:
+        read_mode()
+    return _batch_invariant
 
 
+def read_mode() -> bool:
+    """Re-read ``DSAHAL_BATCH_INVARIANT`` (the backend's declaration does, when the registry is built)
+    and forget the per-shape configs chosen under the old mode."""
+    global _batch_invariant
+    _batch_invariant = os.environ.get("DSAHAL_BATCH_INVARIANT", "0") not in ("", "0")
+    for cached in _CACHED:
+        cached.cache_clear()
+    return _batch_invariant
+
+
+@functools.lru_cache(maxsize=512)
 def sparse_mla_config(tokens: int, heads: int, k: int, kv_fmt: str = "bf16",
                       q_dtype: torch.dtype = torch.bfloat16) -> dict:
     """Kernel parameters for ``q [tokens, heads, 576]`` over ``k`` slots per row of ``kv_fmt`` latents.
@@ -58,6 +78,7 @@ def sparse_mla_config(tokens: int, heads: int, k: int, kv_fmt: str = "bf16",
     return cfg
 
 
+@functools.lru_cache(maxsize=64)
 def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt: str = "fp8") -> dict:
     # H200, 320 tokens (64 requests x 5) at 128K context, 32 heads (2026-11-29, tune sweep and bench):
     # FP8 q on FP8 keys: 1.98 ms with 16 key tiles in a pipelined loop over fp8-typed keys, 8 warps
@@ -70,6 +91,7 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True)
 
 
+@functools.lru_cache(maxsize=1)
 def topk_config() -> dict:
     # H200, [320, 128K], k = 2048 (2026-11-29, tune sweep): rows split over 8 programs, 1024-entry
     # chunks, 4 warps: 0.613 ms on indexer output and on Gaussian scores (one program per row:
@@ -78,6 +100,7 @@ def topk_config() -> dict:
     return dict(chunk=1024, row_levels=2, num_warps=4, segments=8)
 
 
+@functools.lru_cache(maxsize=16)
 def kda_decode_config(value_dim: int) -> dict:
     # H200, 32 heads of 128 x 128 fp32 state (2026-11-29, tune sweep): 64 value columns per program at
     # 4 warps: B=256 0.284 ms (88% of copy on the state read + write), B=64 0.077 ms; 32 columns (the
@@ -86,15 +109,5 @@ def kda_decode_config(value_dim: int) -> dict:
     return dict(block_v=64, num_warps=4)
 
 
-def use_fla_prefill(q: torch.Tensor) -> bool:
-    """fla's chunked kernel for prefill when installed; the recurrent kernel in batch-invariant mode
-    (fla picks tiles by the batch's total length) and for fp32 inputs: fla's chunk kernel runs its
-    dots at tf32/bf16 precision, 2.3e-3 relative error on fp32 inputs where the conformance suite
-    allows fp32's 9.8e-4 (H200, 2026-11-29), while the recurrent kernel is exact fp32."""
-    if batch_invariant() or q.dtype == torch.float32:
-        return False
-    try:
-        import fla.ops.kda  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means "not usable here"
-        return False
-    return True
+# Per-shape choices are looked up on every call: cached (callers must not mutate the dicts).
+_CACHED = (sparse_mla_config, indexer_config, topk_config, kda_decode_config)

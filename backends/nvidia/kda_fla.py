@@ -6,7 +6,37 @@ Empty sequences are dropped before the call (their state is unchanged by definit
 """
 from __future__ import annotations
 
+import importlib.util
+
 import torch
+
+from dsahal.backends.triton_kernels import limits
+
+from . import config
+
+
+def probe() -> tuple[bool, str]:
+    if importlib.util.find_spec("fla") is None:
+        return False, "fla-core is not installed (pip install fla-core)"
+    try:
+        import fla.ops.kda  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not usable here"
+        return False, f"fla.ops.kda does not import: {type(exc).__name__}: {exc}"
+    from importlib.metadata import version
+
+    return True, f"fla-core {version('fla-core')} chunk_kda"
+
+
+def accepts(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm) -> tuple[bool, str]:
+    """fla's chunk kernel serves bf16/fp16 inputs outside batch-invariant mode: it picks its tiles by the
+    batch's total length, and runs its dots at tf32/bf16 precision (2.3e-3 relative error on fp32 inputs,
+    where the conformance suite allows fp32's 9.8e-4; H200, 2026-11-29), so fp32 inputs stay on the
+    exact recurrent kernel."""
+    if config.batch_invariant():
+        return False, "batch-invariant mode: fla's chunk tiles depend on the batch's total length"
+    if q.dtype == torch.float32:
+        return False, "fp32 inputs: fla's chunk kernel computes at tf32/bf16 precision"
+    return limits.kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm)
 
 
 def kda_prefill_fla(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):

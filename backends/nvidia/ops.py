@@ -1,6 +1,5 @@
 """The NVIDIA backend's op implementations: the shared Triton kernels with this backend's block
-sizes, fla-core's chunked KDA for prefill, NCCL collectives. Signatures are the backend-facing
-argument lists of :mod:`dsahal.ops` (what ``active_table().call`` passes)."""
+sizes. Each takes its op's arguments in the order of the op's spec (:data:`dsahal.ops.catalog.SPECS`)."""
 from __future__ import annotations
 
 import torch
@@ -42,8 +41,8 @@ def lse_combine(o_parts, lse_parts):
     return _lse.lse_combine(o_parts, lse_parts)
 
 
-def dsa_attention(q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt, kv_scale, block_table,
-                  req_ids, positions, topk, max_context, softmax_scale):
+def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions, index_fmt,
+                  kv_fmt, kv_scale, topk, max_context, softmax_scale):
     """Indexer -> top-k with the slot translation fused into its output write -> sparse MLA."""
     scores = indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt,
                            max_context)
@@ -59,9 +58,6 @@ def kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm):
 
 
 def kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
-    if config.use_fla_prefill(q):
-        from .kda_fla import kda_prefill_fla
-
-        return kda_prefill_fla(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm)
+    """The exact recurrent kernel, token by token (the ``fla_chunk`` route, :mod:`.kda_fla`, comes first)."""
     return _kda.kda_prefill_recurrent(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm,
                                       **config.kda_decode_config(v.shape[-1]))

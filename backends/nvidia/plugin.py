@@ -1,37 +1,62 @@
 """NVIDIA CUDA backend plugin: declaration and probe; kernels are imported on selection.
 
-Ops are the shared Triton kernels (:mod:`dsahal.backends.triton_kernels`) with this backend's block
-sizes (:mod:`.config`), KDA prefill through fla-core's chunked kernel when installed, collectives
-on NCCL. FlashInfer's sparse MLA (SM100 only) is not wired in: nothing here claims it.
+Each op is an ordered list of routes (:func:`routes`): FlashMLA's SM90 sparse kernels for sparse MLA
+where they serve the call (:mod:`.flashmla`, installed with ``pip install --no-deps sgl-flash-mla``),
+the shared Triton kernels (:mod:`dsahal.backends.triton_kernels`) with this backend's block sizes
+(:mod:`.config`), KDA prefill through fla-core's chunked kernel when installed, collectives on NCCL.
+Route modules are named as strings, so discovery imports no kernel library. FlashInfer's sparse MLA
+(SM100 only) is not wired in: nothing here claims it.
 """
 from __future__ import annotations
 
 import importlib.util
 
-from dsahal.registry import Backend, Capabilities, hookimpl, package_versions
+from dsahal.registry import Backend, Capabilities, Route, hookimpl, package_versions
 
 MIN_CAPABILITY = (8, 0)
 PACKAGE = "dsahal.backends.nvidia"
+LIMITS = "dsahal.backends.triton_kernels.limits"
 
-OPS = {
-    "cache_write": f"{PACKAGE}.ops:cache_write",
-    "indexer_score": f"{PACKAGE}.ops:indexer_score",
-    "topk": f"{PACKAGE}.ops:topk",
-    "topk_merge": f"{PACKAGE}.collectives:topk_merge",
-    "positions_to_slots": f"{PACKAGE}.ops:positions_to_slots",
-    "sparse_mla": f"{PACKAGE}.ops:sparse_mla",
-    "lse_combine": f"{PACKAGE}.ops:lse_combine",
-    "kda_decode": f"{PACKAGE}.ops:kda_decode",
-    "kda_prefill": f"{PACKAGE}.ops:kda_prefill",
-    "all_gather": f"{PACKAGE}.collectives:all_gather",
-    "all_to_all": f"{PACKAGE}.collectives:all_to_all",
-    "dsa_attention": f"{PACKAGE}.ops:dsa_attention",
-}
-VERIFIERS = {
-    op: f"{PACKAGE}.verifiers:verify_{op}"
-    for op in ("cache_write", "indexer_score", "topk", "positions_to_slots", "sparse_mla", "lse_combine",
-               "kda_decode", "kda_prefill", "dsa_attention")
-}
+TRITON = "the shared Triton kernels with this backend's block sizes"
+
+
+def _triton(op: str, *, name: str = "triton", description: str = TRITON) -> Route:
+    """A shared-Triton-kernel route: its limits (:mod:`dsahal.backends.triton_kernels.limits`) verify it."""
+    return Route(name, f"{PACKAGE}.ops:{op}", f"{LIMITS}:{op}", description=description)
+
+
+def routes() -> dict[str, list[Route]]:
+    """Every op's routes, in the order calls try them (the default per shape measured on the H200)."""
+    flashmla = f"{PACKAGE}.flashmla"
+    return {
+        "cache_write": [_triton("cache_write")],
+        "indexer_score": [_triton("indexer_score")],
+        "topk": [_triton("topk", description="exact radix select (tie rule honoured), rows split over programs")],
+        "topk_merge": [Route("exact_merge", f"{PACKAGE}.collectives:topk_merge",
+                             description="packed 32-bit exact DCP merge over NCCL")],
+        "positions_to_slots": [_triton("positions_to_slots")],
+        "sparse_mla": [
+            Route("flashmla_decode", f"{flashmla}:sparse_mla_decode", f"{flashmla}:decode_accepts",
+                  probe=f"{flashmla}:probe", description="FlashMLA SM90 sparse decode on fp8_ds_mla (V32) pages"),
+            Route("flashmla_prefill", f"{flashmla}:sparse_mla_prefill", f"{flashmla}:prefill_accepts",
+                  probe=f"{flashmla}:probe", description="FlashMLA SM90 sparse prefill on contiguous bf16 latents"),
+            _triton("sparse_mla"),
+        ],
+        "lse_combine": [_triton("lse_combine")],
+        "kda_decode": [_triton("kda_decode")],
+        "kda_prefill": [
+            Route("fla_chunk", f"{PACKAGE}.kda_fla:kda_prefill_fla", f"{PACKAGE}.kda_fla:accepts",
+                  probe=f"{PACKAGE}.kda_fla:probe", description="fla-core chunk_kda (bf16/fp16 inputs)"),
+            _triton("kda_prefill", name="triton_recurrent",
+                    description="exact fp32 recurrent Triton kernel (token by token)"),
+        ],
+        "all_gather": [Route("nccl", f"{PACKAGE}.collectives:all_gather", description="torch.distributed")],
+        "all_to_all": [Route("nccl", f"{PACKAGE}.collectives:all_to_all", description="torch.distributed")],
+        "dsa_attention": [Route("triton_fused", f"{PACKAGE}.ops:dsa_attention", f"{PACKAGE}.verifiers:dsa_attention_accepts",
+                                description="indexer, top-k with the slot translation fused in, sparse MLA")],
+    }
+
+
 UNVERIFIED = {
     "topk_merge": "multi-GPU NCCL path not run (single-GPU machine)",
     "all_gather": "multi-GPU NCCL path not run (single-GPU machine)",
@@ -62,7 +87,7 @@ def probe() -> tuple[bool, str]:
         return False, f"torch is a ROCm build (hip {torch.version.hip}), not CUDA"
     if not torch.cuda.is_available():
         return False, f"no CUDA device visible to torch {torch.__version__}"
-    from dsahal.backends.ppu.detect import cuda_device_name, ppu_evidence
+    from dsahal.backends.cuda_device import cuda_device_name, ppu_evidence
 
     name = cuda_device_name()
     evidence = ppu_evidence(device_name=name)
@@ -77,20 +102,22 @@ def probe() -> tuple[bool, str]:
 
 
 def versions() -> dict[str, str]:
-    return package_versions("torch", "triton", "fla-core", "flashinfer-python")
+    return package_versions("torch", "triton", "fla-core", "sgl-flash-mla")
 
 
 def nvidia_backend() -> Backend:
+    from .config import read_mode
+
+    read_mode()  # DSAHAL_BATCH_INVARIANT, read once per registry build (verifiers ask per call)
     return Backend(
         name="nvidia",
-        ops=dict(OPS),
-        verifiers=dict(VERIFIERS),
+        ops=routes(),
         tags=frozenset({"gpu", "cuda"}),
         priority=100,
         probe=probe,
         versions=versions,
         capabilities=capabilities(),
-        description="Triton kernels for Hopper and newer, fla-core KDA prefill",
+        description="FlashMLA on Hopper where it is fastest, Triton kernels for Hopper and newer, fla-core KDA prefill",
     )
 
 

@@ -1,24 +1,20 @@
-"""Per-op verifiers of the NVIDIA backend: ``(*op_args) -> (ok, reason)``; a rejected call falls back
-to the reference. They read metadata only (never tensor values: no GPU sync)."""
+"""The NVIDIA backend's one verifier of its own: the fused DSA layer. Every other route is verified by
+the shared Triton kernels' limits (:mod:`dsahal.backends.triton_kernels.limits`) or by
+:mod:`.flashmla`. Metadata only (no tensor values: no GPU sync)."""
 from __future__ import annotations
 
 from dsahal.backends.triton_kernels import limits
 
-# The NVIDIA backend serves every op with the shared Triton kernels: their limits are its limits.
-verify_cache_write = limits.cache_write
-verify_indexer_score = limits.indexer_score
-verify_topk = limits.topk
-verify_positions_to_slots = limits.positions_to_slots
-verify_sparse_mla = limits.sparse_mla
-verify_lse_combine = limits.lse_combine
-verify_kda_decode = limits.kda_decode
-verify_kda_prefill = limits.kda_prefill
 
-
-def verify_dsa_attention(q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt, kv_scale, block_table,
-                         req_ids, positions, topk, max_context, softmax_scale):
-    ok, why = verify_indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt,
+def dsa_attention_accepts(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions,
+                          index_fmt, kv_fmt, kv_scale, topk, max_context, softmax_scale) -> tuple[bool, str]:
+    """The fused path runs the Triton indexer, the Triton top-k (which writes int32 slots straight from
+    its winners, shaped ``[T, topk]`` on q's device) and the Triton sparse MLA."""
+    ok, why = limits.indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt,
                                    max_context)
     if not ok:
-        return ok, why
-    return verify_sparse_mla(q, kv_pages, positions, kv_fmt, kv_scale, softmax_scale)
+        return ok, f"indexer: {why}"
+    # The slots do not exist yet: the fused top-k writes them contiguous int32 [T, topk] on q's device,
+    # which the Triton sparse MLA takes; the limits are asked about everything else.
+    ok, why = limits.sparse_mla(q, kv_pages, None, kv_fmt, kv_scale, softmax_scale)
+    return (ok, why) if ok else (False, f"sparse MLA: {why}")

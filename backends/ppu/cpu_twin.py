@@ -1,7 +1,7 @@
 """The PPU backend's op table on the CPU, for machines without a PPU.
 
 Not loaded by default (no entry point): name it in ``DSAHAL_PLUGIN_MODULES`` to register the
-backend ``ppu-cpu-twin``, which serves exactly the ``ppu`` backend's ops and verifiers on any
+backend ``ppu-cpu-twin``, which serves exactly the ``ppu`` backend's routes on any
 device, so the conformance suite can check the portable formulations the PPU would run::
 
     DSAHAL_PLUGIN_MODULES=dsahal.backends.ppu.cpu_twin dsahal conformance --backend ppu-cpu-twin
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dsahal.registry import Backend, Capabilities, hookimpl
 
-from .plugin import OPS, VERIFIERS
+from .plugin import routes
 
 NAME = "ppu-cpu-twin"
 
@@ -24,8 +24,7 @@ def probe() -> tuple[bool, str]:
 def ppu_cpu_twin_backend() -> Backend:
     return Backend(
         name=NAME,
-        ops=dict(OPS),
-        verifiers=dict(VERIFIERS),
+        ops=routes(),
         tags=frozenset({"cpu", "ppu-twin"}),
         priority=-1,  # never chosen automatically, only by name
         probe=probe,

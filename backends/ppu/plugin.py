@@ -10,26 +10,34 @@ collectives stay on the reference, which is already batched torch (pack + scatte
 """
 from __future__ import annotations
 
-from dsahal.registry import Backend, Capabilities, hookimpl, package_versions
+from dsahal.registry import Backend, Capabilities, Route, hookimpl, package_versions
 
-from .detect import classify_cuda_device, cuda_device_name, ppu_evidence
+from dsahal.backends.cuda_device import classify_cuda_device, cuda_device_name, ppu_evidence
 
 PACKAGE = "dsahal.backends.ppu"
 NEVER_RUN = "never run on PPU hardware; checked on the CPU only"
 
-OPS = {
-    "indexer_score": f"{PACKAGE}.ops:indexer_score",
-    "topk": f"{PACKAGE}.ops:topk",
-    "positions_to_slots": f"{PACKAGE}.ops:positions_to_slots",
-    "sparse_mla": f"{PACKAGE}.ops:sparse_mla",
-    "lse_combine": f"{PACKAGE}.ops:lse_combine",
-    "kda_decode": f"{PACKAGE}.ops:kda_decode",
-    "kda_prefill": f"{PACKAGE}.portable_kda:kda_prefill",
-}
-VERIFIERS = {
-    "topk": f"{PACKAGE}.verifiers:verify_topk",
-    "sparse_mla": f"{PACKAGE}.verifiers:verify_sparse_mla",
-}
+PORTABLE = {"indexer_score": "portable_index", "topk": "portable_index", "positions_to_slots": "portable_index",
+            "sparse_mla": "portable_attention", "lse_combine": "portable_attention", "kda_decode": "portable_kda"}
+PORTABLE_LIMITS = {"topk": f"{PACKAGE}.verifiers:portable_topk", "sparse_mla": f"{PACKAGE}.verifiers:portable_sparse_mla"}
+
+
+def routes() -> dict[str, list[Route]]:
+    """Per op: the shared Triton kernel when the PPU's toolchain takes the call (no FP8), else the
+    portable torch formulation. kda_prefill is portable only."""
+    declared = {
+        op: [Route("triton", f"{PACKAGE}.ops:{op}", f"{PACKAGE}.routes:takes_{op}",
+                   probe=f"{PACKAGE}.routes:triton_enabled", description="shared Triton kernel, no FP8"),
+             Route("portable", f"{PACKAGE}.{module}:{op}", PORTABLE_LIMITS.get(op),
+                   description="batched fp32 torch")]
+        for op, module in PORTABLE.items()
+    }
+    declared["kda_prefill"] = [Route("portable", f"{PACKAGE}.portable_kda:kda_prefill",
+                                     description="batched fp32 torch, chunk by chunk")]
+    return declared
+
+
+OPS = tuple(PORTABLE) + ("kda_prefill",)
 TAGS = frozenset({"gpu", "cuda", "ppu"})
 
 
@@ -61,8 +69,7 @@ def versions() -> dict[str, str]:
 def ppu_backend() -> Backend:
     return Backend(
         name="ppu",
-        ops=dict(OPS),
-        verifiers=dict(VERIFIERS),
+        ops=routes(),
         tags=TAGS,
         priority=110,
         probe=probe,

@@ -6,9 +6,11 @@ not documented publicly. So a call goes to a Triton kernel only when it touches 
 every other call runs the portable torch formulation of this folder. None of this has been run
 on a PPU: it is the policy a PPU owner should confirm or widen, one rule per op below.
 
-Every rule reads metadata only and returns ``(takes, reason)``; ``DSAHAL_PPU_TRITON=0`` turns all
-Triton routes off (every call portable), for bisecting a problem on the hardware. Block sizes are
-the launchers' defaults: nothing is tuned for the PPU.
+Every rule reads metadata only and returns ``(takes, reason)``; it is the verifier of the op's
+``triton`` route (:mod:`.plugin`), whose probe is :func:`triton_enabled`: ``DSAHAL_PPU_TRITON=0``
+turns every Triton route off (every call portable), for bisecting a problem on the hardware (the same
+as ``DSAHAL_ROUTES=op:-triton`` for every op). Block sizes are the launchers' defaults: nothing is
+tuned for the PPU.
 """
 from __future__ import annotations
 
@@ -34,10 +36,7 @@ def triton_enabled() -> tuple[bool, str]:
 
 
 def _on_kernel_device(**tensors) -> tuple[bool, str]:
-    """The PPU's device check for the shared kernels' verifiers (the route switch included)."""
-    enabled = triton_enabled()
-    if not enabled[0]:
-        return enabled
+    """The PPU's device check for the shared kernels' verifiers."""
     for name, tensor in tensors.items():
         if tensor is not None and tensor.device.type != KERNEL_DEVICE_TYPE:
             return False, f"'{name}' is on {tensor.device.type}, the Triton kernels take {KERNEL_DEVICE_TYPE} tensors"

@@ -15,8 +15,8 @@ from .sparse_mla import sparse_mla
 from .topk import topk as exact_topk
 
 
-def dsa_attention(q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt, kv_scale, block_table,
-                  req_ids, positions, topk, max_context, softmax_scale):
+def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions, index_fmt,
+                  kv_fmt, kv_scale, topk, max_context, softmax_scale):
     scores = indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt,
                            max_context)
     lengths = torch.clamp(positions.to(torch.int32) + 1, max=max_context)

@@ -12,7 +12,7 @@ import importlib.util
 import os
 
 from dsahal.ops.catalog import OP_NAMES
-from dsahal.registry import Backend, Capabilities, hookimpl
+from dsahal.registry import Backend, Capabilities, Route, hookimpl
 
 from .support import INDEX_FORMATS, LATENT_FORMATS, UNVERIFIED_REASON
 
@@ -59,11 +59,19 @@ def versions() -> dict[str, str]:
     return found
 
 
+def routes() -> dict[str, list[Route]]:
+    """One route per op, ``xla``: the XLA formulation of :mod:`.ops` (staging host tensors onto the XLA
+    device), verified by the formats it has codecs for where the op reads a cache."""
+    return {op: [Route("xla", f"{_OPS_MODULE}:{op}",
+                       f"{_SUPPORT_MODULE}:verify_{op}" if op in _FORMAT_CHECKED_OPS else None,
+                       description="XLA formulation (static buckets, dense matmuls, XLA TopK, scanned KDA)")]
+            for op in OP_NAMES}
+
+
 def tpu_backend() -> Backend:
     return Backend(
         name="tpu",
-        ops={op: f"{_OPS_MODULE}:{op}" for op in OP_NAMES},
-        verifiers={op: f"{_SUPPORT_MODULE}:verify_{op}" for op in _FORMAT_CHECKED_OPS},
+        ops=routes(),
         tags=frozenset({"tpu", "xla"}),
         priority=90,
         probe=probe,

@@ -26,6 +26,7 @@ def verify_sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
     return _format_ok("latent", kv_fmt)
 
 
-def verify_dsa_attention(q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt, *rest):
+def verify_dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions, index_fmt,
+                         kv_fmt, *rest):
     ok, reason = _format_ok("index", index_fmt)
     return (ok, reason) if not ok else _format_ok("latent", kv_fmt)

@@ -1,18 +1,19 @@
-"""``dsahal backends``: every backend, whether it is available and why not, its op coverage."""
+"""``dsahal backends``: every backend, whether it is available and why not, its op coverage; with
+``--verbose``, every op's routes in the order calls try them, each usable or not and why."""
 from __future__ import annotations
 
 import json
 import sys
 
 from ..ops.catalog import COMPOSITE_OPS, OP_NAMES
-from ..registry import RegistryError, registry, select
+from ..registry import OpTable, RegistryError, registry, select
 
 
 def coverage(backend) -> dict[str, str]:
     """op -> "native" | "composite" | "fallback" for a backend's declaration."""
     result = {}
     for op in OP_NAMES:
-        if op in backend.ops:
+        if backend.routes(op):
             result[op] = "native"
         elif op in COMPOSITE_OPS:
             result[op] = "composite"
@@ -21,7 +22,19 @@ def coverage(backend) -> dict[str, str]:
     return result
 
 
-def describe(reg) -> list[dict]:
+def route_rows(record, reg) -> dict[str, list[dict]]:
+    """op -> its routes as resolved here (usable or not, and why). An unavailable backend's routes are
+    listed as declared, unresolved: resolving would import its kernel libraries."""
+    backend = record.backend
+    if not record.available or backend.name == "reference":
+        return {op: [{"name": r.name, "available": None, "reason": r.description or "not resolved: backend unavailable"}
+                     for r in backend.routes(op)] for op in OP_NAMES if backend.routes(op)}
+    table = OpTable(record, reg.records["reference"], OP_NAMES, COMPOSITE_OPS)
+    return {op: [{"name": r.name, "available": r.available, "reason": r.reason} for r in entry.routes]
+            for op, entry in table.entries.items() if entry.routes}
+
+
+def describe(reg, *, with_routes: bool = True) -> list[dict]:
     rows = []
     for name, record in sorted(reg.records.items(), key=lambda kv: (-kv[1].backend.priority, kv[0])):
         backend = record.backend
@@ -40,38 +53,49 @@ def describe(reg) -> list[dict]:
             "unverified": dict(backend.capabilities.unverified),
             "versions": versions,
         })
+        if with_routes:
+            try:
+                rows[-1]["routes"] = route_rows(record, reg)
+            except RegistryError as exc:  # e.g. DSAHAL_ROUTES naming a route this backend lacks
+                rows[-1]["routes_error"] = str(exc)
     return rows
 
 
-def _print_table(rows, reg, selected) -> None:
-    print(f"{'backend':<12} {'available':<10} {'native ops':<11} tags / reason")
+def _print_table(rows, reg, selected, verbose: bool) -> None:
+    print(f"{'backend':<12} {'available':<10} {'native ops':<11} reason")
     for row in rows:
         native = sum(1 for s in row["coverage"].values() if s == "native")
         mark = "*" if row["name"] == selected else " "
         print(f"{mark}{row['name']:<11} {'yes' if row['available'] else 'no':<10} "
-              f"{native:>2}/{len(OP_NAMES):<8} {','.join(row['tags'])}")
-        print(f"{'':<35}{row['reason']}")
-        if row["available"] or row["name"] == "reference":
-            fallback = [op for op, s in row["coverage"].items() if s == "fallback"]
-            native_ops = [op for op, s in row["coverage"].items() if s == "native"]
-            print(f"{'':<35}native: {', '.join(native_ops) or '-'}")
-            print(f"{'':<35}fallback to reference: {', '.join(fallback) or '-'}")
-        # Keys named "path ..." describe one implementation path each (e.g. AMD's AITER/FlyDSL/Triton):
-        # one line per path reads better than one long joined line.
+              f"{native:>2}/{len(OP_NAMES):<8} {row['reason']}")
+        if not verbose:
+            continue
+        print(f"{'':<4}tags: {','.join(row['tags'])}; plugin {row['plugin']}; priority {row['priority']}")
+        fallback = [op for op, s in row["coverage"].items() if s == "fallback"]
+        if fallback:
+            print(f"{'':<4}served by the reference: {', '.join(fallback)}")
+        for op, routes in row.get("routes", {}).items():
+            print(f"{'':<4}{op}:")
+            for route in routes:
+                state = {True: "on ", False: "off", None: "   "}[route["available"]]
+                print(f"{'':<8}{state} {route['name']:<22} {route['reason']}")
+        if row.get("routes_error"):
+            print(f"{'':<4}routes: error: {row['routes_error']}")
         paths = {k: v for k, v in row["versions"].items() if k.startswith("path ")}
         versions = ", ".join(f"{k} {v}" for k, v in row["versions"].items() if k not in paths)
         if versions:
-            print(f"{'':<35}{versions}")
+            print(f"{'':<4}versions: {versions}")
         for key, value in paths.items():
-            print(f"{'':<35}{key}: {value}")
+            print(f"{'':<4}{key}: {value}")
         for op, why in row["unverified"].items():
-            print(f"{'':<35}unverified on hardware: {op}: {why}")
+            print(f"{'':<4}unverified on hardware: {op}: {why}")
     for failure in reg.failures:
         print(f"!plugin {failure.plugin}: failed at {failure.stage}: {failure.error}")
     for plugin in reg.excluded:
         print(f"-plugin {plugin}: not loaded (not in DSAHAL_PLUGINS)")
     if selected:
-        print(f"\nselected: {selected}  (* above; DSAHAL_BACKEND overrides)")
+        print(f"\nselected: {selected}  (* above; DSAHAL_BACKEND overrides)" +
+              ("" if verbose else "; --verbose lists every op's routes, versions and unverified paths"))
 
 
 def run(args) -> int:
@@ -80,7 +104,7 @@ def run(args) -> int:
     except RegistryError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    rows = describe(reg)
+    rows = describe(reg, with_routes=args.json or args.verbose)
     selected, error = None, None
     try:
         selected = select(reg).backend.name
@@ -90,7 +114,7 @@ def run(args) -> int:
         print(json.dumps({"selected": selected, "error": error, "backends": rows,
                           "failures": [vars(f) for f in reg.failures], "excluded": reg.excluded}, indent=2))
     else:
-        _print_table(rows, reg, selected)
+        _print_table(rows, reg, selected, args.verbose)
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -101,4 +125,6 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("backends", help="list backends, availability and op coverage",
                                    description=__doc__)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="every op's routes (usable or not, and why), versions, unverified paths")
     parser.set_defaults(func=run)

@@ -73,6 +73,15 @@ def run(args) -> int:
         if path and not Path(path).is_file():
             print(f"error: --{name}: no such file {path!r}", file=sys.stderr)
             return 2
+    if args.routes:
+        from dsahal.registry.overrides import ENV, RouteOverrideError, parse
+
+        try:
+            parse(args.routes, source="--routes")
+        except RouteOverrideError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        os.environ[ENV] = args.routes  # read when the backend's table is resolved (here and in job processes)
     Path(args.report_dir).mkdir(parents=True, exist_ok=True)
     if args.jobs > 1:
         from dsahal.conformance.jobs import run_jobs
@@ -95,6 +104,9 @@ def register(subparsers) -> None:
         description=__doc__)
     parser.add_argument("--backend", default=None,
                         help="backend under test (default: DSAHAL_BACKEND, else automatic selection)")
+    parser.add_argument("--routes", default=None, metavar="SPEC",
+                        help="certify chosen routes: DSAHAL_ROUTES text, e.g. sparse_mla:triton or sparse_mla:-flashmla_decode "
+                             "(the report names the route that served each example)")
     parser.add_argument("--skips", default=None, metavar="FILE", help="test-id prefixes to skip, '# reason' comments")
     parser.add_argument("--xfails", default=None, metavar="FILE", help="test-id prefixes expected to fail")
     parser.add_argument("--max-examples", type=int, default=None, metavar="N",

@@ -57,8 +57,8 @@ def dcp_dsa_attention(
     width = local_width(max_context, world)
     shard = shard_query_positions(positions, rank, world)
     if check:
-        validate_dsa_attention(q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt, kv_scale,
-                               block_table, req_ids, shard.local_positions, topk, width, softmax_scale)
+        validate_dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids,
+                               shard.local_positions, index_fmt, kv_fmt, kv_scale, topk, width, softmax_scale)
     scores = ops.indexer_score(q_index, index_weights, index_pages, block_table, req_ids, shard.local_positions,
                                index_fmt=index_fmt, max_context=width, check=False)
     local_lengths = torch.clamp(shard.local_lengths, max=width)

@@ -93,8 +93,8 @@ def token_sharded_dsa_prefill(
         :func:`head_sharded_dsa_prefill`. Collective: two all-to-alls (three with ``return_lse``).
     """
     if check:
-        validate_dsa_attention(q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt, kv_scale,
-                               block_table, req_ids, positions, topk, max_context, softmax_scale)
+        validate_dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids,
+                               positions, index_fmt, kv_fmt, kv_scale, topk, max_context, softmax_scale)
     rank, world = ops.group_rank_and_size(group)
     split = balanced_token_split(req_ids, world)  # identical on every rank: it depends on req_ids only
     counts = [int(s.numel()) for s in split]

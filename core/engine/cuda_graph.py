@@ -33,6 +33,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from ..registry.observers import CallLog, observe
 from ..registry.state import active_table
 
 PADDING_TOKEN = 0
@@ -215,14 +216,13 @@ class DecodeGraphs:
         start = time.perf_counter()
         self.buffers.fill_padding(size)
         table = active_table()
-        fallbacks = {op: counts[1] for op, counts in table.calls.items()}
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
+        with observe(CallLog()) as warmup, torch.cuda.stream(stream):
             for _ in range(WARMUP_STEPS):
                 self.forward(size)
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        fell_back = sorted(op for op, counts in table.calls.items() if counts[1] > fallbacks.get(op, 0))
+        fell_back = sorted(warmup.fallback_ops())
         if fell_back:
             raise RuntimeError(f"DecodeGraphs.capture: op(s) {fell_back} fell back to the reference on backend "
                                f"{table.name!r} in the warm-up step; the reference reads tensor values on the host "

@@ -91,11 +91,12 @@ def print_report(report: dict, out=None) -> None:
     if report.get("cuda_graph"):
         print("  (decode steps replayed from CUDA graphs run no Python: their ops are not below; the warm-up "
               "steps before each capture are)", file=out)
-    print(f"  {'op':<20}{'calls':>7}{'self ms':>11}{'total ms':>11}{'% steps':>9}  status", file=out)
+    print(f"  {'op':<20}{'calls':>7}{'self ms':>11}{'total ms':>11}{'% steps':>9}  route", file=out)
     for row in report["ops"]:
         share = 100.0 * row["self_ms"] / (1e3 * step_seconds) if step_seconds else 0.0
-        status = row["status"] + (f" ({row['fallback_calls']} fell back)" if row["fallback_calls"]
-                                  and row["status"] != "fallback" else "")
+        status = row.get("routes") or row["status"]
+        if row["fallback_calls"] and row["status"] != "fallback":
+            status += f" ({row['fallback_calls']} fell back)"
         print(f"  {row['op']:<20}{row['calls']:>7}{row['self_ms']:>11.2f}{row['total_ms']:>11.2f}{share:>8.1f}%"
               f"  {status}", file=out)
     memory = report["memory"]

@@ -7,6 +7,7 @@ import torch
 
 from ..formats import cache_format
 from ..registry.state import active_table
+from ._dispatch import tracing
 from ._validate import FLOAT_DTYPES, INDEX_DTYPES, ShapeBinder, can_read_values, values_in_range
 
 OP = "cache_write"
@@ -16,7 +17,7 @@ OP = "cache_write"
 def _cache_write_op(
     values: torch.Tensor, slots: torch.Tensor, pages: torch.Tensor, kind: str, fmt: str, scale: Optional[torch.Tensor]
 ) -> None:
-    active_table().call(OP, values, slots, pages, kind, fmt, scale)
+    active_table().dispatch[OP](values, slots, pages, kind, fmt, scale)
 
 
 def validate_cache_write(values, slots, pages, kind, fmt, scale) -> None:
@@ -70,4 +71,7 @@ def cache_write(
     """
     if check:
         validate_cache_write(values, slots, pages, kind, fmt, scale)
-    torch.ops.dsahal.cache_write(values, slots, pages, kind, fmt, scale)
+    if tracing():
+        torch.ops.dsahal.cache_write(values, slots, pages, kind, fmt, scale)
+        return
+    active_table().dispatch[OP](values, slots, pages, kind, fmt, scale)

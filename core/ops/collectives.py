@@ -33,7 +33,7 @@ def all_gather(x: torch.Tensor, group=None, *, check: bool = True) -> torch.Tens
     if check and not isinstance(x, torch.Tensor):
         ShapeBinder("all_gather").fail(f"argument 'x' expected a torch.Tensor, got {type(x).__name__}",
                                        type_error=True)
-    return active_table().call("all_gather", x, group)
+    return active_table().dispatch["all_gather"](x, group)
 
 
 def all_to_all(
@@ -69,4 +69,4 @@ def all_to_all(
                    f"got {list(input_split_sizes)}")
         if input_split_sizes is None and x.shape[0] % world:
             v.fail(f"argument 'x' expected dim 0 divisible by the world size {world}, got {x.shape[0]}")
-    return active_table().call("all_to_all", x, output_split_sizes, input_split_sizes, group)
+    return active_table().dispatch["all_to_all"](x, output_split_sizes, input_split_sizes, group)

@@ -7,6 +7,7 @@ import torch
 
 from ..formats import INDEX_DIM, LATENT_DIM, LATENT_NOPE_DIM
 from ..registry.state import active_table
+from ._dispatch import tracing
 from ._validate import ShapeBinder
 from .indexer import QUERY_DTYPES as INDEX_QUERY_DTYPES
 from .indexer import validate_indexer_score
@@ -17,24 +18,24 @@ OP = "dsa_attention"
 
 @torch.library.custom_op("dsahal::dsa_attention", mutates_args=())
 def _dsa_attention_op(
-    q_index: torch.Tensor, index_weights: torch.Tensor, index_pages: torch.Tensor, index_fmt: str,
-    q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, kv_scale: Optional[torch.Tensor],
-    block_table: torch.Tensor, req_ids: torch.Tensor, positions: torch.Tensor, topk: int, max_context: int,
+    q_index: torch.Tensor, index_weights: torch.Tensor, index_pages: torch.Tensor, q: torch.Tensor,
+    kv_pages: torch.Tensor, block_table: torch.Tensor, req_ids: torch.Tensor, positions: torch.Tensor,
+    index_fmt: str, kv_fmt: str, kv_scale: Optional[torch.Tensor], topk: int, max_context: int,
     softmax_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return active_table().call(OP, q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt, kv_scale,
-                               block_table, req_ids, positions, topk, max_context, softmax_scale)
+    return active_table().dispatch[OP](q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids,
+                                       positions, index_fmt, kv_fmt, kv_scale, topk, max_context, softmax_scale)
 
 
 @_dsa_attention_op.register_fake
-def _(q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt, kv_scale, block_table, req_ids,
-      positions, topk, max_context, softmax_scale):
+def _(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions, index_fmt, kv_fmt,
+      kv_scale, topk, max_context, softmax_scale):
     t, h, _ = q.shape
     return q.new_empty((t, h, LATENT_NOPE_DIM)), q.new_empty((t, h), dtype=torch.float32)
 
 
-def validate_dsa_attention(q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt, kv_scale,
-                           block_table, req_ids, positions, topk, max_context, softmax_scale) -> None:
+def validate_dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions,
+                           index_fmt, kv_fmt, kv_scale, topk, max_context, softmax_scale) -> None:
     v = ShapeBinder(OP)
     v.tensor("q_index", q_index, ["T", None, INDEX_DIM], INDEX_QUERY_DTYPES)
     v.tensor("q", q, ["T", None, LATENT_DIM], QUERY_DTYPES)
@@ -51,8 +52,8 @@ def validate_dsa_attention(q_index, index_weights, index_pages, index_fmt, q, kv
 def dsa_attention(
     q_index: torch.Tensor, index_weights: torch.Tensor, index_pages: torch.Tensor, q: torch.Tensor,
     kv_pages: torch.Tensor, block_table: torch.Tensor, req_ids: torch.Tensor, positions: torch.Tensor, *,
-    index_fmt: str, kv_fmt: str, topk: int, max_context: int, softmax_scale: float,
-    kv_scale: Optional[torch.Tensor] = None, check: bool = True,
+    index_fmt: str, kv_fmt: str, kv_scale: Optional[torch.Tensor] = None, topk: int, max_context: int,
+    softmax_scale: float, check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse attention of one DSA layer; exactly the composition
     ``sparse_mla(q, positions_to_slots(topk(indexer_score(...), positions + 1, topk)))``.
@@ -68,9 +69,10 @@ def dsa_attention(
     Returns:
         ``o`` ``[T, H, 512]`` in q's dtype and ``lse`` ``[T, H]`` fp32.
     """
+    args = (q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions, index_fmt, kv_fmt,
+            kv_scale, topk, max_context, float(softmax_scale))
     if check:
-        validate_dsa_attention(q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt, kv_scale,
-                               block_table, req_ids, positions, topk, max_context, softmax_scale)
-    return torch.ops.dsahal.dsa_attention(q_index, index_weights, index_pages, index_fmt, q, kv_pages, kv_fmt,
-                                          kv_scale, block_table, req_ids, positions, topk, max_context,
-                                          float(softmax_scale))
+        validate_dsa_attention(*args)
+    if tracing():
+        return torch.ops.dsahal.dsa_attention(*args)
+    return active_table().dispatch[OP](*args)

@@ -5,6 +5,7 @@ import torch
 
 from ..formats import INDEX_DIM, index_format
 from ..registry.state import active_table
+from ._dispatch import tracing
 from ._validate import INDEX_DTYPES, ShapeBinder, values_in_range
 
 OP = "indexer_score"
@@ -16,7 +17,7 @@ def _indexer_score_op(
     q: torch.Tensor, weights: torch.Tensor, index_pages: torch.Tensor, block_table: torch.Tensor,
     req_ids: torch.Tensor, positions: torch.Tensor, index_fmt: str, max_context: int,
 ) -> torch.Tensor:
-    return active_table().call(OP, q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context)
+    return active_table().dispatch[OP](q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context)
 
 
 @_indexer_score_op.register_fake
@@ -85,5 +86,8 @@ def indexer_score(
     """
     if check:
         validate_indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context)
-    return torch.ops.dsahal.indexer_score(q, weights, index_pages, block_table, req_ids, positions,
+    if tracing():
+        return torch.ops.dsahal.indexer_score(q, weights, index_pages, block_table, req_ids, positions,
+                                          index_fmt, max_context)
+    return active_table().dispatch[OP](q, weights, index_pages, block_table, req_ids, positions,
                                           index_fmt, max_context)

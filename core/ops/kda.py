@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from ..registry.state import active_table
+from ._dispatch import tracing
 from ._validate import FLOAT_DTYPES, INDEX_DTYPES, ShapeBinder, can_read_values, values_in_range
 
 L2NORM_EPS = 1e-6
@@ -28,7 +29,7 @@ def _kda_decode_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     state_pool: torch.Tensor, state_ids: torch.Tensor, scale: float, use_qk_l2norm: bool,
 ) -> torch.Tensor:
-    return active_table().call("kda_decode", q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm)
+    return active_table().dispatch["kda_decode"](q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm)
 
 
 @_kda_decode_op.register_fake
@@ -42,7 +43,7 @@ def _kda_prefill_op(
     cu_seqlens: torch.Tensor, state_pool: torch.Tensor, state_ids: torch.Tensor, scale: float,
     use_qk_l2norm: bool,
 ) -> torch.Tensor:
-    return active_table().call("kda_prefill", q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale,
+    return active_table().dispatch["kda_prefill"](q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale,
                                use_qk_l2norm)
 
 
@@ -111,7 +112,9 @@ def kda_decode(
     scale = _default_scale(q, scale)
     if check:
         validate_kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm)
-    return torch.ops.dsahal.kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, bool(use_qk_l2norm))
+    if tracing():
+        return torch.ops.dsahal.kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, bool(use_qk_l2norm))
+    return active_table().dispatch["kda_decode"](q, k, v, g, beta, state_pool, state_ids, scale, bool(use_qk_l2norm))
 
 
 def kda_prefill(
@@ -136,5 +139,8 @@ def kda_prefill(
     scale = _default_scale(q, scale)
     if check:
         validate_kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm)
-    return torch.ops.dsahal.kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale,
+    if tracing():
+        return torch.ops.dsahal.kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale,
+                                        bool(use_qk_l2norm))
+    return active_table().dispatch["kda_prefill"](q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale,
                                         bool(use_qk_l2norm))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..registry.state import active_table
+from ._dispatch import tracing
 from ._validate import FLOAT_DTYPES, ShapeBinder
 
 OP = "lse_combine"
@@ -11,7 +12,7 @@ OP = "lse_combine"
 
 @torch.library.custom_op("dsahal::lse_combine", mutates_args=())
 def _lse_combine_op(o_parts: torch.Tensor, lse_parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return active_table().call(OP, o_parts, lse_parts)
+    return active_table().dispatch[OP](o_parts, lse_parts)
 
 
 @_lse_combine_op.register_fake
@@ -41,4 +42,6 @@ def lse_combine(
     """
     if check:
         validate_lse_combine(o_parts, lse_parts)
-    return torch.ops.dsahal.lse_combine(o_parts, lse_parts)
+    if tracing():
+        return torch.ops.dsahal.lse_combine(o_parts, lse_parts)
+    return active_table().dispatch[OP](o_parts, lse_parts)

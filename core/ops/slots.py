@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..registry.state import active_table
+from ._dispatch import tracing
 from ._validate import INDEX_DTYPES, ShapeBinder, values_in_range
 
 OP = "positions_to_slots"
@@ -13,7 +14,7 @@ OP = "positions_to_slots"
 def _positions_to_slots_op(
     positions: torch.Tensor, req_ids: torch.Tensor, block_table: torch.Tensor, block_tokens: int
 ) -> torch.Tensor:
-    return active_table().call(OP, positions, req_ids, block_table, block_tokens)
+    return active_table().dispatch[OP](positions, req_ids, block_table, block_tokens)
 
 
 @_positions_to_slots_op.register_fake
@@ -54,4 +55,6 @@ def positions_to_slots(
     """
     if check:
         validate_positions_to_slots(positions, req_ids, block_table, block_tokens)
-    return torch.ops.dsahal.positions_to_slots(positions, req_ids, block_table, block_tokens)
+    if tracing():
+        return torch.ops.dsahal.positions_to_slots(positions, req_ids, block_table, block_tokens)
+    return active_table().dispatch[OP](positions, req_ids, block_table, block_tokens)

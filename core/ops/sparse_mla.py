@@ -8,6 +8,7 @@ import torch
 
 from ..formats import LATENT_DIM, LATENT_NOPE_DIM, latent_format
 from ..registry.state import active_table
+from ._dispatch import tracing
 from ._validate import INDEX_DTYPES, ShapeBinder, values_in_range
 
 OP = "sparse_mla"
@@ -19,7 +20,7 @@ def _sparse_mla_op(
     q: torch.Tensor, kv_pages: torch.Tensor, slots: torch.Tensor, kv_fmt: str,
     kv_scale: Optional[torch.Tensor], softmax_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return active_table().call(OP, q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
+    return active_table().dispatch[OP](q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
 
 
 @_sparse_mla_op.register_fake
@@ -53,8 +54,8 @@ def sparse_mla(
     slots: torch.Tensor,
     *,
     kv_fmt: str,
-    softmax_scale: float,
     kv_scale: Optional[torch.Tensor] = None,
+    softmax_scale: float,
     check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``o[t, h] = softmax_{s ∈ I(t)}(softmax_scale · q[t, h] · kv[s]) · kv[s, :512]``.
@@ -67,8 +68,8 @@ def sparse_mla(
         kv_pages: ``[num_blocks, block_tokens, token_bytes]`` uint8 latent pages in ``kv_fmt``.
         slots: ``[T, K]`` int32 physical slots; -1 skipped.
         kv_fmt: latent format name (``"bf16"``, ``"fp8"``, ``"fp8_ds_mla"``, ``"nvfp4"``).
-        softmax_scale: always explicit (the model's is ``192^-0.5 · mscale²``, not ``576^-0.5``).
         kv_scale: ``[]`` fp32 per-tensor scale for ``"fp8"``, else None.
+        softmax_scale: always explicit (the model's is ``192^-0.5 · mscale²``, not ``576^-0.5``).
 
     Returns:
         ``o``: ``[T, H, 512]`` in q's dtype; ``lse``: ``[T, H]`` fp32 natural-log sum-exp of the
@@ -76,7 +77,9 @@ def sparse_mla(
     """
     if check:
         validate_sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
-    return torch.ops.dsahal.sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, float(softmax_scale))
+    if tracing():
+        return torch.ops.dsahal.sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, float(softmax_scale))
+    return active_table().dispatch[OP](q, kv_pages, slots, kv_fmt, kv_scale, float(softmax_scale))
 
 
 def default_mla_softmax_scale(qk_head_dim: int = 192, mscale: float = 1.0) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..registry.state import active_table
+from ._dispatch import tracing
 from ._validate import INDEX_DTYPES, ShapeBinder, values_in_range
 
 OP = "topk"
@@ -11,7 +12,7 @@ OP = "topk"
 
 @torch.library.custom_op("dsahal::topk", mutates_args=())
 def _topk_op(scores: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
-    return active_table().call(OP, scores, lengths, k)
+    return active_table().dispatch[OP](scores, lengths, k)
 
 
 @_topk_op.register_fake
@@ -48,4 +49,6 @@ def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, *, check: bool = T
     """
     if check:
         validate_topk(scores, lengths, k)
-    return torch.ops.dsahal.topk(scores, lengths, k)
+    if tracing():
+        return torch.ops.dsahal.topk(scores, lengths, k)
+    return active_table().dispatch[OP](scores, lengths, k)

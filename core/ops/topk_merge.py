@@ -48,4 +48,4 @@ def topk_merge(
     """
     if check:
         validate_topk_merge(local_scores, local_lengths, k, group)
-    return active_table().call(OP, local_scores, local_lengths, k, group)
+    return active_table().dispatch[OP](local_scores, local_lengths, k, group)

@@ -1,15 +1,17 @@
-"""What a backend declares: name, tags, probe, ops, per-op verifiers, capabilities."""
+"""What a backend declares: name, tags, probe, per-op ordered routes, capabilities."""
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 Probe = Callable[[], "tuple[bool, str]"]
 # A verifier takes exactly the op's arguments and says whether this backend can serve them.
 Verifier = Callable[..., "tuple[bool, str]"]
 # An op or verifier may be given lazily as "package.module:attribute".
 Lazy = Union[Callable[..., Any], str]
+
+DEFAULT_ROUTE = "default"
 
 
 def always_available() -> tuple[bool, str]:
@@ -33,13 +35,51 @@ class Capabilities:
 
 
 @dataclass(frozen=True)
+class Route:
+    """One way a backend serves an op: a name, an implementation, and what it accepts.
+
+    A backend lists an op's routes in order of preference; a call goes to the first route whose
+    verifier accepts its arguments, and to the reference only when every route declines.
+
+    Attributes:
+        name: short and stable (``"triton"``, ``"flashmla_decode"``); users force or disable it with
+            ``DSAHAL_ROUTES=op:name`` / ``op:-name`` and reports name it.
+        fn: the implementation (callable or ``"module:attr"``), taking the op's arguments in the order of
+            its spec (:data:`dsahal.ops.catalog.SPECS`).
+        verifier: ``(*op_args) -> (ok, reason)`` from metadata only (shapes, dtypes, strides, devices:
+            never tensor values, so no device sync); None accepts every call.
+        probe: ``() -> (ok, reason)`` (or ``"module:attr"``), run once when the op table is resolved (a library that imports,
+            a GPU architecture); an unavailable route is skipped and reported with its reason.
+        description: one line for ``dsahal backends --routes``.
+    """
+
+    name: str
+    fn: Lazy
+    verifier: Optional[Lazy] = None
+    probe: Optional[Union[Probe, str]] = None
+    description: str = ""
+
+    def __post_init__(self):
+        if not self.name or not self.name.replace("_", "").replace("-", "").replace(".", "").isalnum() \
+                or self.name.startswith("-"):
+            raise ValueError(f"Route name must be a non-empty identifier (letters, digits, _ - .), got {self.name!r}")
+        if self.name == "reference":
+            raise ValueError("Route name 'reference' is reserved for the fallback every op has")
+
+
+OpDeclaration = Union[Lazy, Route, Sequence[Route]]
+
+
+@dataclass(frozen=True)
 class Backend:
     """One backend: a named set of op implementations for one family of hardware.
 
     Attributes:
         name: unique name used by ``DSAHAL_BACKEND``.
-        ops: op name -> implementation (callable or ``"module:attr"``) with the op's signature.
-        verifiers: op name -> ``(*op_args) -> (ok, reason)``; a rejected call falls back to the
+        ops: op name -> its ordered routes (a list of :class:`Route`), or a single implementation
+            (callable or ``"module:attr"``), shorthand for one route named ``"default"``.
+        verifiers: op name -> verifier of a single-implementation op (the shorthand's verifier; a
+            :class:`Route` carries its own). A call every route declines falls back to the
             reference, logged once per reason.
         tags: e.g. ``{"gpu", "cuda"}``.
         priority: automatic selection picks the highest-priority available backend.
@@ -48,7 +88,7 @@ class Backend:
     """
 
     name: str
-    ops: Mapping[str, Lazy] = field(default_factory=dict)
+    ops: Mapping[str, OpDeclaration] = field(default_factory=dict)
     verifiers: Mapping[str, Lazy] = field(default_factory=dict)
     tags: frozenset[str] = frozenset()
     priority: int = 50
@@ -63,6 +103,35 @@ class Backend:
         unknown = set(self.verifiers) - set(self.ops)
         if unknown:
             raise ValueError(f"backend {self.name!r}: verifiers for ops it does not implement: {sorted(unknown)}")
+        for op in self.ops:
+            routes = self.routes(op)
+            strays = [type(r).__name__ for r in routes if not isinstance(r, Route)]
+            if strays:
+                raise ValueError(f"backend {self.name!r}: op {op!r} expected an implementation or a list of "
+                                 f"dsahal.Route, got a list holding {', '.join(strays)}")
+            names = [r.name for r in routes]
+            if not routes:
+                raise ValueError(f"backend {self.name!r}: op {op!r} declares an empty route list")
+            if len(set(names)) != len(names):
+                raise ValueError(f"backend {self.name!r}: op {op!r} declares a route name twice: {names}")
+            if op in self.verifiers and not _is_implementation(self.ops[op]):
+                raise ValueError(f"backend {self.name!r}: op {op!r} has routes, so its verifiers belong in "
+                                 f"each Route, not in Backend.verifiers")
+
+    def routes(self, op: str) -> tuple[Route, ...]:
+        """The ordered routes this backend declares for ``op`` (empty when it does not implement it)."""
+        declared = self.ops.get(op)
+        if declared is None:
+            return ()
+        if isinstance(declared, Route):
+            return (declared,)
+        if _is_implementation(declared):
+            return (Route(DEFAULT_ROUTE, declared, self.verifiers.get(op)),)
+        return tuple(declared)
+
+
+def _is_implementation(value) -> bool:
+    return callable(value) or isinstance(value, str)
 
 
 def package_versions(*distributions: str) -> dict[str, str]:

@@ -1,11 +1,12 @@
-"""Process-wide registry and active op table, created on first use; ``use_backend`` overrides the
-table for the current thread (or asyncio task) only."""
+"""Process-wide registry and active op table, created on first use; ``use_backend`` and
+``use_routes`` override the table for the current thread (or asyncio task) only."""
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import threading
 
+from . import overrides
 from .discovery import Registry, discover
 from .table import OpTable, select
 
@@ -25,11 +26,12 @@ def registry() -> Registry:
         return _registry
 
 
-def _resolve(name: str | None) -> OpTable:
+def _resolve(name: str | None, route_overrides: overrides.RouteOverrides | None = None) -> OpTable:
     from ..ops.catalog import COMPOSITE_OPS, OP_NAMES
 
     reg = registry()
-    return OpTable(select(reg, name), reg.records["reference"], OP_NAMES, COMPOSITE_OPS)
+    return OpTable(select(reg, name), reg.records["reference"], OP_NAMES, COMPOSITE_OPS,
+                   route_overrides=route_overrides)
 
 
 def active_table() -> OpTable:
@@ -62,6 +64,33 @@ def use_backend(name: str):
     Blocks nest; the previous selection is restored on exit."""
     with _lock:
         table = _resolve(name)
+    token = _override.set(table)
+    try:
+        yield table
+    finally:
+        _override.reset(token)
+
+
+@contextlib.contextmanager
+def use_routes(spec=None, **by_op: str):
+    """Force or disable routes in a block (this thread or asyncio task), on the current backend.
+
+    ``spec`` takes ``DSAHAL_ROUTES``'s text (``"sparse_mla:triton,topk:-aiter"``) or a mapping; keyword
+    arguments add ``op="route"`` items. They apply on top of ``DSAHAL_ROUTES``. An unknown op or route
+    is a :class:`RegistryError` listing what exists::
+
+        with dsahal.use_routes(sparse_mla="triton"):
+            o, lse = dsahal.ops.sparse_mla(...)
+    """
+    import os
+
+    current = active_table()
+    wanted = overrides.parse(spec, source="use_routes")
+    if by_op:
+        wanted = wanted.merged(overrides.parse(by_op, source="use_routes"))
+    base = overrides.parse(os.environ.get(overrides.ENV))
+    with _lock:
+        table = _resolve(current.name, base.merged(current.overrides).merged(wanted))
     token = _override.set(table)
     try:
         yield table

@@ -1,19 +1,31 @@
-"""The op -> implementation table, resolved once per process for the selected backend.
+"""The op table: each op's ordered routes, resolved once per process for the selected backend.
 
-Each call goes ``table.call(op, ...)``: one dict lookup, the op's verifier if the backend
-declared one, then the function. No pluggy call happens here.
+Resolution (once) imports each route's implementation and verifier, runs its probe, checks its
+signature against the op's spec and applies ``DSAHAL_ROUTES``. A call then runs ``dispatch[op]``: the
+first route whose verifier accepts the arguments serves it; the reference serves only when every
+route declines (logged once per reason; an error under ``DSAHAL_STRICT=1``). Composite ops (a DSA
+layer) end their list with the composition of the backend's own ops, so they never fall back whole.
+No pluggy call, environment read or allocation happens per call; with no observer registered
+(:mod:`.observers`) a call costs the verifiers it runs and two Python calls.
 """
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
-from .backend import resolve_lazy
+from . import observers, overrides
+from .backend import Route
 from .discovery import BackendRecord, Registry, RegistryError
+from .backend import resolve_lazy
+from .signature import SignatureMismatch, adapt_to_spec
 
 log = logging.getLogger("dsahal")
+
+COMPOSITE_ROUTE = "composite"
+COMPOSITE_IMPLEMENTATIONS = {"dsa_attention": "dsahal.ops.composite:dsa_attention"}
 
 
 class FallbackError(RuntimeError):
@@ -21,13 +33,39 @@ class FallbackError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class ResolvedRoute:
+    """A declared route after resolution: usable (``available``) or not, and why."""
+
+    name: str
+    fn: Optional[Callable[..., Any]]
+    verifier: Optional[Callable[..., tuple[bool, str]]]
+    available: bool
+    reason: str  # why not available; for an available route its description (or "")
+
+
+@dataclass(frozen=True)
 class OpEntry:
+    """One op of a table: every declared route (usable or not) and the ones calls try, in order.
+
+    ``status`` is ``"native"`` (a route of the backend serves it), ``"composite"`` (the composition
+    of the backend's own ops) or ``"fallback"`` (no usable route: the reference serves every call).
+    """
+
     op: str
-    fn: Callable[..., Any]
-    verifier: Callable[..., tuple[bool, str]] | None
     backend: str
-    status: str  # "native", "fallback" or "composite" (built from the backend's own ops)
+    status: str
     reason: str
+    routes: tuple[ResolvedRoute, ...]
+    active: tuple[ResolvedRoute, ...]
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        """The first usable route's implementation (the reference's when none is usable)."""
+        return self.active[0].fn if self.active else None
+
+    @property
+    def route_names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.routes)
 
 
 def select(registry: Registry, name: str | None = None) -> BackendRecord:
@@ -48,64 +86,246 @@ def select(registry: Registry, name: str | None = None) -> BackendRecord:
     return max(available, key=lambda r: (r.backend.priority, r.backend.name == "reference", r.backend.name))
 
 
-class OpTable:
-    """The resolved dispatch table of one backend, with the reference behind every op."""
+def _summary(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
-    def __init__(self, record: BackendRecord, reference: BackendRecord, op_names, composite_ops, strict=None):
+
+def _resolve_route(backend: str, op: str, route: Route) -> ResolvedRoute:
+    """Probe, import and signature-check one route; any failure makes it unavailable, never fatal."""
+    if route.probe is not None:
+        try:
+            ok, why = resolve_lazy(route.probe)()
+        except Exception as exc:  # noqa: BLE001 - a broken probe is a declined route, not a crash
+            return ResolvedRoute(route.name, None, None, False, f"probe raised {_summary(exc)}")
+        if not ok:
+            return ResolvedRoute(route.name, None, None, False, str(why))
+    parts = {}
+    for role, lazy in (("implementation", route.fn), ("verifier", route.verifier)):
+        if lazy is None:
+            parts[role] = None
+            continue
+        try:
+            parts[role] = adapt_to_spec(op, resolve_lazy(lazy), f"backend {backend!r} route {route.name!r} {role}")
+        except SignatureMismatch as exc:
+            return ResolvedRoute(route.name, None, None, False, str(exc))
+        except Exception as exc:  # noqa: BLE001 - an import failure disables this route only
+            where = lazy if isinstance(lazy, str) else getattr(lazy, "__qualname__", repr(lazy))
+            return ResolvedRoute(route.name, None, None, False,
+                                 f"cannot load the {role} {where!r} of backend {backend!r} op {op!r}: {_summary(exc)}")
+    return ResolvedRoute(route.name, parts["implementation"], parts["verifier"], True, route.description)
+
+
+class OpTable:
+    """The resolved dispatch table of one backend, with the reference behind every op.
+
+    Attributes:
+        record: the selected backend's registry record.
+        entries: ``{op: OpEntry}`` (routes, availability, reasons) for reports.
+        dispatch: ``{op: callable}`` taking the op's spec arguments positionally: the hot path.
+        overrides: the route overrides applied (``DSAHAL_ROUTES`` and ``use_routes``).
+    """
+
+    def __init__(self, record: BackendRecord, reference: BackendRecord, op_names, composite_ops, strict=None,
+                 route_overrides: overrides.RouteOverrides | None = None):
         self.record = record
         self.strict = os.environ.get("DSAHAL_STRICT", "0") not in ("", "0") if strict is None else strict
-        self.reference = {op: resolve_lazy(reference.backend.ops[op]) for op in op_names}
-        self.entries: dict[str, OpEntry] = {}
-        self.calls: dict[str, list[int]] = {op: [0, 0] for op in op_names}  # [native, fallback]
-        self._logged: set[tuple[str, str, str]] = set()
+        self.overrides = route_overrides if route_overrides is not None else \
+            overrides.parse(os.environ.get(overrides.ENV))
+        self.reference = {op: resolve_lazy(reference.backend.routes(op)[0].fn) for op in op_names}
+        self._logged: set[tuple[str, str]] = set()
+        self._log_lock = threading.Lock()
         backend = record.backend
+        self._check_overrides(op_names, composite_ops)
+        self.entries: dict[str, OpEntry] = {}
+        self.dispatch: dict[str, Callable[..., Any]] = {}
         for op in op_names:
-            if op in backend.ops:
-                verifier = backend.verifiers.get(op)
-                self.entries[op] = OpEntry(
-                    op, resolve_lazy(backend.ops[op]), resolve_lazy(verifier) if verifier else None,
-                    backend.name, "native", "",
-                )
-            elif op in composite_ops:
-                self.entries[op] = OpEntry(op, self.reference[op], None, backend.name, "composite",
-                                           "composed from the backend's own ops")
-            else:
-                self.entries[op] = OpEntry(op, self.reference[op], None, "reference", "fallback",
-                                           f"backend {backend.name!r} does not implement {op}")
+            entry = self._resolve_op(op, op in composite_ops)
+            self.entries[op] = entry
+            self.dispatch[op] = self._make_dispatch(entry)
+        self._backend_name = backend.name
 
     @property
     def name(self) -> str:
         return self.record.backend.name
 
-    def call(self, op: str, *args, **kwargs):
-        entry = self.entries[op]
-        if entry.status == "fallback":
-            return self._fall_back(op, entry.reason, args, kwargs)
-        if entry.verifier is not None:
-            ok, reason = entry.verifier(*args, **kwargs)
-            if not ok:
-                return self._fall_back(op, f"{entry.backend} verifier: {reason}", args, kwargs)
-        self.calls[op][0] += 1
-        return entry.fn(*args, **kwargs)
+    # ---- resolution -------------------------------------------------------------------------------
 
-    def _fall_back(self, op: str, reason: str, args, kwargs):
-        if self.strict and self.name != "reference":
+    def _declared(self, op: str, composite: bool) -> list[Route]:
+        routes = list(self.record.backend.routes(op)) if self.record.backend.name != "reference" else []
+        if composite and self.record.backend.name != "reference":
+            routes.append(Route(COMPOSITE_ROUTE, COMPOSITE_IMPLEMENTATIONS[op],
+                                description="composed from the backend's own ops"))
+        return routes
+
+    def _check_overrides(self, op_names, composite_ops) -> None:
+        named = {**{op: {route} for op, route in self.overrides.forced.items()},
+                 **{op: set(routes) for op, routes in self.overrides.disabled.items()}}
+        for op, routes in named.items():
+            if op not in op_names:
+                raise RegistryError(f"{overrides.ENV}: unknown op {op!r}; the ops are: {', '.join(op_names)}")
+            known = [r.name for r in self._declared(op, op in composite_ops)]
+            for route in routes - {overrides.REFERENCE}:
+                if route not in known:
+                    raise RegistryError(
+                        f"{overrides.ENV}: backend {self.name!r} has no route {route!r} for {op}; its routes are: "
+                        f"{', '.join(known + [overrides.REFERENCE])}")
+
+    def _resolve_op(self, op: str, composite: bool) -> OpEntry:
+        backend = self.record.backend.name
+        declared = self._declared(op, composite)
+        forced = self.overrides.forced.get(op)
+        disabled = self.overrides.disabled.get(op, frozenset())
+        resolved = []
+        for route in declared:
+            if forced is not None and route.name != forced:
+                resolved.append(ResolvedRoute(route.name, None, None, False,
+                                              f"not forced ({overrides.ENV} forces {op}:{forced})"))
+            elif route.name in disabled:
+                resolved.append(ResolvedRoute(route.name, None, None, False, f"disabled ({overrides.ENV})"))
+            else:
+                resolved.append(_resolve_route(backend, op, route))
+        if forced not in (None, overrides.REFERENCE):
+            chosen = next(r for r in resolved if r.name == forced)
+            if not chosen.available:
+                raise RegistryError(f"{overrides.ENV}: route {forced!r} of {op} on backend {backend!r} is "
+                                    f"unavailable: {chosen.reason}")
+        active = tuple(r for r in resolved if r.available)
+        if backend == "reference":
+            return OpEntry(op, backend, "native", "the reference", (), ())
+        if not declared:
+            return OpEntry(op, "reference", "fallback", f"backend {backend!r} does not implement {op}", (), ())
+        if not active:
+            reasons = "; ".join(f"{r.name}: {r.reason}" for r in resolved)
+            return OpEntry(op, "reference", "fallback", f"no route of backend {backend!r} is usable ({reasons})",
+                           tuple(resolved), ())
+        status = "composite" if active[0].name == COMPOSITE_ROUTE else "native"
+        return OpEntry(op, backend, status, "", tuple(resolved), active)
+
+    # ---- calls ------------------------------------------------------------------------------------
+
+    def _make_dispatch(self, entry: OpEntry) -> Callable[..., Any]:
+        op, chain = entry.op, tuple((r.name, r.fn, r.verifier) for r in entry.active)
+        watching = observers.OBSERVERS  # the live list: registering an observer needs no rebuild
+        observed = self._observed
+
+        if not chain:
+            if self.record.backend.name == "reference":
+                reference = self.reference[op]
+
+                def dispatch(*args):
+                    if watching:
+                        return observed(op, args)
+                    return reference(*args)
+            else:
+                def dispatch(*args):
+                    if watching:
+                        return observed(op, args)
+                    return self._fall_back(op, entry.reason, args)
+        elif len(chain) == 1 and chain[0][2] is None:
+            fn = chain[0][1]
+
+            def dispatch(*args):
+                if watching:
+                    return observed(op, args)
+                return fn(*args)
+        else:
+            def dispatch(*args):
+                if watching:
+                    return observed(op, args)
+                for _, fn, verifier in chain:
+                    if verifier is None:
+                        return fn(*args)
+                    try:
+                        ok = verifier(*args)[0]
+                    except Exception:  # noqa: BLE001 - the slow path below names and logs it
+                        ok = False
+                    if ok:
+                        return fn(*args)
+                return self._decline_all(op, args)
+        dispatch.__name__ = dispatch.__qualname__ = f"dispatch_{op}"
+        return dispatch
+
+    def call(self, op: str, *args):
+        """Serve one call of ``op`` (arguments in the order of its spec)."""
+        return self.dispatch[op](*args)
+
+    def choose(self, op: str, *args) -> tuple[Optional[str], list[tuple[str, str]]]:
+        """The route that would serve these arguments (None: the reference), and each refusal before it.
+        Reads metadata only, like the verifiers."""
+        entry = self.entries[op]
+        declined = [(r.name, r.reason) for r in entry.routes if not r.available]
+        if self.record.backend.name == "reference":
+            return overrides.REFERENCE, []
+        for route in entry.active:
+            if route.verifier is None:
+                return route.name, declined
+            try:
+                ok, why = route.verifier(*args)
+            except Exception as exc:  # noqa: BLE001 - a raising verifier declines, named and logged once
+                ok, why = False, f"verifier raised {_summary(exc)}"
+                self._log_once(op, f"backend {self.name!r} op {op} route {route.name!r}: {why}")
+            if ok:
+                return route.name, declined
+            declined.append((route.name, str(why)))
+        return None, declined
+
+    def explain(self, op: str, *args) -> str:
+        """One line: which route would serve this call, or why every route declines."""
+        route, declined = self.choose(op, *args)
+        if route is not None:
+            return f"{op}: route {route!r} of backend {self.name!r}"
+        return f"{op}: the reference ({self.entries[op].reason or _join(declined)})"
+
+    def _decline_all(self, op: str, args):
+        """Every verifier said no on the fast path: redo the choice with reasons (and logging of raising
+        verifiers), then serve the fallback."""
+        route, declined = self.choose(op, *args)
+        if route is not None:  # a verifier that answers differently on a second look: trust its "yes"
+            return next(r.fn for r in self.entries[op].active if r.name == route)(*args)
+        return self._fall_back(op, _join(declined), args)
+
+    def _fall_back(self, op: str, reason: str, args):
+        if self.strict:
             raise FallbackError(f"dsahal.{op}: backend {self.name!r} would fall back to the reference "
                                 f"({reason}) and DSAHAL_STRICT=1 forbids it")
-        key = (op, self.name, reason)
-        if key not in self._logged:
-            self._logged.add(key)
-            log.warning("dsahal.%s: falling back to the reference on backend %r: %s", op, self.name, reason)
-        self.calls[op][1] += 1
-        return self.reference[op](*args, **kwargs)
+        self._log_once(op, f"dsahal.{op}: falling back to the reference on backend {self.name!r}: {reason}")
+        return self.reference[op](*args)
 
-    def would_fall_back(self, op: str, *args, **kwargs) -> tuple[bool, str]:
-        """Whether a call with these arguments would be served by the reference, and why."""
+    def _log_once(self, op: str, message: str) -> None:
+        key = (op, message)
+        with self._log_lock:
+            if key in self._logged:
+                return
+            self._logged.add(key)
+        log.warning("%s", message)
+
+    def _observed(self, op: str, args: tuple):
         entry = self.entries[op]
-        if entry.status == "fallback":
-            return True, entry.reason
-        if entry.verifier is not None:
-            ok, reason = entry.verifier(*args, **kwargs)
-            if not ok:
-                return True, reason
-        return False, ""
+        if self.record.backend.name == "reference":
+            route, declined, fn = overrides.REFERENCE, [], self.reference[op]
+        else:
+            route, declined = self.choose(op, *args)
+            fn = None if route is None else next(r.fn for r in entry.active if r.name == route)
+        fallback = route is None
+        reason = (entry.reason or _join(declined)) if fallback else ""
+        if fallback:
+            if self.strict:
+                return self._fall_back(op, reason, args)  # raises
+            self._log_once(op, f"dsahal.{op}: falling back to the reference on backend {self.name!r}: {reason}")
+            route, fn = overrides.REFERENCE, self.reference[op]
+        call = observers.OpCall(op, self.name, route, fallback, reason, tuple(declined), args)
+        watchers = tuple(observers.OBSERVERS)
+        for watcher in watchers:
+            watcher.before(call)
+        try:
+            return fn(*args)
+        except BaseException as exc:
+            call.error = exc
+            raise
+        finally:
+            for watcher in reversed(watchers):
+                watcher.after(call)
+
+
+def _join(declined) -> str:
+    return "; ".join(f"{name}: {why}" for name, why in declined) or "no route"

@@ -1,0 +1,198 @@
+"""FlashMLA's SM90 sparse kernels as routes of ``sparse_mla`` (``pip install --no-deps sgl-flash-mla``).
+
+Two kernels of the ``flash_mla`` package (its legacy, SM90 half: ``use_legacy=True``):
+
+- sparse decode, ``flash_mla_with_kvcache(indices=...)`` on ``fp8_ds_mla`` pages, which are byte for
+  byte FlashMLA's "V32" format (512 e4m3, 4 fp32 tile scales, 64 bf16 RoPE: 656 B per token);
+- sparse prefill, ``flash_mla_sparse_fwd`` on bf16 latents, which it reads as one contiguous
+  ``[tokens, 1, 576]`` array.
+
+Both serve 64 or 128 query heads only; fewer heads are zero-padded up to 64 (paying the compute of 64).
+Our slots are FlashMLA's indices (``block * block_tokens + offset``). FlashMLA's decode kernel treats
+only -1 as invalid and checks no upper bound, so every call first rewrites the slot list as int32 with
+anything outside ``[0, num_slots)`` set to -1, padded with -1 to a multiple of :data:`TOPK_MULTIPLE`:
+one small elementwise pass (``T × k × 4`` bytes each way) that keeps a bad slot from becoming an
+out-of-bounds read. Neither kernel has a batch-invariant mode on SM90, so both decline in that mode.
+
+The package's metadata pins a torch newer than most users run; its stable-ABI build loads on older
+torch, which is why it is installed with ``--no-deps`` and probed here at run time, never required.
+"""
+from __future__ import annotations
+
+import importlib.util
+from importlib.metadata import PackageNotFoundError, version
+
+import torch
+
+from . import config
+
+DISTRIBUTION = "sgl-flash-mla"
+HEAD_TILES = (64, 128)  # the only h_q the SM90 kernels take
+TOPK_MULTIPLE = 128  # slot lists padded with -1 to this multiple (the kernels step 64 slots at a time)
+DECODE_BLOCK_TOKENS = (64,)  # page sizes checked on the H200 for the V32 decode kernel
+NOPE, LATENT = 512, 576
+DS_MLA_BYTES = 656
+OK = (True, "")
+
+_load_error: str | None = None
+_flash_mla = None
+
+
+def _module():
+    """The imported ``flash_mla`` package, or None (and why in :data:`_load_error`)."""
+    global _flash_mla, _load_error
+    if _flash_mla is None and _load_error is None:
+        try:
+            import flash_mla
+
+            if not flash_mla.has_legacy():
+                raise RuntimeError("this build has no legacy (SM90) kernels")
+            _flash_mla = flash_mla
+        except Exception as exc:  # noqa: BLE001 - any failure to load means "route unavailable, here is why"
+            _load_error = f"{type(exc).__name__}: {exc}"
+    return _flash_mla
+
+
+def installed_version() -> str:
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def probe() -> tuple[bool, str]:
+    """Available on an SM90 GPU with ``flash_mla`` importable and its legacy kernels present."""
+    if importlib.util.find_spec("flash_mla") is None:
+        return False, f"{DISTRIBUTION} is not installed (pip install --no-deps {DISTRIBUTION})"
+    if not torch.cuda.is_available():
+        return False, "no CUDA device"
+    capability = torch.cuda.get_device_capability(0)
+    if capability != (9, 0):
+        return False, f"FlashMLA's legacy sparse kernels are SM90 (Hopper) only; this GPU is sm{capability[0]}{capability[1]}"
+    if _module() is None:
+        return False, f"{DISTRIBUTION} {installed_version()} does not load: {_load_error}"
+    return True, f"{DISTRIBUTION} {installed_version()} (SM90 legacy kernels)"
+
+
+def _common(q, kv_pages, slots) -> tuple[bool, str]:
+    if config.batch_invariant():
+        return False, "FlashMLA's SM90 kernels have no batch-invariant mode (DSAHAL_BATCH_INVARIANT=1)"
+    if q.dtype != torch.bfloat16:
+        return False, f"FlashMLA takes bf16 queries, got {str(q.dtype).replace('torch.', '')}"
+    if not (q.is_cuda and kv_pages.is_cuda and slots.is_cuda):
+        return False, "FlashMLA needs CUDA tensors"
+    heads = q.shape[1]
+    if heads > HEAD_TILES[-1]:
+        return False, f"FlashMLA serves at most {HEAD_TILES[-1]} heads, got {heads}"
+    if q.shape[0] == 0 or slots.shape[1] == 0:
+        return False, "an empty call (no tokens or no slots) needs no kernel"
+    if q.stride(-1) != 1:
+        return False, "q needs unit stride in its last dim"
+    return OK
+
+
+def decode_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tuple[bool, str]:
+    """The V32 sparse decode kernel: fp8_ds_mla pages of 64 tokens, 16-byte aligned strides."""
+    if kv_fmt != "fp8_ds_mla":
+        return False, f"FlashMLA's SM90 sparse decode reads fp8_ds_mla (V32) pages, not {kv_fmt!r}"
+    ok = _common(q, kv_pages, slots)
+    if not ok[0]:
+        return ok
+    if kv_pages.shape[1] not in DECODE_BLOCK_TOKENS:
+        return False, f"pages of {kv_pages.shape[1]} tokens; the route takes {list(DECODE_BLOCK_TOKENS)}"
+    if kv_pages.stride(2) != 1 or kv_pages.stride(1) != DS_MLA_BYTES or kv_pages.stride(0) % 16:
+        return False, (f"page strides {tuple(kv_pages.stride())}: FlashMLA needs packed 656-byte records and a "
+                       f"16-byte aligned block stride")
+    if kv_pages.data_ptr() % 16:
+        return False, "the pages start at an address not 16-byte aligned"
+    return OK
+
+
+def prefill_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tuple[bool, str]:
+    """The bf16 sparse prefill kernel: one contiguous ``[tokens, 1, 576]`` bf16 latent array."""
+    if kv_fmt != "bf16":
+        return False, f"FlashMLA's sparse prefill reads bf16 latents, not {kv_fmt!r}"
+    ok = _common(q, kv_pages, slots)
+    if not ok[0]:
+        return ok
+    blocks, block_tokens, record = kv_pages.shape
+    if kv_pages.stride() != (block_tokens * record, record, 1):
+        return False, (f"page strides {tuple(kv_pages.stride())}: FlashMLA's prefill reads one contiguous "
+                       f"latent array (a standalone bf16 cache, not pages interleaved in a packed pool)")
+    if kv_pages.data_ptr() % 16:
+        return False, "the pages start at an address not 16-byte aligned"
+    return OK
+
+
+def _heads_padded(q: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """q ``[T, H, 576]`` -> ``[T, Hp, 576]`` with Hp the smallest FlashMLA head tile >= H (zero rows)."""
+    heads = q.shape[1]
+    tile = next(t for t in HEAD_TILES if t >= heads)
+    if tile == heads and q.is_contiguous():
+        return q, heads
+    padded = q.new_zeros((q.shape[0], tile, q.shape[2]))
+    padded[:, :heads] = q
+    return padded, heads
+
+
+def _safe_indices(slots: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """``[T, K]`` slots -> ``[T, Kp]`` int32, out-of-range entries -1, padded with -1 to Kp."""
+    tokens, k = slots.shape
+    width = -(-k // TOPK_MULTIPLE) * TOPK_MULTIPLE
+    valid = (slots >= 0) & (slots < num_slots)
+    if width == k:
+        return torch.where(valid, slots, -1).to(torch.int32)
+    out = torch.full((tokens, width), -1, dtype=torch.int32, device=slots.device)
+    out[:, :k] = torch.where(valid, slots, -1)
+    return out
+
+
+_decode_meta: dict[tuple, object] = {}
+
+
+def _scheduler_metadata(key: tuple):
+    """FlashMLA fills an empty metadata object on its first call with a given shape; we keep one per
+    shape. Inside a CUDA-graph capture a fresh one is used, so no cached tensor is born in the graph."""
+    module = _module()
+    if torch.cuda.is_current_stream_capturing():
+        return module.get_mla_metadata()[0]
+    meta = _decode_meta.get(key)
+    if meta is None:
+        meta = _decode_meta[key] = module.get_mla_metadata()[0]
+    return meta
+
+
+def _finish(out: torch.Tensor, lse: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop padded heads; a row that saw no valid slot reports lse = -inf (the op's contract)."""
+    if out.shape[1] != heads:
+        out, lse = out[:, :heads].contiguous(), lse[:, :heads].contiguous()
+    lse = torch.where(torch.isfinite(lse) | (lse == float("-inf")), lse, float("-inf"))
+    return out, lse
+
+
+def sparse_mla_decode(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
+    """``sparse_mla`` on FlashMLA's sparse decode kernel. q ``[T, H, 576]`` bf16, kv_pages
+    ``[blocks, 64, 656]`` uint8 (fp8_ds_mla), slots ``[T, K]``. Returns o ``[T, H, 512]`` bf16, lse ``[T, H]``."""
+    module = _module()
+    qp, heads = _heads_padded(q)
+    indices = _safe_indices(slots, kv_pages.shape[0] * kv_pages.shape[1])
+    tokens = q.shape[0]
+    cache = kv_pages.unsqueeze(2)  # [blocks, block_tokens, 1, 656]: one KV head
+    key = (q.device.index, tokens, qp.shape[1], kv_pages.shape[1], indices.shape[1])
+    out, lse = module.flash_mla_with_kvcache(
+        qp.unsqueeze(1), cache, None, None, NOPE, _scheduler_metadata(key), softmax_scale=float(softmax_scale),
+        is_fp8_kvcache=True, indices=indices.unsqueeze(1), use_legacy=True, kv_format="V32")
+    # out [T, 1, Hp, 512], lse [T, Hp, 1]
+    return _finish(out[:, 0], lse[:, :, 0], heads)
+
+
+def sparse_mla_prefill(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
+    """``sparse_mla`` on FlashMLA's sparse prefill kernel. q ``[T, H, 576]`` bf16, kv_pages
+    ``[blocks, block_tokens, 1152]`` uint8 (bf16, contiguous), slots ``[T, K]``. Returns o, lse."""
+    module = _module()
+    qp, heads = _heads_padded(q)
+    kv = kv_pages.view(torch.bfloat16).reshape(-1, 1, LATENT)
+    indices = _safe_indices(slots, kv.shape[0])
+    out, _, lse = module.flash_mla_sparse_fwd(qp, kv, indices.unsqueeze(1), float(softmax_scale), NOPE,
+                                              use_legacy=True)
+    return _finish(out, lse, heads)
