@@ -93,15 +93,21 @@ def load_rope_raw(pages_u8, pages_u16, rows, valid, FMT: tl.constexpr, ALIGNED: 
     row8, row16, _ = rows
     m = valid[:, None]
     cols = tl.arange(0, 64)
-    if FMT == 0 or FMT == 2:
-        word0: tl.constexpr = 512 if FMT == 0 else 264  # bf16 RoPE at byte 1024 / 528
-        if ALIGNED:
-            codes = tl.load(pages_u16 + row16[:, None] + word0 + cols[None, :], mask=m, other=0)
-        else:
-            codes = load_u16_bytewise(pages_u8 + row8[:, None] + 2 * word0 + 2 * cols[None, :], m)
+    # RoPE starts at: bf16 word 512 (byte 1024), fp8 byte 512, fp8_ds_mla word 264 (byte 528), nvfp4 byte 256
+    if FMT == 0:
+        word0 = 512
     else:
-        byte0: tl.constexpr = 512 if FMT == 1 else 256
+        word0 = 264
+    if FMT == 1:
+        byte0 = 512
+    else:
+        byte0 = 256
+    if FMT == 1 or FMT == 3:
         codes = tl.load(pages_u8 + row8[:, None] + byte0 + cols[None, :], mask=m, other=0)
+    elif ALIGNED:
+        codes = tl.load(pages_u16 + row16[:, None] + word0 + cols[None, :], mask=m, other=0)
+    else:
+        codes = load_u16_bytewise(pages_u8 + row8[:, None] + 2 * word0 + 2 * cols[None, :], m)
     return codes
 
 
