@@ -320,8 +320,11 @@ def build_dsa(requests, per_request, context, heads, kv_fmt="fp8", index_fmt="fp
         args = (q_index, w, index_pages, q, kv_pages, block_table, req_ids, positions)
         return Built(
             run=lambda: ops.dsa_attention(*args, **kw),
-            baseline=lambda: baselines.dsa_attention(q_index, w, index_pages, index_fmt, q, kv_pages, kv_fmt, scale,
-                                                     block_table, req_ids, positions, TOPK, context, MLA_SCALE),
+            # by keyword: the positional order once disagreed with the signature (caught by bench --quick)
+            baseline=lambda: baselines.dsa_attention(
+                q_index=q_index, index_weights=w, index_pages=index_pages, index_fmt=index_fmt, q=q,
+                kv_pages=kv_pages, kv_fmt=kv_fmt, kv_scale=scale, block_table=block_table, req_ids=req_ids,
+                positions=positions, topk_k=TOPK, max_context=context, softmax_scale=MLA_SCALE),
             bytes=requests * context * index_pages.shape[-1] + tokens * TOPK * kv_pages.shape[-1],
             flops=2.0 * tokens * context * INDEX_HEADS * 128 + 2.0 * tokens * heads * TOPK * 1088)
     return build

@@ -50,3 +50,18 @@ def measure_ceilings(device="cuda", copy_bytes: int = 2 << 30, matmul_n: int = 8
     b = torch.randn(matmul_n, matmul_n, device=device, dtype=torch.bfloat16)
     mm_ms = time_ms(lambda: a @ b)
     return Ceilings(copy_tbps=2 * copy_bytes / copy_ms / 1e9, matmul_tflops=2 * matmul_n**3 / mm_ms / 1e9)
+
+
+def time_ms_host(fn, *, warmup: int = 1, reps: int = 5) -> float:
+    """Median wall-clock milliseconds of ``fn()`` on the host (``dsahal bench --quick`` on the CPU):
+    ``warmup`` untimed calls, then ``reps`` timed ones."""
+    import time
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)

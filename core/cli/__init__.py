@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from .._version import __version__
@@ -27,7 +28,43 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(subparsers)
+    _plain_help(parser)
     return parser
+
+
+_ROLE = re.compile(r":[\w:]+:`([^`]+)`")  # :mod:`x`, :func:`~a.b`, :ref:`text <target>`
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def _role_text(match: re.Match) -> str:
+    inner = match.group(1)
+    if "<" in inner:  # `text <target>`: the text
+        return inner.split("<", 1)[0].strip()
+    if inner.startswith("~"):  # `~a.b.c`: the last name
+        return inner.rsplit(".", 1)[-1]
+    return inner.lstrip(".")
+
+
+def plain_text(text: str | None) -> str | None:
+    """The reStructuredText markup of the modules' docstrings (which double as ``--help`` descriptions)
+    turned into plain text for the terminal: double-backquoted literals lose their quotes, and roles
+    (mod, func, class, ref, ...) become their target's name (the last part with a leading tilde, the
+    link text of a ``text <target>`` form)."""
+    if not text:
+        return text
+    return _LITERAL.sub(r"\1", _ROLE.sub(_role_text, text))
+
+
+def _plain_help(parser: argparse.ArgumentParser) -> None:
+    """Every description, epilog and argument help of ``parser`` and its sub-commands as plain text."""
+    parser.description, parser.epilog = plain_text(parser.description), plain_text(parser.epilog)
+    for action in parser._actions:
+        action.help = plain_text(action.help)
+        if isinstance(action, argparse._SubParsersAction):
+            for listed in action._choices_actions:  # the sub-command list of `dsahal --help`
+                listed.help = plain_text(listed.help)
+            for sub in set(action.choices.values()):
+                _plain_help(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

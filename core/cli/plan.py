@@ -1,42 +1,64 @@
-"""``dsahal plan``: the packed KV cache's row layout and capacity for a model, formats and parallel layout.
+"""``dsahal plan``: the packed KV cache's capacity for a model, formats and parallel layout.
+
+The answer comes first: the tokens and full contexts that fit in the given memory per device, the bytes
+per token and the comparisons with FP8 and with TP alone. --verbose adds the details: the row layout
+(where each DSA layer's pages sit in a row), the per-request KDA state layout and the per-layer padded
+layouts, with runs of identical rows folded into one row with a count. --json prints everything,
+unfolded.
 
 Every figure comes from the config's layer counts and dimensions, the formats' bytes per token and the
-sharding rules (TP divides KDA heads and replicates MLA latent/index keys; DCP=W stores every W-th
+sharding rules (TP divides KDA heads and replicates MLA latent and index keys; DCP=W stores every W-th
 token per rank). Nothing is looked up.
 """
 from __future__ import annotations
 
+import argparse
 import json
+import math
+import os
 import re
 import sys
 
-from ..cache import ROW_ROUNDINGS, capacity, padded_layouts, plan_layout, standard_comparisons
+from ..cache import DEFAULT_ROW_ROUNDING, ROW_ROUNDINGS, capacity, padded_layouts, plan_layout, standard_comparisons
 from ..config import load_config
 from ..formats import INDEX_FORMATS, LATENT_FORMATS
 
 _SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
+TOKEN_EXAMPLES = "1000000, 128k, 1M or 1Mi"  # k, M, G: powers of 10; Ki, Mi, Gi: powers of 2
+# The library's argument names -> the command's flags, so an error from plan_layout names the flag.
+_FLAGS = {"tp": "--tp", "dcp": "--dcp", "block_tokens": "--block-tokens", "row_rounding": "--row-rounding",
+          "latent_fmt": "--latent-fmt", "index_fmt": "--index-fmt", "context_tokens": "--context",
+          "budget_bytes": "--memory-gib"}
 
 
-def parse_tokens(text: str) -> int:
+def parse_tokens(text: str, flag: str = "--context") -> int:
     """``"1000000"``, ``"128k"`` (10^3), ``"1M"`` (10^6), ``"1Mi"`` (2^20) -> an int >= 1."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]i?)?\s*", str(text))
+    match = re.fullmatch(r"\s*([-+]?\d+(?:\.\d+)?)\s*([kKmMgG]i?)?\s*", str(text))
     if not match:
-        raise ValueError(f"expected a token count like 1000000, 128k, 1M or 1Mi, got {text!r}")
+        raise ValueError(f"dsahal plan: argument '{flag}' expected a token count like {TOKEN_EXAMPLES}, "
+                         f"got {text!r}")
     value = float(match.group(1)) * _SUFFIXES[(match.group(2) or "").lower()]
     if value < 1 or value != int(value):
-        raise ValueError(f"expected a whole token count >= 1, got {text!r}")
+        raise ValueError(f"dsahal plan: argument '{flag}' expected a whole token count >= 1 "
+                         f"(like {TOKEN_EXAMPLES}), got {text!r}")
     return int(value)
 
 
+def check_memory_gib(value: float) -> float:
+    """A finite number of GiB > 0 (``inf`` would overflow the byte count, ``nan`` compares false)."""
+    if not (math.isfinite(value) and value > 0) or int(value * 2**30) < 1:
+        raise ValueError(f"dsahal plan: argument '--memory-gib' expected a finite number of GiB > 0 "
+                         f"(at least one byte), got {value}")
+    return value
+
+
 def build_plan(config_name: str, latent_fmt: str, index_fmt: str, tp: int, dcp: int, block_tokens: int,
-               memory_gib: float, context: int, row_rounding: str = "pow2") -> dict:
+               memory_gib: float, context: int, row_rounding: str = DEFAULT_ROW_ROUNDING) -> dict:
     """Everything ``dsahal plan`` prints, as plain data."""
-    if not memory_gib > 0:
-        raise ValueError(f"dsahal plan: argument '--memory-gib' expected a number > 0, got {memory_gib}")
+    budget = int(check_memory_gib(memory_gib) * 2**30)
     config = load_config(config_name)
     layout = plan_layout(config, latent_fmt=latent_fmt, index_fmt=index_fmt, block_tokens=block_tokens, tp=tp,
                          dcp=dcp, row_rounding=row_rounding)
-    budget = int(memory_gib * 2**30)
     return {
         "config": {"name": config.name, "layers": config.num_layers, "dsa_layers": len(config.dsa_layers),
                    "kda_layers": len(config.kda_layers), "kda_heads": config.kda_num_heads,
@@ -48,86 +70,222 @@ def build_plan(config_name: str, latent_fmt: str, index_fmt: str, tp: int, dcp: 
     }
 
 
-def _fmt_int(value: int) -> str:
+# ------------------------------------------------------------------ folding repeated rows
+def fold_runs(items: list[dict], layer_key: str = "layer") -> list[dict]:
+    """Fold consecutive groups of ``items`` that repeat with a constant offset step into one entry.
+
+    ``items`` are page or state records (``layer``, ``offset``, ``nbytes`` and for pages ``kind``/``fmt``)
+    in row order. They are grouped by layer (a DSA layer has two pages); consecutive layers whose
+    groups have the same shape (same kinds, formats, sizes and offsets relative to the group's first
+    offset) and whose first offsets advance by the same step form one run. Returns one dict per run:
+    ``layers`` (their indices), ``first`` (the first layer's records), ``step`` (bytes between layers;
+    0 for a single layer)."""
+    groups: list[list[dict]] = []
+    for item in items:
+        if groups and groups[-1][0][layer_key] == item[layer_key]:
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+
+    def shape(group):
+        base = group[0]["offset"]
+        return tuple((i.get("kind"), i.get("fmt"), i["nbytes"], i["offset"] - base) for i in group)
+
+    runs: list[dict] = []
+    for group in groups:
+        run = runs[-1] if runs else None
+        if run is not None and shape(group) == shape(run["first"]):
+            step = group[0]["offset"] - run["last_offset"]
+            if len(run["layers"]) == 1 or step == run["step"]:
+                run["layers"].append(group[0][layer_key])
+                run["step"], run["last_offset"] = step, group[0]["offset"]
+                continue
+        runs.append({"layers": [group[0][layer_key]], "first": group, "step": 0, "last_offset": group[0]["offset"]})
+    for run in runs:
+        del run["last_offset"]
+    return runs
+
+
+def layer_list(layers: list[int], limit: int = 4) -> str:
+    """``[0, 1, 2, 4, 5, 6, 8]`` -> ``"0-2, 4-6, 8"``; with more than ``limit`` ranges, the first ones,
+    ``...`` and the last one (the count is printed beside it)."""
+    ranges: list[list[int]] = []
+    for layer in layers:
+        if ranges and layer == ranges[-1][1] + 1:
+            ranges[-1][1] = layer
+        else:
+            ranges.append([layer, layer])
+    step = layers[1] - layers[0] if len(layers) > 2 else 0
+    if step > 1 and all(b - a == step for a, b in zip(layers, layers[1:])):
+        return f"{layers[0]}, {layers[1]}, ..., {layers[-1]} (every {step})"
+    text = [f"{a}" if a == b else f"{a}-{b}" for a, b in ranges]
+    if len(text) > limit:
+        text = text[:limit - 1] + ["...", text[-1]]
+    return ", ".join(text)
+
+
+# ------------------------------------------------------------------ text output
+def _n(value: int) -> str:
     return f"{value:,}"
 
 
-def print_plan(plan: dict, out=None) -> None:
-    out = out or sys.stdout
+def _rounding(lay: dict) -> str:
+    return "a power of two" if lay["row_rounding"] == "pow2" else "256-B pages"
+
+
+def summary_lines(plan: dict) -> list[str]:
+    """The answer: what fits, bytes per token, the comparisons, then the model and row in two lines."""
     cfg, lay, cap = plan["config"], plan["layout"], plan["capacity"]
-    say = lambda text="": print(text, file=out)  # noqa: E731 - a local printer keeps the layout readable
     parallel = f"TP{lay['tp']}" + (f" DCP{lay['dcp']}" if lay["dcp"] > 1 else "")
-    say(f"model {cfg['name']}: {cfg['layers']} layers ({cfg['dsa_layers']} DSA, {cfg['kda_layers']} KDA); "
-        f"latent {lay['latent_fmt']} ({lay['latent_token_bytes']} B/token), index {lay['index_fmt']} "
-        f"({lay['index_token_bytes']} B/token); {parallel}; {lay['block_tokens']}-token blocks; "
-        f"rows rounded to {'a power of two' if lay['row_rounding'] == 'pow2' else 'a multiple of 256 B'}")
-    say()
-    say("row layout (one block of every DSA layer; byte offsets within the row):")
-    say(f"  {'layer':>5}  {'kind':<6}  {'format':<10}  {'offset':>10}  {'bytes':>9}")
-    for page in lay["pages"]:
-        say(f"  {page['layer']:>5}  {page['kind']:<6}  {page['fmt']:<10}  {page['offset']:>10}  {page['nbytes']:>9}")
+    lines = [
+        f"{cfg['name']}, latent {lay['latent_fmt']} + index {lay['index_fmt']}, {parallel}: "
+        f"{cap['budget_bytes'] / 2**30:.2f} GiB of cache per device",
+        f"  tokens that fit: {_n(cap['tokens'])} across the group ({_n(cap['tokens_per_device'])} stored per device)",
+        f"  full {_n(cap['context_tokens'])}-token contexts: {_n(cap['full_contexts'])} "
+        f"(each {_n(cap['blocks_per_context'])} block rows + {lay['rows_per_state']} KDA-state rows per device)",
+        f"  bytes per token per device: {lay['payload_bytes_per_token']:.1f} payload, "
+        f"{lay['row_bytes_per_token']:.1f} as laid out",
+    ]
+    for comp in plan["comparisons"]:
+        lines.append(f"  vs {comp['baseline']}: {comp['tokens_ratio']:.2f}x tokens as laid out "
+                     f"({comp['payload_ratio']:.2f}x by bytes per token); full contexts "
+                     f"{_n(comp['contexts'][0])} -> {_n(comp['contexts'][1])}")
     padding = lay["row_padding_bytes"]
-    say(f"  row: {_fmt_int(lay['payload_bytes_per_block'])} B of pages + {_fmt_int(padding)} B padding = "
-        f"{_fmt_int(lay['row_bytes'])} B ({100 * padding / lay['row_bytes']:.1f}% padding)")
-    say()
+    state = (f"KDA state per request per device: {_n(lay['state_bytes'])} B -> {lay['rows_per_state']} rows"
+             if lay["states"] else "no KDA state")
+    lines += [
+        "",
+        f"model: {cfg['layers']} layers ({cfg['dsa_layers']} DSA, {cfg['kda_layers']} KDA); latent "
+        f"{lay['latent_fmt']} {lay['latent_token_bytes']} B/token, index {lay['index_fmt']} "
+        f"{lay['index_token_bytes']} B/token; {lay['block_tokens']}-token blocks",
+        f"row: {_n(lay['payload_bytes_per_block'])} B of pages + {_n(padding)} B padding = "
+        f"{_n(lay['row_bytes'])} B ({100 * padding / lay['row_bytes']:.1f}% padding, rounded to {_rounding(lay)}); "
+        f"{_n(cap['rows'])} rows per device",
+        state,
+    ]
+    return lines
+
+
+def detail_lines(plan: dict) -> list[str]:
+    """--verbose: the row layout, the KDA state layout and the per-layer padded layouts, folded."""
+    lay = plan["layout"]
+    lines = ["", f"row layout: one {lay['block_tokens']}-token block of every DSA layer; byte offsets within "
+                 "the row",
+             "(a row with a count stands for that many layers, i = 0, 1, ... in order):",
+             f"  {'layers':<32} {'count':>5}  {'page':<6} {'format':<10} {'bytes':>10}  offset"]
+    for run in fold_runs(lay["pages"]):
+        count = len(run["layers"])
+        for j, page in enumerate(run["first"]):
+            offset = _n(page["offset"]) + (f" + {_n(run['step'])} x i" if count > 1 else "")
+            head = (layer_list(run["layers"]), str(count)) if j == 0 else ("", "")
+            lines.append(f"  {head[0]:<32} {head[1]:>5}  {page['kind']:<6} {page['fmt']:<10} "
+                         f"{_n(page['nbytes']):>10}  {offset}")
     states = lay["states"]
     if states:
-        say(f"KDA state per request per device: {len(states)} layers x {lay['kda_heads_local']} heads x "
-            f"{lay['kda_key_dim']} x {lay['kda_value_dim']} fp32 = {_fmt_int(lay['state_bytes'])} B -> "
-            f"{lay['rows_per_state']} rows ({_fmt_int(lay['state_padding_bytes'])} B padding)")
-        say(f"  {'layer':>5}  {'offset':>12}  {'bytes':>9}   (within the state slot)")
-        for state in states:
-            say(f"  {state['layer']:>5}  {state['offset']:>12}  {state['nbytes']:>9}")
-        say()
-    say(f"bytes per token per device: {lay['payload_bytes_per_token']:.1f} payload "
-        f"({cfg['dsa_layers']} x ({lay['latent_token_bytes']} + {lay['index_token_bytes']}) B / DCP {lay['dcp']}), "
-        f"{lay['row_bytes_per_token']:.1f} as laid out")
-    say(f"budget {cap['budget_bytes'] / 2**30:.2f} GiB per device = {_fmt_int(cap['rows'])} rows")
-    say(f"  tokens that fit: {_fmt_int(cap['tokens'])} across the group ({_fmt_int(cap['tokens_per_device'])} "
-        f"stored per device)")
-    say(f"  full {_fmt_int(cap['context_tokens'])}-token contexts: {cap['full_contexts']} "
-        f"(each {cap['blocks_per_context']} block rows + {lay['rows_per_state']} state rows per device)")
-    say()
-    say("per-layer padded layouts, same budget (for comparison):")
+        lines += ["", f"KDA state per request per device: {len(states)} layers x {lay['kda_heads_local']} heads x "
+                      f"{lay['kda_key_dim']} x {lay['kda_value_dim']} fp32 = {_n(lay['state_bytes'])} B",
+                  f"  -> {lay['rows_per_state']} rows ({_n(lay['state_padding_bytes'])} B padding); "
+                  "offsets within the state slot:",
+                  f"  {'layers':<32} {'count':>5}  {'bytes':>10}  offset"]
+        for run in fold_runs(states):
+            count, state = len(run["layers"]), run["first"][0]
+            offset = _n(state["offset"]) + (f" + {_n(run['step'])} x i" if count > 1 else "")
+            lines.append(f"  {layer_list(run['layers']):<32} {count:>5}  {_n(state['nbytes']):>10}  {offset}")
+    lines += ["", "per-layer padded layouts, same budget (for comparison with the packed row):"]
     for padded in plan["padded_layouts"]:
-        say(f"  {padded['name']}: {padded['description']}")
-        say(f"    {_fmt_int(padded['bytes_per_block'])} B per block, {100 * padded['waste_fraction']:.1f}% padding; "
-            f"tokens {_fmt_int(padded['tokens'])}, full contexts {padded['full_contexts']}")
-    if plan["comparisons"]:
-        say()
-        say("comparisons (same budget and context length):")
-        for comp in plan["comparisons"]:
-            say(f"  {comp['name']}: {comp['tokens_ratio']:.2f}x tokens as laid out, "
-                f"{comp['payload_ratio']:.2f}x by bytes per token; full contexts {comp['contexts'][0]} -> "
-                f"{comp['contexts'][1]}")
+        lines.append(f"  {padded['name']}: {padded['description']}")
+        lines.append(f"    {_n(padded['bytes_per_block'])} B per block, {100 * padded['waste_fraction']:.1f}% "
+                     f"padding; tokens {_n(padded['tokens'])}, full contexts {_n(padded['full_contexts'])}")
+    return lines
+
+
+def print_plan(plan: dict, out=None, verbose: bool = False) -> None:
+    out = out or sys.stdout
+    lines = summary_lines(plan) + (detail_lines(plan) if verbose else
+                                   ["", "(--verbose: the row layout, the KDA state layout and the per-layer "
+                                        "padded layouts; --json: everything)"])
+    print("\n".join(lines), file=out)
+
+
+# ------------------------------------------------------------------ the command
+def _name_the_flag(message: str) -> str:
+    """``argument 'tp'`` (the library's name) -> ``argument '--tp'`` (the command's flag)."""
+    message = re.sub(r"^dsahal\.[\w.]+: ", "", message)  # the library function's name: the command is named instead
+    return re.sub(r"argument '(\w+)'", lambda m: f"argument '{_FLAGS.get(m.group(1), m.group(1))}'", message)
+
+
+def _write(text: str) -> int:
+    """Print to stdout; a reader that closed the pipe early (``dsahal plan --json | head``) ends the
+    command quietly: the rest of the output is not wanted, which is not an error."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at /dev/null so that flush cannot fail either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE, what a command killed by the closed pipe would report
+    return 0
 
 
 def run(args) -> int:
     try:
         context = parse_tokens(args.context)
+        check_memory_gib(args.memory_gib)
+        try:
+            load_config(args.config)
+        except KeyError as exc:
+            raise ValueError(f"dsahal plan: argument '--config' expected a model config with every field, "
+                             f"{args.config!r} lacks {exc}") from None
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"dsahal plan: argument '--config': {exc}") from None
         plan = build_plan(args.config, args.latent_fmt, args.index_fmt, args.tp, args.dcp, args.block_tokens,
                           args.memory_gib, context, args.row_rounding)
     except (ValueError, TypeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        message = _name_the_flag(str(exc))
+        print(f"error: {message if message.startswith('dsahal plan') else 'dsahal plan: ' + message}",
+              file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(plan, indent=2))
-    else:
-        print_plan(plan)
-    return 0
+        return _write(json.dumps(plan, indent=2) + "\n")
+    from io import StringIO
+
+    text = StringIO()
+    print_plan(plan, text, verbose=args.verbose)
+    return _write(text.getvalue())
+
+
+# argparse takes an argument that starts with '-' for an option unless it looks like a negative number
+# ("-5"), so `--context -1M` failed as "expected one argument". Token counts with a suffix count as
+# numbers here, so the value reaches parse_tokens and its message. (A private attribute of argparse's
+# parser, present in Python 3.10-3.14; tests/test_cli_plan_errors.py checks the behaviour.)
+_NEGATIVE_VALUE = re.compile(r"^-\d+(?:\.\d+)?(?:[kKmMgG]i?)?$")
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("plan", help="packed KV cache layout and capacity planner", description=__doc__)
-    parser.add_argument("--config", default="k31-pro", help="preset name or JSON config path (default k31-pro)")
-    parser.add_argument("--latent-fmt", default="fp8", choices=sorted(LATENT_FORMATS), help="MLA latent format")
-    parser.add_argument("--index-fmt", default="fp8", choices=sorted(INDEX_FORMATS), help="index-key format")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (divides KDA heads)")
-    parser.add_argument("--dcp", type=int, default=1, help="decode-context-parallel size (shards tokens)")
-    parser.add_argument("--block-tokens", type=int, default=64, help="tokens per block per rank (default 64)")
-    parser.add_argument("--row-rounding", default="pow2", choices=ROW_ROUNDINGS,
-                        help="row bytes rounded to a power of two (default) or to 256 B")
-    parser.add_argument("--memory-gib", type=float, required=True, help="cache memory per device, GiB")
-    parser.add_argument("--context", required=True, help="context length for 'full contexts': 1000000, 128k, 1M, 1Mi")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser = subparsers.add_parser("plan", help="packed KV cache capacity planner: the tokens and contexts that fit",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser._negative_number_matcher = _NEGATIVE_VALUE
+    parser.add_argument("--config", default="k31-pro", help="preset name or JSON config path (default: %(default)s)")
+    parser.add_argument("--latent-fmt", default="fp8", choices=sorted(LATENT_FORMATS),
+                        help="MLA latent format (default: %(default)s)")
+    parser.add_argument("--index-fmt", default="fp8", choices=sorted(INDEX_FORMATS),
+                        help="index-key format (default: %(default)s)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size, divides the KDA heads "
+                                                          "(default: %(default)s)")
+    parser.add_argument("--dcp", type=int, default=1, help="decode-context-parallel size, shards the tokens "
+                                                           "(default: %(default)s)")
+    parser.add_argument("--block-tokens", type=int, default=64,
+                        help="tokens per block per rank (default: %(default)s)")
+    parser.add_argument("--row-rounding", default=DEFAULT_ROW_ROUNDING, choices=ROW_ROUNDINGS,
+                        help="row bytes rounded to a multiple of 256 B ('page') or to a power of two ('pow2', "
+                             "for consumers that need power-of-two buffers) (default: %(default)s)")
+    parser.add_argument("--memory-gib", type=float, required=True, help="cache memory per device, GiB (required)")
+    parser.add_argument("--context", required=True,
+                        help=f"context length for 'full contexts': {TOKEN_EXAMPLES} (k, M, G: powers of 10; "
+                             "Ki, Mi, Gi: powers of 2) (required)")
+    parser.add_argument("--verbose", "-v", action="store_true",
+                        help="also the row layout, the KDA state layout and the per-layer padded layouts")
+    parser.add_argument("--json", action="store_true", help="everything, machine-readable (unfolded)")
     parser.set_defaults(func=run)
