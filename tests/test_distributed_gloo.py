@@ -51,6 +51,10 @@ def merge_scenarios(world):
         "all_winners_on_one_rank": (one_rank, torch.full((3,), width), 12),
         "rows_shorter_than_k": (torch.randn(2, width, generator=gen), torch.tensor([5, width - 3]), 3 * width),
         "raw_scores_sharing_rounded_keys": (coarse, torch.tensor([world * 4096, 301, 37]), 20),
+        # Issue 20: where the exact protocol would send more than the generic merge, it must not.
+        "heavy_ties": (torch.full((4, world * 64), 7.0), torch.full((4,), world * 64), 48),
+        "low_bit_differences": (1.0 + torch.randint(0, 64, (3, world * 4096), generator=gen).float() * 2.0 ** -23,
+                                torch.full((3,), world * 4096), 96),
     }
 
 
@@ -212,7 +216,7 @@ def same_topk_set(got, expected):
 
 
 @pytest.mark.parametrize("scenario", ["ties_and_ragged_lengths", "all_winners_on_one_rank", "rows_shorter_than_k",
-                                      "raw_scores_sharing_rounded_keys"])
+                                      "raw_scores_sharing_rounded_keys", "heavy_ties", "low_bit_differences"])
 def test_every_rank_gets_the_single_device_topk_of_raw_scores(gloo, scenario):
     _, ranks = case(gloo, "merge")
     for r in ranks:
@@ -231,10 +235,23 @@ def test_the_reference_merge_is_the_single_device_topk_of_the_gathered_row(gloo,
         assert torch.equal(r[scenario]["by_definition"], r[scenario]["expected"])
 
 
+def test_no_rank_sends_more_than_the_generic_merge_and_heavy_ties_are_bounded(gloo):
+    world, ranks = case(gloo, "merge")
+    for r in ranks:
+        for name, result in r.items():
+            stats = result["stats"]
+            assert result["counted_bytes"] <= stats.generic_payload_bytes * (world - 1), name
+    for name in ("heavy_ties", "low_bit_differences"):  # the plain band round would exceed the generic volume
+        assert {r[name]["stats"].protocol for r in ranks} == {"exact+completion"}, name
+
+
 def test_the_band_round_runs_where_rounded_keys_tie(gloo):
     _, ranks = case(gloo, "merge")
     assert all(r["raw_scores_sharing_rounded_keys"]["stats"].band_rows == 3 for r in ranks)
-    assert sum(r["raw_scores_sharing_rounded_keys"]["stats"].band_bytes for r in ranks) > 0
+    # raw scores travel: in the band round, or in the completion where the band round would cost more
+    assert sum(r["raw_scores_sharing_rounded_keys"]["stats"].band_bytes
+               + r["raw_scores_sharing_rounded_keys"]["stats"].completion_bytes for r in ranks) > 0
+    assert any(result["stats"].band_bytes > 0 for r in ranks for result in r.values())  # some band round ran
 
 
 def test_only_the_rank_owning_unsent_winners_resends(gloo):

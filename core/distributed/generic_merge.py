@@ -60,8 +60,9 @@ def generic_topk_merge(local_scores: torch.Tensor, local_lengths: torch.Tensor, 
     all_scores = collective.all_gather(cand_scores, group, "generic topk_merge scores")  # [W, T, k]
     all_ids = collective.all_gather(cand_ids, group, "generic topk_merge ids")
     tokens = local_scores.shape[0]
-    merged_scores = all_scores.permute(1, 0, 2).reshape(tokens, -1)
-    merged_ids = all_ids.permute(1, 0, 2).reshape(tokens, -1)
+    # Explicit widths, not -1: with zero rows there are zero elements and -1 would be ambiguous.
+    merged_scores = all_scores.permute(1, 0, 2).reshape(tokens, world * local.shape[1])
+    merged_ids = all_ids.permute(1, 0, 2).reshape(tokens, world * local.shape[1])
     # -1 ids carry -inf scores; give them a huge id so they never outrank a real candidate.
     merged_ids = torch.where(merged_ids < 0, torch.full_like(merged_ids, torch.iinfo(torch.int32).max), merged_ids)
     return rank_with_tie_rule(merged_scores, merged_ids, k).to(torch.int32)

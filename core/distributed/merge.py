@@ -30,9 +30,22 @@ rule: smaller global position wins; -inf never selected; -1 padding last). Order
 band by (rounded key, position), then the band's winners by (raw score, position); best first
 up to the rounding classes.
 
+4. **The bound** (issue 20): never more bytes per rank than the generic merge (``8·T·k``). The local
+   ranking is by raw score (then smaller id), so a rank's first ``k`` words are its exact local top-k.
+   Where the band round would make some rank exceed the generic volume (heavy ties, scores differing
+   only in bits the packing drops), the band rows are settled by the *completion* instead: each rank
+   sends the words of its local ranks ``c..k-1`` the peers have not seen, plus the ``id_bits`` low bits
+   of every one of its first ``k`` score keys, bit-packed; every rank then knows every rank's local
+   top-k with raw scores, and the global winners are among them. Per row that is at most
+   ``4·(k + 1) + k·id_bits/8`` bytes with the first round and the resend (< ``8·k`` for ``k >= 12``).
+   Calls whose worst case (:func:`worst_case_exact_bytes`) would still exceed the generic merge (tiny
+   ``k``) use the generic merge outright. Every choice depends only on gathered data or shapes, so every
+   rank makes the same one; ``MergeStats.protocol`` records it.
+
 Traffic per rank (payload it contributes, each reaching the ``W-1`` peers): ``4·(2 + T·c)`` bytes,
 plus ``4·(ranked - c)`` per flagged row, plus the band round's ``4·|known band members|`` (or
-``8·m``) per band row; the generic merge contributes ``8·T·k``. At W = 8, k = 2048 with neither
+``8·m``) per band row, or the completion's bytes instead of the band round's; the generic merge
+contributes ``8·T·k``, the most this merge ever sends. At W = 8, k = 2048 with neither
 resend nor band round: c = 384, 1,536 vs 16,384 bytes per row, 10.7x less.
 """
 from __future__ import annotations
@@ -45,7 +58,8 @@ import torch
 
 from ..ops.collectives import group_rank_and_size
 from . import collective
-from .traffic import MergeStats, merge_traffic
+from .generic_merge import generic_topk_merge, rank_with_tie_rule
+from .traffic import MergeStats, generic_payload_bytes, merge_traffic
 from .packing import (
     id_bits_for_width,
     pack_candidates,
@@ -95,13 +109,26 @@ def plan_merge(k: int, width: int, world: int, oversample: float = OVERSAMPLE) -
                      ranked=ranked, pos_bits=max(1, (world * width - 1).bit_length()))
 
 
+def _raw_order(local_scores: torch.Tensor, valid: torch.Tensor, id_bits: int) -> torch.Tensor:
+    """``[T, N]`` int64 sort keys in the single-device tie rule's order (raw score, then smaller local id):
+    ``score_key << id_bits | (2**id_bits - 1 - id)`` (at most 55 bits), -1 where not a candidate."""
+    ids = torch.arange(local_scores.shape[1], device=local_scores.device, dtype=torch.int64)
+    order = (score_key(local_scores) << id_bits) | ((1 << id_bits) - 1 - ids)[None, :]
+    return torch.where(valid, order, torch.full_like(order, -1))
+
+
 def rank_locally(local_scores: torch.Tensor, local_lengths: torch.Tensor, plan: MergePlan) -> torch.Tensor:
     """``[T, N]`` fp32 scores -> ``[T, ranked]`` int64 words, best first; 0 = no candidate.
 
-    Entries at or past ``local_lengths[t]`` and -inf entries are never candidates.
+    Entries at or past ``local_lengths[t]`` and -inf entries are never candidates. The ranking is by
+    *raw* score, then smaller local id (the tie rule): rounded keys still never increase along it (the
+    truncation is monotone), which is all the first round and the band round rely on, and its first
+    ``k`` words are exactly this rank's local top-k, which the bounded completion relies on.
     """
-    words = pack_candidates(local_scores, _valid_entries(local_scores, local_lengths), plan.id_bits)
-    return torch.topk(words, plan.ranked, dim=1, sorted=True).values  # words are distinct except 0s
+    valid = _valid_entries(local_scores, local_lengths)
+    best = torch.topk(_raw_order(local_scores, valid, plan.id_bits), plan.ranked, dim=1, sorted=True)
+    words = pack_candidates(local_scores, valid, plan.id_bits).gather(1, best.indices)
+    return torch.where(best.values >= 0, words, torch.zeros_like(words))
 
 
 def _valid_entries(local_scores: torch.Tensor, local_lengths: torch.Tensor) -> torch.Tensor:
@@ -320,11 +347,124 @@ def first_round_payload_bytes(rows: int, plan: MergePlan) -> int:
     return WORD_BYTES * (HEADER_INTS + rows * plan.candidates)
 
 
+# ----------------------------------------------------------------------------- the bounded completion
+
+def completion_width(plan: MergePlan) -> int:
+    """``min(k, ranked)``: how deep the completion makes each rank's raw ranking known (its local top-k)."""
+    return min(plan.k, plan.ranked)
+
+
+def _remainder_words(count: int, plan: MergePlan) -> int:
+    """int32 words holding ``count`` remainders of ``id_bits`` bits each, packed densely."""
+    return -(-count * plan.id_bits // 32)
+
+
+def completion_counts(known_depth: torch.Tensor, plan: MergePlan) -> list[int]:
+    """int32 values each rank sends in the completion of ``R`` rows whose ranking is known to
+    ``known_depth`` ``[W, R]`` words (c, or ``ranked`` for a rank that resent that row): the words of its
+    local ranks ``depth..k-1``, then the ``id_bits`` truncated-away bits of every one of its first ``k``
+    words' score keys, bit-packed."""
+    depth = completion_width(plan)
+    rows = known_depth.shape[1]
+    missing = (depth - known_depth).clamp(min=0).sum(dim=1)
+    return [int(n) + _remainder_words(rows * depth, plan) for n in missing.tolist()]
+
+
+def worst_case_exact_bytes(rows: int, plan: MergePlan) -> int:
+    """The most one rank can contribute to the exact merge of ``rows`` rows: the first round, a resend in
+    every row, and the completion of every row (the band round is only used where it costs less than the
+    completion would). If this exceeds the generic merge's bytes, the call uses the generic merge."""
+    return WORD_BYTES * (HEADER_INTS + rows * plan.ranked + _remainder_words(rows * completion_width(plan), plan))
+
+
+def _pack_bits(values: torch.Tensor, bits: int) -> torch.Tensor:
+    """``[n]`` int64 values in ``[0, 2**bits)`` -> ``[ceil(n·bits/32)]`` int32 wire words, densely packed."""
+    if bits == 0 or values.numel() == 0:
+        return values.new_zeros(_remainder_words(values.numel(), MergePlan(1, 1, 1, bits, 1, 1, 1)),
+                                dtype=torch.int32)
+    shifts = torch.arange(bits, device=values.device)
+    stream = ((values[:, None] >> shifts) & 1).reshape(-1)
+    stream = torch.cat([stream, stream.new_zeros((-stream.numel()) % 32)]).reshape(-1, 32)
+    return words_to_wire((stream << torch.arange(32, device=values.device)).sum(dim=1))
+
+
+def _unpack_bits(wire: torch.Tensor, count: int, bits: int) -> torch.Tensor:
+    """Inverse of :func:`_pack_bits`: ``count`` int64 values."""
+    if bits == 0 or count == 0:
+        return torch.zeros(count, dtype=torch.int64, device=wire.device)
+    stream = ((wire_to_words(wire)[:, None] >> torch.arange(32, device=wire.device)) & 1).reshape(-1)
+    stream = stream[:count * bits].reshape(count, bits)
+    return (stream << torch.arange(bits, device=wire.device)).sum(dim=1)
+
+
+def completion_payload(local_scores: torch.Tensor, own_words: torch.Tensor, depth: torch.Tensor,
+                       rows: torch.Tensor, plan: MergePlan) -> torch.Tensor:
+    """What one rank sends in the completion: ``[completion_counts(...)[rank]]`` int32.
+
+    Args:
+        local_scores: ``[T, N]`` fp32; own_words: ``[T, ranked]`` int64, its raw ranking;
+        depth: ``[R]`` words of each completed row the peers know already; rows: ``[R]`` the rows.
+    """
+    width = completion_width(plan)
+    words = own_words[rows, :width]
+    columns = torch.arange(width, device=words.device)[None, :]
+    missing = words[columns >= depth[:, None]]  # row after row, the words peers have not seen
+    ids = unpack_local_ids(words, plan.id_bits).clamp(0, plan.width - 1)
+    remainder = score_key(local_scores[rows].gather(1, ids)) & ((1 << plan.id_bits) - 1)
+    remainder = torch.where(words != 0, remainder, torch.zeros_like(remainder))
+    return torch.cat([words_to_wire(missing), _pack_bits(remainder.reshape(-1), plan.id_bits)])
+
+
+def resolve_completion(parts: Sequence[torch.Tensor], known: torch.Tensor, depth: torch.Tensor,
+                       rows: torch.Tensor, plan: MergePlan) -> torch.Tensor:
+    """``[R, k]`` int64 global positions of the completed rows, best first by (raw score, position), -1
+    padding: every rank's local top-k is now known with its raw scores, and every global winner is among
+    its own rank's local top-k."""
+    world = len(parts)
+    width = completion_width(plan)
+    columns = torch.arange(width, device=known.device)[None, :]
+    pos_mask = (1 << plan.pos_bits) - 1
+    candidates = []
+    for r, part in enumerate(parts):
+        part = part.to(known.device)
+        words = known[r, rows, :width].clone()
+        fill = columns >= depth[r][:, None]
+        count = int(fill.sum())
+        words[fill] = wire_to_words(part[:count])
+        remainder = _unpack_bits(part[count:], rows.numel() * width, plan.id_bits).reshape(rows.numel(), width)
+        raw_key = ((words >> plan.id_bits) << plan.id_bits) | remainder
+        positions = unpack_local_ids(words, plan.id_bits) * world + r
+        order = (raw_key << plan.pos_bits) | (pos_mask - positions)
+        candidates.append(torch.where(words != 0, order, torch.full_like(order, -1)))
+    top = select_top(torch.cat(candidates, dim=1), plan.k)
+    return torch.where(top >= 0, pos_mask - (top & pos_mask), torch.full_like(top, -1))
+
+
+# ----------------------------------------------------------------------------- the generic fallback
+
+def _local_topk(local_scores: torch.Tensor, local_lengths: torch.Tensor, k: int) -> torch.Tensor:
+    """``[T, k]`` local ids of the raw local top-k under the tie rule, -1 padded (the generic fallback's)."""
+    width = local_scores.shape[1]
+    order = _raw_order(local_scores, _valid_entries(local_scores, local_lengths), id_bits_for_width(width))
+    best = torch.topk(order, min(k, width), dim=1, sorted=True)
+    ids = torch.where(best.values >= 0, best.indices, torch.full_like(best.indices, -1))
+    if ids.shape[1] < k:
+        ids = torch.cat([ids, ids.new_full((ids.shape[0], k - ids.shape[1]), -1)], dim=1)
+    return ids
+
+
+def _generic_stats(world: int, rows: int, k: int) -> MergeStats:
+    return MergeStats(world=world, rows=rows, k=k, candidates=k, key_bits=32, first_round_bytes=0, resend_bytes=0,
+                      resend_rows=(0,) * world, generic_bytes=generic_payload_bytes(rows, k), protocol="generic")
+
+
 # ----------------------------------------------------------------------------- the algorithm
 
 def _merge_after_first_round(first: torch.Tensor, mine: Mapping[int, tuple], plan: MergePlan, exchange: Exchange
                              ) -> tuple[torch.Tensor, list[MergeStats]]:
-    """Steps 1-3 of the module docstring from the gathered first-round words ``[W, T, c]``.
+    """Steps 1-3 of the module docstring from the gathered first-round words ``[W, T, c]``, with the
+    bound: where the band round would make some rank send more than the generic merge, the band rows are
+    settled by the completion instead (every rank's local top-k made known with raw scores).
 
     ``mine``: rank -> (local scores ``[T, N]``, local lengths ``[T]``, local ranking ``[T, ranked]``)
     for the rank(s) this process computes payloads for. Returns positions and per-rank stats.
@@ -342,17 +482,40 @@ def _merge_after_first_round(first: torch.Tensor, mine: Mapping[int, tuple], pla
     positions = keys_to_positions(selected, plan)
     band = plan_band(known, selected, plan)
     band_counts = band.counts.sum(dim=1).tolist()
+    completion_counts_ = [0] * world
+    protocol = "exact"
     if band.rows.numel():
-        payloads = {r: band_payload(scores, lengths, ranked, r, band, plan)
-                    for r, (scores, lengths, ranked) in mine.items()}
-        parts = exchange(payloads, band_counts, "topk_merge band round")
-        positions = insert_band_winners(positions, band, resolve_band(parts, known, band, plan))
+        spent = [WORD_BYTES * (HEADER_INTS + tokens * c + resend_counts[r]) for r in range(world)]
+        depth = torch.where(flagged[:, band.rows], plan.ranked, c)  # [W, R] words the peers know
+        completion = completion_counts(depth, plan)
+        band_total = max(spent[r] + WORD_BYTES * band_counts[r] for r in range(world))
+        completion_total = max(spent[r] + WORD_BYTES * completion[r] for r in range(world))
+        if completion_total < band_total and band_total > generic_payload_bytes(tokens, plan.k):
+            protocol, completion_counts_, band_counts = "exact+completion", completion, [0] * world
+            payloads = {r: completion_payload(scores, ranked, depth[r], band.rows, plan)
+                        for r, (scores, _, ranked) in mine.items()}
+            parts = exchange(payloads, completion, "topk_merge completion")
+            positions = positions.clone()
+            positions[band.rows] = resolve_completion(parts, known, depth, band.rows, plan).to(positions.dtype)
+        else:
+            payloads = {r: band_payload(scores, lengths, ranked, r, band, plan)
+                        for r, (scores, lengths, ranked) in mine.items()}
+            parts = exchange(payloads, band_counts, "topk_merge band round")
+            positions = insert_band_winners(positions, band, resolve_band(parts, known, band, plan))
     stats = [MergeStats(world=world, rows=tokens, k=plan.k, candidates=c, key_bits=plan.key_bits,
                         first_round_bytes=first_round_payload_bytes(tokens, plan),
                         resend_bytes=WORD_BYTES * resend_counts[r], resend_rows=resend_rows,
-                        band_bytes=WORD_BYTES * band_counts[r], band_rows=int(band.rows.numel()))
+                        band_bytes=WORD_BYTES * band_counts[r], band_rows=int(band.rows.numel()),
+                        completion_bytes=WORD_BYTES * completion_counts_[r], protocol=protocol)
              for r in range(world)]
     return positions, stats
+
+
+def uses_generic(rows: int, plan: MergePlan) -> bool:
+    """Whether a call of ``rows`` rows goes straight to the generic merge: the exact protocol's worst case
+    (:func:`worst_case_exact_bytes`) would exceed the generic merge's bytes (tiny ``k``, where the header
+    and the resend outweigh the packing). Depends on shapes only, so every rank decides the same."""
+    return worst_case_exact_bytes(rows, plan) > generic_payload_bytes(rows, plan.k)
 
 
 def _check_headers(headers: torch.Tensor, plan: MergePlan) -> None:
@@ -376,6 +539,10 @@ def exact_topk_merge(local_scores: torch.Tensor, local_lengths: torch.Tensor, k:
     rank, world = group_rank_and_size(group)
     tokens = local_scores.shape[0]
     plan = plan_merge(k, local_scores.shape[1], world)
+    if uses_generic(tokens, plan):
+        positions = generic_topk_merge(local_scores, local_lengths, k, group, local_topk=_local_topk)
+        merge_traffic.record(_generic_stats(world, tokens, k))
+        return positions
     ranked = rank_locally(local_scores, local_lengths, plan)
     header = torch.tensor([plan.width, plan.k], dtype=torch.int32, device=local_scores.device)
     message = torch.cat([header, words_to_wire(ranked[:, :plan.candidates]).reshape(-1)])
@@ -403,6 +570,14 @@ def merge_in_process(local_scores: Sequence[torch.Tensor], local_lengths: Sequen
     """
     world = len(local_scores)
     plan = plan_merge(k, local_scores[0].shape[1], world)
+    tokens = local_scores[0].shape[0]
+    if uses_generic(tokens, plan):  # each rank's raw local top-k, ranked together as the generic merge does
+        local = [_local_topk(s, n, k).long() for s, n in zip(local_scores, local_lengths)]
+        scores = torch.cat([torch.where(ids >= 0, s.gather(1, ids.clamp_min(0)), float("-inf"))
+                            for s, ids in zip(local_scores, local)], dim=1)
+        ids = torch.cat([torch.where(ids >= 0, ids * world + r, torch.full_like(ids, torch.iinfo(torch.int32).max))
+                         for r, ids in enumerate(local)], dim=1)
+        return rank_with_tie_rule(scores, ids, k).to(torch.int32), [_generic_stats(world, tokens, k)] * world
     mine = {r: (s, n, rank_locally(s, n, plan)) for r, (s, n) in enumerate(zip(local_scores, local_lengths))}
     first = torch.stack([mine[r][2][:, :plan.candidates] for r in range(world)])
 

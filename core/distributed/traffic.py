@@ -30,11 +30,15 @@ class MergeStats:
     resend_bytes: int
     resend_rows: tuple[int, ...]  # flagged rows per rank
     band_bytes: int = 0  # this rank's band-round payload (raw fp32 scores, ids where needed)
-    band_rows: int = 0  # rows that needed a band round (the same on every rank)
+    band_rows: int = 0  # rows whose rounding class needed raw scores (the same on every rank)
+    completion_bytes: int = 0  # the completion that replaced the band round where it was cheaper
+    generic_bytes: int = 0  # the generic merge's payload, when the call used it outright
+    protocol: str = "exact"  # "exact", "exact+completion" or "generic": what bounded the call
 
     @property
     def payload_bytes(self) -> int:
-        return self.first_round_bytes + self.resend_bytes + self.band_bytes
+        return (self.first_round_bytes + self.resend_bytes + self.band_bytes + self.completion_bytes
+                + self.generic_bytes)
 
     @property
     def wire_bytes(self) -> int:
@@ -61,6 +65,8 @@ class MergeTrafficLog:
     resent_rows: int = 0
     band_rows: int = 0
     rows: int = 0
+    completion_calls: int = 0  # calls whose band rows were settled by the completion
+    generic_calls: int = 0  # calls that used the generic merge outright
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_MERGES))
 
     @property
@@ -74,11 +80,13 @@ class MergeTrafficLog:
         self.resent_rows += sum(stats.resend_rows)
         self.band_rows += stats.band_rows
         self.rows += stats.rows
+        self.completion_calls += stats.protocol == "exact+completion"
+        self.generic_calls += stats.protocol == "generic"
         self.recent.append(stats)
 
     def reset(self) -> None:
         self.calls = self.payload_bytes = self.generic_payload_bytes = self.resent_rows = 0
-        self.band_rows = self.rows = 0
+        self.band_rows = self.rows = self.completion_calls = self.generic_calls = 0
         self.recent.clear()
 
 
