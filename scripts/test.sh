@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
-# The test suite, from nothing but Python: builds the environment, runs pytest (extra arguments go
-# to pytest), then the TPU backend's job on XLA's CPU client in its own environment
-# (scripts/test-tpu.sh: torch 2.9.0 + torch-xla 2.9.0). DSAHAL_SKIP_TPU=1 skips the latter.
+# The test suite, from nothing but Python (what CI runs through .ci/run). Two parts, each announced by
+# a one-line banner:
+#   1. pytest over tests/ in .venv (torch 2.13.0; scripts/env.sh builds it);
+#   2. the TPU backend's job, scripts/test-tpu.sh: tests_tpu/ and the conformance suite against `tpu`
+#      on XLA's CPU client, in its own environment .venv-tpu (torch 2.9.0 + torch-xla 2.9.0).
+# Without arguments both parts run. Arguments are pytest arguments for part 1 (`-k registry`,
+# `tests/test_plan.py`) and select tests of tests/ only, so part 2 is then skipped with a line saying
+# so: run `scripts/test-tpu.sh [pytest arguments for tests_tpu/]` for it. DSAHAL_SKIP_TPU=1 always
+# skips part 2; DSAHAL_WITH_TPU=1 runs it even with arguments.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$ROOT"
 # One thread per process: the suite spawns gloo ranks and helper processes on a 2-core machine.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-python -m pytest -q "$@"
-if [ "${DSAHAL_SKIP_TPU:-0}" != "1" ]; then
+start=$SECONDS
+echo "== part 1/2: pytest tests/ in .venv${*:+ (arguments: $*)}"
+python -m pytest -q "$@" || { rc=$?; echo "== part 1/2 failed (pytest exit status $rc)"; exit "$rc"; }
+echo "== part 1/2 passed in $((SECONDS - start)) s"
+if [ "${DSAHAL_SKIP_TPU:-0}" = "1" ]; then
+    echo "== part 2/2 (TPU backend job) skipped: DSAHAL_SKIP_TPU=1"
+elif [ "$#" -gt 0 ] && [ "${DSAHAL_WITH_TPU:-0}" != "1" ]; then
+    echo "== part 2/2 (TPU backend job) skipped: the arguments select tests of tests/ only;" \
+         "run scripts/test-tpu.sh for it (or DSAHAL_WITH_TPU=1)"
+else
     "$ROOT/scripts/test-tpu.sh"
 fi
