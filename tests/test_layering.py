@@ -39,17 +39,6 @@ CONTRACT = ("dsahal.ops", "dsahal.registry", "dsahal.reference", "dsahal.formats
 CONSUMERS = ("dsahal.model", "dsahal.engine", "dsahal.distributed", "dsahal.cli", "dsahal.bench", "dsahal.backends",
              "dsahal.conformance")
 
-# Violations known to lie outside the change that added this test, each with its owner and fix. The
-# rule tests below leave these out; each one has its own strict expected failure, so that the first
-# run after the fix fails on the mark ("XPASS(strict)"): then delete its entry here.
-KNOWN = {
-    ("dsahal.reference.kda", "dsahal.ops.kda"):
-        "core/reference/kda.py takes L2NORM_EPS from dsahal.ops.kda: the constant belongs in the contract's "
-        "catalog or the reference itself (outside this change's files)",
-    ("dsahal.reference.collectives", "dsahal.ops.collectives"):
-        "core/reference/collectives.py takes group_rank_and_size from dsahal.ops.collectives: the reference "
-        "should ask torch.distributed itself (outside this change's files)",
-}
 
 
 @dataclass(frozen=True)
@@ -166,7 +155,7 @@ def _describe(imports) -> list[str]:
 
 
 def _unexpected(imports) -> list[str]:
-    return _describe(imp for imp in imports if (imp.source, imp.target) not in KNOWN)
+    return _describe(imports)
 
 
 def reference_violations() -> list[Import]:
@@ -327,15 +316,3 @@ def test_no_import_cycle_even_through_function_level_imports():
     ``bench.model_step`` -> ``bench.cases``, both in review) still ties two modules into one: what they
     share belongs in a third."""
     assert import_cycles(module_level_only=False) == []
-
-
-def _known_case(source: str, target: str):
-    return pytest.param(source, target, id=f"{source}->{target}",
-                        marks=pytest.mark.xfail(strict=True, reason=KNOWN[(source, target)]))
-
-
-@pytest.mark.parametrize("source,target", [_known_case(*pair) for pair in KNOWN])
-def test_known_violation_is_gone(source, target):
-    """Fails while the import exists; once it is removed this XPASSes, which fails strictly: delete the
-    entry from KNOWN."""
-    assert not [imp for imp in imports_of(source) if imp.target == target]

@@ -14,7 +14,8 @@ from dsahal.registry import resolve_lazy
 def test_declares_every_op_as_routes_and_each_reference_resolves():
     backend = nvidia_backend()
     assert set(backend.ops) == set(OP_NAMES) and not backend.verifiers
-    assert [r.name for r in backend.routes("sparse_mla")] == ["flashmla_decode", "flashmla_prefill", "triton"]
+    assert [r.name for r in backend.routes("sparse_mla")] == ["triton_small_heads", "flashmla_decode", "flashmla_prefill",
+                                                                 "triton"]
     assert [r.name for r in backend.routes("kda_prefill")] == ["fla_chunk", "triton_recurrent"]
     pytest.importorskip("triton")
     for op in OP_NAMES:
@@ -32,7 +33,7 @@ def test_probe_says_why_it_is_unavailable_without_cuda():
 
 def test_claims_only_formats_with_kernels():
     caps = nvidia_backend().capabilities
-    assert caps.latent_formats == {"bf16", "fp8", "fp8_ds_mla"}
+    assert caps.latent_formats == {"bf16", "fp8", "fp8_ds_mla", "nvfp4"}
     assert caps.index_formats == {"bf16", "fp8"}
     assert caps.deterministic
 

@@ -14,6 +14,9 @@ import torch
 # Programs wanted in flight before sparse MLA splits a row's slot list (two per SM on an H200).
 TARGET_PROGRAMS = 264
 INVARIANT_SPLIT = 512  # slots per split in batch-invariant mode, for every batch size
+# The few-heads sparse MLA route (every head of a token in one program) takes calls up to this many
+# heads; above it FlashMLA (64/128-head tiles) or the general kernel serve.
+SMALL_HEADS_MAX = 32
 
 
 _batch_invariant: bool | None = None

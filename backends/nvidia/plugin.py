@@ -36,6 +36,8 @@ def routes() -> dict[str, list[Route]]:
                              description="packed 32-bit exact DCP merge over NCCL")],
         "positions_to_slots": [_triton("positions_to_slots")],
         "sparse_mla": [
+            Route("triton_small_heads", f"{PACKAGE}.ops:sparse_mla_small_heads", f"{PACKAGE}.verifiers:small_heads_accepts",
+                  description="every head of a token in one program: each latent row read once (H <= 32)"),
             Route("flashmla_decode", f"{flashmla}:sparse_mla_decode", f"{flashmla}:decode_accepts",
                   probe=f"{flashmla}:probe", description="FlashMLA SM90 sparse decode on fp8_ds_mla (V32) pages"),
             Route("flashmla_prefill", f"{flashmla}:sparse_mla_prefill", f"{flashmla}:prefill_accepts",
@@ -71,7 +73,7 @@ def capabilities() -> Capabilities:
     from .config import batch_invariant
 
     return Capabilities(
-        latent_formats=frozenset({"bf16", "fp8", "fp8_ds_mla"}),
+        latent_formats=frozenset({"bf16", "fp8", "fp8_ds_mla", "nvfp4"}),
         index_formats=frozenset({"bf16", "fp8"}),
         deterministic=True,  # exact radix-select top-k (tie rule honoured), fixed reduction orders
         batch_invariant=batch_invariant(),

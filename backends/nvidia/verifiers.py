@@ -1,9 +1,11 @@
-"""The NVIDIA backend's one verifier of its own: the fused DSA layer. Every other route is verified by
+"""The NVIDIA backend's own verifiers: the fused DSA layer and the few-heads sparse MLA. Every other route is verified by
 the shared Triton kernels' limits (:mod:`dsahal.backends.triton_kernels.limits`) or by
 :mod:`.flashmla`. Metadata only (no tensor values: no GPU sync)."""
 from __future__ import annotations
 
 from dsahal.backends.triton_kernels import limits
+
+from . import config
 
 
 def dsa_attention_accepts(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions,
@@ -18,3 +20,11 @@ def dsa_attention_accepts(q_index, index_weights, index_pages, q, kv_pages, bloc
     # which the Triton sparse MLA takes; the limits are asked about everything else.
     ok, why = limits.sparse_mla(q, kv_pages, None, kv_fmt, kv_scale, softmax_scale)
     return (ok, why) if ok else (False, f"sparse MLA: {why}")
+
+
+def small_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tuple[bool, str]:
+    """The few-heads kernel serves up to :data:`config.SMALL_HEADS_MAX` heads (where it beats FlashMLA's
+    padded tiles and our general kernel, by the H200 measurement in :mod:`.config`)."""
+    if q.dim() == 3 and q.shape[1] > config.SMALL_HEADS_MAX:
+        return False, f"{q.shape[1]} heads > {config.SMALL_HEADS_MAX}: the many-heads routes serve it"
+    return limits.sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)

@@ -34,10 +34,12 @@ def routes() -> dict[str, list[Route]]:
     }
     declared["kda_prefill"] = [Route("portable", f"{PACKAGE}.portable_kda:kda_prefill",
                                      description="batched fp32 torch, chunk by chunk")]
+    declared["topk_merge"] = [Route("exact_merge", "dsahal.distributed.merge:exact_topk_merge",
+                                    description="packed 32-bit exact DCP merge over torch.distributed")]
     return declared
 
 
-OPS = tuple(PORTABLE) + ("kda_prefill",)
+OPS = tuple(PORTABLE) + ("kda_prefill", "topk_merge")
 TAGS = frozenset({"gpu", "cuda", "ppu"})
 
 

@@ -48,6 +48,31 @@ def lse_combine_kernel(
         tl.store(out_ptr + t * stride_xt + h * stride_xh + cols, acc.to(out_ptr.dtype.element_ty), mask=cols < D)
 
 
+def _launch_args(o_parts, lse_parts, out, lse, block_d):
+    parts, tokens, heads, dim = o_parts.shape
+    return ((tokens * heads,), (
+        o_parts, o_parts.stride(0), o_parts.stride(1), o_parts.stride(2),
+        lse_parts, lse_parts.stride(0), lse_parts.stride(1), lse_parts.stride(2),
+        out, out.stride(0), out.stride(1), lse,
+        parts, heads, dim,
+    ), dict(BLOCK_W=max(triton.next_power_of_2(parts), 2), BLOCK_D=min(block_d, max(triton.next_power_of_2(dim), 16))))
+
+
+def prepare_bare_launch(o_parts, lse_parts, *, block_d=512, num_warps=4):
+    """``launch()``: exactly the kernel launch :func:`lse_combine` makes, outputs preallocated (the
+    dispatch bench's floor for this op)."""
+    parts, tokens, heads, dim = o_parts.shape
+    out = torch.empty((tokens, heads, dim), dtype=o_parts.dtype, device=o_parts.device)
+    lse = torch.empty((tokens, heads), dtype=torch.float32, device=o_parts.device)
+    grid, args, meta = _launch_args(o_parts, lse_parts, out, lse, block_d)
+
+    def launch():
+        lse_combine_kernel[grid](*args, **meta, num_warps=num_warps)
+        return out, lse
+
+    return launch
+
+
 def lse_combine(o_parts, lse_parts, *, out_dtype=None, block_d=512, num_warps=4):
     """Launch :func:`lse_combine_kernel`.
 
@@ -67,12 +92,6 @@ def lse_combine(o_parts, lse_parts, *, out_dtype=None, block_d=512, num_warps=4)
         return out, lse
     if parts == 0:
         return out.zero_(), lse.fill_(float("-inf"))
-    lse_combine_kernel[(tokens * heads,)](
-        o_parts, o_parts.stride(0), o_parts.stride(1), o_parts.stride(2),
-        lse_parts, lse_parts.stride(0), lse_parts.stride(1), lse_parts.stride(2),
-        out, out.stride(0), out.stride(1), lse,
-        parts, heads, dim,
-        BLOCK_W=max(triton.next_power_of_2(parts), 2), BLOCK_D=min(block_d, max(triton.next_power_of_2(dim), 16)),
-        num_warps=num_warps,
-    )
+    grid, args, meta = _launch_args(o_parts, lse_parts, out, lse, block_d)
+    lse_combine_kernel[grid](*args, **meta, num_warps=num_warps)
     return out, lse

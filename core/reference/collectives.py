@@ -4,11 +4,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..ops.collectives import group_rank_and_size
+
+
+def _world(group) -> int:
+    """The group's size; 1 when torch.distributed is not initialised (a single rank)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(group)
 
 
 def all_gather(x, group):
-    _, world = group_rank_and_size(group)
+    world = _world(group)
     if world == 1:
         return x.unsqueeze(0).clone()
     if x.is_cuda:  # NCCL/RCCL: one call into the output, no per-rank list and stack copy
@@ -21,7 +27,7 @@ def all_gather(x, group):
 
 
 def all_to_all(x, output_split_sizes, input_split_sizes, group):
-    _, world = group_rank_and_size(group)
+    world = _world(group)
     if world == 1:
         return x.clone()
     if output_split_sizes is None:

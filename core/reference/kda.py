@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ops.kda import L2NORM_EPS
+L2NORM_EPS = 1e-6  # fla's use_qk_l2norm: x / sqrt(sum(x^2) + 1e-6); dsahal.ops.kda documents the same
 
 CHUNK_SIZE = 64
 
