@@ -163,3 +163,22 @@ def assert_topk_rows(run, got: torch.Tensor, scores: torch.Tensor, lengths: torc
             missing = sorted(set(ref_valid.tolist()) - set(valid.tolist()))
             run.fail(prefix + f"tie rule violated (smaller index must win among equal scores): selected {extra} "
                      f"instead of {missing} (scores {scores[t, extra].tolist()} vs {scores[t, missing].tolist()})")
+
+
+def assert_untouched(run, what: str, after: torch.Tensor, before: torch.Tensor, mask: torch.Tensor | None = None,
+                     describe=None) -> None:
+    """Memory an op must not write (a read-only op's cache, other layers' bytes around a view, guard
+    rows) is bitwise what it was. ``mask``: only these elements are checked (None: all).
+    ``describe(index) -> str`` names the first changed element for the message."""
+    after, before = _cpu(after, before)
+    if after.dtype == torch.uint8:
+        changed = after != before
+    else:  # compare bits: NaN payloads and -0.0 count as data too
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[after.element_size()]
+        changed = after.contiguous().view(bits) != before.contiguous().view(bits)
+    if mask is not None:
+        changed &= _cpu(mask)[0]
+    if bool(changed.any()):
+        index = tuple(int(i) for i in changed.nonzero()[0])
+        where = describe(index) if describe is not None else _where(index)
+        run.fail(f"{what} changed: first at {where} ({int(changed.sum())} elements changed)")

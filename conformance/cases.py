@@ -16,7 +16,14 @@ import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float8_e4m3fn": torch.float8_e4m3fn}
+# Index tensors (slots, lengths, ids, block tables): every op accepts both; a kernel that reads an
+# int64 buffer as int32 words passes every int32 case.
+INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
 NEG_INF = float("-inf")
+# The packed cache's KDA state rows (:meth:`dsahal.cache.PackedKVCache.kda_states`): a state slot is
+# ``rows_per_state`` rows of this many bytes, each layer's state starting on a 256-byte boundary.
+STATE_ROW_BYTES = 4096
+STATE_ALIGN_FLOATS = 256 // 4
 
 
 def generator(seed: int) -> torch.Generator:
@@ -37,6 +44,48 @@ def strided_copy(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     wide[..., 1::2] = randn(gen, *t.shape).to(t.dtype) if t.is_floating_point() else 0
     wide[..., ::2] = t
     return wide[..., ::2]
+
+
+def fused_slice(t: torch.Tensor, gen: torch.Generator, before: int, after: int) -> torch.Tensor:
+    """The same values as a slice of a fused projection's output: ``t`` ``[T, *rest]`` becomes
+    columns ``[before, before + prod(rest))`` of a ``[T, before + prod(rest) + after]`` buffer (the
+    other columns random), unflattened: strides ``(width, ..., 1)``, a storage offset of ``before``,
+    rows not back to back. How a model hands q (and KDA's q, k, v) to the ops."""
+    rows, inner = t.shape[0], math.prod(t.shape[1:])
+    fused = randn(gen, rows, before + inner + after).to(t.dtype)
+    view = fused[:, before: before + inner].unflatten(1, tuple(t.shape[1:]))
+    view.copy_(t)
+    return view
+
+
+def untouched_mask(base: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
+    """Bool mask over ``base`` (``view``'s base buffer): True on every element ``view`` does not
+    cover (other layers' data, row padding, guard rows), which an op given ``view`` must not change."""
+    marks = torch.zeros(base.numel(), dtype=torch.uint8, device=base.device)
+    offset = view.storage_offset() - base.storage_offset()
+    marks.as_strided(view.shape, view.stride(), offset).fill_(1)
+    return (marks == 0).reshape(base.shape)
+
+
+def packed_state_pool(states: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``states`` ``[P, H, K, V]`` fp32 placed as the KDA state view of the packed cache.
+
+    The geometry of :meth:`dsahal.cache.PackedKVCache.kda_states`: state slot ``i`` is
+    ``rows_per_state`` rows of :data:`STATE_ROW_BYTES`; in it, three KDA layers' ``[H, K, V]``
+    states each start on a 256-byte boundary and the middle one is the view. So
+    ``stride(0) = rows_per_state * row_floats`` (not ``H*K*V``), the view starts at a storage offset,
+    and every state has another layer's floats on both sides; one more slot of random floats
+    follows the last. Returns ``(view, base)``; ``base`` is the contiguous fp32 row buffer.
+    """
+    pool, heads, key_dim, value_dim = states.shape
+    layer = heads * key_dim * value_dim
+    aligned = -(-layer // STATE_ALIGN_FLOATS) * STATE_ALIGN_FLOATS
+    row_floats = STATE_ROW_BYTES // 4
+    rows_per_state = -(-(2 * aligned + layer) // row_floats)
+    base = randn(gen, (pool + 1) * rows_per_state, row_floats)
+    view = base.as_strided(states.shape, (rows_per_state * row_floats, key_dim * value_dim, value_dim, 1), aligned)
+    view.copy_(states)
+    return view, base
 
 
 @dataclass(frozen=True)
@@ -86,11 +135,13 @@ def score_rows(gen: torch.Generator, rows: int, width: int, k: int, lengths, mod
 
     ``mode``: ``"continuous"`` (distinct values), ``"palette"`` (four values: heavy ties
     everywhere), ``"straddle"`` (a group of equal scores spanning the k-th place of every row
-    long enough). Entries past a row's length are garbage, half of it huge, so a backend that
+    long enough), ``"equal"`` (every valid score the same: the tie rule alone decides). Entries past a row's length are garbage, half of it huge, so a backend that
     ignores ``lengths`` is caught. ``inf_rows`` are entirely -inf.
     """
     if mode == "palette":
         scores = torch.randint(0, 4, (rows, width), generator=gen).float()
+    elif mode == "equal":
+        scores = torch.full((rows, width), 0.5)
     else:
         scores = randn(gen, rows, width)
     if mode == "straddle":
@@ -121,6 +172,7 @@ class TopkCase(Case):
     inf_rows: tuple
     noncontiguous: bool
     seed: int
+    index_dtype: str = "int32"  # of lengths
     CALL = "dsahal.ops.topk(args.scores, args.lengths, args.k)"
 
     def build(self) -> SimpleNamespace:
@@ -129,7 +181,8 @@ class TopkCase(Case):
                             self.neg_inf_fraction, self.inf_rows)
         if self.noncontiguous:
             scores = strided_copy(scores, gen)
-        return SimpleNamespace(scores=scores, lengths=torch.tensor(self.lengths, dtype=torch.int32), k=self.k)
+        return SimpleNamespace(scores=scores, lengths=torch.tensor(self.lengths, dtype=INDEX_DTYPES[self.index_dtype]),
+                               k=self.k)
 
 
 @dataclass(frozen=True)
@@ -198,6 +251,7 @@ class SlotsCase(Case):
     padding_fraction: float
     unmapped_fraction: float
     seed: int
+    index_dtype: str = "int32"  # of positions, req_ids and block_table
     CALL = "dsahal.ops.positions_to_slots(args.positions, args.req_ids, args.block_table, args.block_tokens)"
 
     def build(self) -> SimpleNamespace:
@@ -207,15 +261,17 @@ class SlotsCase(Case):
         capacity = self.max_blocks * self.block_tokens
         positions = torch.randint(0, capacity, (self.rows, self.cols), generator=gen)
         positions = torch.where(rand(gen, self.rows, self.cols) < self.padding_fraction, -1, positions)
-        req_ids = torch.randint(0, self.requests, (self.rows,), generator=gen).to(torch.int32)
-        return SimpleNamespace(positions=positions.to(torch.int32), req_ids=req_ids, block_table=table,
+        req_ids = torch.randint(0, self.requests, (self.rows,), generator=gen)
+        index = INDEX_DTYPES[self.index_dtype]
+        return SimpleNamespace(positions=positions.to(index), req_ids=req_ids.to(index), block_table=table.to(index),
                                block_tokens=self.block_tokens)
 
 
 @dataclass(frozen=True)
 class LseCase(Case):
     """``lse_offset`` shifts every partial lse (large values test an overflow-safe combine);
-    ``spread`` makes one part dominate; ``neg_inf_fraction`` empties parts."""
+    ``spread`` makes one part dominate; ``neg_inf_fraction`` empties parts. ``padded``: ``o_parts``
+    is a view of a split-K workspace whose rows are wider than ``dim`` (strided, not contiguous)."""
 
     parts: int
     rows: int
@@ -227,11 +283,16 @@ class LseCase(Case):
     neg_inf_fraction: float
     all_inf_rows: tuple
     seed: int
+    padded: bool = False
     CALL = "dsahal.ops.lse_combine(args.o_parts, args.lse_parts)"
 
     def build(self) -> SimpleNamespace:
         gen = generator(self.seed)
         o_parts = randn(gen, self.parts, self.rows, self.heads, self.dim).to(DTYPES[self.dtype])
+        if self.padded:
+            workspace = randn(gen, self.parts, self.rows, self.heads, self.dim + 8).to(o_parts.dtype)
+            workspace[..., : self.dim] = o_parts
+            o_parts = workspace[..., : self.dim]
         lse = self.lse_offset + self.spread * randn(gen, self.parts, self.rows, self.heads)
         lse = torch.where(rand(gen, *lse.shape) < self.neg_inf_fraction, NEG_INF, lse)
         for r in self.all_inf_rows:
@@ -245,7 +306,10 @@ class KdaCase(Case):
 
     ``padded``: per request, whether it uses state id -1 (no state). ``decay``: ``"none"``
     (g = 0), ``"mild"`` or ``"strong"`` (g down to -5 per step). Spare pool rows are guards: a
-    backend must leave them untouched."""
+    backend must leave them untouched. ``pool_layout``: ``"dense"`` (a contiguous ``[P, H, K, V]``
+    pool) or ``"packed"`` (the packed cache's strided state view, :func:`packed_state_pool`;
+    ``state_base`` is then the buffer around it, whose other floats must not change). ``fused``:
+    q, k, v are slices of one fused projection output and g a slice of a wider gate output."""
 
     seqlens: tuple
     heads: int
@@ -258,6 +322,9 @@ class KdaCase(Case):
     padded: tuple
     spare_states: int
     seed: int
+    index_dtype: str = "int32"  # of state_ids and cu_seqlens
+    pool_layout: str = "dense"
+    fused: bool = False
     CALL = ("dsahal.ops.kda_prefill(args.q, args.k, args.v, args.g, args.beta, args.cu_seqlens, "
                            "args.state_pool, args.state_ids, scale=args.scale, use_qk_l2norm=args.use_qk_l2norm)")
 
@@ -276,11 +343,25 @@ class KdaCase(Case):
         pool_size = len(self.seqlens) + self.spare_states
         state_pool = 0.3 * randn(gen, pool_size, h, kd, vd)
         order = torch.randperm(pool_size, generator=gen)[: len(self.seqlens)]
-        state_ids = torch.where(torch.tensor(self.padded, dtype=torch.bool), -1, order).to(torch.int32)
-        cu = torch.tensor([0, *torch.cumsum(torch.tensor(self.seqlens), 0).tolist()], dtype=torch.int32)
-        return SimpleNamespace(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g, beta=beta.to(dtype),
+        index = INDEX_DTYPES[self.index_dtype]
+        state_ids = torch.where(torch.tensor(self.padded, dtype=torch.bool), -1, order).to(index)
+        cu = torch.tensor([0, *torch.cumsum(torch.tensor(self.seqlens), 0).tolist()], dtype=index)
+        state_base = state_pool
+        if self.pool_layout == "packed":
+            state_pool, state_base = packed_state_pool(state_pool, gen)
+        q, k, v, beta = q.to(dtype), k.to(dtype), v.to(dtype), beta.to(dtype)
+        if self.fused:  # q | k | v columns of one [T, H*K + H*K + H*V] projection output
+            fused = torch.empty((tokens, h * (2 * kd + vd)), dtype=dtype)
+            views = []
+            for x, start in ((q, 0), (k, h * kd), (v, 2 * h * kd)):
+                view = fused[:, start: start + h * x.shape[-1]].unflatten(1, (h, x.shape[-1]))
+                view.copy_(x)
+                views.append(view)
+            q, k, v = views
+            g = fused_slice(g, gen, 3, 5)  # the gate from a wider low-rank projection output
+        return SimpleNamespace(q=q, k=k, v=v, g=g, beta=beta,
                                cu_seqlens=cu, state_pool=state_pool, state_ids=state_ids, scale=self.scale,
-                               use_qk_l2norm=self.use_qk_l2norm)
+                               use_qk_l2norm=self.use_qk_l2norm, state_base=state_base)
 
 
 @dataclass(frozen=True)

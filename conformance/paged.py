@@ -1,9 +1,17 @@
 """Cases of the ops that read or write a paged cache, and the guarded page pools they use.
 
-Pages are always a view into a larger random-byte pool: ``lead``/``trail`` guard bytes around
-every record (which also makes the view non-contiguous) and whole guard blocks before and after.
+Pages are always a view into a larger random-byte pool, in one of two layouts (a case's ``layout``):
+
+- ``"records"``: ``lead``/``trail`` guard bytes around every record (which also makes the view
+  non-contiguous) and whole guard blocks before and after; ``stride(0) = block_tokens * stride(1)``.
+- ``"packed"``: one DSA layer's pages of a real :class:`dsahal.cache.PackedKVCache`, whose row pool
+  holds a block of *every* layer's latent and index pages per row: ``stride(0) = row_bytes``,
+  records back to back inside a block, other layers' pages on both sides of each block's page, and
+  one guard row before and after. A kernel that addresses slot ``s`` at ``s * stride(1)`` (pages
+  "as if contiguous") passes every records case and corrupts the other layers here.
+
 Slots nobody writes keep random bytes, which decode to garbage (possibly NaN), so a backend that
-reads a slot it should not is caught.
+reads a slot it should not is caught; whatever the page view does not cover must never change.
 """
 from __future__ import annotations
 
@@ -13,10 +21,13 @@ from types import SimpleNamespace
 
 import torch
 
-from dsahal.conformance.cases import DTYPES, Case, generator, rand, randn, strided_copy
+from dsahal.conformance.cases import DTYPES, INDEX_DTYPES, Case, fused_slice, generator, rand, randn, strided_copy
 from dsahal.formats import INDEX_DIM, LATENT_DIM, cache_format
 
 REGIMES = ("normal", "wide", "limit", "tiny", "outlier")
+LAYOUTS = ("records", "packed")
+# The packed pool's other page, for cases that hold one kind: a DSA layer pages both kinds.
+OTHER_FORMAT = {"latent": "fp8", "index": "bf16"}  # index format beside a latent page, and vice versa
 FP8_LIMIT = 448.0  # e4m3's largest finite value: the "limit" regime puts token maxima exactly there
 
 
@@ -57,23 +68,50 @@ def token_values(spec, count: int, regime: str, gen: torch.Generator) -> tuple[t
 
 @dataclass
 class GuardedPages:
-    """``pages`` ``[num_blocks, block_tokens, token_bytes]`` is a view into ``pool``
-    ``[num_blocks + 2 * guard_blocks, block_tokens, lead + token_bytes + trail]``."""
+    """``pages`` ``[num_blocks, block_tokens, token_bytes]`` is a view into ``pool`` (uint8, any
+    shape, contiguous): ``[num_blocks + 2 * guard_blocks, block_tokens, lead + token_bytes + trail]``
+    in the records layout, the packed cache's ``[rows, row_bytes]`` in the packed one. ``lead``:
+    bytes before each record (records) or the page's offset in its row (packed)."""
 
     pool: torch.Tensor
     pages: torch.Tensor
     lead: int
     guard_blocks: int
 
+    def _record_start(self, slot: int) -> int:
+        """Offset of slot ``slot``'s first byte in the flattened pool, from the view's strides."""
+        block, offset = divmod(slot, self.pages.shape[1])
+        base = self.pages.storage_offset() - self.pool.storage_offset()
+        return base + block * self.pages.stride(0) + offset * self.pages.stride(1)
+
     def record_mask(self, slots: torch.Tensor) -> torch.Tensor:
-        """Bool mask over ``pool`` covering the records of ``slots`` (entries < 0 ignored)."""
-        mask = torch.zeros(self.pool.shape, dtype=torch.bool)
-        block_tokens, token_bytes = self.pages.shape[1], self.pages.shape[2]
+        """Bool mask over ``pool`` covering the records of ``slots`` (entries < 0 ignored), CPU."""
+        mask = torch.zeros(self.pool.numel(), dtype=torch.bool)
+        token_bytes = self.pages.shape[2]
         for slot in slots.reshape(-1).tolist():
             if slot >= 0:
-                block, offset = divmod(slot, block_tokens)
-                mask[self.guard_blocks + block, offset, self.lead: self.lead + token_bytes] = True
-        return mask
+                start = self._record_start(slot)
+                mask[start: start + token_bytes] = True
+        return mask.reshape(self.pool.shape)
+
+    def describe(self, index: tuple) -> str:
+        """What byte ``index`` (an index into ``pool``) is: a slot's record, or what surrounds them."""
+        num_blocks, block_tokens, token_bytes = self.pages.shape
+        if self.pool.dim() == 2:  # packed rows [rows, row_bytes]: the page starts at byte `lead` of a row
+            row, byte = (int(i) for i in index)
+            block = row - self.guard_blocks
+            if not 0 <= block < num_blocks:
+                return f"guard row {row} (outside the page view's blocks)"
+            if self.lead <= byte < self.lead + block_tokens * token_bytes:
+                return f"slot {block * block_tokens + (byte - self.lead) // token_bytes}"
+            return f"another layer's page or row padding (byte {byte} of block {block}'s row)"
+        block, offset, byte = (int(i) for i in index)
+        block -= self.guard_blocks
+        if not 0 <= block < num_blocks:
+            return "a guard block"
+        if not self.lead <= byte < self.lead + token_bytes:
+            return "a guard byte"
+        return f"slot {block * block_tokens + offset}"
 
 
 def guarded_pages(spec, num_blocks: int, block_tokens: int, lead: int, trail: int, guard_blocks: int,
@@ -83,6 +121,41 @@ def guarded_pages(spec, num_blocks: int, block_tokens: int, lead: int, trail: in
                          dtype=torch.uint8)
     pages = pool[guard_blocks: guard_blocks + num_blocks, :, lead: lead + spec.token_bytes]
     return GuardedPages(pool, pages, lead, guard_blocks)
+
+
+def packed_cache(latent_fmt: str, index_fmt: str, num_blocks: int, block_tokens: int, gen: torch.Generator):
+    """A real :class:`~dsahal.cache.PackedKVCache` of two DSA layers with ``num_blocks + 2`` rows of
+    random bytes (its pages are 256-byte aligned in each row, rows rounded to 256 bytes). Returns
+    ``(cache, pages(kind, layer=None) -> GuardedPages)``: rows ``1..num_blocks`` of a layer's page
+    view (rows 0 and ``num_blocks + 1`` are guards); by default the page with other pages on both
+    sides of it: layer 1's latent page, layer 0's index page."""
+    from dsahal.cache import PackedKVCache, plan_layout
+    from dsahal.config import ModelConfig
+
+    config = ModelConfig(name="conformance-packed", layer_kinds=("dsa", "dsa"), vocab_size=1, hidden_size=1,
+                         intermediate_size=1, num_heads=1, q_lora_rank=1)
+    layout = plan_layout(config, latent_fmt=latent_fmt, index_fmt=index_fmt, block_tokens=block_tokens,
+                         row_rounding="page")
+    cache = PackedKVCache(layout, num_blocks + 2)
+    cache.pool.copy_(torch.randint(0, 256, cache.pool.shape, generator=gen, dtype=torch.uint8))
+
+    def pages(kind: str, layer: int | None = None) -> GuardedPages:
+        layer = (1 if kind == "latent" else 0) if layer is None else layer
+        view = (cache.latent_pages if kind == "latent" else cache.index_pages)(layer)[1: 1 + num_blocks]
+        return GuardedPages(cache.pool, view, layout.page(layer, kind).offset, 1)
+
+    return cache, pages
+
+
+def case_pages(layout: str, kind: str, fmt: str, num_blocks: int, block_tokens: int, lead: int, trail: int,
+               guard_blocks: int, gen: torch.Generator) -> GuardedPages:
+    """The pages of a one-kind case in ``layout`` (``lead``/``trail``/``guard_blocks``: records only)."""
+    if layout == "packed":
+        latent, index = (fmt, OTHER_FORMAT[kind]) if kind == "latent" else (OTHER_FORMAT[kind], fmt)
+        return packed_cache(latent, index, num_blocks, block_tokens, gen)[1](kind)
+    if layout != "records":
+        raise ValueError(f"conformance: page layout expected one of {list(LAYOUTS)}, got {layout!r}")
+    return guarded_pages(cache_format(kind, fmt), num_blocks, block_tokens, lead, trail, guard_blocks, gen)
 
 
 def store(spec, pages: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, scale) -> None:
@@ -108,18 +181,20 @@ class CacheWriteCase(Case):
     trail: int
     guard_blocks: int
     seed: int
+    layout: str = "records"  # "packed": lead, trail and guard_blocks are the packed cache's
+    index_dtype: str = "int32"  # of slots
     CALL = ("dsahal.ops.cache_write(args.values, args.slots, args.pages, kind=args.kind, "
                            "fmt=args.fmt, scale=args.scale)")
 
     def build(self) -> SimpleNamespace:
         spec = cache_format(self.kind, self.fmt)
         gen = generator(self.seed)
-        guarded = guarded_pages(spec, self.num_blocks, self.block_tokens, self.lead, self.trail,
-                                self.guard_blocks, gen)
+        guarded = case_pages(self.layout, self.kind, self.fmt, self.num_blocks, self.block_tokens, self.lead,
+                             self.trail, self.guard_blocks, gen)
         values, scale = token_values(spec, self.tokens, self.regime, gen)
         num_slots = self.num_blocks * self.block_tokens
         slots = torch.randperm(num_slots, generator=gen)[: self.tokens]
-        slots = torch.where(rand(gen, self.tokens) < self.skip_fraction, -1, slots).to(torch.int32)
+        slots = torch.where(rand(gen, self.tokens) < self.skip_fraction, -1, slots).to(INDEX_DTYPES[self.index_dtype])
         return SimpleNamespace(values=values.to(DTYPES[self.dtype]), slots=slots, pages=guarded.pages,
                                kind=self.kind, fmt=self.fmt, scale=scale, guarded=guarded, spec=spec)
 
@@ -143,6 +218,9 @@ class IndexerCase(Case):
     lead: int
     noncontiguous_q: bool
     seed: int
+    layout: str = "records"
+    index_dtype: str = "int32"  # of block_table, req_ids, positions
+    fused_q: bool = False  # q: a slice of a fused projection output (rows not back to back)
     CALL = ("dsahal.ops.indexer_score(args.q, args.weights, args.index_pages, args.block_table, "
                            "args.req_ids, args.positions, index_fmt=args.index_fmt, max_context=args.max_context)")
 
@@ -150,7 +228,7 @@ class IndexerCase(Case):
         spec = cache_format("index", self.fmt)
         gen = generator(self.seed)
         meta = _paged_batch(self.requests, self.block_tokens, self.spare_blocks, self.hole, gen)
-        guarded = guarded_pages(spec, meta.num_blocks, self.block_tokens, self.lead, 0, 1, gen)
+        guarded = case_pages(self.layout, "index", self.fmt, meta.num_blocks, self.block_tokens, self.lead, 0, 1, gen)
         keys, _ = token_values(spec, meta.mapped_slots.numel(), self.regime, gen)
         store(spec, guarded.pages, meta.mapped_slots, keys, None)
         tokens = meta.positions.numel()
@@ -158,11 +236,14 @@ class IndexerCase(Case):
         q = q.clamp(-FP8_LIMIT, FP8_LIMIT).to(DTYPES[self.q_dtype])
         if self.noncontiguous_q:
             q = strided_copy(q.float(), gen).to(q.dtype) if q.dtype != torch.float8_e4m3fn else q
+        if self.fused_q:  # the index heads' columns of a wider projection output
+            q = fused_slice(q.contiguous(), gen, 64, 192)
         weights = randn(gen, tokens, self.heads) / math.sqrt(self.heads)
         max_context = max(1, max(length for length, _ in self.requests) + self.width_delta)
-        return SimpleNamespace(q=q, weights=weights, index_pages=guarded.pages, block_table=meta.block_table,
-                               req_ids=meta.req_ids, positions=meta.positions, index_fmt=self.fmt,
-                               max_context=max_context, guarded=guarded)
+        index = INDEX_DTYPES[self.index_dtype]
+        return SimpleNamespace(q=q, weights=weights, index_pages=guarded.pages, block_table=meta.block_table.to(index),
+                               req_ids=meta.req_ids.to(index), positions=meta.positions.to(index),
+                               index_fmt=self.fmt, max_context=max_context, guarded=guarded)
 
 
 @dataclass(frozen=True)
@@ -184,13 +265,16 @@ class SparseMlaCase(Case):
     regime: str
     lead: int
     seed: int
+    layout: str = "records"
+    index_dtype: str = "int32"  # of slots
+    fused_q: bool = False  # q: a slice of a fused projection output (rows not back to back)
     CALL = ("dsahal.ops.sparse_mla(args.q, args.kv_pages, args.slots, kv_fmt=args.kv_fmt, "
                            "kv_scale=args.kv_scale, softmax_scale=args.softmax_scale)")
 
     def build(self) -> SimpleNamespace:
         spec = cache_format("latent", self.fmt)
         gen = generator(self.seed)
-        guarded = guarded_pages(spec, self.num_blocks, self.block_tokens, self.lead, 0, 1, gen)
+        guarded = case_pages(self.layout, "latent", self.fmt, self.num_blocks, self.block_tokens, self.lead, 0, 1, gen)
         num_slots = self.num_blocks * self.block_tokens
         if self.duplicates:
             slots = torch.randint(0, num_slots, (self.rows, self.topk), generator=gen)
@@ -208,7 +292,10 @@ class SparseMlaCase(Case):
         q = randn(gen, self.rows, self.heads, LATENT_DIM)
         if self.regime in ("limit", "outlier"):  # keep logits finite-ish for 448-sized keys
             q = q / 64.0
-        return SimpleNamespace(q=q.to(DTYPES[self.q_dtype]), kv_pages=guarded.pages, slots=slots.to(torch.int32),
+        q = q.to(DTYPES[self.q_dtype])
+        if self.fused_q:  # the absorbed q's columns of a fused projection output (q_nope | q_pe | more)
+            q = fused_slice(q, gen, 128, 64)
+        return SimpleNamespace(q=q, kv_pages=guarded.pages, slots=slots.to(INDEX_DTYPES[self.index_dtype]),
                                kv_fmt=self.fmt, kv_scale=scale, softmax_scale=self.softmax_scale, guarded=guarded)
 
 
@@ -225,6 +312,7 @@ class DsaCase(Case):
     block_tokens: int
     q_dtype: str
     seed: int
+    layout: str = "records"  # "packed": index and latent pages of one layer of one PackedKVCache
     CALL = ("dsahal.ops.dsa_attention(args.q_index, args.index_weights, args.index_pages, args.q, "
                            "args.kv_pages, args.block_table, args.req_ids, args.positions, index_fmt=args.index_fmt, "
                            "kv_fmt=args.kv_fmt, topk=args.topk, max_context=args.max_context, "
@@ -234,8 +322,12 @@ class DsaCase(Case):
         gen = generator(self.seed)
         index_spec, latent_spec = cache_format("index", self.index_fmt), cache_format("latent", self.latent_fmt)
         meta = _paged_batch(self.requests, self.block_tokens, 1, False, gen)
-        index = guarded_pages(index_spec, meta.num_blocks, self.block_tokens, 0, 0, 0, gen)
-        latent = guarded_pages(latent_spec, meta.num_blocks, self.block_tokens, 0, 0, 0, gen)
+        if self.layout == "packed":
+            _, pages = packed_cache(self.latent_fmt, self.index_fmt, meta.num_blocks, self.block_tokens, gen)
+            index, latent = pages("index", 1), pages("latent", 1)  # one layer's two pages
+        else:
+            index = guarded_pages(index_spec, meta.num_blocks, self.block_tokens, 0, 0, 0, gen)
+            latent = guarded_pages(latent_spec, meta.num_blocks, self.block_tokens, 0, 0, 0, gen)
         keys, _ = token_values(index_spec, meta.mapped_slots.numel(), "normal", gen)
         store(index_spec, index.pages, meta.mapped_slots, keys, None)
         latents, kv_scale = token_values(latent_spec, meta.mapped_slots.numel(), "normal", gen)

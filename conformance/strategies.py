@@ -15,9 +15,20 @@ from hypothesis import strategies as st
 
 from dsahal import formats
 from dsahal.conformance.cases import KdaCase, LseCase, MergeCase, SlotsCase, TopkCase
-from dsahal.conformance.paged import REGIMES, CacheWriteCase, DsaCase, IndexerCase, SparseMlaCase
+from dsahal.conformance.paged import LAYOUTS, REGIMES, CacheWriteCase, DsaCase, IndexerCase, SparseMlaCase
 
 seeds = st.integers(0, 2**31 - 1)
+index_dtypes = st.sampled_from(["int32", "int64"])
+page_layouts = st.sampled_from(LAYOUTS)
+# Top-k kernels work a row in tiles (backends/triton_kernels/topk.py: chunks of 1024 or 2048
+# entries): rows wider than a tile now and then, so ties and the last partial tile span tiles.
+TOPK_TILE = 1024
+WIDE_ROWS = st.integers(TOPK_TILE + 1, 2 * TOPK_TILE + 100)
+# KDA prefill kernels work in chunks (64 tokens in fla and the reference, 16 in smaller kernels):
+# sequences of whole chunks end exactly on a chunk boundary, where the final state is stored.
+KDA_CHUNK_LENGTHS = st.sampled_from([16, 32, 64, 128])
+# lse_combine kernels often unroll a fixed number of partials (8): DCP 16, split-K over 8.
+MANY_PARTIALS = st.sampled_from([9, 16])
 
 
 def mostly(common, rare, rare_one_in: int = 6):
@@ -66,22 +77,24 @@ def length_around(draw, k: int, width: int) -> int:
 @st.composite
 def topk_cases(draw, max_rows: int = 6, max_width: int = 48) -> TopkCase:
     rows = draw(st.integers(1, max_rows))
-    width = draw(st.integers(1, max_width))
+    width = draw(mostly(st.integers(1, max_width), WIDE_ROWS, 5))
     k = draw(st.integers(1, width + 4))
     lengths = tuple(draw(st.lists(length_around(k, width), min_size=rows, max_size=rows)))
     inf_rows = tuple(sorted(draw(st.sets(st.integers(0, rows - 1), max_size=max(0, rows - 1)))))
     return TopkCase(rows=rows, width=width, k=k, lengths=lengths,
-                    mode=draw(st.sampled_from(["continuous", "palette", "straddle"])),
+                    mode=draw(st.sampled_from(["continuous", "palette", "straddle", "equal"])),
                     neg_inf_fraction=draw(st.sampled_from([0.0, 0.0, 0.2, 0.7])), inf_rows=inf_rows,
-                    noncontiguous=draw(st.booleans()), seed=draw(seeds))
+                    noncontiguous=draw(st.booleans()), seed=draw(seeds), index_dtype=draw(index_dtypes))
 
 
 @st.composite
-def merge_cases(draw, worlds=(2, 4)) -> MergeCase:
+def merge_cases(draw, worlds=(2, 4), max_k: int = 24, max_width: int = 64) -> MergeCase:
+    """``max_width`` is the global context; for a rank to own more winners than the ~1.5k/W it
+    sends (the resend path) at large W, it must be around ``W * k`` or wider."""
     world = draw(st.sampled_from(worlds))
     rows = draw(st.integers(1, 4))
-    k = draw(st.integers(1, 24))
-    width = draw(st.integers(1, 64))
+    k = draw(st.integers(1, max_k))
+    width = draw(st.integers(1, max_width))
     lengths = tuple(draw(st.lists(length_around(k, width), min_size=rows, max_size=rows)))
     return MergeCase(world=world, rows=rows, k=k, lengths=lengths,
                      mode=draw(st.sampled_from(["continuous", "palette", "straddle"])),
@@ -95,26 +108,28 @@ def slots_cases(draw) -> SlotsCase:
     return SlotsCase(rows=draw(st.integers(1, 8)), cols=draw(st.integers(1, 40)), requests=draw(st.integers(1, 4)),
                      max_blocks=draw(st.integers(1, 8)), block_tokens=draw(block_tokens),
                      num_blocks=draw(st.integers(1, 32)), padding_fraction=draw(st.sampled_from([0.0, 0.3, 1.0])),
-                     unmapped_fraction=draw(st.sampled_from([0.0, 0.3])), seed=draw(seeds))
+                     unmapped_fraction=draw(st.sampled_from([0.0, 0.3])), seed=draw(seeds),
+                     index_dtype=draw(index_dtypes))
 
 
 @st.composite
 def lse_cases(draw) -> LseCase:
     rows = draw(st.integers(1, 6))
     all_inf = tuple(sorted(draw(st.sets(st.integers(0, rows - 1), max_size=rows))))
-    return LseCase(parts=draw(st.integers(1, 8)), rows=rows, heads=draw(st.sampled_from([1, 2, 16, 128])),
+    return LseCase(parts=draw(mostly(st.integers(1, 8), MANY_PARTIALS, 3)), rows=rows, heads=draw(st.sampled_from([1, 2, 16, 128])),
                    dim=draw(st.sampled_from([1, 8, 64, 512])), dtype=draw(st.sampled_from(["float32", "bfloat16",
                                                                                           "float16"])),
                    lse_offset=draw(st.sampled_from([0.0, 5.0, -30.0, 80.0, 1000.0])),
                    spread=draw(st.sampled_from([0.1, 2.0, 30.0])),
-                   neg_inf_fraction=draw(st.sampled_from([0.0, 0.3, 0.8])), all_inf_rows=all_inf, seed=draw(seeds))
+                   neg_inf_fraction=draw(st.sampled_from([0.0, 0.3, 0.8])), all_inf_rows=all_inf, seed=draw(seeds),
+                   padded=draw(st.booleans()))
 
 
 @st.composite
 def kda_cases(draw, min_sequences: int = 1, max_len: int = 24) -> KdaCase:
     count = draw(st.integers(min_sequences, 3))
-    long = draw(st.integers(0, 9)) == 0  # now and then a sequence crossing 64-token chunks
-    lengths = st.integers(65, 80) if long else st.integers(0, max_len)
+    kind = draw(st.integers(0, 9))  # now and then sequences crossing 64-token chunks or ending on one
+    lengths = st.integers(65, 80) if kind == 0 else KDA_CHUNK_LENGTHS if kind == 1 else st.integers(0, max_len)
     seqlens = tuple(draw(st.lists(lengths, min_size=count, max_size=count)))
     dims = st.sampled_from([16, 32, 64, 128])
     return KdaCase(seqlens=seqlens, heads=draw(st.integers(1, 3)), key_dim=draw(dims), value_dim=draw(dims),
@@ -122,7 +137,8 @@ def kda_cases(draw, min_sequences: int = 1, max_len: int = 24) -> KdaCase:
                    scale=draw(st.sampled_from([None, 0.5])), decay=draw(st.sampled_from(["none", "mild", "strong"])),
                    padded=tuple(draw(st.lists(st.integers(0, 4).map(lambda x: x == 0), min_size=count,
                                               max_size=count))),
-                   spare_states=draw(st.integers(0, 2)), seed=draw(seeds))
+                   spare_states=draw(st.integers(0, 2)), seed=draw(seeds), index_dtype=draw(index_dtypes),
+                   pool_layout=draw(st.sampled_from(["dense", "packed"])), fused=draw(st.booleans()))
 
 
 @st.composite
@@ -135,7 +151,7 @@ def cache_write_cases(draw) -> CacheWriteCase:
                           dtype=draw(st.sampled_from(["float32", "bfloat16", "float16"])),
                           regime=draw(st.sampled_from(REGIMES)), lead=draw(st.sampled_from([0, 3, 16])),
                           trail=draw(st.sampled_from([0, 5])), guard_blocks=draw(st.integers(0, 2)),
-                          seed=draw(seeds))
+                          seed=draw(seeds), layout=draw(page_layouts), index_dtype=draw(index_dtypes))
 
 
 @st.composite
@@ -158,7 +174,8 @@ def indexer_cases(draw) -> IndexerCase:
                        block_tokens=draw(block_tokens), spare_blocks=draw(st.integers(0, 3)),
                        hole=draw(st.booleans()), width_delta=draw(st.sampled_from([0, 0, 3, -2])),
                        regime=draw(st.sampled_from(REGIMES)), lead=draw(st.sampled_from([0, 4])),
-                       noncontiguous_q=draw(st.booleans()), seed=draw(seeds))
+                       noncontiguous_q=draw(st.booleans()), seed=draw(seeds), layout=draw(page_layouts),
+                       index_dtype=draw(index_dtypes), fused_q=draw(st.booleans()))
 
 
 @st.composite
@@ -177,7 +194,8 @@ def sparse_mla_cases(draw, min_rows: int = 1, max_topk: int = 48) -> SparseMlaCa
                          duplicates=draw(st.booleans()), q_dtype=draw(st.sampled_from(["bfloat16", "float32",
                                                                                         "float16"])),
                          softmax_scale=draw(st.sampled_from([192 ** -0.5, 576 ** -0.5, 0.3])),
-                         regime=draw(st.sampled_from(REGIMES)), lead=draw(st.sampled_from([0, 8])), seed=draw(seeds))
+                         regime=draw(st.sampled_from(REGIMES)), lead=draw(st.sampled_from([0, 8])), seed=draw(seeds),
+                         layout=draw(page_layouts), index_dtype=draw(index_dtypes), fused_q=draw(st.booleans()))
 
 
 @st.composite
@@ -186,7 +204,8 @@ def dsa_cases(draw) -> DsaCase:
     return DsaCase(latent_fmt=None, index_fmt=None, requests=draw(requests(max_length=96, around=topk)),
                    index_heads=draw(st.sampled_from([1, 4, 32])), heads=draw(st.sampled_from([1, 4, 16])),
                    topk=topk, block_tokens=draw(st.sampled_from([1, 4, 16, 64])),
-                   q_dtype=draw(st.sampled_from(["bfloat16", "float32"])), seed=draw(seeds))
+                   q_dtype=draw(st.sampled_from(["bfloat16", "float32"])), seed=draw(seeds),
+                   layout=draw(page_layouts))
 
 
 @st.composite

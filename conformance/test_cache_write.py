@@ -1,5 +1,6 @@
 """cache_write: every format, write then read within the format's error bound, nothing written outside
-the target slots (guard bytes, guard blocks, other slots, skipped tokens), documented errors."""
+the target slots (guard bytes, guard blocks, other slots, skipped tokens, and in the packed cache the
+other layers' pages around the target page), documented errors."""
 from __future__ import annotations
 
 import pytest
@@ -17,6 +18,11 @@ FORMATS = all_format_ids()
 # Adjacent slots of one block, a skipped token, guard bytes and blocks around the pages.
 NEIGHBOURS = CacheWriteCase(kind=None, fmt=None, tokens=6, num_blocks=2, block_tokens=4, skip_fraction=0.3,
                             dtype="float32", regime="limit", lead=3, trail=5, guard_blocks=1, seed=8)
+# Every slot of two blocks of the packed cache (each block's first and last slot: the block edges),
+# through int64 slots: a write addressed as if the pages were contiguous lands in another layer.
+PACKED_EDGES = CacheWriteCase(kind=None, fmt=None, tokens=8, num_blocks=2, block_tokens=4, skip_fraction=0.0,
+                              dtype="float32", regime="normal", lead=0, trail=0, guard_blocks=0, seed=11,
+                              layout="packed", index_dtype="int64")
 
 
 def _write(a, slots=None, values=None, scale="same"):
@@ -28,6 +34,7 @@ def _write(a, slots=None, values=None, scale="same"):
 @conformance_property("cache_write", "cache_write.read_back_within_bound")
 @given(case=cache_write_cases())
 @example(case=NEIGHBOURS)
+@example(case=PACKED_EDGES)
 def test_cache_write_then_read_is_within_the_format_bound(fmt, case, conformance):
     case = bind(case, fmt)
     conformance.begin(case)
@@ -53,6 +60,7 @@ def test_cache_write_then_read_is_within_the_format_bound(fmt, case, conformance
 @conformance_property("cache_write", "cache_write.no_write_outside_slots")
 @given(case=cache_write_cases())
 @example(case=NEIGHBOURS)
+@example(case=PACKED_EDGES)
 def test_cache_write_touches_nothing_outside_its_target_slots(fmt, case, conformance):
     case = bind(case, fmt)
     conformance.begin(case)
@@ -62,11 +70,8 @@ def test_cache_write_touches_nothing_outside_its_target_slots(fmt, case, conform
     outside = ~a.guarded.record_mask(a.slots.cpu())
     changed = (a.guarded.pool.cpu() != before) & outside
     if bool(changed.any()):
-        block, offset, byte = (int(i) for i in changed.nonzero()[0])
-        block -= a.guarded.guard_blocks
-        where = ("a guard block" if not 0 <= block < a.pages.shape[0] else
-                 "a guard byte" if not a.guarded.lead <= byte < a.guarded.lead + a.pages.shape[2] else
-                 f"slot {block * a.pages.shape[1] + offset}, which is not a target")
+        where = a.guarded.describe(tuple(int(i) for i in changed.nonzero()[0]))
+        where += ", which is not a target" if where.startswith("slot") else ""
         conformance.fail(f"wrote outside the target slots {sorted(a.slots[a.slots >= 0].tolist())}: first changed "
                          f"byte is in {where} ({int(changed.sum())} bytes changed outside)")
 

@@ -1,5 +1,6 @@
 """indexer_score: agreement with the reference per index-key format (exact causal/unmapped mask,
-relative error on the scores); batch invariance when claimed; documented errors."""
+relative error on the scores; the page pool, other layers' pages included, unchanged); batch
+invariance when claimed; documented errors."""
 from __future__ import annotations
 
 import pytest
@@ -18,6 +19,11 @@ FORMATS = [f"index:{name}" for name in index_format_names()]
 SPECULATIVE = IndexerCase(fmt=None, requests=((37, 8), (5, 2)), heads=4, q_dtype="bfloat16", block_tokens=4,
                           spare_blocks=2, hole=False, width_delta=3, regime="normal", lead=4, noncontiguous_q=True,
                           seed=7)
+# Contexts at block edges (a multiple of block_tokens, one more, one less, a single token) in the
+# packed cache, q a slice of a fused projection output, int64 metadata.
+BLOCK_EDGES = IndexerCase(fmt=None, requests=((16, 1), (17, 2), (15, 3), (1, 1)), heads=2, q_dtype="float32",
+                          block_tokens=16, spare_blocks=1, hole=False, width_delta=0, regime="normal", lead=0,
+                          noncontiguous_q=False, seed=12, layout="packed", index_dtype="int64", fused_q=True)
 
 
 def _call(a, rows=None):
@@ -30,11 +36,15 @@ def _call(a, rows=None):
 @conformance_property("indexer_score", "indexer_score.matches_reference")
 @given(case=indexer_cases())
 @example(case=SPECULATIVE)
+@example(case=BLOCK_EDGES)
 def test_indexer_score_matches_reference(fmt, case, conformance):
     case = bind(case, fmt)
     conformance.begin(case)
     a = conformance.build(case)
+    pool = a.guarded.pool.clone()
     got = conformance.call(lambda: _call(a))
+    A.assert_untouched(conformance, "the page pool (a read-only op's cache)", a.guarded.pool, pool,
+                       describe=a.guarded.describe)
     expected = conformance.table.reference["indexer_score"](a.q, a.weights, a.index_pages, a.block_table, a.req_ids,
                                                             a.positions, a.index_fmt, a.max_context)
     A.assert_shape_dtype(conformance, "score", got, (a.q.shape[0], a.max_context), torch.float32)

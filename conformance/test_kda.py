@@ -1,6 +1,8 @@
 """KDA: decode and prefill agree with the reference (outputs and pooled states, spare pool rows
-untouched); chunked prefill equals the recurrent form (decode token by token); prefill then decode
-equals prefill of the whole; batch invariance of decode when claimed; documented errors."""
+untouched, and in the packed cache's strided state view the other layers' floats around each state
+untouched); prefill of whole chunks (16, 64, 128 tokens) leaves the reference's state and a decode
+step after it agrees; chunked prefill equals the recurrent form (decode token by token); prefill
+then decode equals prefill of the whole; batch invariance of decode when claimed; documented errors."""
 from __future__ import annotations
 
 import torch
@@ -10,14 +12,20 @@ from hypothesis import strategies as st
 from dsahal import ops
 from dsahal.conformance import assertions as A
 from dsahal.conformance.badinput import check_rejections
-from dsahal.conformance.cases import KdaCase
+from dsahal.conformance.cases import KdaCase, untouched_mask
 from dsahal.conformance.harness import conformance_property
-from dsahal.conformance.strategies import kda_cases
+from dsahal.conformance.strategies import KDA_CHUNK_LENGTHS, kda_cases
 
 DECODE_BATCH = KdaCase(seqlens=(1, 1, 1), heads=2, key_dim=16, value_dim=32, dtype="float32", use_qk_l2norm=True,
                        scale=None, decay="mild", padded=(False, True, False), spare_states=2, seed=9)
 PREFILL_BATCH = KdaCase(seqlens=(7, 0, 70), heads=2, key_dim=32, value_dim=16, dtype="float32", use_qk_l2norm=True,
                         scale=None, decay="strong", padded=(False, False, True), spare_states=1, seed=10)
+# Sequences of exactly one 64-token chunk, one 16-token chunk and two 64-token chunks, into the packed
+# cache's state view, q/k/v slices of one fused projection, int64 ids.
+WHOLE_CHUNKS = KdaCase(seqlens=(64, 16, 128), heads=2, key_dim=16, value_dim=32, dtype="float32", use_qk_l2norm=True,
+                       scale=None, decay="mild", padded=(False, False, False), spare_states=1, seed=16,
+                       index_dtype="int64", pool_layout="packed", fused=True)
+PACKED_DECODE = DECODE_BATCH.replace(pool_layout="packed", fused=True, index_dtype="int64", seed=17)
 
 
 def decode_cases():
@@ -41,19 +49,32 @@ def _compare_states(run, name, got_pool, ref_pool, rtol):
     A.assert_rows_close(run, name, got_pool, ref_pool, rtol, row_dims=2)
 
 
+def _around_states(a):
+    """(snapshot of the buffer around the state view, mask of what the view does not cover)."""
+    return a.state_base.clone(), untouched_mask(a.state_base, a.state_pool)
+
+
+def _check_around_states(run, a, snapshot):
+    before, outside = snapshot
+    A.assert_untouched(run, "memory around the state pool view (other layers' states, padding)", a.state_base,
+                       before, mask=outside)
+
+
 @conformance_property("kda_decode", "kda_decode.matches_reference")
 @given(case=decode_cases())
 @example(case=DECODE_BATCH)
+@example(case=PACKED_DECODE)
 def test_kda_decode_matches_reference(case, conformance):
     conformance.begin(case)
     a = conformance.build(case)
-    pool, ref_pool = a.state_pool.clone(), a.state_pool.clone()
+    pool, ref_pool, around = a.state_pool, a.state_pool.clone(), _around_states(a)  # pool: the case's own view
     got = conformance.call(lambda: _decode(a, pool, a.state_ids))
     expected = conformance.table.reference["kda_decode"](a.q, a.k, a.v, a.g, a.beta, ref_pool, a.state_ids,
                                                          _scale(a), a.use_qk_l2norm)
     A.assert_shape_dtype(conformance, "o", got, a.v.shape, a.q.dtype)
     A.assert_rows_close(conformance, "o", got, expected, _rtol(a))
     _compare_states(conformance, "state_pool after the step", pool, ref_pool, _rtol(a))
+    _check_around_states(conformance, a, around)
     padded = a.state_ids < 0
     if bool(padded.any()) and bool((got[padded] != 0).any()):
         conformance.fail("'o' must be exactly 0 for a padding request (state id -1)")
@@ -62,10 +83,11 @@ def test_kda_decode_matches_reference(case, conformance):
 @conformance_property("kda_prefill", "kda_prefill.matches_reference", scale=0.5)
 @given(case=kda_cases())
 @example(case=PREFILL_BATCH)
+@example(case=WHOLE_CHUNKS)
 def test_kda_prefill_matches_reference(case, conformance):
     conformance.begin(case)
     a = conformance.build(case)
-    pool, ref_pool = a.state_pool.clone(), a.state_pool.clone()
+    pool, ref_pool, around = a.state_pool, a.state_pool.clone(), _around_states(a)  # pool: the case's own view
     got = conformance.call(lambda: ops.kda_prefill(a.q, a.k, a.v, a.g, a.beta, a.cu_seqlens, pool, a.state_ids,
                                                    scale=a.scale, use_qk_l2norm=a.use_qk_l2norm))
     expected = conformance.table.reference["kda_prefill"](a.q, a.k, a.v, a.g, a.beta, a.cu_seqlens, ref_pool,
@@ -73,6 +95,41 @@ def test_kda_prefill_matches_reference(case, conformance):
     A.assert_shape_dtype(conformance, "o", got, a.v.shape, a.q.dtype)
     A.assert_rows_close(conformance, "o", got, expected, _rtol(a))
     _compare_states(conformance, "state_pool after prefill", pool, ref_pool, 4 * _rtol(a))
+    _check_around_states(conformance, a, around)
+
+
+def whole_chunk_cases():
+    """KDA cases whose every sequence is a whole number of chunks (16, 32, 64 or 128 tokens)."""
+    return kda_cases().flatmap(lambda c: st.lists(KDA_CHUNK_LENGTHS, min_size=len(c.seqlens),
+                                                  max_size=len(c.seqlens)).map(lambda n: c.replace(seqlens=tuple(n))))
+
+
+@conformance_property("kda_prefill", "kda_prefill.whole_chunks_then_decode", scale=0.3)
+@given(case=whole_chunk_cases())
+@example(case=WHOLE_CHUNKS)
+@example(case=WHOLE_CHUNKS.replace(seqlens=(64,), padded=(False,), pool_layout="dense", fused=False, decay="strong",
+                                   index_dtype="int32", seed=18))
+def test_kda_prefill_of_whole_chunks_then_a_decode_step(case, conformance):
+    """A sequence ending exactly on a chunk boundary: its final state is the last chunk's (the step a
+    kernel that stores the state from its tail-chunk branch only skips), and decode continues from it."""
+    conformance.begin(case)
+    a = conformance.build(case)
+    pool, ref_pool, around = a.state_pool, a.state_pool.clone(), _around_states(a)
+    reference = conformance.table.reference
+    got = conformance.call(lambda: ops.kda_prefill(a.q, a.k, a.v, a.g, a.beta, a.cu_seqlens, pool, a.state_ids,
+                                                   scale=a.scale, use_qk_l2norm=a.use_qk_l2norm))
+    expected = reference["kda_prefill"](a.q, a.k, a.v, a.g, a.beta, a.cu_seqlens, ref_pool, a.state_ids, _scale(a),
+                                        a.use_qk_l2norm)
+    A.assert_rows_close(conformance, "o of the whole-chunk prefill", got, expected, _rtol(a))
+    _compare_states(conformance, f"state_pool after prefilling {list(case.seqlens)} tokens", pool, ref_pool,
+                    4 * _rtol(a))
+    step = conformance.build(case.replace(seqlens=(1,) * len(case.seqlens), seed=case.seed + 1))
+    o = conformance.call(lambda: _decode(step, pool, a.state_ids))
+    ref_o = reference["kda_decode"](step.q, step.k, step.v, step.g, step.beta, ref_pool, a.state_ids, _scale(step),
+                                    step.use_qk_l2norm)
+    A.assert_rows_close(conformance, "o of the decode step after the prefill", o, ref_o, 4 * _rtol(a))
+    _compare_states(conformance, "state_pool after the decode step", pool, ref_pool, 4 * _rtol(a))
+    _check_around_states(conformance, a, around)
 
 
 def _decode_sequence(run, a, pool, ids, start, end, seq):

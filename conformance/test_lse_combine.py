@@ -13,11 +13,18 @@ from dsahal.conformance.strategies import lse_cases
 
 HUGE_AND_EMPTY = LseCase(parts=3, rows=3, heads=2, dim=8, dtype="float32", lse_offset=1000.0, spread=30.0,
                          neg_inf_fraction=0.3, all_inf_rows=(1,), seed=5)
+# More partials than a kernel that unrolls 8 holds: DCP over 16 ranks, split-K over 8 plus one; the
+# partials a strided view of a wider split-K workspace. Small spread: every part matters.
+SIXTEEN_PARTS = LseCase(parts=16, rows=2, heads=2, dim=64, dtype="float32", lse_offset=5.0, spread=0.1,
+                        neg_inf_fraction=0.0, all_inf_rows=(), seed=14, padded=True)
+NINE_PARTS = SIXTEEN_PARTS.replace(parts=9, dtype="bfloat16", neg_inf_fraction=0.3, seed=15)
 
 
 @conformance_property("lse_combine", "lse_combine.matches_reference")
 @given(case=lse_cases())
 @example(case=HUGE_AND_EMPTY)
+@example(case=SIXTEEN_PARTS)
+@example(case=NINE_PARTS)
 def test_lse_combine_matches_reference(case, conformance):
     conformance.begin(case)
     a = conformance.build(case)

@@ -1,5 +1,6 @@
-"""sparse_mla: agreement with the reference per latent format; -1 slots are skipped; attention over
-a union equals the LSE combine of attention over its parts; batch invariance when claimed."""
+"""sparse_mla: agreement with the reference per latent format (the page pool, other layers' pages
+included, unchanged); -1 slots are skipped; attention over a union equals the LSE combine of
+attention over its parts; batch invariance when claimed."""
 from __future__ import annotations
 
 import pytest
@@ -21,6 +22,12 @@ FORMATS = [f"latent:{name}" for name in latent_format_names()]
 TYPICAL = SparseMlaCase(fmt=None, rows=4, heads=4, topk=40, num_blocks=3, block_tokens=16, minus_one_fraction=0.2,
                         empty_rows=(2,), duplicates=True, q_dtype="bfloat16", softmax_scale=192 ** -0.5,
                         regime="normal", lead=8, seed=6)
+# The packed cache, q a slice of a fused projection output, int64 slots; a row with a single valid
+# slot (row 0: topk 1 and no -1) and an all -1 row.
+PACKED_SINGLE = SparseMlaCase(fmt=None, rows=2, heads=3, topk=1, num_blocks=3, block_tokens=4, minus_one_fraction=0.0,
+                              empty_rows=(1,), duplicates=False, q_dtype="float32", softmax_scale=192 ** -0.5,
+                              regime="normal", lead=0, seed=13, layout="packed", index_dtype="int64", fused_q=True)
+PACKED = TYPICAL.replace(layout="packed", index_dtype="int64", fused_q=True, q_dtype="float32")
 
 
 def _call(a, slots=None, q=None):
@@ -36,11 +43,16 @@ def _rtol(a) -> float:
 @conformance_property("sparse_mla", "sparse_mla.matches_reference")
 @given(case=sparse_mla_cases())
 @example(case=TYPICAL)
+@example(case=PACKED)
+@example(case=PACKED_SINGLE)
 def test_sparse_mla_matches_reference(fmt, case, conformance):
     case = bind(case, fmt)
     conformance.begin(case)
     a = conformance.build(case)
+    pool = a.guarded.pool.clone()
     o, lse = conformance.call(lambda: _call(a))
+    A.assert_untouched(conformance, "the page pool (a read-only op's cache)", a.guarded.pool, pool,
+                       describe=a.guarded.describe)
     ref_o, ref_lse = conformance.table.reference["sparse_mla"](a.q, a.kv_pages, a.slots, a.kv_fmt, a.kv_scale,
                                                                a.softmax_scale)
     rows, heads = a.q.shape[:2]

@@ -17,6 +17,20 @@ STRADDLE = TopkCase(rows=3, width=20, k=6, lengths=(20, 6, 3), mode="straddle", 
                     noncontiguous=False, seed=1)
 PALETTE = TopkCase(rows=2, width=32, k=5, lengths=(32, 17), mode="palette", neg_inf_fraction=0.2, inf_rows=(),
                    noncontiguous=True, seed=2)
+# Boundaries every run, at the kernels' tile size (1024, see strategies.TOPK_TILE): length = k and
+# k +- 1, whole tiles and one entry into the next (the last tile of a row holding one entry), a single
+# valid entry, an all -inf row; int64 lengths.
+TILE = 1024
+EDGES = TopkCase(rows=8, width=2 * TILE + 1, k=TILE, lengths=(TILE - 1, TILE, TILE + 1, 2 * TILE - 1, 2 * TILE,
+                                                               2 * TILE + 1, 1, 2 * TILE + 1),
+                 mode="continuous", neg_inf_fraction=0.0, inf_rows=(7,), noncontiguous=False, seed=3,
+                 index_dtype="int64")
+# All-equal scores over rows wider than a tile: the tie rule alone picks indices 0..k-1.
+ALL_EQUAL = TopkCase(rows=3, width=2 * TILE + 37, k=TILE + 300, lengths=(2 * TILE + 37, TILE + 301, TILE + 299),
+                     mode="equal", neg_inf_fraction=0.0, inf_rows=(), noncontiguous=True, seed=4)
+# Ties straddling the k-th place across tiles (a four-value palette over rows of two tiles and more).
+WIDE_TIES = TopkCase(rows=2, width=2 * TILE + 50, k=700, lengths=(2 * TILE + 50, TILE + 600), mode="palette",
+                     neg_inf_fraction=0.0, inf_rows=(), noncontiguous=False, seed=5)
 
 
 def _run_topk(run, case):
@@ -31,6 +45,9 @@ def _run_topk(run, case):
 @given(case=topk_cases())
 @example(case=STRADDLE)
 @example(case=PALETTE)
+@example(case=EDGES)
+@example(case=ALL_EQUAL)
+@example(case=WIDE_TIES)
 def test_topk_selects_the_reference_score_multiset(case, conformance):
     args, got, expected = _run_topk(conformance, case)
     A.assert_topk_rows(conformance, got, args.scores, args.lengths, args.k, expected, exact_set=False)
@@ -40,6 +57,9 @@ def test_topk_selects_the_reference_score_multiset(case, conformance):
 @given(case=topk_cases())
 @example(case=STRADDLE)
 @example(case=PALETTE)
+@example(case=EDGES)
+@example(case=ALL_EQUAL)
+@example(case=WIDE_TIES)
 def test_topk_selects_the_exact_reference_set_under_the_tie_rule(case, conformance):
     args, got, expected = _run_topk(conformance, case)
     A.assert_topk_rows(conformance, got, args.scores, args.lengths, args.k, expected, exact_set=True)
