@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 
 from dsahal import ops
 from dsahal.conformance import assertions as A
 from dsahal.conformance.harness import conformance_property
+from dsahal.conformance.paged import DsaCase
 from dsahal.conformance.strategies import bind, dsa_cases, index_format_names, latent_format_names
 from dsahal.formats import LATENT_NOPE_DIM
 
 FORMATS = [f"latent:{lat}+index:{idx}" for lat in latent_format_names() for idx in index_format_names()]
 NEAR_TIE_RTOL = 2.0**-6
+# Contexts of topk - 1, topk and topk + 1 tokens on block edges, index and latent pages of one layer of
+# the packed cache.
+EDGES = DsaCase(latent_fmt=None, index_fmt=None, requests=((16, 1), (17, 2), (15, 1)), index_heads=4, heads=4,
+                topk=16, block_tokens=16, q_dtype="float32", seed=21, layout="packed")
 
 
 def _reference(ref, a):
@@ -45,6 +50,7 @@ def ambiguous_rows(scores: torch.Tensor, lengths: torch.Tensor, k: int, exact_ti
 @pytest.mark.parametrize("fmt", FORMATS)
 @conformance_property("dsa_attention", "dsa_attention.matches_reference_composition", scale=0.3)
 @given(case=dsa_cases())
+@example(case=EDGES)
 def test_dsa_attention_matches_the_composition_of_reference_ops(fmt, case, conformance):
     case = bind(case, fmt)
     conformance.begin(case)
