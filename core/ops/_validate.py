@@ -14,6 +14,20 @@ import torch
 Dim = int | str | None  # an exact size, a named size bound on first sight, or "any"
 
 
+class _ShapeText:
+    """``[T, H, *]`` for messages, built only when printed."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self, shape):
+        self.shape = shape
+
+    def __str__(self) -> str:
+        return "[" + ", ".join("*" if d is None else str(d) for d in self.shape) + "]"
+
+    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731 - f-strings call __format__
+
+
 class ShapeBinder:
     """Binds named dimensions (``"T"``, ``"H"``) across the arguments of one op call."""
 
@@ -42,31 +56,39 @@ class ShapeBinder:
                 f"dsahal.{self.op}: argument '{name}' expected a torch.Tensor, got {type(value).__name__}"
             )
         if dtypes is not None:
-            allowed = (dtypes,) if isinstance(dtypes, torch.dtype) else tuple(dtypes)
+            allowed = (dtypes,) if isinstance(dtypes, torch.dtype) else dtypes
             if value.dtype not in allowed:
                 names = " or ".join(str(d).replace("torch.", "") for d in allowed)
                 raise TypeError(
                     f"dsahal.{self.op}: argument '{name}' expected dtype {names}, "
                     f"got {str(value.dtype).replace('torch.', '')}"
                 )
-        expected = "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"
+        expected = _ShapeText(shape)  # formatted only when a message needs it: validation is on the hot path
         if value.dim() != len(shape):
             raise ValueError(
                 f"dsahal.{self.op}: argument '{name}' expected a {len(shape)}-d tensor of shape "
                 f"{expected}, got shape {list(value.shape)}"
             )
-        for axis, (want, got) in enumerate(zip(shape, value.shape)):
+        sizes = value.shape
+        for axis, want in enumerate(shape):
+            got = sizes[axis]
             if want is None:
                 continue
             if isinstance(want, str):
                 if want not in self.sizes:
-                    self.sizes[want] = int(got)
-                    self.where[want] = f"'{name}' dim {axis}"
+                    self.sizes[want] = got
+                    self.where[want] = (name, axis)
                     continue
-                want_size, source = self.sizes[want], f" ({want}={self.sizes[want]} from {self.where[want]})"
+                want_size = self.sizes[want]
             else:
-                want_size, source = want, ""
-            if int(got) != want_size:
+                want_size = want
+            if got != want_size:
+                if isinstance(want, str):
+                    where = self.where[want]
+                    where = f"'{where[0]}' dim {where[1]}" if isinstance(where, tuple) else where
+                    source = f" ({want}={want_size} from {where})"
+                else:
+                    source = ""
                 raise ValueError(
                     f"dsahal.{self.op}: argument '{name}' expected shape {expected}{source}, "
                     f"got shape {list(value.shape)} (dim {axis} is {int(got)})"
@@ -99,9 +121,18 @@ class ShapeBinder:
             raise ValueError(f"dsahal.{self.op}: argument '{name}' expected one of {list(options)}, got {value!r}")
 
     def same_device(self, **tensors: torch.Tensor | None) -> None:
+        first = None
+        for value in tensors.values():
+            if value is None:
+                continue
+            if first is None:
+                first = value.device
+            elif value.device != first:
+                break
+        else:
+            return
         present = {k: v for k, v in tensors.items() if v is not None}
-        devices = {str(v.device) for v in present.values()}
-        if len(devices) > 1:
+        if True:
             listing = ", ".join(f"{k} on {v.device}" for k, v in present.items())
             raise ValueError(f"dsahal.{self.op}: expected all tensors on one device, got {listing}")
 
