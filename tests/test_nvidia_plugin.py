@@ -14,8 +14,8 @@ from dsahal.registry import resolve_lazy
 def test_declares_every_op_as_routes_and_each_reference_resolves():
     backend = nvidia_backend()
     assert set(backend.ops) == set(OP_NAMES) and not backend.verifiers
-    assert [r.name for r in backend.routes("sparse_mla")] == ["triton_small_heads", "flashmla_decode", "flashmla_prefill",
-                                                                 "triton"]
+    assert [r.name for r in backend.routes("sparse_mla")] == ["flashmla_decode", "flashmla_prefill", "triton",
+                                                                 "triton_small_heads"]
     assert [r.name for r in backend.routes("kda_prefill")] == ["fla_chunk", "triton_recurrent"]
     pytest.importorskip("triton")
     for op in OP_NAMES:

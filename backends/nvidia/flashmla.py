@@ -166,8 +166,8 @@ def _finish(out: torch.Tensor, lse: torch.Tensor, heads: int) -> tuple[torch.Ten
     """Drop padded heads; a row that saw no valid slot reports lse = -inf (the op's contract)."""
     if out.shape[1] != heads:
         out, lse = out[:, :heads].contiguous(), lse[:, :heads].contiguous()
-    lse = torch.where(torch.isfinite(lse) | (lse == float("-inf")), lse, float("-inf"))
-    return out, lse
+    # one pass: whatever FlashMLA reports for an empty row (+inf or NaN) becomes the contract's -inf
+    return out, torch.nan_to_num(lse, nan=float("-inf"), posinf=float("-inf"))
 
 
 def sparse_mla_decode(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):

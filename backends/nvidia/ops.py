@@ -58,13 +58,18 @@ lse_combine.prepare_bare_launch = _lse.prepare_bare_launch  # the dispatch bench
 
 def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions, index_fmt,
                   kv_fmt, kv_scale, topk, max_context, softmax_scale):
-    """Indexer -> top-k with the slot translation fused into its output write -> sparse MLA."""
+    """Indexer -> top-k with the slot translation fused into its output write -> sparse MLA on the best
+    route the table has for these arguments (FlashMLA where it serves them), so the layer is never slower
+    than its sparse-MLA stage run alone."""
     scores = indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt,
                            max_context)
     lengths = torch.clamp(positions.to(torch.int32) + 1, max=max_context)
     slots = _topk.topk(scores, lengths, topk, emit_slots=(req_ids, block_table, index_pages.shape[1]),
                        **config.topk_config())
-    return sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
+    from dsahal import ops  # (the public op: its table picks the route and observers see the stage)
+
+    return ops.sparse_mla(q, kv_pages, slots, kv_fmt=kv_fmt, kv_scale=kv_scale, softmax_scale=softmax_scale,
+                          check=False)
 
 
 def kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm):

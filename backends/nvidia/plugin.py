@@ -36,13 +36,15 @@ def routes() -> dict[str, list[Route]]:
                              description="packed 32-bit exact DCP merge over NCCL")],
         "positions_to_slots": [_triton("positions_to_slots")],
         "sparse_mla": [
-            Route("triton_small_heads", f"{PACKAGE}.ops:sparse_mla_small_heads", f"{PACKAGE}.verifiers:small_heads_accepts",
-                  description="every head of a token in one program: each latent row read once (H <= 32)"),
             Route("flashmla_decode", f"{flashmla}:sparse_mla_decode", f"{flashmla}:decode_accepts",
                   probe=f"{flashmla}:probe", description="FlashMLA SM90 sparse decode on fp8_ds_mla (V32) pages"),
             Route("flashmla_prefill", f"{flashmla}:sparse_mla_prefill", f"{flashmla}:prefill_accepts",
                   probe=f"{flashmla}:probe", description="FlashMLA SM90 sparse prefill on contiguous bf16 latents"),
             _triton("sparse_mla"),
+            # Last: measured slower than the general kernel on the H200 (2026-12-01, register spills), so it
+            # serves only when forced (DSAHAL_ROUTES=sparse_mla:triton_small_heads) while it is developed.
+            Route("triton_small_heads", f"{PACKAGE}.ops:sparse_mla_small_heads", f"{PACKAGE}.verifiers:small_heads_accepts",
+                  description="every head of a token in one program (H <= 32); forced use only, see BENCHMARKS.md"),
         ],
         "lse_combine": [_triton("lse_combine")],
         "kda_decode": [_triton("kda_decode")],

@@ -110,6 +110,7 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="also break down an 8-token call (host and kernels)")
     parser.add_argument("--pool-tokens", type=int, default=1 << 20)
     args = parser.parse_args(argv)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -155,7 +156,50 @@ def main(argv=None) -> int:
               f"{ratio} | {tbps:.2f} | {100 * tbps / ceiling:.0f}% |")
     for failure in failures:
         print("FAIL:", failure)
+    if args.profile:
+        profile_small_batch(gen, args.pool_tokens)
     return 1 if failures else 0
+
+
+def host_us(fn, calls=200) -> float:
+    import time
+
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def profile_small_batch(gen, pool_tokens: int) -> None:
+    """Where the time of an 8-token FlashMLA route call goes: host µs per call of FlashMLA itself, of the
+    route function and of the public op; then the profiler's per-kernel table for the public op."""
+    pages, scale = build(pool_tokens, "fp8_ds_mla", gen)
+    q = (torch.randn((8, 128, 576), generator=gen, device="cuda") * 0.5).to(torch.bfloat16)
+    slots = slots_for(8, pool_tokens, gen, edge_cases=False)
+    peer = flashmla_peer(q, pages, slots, "fp8_ds_mla")
+    from dsahal.backends.nvidia import flashmla
+
+    route = lambda: flashmla.sparse_mla_decode(q, pages, slots, "fp8_ds_mla", None, SCALE)  # noqa: E731
+    with dsahal.use_routes(sparse_mla="flashmla_decode"):
+        public = lambda: ops.sparse_mla(q, pages, slots, kv_fmt="fp8_ds_mla", softmax_scale=SCALE, check=False)  # noqa
+        print(f"\nhost us/call at T=8 H=128: FlashMLA {host_us(peer):.1f}, route fn {host_us(route):.1f}, "
+              f"dsahal.ops {host_us(public):.1f}")
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                public()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14))
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            peer()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8))
 
 
 if __name__ == "__main__":
