@@ -13,18 +13,20 @@ import torch
 from dsahal.backends.triton_kernels import limits
 
 from . import config
+from .fla_setup import import_chunk_kda
+from .fla_setup import status as fla_status
 
 
 def probe() -> tuple[bool, str]:
     if importlib.util.find_spec("fla") is None:
         return False, "fla-core is not installed (pip install fla-core)"
     try:
-        import fla.ops.kda  # noqa: F401
+        import_chunk_kda()
     except Exception as exc:  # noqa: BLE001 - any import failure means "not usable here"
         return False, f"fla.ops.kda does not import: {type(exc).__name__}: {exc}"
     from importlib.metadata import version
 
-    return True, f"fla-core {version('fla-core')} chunk_kda"
+    return True, f"fla-core {version('fla-core')} chunk_kda; {fla_status()}"
 
 
 def accepts(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm) -> tuple[bool, str]:
@@ -42,8 +44,7 @@ def accepts(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l
 def kda_prefill_fla(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
     """q, k, g ``[T, H, K]``; v ``[T, H, V]``; beta ``[T, H]``; cu_seqlens ``[B + 1]``;
     state_pool ``[P, H, K, V]`` fp32 (updated in place); state_ids ``[B]``. Returns ``[T, H, V]`` in q's dtype."""
-    from fla.ops.kda import chunk_kda
-
+    chunk_kda = import_chunk_kda()
     out = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
     keep = lengths > 0

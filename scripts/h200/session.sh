@@ -22,6 +22,10 @@ for s in "$@"; do case "$s" in
   routes) step routes "${T_ROUTES:-300}" python3 scripts/h200/routes_check.py ${ROUTES_ARGS:-} ;;
   mla) step mla "${T_MLA:-200}" python3 scripts/h200/sparse_mla_bench.py ${MLA_ARGS:---no-sweep} ;;
   fp4) step fp4 120 python3 scripts/h200/fp4_check.py ;;
+  flacfg) step flacfg "${T_FLACFG:-300}" python3 scripts/h200/fla_configs.py ;;
+  model) step model "${T_MODEL:-200}" dsahal bench --backend nvidia --op model ${MODEL_ARGS:-} ;;
+  bench) step bench "${T_BENCH:-400}" dsahal bench --backend nvidia ${BENCH_ARGS:-} --json "$OUT/bench.json" ;;
+  firstrun) TAIL=30 step firstrun 200 env TRITON_CACHE_DIR=/tmp/fresh-triton-cache dsahal run --config k31-pro-slice --backend nvidia ${RUN_ARGS:-} ;;
   run) TAIL=30 step run_eager 150 env DSAHAL_ROUTES=kda_prefill:triton_recurrent dsahal run --config k31-pro-slice --backend nvidia --batch 64 --prompt-len 4096 --decode 16 ${RUN_ARGS:-}
        TAIL=30 step run_graph 150 env DSAHAL_ROUTES=kda_prefill:triton_recurrent dsahal run --config k31-pro-slice --backend nvidia --batch 64 --prompt-len 4096 --decode 16 --cuda-graph ${RUN_ARGS:-} ;;
   conformance) step conformance "${T_CONF:-300}" dsahal conformance --backend nvidia ${CONF_ARGS:-} --report-dir "$OUT/conf" ;;
