@@ -18,6 +18,9 @@ MAX_INDEX_HEADS = 128
 MAX_SMALL_MLA_HEADS = 64  # sparse_mla_small_heads.MAX_HEADS: its fp32 accumulator is 512 x heads
 SMALL_MLA_Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_KDA_KEY_DIM = 256
+# The dtypes the KDA kernels were tested with. The op also takes a float64 gate (its docs: any float
+# dtype); the kernels decline it so the reference serves it rather than an untested fp64 load path.
+KDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 OK = (True, "")
 
 
@@ -92,17 +95,20 @@ def lse_combine(o_parts, lse_parts, *, device_check=on_gpu):
     return device_check(o_parts=o_parts, lse_parts=lse_parts)
 
 
-def _kda(q, k, v, g, state_pool, device_check):
+def _kda(q, k, v, g, beta, state_pool, device_check):
     if q.shape[-1] > MAX_KDA_KEY_DIM:
         return False, f"Triton KDA key dim {q.shape[-1]} > {MAX_KDA_KEY_DIM}"
+    for name, tensor in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if tensor.dtype not in KDA_DTYPES:
+            return False, f"Triton KDA reads fp32/bf16/fp16 '{name}', not {str(tensor.dtype).replace('torch.', '')}"
     return _all(lambda: unit_stride(q=q, k=k, v=v, g=g, state_pool=state_pool),
                 lambda: device_check(q=q, k=k, v=v, g=g, state_pool=state_pool))
 
 
 def kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm, *, device_check=on_gpu):
-    return _kda(q, k, v, g, state_pool, device_check)
+    return _kda(q, k, v, g, beta, state_pool, device_check)
 
 
 def kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm, *,
                 device_check=on_gpu):
-    return _kda(q, k, v, g, state_pool, device_check)
+    return _kda(q, k, v, g, beta, state_pool, device_check)

@@ -115,6 +115,35 @@ class ShapeBinder:
         if not (value > 0.0 and value < float("inf")):
             raise ValueError(f"dsahal.{self.op}: argument '{name}' expected a finite float > 0, got {value}")
 
+    def flag(self, name: str, value: object) -> None:
+        """A boolean flag: ``True``/``False`` only (a string such as ``"no"`` would read as true)."""
+        if not isinstance(value, bool):
+            raise TypeError(f"dsahal.{self.op}: argument '{name}' expected a bool, got {type(value).__name__} {value!r}")
+
+    def at_most(self, name: str, value: int, limit: int, what: str) -> None:
+        """``value <= limit`` for a count derived from argument metadata (``what`` says which count)."""
+        if value > limit:
+            raise ValueError(f"dsahal.{self.op}: argument '{name}' expected {what} at most {limit}, got {value}")
+
+    def disjoint(self, name: str, value: torch.Tensor, what: str) -> None:
+        """No two elements of ``value`` share memory, read from its shape and strides (no device sync).
+
+        Pages ``[blocks, block_tokens, token_bytes]`` (unit stride in the last dim) pass when no two
+        ``[block, token]`` records overlap; a KDA pool ``[P, H, K, V]`` when no two states (or elements of
+        one) alias. The check is the sufficient lattice rule: ordered by stride, each dim of size > 1
+        steps past everything the smaller-stride dims span. Every layout dsahal makes passes it
+        (contiguous tensors, packed-pool pages with ``stride(0) = row_bytes``, states as strided row runs,
+        padded or permuted views); stride 0 (``expand``) and half-overlapping steps fail.
+        """
+        bad = _overlap(value.shape, value.stride())
+        if bad is not None:
+            axis, step, span = bad
+            raise ValueError(
+                f"dsahal.{self.op}: argument '{name}' expected strides under which no two {what} share memory, "
+                f"got shape {list(value.shape)} with strides {list(value.stride())} (dim {axis} steps {step} "
+                f"elements, not past the {span} element(s) that the dims of smaller stride span)"
+            )
+
     def choice(self, name: str, value: object, choices: Iterable[str]) -> None:
         options = tuple(choices)
         if value not in options:
@@ -140,8 +169,24 @@ class ShapeBinder:
         raise (TypeError if type_error else ValueError)(f"dsahal.{self.op}: {message}")
 
 
+def _overlap(shape, strides) -> tuple[int, int, int] | None:
+    """(axis, its stride, the span below it) of the first dim whose step lands inside what the dims of
+    smaller stride already cover, or None when every element has its own memory (sufficient test)."""
+    if any(size == 0 for size in shape):
+        return None  # an empty tensor has no elements to alias
+    span = 0  # elements covered by the dims taken so far, minus one: the largest offset they reach
+    for stride, size, axis in sorted((stride, size, axis) for axis, (size, stride) in enumerate(zip(shape, strides))
+                                     if size > 1):
+        if stride <= span:
+            return axis, stride, span + 1
+        span += stride * (size - 1)
+    return None
+
+
+INT32_MAX = 2**31 - 1  # slots, positions and ids are int32 in every kernel: counts that become them must fit
 INDEX_DTYPES = (torch.int32, torch.int64)
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ANY_FLOAT_DTYPES = FLOAT_DTYPES + (torch.float64,)
 
 
 def can_read_values(t: torch.Tensor) -> bool:
@@ -163,3 +208,13 @@ def values_in_range(op: str, name: str, t: torch.Tensor, low: int, high: int, *,
         raise ValueError(
             f"dsahal.{op}: argument '{name}' expected values in [{low}, {high}]{what}, got {bad}"
         )
+
+
+def positive_scale(op: str, name: str, t: torch.Tensor) -> None:
+    """A per-tensor scale (``[]`` fp32, shape checked already) is finite and > 0; skipped where contents
+    cannot be read. Checked even when nothing would read it (every row empty): it is the call's argument."""
+    if not can_read_values(t):
+        return
+    value = float(t)
+    if not (0.0 < value < float("inf")):
+        raise ValueError(f"dsahal.{op}: argument '{name}' expected a finite value > 0, got {value}")

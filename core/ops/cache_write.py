@@ -5,10 +5,11 @@ from typing import Optional
 
 import torch
 
-from ..formats import cache_format
+from ..formats import INDEX_FORMATS, LATENT_FORMATS, cache_format
 from ..registry.state import active_table
 from ._dispatch import tracing
-from ._validate import FLOAT_DTYPES, INDEX_DTYPES, ShapeBinder, can_read_values, values_in_range
+from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, INT32_MAX, ShapeBinder, can_read_values, positive_scale,
+                        values_in_range)
 
 OP = "cache_write"
 
@@ -23,19 +24,24 @@ def _cache_write_op(
 def validate_cache_write(values, slots, pages, kind, fmt, scale) -> None:
     v = ShapeBinder(OP)
     v.choice("kind", kind, ("latent", "index"))
-    try:
-        spec = cache_format(kind, fmt)
-    except ValueError as exc:
-        v.fail(f"argument 'fmt' {exc}")
+    formats = LATENT_FORMATS if kind == "latent" else INDEX_FORMATS
+    if not isinstance(fmt, str) or fmt not in formats:
+        v.fail(f"argument 'fmt' expected a {kind} format, one of {sorted(formats)}, got {fmt!r}")
+    spec = cache_format(kind, fmt)
     v.tensor("values", values, ["N", spec.dim], FLOAT_DTYPES)
     v.tensor("slots", slots, ["N"], INDEX_DTYPES)
     v.tensor("pages", pages, [None, None, spec.token_bytes], torch.uint8, last_dim_contiguous=True)
+    # Written in place: records that share bytes would make one token's write land in another's record.
+    v.disjoint("pages", pages, "[block, token] records")
+    num_slots = pages.shape[0] * pages.shape[1]
+    v.at_most("pages", num_slots, INT32_MAX + 1, "num_blocks * block_tokens (slots are int32)")
     if spec.needs_tensor_scale:
         v.tensor("scale", scale, [], torch.float32)
     elif scale is not None:
         v.fail(f"argument 'scale' expected None for format {kind}:{fmt} (it has no tensor scale), got a tensor")
     v.same_device(values=values, slots=slots, pages=pages, scale=scale)
-    num_slots = pages.shape[0] * pages.shape[1]
+    if spec.needs_tensor_scale:
+        positive_scale(OP, "scale", scale)
     values_in_range(OP, "slots", slots, -1, num_slots - 1, what=" (-1 skips a token)")
     if can_read_values(slots):
         written = slots[slots >= 0]

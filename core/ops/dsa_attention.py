@@ -8,10 +8,10 @@ import torch
 from ..formats import INDEX_DIM, LATENT_DIM, LATENT_NOPE_DIM
 from ..registry.state import active_table
 from ._dispatch import tracing
-from ._validate import ShapeBinder
+from ._validate import INT32_MAX, ShapeBinder, values_in_range
 from .indexer import QUERY_DTYPES as INDEX_QUERY_DTYPES
-from .indexer import validate_indexer_score
-from .sparse_mla import QUERY_DTYPES, validate_sparse_mla
+from .indexer import check_indexer_args
+from .sparse_mla import QUERY_DTYPES, check_sparse_mla_args
 
 OP = "dsa_attention"
 
@@ -36,17 +36,23 @@ def _(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, po
 
 def validate_dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions,
                            index_fmt, kv_fmt, kv_scale, topk, max_context, softmax_scale) -> None:
+    """Every check of its stages, under this op's name and its own argument names: one binder, where the
+    indexer's heads are ``Hi`` and the MLA heads ``H`` (a caller never sees ``dsahal.sparse_mla`` or ``weights``)."""
     v = ShapeBinder(OP)
-    v.tensor("q_index", q_index, ["T", None, INDEX_DIM], INDEX_QUERY_DTYPES)
-    v.tensor("q", q, ["T", None, LATENT_DIM], QUERY_DTYPES)
+    v.tensor("q_index", q_index, ["T", "Hi", INDEX_DIM], INDEX_QUERY_DTYPES)
+    v.tensor("q", q, ["T", "H", LATENT_DIM], QUERY_DTYPES)
     v.positive_int("topk", topk)
-    validate_indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt,
-                           max_context)
+    v.at_most("topk", topk, INT32_MAX, "a count")
+    check_indexer_args(v, q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt,
+                       max_context, q_name="q_index", weights_name="index_weights", heads="Hi")
+    # The indexer scores positions 0..max_context-1: a query past them would attend to keys it never ranked.
+    values_in_range(OP, "positions", positions, 0, max_context - 1, what=f" (max_context={max_context} must be "
+                    "at least every position + 1)")
     if isinstance(kv_pages, torch.Tensor) and kv_pages.dim() == 3 and kv_pages.shape[:2] != index_pages.shape[:2]:
         v.fail(f"argument 'kv_pages' expected the same [num_blocks, block_tokens] as index_pages "
                f"{list(index_pages.shape[:2])}, got {list(kv_pages.shape[:2])}")
-    empty_slots = torch.empty((q.shape[0], 0), dtype=torch.int32, device=q.device)
-    validate_sparse_mla(q, kv_pages, empty_slots, kv_fmt, kv_scale, softmax_scale)
+    check_sparse_mla_args(v, q, kv_pages, None, kv_fmt, kv_scale, softmax_scale)
+    v.same_device(q_index=q_index, q=q, kv_pages=kv_pages)
 
 
 def dsa_attention(
@@ -64,7 +70,8 @@ def dsa_attention(
         q: ``[T, H, 576]`` absorbed MLA queries.
         kv_pages: ``[num_blocks, block_tokens, latent_bytes]`` uint8 (same blocks as index_pages).
         block_table: ``[B, max_blocks]`` int32; req_ids, positions: ``[T]`` int32.
-        topk: tokens each query attends to; max_context: indexer score width (≥ every position + 1).
+        topk: tokens each query attends to; max_context: indexer score width (≥ every position + 1:
+            a position beyond ``max_context - 1`` is rejected).
 
     Returns:
         ``o`` ``[T, H, 512]`` in q's dtype and ``lse`` ``[T, H]`` fp32.

@@ -19,7 +19,8 @@ import torch
 
 from ..registry.state import active_table
 from ._dispatch import tracing
-from ._validate import FLOAT_DTYPES, INDEX_DTYPES, ShapeBinder, can_read_values, values_in_range
+from ._validate import (ANY_FLOAT_DTYPES, FLOAT_DTYPES, INDEX_DTYPES, INT32_MAX, ShapeBinder, can_read_values,
+                        values_in_range)
 
 L2NORM_EPS = 1e-6
 
@@ -52,15 +53,20 @@ def _(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm)
     return v.new_empty(v.shape, dtype=q.dtype)
 
 
-def _validate_common(v: ShapeBinder, q, k, val, g, beta, state_pool, state_ids, scale, lead: str) -> None:
+def _validate_common(v: ShapeBinder, q, k, val, g, beta, state_pool, state_ids, scale, use_qk_l2norm,
+                     lead: str) -> None:
     v.tensor("q", q, [lead, "H", "K"], FLOAT_DTYPES, last_dim_contiguous=True)
     v.tensor("k", k, [lead, "H", "K"], FLOAT_DTYPES, last_dim_contiguous=True)
     v.tensor("v", val, [lead, "H", "V"], FLOAT_DTYPES, last_dim_contiguous=True)
-    v.tensor("g", g, [lead, "H", "K"], FLOAT_DTYPES)
+    v.tensor("g", g, [lead, "H", "K"], ANY_FLOAT_DTYPES)  # documented: any float dtype, used in fp32
     v.tensor("beta", beta, [lead, "H"], FLOAT_DTYPES)
     v.tensor("state_pool", state_pool, [None, "H", "K", "V"], torch.float32)
+    # Updated in place: two ids whose rows alias would read each other's writes.
+    v.disjoint("state_pool", state_pool, "states (or two elements of one)")
+    v.at_most("state_pool", state_pool.shape[0], INT32_MAX + 1, "a pool size (state ids are int32)")
     v.tensor("state_ids", state_ids, ["B"], INDEX_DTYPES)
     v.positive_float("scale", scale)
+    v.flag("use_qk_l2norm", use_qk_l2norm)
     v.same_device(q=q, k=k, v=val, g=g, beta=beta, state_pool=state_pool, state_ids=state_ids)
     values_in_range(v.op, "state_ids", state_ids, -1, state_pool.shape[0] - 1, what=" (-1: padding request)")
     if can_read_values(state_ids):
@@ -71,12 +77,12 @@ def _validate_common(v: ShapeBinder, q, k, val, g, beta, state_pool, state_ids, 
 
 def validate_kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm) -> None:
     binder = ShapeBinder("kda_decode")
-    _validate_common(binder, q, k, v, g, beta, state_pool, state_ids, scale, "B")
+    _validate_common(binder, q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm, "B")
 
 
 def validate_kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm) -> None:
     binder = ShapeBinder("kda_prefill")
-    _validate_common(binder, q, k, v, g, beta, state_pool, state_ids, scale, "T")
+    _validate_common(binder, q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm, "T")
     binder.tensor("cu_seqlens", cu_seqlens, [binder.sizes["B"] + 1], INDEX_DTYPES)
     if can_read_values(cu_seqlens):
         steps = cu_seqlens[1:] - cu_seqlens[:-1]
@@ -99,12 +105,13 @@ def kda_decode(
     Args:
         q, k: ``[B, H, K]`` fp32/bf16/fp16.
         v: ``[B, H, V]``.
-        g: ``[B, H, K]`` log-space decay (≤ 0 for a decay; any float dtype, used in fp32).
+        g: ``[B, H, K]`` log-space decay (≤ 0 for a decay; any float dtype: fp32/bf16/fp16/fp64, used in fp32).
         beta: ``[B, H]`` write strength (already through its sigmoid).
-        state_pool: ``[P, H, K, V]`` fp32, updated in place at ``state_ids``.
+        state_pool: ``[P, H, K, V]`` fp32, updated in place at ``state_ids``; may be a strided view (the
+            packed cache's rows), but no two states may share memory.
         state_ids: ``[B]`` int32 distinct pool rows; -1 for padding requests.
         scale: query scale, default ``K^-0.5``.
-        use_qk_l2norm: L2-normalise q and k first.
+        use_qk_l2norm: L2-normalise q and k first (a bool: ``"no"`` is a TypeError, not true).
 
     Returns:
         ``[B, H, V]`` in q's dtype (zeros for padding requests).
@@ -129,7 +136,7 @@ def kda_prefill(
     write nothing). Equal to running :func:`kda_decode` token by token.
 
     Args:
-        q, k: ``[T, H, K]``; v: ``[T, H, V]``; g: ``[T, H, K]``; beta: ``[T, H]``.
+        q, k: ``[T, H, K]``; v: ``[T, H, V]``; g: ``[T, H, K]`` (any float dtype); beta: ``[T, H]``.
         cu_seqlens: ``[B + 1]`` int32 offsets, 0 first and T last, non-decreasing.
         state_pool: ``[P, H, K, V]`` fp32; state_ids: ``[B]`` int32.
 

@@ -5,7 +5,7 @@ import torch
 
 from ..registry.state import active_table
 from ._dispatch import tracing
-from ._validate import INDEX_DTYPES, ShapeBinder, values_in_range
+from ._validate import INDEX_DTYPES, INT32_MAX, ShapeBinder, values_in_range
 
 OP = "positions_to_slots"
 
@@ -28,8 +28,15 @@ def validate_positions_to_slots(positions, req_ids, block_table, block_tokens) -
     v.tensor("req_ids", req_ids, ["T"], INDEX_DTYPES)
     v.tensor("block_table", block_table, ["B", None], INDEX_DTYPES)
     v.positive_int("block_tokens", block_tokens)
+    v.at_most("block_tokens", block_tokens, INT32_MAX, "a count")
+    v.at_most("block_table", block_table.shape[1] * block_tokens, INT32_MAX + 1,
+              "max_blocks * block_tokens (positions are int32)")
     v.same_device(positions=positions, req_ids=req_ids, block_table=block_table)
     values_in_range(OP, "req_ids", req_ids, 0, v.sizes["B"] - 1)
+    # A slot is block * block_tokens + offset in int32: the largest block id whose last slot still fits.
+    max_block = (INT32_MAX + 1) // block_tokens - 1
+    values_in_range(OP, "block_table", block_table, -1, max_block,
+                    what=f" (-1: unmapped; block * {block_tokens} + offset must fit an int32 slot)")
     values_in_range(OP, "positions", positions, -1, block_table.shape[1] * block_tokens - 1,
                     what=" (-1 is padding)")
 
@@ -47,7 +54,8 @@ def positions_to_slots(
     Args:
         positions: ``[T, K]`` int32 request-relative positions (a top-k result); -1 is padding.
         req_ids: ``[T]`` int32 request of each row.
-        block_table: ``[B, max_blocks]`` int32; -1 marks an unmapped block.
+        block_table: ``[B, max_blocks]`` int32; -1 marks an unmapped block (no other negative value; every
+            ``block * block_tokens + block_tokens - 1`` fits an int32).
         block_tokens: tokens per cache block.
 
     Returns:

@@ -6,10 +6,10 @@ from typing import Optional
 
 import torch
 
-from ..formats import LATENT_DIM, LATENT_NOPE_DIM, latent_format
+from ..formats import LATENT_DIM, LATENT_FORMATS, LATENT_NOPE_DIM, latent_format
 from ..registry.state import active_table
 from ._dispatch import tracing
-from ._validate import INDEX_DTYPES, ShapeBinder, values_in_range
+from ._validate import INDEX_DTYPES, INT32_MAX, ShapeBinder, positive_scale, values_in_range
 
 OP = "sparse_mla"
 QUERY_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -29,23 +29,33 @@ def _(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
     return q.new_empty((t, h, LATENT_NOPE_DIM)), q.new_empty((t, h), dtype=torch.float32)
 
 
-def validate_sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> None:
-    v = ShapeBinder(OP)
-    try:
-        spec = latent_format(kv_fmt)
-    except ValueError as exc:
-        v.fail(f"argument 'kv_fmt' {exc}")
+def check_sparse_mla_args(v: ShapeBinder, q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> None:
+    """Sparse MLA's checks on binder ``v`` (its op name is the caller's: ``dsa_attention`` checks its MLA
+    stage under its own name). ``slots=None`` checks everything but the slots (a composite computes them)."""
+    if not isinstance(kv_fmt, str) or kv_fmt not in LATENT_FORMATS:
+        v.fail(f"argument 'kv_fmt' expected a latent format, one of {sorted(LATENT_FORMATS)}, got {kv_fmt!r}")
+    spec = latent_format(kv_fmt)
     v.tensor("q", q, ["T", "H", LATENT_DIM], QUERY_DTYPES)
     v.tensor("kv_pages", kv_pages, [None, None, spec.token_bytes], torch.uint8, last_dim_contiguous=True)
-    v.tensor("slots", slots, ["T", "K"], INDEX_DTYPES)
+    v.disjoint("kv_pages", kv_pages, "[block, token] records")
+    num_slots = kv_pages.shape[0] * kv_pages.shape[1]
+    v.at_most("kv_pages", num_slots, INT32_MAX + 1, "num_blocks * block_tokens (slots are int32)")
+    if slots is not None:
+        v.tensor("slots", slots, ["T", "K"], INDEX_DTYPES)
     if spec.needs_tensor_scale:
         v.tensor("kv_scale", kv_scale, [], torch.float32)
     elif kv_scale is not None:
         v.fail(f"argument 'kv_scale' expected None for latent format {kv_fmt!r}, got a tensor")
     v.positive_float("softmax_scale", softmax_scale)
     v.same_device(q=q, kv_pages=kv_pages, slots=slots, kv_scale=kv_scale)
-    num_slots = kv_pages.shape[0] * kv_pages.shape[1]
-    values_in_range(OP, "slots", slots, -1, num_slots - 1, what=" (-1 is skipped)")
+    if spec.needs_tensor_scale:  # read even when every row is empty: a zero scale is a wrong call, used or not
+        positive_scale(v.op, "kv_scale", kv_scale)
+    if slots is not None:
+        values_in_range(v.op, "slots", slots, -1, num_slots - 1, what=" (-1 is skipped)")
+
+
+def validate_sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> None:
+    check_sparse_mla_args(ShapeBinder(OP), q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
 
 
 def sparse_mla(
@@ -65,10 +75,11 @@ def sparse_mla(
 
     Args:
         q: ``[T, H, 576]`` bf16/fp16/fp32 absorbed queries (512 latent + 64 RoPE dims).
-        kv_pages: ``[num_blocks, block_tokens, token_bytes]`` uint8 latent pages in ``kv_fmt``.
+        kv_pages: ``[num_blocks, block_tokens, token_bytes]`` uint8 latent pages in ``kv_fmt``; may be a
+            strided view into the packed pool, but no two records may share bytes.
         slots: ``[T, K]`` int32 physical slots; -1 skipped.
         kv_fmt: latent format name (``"bf16"``, ``"fp8"``, ``"fp8_ds_mla"``, ``"nvfp4"``).
-        kv_scale: ``[]`` fp32 per-tensor scale for ``"fp8"``, else None.
+        kv_scale: ``[]`` fp32 per-tensor scale for ``"fp8"`` (finite, > 0), else None.
         softmax_scale: always explicit (the model's is ``192^-0.5 · mscale²``, not ``576^-0.5``).
 
     Returns:

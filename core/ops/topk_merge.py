@@ -5,6 +5,7 @@ import torch
 
 from ..registry.state import active_table
 from ._validate import INDEX_DTYPES, ShapeBinder, values_in_range
+from .collectives import checked_rank_and_size
 
 OP = "topk_merge"
 
@@ -16,6 +17,7 @@ def validate_topk_merge(local_scores, local_lengths, k, group) -> None:
     v.positive_int("k", k)
     v.same_device(local_scores=local_scores, local_lengths=local_lengths)
     values_in_range(OP, "local_lengths", local_lengths, 0, local_scores.shape[1])
+    checked_rank_and_size(v, group)
 
 
 def topk_merge(
