@@ -6,7 +6,7 @@ Only the quantities the attention ops, the cache and the planner need are first-
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 
@@ -94,17 +94,50 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ModelConfig":
+        """A config from JSON-like data: every field without a default is required, and the layers are
+        given either as ``layer_kinds`` or as ``num_layers`` (with an optional ``layer_pattern``).
+
+        Raises ``ValueError`` naming every unknown or missing key, or a value of the wrong type."""
+        if not isinstance(data, dict):
+            raise ValueError(f"model config: expected a JSON object of fields, got {type(data).__name__}")
         data = dict(data)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known - {"layer_pattern", "num_layers"})
         if unknown:
             raise ValueError(f"model config: unknown keys {unknown}; expected some of {sorted(known)}")
+        required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+        missing = [name for name in required if name != "layer_kinds" and name not in data]
+        if "layer_kinds" not in data and "num_layers" not in data:
+            missing.append("num_layers (or layer_kinds)")
+        if missing:
+            raise ValueError(f"model config {data.get('name', '<unnamed>')!r}: missing required keys {missing}")
         if "layer_kinds" not in data:
-            data["layer_kinds"] = hybrid_pattern(int(data.pop("num_layers")), data.pop("layer_pattern", "kkkd"))
+            num_layers = data.pop("num_layers")
+            if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+                raise ValueError(f"model config: num_layers expected an int >= 1, got {num_layers!r}")
+            data["layer_kinds"] = hybrid_pattern(num_layers, data.pop("layer_pattern", "kkkd"))
         data.pop("layer_pattern", None)
         data.pop("num_layers", None)
+        if isinstance(data["layer_kinds"], str) or not isinstance(data["layer_kinds"], (list, tuple)):
+            raise ValueError(f"model config: layer_kinds expected a list of 'kda'/'dsa', got {data['layer_kinds']!r}")
         data["layer_kinds"] = tuple(data["layer_kinds"])
+        for f in fields(cls):  # JSON gives ints, floats, strings, bools: catch a wrong kind here, by name
+            if f.name in data and f.name != "layer_kinds":
+                _check_type(f.name, f.type, data[f.name])
         return cls(**data)
+
+
+_JSON_TYPES = {"int": ((int,), "an int"), "float": ((int, float), "a number"), "str": ((str,), "a string"),
+               "bool": ((bool,), "true or false")}
+
+
+def _check_type(name: str, annotation, value) -> None:
+    """``ValueError`` unless ``value`` is of the field's type (``annotation`` is a string: postponed annotations)."""
+    if str(annotation) not in _JSON_TYPES:
+        return
+    expected, words = _JSON_TYPES[str(annotation)]
+    if (isinstance(value, bool) and bool not in expected) or not isinstance(value, expected):
+        raise ValueError(f"model config: {name} expected {words}, got {value!r}")
 
 
 def hybrid_pattern(num_layers: int, pattern: str = "kkkd") -> tuple[str, ...]:

@@ -48,14 +48,19 @@ def test_run_reports_throughput_per_op_times_and_memory(tmp_path, capsys):
 def test_check_on_the_reference_itself_agrees_exactly(tmp_path, capsys):
     report, out = run_json(tmp_path, capsys, "--check")
     check = report["check"]
-    assert check == {**check, "max_abs_logit_diff": 0.0, "greedy_agree": 6, "positions": 6}
-    assert "greedy agreement 6/6 (100.0%)" in out
+    assert check == {**check, "max_abs_logit_diff": 0.0, "greedy_agree": 6, "positions": 6, "passed": True,
+                     "prompt_positions": 23 + 17}  # every prompt position but each prompt's last
+    assert "greedy agreement 6/6 (100.0%)" in out and "within the tolerance 1.0e-03" in out
 
 
 def test_check_reports_the_difference_of_a_backend_that_is_off(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "test_run_cli")
-    report, _ = run_json(tmp_path, capsys, "--backend", "skewed", "--check")
-    assert report["backend"] == "skewed"
+    path = tmp_path / "run.json"
+    assert main(SMALL_RUN + ["--backend", "skewed", "--check", "--json", str(path)]) == 1  # beyond the tolerance
+    err = capsys.readouterr().err
+    assert "error: dsahal run --check: backend 'skewed' differs from the reference by" in err
+    report = json.loads(path.read_text())
+    assert report["backend"] == "skewed" and not report["check"]["passed"]
     assert report["check"]["max_abs_logit_diff"] > 1e-3
     ops = {row["op"]: row for row in report["ops"]}
     assert ops["sparse_mla"]["status"] == "native" and ops["kda_prefill"]["status"] == "fallback"

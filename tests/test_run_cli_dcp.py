@@ -27,6 +27,8 @@ def test_dcp_run_on_two_ranks_matches_the_single_process_run(tmp_path, capsys):
     single = json.loads((tmp_path / "single.json").read_text())
     assert dcp["dcp"] == 2 and dcp["outputs"] == single["outputs"]
     assert dcp["check"]["max_abs_logit_diff"] < 1e-4 and dcp["check"]["greedy_agreement"] == 1.0
+    assert len(dcp["check"]["ranks"]) == 2 and all(c["passed"] and c["prompt_positions"] > 0
+                                                    for c in dcp["check"]["ranks"])  # every rank compared
     assert {"topk_merge", "lse_combine", "all_gather"} <= {row["op"] for row in dcp["ops"]}
 
 

@@ -2,22 +2,35 @@
 
 A batch of requests with different prompt lengths (request i has ``N - i·N/(2B)`` prompt tokens for
 ``--prompt-len N --batch B``) is prefilled in chunks and decoded ``--decode M`` tokens each over the
-packed cache, on the selected backend. ``--check`` replays the same requests on the reference
-backend, forced to emit the same tokens so every step's logits are comparable, and reports the
-largest logit difference and how often the reference's greedy choice agrees.
+packed cache, on the selected backend. The header (backend, device, config, cache, requests, memory
+estimate) is printed before anything is allocated, and the estimate is checked against the machine's
+free memory; each phase (weights, compile, prefill, decode) shows its progress on stderr.
+
+``--check`` replays the same requests on the reference backend, forced to emit the same tokens, and
+compares the logits of every prompt position and every sampled position (under DCP: on every rank)
+against a tolerance per dtype and cache format (README, ``dsahal.engine.check``). Exit status: 0;
+1 when --check finds a difference beyond the tolerance; 2 for a usage error (bad argument, config,
+device, or a run that would not fit in memory); 3 when the run fails (a DCP peer died, out of memory).
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 
 import torch
 
+from ..cache import DEFAULT_ROW_ROUNDING, ROW_ROUNDINGS, plan_layout
 from ..config import load_config
 from ..registry import RegistryError, use_backend
 from ..registry.state import active_table
-from ..engine.report import ProgressBar, compare_runs, peak_memory, print_report
+from ..engine.check import check_tolerance, compare_runs, merge_rank_checks
+from ..engine.memory import check_fits, estimate_run_memory
+from ..engine.progress import PhaseProgress, say
+from ..engine.report import peak_memory, print_header, print_results
+
+EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_FAILED = 1, 2, 3
 
 FINGERPRINT_ARGS = ("backend", "batch", "prompt_len", "decode", "seed", "dtype", "latent_fmt", "index_fmt",
                     "block_tokens", "chunk", "temperature", "weights", "split_dsa", "draft_tokens")
@@ -39,13 +52,30 @@ def make_requests(args, vocab_size: int, *, forced: list[list[int]] | None = Non
         prompt = torch.randint(0, vocab_size, (length,), generator=generator).tolist()
         sampling = SamplingParams(args.temperature, seed=args.seed + i if args.temperature > 0 else None)
         requests.append(Request(i, prompt, args.decode, sampling, forced_tokens=forced[i] if forced else None,
-                                record_logits=args.check))
+                                record_logits=args.check, record_prompt_logits=args.check))
     return requests
 
 
 def resolve_device(args) -> torch.device:
+    """``--device`` (checked: a CUDA device on a CPU build of torch is a usage error), else cuda for a GPU
+    backend when CUDA is available, else cpu. Raises ``ValueError`` naming the argument."""
     if args.device:
-        return torch.device(args.device)
+        try:
+            device = torch.device(args.device)
+        except RuntimeError as exc:
+            raise ValueError(f"dsahal run: argument '--device' expected a torch device such as cpu, cuda or "
+                             f"cuda:1, got {args.device!r} ({exc})") from None
+        if device.type == "cuda":
+            if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+                raise ValueError(f"dsahal run: argument '--device {args.device}': this torch ({torch.__version__}) "
+                                 f"was built without CUDA; install a CUDA build of torch or use --device cpu")
+            if not torch.cuda.is_available():
+                raise ValueError(f"dsahal run: argument '--device {args.device}': torch sees no CUDA device "
+                                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})")
+            if device.index is not None and device.index >= torch.cuda.device_count():
+                raise ValueError(f"dsahal run: argument '--device {args.device}': expected an index below "
+                                 f"{torch.cuda.device_count()} (the visible CUDA devices)")
+        return device
     gpu = active_table().record.backend.tags & {"gpu", "cuda", "rocm"}
     return torch.device("cuda" if gpu and torch.cuda.is_available() else "cpu")
 
@@ -67,10 +97,12 @@ def start_dcp(args, config):
     return DcpDsaAttention(context.rank, context.world_size, check=True), context
 
 
-def execute(args, model, config, device, attention, *, forced=None, progress=True, cuda_graph=None):
+def execute(args, model, config, device, attention, *, forced=None, progress=True, cuda_graph=None, label=None):
     """Run the requests once on the active backend; returns (finished requests, engine, op timer).
 
-    ``cuda_graph`` (default ``--cuda-graph``): replay decode steps from CUDA graphs."""
+    ``cuda_graph`` (default ``--cuda-graph``): replay decode steps from CUDA graphs. ``progress``: show
+    the prefill and decode phases (and that compiling starts) on stderr; ``label``: one bar of that name
+    for every step instead (the --check replay)."""
     from ..engine import Engine, OpTimer, build_cache
     from ..engine.speculative import prompt_lookup_drafter
 
@@ -78,45 +110,89 @@ def execute(args, model, config, device, attention, *, forced=None, progress=Tru
     max_context = max(r.total_tokens for r in requests)
     cache = build_cache(config, max_batch=args.batch, max_context=max_context, latent_fmt=args.latent_fmt,
                         index_fmt=args.index_fmt, block_tokens=args.block_tokens, device=device,
-                        context_shards=getattr(attention, "context_shards", 1))
+                        context_shards=getattr(attention, "context_shards", 1), row_rounding=args.row_rounding)
     drafter = prompt_lookup_drafter(args.draft_tokens) if args.draft_tokens else None
     engine = Engine(model, cache, latent_fmt=args.latent_fmt, index_fmt=args.index_fmt, max_batch=args.batch,
                     max_context=max_context, prefill_chunk_tokens=args.chunk, attention=attention,
                     compile_decode=args.compile, drafter=drafter, max_draft_tokens=args.draft_tokens,
                     cuda_graph=args.cuda_graph if cuda_graph is None else cuda_graph,
                     validate=getattr(args, "validate", "first"))
-    total_steps = math.ceil(sum(len(r.prompt) for r in requests) / args.chunk) + args.decode - 1
-    bar = ProgressBar(total_steps, enabled=progress and (args.progress or (sys.stderr.isatty() and total_steps > 20)))
+    prefill_steps = math.ceil(sum(len(r.prompt) for r in requests) / args.chunk)
+    live = True if args.progress else None  # None: a bar on a terminal, one line per phase elsewhere
+    if label:
+        bars = {"all": PhaseProgress(label, prefill_steps + args.decode - 1, "steps", enabled=progress, live=live)}
+    else:
+        bars = {"prefill": PhaseProgress("prefill", prefill_steps, "steps", enabled=progress, live=live)}
+
+    def advance(eng, batch):
+        if label:
+            bars["all"].advance()
+            return
+        if not batch.meta.decode and "decode" not in bars:
+            bars["prefill"].advance()
+            if not eng.waiting and not any(r.in_prefill for r in eng.running):  # the last prefill step
+                bars["prefill"].close()
+                if eng.running and args.compile:
+                    say("compile  torch.compile(fullgraph=True) of the decode step: it compiles during the first "
+                        "decode step (tens of seconds for a large model)", enabled=progress)
+                if eng.running:
+                    bars["decode"] = PhaseProgress("decode", args.decode - 1, "steps", enabled=progress, live=live)
+        elif "decode" in bars:
+            bars["decode"].advance()
+
     with OpTimer(synchronize=device.type == "cuda") as timer:
-        finished = engine.run(requests, progress=lambda eng, batch: bar.advance())
-    bar.close()
+        finished = engine.run(requests, progress=advance)
+    for bar in bars.values():
+        bar.close()
     return finished, engine, timer
 
 
+def _error(message: str, code: int, *, show: bool = True) -> int:
+    if show:
+        print(f"error: {message}", file=sys.stderr)
+    return code
+
+
 def run(args) -> int:
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    first_rank = os.environ.get("RANK", "0") in ("", "0")
+    if args.dcp == 1 and world > 1:
+        # Decision (README): W copies of one single-device job would print W reports of the same run.
+        return _error(f"dsahal run: started as {world} processes (WORLD_SIZE={world}, e.g. by torchrun) without "
+                      f"--dcp: each would run the whole job alone; pass --dcp {world} to share the context over the "
+                      f"{world} processes, or start one process without torchrun", EXIT_USAGE, show=first_rank)
     try:
         config = load_config(args.config)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _error(str(exc), EXIT_USAGE)
     if args.threads is not None:
         if args.threads < 1:
-            print(f"error: --threads expected an int >= 1, got {args.threads}", file=sys.stderr)
-            return 2
+            return _error(f"--threads expected an int >= 1, got {args.threads}", EXIT_USAGE)
         torch.set_num_threads(args.threads)
     if not 0 <= args.draft_tokens <= 7:
-        print(f"error: --draft-tokens expected an int in [0, 7], got {args.draft_tokens}", file=sys.stderr)
-        return 2
+        return _error(f"--draft-tokens expected an int in [0, 7], got {args.draft_tokens}", EXIT_USAGE)
     for name in ("batch", "prompt_len", "decode", "chunk", "block_tokens", "dcp"):
         if getattr(args, name) < 1:
-            print(f"error: --{name.replace('_', '-')} expected an int >= 1, got {getattr(args, name)}", file=sys.stderr)
-            return 2
+            return _error(f"--{name.replace('_', '-')} expected an int >= 1, got {getattr(args, name)}", EXIT_USAGE)
+    if args.check_tolerance is not None and not 0 < args.check_tolerance < float("inf"):
+        return _error(f"--check-tolerance expected a number > 0, got {args.check_tolerance}", EXIT_USAGE)
+    from ..distributed import DistributedFault
+
     try:
         with use_backend(args.backend) if args.backend else _active():
             return _run_on_backend(args, config)
-    except (RegistryError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (RegistryError, ValueError) as exc:  # MemoryEstimateError is a ValueError: nothing was allocated
+        return _error(str(exc), EXIT_USAGE)
+    except DistributedFault as exc:
+        return _error(str(exc), EXIT_FAILED)
+    except torch.OutOfMemoryError as exc:
+        return _error(f"dsahal run: out of device memory despite the estimate; use a smaller --config, --batch, "
+                      f"--prompt-len or --chunk ({str(exc).splitlines()[0]})", EXIT_FAILED)
+    except RuntimeError as exc:
+        if "can't allocate memory" not in str(exc) and "not enough memory" not in str(exc):
+            raise
+        return _error(f"dsahal run: out of CPU memory despite the estimate; use a smaller --config, --batch, "
+                      f"--prompt-len or --chunk ({str(exc).splitlines()[0]})", EXIT_FAILED)
 
 
 class _active:
@@ -134,60 +210,134 @@ def _run_on_backend(args, config) -> int:
 
     local = LocalDsaAttention(fused=not args.split_dsa)
     if args.dcp == 1:
-        return _report(args, config, local, resolve_device(args), rank=0)
+        return _report(args, config, local, resolve_device(args), rank=0, world=1)
     from ..distributed import shutdown_distributed
 
     attention, context = start_dcp(args, config)
     try:
         device = context.device if context.device.type == "cuda" else resolve_device(args)
-        return _report(args, config, attention, device, rank=context.rank, replay_attention=local)
+        return _report(args, config, attention, device, rank=context.rank, world=context.world_size,
+                       replay_attention=local)
     finally:
         shutdown_distributed()
 
 
-def _report(args, config, attention, device, *, rank: int, replay_attention=None) -> int:
-    """Run, replay on the reference with --check, print (rank 0 only) and write the JSON report."""
+def _plan(args, config, device, dtype, context_shards: int):
+    """The header's facts and the memory estimate, computed without allocating anything."""
+    from ..engine import cache_rows_needed
+
+    lengths = prompt_lengths(args.batch, args.prompt_len)
+    max_context = max(lengths) + args.decode - 1
+    layout = plan_layout(config, latent_fmt=args.latent_fmt, index_fmt=args.index_fmt,
+                         block_tokens=args.block_tokens, dcp=context_shards, row_rounding=args.row_rounding)
+    rows = cache_rows_needed(layout, max_batch=args.batch, max_context=max_context, context_shards=context_shards)
+    estimate = estimate_run_memory(
+        config, dtype=dtype, device=device, cache_bytes=rows * layout.row_bytes,
+        tokens_per_step=min(args.chunk, sum(lengths)), max_context=max_context,
+        sampled_rows=args.batch * (1 + args.draft_tokens),
+        check_positions=(sum(lengths) + args.batch * args.decode) if args.check else 0,
+        checkpoint_bytes=os.path.getsize(args.weights) if args.weights and os.path.isfile(args.weights) else 0)
+    return {"prompt_lengths": lengths, "cache": {"rows": rows, "row_bytes": layout.row_bytes,
+                                                  "bytes": rows * layout.row_bytes,
+                                                  "state_slots": rows // layout.rows_per_state
+                                                  if layout.rows_per_state else 0},
+            "memory_estimate": estimate.to_dict()}, estimate
+
+
+def _load_model(args, config, device, dtype, show: bool):
+    """The model in ``dtype`` on ``device`` (allocated once, in that dtype), weights drawn or loaded."""
     from ..model import HybridModel, init_weights, load_weights
 
-    table = active_table()
-    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    with torch.device("meta"):  # no default init: every parameter is drawn or loaded just below
-        model = HybridModel(config)
-    model = model.to_empty(device=device).to(dtype).eval()
+    with torch.device("meta"):  # no default init, and no fp32 copy: parameters are made in dtype below
+        model = HybridModel(config).to(dtype)
+    model = model.to_empty(device=device).eval()
+    tensors = len(list(model.parameters()))
+    live = True if args.progress else None
     if args.weights:
-        load_weights(model, args.weights)
+        bar = PhaseProgress("weights", len(model.state_dict()), f"tensors loaded from {args.weights}",
+                            enabled=show, live=live)
+        load_weights(model, args.weights, progress=lambda name: bar.advance())
     else:
-        init_weights(model, seed=args.seed)
+        bar = PhaseProgress("weights", tensors, f"tensors drawn (seed {args.seed})", enabled=show, live=live)
+        init_weights(model, seed=args.seed, progress=lambda name: bar.advance())
+    bar.close()
+    return model
+
+
+def _report(args, config, attention, device, *, rank: int, world: int, replay_attention=None) -> int:
+    """Header, run, --check (on every rank under DCP), results (rank 0 prints) and the JSON report."""
+    table = active_table()
+    show = rank == 0
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype_name = str(dtype).replace("torch.", "")
+    tolerance = args.check_tolerance if args.check_tolerance is not None else (
+        check_tolerance(dtype_name, args.latent_fmt, args.index_fmt) if args.check else None)
+    report = {
+        "backend": table.name, "device": str(device), "dtype": dtype_name, "config": config.to_dict(),
+        "latent_fmt": args.latent_fmt, "index_fmt": args.index_fmt, "block_tokens": args.block_tokens,
+        "row_rounding": args.row_rounding, "batch": args.batch, "decode_tokens_per_request": args.decode,
+        "seed": args.seed, "dcp": args.dcp, "weights": args.weights, "draft_tokens_per_step": args.draft_tokens,
+    }
+    facts, estimate = _plan(args, config, device, dtype, getattr(attention, "context_shards", 1))
+    report |= facts
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if device.type == "cpu" else 1
+    try:
+        if not args.no_memory_check:
+            report["memory_estimate"] |= check_fits(estimate, device, processes=processes)
+    finally:  # the header comes first, also when the estimate does not fit (the error line follows)
+        if show:
+            print_header(report)
+    model = _load_model(args, config, device, dtype, show)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    finished, engine, timer = execute(args, model, config, device, attention, progress=rank == 0)
-    report = {
-        "backend": table.name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-        "config": config.to_dict(), "latent_fmt": args.latent_fmt, "index_fmt": args.index_fmt,
-        "block_tokens": args.block_tokens, "batch": args.batch, "prompt_lengths": [len(r.prompt) for r in finished],
-        "decode_tokens_per_request": args.decode, "seed": args.seed, "stats": vars(engine.stats) | {
-            "prefill_tokens_per_s": engine.stats.prefill_tokens_per_s,
-            "decode_tokens_per_s": engine.stats.decode_tokens_per_s},
+    finished, engine, timer = execute(args, model, config, device, attention, progress=show)
+    report |= {
+        "prompt_lengths": [len(r.prompt) for r in finished],
+        "stats": vars(engine.stats) | {"prefill_tokens_per_s": engine.stats.prefill_tokens_per_s,
+                                       "decode_tokens_per_s": engine.stats.decode_tokens_per_s},
         "ops": timer.rows(), "ops_seconds": timer.ops_seconds,
         "cache": {"rows": engine.cache.num_rows, "row_bytes": engine.cache.row_bytes,
-                  "bytes": engine.cache.num_rows * engine.cache.row_bytes,
-                  "state_slots": engine.cache.num_state_slots},
+                  "bytes": engine.cache.num_rows * engine.cache.row_bytes, "state_slots": engine.cache.num_state_slots},
         "weights_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-        "memory": peak_memory(device), "outputs": [r.output for r in finished], "dcp": args.dcp,
+        "memory": peak_memory(device), "outputs": [r.output for r in finished],
         "cuda_graph": engine.graphs is not None,
     }
-    if rank != 0:
-        return 0
-    if args.check:  # single-device on the reference: the oracle for a DCP run as well
+    if args.check:  # single-device on the reference: the oracle for a DCP run as well, on every rank
         with use_backend("reference"):  # eager: the reference reads values on the host, nothing to capture
             replay, _, _ = execute(args, model, config, device, replay_attention or attention,
-                                   forced=[r.output for r in finished], progress=False, cuda_graph=False)
-        report["check"] = compare_runs(finished, replay)
-    print_report(report)
+                                   forced=[r.output for r in finished], progress=show, cuda_graph=False,
+                                   label="check")
+        check = compare_runs(finished, replay, tolerance=tolerance)
+        if world > 1:
+            check = merge_rank_checks(_gather_checks(check, world))
+        report["check"] = check
+    if not show:
+        return EXIT_CHECK_FAILED if args.check and not report["check"]["passed"] else 0
+    print_results(report)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=2)
+    if args.check and not report["check"]["passed"]:
+        check = report["check"]
+        return _error(f"dsahal run --check: backend {table.name!r} differs from the reference by "
+                      f"{check['relative_logit_diff']:.2e} of the largest |logit| (max |logit difference| "
+                      f"{check['max_abs_logit_diff']:.3e} at {check['where']}), beyond the tolerance "
+                      f"{check['tolerance']:.1e} for {dtype_name} with {args.latent_fmt} latents and "
+                      f"{args.index_fmt} index keys (README, 'dsahal run'; --check-tolerance overrides it)",
+                      EXIT_CHECK_FAILED)
     return 0
+
+
+def _gather_checks(check: dict, world: int) -> list[dict]:
+    """Every rank's --check result, on every rank (a small dict each)."""
+    import torch.distributed as dist
+
+    from ..distributed.collective import collective_step
+
+    gathered = [None] * world
+    with collective_step("dsahal run --check: gathering every rank's comparison"):
+        dist.all_gather_object(gathered, check)
+    return gathered
 
 
 def register(subparsers) -> None:
@@ -198,7 +348,12 @@ def register(subparsers) -> None:
     parser.add_argument("--batch", type=int, default=4, help="requests in the batch (default 4)")
     parser.add_argument("--prompt-len", type=int, default=128, help="longest prompt; the others are shorter")
     parser.add_argument("--decode", type=int, default=32, help="tokens generated per request (default 32)")
-    parser.add_argument("--check", action="store_true", help="replay on the reference backend and compare logits")
+    parser.add_argument("--check", action="store_true",
+                        help="replay on the reference backend and compare the logits of every prompt and sampled "
+                             "position; exit 1 beyond the tolerance of the dtype and cache formats (README)")
+    parser.add_argument("--check-tolerance", type=float, default=None, metavar="REL",
+                        help="--check's limit on max |logit difference| / max |logit| (default: per dtype and "
+                             "format, see README)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights, prompts and sampling")
     parser.add_argument("--device", default=None, help="torch device (default: cuda for GPU backends, else cpu)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
@@ -206,6 +361,9 @@ def register(subparsers) -> None:
     parser.add_argument("--latent-fmt", default="bf16", help="MLA latent cache format (default bf16)")
     parser.add_argument("--index-fmt", default="fp8", help="index-key cache format (default fp8)")
     parser.add_argument("--block-tokens", type=int, default=64, help="tokens per cache block (default 64)")
+    parser.add_argument("--row-rounding", default=DEFAULT_ROW_ROUNDING, choices=ROW_ROUNDINGS,
+                        help="cache rows rounded to whole 256-B pages (default) or to a power of two (only for "
+                             "consumers that need power-of-two buffers; docs/cache.md)")
     parser.add_argument("--chunk", type=int, default=512, help="prompt tokens per prefill step (default 512)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: seeded sampling")
     parser.add_argument("--weights", default=None, help="load a .safetensors checkpoint instead of random weights")
@@ -227,7 +385,10 @@ def register(subparsers) -> None:
                         help="seconds a DCP rank waits for its peers before failing (default 120)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch (default: torch's; 1 is fastest on a shared machine)")
-    parser.add_argument("--progress", action="store_true", help="always draw the progress bar (default: long runs "
-                                                                "on a terminal)")
+    parser.add_argument("--progress", action="store_true",
+                        help="draw each phase's bar in place even when stderr is not a terminal (default: bars on a "
+                             "terminal, one line per phase elsewhere)")
+    parser.add_argument("--no-memory-check", action="store_true",
+                        help="start even when the memory estimate exceeds what the machine has free")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the report as JSON")
     parser.set_defaults(func=run)

@@ -1,7 +1,7 @@
 """Packing scheduled requests into one step's tensors: token ids, batch metadata, logits rows."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -25,6 +25,9 @@ class StepBatch:
             request that reaches the end of its known tokens in this step).
         sampled: the N requests those rows belong to, in order (a request with drafts once per token).
         requests: every scheduled request with its token count, in packing order.
+        prompt_rows: ``(request, n)`` for requests that record prompt logits: after the ``N`` sampled
+            rows, ``logits_indices`` holds ``n`` more rows of that request's prompt positions (all its
+            prompt tokens of this step but a last one, whose row is sampled), request after request.
     """
 
     token_ids: torch.Tensor
@@ -32,6 +35,7 @@ class StepBatch:
     logits_indices: torch.Tensor
     sampled: list[Request]
     requests: list[tuple[Request, int]]
+    prompt_rows: list[tuple[Request, int]] = field(default_factory=list)
 
 
 def build_step(scheduled: list[tuple[Request, int]], block_table: torch.Tensor, block_tokens: int,
@@ -49,6 +53,7 @@ def build_step(scheduled: list[tuple[Request, int]], block_table: torch.Tensor, 
     """
     drafts = drafts or {}
     token_ids, positions, rows, cu_seqlens, state_ids, logits_indices, sampled = [], [], [], [0], [], [], []
+    prompt_indices, prompt_rows = [], []
     for request, count in scheduled:
         if decode and count != 1:
             raise ValueError(f"build_step: a decode step takes one token per request, request "
@@ -66,6 +71,12 @@ def build_step(scheduled: list[tuple[Request, int]], block_table: torch.Tensor, 
         elif start + count == len(known):  # its last known token: the next one is sampled from here
             logits_indices.append(cu_seqlens[-1] - 1)
             sampled.append(request)
+        if request.record_prompt_logits and request.request_id not in drafts:
+            # prompt positions of this step whose row is not the sampled one (position len(prompt) - 1)
+            last = min(start + count, len(request.prompt) - 1)
+            if last > start:
+                prompt_indices.extend(range(cu_seqlens[-2], cu_seqlens[-2] + last - start))
+                prompt_rows.append((request, last - start))
     positions_t = torch.tensor(positions, dtype=torch.int32)
     rows_t = torch.tensor(rows, dtype=torch.int32)
     meta = BatchMeta(
@@ -75,4 +86,5 @@ def build_step(scheduled: list[tuple[Request, int]], block_table: torch.Tensor, 
         max_context=max_context, decode=decode,
     ).to(device)
     return StepBatch(torch.tensor(token_ids, dtype=torch.int64, device=device), meta,
-                     torch.tensor(logits_indices, dtype=torch.int64, device=device), sampled, scheduled)
+                     torch.tensor(logits_indices + prompt_indices, dtype=torch.int64, device=device), sampled,
+                     scheduled, prompt_rows)

@@ -292,6 +292,10 @@ class Engine:
 
     def _emit(self, batch: StepBatch, logits: torch.Tensor) -> None:
         rows = logits.float().cpu()
+        offset = len(batch.sampled)  # prompt rows (recorded, never sampled) follow the sampled ones
+        for request, count in batch.prompt_rows:
+            request.prompt_logits.append(rows[offset:offset + count].clone())
+            offset += count
         for index, request in enumerate(batch.sampled):
             if request.record_logits:
                 request.logits.append(rows[index].clone())

@@ -1,4 +1,5 @@
-"""What ``dsahal run`` prints: the progress bar, the run report, peak memory, the --check comparison."""
+"""What ``dsahal run`` prints: the header (before anything is allocated), the results, peak memory, and
+the --check line (:mod:`.check` compares; :mod:`.progress` draws the phases on stderr)."""
 from __future__ import annotations
 
 import resource
@@ -6,25 +7,10 @@ import sys
 
 import torch
 
+from .check import describe_check
+
 MIB = 1 << 20
-
-
-class ProgressBar:
-    """A one-line bar on stderr (``[#####.....] 12/40 steps``); does nothing when disabled."""
-
-    def __init__(self, total: int, enabled: bool, width: int = 30):
-        self.total, self.enabled, self.width, self.done = max(total, 1), enabled, width, 0
-
-    def advance(self) -> None:
-        self.done += 1
-        if self.enabled:
-            filled = min(self.width, self.width * self.done // self.total)
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} steps")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
+GIB = 1 << 30
 
 
 def peak_memory(device: torch.device) -> dict:
@@ -35,26 +21,13 @@ def peak_memory(device: torch.device) -> dict:
     return {"kind": "process peak RSS", "bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
-def compare_runs(run, reference) -> dict:
-    """Logits of the same requests (the reference forced to the run's tokens) compared position by position.
+def print_header(report: dict, out=None) -> None:
+    """What the run will do, printed first: backend, device, config, cache, requests, memory estimate.
 
-    Returns the largest absolute logit difference, the largest |logit| (for scale), and how many
-    sampled positions the reference's argmax equals the run's emitted token.
-    """
-    max_diff, max_logit, agree, positions = 0.0, 0.0, 0, 0
-    for ours, theirs in zip(run, reference):
-        for step, (a, b) in enumerate(zip(ours.logits, theirs.logits)):
-            max_diff = max(max_diff, (a - b).abs().max().item())
-            max_logit = max(max_logit, b.abs().max().item())
-            agree += int(torch.argmax(b).item() == ours.output[step])
-            positions += 1
-    return {"max_abs_logit_diff": max_diff, "max_abs_logit": max_logit, "greedy_agree": agree,
-            "positions": positions, "greedy_agreement": agree / positions if positions else 0.0}
-
-
-def print_report(report: dict, out=None) -> None:
+    ``report`` needs backend, device, dtype, config, latent_fmt, index_fmt, block_tokens, cache, batch,
+    prompt_lengths, decode_tokens_per_request, seed (and optionally dcp, memory_estimate)."""
     out = out or sys.stdout
-    config, stats = report["config"], report["stats"]
+    config = report["config"]
     kinds = config["layer_kinds"]
     dcp = f", decode context parallel over {report['dcp']} ranks" if report.get("dcp", 1) > 1 else ""
     print(f"backend  {report['backend']} on {report['device']} ({report['dtype']}){dcp}", file=out)
@@ -67,6 +40,23 @@ def print_report(report: dict, out=None) -> None:
           f"{cache['state_slots']} KDA state slots", file=out)
     print(f"requests {report['batch']}, prompt lengths {report['prompt_lengths']}, "
           f"{report['decode_tokens_per_request']} generated each, seed {report['seed']}", file=out)
+    estimate = report.get("memory_estimate")
+    if estimate:
+        where = "CPU memory" if estimate["device_type"] != "cuda" else f"{report['device']}"
+        need = estimate["host"] if estimate["device_type"] != "cuda" else estimate["device"]
+        free = estimate.get("host_available_bytes") if estimate["device_type"] != "cuda" \
+            else estimate.get("device_available_bytes")
+        have = f" of {free / GIB:.1f} GiB available" if free else ""
+        print(f"memory   estimate {need / GIB:.2f} GiB of {where}{have} (weights {estimate['weights'] / GIB:.2f} "
+              f"GiB, cache {estimate['cache'] / GIB:.2f} GiB)", file=out)
+    out.flush()
+
+
+def print_results(report: dict, out=None) -> None:
+    """Throughput, per-op times, peak memory and the --check verdict, after the run."""
+    out = out or sys.stdout
+    stats = report["stats"]
+    cache = report["cache"]
     print(f"prefill  {stats['prefill_tokens']} tokens in {stats['prefill_seconds']:.3f} s = "
           f"{stats['prefill_tokens_per_s']:.1f} tokens/s ({stats['prefill_steps']} steps)", file=out)
     if report.get("cuda_graph"):
@@ -82,9 +72,8 @@ def print_report(report: dict, out=None) -> None:
     if stats.get("compile_seconds"):
         print(f"         (the first decode step, {stats['compile_seconds']:.1f} s with torch.compile, is not counted)",
               file=out)
-    if stats.get("draft_tokens"):
-        print(f"         speculative: {stats['accepted_draft_tokens']} of {stats['draft_tokens']} draft tokens "
-              f"accepted ({100 * stats['accepted_draft_tokens'] / stats['draft_tokens']:.1f}%)", file=out)
+    if report.get("draft_tokens_per_step"):
+        print(f"         {describe_drafts(stats, report)}", file=out)
     step_seconds = stats["prefill_seconds"] + stats["decode_seconds"]
     print(f"\nper-op time (self time; nested ops excluded from their caller) — {1e3 * report['ops_seconds']:.1f} ms "
           f"in ops of {1e3 * step_seconds:.1f} ms of steps", file=out)
@@ -105,6 +94,29 @@ def print_report(report: dict, out=None) -> None:
           f"{report['weights_bytes'] / MIB:.1f} MiB, cache {cache['bytes'] / MIB:.1f} MiB", file=out)
     check = report.get("check")
     if check:
-        print(f"check vs reference: max |logit difference| {check['max_abs_logit_diff']:.3e} (max |logit| "
-              f"{check['max_abs_logit']:.2f}) over {check['positions']} positions; greedy agreement "
-              f"{check['greedy_agree']}/{check['positions']} ({100 * check['greedy_agreement']:.1f}%)", file=out)
+        print(describe_check(check), file=out)
+
+
+def print_report(report: dict, out=None) -> None:
+    """The header and the results together (what ``dsahal run`` prints, header first)."""
+    print_header(report, out)
+    print_results(report, out)
+
+
+def describe_drafts(stats: dict, report: dict) -> str:
+    """The speculative-decoding line, saying why few drafts were accepted when few were.
+
+    Prompt lookup proposes the tokens that followed an earlier occurrence of the last two tokens; with
+    seeded random weights the model's greedy tokens rarely continue earlier text, so drafts are rarely
+    proposed (random prompts seldom repeat a bigram) and rarely accepted."""
+    proposed, accepted = stats.get("draft_tokens", 0), stats.get("accepted_draft_tokens", 0)
+    line = f"speculative: up to {report['draft_tokens_per_step']} prompt-lookup drafts per request per step; "
+    if not proposed:
+        return line + ("no draft was proposed: no request's last two tokens occurred earlier in its text, so "
+                       "prompt lookup had nothing to propose (the seeded prompts are random tokens)")
+    line += f"{accepted} of {proposed} draft tokens accepted ({100 * accepted / proposed:.1f}%)"
+    if accepted < proposed / 2 and not report.get("weights"):
+        line += ("; the weights are seeded random, so the model's greedy choice seldom repeats earlier text, "
+                 "which is what prompt-lookup drafts bet on (a checkpoint, --weights, on repetitive text shows "
+                 "real acceptance); the emitted tokens are the same either way")
+    return line

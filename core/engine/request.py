@@ -22,6 +22,9 @@ class Request:
             ``dsahal run --check`` replays one backend's tokens on the reference so every step's
             logits are comparable). Must hold ``max_new_tokens`` ids.
         record_logits: keep the fp32 logits of every sampled position (``[vocab]`` each, on the CPU).
+        record_prompt_logits: also keep the logits of every prompt position but the last (whose row is
+            the first sampled one): ``prompt_logits`` gets one ``[n, vocab]`` fp32 CPU tensor per prefill
+            chunk, ``len(prompt) - 1`` rows in all (``dsahal run --check`` compares them too).
     """
 
     request_id: int
@@ -30,9 +33,11 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     forced_tokens: Optional[list[int]] = None
     record_logits: bool = False
+    record_prompt_logits: bool = False
     # progress, owned by the engine
     output: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
+    prompt_logits: list[torch.Tensor] = field(default_factory=list)
     num_computed: int = 0  # tokens whose cache entries (latent, index key, KDA state) are written
     row: Optional[int] = None  # row of the engine's block table
     blocks: list[int] = field(default_factory=list)

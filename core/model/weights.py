@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 from safetensors import SafetensorError
@@ -47,16 +48,21 @@ def _draw(name: str, param: torch.Tensor, generator: torch.Generator, num_layers
     std = shape[1] ** -0.5
     if name.endswith(RESIDUAL_WRITERS):
         std /= math.sqrt(2 * num_layers)
-    return torch.randn(shape, generator=generator) * std
+    return torch.randn(shape, generator=generator).mul_(std)  # in place: one fp32 temporary at a time
 
 
 @torch.no_grad()
-def init_weights(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Fill every parameter of ``model`` (a :class:`~dsahal.model.HybridModel`) from ``seed``; returns it."""
+def init_weights(model: torch.nn.Module, seed: int = 0,
+                 progress: Optional[Callable[[str], None]] = None) -> torch.nn.Module:
+    """Fill every parameter of ``model`` (a :class:`~dsahal.model.HybridModel`) from ``seed``; returns it.
+
+    ``progress(name)`` is called after each parameter is filled (``dsahal run``'s weights bar)."""
     generator = torch.Generator().manual_seed(seed)
     num_layers = model.config.num_layers
     for name, param in model.named_parameters():  # registration order: stable for a config
         param.copy_(_draw(name, param, generator, num_layers).to(param.dtype))
+        if progress is not None:
+            progress(name)
     return model
 
 
@@ -88,11 +94,13 @@ def _config_hint(path, model) -> str:
 
 
 @torch.no_grad()
-def load_weights(model: torch.nn.Module, path: str | Path) -> torch.nn.Module:
+def load_weights(model: torch.nn.Module, path: str | Path,
+                 progress: Optional[Callable[[str], None]] = None) -> torch.nn.Module:
     """Load a ``.safetensors`` checkpoint into ``model`` in place (cast to each parameter's dtype); returns it.
 
     Raises :class:`CheckpointError` (a ``ValueError``) naming every missing, unexpected or
     mis-shaped tensor with both shapes, and the checkpoint's config when it differs.
+    ``progress(name)`` is called after each tensor is copied in.
     """
     try:
         tensors = load_file(str(path))
@@ -113,4 +121,6 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> torch.nn.Module:
                               f"({len(problems)} problem(s)):\n  " + "\n  ".join(shown) + _config_hint(path, model))
     for name, target in expected.items():
         target.copy_(tensors[name].to(target.dtype))
+        if progress is not None:
+            progress(name)
     return model
