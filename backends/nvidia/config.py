@@ -88,6 +88,12 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     # (2.10 ms unrolled x4 at 4 warps); one-block tile addressing made this loop slower (2.05 ms), so
     # it stays per key. bf16 q: unrolled x4 at 4 warps with one-block tiles, 2.13 ms (2.50 ms per-key
     # addressing; every pipelined variant 2.83-6.35 ms); keys as the MMA's B operand was slower for both.
+    if index_fmt == "mxfp4" and q_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        # MXFP4 keys into tl.dot_scaled. 8 warps: at 4 the accumulator and the query operand spilled
+        # 128-740 B (sm_90 AOT compile, Triton 3.9); at 8, 170-198 registers and no stack. Not yet
+        # timed on the H200: scripts/h200/fp4_check.py times this against the alternatives.
+        return dict(block_n=64, group=8, tiles=4, num_warps=8, num_stages=1, one_block_tiles=True,
+                    mxfp4_dot_scaled=True)
     if q_dtype == torch.float8_e4m3fn and index_fmt == "fp8":
         return dict(block_n=64, group=8, tiles=16, num_warps=8, num_stages=2, pipeline=True, typed_keys=True,
                     one_block_tiles=False)

@@ -1,4 +1,4 @@
-"""Paged lightning-indexer score over bf16 (256 B) or FP8 (132 B) index keys.
+"""Paged lightning-indexer score over bf16 (256 B), FP8 (132 B) or MXFP4 (68 B) index keys.
 
 ``score[t, s] = Σ_h w[t, h] · relu(q[t, h] · k[s]) · k_scale[s]`` for ``s <= positions[t]``,
 -inf elsewhere (and on unmapped or out-of-range blocks).
@@ -10,6 +10,13 @@ once; each key tile is loaded once and multiplied by all of them in a single MMA
 (``keys [BLOCK_N, 128] @ Qᵀ``), then relu, head weights and the per-token head sum are applied in
 registers. FP8 queries on FP8 keys use the FP8 tensor cores; anything else is widened exactly.
 
+MXFP4 keys are dequantised in the kernel (e2m1 nibbles times ``2^(ue8m0 - 127)`` per 32 dims; every
+such value is exact in bf16 and fp32). bf16 and FP8 queries take ``tl.dot_scaled`` by default (the
+packed bytes and their UE8M0 scales go to the MMA as an e2m1 operand; Triton upcasts them to bf16 on
+Hopper), or, with ``mxfp4_dot_scaled=False``, an explicit decode into bf16 even-dim and odd-dim halves
+multiplied by the matching halves of the queries (two K = 64 MMAs, no interleaving of the nibbles).
+fp32/fp16 queries take the explicit decode into fp32 (exact dots).
+
 The launcher marks segment starts (``run_offset % GROUP == 0``) with a few sync-free torch ops;
 programs of other tokens exit at once.
 """
@@ -19,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .bytes import INDEX_CODES, load_f32_bytewise, load_u16_bytewise, typed_views, views_usable, widen_bf16
+from .bytes import (INDEX_CODES, INDEX_MXFP4, e2m1_ue8m0_value, load_f32_bytewise, load_u16_bytewise, typed_views,
+                    views_usable, widen_bf16)
 
 DOT_BF16 = 0
 DOT_FP8 = 1
@@ -124,6 +132,85 @@ def _one_block_key_tile(pages_u8, s8_b, pages_u16, s16_b, pages_f32, s32_b, bloc
     return keys, scale, mapped
 
 
+@triton.jit
+def _mxfp4_key_tile(pages_u8, s8_b, s8_t, block_table_ptr, stride_bt, req, tile, s, s_ok, num_blocks, max_blocks,
+                    block_tokens, TOKEN_BYTES: tl.constexpr, ONE_BLOCK: tl.constexpr):
+    """MXFP4 keys at positions ``s`` [BLOCK_N] of request ``req`` -> (packed [BLOCK_N, 64] uint8 e2m1 pairs,
+    scales [BLOCK_N, 4] uint8 UE8M0, mapped [BLOCK_N]).
+
+    Records are bytes only, so any record address works through the uint8 view (no aligned variant).
+    ``ONE_BLOCK`` (``BLOCK_N == block_tokens``, packed records): one table lookup per tile and record
+    offsets that do not depend on the tile, as :func:`_one_block_key_tile`; else per-key addressing.
+    """
+    pairs = tl.arange(0, 64)
+    blocks = tl.arange(0, 4)
+    if ONE_BLOCK:
+        keys_in_block = tl.arange(0, s.shape[0])
+        in_table = tile < max_blocks
+        block = tl.load(block_table_ptr + req * stride_bt + tile, mask=in_table, other=-1)
+        block_ok = in_table & (block >= 0) & (block < num_blocks)
+        # block_ok as a lane vector: the interpreter mishandles masks that mix tensors and scalars
+        mapped = s_ok & ((keys_in_block * 0 + block_ok.to(tl.int32)) != 0)
+        base = pages_u8 + tl.where(block_ok, block, 0).to(tl.int64) * s8_b
+        row = keys_in_block * TOKEN_BYTES
+    else:
+        logical = s // block_tokens
+        block = tl.load(block_table_ptr + req * stride_bt + logical, mask=s_ok & (logical < max_blocks), other=-1)
+        mapped = s_ok & (block >= 0) & (block < num_blocks)
+        block = tl.where(mapped, block, 0).to(tl.int64)
+        base = pages_u8
+        if TOKEN_BYTES > 0:
+            row = block * s8_b + (s % block_tokens) * TOKEN_BYTES
+        else:
+            row = block * s8_b + (s % block_tokens) * s8_t
+    packed = tl.load(base + row[:, None] + pairs[None, :], mask=mapped[:, None], other=0)
+    scales = tl.load(base + row[:, None] + 64 + blocks[None, :], mask=mapped[:, None], other=0)
+    return packed, scales, mapped
+
+
+@triton.jit
+def _mxfp4_keys_for_dot(packed, scales, DOT: tl.constexpr):
+    """Packed MXFP4 keys [BLOCK_N, 64] and their scales [BLOCK_N, 4] -> (even dims, odd dims), each
+    [BLOCK_N, 64] in the MMA operand type (bf16 or fp32; exact in both). Pair ``i`` of a key is in
+    scale block ``i // 16``."""
+    rows: tl.constexpr = packed.shape[0]
+    per_pair = tl.reshape(tl.broadcast_to(scales[:, :, None], [rows, 4, 16]), [rows, 64])
+    even = e2m1_ue8m0_value(packed & 0xF, per_pair)
+    odd = e2m1_ue8m0_value(packed >> 4, per_pair)
+    if DOT == 0:
+        even = even.to(tl.bfloat16)
+        odd = odd.to(tl.bfloat16)
+    return even, odd
+
+
+@triton.jit
+def _mxfp4_logits(packed, scales, q, DOT: tl.constexpr, SCALED_DOT: tl.constexpr, KEYS_AS_B: tl.constexpr):
+    """Dot products of MXFP4 keys with the segment's queries: ``[BLOCK_N, rows]`` (``[rows, BLOCK_N]``
+    with ``KEYS_AS_B``). ``q`` is the bf16 ``[rows, 128]`` operand for ``tl.dot_scaled``, else its
+    (even dims, odd dims) halves ``[rows, 64]``."""
+    if SCALED_DOT:
+        if KEYS_AS_B:
+            logits = tl.dot_scaled(q, None, "bf16", tl.trans(packed), scales, "e2m1")
+        else:
+            logits = tl.dot_scaled(packed, scales, "e2m1", tl.trans(q), None, "bf16")
+    else:
+        even, odd = _mxfp4_keys_for_dot(packed, scales, DOT)
+        q_even, q_odd = q
+        if KEYS_AS_B:
+            if DOT == 2:
+                logits = tl.dot(q_odd, tl.trans(odd), tl.dot(q_even, tl.trans(even), input_precision="ieee"),
+                                input_precision="ieee")
+            else:
+                logits = tl.dot(q_odd, tl.trans(odd), tl.dot(q_even, tl.trans(even)))
+        else:
+            if DOT == 2:
+                logits = tl.dot(odd, tl.trans(q_odd), tl.dot(even, tl.trans(q_even), input_precision="ieee"),
+                                input_precision="ieee")
+            else:
+                logits = tl.dot(odd, tl.trans(q_odd), tl.dot(even, tl.trans(q_even)))
+    return logits
+
+
 # Counts and sizes that vary from call to call are not specialised on (Triton would compile a
 # variant per value pattern: ==1, multiple of 16); strides stay specialised for wide loads.
 SIZE_ARGS = ("T", "H", "max_context", "num_blocks", "max_blocks", "block_tokens")
@@ -144,6 +231,7 @@ def indexer_score_kernel(
     PIPELINE: tl.constexpr,  # key tiles in a pipelined loop (else unrolled)
     KEYS_AS_B: tl.constexpr,  # q @ keysᵀ (keys in shared memory, prefetchable) instead of keys @ qᵀ
     ONE_BLOCK: tl.constexpr,  # BLOCK_N == block_tokens on packed, aligned pages: a tile is one cache block
+    SCALED_DOT: tl.constexpr = False,  # MXFP4 keys into tl.dot_scaled (bf16 queries) instead of an explicit decode
 ):
     t0 = tl.program_id(1)
     is_start = tl.load(run_offset_ptr + t0) % GROUP == 0  # only a segment's first token works
@@ -153,25 +241,36 @@ def indexer_score_kernel(
         # A loop at the top level (not under a branch), which the software pipeliner may stage
         # num_stages deep; other tokens' programs mask their loads and run it zero times.
         q, w, segment = _load_segment(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, req_ptr, pos_ptr, t0, T, H,
-                                      is_start, DOT, BLOCK_H, GROUP)
+                                      is_start, FMT, DOT, BLOCK_H, GROUP, SCALED_DOT)
         for tile in range(tl.where(is_start, TILES, 0)):
             _score_tile(tl.program_id(0) * TILES + tile, q, w, views, block_table_ptr, stride_bt, segment, sizes,
                         out_ptr, stride_ot, FMT, DOT, TOKEN_BYTES, GROUP, BLOCK_H, BLOCK_N, ALIGNED, KEYS_AS_B,
-                        ONE_BLOCK)
+                        ONE_BLOCK, SCALED_DOT)
     elif is_start:  # unrolled; other tokens' programs exit at once
         q, w, segment = _load_segment(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, req_ptr, pos_ptr, t0, T, H,
-                                      is_start, DOT, BLOCK_H, GROUP)
+                                      is_start, FMT, DOT, BLOCK_H, GROUP, SCALED_DOT)
         for tile in tl.static_range(TILES):
             _score_tile(tl.program_id(0) * TILES + tile, q, w, views, block_table_ptr, stride_bt, segment, sizes,
                         out_ptr, stride_ot, FMT, DOT, TOKEN_BYTES, GROUP, BLOCK_H, BLOCK_N, ALIGNED, KEYS_AS_B,
-                        ONE_BLOCK)
+                        ONE_BLOCK, SCALED_DOT)
+
+
+@triton.jit
+def _q_for_dot(q, DOT: tl.constexpr):
+    if DOT == 0:
+        q = q.to(tl.bfloat16)
+    elif DOT == 2:
+        q = q.to(tl.float32)
+    return q
 
 
 @triton.jit
 def _load_segment(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, req_ptr, pos_ptr, t0, T, H, is_start,
-                  DOT: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr):
+                  FMT: tl.constexpr, DOT: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr,
+                  SCALED_DOT: tl.constexpr):
     """The segment of token ``t0`` (it and up to ``GROUP - 1`` following tokens of the same request):
-    its queries as one ``[GROUP * BLOCK_H, 128]`` operand, their head weights, and
+    its queries as one ``[GROUP * BLOCK_H, 128]`` operand (for MXFP4 keys decoded explicitly: its
+    even-dim and odd-dim halves, ``[GROUP * BLOCK_H, 64]`` each), their head weights, and
     ``(request, member mask, member positions, member token ids, furthest position)``."""
     req = tl.load(req_ptr + t0).to(tl.int64)
     members = t0 + tl.arange(0, GROUP)
@@ -185,13 +284,17 @@ def _load_segment(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, req_ptr, pos_pt
     row_head = rows % BLOCK_H
     row_ok = (row_tok < T) & (row_head < H) & ((rows * 0 + is_start.to(tl.int32)) != 0)
     row_ok = row_ok & (tl.load(req_ptr + row_tok, mask=row_ok, other=-1) == req)
-    dims = tl.arange(0, 128)
-    q = tl.load(q_ptr + row_tok.to(tl.int64)[:, None] * stride_qt + row_head[:, None] * stride_qh + dims[None, :],
-                mask=row_ok[:, None], other=0.0)
-    if DOT == 0:
-        q = q.to(tl.bfloat16)
-    elif DOT == 2:
-        q = q.to(tl.float32)
+    q_rows = q_ptr + row_tok.to(tl.int64)[:, None] * stride_qt + row_head[:, None] * stride_qh
+    if FMT == 2:
+        if SCALED_DOT:
+            q = _q_for_dot(tl.load(q_rows + tl.arange(0, 128)[None, :], mask=row_ok[:, None], other=0.0), DOT)
+        else:  # MXFP4 keys decoded explicitly: the even and odd dims multiply separately
+            half = tl.arange(0, 64)
+            q_even = _q_for_dot(tl.load(q_rows + 2 * half[None, :], mask=row_ok[:, None], other=0.0), DOT)
+            q_odd = _q_for_dot(tl.load(q_rows + 2 * half[None, :] + 1, mask=row_ok[:, None], other=0.0), DOT)
+            q = (q_even, q_odd)
+    else:
+        q = _q_for_dot(tl.load(q_rows + tl.arange(0, 128)[None, :], mask=row_ok[:, None], other=0.0), DOT)
     w = tl.load(w_ptr + row_tok.to(tl.int64) * stride_wt + row_head, mask=row_ok, other=0.0)
     return q, w, (req, member_ok, member_pos, members, reach)
 
@@ -199,42 +302,57 @@ def _load_segment(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, req_ptr, pos_pt
 def _score_tile(tile, q, w, views, block_table_ptr, stride_bt, segment, sizes, out_ptr, stride_ot,
                 FMT: tl.constexpr, DOT: tl.constexpr, TOKEN_BYTES: tl.constexpr, GROUP: tl.constexpr,
                 BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr, KEYS_AS_B: tl.constexpr,
-                ONE_BLOCK: tl.constexpr):
-    """Scores of key tile ``tile`` (``BLOCK_N`` positions) for every token of the segment: one MMA."""
+                ONE_BLOCK: tl.constexpr, SCALED_DOT: tl.constexpr):
+    """Scores of key tile ``tile`` (``BLOCK_N`` positions) for every token of the segment: one MMA
+    (two for MXFP4 keys decoded explicitly)."""
     pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s32_t = views
     req, member_ok, member_pos, members, reach = segment
     max_context, num_blocks, max_blocks, block_tokens = sizes
     s = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    keys, scale, mapped = _key_tile(pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s32_t,
-                                    block_table_ptr, stride_bt, req, tile, s, (s <= reach) & (s < max_context),
-                                    num_blocks, max_blocks, block_tokens, FMT, DOT, TOKEN_BYTES, ALIGNED, ONE_BLOCK)
-    if KEYS_AS_B:
-        # q @ keysᵀ: the keys are the MMA's B operand, which lives in shared memory, so the software
-        # pipeliner can prefetch them with async copies; the head sum then runs across warps.
-        if DOT == 2:
-            logits = tl.dot(q, tl.trans(keys), input_precision="ieee")  # [GROUP * BLOCK_H, BLOCK_N]
+    s_ok = (s <= reach) & (s < max_context)
+    if FMT == 2:  # MXFP4: the scales are inside the dot; no per-key scale after it
+        packed, block_scales, mapped = _mxfp4_key_tile(pages_u8, s8_b, s8_t, block_table_ptr, stride_bt, req, tile,
+                                                       s, s_ok, num_blocks, max_blocks, block_tokens, TOKEN_BYTES,
+                                                       ONE_BLOCK)
+        logits = _mxfp4_logits(packed, block_scales, q, DOT, SCALED_DOT, KEYS_AS_B)
+    else:
+        keys, scale, mapped = _key_tile(pages_u8, s8_b, s8_t, pages_u16, s16_b, s16_t, pages_f32, s32_b, s32_t,
+                                        block_table_ptr, stride_bt, req, tile, s, s_ok, num_blocks, max_blocks,
+                                        block_tokens, FMT, DOT, TOKEN_BYTES, ALIGNED, ONE_BLOCK)
+        if KEYS_AS_B:
+            # q @ keysᵀ: the keys are the MMA's B operand, which lives in shared memory, so the software
+            # pipeliner can prefetch them with async copies; the head sum then runs across warps.
+            if DOT == 2:
+                logits = tl.dot(q, tl.trans(keys), input_precision="ieee")  # [GROUP * BLOCK_H, BLOCK_N]
+            else:
+                logits = tl.dot(q, tl.trans(keys))
         else:
-            logits = tl.dot(q, tl.trans(keys))
+            if DOT == 2:
+                logits = tl.dot(keys, tl.trans(q), input_precision="ieee")  # [BLOCK_N, GROUP * BLOCK_H]
+            else:
+                logits = tl.dot(keys, tl.trans(q))
+    if KEYS_AS_B:
         weighted = tl.maximum(logits, 0.0) * w[:, None]
-        score = tl.sum(tl.reshape(weighted, [GROUP, BLOCK_H, BLOCK_N]), axis=1) * scale[None, :]  # [GROUP, BLOCK_N]
+        score = tl.sum(tl.reshape(weighted, [GROUP, BLOCK_H, BLOCK_N]), axis=1)  # [GROUP, BLOCK_N]
+        if FMT != 2:
+            score = score * scale[None, :]
         visible = (s[None, :] <= member_pos[:, None]) & mapped[None, :]
         score = tl.where(visible, score, float("-inf"))
         out = out_ptr + members.to(tl.int64)[:, None] * stride_ot + s[None, :]
         tl.store(out, score, mask=member_ok[:, None] & (s < max_context)[None, :])
     else:
-        if DOT == 2:
-            logits = tl.dot(keys, tl.trans(q), input_precision="ieee")  # [BLOCK_N, GROUP * BLOCK_H]
-        else:
-            logits = tl.dot(keys, tl.trans(q))
         weighted = tl.maximum(logits, 0.0) * w[None, :]
-        score = tl.sum(tl.reshape(weighted, [BLOCK_N, GROUP, BLOCK_H]), axis=2) * scale[:, None]  # [BLOCK_N, GROUP]
+        score = tl.sum(tl.reshape(weighted, [BLOCK_N, GROUP, BLOCK_H]), axis=2)  # [BLOCK_N, GROUP]
+        if FMT != 2:
+            score = score * scale[:, None]
         visible = (s[:, None] <= member_pos[None, :]) & mapped[:, None]
         score = tl.where(visible, score, float("-inf"))
         out = out_ptr + members.to(tl.int64)[None, :] * stride_ot + s[:, None]
         tl.store(out, score, mask=member_ok[None, :] & (s < max_context)[:, None])
 
 def pick_dot(q_dtype, index_fmt):
-    """FP8 q on FP8 keys: FP8 MMA. bf16 q, or FP8 q on bf16 keys: bf16 MMA (exact widening). Else fp32."""
+    """FP8 q on FP8 keys: FP8 MMA. bf16 q, or FP8 q on bf16 / MXFP4 keys: bf16 MMA (exact widening).
+    Else (fp32, fp16 queries) exact fp32 dots."""
     if q_dtype == torch.float8_e4m3fn:
         return DOT_FP8 if index_fmt == "fp8" else DOT_BF16
     if q_dtype == torch.bfloat16:
@@ -273,16 +391,16 @@ def run_offsets(req_ids):
 
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,
                   block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, pipeline=False, typed_keys=False,
-                  keys_as_b=False, one_block_tiles=True, dot=None, out=None):
+                  keys_as_b=False, one_block_tiles=True, mxfp4_dot_scaled=True, dot=None, out=None):
     """Launch :func:`indexer_score_kernel`.
 
     Args:
         q: ``[T, H, 128]`` bf16/fp16/fp32/float8_e4m3fn (unit stride in the last dim).
         weights: ``[T, H]`` fp32.
-        index_pages: ``[num_blocks, block_tokens, token_bytes]`` uint8 (256 B bf16, 132 B fp8), tokens
-            of a block contiguous (``stride(1) == token_bytes``).
+        index_pages: ``[num_blocks, block_tokens, token_bytes]`` uint8 (256 B bf16, 132 B fp8, 68 B mxfp4),
+            tokens of a block contiguous (``stride(1) == token_bytes``).
         block_table: ``[B, max_blocks]`` int32, -1 unmapped. req_ids, positions: ``[T]`` int32.
-        index_fmt: ``"bf16"`` or ``"fp8"``. max_context: output width.
+        index_fmt: ``"bf16"``, ``"fp8"`` or ``"mxfp4"``. max_context: output width.
         block_n: key positions per MMA; group: query tokens per segment; tiles: key tiles per program
             (fp32/fp16 queries, whose dots run exactly in fp32, use one token and one tile of <= 32 keys).
         pipeline: run the key tiles in a loop the software pipeliner stages ``num_stages`` deep
@@ -292,6 +410,8 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             can prefetch) rather than ``keys @ qᵀ`` (keys in registers, heads summed within a warp).
         one_block_tiles: when a key tile is exactly one cache block (``block_n == block_tokens``, packed
             aligned records), address it with one table lookup and tile-invariant offsets.
+        mxfp4_dot_scaled: MXFP4 keys with bf16/FP8 queries: ``tl.dot_scaled`` on the packed keys (True),
+            or an explicit decode into two bf16 halves (False). fp32/fp16 queries always decode explicitly.
         out: optional ``[T, max_context]`` fp32 buffer (unit stride in the last dim).
 
     Returns:
@@ -306,7 +426,13 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         return out
     aligned = views_usable(index_pages)
     packed_bytes = index_pages.shape[-1] if index_pages.stride(1) == index_pages.shape[-1] else 0
+    if index_fmt not in INDEX_CODES:
+        raise ValueError(f"triton indexer_score: index_fmt must be one of {sorted(INDEX_CODES)}, got {index_fmt!r}")
     dot = pick_dot(q.dtype, index_fmt) if dot is None else dot
+    mxfp4 = INDEX_CODES[index_fmt] == INDEX_MXFP4
+    if mxfp4 and dot == DOT_FP8:
+        raise ValueError("triton indexer_score: mxfp4 keys are multiplied in bf16 or fp32 (dot=DOT_BF16 or "
+                         "DOT_FP32), got dot=DOT_FP8")
     block_h, block_n, group, tiles = tile_shape(heads, dot, block_n, group, tiles)
     views = typed_views(index_pages)
     if typed_keys and aligned:
@@ -326,6 +452,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         tokens, heads, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1],
         FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=packed_bytes, BLOCK_H=block_h, BLOCK_N=block_n,
         GROUP=group, TILES=tiles, ALIGNED=aligned, PIPELINE=pipeline,
-        KEYS_AS_B=keys_as_b, ONE_BLOCK=one_block, num_warps=num_warps, num_stages=num_stages,
+        KEYS_AS_B=keys_as_b, ONE_BLOCK=one_block, SCALED_DOT=mxfp4 and dot == DOT_BF16 and mxfp4_dot_scaled,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return out

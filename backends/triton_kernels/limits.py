@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 # Plain data, no triton import: a backend's verifiers must load where triton is absent.
-CACHE_WRITE_FORMATS = frozenset({("latent", "bf16"), ("latent", "fp8"), ("latent", "fp8_ds_mla"),
-                                 ("index", "bf16"), ("index", "fp8")})
+CACHE_WRITE_FORMATS = frozenset({("latent", "bf16"), ("latent", "fp8"), ("latent", "fp8_ds_mla"), ("latent", "nvfp4"),
+                                 ("index", "bf16"), ("index", "fp8"), ("index", "mxfp4")})
 LATENT_FORMATS = frozenset({"bf16", "fp8", "fp8_ds_mla", "nvfp4"})
-INDEX_FORMATS = frozenset({"bf16", "fp8"})
+INDEX_FORMATS = frozenset({"bf16", "fp8", "mxfp4"})
 MAX_INDEX_HEADS = 128
 MAX_SMALL_MLA_HEADS = 64  # sparse_mla_small_heads.MAX_HEADS: its fp32 accumulator is 512 x heads
 SMALL_MLA_Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
