@@ -1,5 +1,11 @@
 """``dsahal backends``: every backend, whether it is available and why not, its op coverage; with
-``--verbose``, every op's routes in the order calls try them, each usable or not and why."""
+``--verbose``, every op's routes in the order calls try them, each usable or not and why.
+
+Below the table, every plugin fault: a plugin that failed to import or register, one that loaded but
+registered nothing (no ``@hookimpl``), unknown op names a backend declares, backend names two plugins
+declare (which one is used and how to pick the other), probes that raised or timed out (every probe
+runs, in parallel, each bounded by ``dsahal.registry.discovery.PROBE_TIMEOUT_S``), and
+``DSAHAL_PLUGINS`` entries that name no plugin."""
 from __future__ import annotations
 
 import json
@@ -7,6 +13,7 @@ import sys
 
 from ..ops.catalog import COMPOSITE_OPS, OP_NAMES
 from ..registry import OpTable, RegistryError, registry, select
+from ..registry.discovery import unknown_entry_text
 
 
 def coverage(backend) -> dict[str, str]:
@@ -91,8 +98,12 @@ def _print_table(rows, reg, selected, verbose: bool) -> None:
             print(f"{'':<4}unverified on hardware: {op}: {why}")
     for failure in reg.failures:
         print(f"!plugin {failure.plugin}: failed at {failure.stage}: {failure.error}")
+    for conflict in reg.conflicts:
+        print(f"!conflict: {conflict.describe()}")
     for plugin in reg.excluded:
         print(f"-plugin {plugin}: not loaded (not in DSAHAL_PLUGINS)")
+    for entry in reg.unknown_allowed:
+        print(f"?DSAHAL_PLUGINS: {unknown_entry_text(entry, reg.known_plugins)}")
     if selected:
         print(f"\nselected: {selected}  (* above; DSAHAL_BACKEND overrides)" +
               ("" if verbose else "; --verbose lists every op's routes, versions and unverified paths"))
@@ -104,6 +115,7 @@ def run(args) -> int:
     except RegistryError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    reg.probe_all()  # every backend's probe, in parallel, each bounded: the table lists them all
     rows = describe(reg, with_routes=args.json or args.verbose)
     selected, error = None, None
     try:
@@ -112,7 +124,10 @@ def run(args) -> int:
         error = str(exc)
     if args.json:
         print(json.dumps({"selected": selected, "error": error, "backends": rows,
-                          "failures": [vars(f) for f in reg.failures], "excluded": reg.excluded}, indent=2))
+                          "failures": [vars(f) for f in reg.failures], "excluded": reg.excluded,
+                          "conflicts": [vars(c) for c in reg.conflicts],
+                          "unknown_in_allow_list": reg.unknown_allowed, "known_plugins": reg.known_plugins},
+                         indent=2))
     else:
         _print_table(rows, reg, selected, args.verbose)
     if error:

@@ -1,7 +1,11 @@
 """``dsahal conformance``: run the conformance suite against one backend and write its reports.
 
 Exit status: 0 when every property passed (skips and fallbacks are reported, not failures),
-1 on any failure, 2 on a usage error (unknown backend or op, missing control file).
+1 on any failure, 2 on a usage error (unknown backend or op, missing control file) and when the backend
+under test cannot serve any op it declares because its routes fail to load (a ``"module:attr"`` that does
+not import, a signature the op's spec cannot call): one ``error:`` line naming each op and path, and no
+run, since every property would only certify the reference. Routes that fail to load on a backend that
+serves other ops are one ``warning:`` line each, and the suite runs (those ops fall back, as reported).
 
 ``--jobs N`` (N > 1) lists the selected tests, splits them over N child processes balanced by an
 estimated cost (the collectives stay together), each writing its reports to ``<report-dir>/parts/<i>/``
@@ -58,6 +62,43 @@ def pytest_args(args) -> list[str]:
     return command
 
 
+def unloadable_routes(backend: str | None) -> tuple[str | None, list[str]]:
+    """(an error when no op the backend declares has a usable route and some route failed to load, else
+    None; one warning per route that failed to load). An unknown or unavailable backend is left to the
+    suite's own set-up, which reports it as a usage error."""
+    from dsahal.ops.catalog import COMPOSITE_OPS
+    from dsahal.registry import OpTable, RegistryError, registry, resolve_lazy, select
+    from dsahal.registry.signature import adapt_to_spec
+
+    try:
+        reg = registry()
+        record = select(reg, backend)
+        table = OpTable(record, reg.records["reference"], OP_NAMES, COMPOSITE_OPS)
+    except RegistryError:
+        return None, []
+    declared = [op for op in OP_NAMES if record.backend.routes(op)]
+    failed: dict[str, list[str]] = {}
+    for op in declared:
+        by_name = {route.name: route for route in record.backend.routes(op)}
+        for resolved in table.entries[op].routes:
+            route = by_name.get(resolved.name)
+            if resolved.available or route is None:
+                continue
+            try:  # a route turned off by its probe or an override loads; one that cannot load is broken
+                for lazy in (route.fn, route.verifier):
+                    if lazy is not None:
+                        adapt_to_spec(op, resolve_lazy(lazy), f"backend {record.backend.name!r} route {route.name!r}")
+            except Exception:  # noqa: BLE001 - any failure to load is what is reported, with the table's reason
+                failed.setdefault(op, []).append(f"route {resolved.name!r}: {' '.join(resolved.reason.split())}")
+    warnings = [f"backend {record.backend.name!r} op {op}: {why}" for op, whys in failed.items() for why in whys]
+    servable = [op for op in declared if table.entries[op].active]
+    if declared and not servable and failed:
+        listing = "; ".join(f"{op} {why}" for op, whys in failed.items() for why in whys)
+        return (f"backend {record.backend.name!r} cannot serve any op it declares ({', '.join(declared)}): its routes "
+                f"fail to load: {listing}"), []
+    return None, warnings
+
+
 def run(args) -> int:
     import pytest
 
@@ -82,6 +123,12 @@ def run(args) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         os.environ[ENV] = args.routes  # read when the backend's table is resolved (here and in job processes)
+    broken, warnings = unloadable_routes(args.backend)
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    if broken:
+        print(f"error: {broken}", file=sys.stderr)
+        return 2
     Path(args.report_dir).mkdir(parents=True, exist_ok=True)
     if args.jobs > 1:
         from dsahal.conformance.jobs import run_jobs
