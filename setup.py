@@ -14,7 +14,8 @@ import os
 from setuptools import setup
 
 ROOTS = {"dsahal": "core", "dsahal.backends": "backends", "dsahal.conformance": "conformance"}
-DATA_FOLDERS = {"dsahal": ("presets", "templates"), "dsahal.conformance": ("templates",)}
+DATA_FOLDERS = {"dsahal": ("presets", "templates"), "dsahal.conformance": ("templates",),
+                "dsahal.backends": ("nvidia/fla_configs",)}
 SKIP = (".", "__")  # hidden folders, __pycache__
 
 

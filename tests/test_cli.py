@@ -45,10 +45,14 @@ def test_unknown_backend_in_env_exits_nonzero_naming_the_backends():
 
 def test_installed_plugin_appears_in_the_table():
     tests_dir = os.path.dirname(os.path.abspath(__file__))
-    result = run_cli("backends", env={"DSAHAL_PLUGIN_MODULES": "plugins.half_lse",
-                                      "PYTHONPATH": tests_dir})
+    result = run_cli("backends", "--verbose", env={"DSAHAL_PLUGIN_MODULES": "plugins.half_lse",
+                                                   "PYTHONPATH": tests_dir})
     assert "halflse" in result.stdout
-    assert "native: lse_combine" in result.stdout
+    lines = result.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(" halflse") or line.startswith("*halflse"))
+    routes = lines[at:at + 8]
+    assert any(line.strip() == "lse_combine:" for line in routes), routes
+    assert any(line.split()[:2] == ["on", "default"] for line in routes), routes  # its one route, usable
 
 
 def test_version(capsys):

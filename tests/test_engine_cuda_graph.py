@@ -126,7 +126,8 @@ def test_the_padded_step_over_the_static_buffers_equals_the_unpadded_step_and_wr
     after_padded = engine.cache.pool.clone()
 
     assert padded.shape == (6, model.config.vocab_size)
-    torch.testing.assert_close(padded[:3], unpadded, rtol=1e-5, atol=1e-5)
+    # float32 on the CPU: GEMMs of 6 and of 3 rows may block differently (a few ulps of the logits)
+    torch.testing.assert_close(padded[:3], unpadded, rtol=1e-4, atol=1e-4)
     assert torch.isfinite(padded).all()  # padding rows read nothing, yet give finite rows (ignored)
     # The pool rows (DSA blocks, KDA state rows) the padded step changed are exactly those the unpadded
     # step changed: padding rows write nothing. (Bytes within them may differ in the last bits: a matmul

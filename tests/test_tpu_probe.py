@@ -22,7 +22,9 @@ def test_discovery_imports_neither_torch_xla_nor_the_ops_module():
 def test_the_backend_claims_every_op_and_names_its_ops_lazily():
     backend = plugin.tpu_backend()
     assert set(backend.ops) == set(OP_NAMES)
-    assert all(isinstance(target, str) and target.startswith("dsahal.backends.tpu.ops:") for target in backend.ops.values())
+    routes = [route for op in OP_NAMES for route in backend.routes(op)]
+    assert [r.name for r in routes] == ["xla"] * len(OP_NAMES)
+    assert all(isinstance(r.fn, str) and r.fn.startswith("dsahal.backends.tpu.ops:") for r in routes)
     assert set(backend.capabilities.unverified) == set(OP_NAMES)  # never claimed verified on a TPU
 
 

@@ -34,12 +34,15 @@ def routes() -> dict[str, list[Route]]:
     }
     declared["kda_prefill"] = [Route("portable", f"{PACKAGE}.portable_kda:kda_prefill",
                                      description="batched fp32 torch, chunk by chunk")]
+    for collective in ("all_gather", "all_to_all"):  # plain torch.distributed calls, whatever the device
+        declared[collective] = [Route("torch_distributed", f"dsahal.reference.collectives:{collective}",
+                                      description="torch.distributed (the PPU's collective library behind it)")]
     declared["topk_merge"] = [Route("exact_merge", "dsahal.distributed.merge:exact_topk_merge",
                                     description="packed 32-bit exact DCP merge over torch.distributed")]
     return declared
 
 
-OPS = tuple(PORTABLE) + ("kda_prefill", "topk_merge")
+OPS = tuple(PORTABLE) + ("kda_prefill", "topk_merge", "all_gather", "all_to_all")
 TAGS = frozenset({"gpu", "cuda", "ppu"})
 
 
