@@ -79,11 +79,11 @@ def _common(q, kv_pages, slots) -> tuple[bool, str]:
         return False, "FlashMLA's SM90 kernels have no batch-invariant mode (DSAHAL_BATCH_INVARIANT=1)"
     if q.dtype != torch.bfloat16:
         return False, f"FlashMLA takes bf16 queries, got {str(q.dtype).replace('torch.', '')}"
-    if not (q.is_cuda and kv_pages.is_cuda and slots.is_cuda):
-        return False, "FlashMLA needs CUDA tensors"
     heads = q.shape[1]
     if heads > HEAD_TILES[-1]:
         return False, f"FlashMLA serves at most {HEAD_TILES[-1]} heads, got {heads}"
+    if not (q.is_cuda and kv_pages.is_cuda and slots.is_cuda):
+        return False, "FlashMLA needs CUDA tensors"
     if q.shape[0] == 0 or slots.shape[1] == 0:
         return False, "an empty call (no tokens or no slots) needs no kernel"
     if q.stride(-1) != 1:
@@ -130,31 +130,29 @@ def _heads_padded(q: torch.Tensor) -> tuple[torch.Tensor, int]:
     tile = next(t for t in HEAD_TILES if t >= heads)
     if tile == heads and q.is_contiguous():
         return q, heads
-    padded = q.new_zeros((q.shape[0], tile, q.shape[2]))
-    padded[:, :heads] = q
-    return padded, heads
+    return torch.nn.functional.pad(q, (0, 0, 0, tile - heads)), heads  # zero heads appended
 
 
 def _safe_indices(slots: torch.Tensor, num_slots: int) -> torch.Tensor:
-    """``[T, K]`` slots -> ``[T, Kp]`` int32, out-of-range entries -1, padded with -1 to Kp."""
-    tokens, k = slots.shape
-    width = -(-k // TOPK_MULTIPLE) * TOPK_MULTIPLE
-    valid = (slots >= 0) & (slots < num_slots)
-    if width == k:
-        return torch.where(valid, slots, -1).to(torch.int32)
-    out = torch.full((tokens, width), -1, dtype=torch.int32, device=slots.device)
-    out[:, :k] = torch.where(valid, slots, -1)
-    return out
+    """``[T, K]`` slots -> ``[T, Kp]`` int32, out-of-range entries -1, padded with -1 to Kp (one launch)."""
+    from dsahal.backends.triton_kernels.index_guard import guard_indices
+
+    width = -(-slots.shape[1] // TOPK_MULTIPLE) * TOPK_MULTIPLE
+    return guard_indices(slots, num_slots, width)
 
 
 _decode_meta: dict[tuple, object] = {}
+
+
+def q_is_cuda(key: tuple) -> bool:
+    return key[0] is not None  # the key's first entry is q's CUDA device index (None off CUDA)
 
 
 def _scheduler_metadata(key: tuple):
     """FlashMLA fills an empty metadata object on its first call with a given shape; we keep one per
     shape. Inside a CUDA-graph capture a fresh one is used, so no cached tensor is born in the graph."""
     module = _module()
-    if torch.cuda.is_current_stream_capturing():
+    if q_is_cuda(key) and torch.cuda.is_current_stream_capturing():
         return module.get_mla_metadata()[0]
     meta = _decode_meta.get(key)
     if meta is None:

@@ -1,0 +1,100 @@
+"""The FlashMLA routes of the nvidia backend on the CPU: what their verifiers accept and why not, and the
+marshalling around the kernel (head padding, the index guard, the lse layout and the empty-row fix-up)
+against a plain-torch stand-in for FlashMLA's documented ABI. FlashMLA itself runs on the H200 only
+(scripts/h200/routes_check.py); nothing here claims it ran."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+from dsahal.backends.nvidia import flashmla
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def meta_args(fmt="fp8_ds_mla", heads=16, block_tokens=64, dtype=torch.bfloat16):
+    record = {"fp8_ds_mla": 656, "bf16": 1152, "fp8": 576}[fmt]
+    q = torch.empty((5, heads, 576), dtype=dtype, device="meta")
+    pages = torch.empty((8, block_tokens, record), dtype=torch.uint8, device="meta")
+    slots = torch.empty((5, 128), dtype=torch.int32, device="meta")
+    return q, pages, slots, fmt, None, 0.1
+
+
+def test_the_decode_route_names_what_it_needs():
+    ok, why = flashmla.decode_accepts(*meta_args("bf16"))
+    assert not ok and "fp8_ds_mla (V32)" in why
+    ok, why = flashmla.decode_accepts(*meta_args(dtype=torch.float32))
+    assert not ok and "bf16 queries" in why
+    ok, why = flashmla.decode_accepts(*meta_args(heads=192))
+    assert not ok and "at most 128 heads" in why
+    ok, why = flashmla.decode_accepts(*meta_args())
+    assert not ok and "CUDA tensors" in why  # meta tensors stand in for CPU ones here
+
+
+def test_the_prefill_route_needs_one_contiguous_bf16_latent_array():
+    ok, why = flashmla.prefill_accepts(*meta_args("fp8_ds_mla"))
+    assert not ok and "bf16 latents" in why
+
+
+def test_the_probe_says_why_flashmla_is_off_here():
+    ok, why = flashmla.probe()
+    assert not ok and ("not installed" in why or "CUDA" in why)
+
+
+MARSHALLING = textwrap.dedent("""
+    import os
+    os.environ["TRITON_INTERPRET"] = "1"
+    import types
+    import torch
+    from dsahal.backends.nvidia import flashmla
+    from dsahal.reference.cache import cache_write
+    from dsahal.reference.sparse_mla import sparse_mla as reference
+
+    calls = []
+
+    def with_kvcache(q, k_cache, block_table, seqlens, head_dim_v, meta, softmax_scale, is_fp8_kvcache, indices,
+                     use_legacy, kv_format):
+        # FlashMLA's documented ABI: q [b, s_q, h_q, 576] with h_q 64 or 128, k_cache [blocks, 64, 1, 656],
+        # indices [b, s_q, topk] int32 (only -1 invalid), out [b, s_q, h_q, 512], lse [b, h_q, s_q], +inf
+        # for a row that saw no valid index
+        assert q.shape[2] in (64, 128) and k_cache.shape[2] == 1 and indices.dtype == torch.int32
+        assert kv_format == "V32" and use_legacy and is_fp8_kvcache
+        assert int(indices.max()) < k_cache.shape[0] * k_cache.shape[1] and int(indices.min()) >= -1
+        calls.append(indices.shape)
+        b, s_q, h_q, _ = q.shape
+        o, lse = reference(q.reshape(b * s_q, h_q, 576).float(), k_cache[:, :, 0], indices.reshape(b * s_q, -1),
+                           "fp8_ds_mla", None, softmax_scale)
+        lse = torch.where(torch.isinf(lse), float("inf"), lse)
+        return o.reshape(b, s_q, h_q, 512).to(q.dtype), lse.reshape(b, s_q, h_q).transpose(1, 2)
+
+    fake = types.SimpleNamespace(flash_mla_with_kvcache=with_kvcache, get_mla_metadata=lambda: (object(), None))
+    flashmla._module = lambda: fake
+
+    torch.manual_seed(0)
+    pages = torch.zeros(4, 64, 656, dtype=torch.uint8)
+    cache_write(torch.randn(256, 576), torch.arange(256), pages, "latent", "fp8_ds_mla", None)
+    q = torch.randn(3, 12, 576)
+    slots = torch.randint(0, 256, (3, 40))
+    slots[0] = -1                # a row with no valid slot
+    slots[1, 3] = 999            # out of range: must be skipped, never read
+    slots[2, 5] = -4             # below -1: skipped as well
+    o, lse = flashmla.sparse_mla_decode(q, pages, slots, "fp8_ds_mla", None, 0.07)
+    clean = torch.where((slots >= 0) & (slots < 256), slots, -1)
+    want_o, want_lse = reference(q, pages, clean, "fp8_ds_mla", None, 0.07)
+    assert o.shape == (3, 12, 512) and lse.shape == (3, 12), (o.shape, lse.shape)
+    torch.testing.assert_close(o, want_o, rtol=1e-5, atol=1e-5)
+    assert torch.equal(torch.isinf(lse), torch.isinf(want_lse)) and bool((lse[0] == float("-inf")).all())
+    torch.testing.assert_close(lse[1:], want_lse[1:], rtol=1e-5, atol=1e-5)
+    assert calls == [torch.Size([3, 1, 128])], calls  # padded to a multiple of 128 slots
+    print("MARSHALLING OK")
+""")
+
+
+def test_decode_marshalling_pads_heads_guards_indices_and_reports_empty_rows_as_minus_inf():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSAHAL_")}
+    done = subprocess.run([sys.executable, "-c", MARSHALLING], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "MARSHALLING OK" in done.stdout
