@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import threading
 
 from . import overrides
@@ -30,6 +31,8 @@ def _resolve(name: str | None, route_overrides: overrides.RouteOverrides | None 
     from ..ops.catalog import COMPOSITE_OPS, OP_NAMES
 
     reg = registry()
+    if not (name or os.environ.get("DSAHAL_BACKEND")):
+        reg.probe_all()  # automatic selection reads every backend's probe: run them in parallel, each bounded
     return OpTable(select(reg, name), reg.records["reference"], OP_NAMES, COMPOSITE_OPS,
                    route_overrides=route_overrides)
 
