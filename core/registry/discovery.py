@@ -60,9 +60,9 @@ class NameConflict:
 
     def describe(self) -> str:
         remedy = ("" if self.backend == "reference" else
-                  f"; to use {self.dropped!r}'s instead, list {self.dropped!r} and not {self.kept!r} in DSAHAL_PLUGINS")
+                  f"; to use the other, list {self.dropped!r} and not {self.kept!r} in DSAHAL_PLUGINS")
         return (f"backend {self.backend!r} is declared by plugins {self.kept!r} and {self.dropped!r}: "
-                f"{self.kept!r}'s is used ({self.why}){remedy}")
+                f"the one of {self.kept!r} is used ({self.why}){remedy}")
 
 
 class BackendRecord:
