@@ -224,6 +224,7 @@ def _indexer_cases(results):
         ("bf16_dot_scaled", torch.bfloat16, dict(tile), (pages, strided)),
         ("bf16_dot_scaled_keys_as_b", torch.bfloat16, dict(tile, keys_as_b=True), (pages,)),
         ("bf16_dot_scaled_one_block_pipelined", torch.bfloat16, dict(tile, block_n=16, pipeline=True), (pages,)),
+        ("bf16_dot_scaled_fast_math", torch.bfloat16, dict(tile, mxfp4_fast_math=True), (pages,)),
         ("fp8_dot_scaled", torch.float8_e4m3fn, dict(tile), (pages,)),
         ("fp8_dot_scaled_keys_as_b", torch.float8_e4m3fn, dict(tile, keys_as_b=True), (strided,)),
         ("bf16_fp32_decode", torch.bfloat16, dict(tile, dot=DOT_FP32), (pages,)),
@@ -294,6 +295,7 @@ def test_fp4_cache_write_into_packed_pages_skips_invalid_slots(interpreted, enco
 
 @pytest.mark.parametrize("case", ["fp32_per_key", "fp32_one_block", "fp32_per_key_16", "fp16", "bf16_dot_scaled",
                                   "bf16_dot_scaled_keys_as_b", "bf16_dot_scaled_one_block_pipelined",
+                                  "bf16_dot_scaled_fast_math",
                                   "fp8_dot_scaled", "fp8_dot_scaled_keys_as_b", "bf16_fp32_decode",
                                   "fp8_fp32_decode"])
 def test_indexer_on_mxfp4_keys_matches_the_reference(interpreted, case):

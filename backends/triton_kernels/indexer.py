@@ -186,13 +186,14 @@ def _mxfp4_keys_for_dot(packed, scales, DOT: tl.constexpr):
 @triton.jit
 def _mxfp4_logits(packed, scales, q, DOT: tl.constexpr, SCALED_DOT: tl.constexpr, KEYS_AS_B: tl.constexpr):
     """Dot products of MXFP4 keys with the segment's queries: ``[BLOCK_N, rows]`` (``[rows, BLOCK_N]``
-    with ``KEYS_AS_B``). ``q`` is the bf16 ``[rows, 128]`` operand for ``tl.dot_scaled``, else its
-    (even dims, odd dims) halves ``[rows, 64]``."""
-    if SCALED_DOT:
+    with ``KEYS_AS_B``). ``q`` is the bf16 ``[rows, 128]`` operand for ``tl.dot_scaled`` (``SCALED_DOT`` 1, or
+    2 for ``fast_math``: no NaN for scale byte 255, which no encoder writes), else its (even dims, odd dims)
+    halves ``[rows, 64]``."""
+    if SCALED_DOT > 0:
         if KEYS_AS_B:
-            logits = tl.dot_scaled(q, None, "bf16", tl.trans(packed), scales, "e2m1")
+            logits = tl.dot_scaled(q, None, "bf16", tl.trans(packed), scales, "e2m1", fast_math=SCALED_DOT == 2)
         else:
-            logits = tl.dot_scaled(packed, scales, "e2m1", tl.trans(q), None, "bf16")
+            logits = tl.dot_scaled(packed, scales, "e2m1", tl.trans(q), None, "bf16", fast_math=SCALED_DOT == 2)
     else:
         even, odd = _mxfp4_keys_for_dot(packed, scales, DOT)
         q_even, q_odd = q
@@ -231,7 +232,7 @@ def indexer_score_kernel(
     PIPELINE: tl.constexpr,  # key tiles in a pipelined loop (else unrolled)
     KEYS_AS_B: tl.constexpr,  # q @ keysᵀ (keys in shared memory, prefetchable) instead of keys @ qᵀ
     ONE_BLOCK: tl.constexpr,  # BLOCK_N == block_tokens on packed, aligned pages: a tile is one cache block
-    SCALED_DOT: tl.constexpr = False,  # MXFP4 keys into tl.dot_scaled (bf16 queries) instead of an explicit decode
+    SCALED_DOT: tl.constexpr = 0,  # MXFP4 keys, bf16 MMA: 0 explicit decode, 1 tl.dot_scaled, 2 the same with fast_math
 ):
     t0 = tl.program_id(1)
     is_start = tl.load(run_offset_ptr + t0) % GROUP == 0  # only a segment's first token works
@@ -286,7 +287,7 @@ def _load_segment(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, req_ptr, pos_pt
     row_ok = row_ok & (tl.load(req_ptr + row_tok, mask=row_ok, other=-1) == req)
     q_rows = q_ptr + row_tok.to(tl.int64)[:, None] * stride_qt + row_head[:, None] * stride_qh
     if FMT == 2:
-        if SCALED_DOT:
+        if SCALED_DOT > 0:
             q = _q_for_dot(tl.load(q_rows + tl.arange(0, 128)[None, :], mask=row_ok[:, None], other=0.0), DOT)
         else:  # MXFP4 keys decoded explicitly: the even and odd dims multiply separately
             half = tl.arange(0, 64)
@@ -391,7 +392,8 @@ def run_offsets(req_ids):
 
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,
                   block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, pipeline=False, typed_keys=False,
-                  keys_as_b=False, one_block_tiles=True, mxfp4_dot_scaled=True, dot=None, out=None):
+                  keys_as_b=False, one_block_tiles=True, mxfp4_dot_scaled=True, mxfp4_fast_math=False, dot=None,
+                  out=None):
     """Launch :func:`indexer_score_kernel`.
 
     Args:
@@ -412,6 +414,8 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             aligned records), address it with one table lookup and tile-invariant offsets.
         mxfp4_dot_scaled: MXFP4 keys with bf16/FP8 queries: ``tl.dot_scaled`` on the packed keys (True),
             or an explicit decode into two bf16 halves (False). fp32/fp16 queries always decode explicitly.
+        mxfp4_fast_math: ``tl.dot_scaled``'s fast_math (scale byte 255 is not turned into NaN; no encoder
+            writes it, the reference reads it as 2^128 = Inf).
         out: optional ``[T, max_context]`` fp32 buffer (unit stride in the last dim).
 
     Returns:
@@ -441,6 +445,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         elif index_fmt == "bf16" and dot == DOT_BF16 and views[1][0].dtype == torch.uint16:  # same for bf16
             views[1] = (views[1][0].view(torch.bfloat16), views[1][1], views[1][2])
     one_block = one_block_tiles and aligned and packed_bytes > 0 and index_pages.shape[1] == block_n
+    scaled_dot = (2 if mxfp4_fast_math else 1) if mxfp4 and dot == DOT_BF16 and mxfp4_dot_scaled else 0
     grid = (triton.cdiv(max_context, block_n * tiles), tokens)
     indexer_score_kernel[grid](
         q, q.stride(0), q.stride(1),
@@ -452,7 +457,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         tokens, heads, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1],
         FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=packed_bytes, BLOCK_H=block_h, BLOCK_N=block_n,
         GROUP=group, TILES=tiles, ALIGNED=aligned, PIPELINE=pipeline,
-        KEYS_AS_B=keys_as_b, ONE_BLOCK=one_block, SCALED_DOT=mxfp4 and dot == DOT_BF16 and mxfp4_dot_scaled,
+        KEYS_AS_B=keys_as_b, ONE_BLOCK=one_block, SCALED_DOT=scaled_dot,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out
