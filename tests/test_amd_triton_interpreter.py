@@ -15,18 +15,31 @@ INTERPRETED = textwrap.dedent("""
     os.environ["TRITON_INTERPRET"] = "1"
     os.environ["DSAHAL_AMD_PATHS"] = "triton"
     import torch
-    from dsahal.backends.amd import limits, routes, triton_ops
+    import types
+    from dsahal.backends.amd import limits, plugin
+    from dsahal.backends.amd import routes as amd_routes
+    from dsahal.ops.catalog import COMPOSITE_OPS, OP_NAMES
     from dsahal.reference import cache, indexer, kda, lse_combine, slots, sparse_mla, topk
+    from dsahal.reference.plugin import reference_backend
+    from dsahal.registry import BackendRecord, OpTable
 
     limits.on_gpu = lambda **tensors: (True, "")  # the interpreter's "device" is the host
+    backend = plugin.amd_backend()
+    amd_routes.reset(amd_routes.enabled_paths())  # DSAHAL_AMD_PATHS=triton: every vendor path off
+    op_table = OpTable(BackendRecord(backend, "amd", True, "interpreter"),
+                       BackendRecord(reference_backend(), "reference", True, ""), OP_NAMES, COMPOSITE_OPS,
+                       strict=True)
     routed = []
-    original_run = routes.Router.run
-    def recording_run(self, op, args):
-        route, why = self.choose(op, args)
-        assert route is not None and route.path == "triton", (op, why)
-        routed.append(op)
-        return original_run(self, op, args)
-    routes.Router.run = recording_run
+
+    def serve(op):
+        def call(*args):
+            route, declined = op_table.choose(op, *args)
+            assert route == "triton", (op, declined)  # the registry picks the Triton route of the AMD backend
+            routed.append(op)
+            return op_table.dispatch[op](*args)
+        return call
+
+    routes = types.SimpleNamespace(**{op: serve(op) for op in OP_NAMES})
 
     torch.manual_seed(0)
     close = lambda a, b: torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

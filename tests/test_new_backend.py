@@ -55,9 +55,10 @@ def test_python_files_parse_and_the_backend_declares_probe_tags_op_and_verifier(
             ast.parse((target / name).read_text(), filename=name)
     plugin = (target / "src/dsahal_acme/plugin.py").read_text()
     assert 'tags=frozenset({"acme", "gpu"})' in plugin
-    assert '"lse_combine": "dsahal_acme.lse_combine:lse_combine"' in plugin
-    assert '"lse_combine": "dsahal_acme.lse_combine:verify_lse_combine"' in plugin
+    assert 'Route("torch", "dsahal_acme.lse_combine:lse_combine", "dsahal_acme.lse_combine:verify_lse_combine"' \
+        in plugin
     assert "probe=probe" in plugin
+    assert "priority=-1," in plugin  # never the automatic backend just by being installed
 
 
 def test_workflow_runs_the_suite_on_the_self_hosted_runner_and_publishes_reports(acme):

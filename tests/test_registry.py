@@ -79,10 +79,12 @@ def test_plugin_whose_probe_raises_is_unavailable_with_the_reason(monkeypatch):
     assert active_table().name == "reference"
 
 
-def test_two_plugins_claiming_one_name_is_an_error(monkeypatch):
+def test_a_plugin_claiming_the_reference_name_is_reported_and_the_builtin_kept(monkeypatch):
     monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "plugins.duplicate_reference")
-    with pytest.raises(RegistryError, match="claimed by two plugins"):
-        registry()
+    reg = registry()
+    assert reg.records["reference"].plugin == "reference"
+    assert [(c.backend, c.dropped) for c in reg.conflicts] == [("reference", "plugins.duplicate_reference")]
+    assert active_table().name == "reference"
 
 
 def test_allow_list_limits_loaded_plugins_but_keeps_the_reference(monkeypatch):

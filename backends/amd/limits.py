@@ -63,11 +63,35 @@ def _triton(shared):
     return verify
 
 
-triton_cache_write = _triton(triton_limits.cache_write)
-triton_indexer_score = _triton(triton_limits.indexer_score)
+FP4_FORMATS = frozenset({"nvfp4", "mxfp4"})
+FP4_UNVERIFIED = ("the shared Triton kernels' FP4 paths (tl.dot_scaled, e2m1 decode) have not run on ROCm or on the "
+                  "AMD block sizes: the AMD Triton route declines {fmt!r} until they have")
+_shared_cache_write = _triton(triton_limits.cache_write)
+_shared_indexer_score = _triton(triton_limits.indexer_score)
+_shared_sparse_mla = _triton(triton_limits.sparse_mla)
+
+
+def triton_cache_write(values, slots, pages, kind, fmt, scale):
+    if fmt in FP4_FORMATS:
+        return False, FP4_UNVERIFIED.format(fmt=fmt)
+    return _shared_cache_write(values, slots, pages, kind, fmt, scale)
+
+
+def triton_indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context):
+    if index_fmt in FP4_FORMATS:
+        return False, FP4_UNVERIFIED.format(fmt=index_fmt)
+    return _shared_indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context)
+
+
+def triton_sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
+    if kv_fmt in FP4_FORMATS:
+        return False, FP4_UNVERIFIED.format(fmt=kv_fmt)
+    return _shared_sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
+
+
+
 triton_topk = _triton(triton_limits.topk)
 triton_positions_to_slots = _triton(triton_limits.positions_to_slots)
-triton_sparse_mla = _triton(triton_limits.sparse_mla)
 triton_lse_combine = _triton(triton_limits.lse_combine)
 triton_kda_decode = _triton(triton_limits.kda_decode)
 triton_kda_prefill = _triton(triton_limits.kda_prefill)

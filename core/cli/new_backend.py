@@ -43,7 +43,8 @@ def check_name(name: str, taken: frozenset[str] = BUILTIN_BACKENDS) -> None:
     if name in taken:
         raise NewBackendError(
             f"dsahal new-backend: argument 'NAME' expected a name no installed backend uses, got {name!r} "
-            f"(taken: {', '.join(sorted(taken))}); two plugins with one backend name make discovery fail")
+            f"(taken: {', '.join(sorted(taken))}); when two plugins claim one backend name only one is used and the "
+            f"conflict is reported")
 
 
 def template_values(name: str, tags: list[str], device_types: list[str], runner_labels: list[str],
@@ -95,7 +96,7 @@ def output_path(template_path: PurePosixPath, values: dict[str, str]) -> PurePos
 
 def generate(name: str, directory: Path | str | None = None, *, tags: list[str] | None = None,
              device_types: list[str] | None = None, runner_labels: list[str] | None = None,
-             priority: int = 10, taken: frozenset[str] = BUILTIN_BACKENDS) -> list[Path]:
+             priority: int = -1, taken: frozenset[str] = BUILTIN_BACKENDS) -> list[Path]:
     """Write the plugin package for backend ``name`` into ``directory`` (default ``./dsahal-NAME``).
 
     Returns the files written. Raises :class:`NewBackendError` for a bad or taken name, or when
@@ -144,7 +145,8 @@ def run(args) -> int:
     print(f"wrote {len(written)} files to {root}/")
     for path in written:
         print(f"  {path.relative_to(root)}")
-    print(f"\nnext:\n  pip install -e {root}\n  dsahal conformance --backend {args.name} --skips {root}/skips.txt")
+    print(f"\nnext:\n  pip install -e {root}\n  dsahal conformance --backend {args.name} --skips {root}/skips.txt"
+          f"\n  DSAHAL_BACKEND={args.name} dsahal run   # it is never selected automatically (priority {args.priority})")
     return 0
 
 
@@ -162,6 +164,8 @@ def register(subparsers) -> None:
                         help="torch device types the generated op's verifier accepts (default: cpu,cuda)")
     parser.add_argument("--runner-label", action="append", metavar="LABEL",
                         help="labels of the self-hosted CI runner (default: self-hosted,NAME)")
-    parser.add_argument("--priority", type=int, default=10,
-                        help="automatic-selection priority (default 10; the reference is 0, built-ins 100+)")
+    parser.add_argument("--priority", type=int, default=-1,
+                        help="automatic-selection priority (default -1, below the reference's 0: a newly installed "
+                             "plugin never becomes the automatic backend; select it with DSAHAL_BACKEND=NAME; "
+                             "built-ins are 90-110)")
     parser.set_defaults(func=run)

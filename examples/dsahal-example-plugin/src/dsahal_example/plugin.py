@@ -3,7 +3,7 @@ to dsahal's reference. dsahal imports this module through the ``dsahal.backends`
 and calls :func:`dsahal_backends` once, at start-up."""
 from __future__ import annotations
 
-from dsahal.registry import Backend, Capabilities, hookimpl
+from dsahal.registry import Backend, Capabilities, Route, hookimpl
 
 
 def probe() -> tuple[bool, str]:
@@ -17,9 +17,11 @@ def probe() -> tuple[bool, str]:
 def example_backend() -> Backend:
     return Backend(
         name="example",
-        # "module:attribute" strings: imported only when the backend is selected.
-        ops={"lse_combine": "dsahal_example.lse_combine:lse_combine"},
-        verifiers={"lse_combine": "dsahal_example.lse_combine:verify_lse_combine"},
+        # Each op is an ordered list of routes; "module:attribute" strings are imported only when the
+        # backend is selected. The verifier declines what the route cannot serve (the reference then does).
+        ops={"lse_combine": [Route("torch", "dsahal_example.lse_combine:lse_combine",
+                                   "dsahal_example.lse_combine:verify_lse_combine",
+                                   description="plain torch, contiguous inputs")]},
         tags=frozenset({"example", "cpu"}),
         # Below the reference (0): installing the example never changes what a machine runs by
         # default; select it by name with DSAHAL_BACKEND=example.
