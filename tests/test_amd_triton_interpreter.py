@@ -16,7 +16,7 @@ INTERPRETED = textwrap.dedent("""
     os.environ["DSAHAL_AMD_PATHS"] = "triton"
     import torch
     import types
-    from dsahal.backends.amd import limits, plugin
+    from dsahal.backends.amd import limits, plugin, triton_ops
     from dsahal.backends.amd import routes as amd_routes
     from dsahal.ops.catalog import COMPOSITE_OPS, OP_NAMES
     from dsahal.reference import cache, indexer, kda, lse_combine, slots, sparse_mla, topk
