@@ -34,7 +34,7 @@ def test_probe_says_why_it_is_unavailable_without_cuda():
 def test_claims_only_formats_with_kernels():
     caps = nvidia_backend().capabilities
     assert caps.latent_formats == {"bf16", "fp8", "fp8_ds_mla", "nvfp4"}
-    assert caps.index_formats == {"bf16", "fp8"}
+    assert caps.index_formats == {"bf16", "fp8", "mxfp4"}
     assert caps.deterministic
 
 

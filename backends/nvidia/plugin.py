@@ -76,7 +76,7 @@ def capabilities() -> Capabilities:
 
     return Capabilities(
         latent_formats=frozenset({"bf16", "fp8", "fp8_ds_mla", "nvfp4"}),
-        index_formats=frozenset({"bf16", "fp8"}),
+        index_formats=frozenset({"bf16", "fp8", "mxfp4"}),
         deterministic=True,  # exact radix-select top-k (tie rule honoured), fixed reduction orders
         batch_invariant=batch_invariant(),
         distributed=True,

@@ -29,10 +29,16 @@ TOPK = 2048
 # ---------------------------------------------------------------- correctness at reduced shapes
 @contextlib.contextmanager
 def batch_invariant_mode(on: bool = True):
-    """``DSAHAL_BATCH_INVARIANT`` set for the calls inside (the GPU backends read it per call), then
-    restored to what it was."""
+    """``DSAHAL_BATCH_INVARIANT`` set for the calls inside, then restored to what it was. Backends read the
+    mode when the registry is built (never per call), so the registry is rebuilt on entry and on exit,
+    keeping the selected backend."""
+    from ..registry import active_table, reset, set_backend
+
+    selected = active_table().name
     before = os.environ.get("DSAHAL_BATCH_INVARIANT")
     os.environ["DSAHAL_BATCH_INVARIANT"] = "1" if on else "0"
+    reset()
+    set_backend(selected)
     try:
         yield
     finally:
@@ -40,6 +46,8 @@ def batch_invariant_mode(on: bool = True):
             os.environ.pop("DSAHAL_BATCH_INVARIANT", None)
         else:
             os.environ["DSAHAL_BATCH_INVARIANT"] = before
+        reset()
+        set_backend(selected)
 
 
 def _compare(fn_backend, fn_reference, backend: str):

@@ -5,11 +5,14 @@ Initialisation keeps activations O(1) through many layers: every linear map draw
 stream (attention and MLP outputs) are further scaled by ``1/sqrt(2 · num_layers)`` so the
 residual grows by O(1) over the whole depth, and every norm starts at one. KDA decay parameters
 follow flash-linear-attention's initialisation (``exp(A_log)`` in [1, 16], decay steps in
-[0.001, 0.1] through softplus). Weights are drawn on the CPU from one generator, so a seed gives
-the same model on every device.
+[0.001, 0.1] through softplus). Weights are drawn from one generator on the device the model lives
+on: a seed gives the same model on every machine of one device type (drawing a 2.5 G-parameter model
+on the host took 21.5 s of a first run on the H200; on the GPU it takes well under a second). Pass
+``device="cpu"`` to draw on the host for the same model on every device.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -32,32 +35,38 @@ class CheckpointError(ValueError):
 
 def _draw(name: str, param: torch.Tensor, generator: torch.Generator, num_layers: int) -> torch.Tensor:
     shape = tuple(param.shape)
+    empty = functools.partial(torch.empty, device=generator.device)
+    randn = functools.partial(torch.randn, device=generator.device)
     if name.endswith("A_log"):
-        return torch.log(torch.empty(shape).uniform_(1.0, 16.0, generator=generator))
+        return torch.log(empty(shape).uniform_(1.0, 16.0, generator=generator))
     if name.endswith("dt_bias"):
-        dt = torch.exp(torch.empty(shape).uniform_(math.log(1e-3), math.log(0.1), generator=generator))
+        dt = torch.exp(empty(shape).uniform_(math.log(1e-3), math.log(0.1), generator=generator))
         return dt + torch.log(-torch.expm1(-dt))  # inverse softplus
     if name.endswith("norm.weight") or name.endswith("_norm.weight"):
-        return torch.ones(shape)
+        return torch.ones(shape, device=generator.device)
     if name.endswith(".bias"):
-        return torch.zeros(shape)
+        return torch.zeros(shape, device=generator.device)
     if name == "embed.weight":
-        return torch.randn(shape, generator=generator)
+        return randn(shape, generator=generator)
     if len(shape) != 2:
         raise ValueError(f"init_weights: no rule for parameter {name!r} of shape {list(shape)}")
     std = shape[1] ** -0.5
     if name.endswith(RESIDUAL_WRITERS):
         std /= math.sqrt(2 * num_layers)
-    return torch.randn(shape, generator=generator).mul_(std)  # in place: one fp32 temporary at a time
+    return randn(shape, generator=generator).mul_(std)  # in place: one fp32 temporary at a time
 
 
 @torch.no_grad()
 def init_weights(model: torch.nn.Module, seed: int = 0,
-                 progress: Optional[Callable[[str], None]] = None) -> torch.nn.Module:
+                 progress: Optional[Callable[[str], None]] = None, device=None) -> torch.nn.Module:
     """Fill every parameter of ``model`` (a :class:`~dsahal.model.HybridModel`) from ``seed``; returns it.
 
-    ``progress(name)`` is called after each parameter is filled (``dsahal run``'s weights bar)."""
-    generator = torch.Generator().manual_seed(seed)
+    ``device``: where to draw (default: the model's device). ``progress(name)`` is called after each
+    parameter is filled (``dsahal run``'s weights bar)."""
+    if device is None:
+        first = next(model.parameters(), None)
+        device = first.device if first is not None and first.device.type != "meta" else torch.device("cpu")
+    generator = torch.Generator(device=device).manual_seed(seed)
     num_layers = model.config.num_layers
     for name, param in model.named_parameters():  # registration order: stable for a config
         param.copy_(_draw(name, param, generator, num_layers).to(param.dtype))
