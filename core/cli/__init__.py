@@ -73,7 +73,19 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    from ..registry import FallbackError, RegistryError
+
+    try:
+        return int(args.func(args) or 0)
+    except FallbackError as exc:  # DSAHAL_STRICT=1 did its job: the message names op, backend and reason
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except RegistryError as exc:  # a configuration error (DSAHAL_ROUTES, an unknown backend...), not a bug
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `dsahal ... | head`: the reader left; end quietly, as a SIGPIPE'd command does
+        sys.stderr.close()
+        return 141
 
 
 if __name__ == "__main__":
