@@ -1,7 +1,7 @@
 """Model configuration of a hybrid KDA + DSA model, and the named presets.
 
 Only the quantities the attention ops, the cache and the planner need are first-class; the rest
-(hidden size, MLP width, vocabulary) size the plain-torch parts of the model graph.
+(hidden size, MLP width and MoE experts, vocabulary) size the plain-torch parts of the model graph.
 """
 from __future__ import annotations
 
@@ -41,6 +41,15 @@ class ModelConfig:
     kda_heads: int = 0  # 0: same as num_heads
     kda_head_dim: int = 128
     kda_gate_rank: int = 128  # low-rank channel-wise gate projection
+    # MoE (DeepSeek-V3 routing); n_routed_experts = 0 keeps every layer's MLP dense
+    n_routed_experts: int = 0
+    n_shared_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    n_group: int = 1  # expert groups; routing keeps topk_group of them per token
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    first_k_dense_replace: int = 0  # the first k layers keep the dense MLP
     # misc
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
@@ -61,6 +70,32 @@ class ModelConfig:
                      "kda_head_dim"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ModelConfig {self.name!r}: {name} expected > 0, got {getattr(self, name)}")
+        self._check_moe()
+
+    def _check_moe(self) -> None:
+        """The MoE fields fit together (only when the model has routed experts)."""
+        def fail(name: str, expected: str) -> None:
+            raise ValueError(f"ModelConfig {self.name!r}: {name} expected {expected}, got {getattr(self, name)!r}")
+
+        for name in ("n_routed_experts", "n_shared_experts", "first_k_dense_replace"):
+            if getattr(self, name) < 0:
+                fail(name, ">= 0")
+        experts = self.n_routed_experts
+        if experts == 0:
+            return
+        if not 1 <= self.num_experts_per_tok <= experts:
+            fail("num_experts_per_tok", f"between 1 and n_routed_experts ({experts})")
+        if self.moe_intermediate_size <= 0:
+            fail("moe_intermediate_size", "> 0 (the MoE layers' expert width)")
+        if self.n_group < 1 or experts % self.n_group:
+            fail("n_group", f">= 1 and dividing n_routed_experts ({experts})")
+        if not 1 <= self.topk_group <= self.n_group:
+            fail("topk_group", f"between 1 and n_group ({self.n_group})")
+        if self.num_experts_per_tok > self.topk_group * (experts // self.n_group):
+            fail("num_experts_per_tok", f"<= topk_group x experts per group "
+                                        f"({self.topk_group} x {experts // self.n_group}: the experts routing keeps)")
+        if not self.routed_scaling_factor > 0:
+            fail("routed_scaling_factor", "> 0")
 
     @property
     def num_layers(self) -> int:
@@ -73,6 +108,14 @@ class ModelConfig:
     @property
     def kda_layers(self) -> list[int]:
         return [i for i, kind in enumerate(self.layer_kinds) if kind == "kda"]
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Layer ``index`` has routed experts (DeepSeek-V3: every layer from ``first_k_dense_replace`` on)."""
+        return self.n_routed_experts > 0 and index >= self.first_k_dense_replace
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return [i for i in range(self.num_layers) if self.is_moe_layer(i)]
 
     @property
     def kda_num_heads(self) -> int:

@@ -1,4 +1,4 @@
-"""The hybrid model: embeddings, pre-norm blocks of (KDA or MLA+DSA attention, dense SwiGLU MLP), LM head.
+"""The hybrid model: embeddings, pre-norm blocks of (KDA or MLA+DSA attention, dense SwiGLU MLP or MoE), LM head.
 
 It never imports a backend: attention runs through :mod:`dsahal.ops` (via the layers and the
 :class:`~dsahal.model.dsa_attention.DsaAttention` object), everything else is plain torch.
@@ -15,6 +15,7 @@ from .dsa_attention import DsaAttention, LocalDsaAttention
 from .kda_layer import KdaLayer
 from .layers import RMSNorm, SwiGLU
 from .mla_layer import INDEX_ROPE_DIM, MlaLayer
+from .moe import MoE
 
 
 def validate_model_config(config) -> None:
@@ -41,16 +42,25 @@ def validate_model_config(config) -> None:
         fail("rms_norm_eps", "> 0")
 
 
-class Block(nn.Module):
-    """``x + attn(norm(x))`` then ``x + mlp(norm(x))``; ``attn`` is KDA or MLA+DSA by ``kind``."""
+def make_mlp(config, index: int) -> nn.Module:
+    """Layer ``index``'s MLP: :class:`~dsahal.model.moe.MoE` where the config routes experts
+    (``config.is_moe_layer``), else the dense SwiGLU of ``intermediate_size``."""
+    if config.is_moe_layer(index):
+        return MoE(config)
+    return SwiGLU(config.hidden_size, config.intermediate_size)
 
-    def __init__(self, config, kind: str):
+
+class Block(nn.Module):
+    """``x + attn(norm(x))`` then ``x + mlp(norm(x))``; ``attn`` is KDA or MLA+DSA by ``kind``, ``mlp``
+    dense or MoE by the layer's ``index``."""
+
+    def __init__(self, config, kind: str, index: int = 0):
         super().__init__()
         self.kind = kind
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.attn = KdaLayer(config) if kind == "kda" else MlaLayer(config)
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+        self.mlp = make_mlp(config, index)
 
     def forward(self, x, meta: BatchMeta, layer_cache, attention: DsaAttention, check: bool) -> torch.Tensor:
         h = self.attn_norm(x)
@@ -80,7 +90,7 @@ class HybridModel(nn.Module):
         validate_model_config(config)
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.blocks = nn.ModuleList(Block(config, kind) for kind in config.layer_kinds)
+        self.blocks = nn.ModuleList(Block(config, kind, index) for index, kind in enumerate(config.layer_kinds))
         self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_embeddings:

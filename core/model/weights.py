@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from ..config import ModelConfig
 
 RESIDUAL_WRITERS = ("attn.o_proj.weight", "mlp.down.weight")
+EXPERT_WRITER = ".down.weight"  # under ``.mlp.``: MoE experts' and shared experts' down projections
 CONFIG_KEY = "dsahal_config"
 MAX_PROBLEMS_SHOWN = 12
 
@@ -44,14 +45,14 @@ def _draw(name: str, param: torch.Tensor, generator: torch.Generator, num_layers
         return dt + torch.log(-torch.expm1(-dt))  # inverse softplus
     if name.endswith("norm.weight") or name.endswith("_norm.weight"):
         return torch.ones(shape, device=generator.device)
-    if name.endswith(".bias"):
+    if name.endswith(".bias") or name.endswith("e_score_correction_bias"):
         return torch.zeros(shape, device=generator.device)
     if name == "embed.weight":
         return randn(shape, generator=generator)
     if len(shape) != 2:
         raise ValueError(f"init_weights: no rule for parameter {name!r} of shape {list(shape)}")
     std = shape[1] ** -0.5
-    if name.endswith(RESIDUAL_WRITERS):
+    if name.endswith(RESIDUAL_WRITERS) or (".mlp." in name and name.endswith(EXPERT_WRITER)):
         std /= math.sqrt(2 * num_layers)
     return randn(shape, generator=generator).mul_(std)  # in place: one fp32 temporary at a time
 
