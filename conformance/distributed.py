@@ -53,7 +53,7 @@ def _task_all_to_all(args, group):
 TASKS = {"topk_merge": _task_topk_merge, "all_gather": _task_all_gather, "all_to_all": _task_all_to_all}
 
 
-def _worker(rank: int, world: int, port: int, backend: str, inbox, outbox) -> None:
+def _worker(rank: int, world: int, port: int, backend: str, inbox, outbox, sizes=WORLD_SIZES) -> None:
     try:
         import torch
         import torch.distributed as dist
@@ -65,7 +65,7 @@ def _worker(rank: int, world: int, port: int, backend: str, inbox, outbox) -> No
         dsahal.set_backend(backend)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=TASK_TIMEOUT_S))
-        groups = {w: dist.new_group(list(range(w))) for w in WORLD_SIZES if w <= world}
+        groups = {w: dist.new_group(list(range(w))) for w in sizes if w <= world}
         outbox.put(("ready", rank, True, None, None))
     except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test with it
         outbox.put(("ready", rank, False, traceback.format_exc(), None))
@@ -86,14 +86,16 @@ def _worker(rank: int, world: int, port: int, backend: str, inbox, outbox) -> No
 
 
 class RankPool:
-    def __init__(self, backend: str, world: int = max(WORLD_SIZES)):
+    """``world`` gloo ranks serving groups of the sizes in ``sizes`` (ranks ``0..size-1``)."""
+
+    def __init__(self, backend: str, world: int = max(WORLD_SIZES), sizes: tuple[int, ...] = WORLD_SIZES):
         ctx = mp.get_context("spawn")
-        self.backend, self.world, self.task_id = backend, world, 0
+        self.backend, self.world, self.task_id, self.sizes = backend, world, 0, tuple(sizes)
         self.inboxes = [ctx.Queue() for _ in range(world)]
         self.outbox = ctx.Queue()
         port = _free_port()
-        self.processes = [ctx.Process(target=_worker, args=(r, world, port, backend, self.inboxes[r], self.outbox),
-                                      daemon=True) for r in range(world)]
+        self.processes = [ctx.Process(target=_worker, args=(r, world, port, backend, self.inboxes[r], self.outbox,
+                                                            self.sizes), daemon=True) for r in range(world)]
         for p in self.processes:
             p.start()
         ready = self._collect("ready", world, STARTUP_TIMEOUT_S)
@@ -118,8 +120,8 @@ class RankPool:
         """Run task ``name`` on ranks ``0..len(per_rank_args)-1`` (a group of that size).
         Returns ``[(result, calls), ...]`` in rank order, ``calls`` the op calls the rank made (observed)."""
         size = len(per_rank_args)
-        if size not in WORLD_SIZES or size > self.world:
-            raise ValueError(f"RankPool.run: group size {size} not in {WORLD_SIZES}")
+        if size not in self.sizes or size > self.world:
+            raise ValueError(f"RankPool.run: group size {size} not in {self.sizes}")
         self.task_id += 1
         for rank, args in enumerate(per_rank_args):
             self.inboxes[rank].put((self.task_id, name, size, args))
