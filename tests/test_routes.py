@@ -241,3 +241,28 @@ def test_route_declarations_are_checked_when_the_backend_is_declared():
         Backend(name="bad", ops={"lse_combine": ["x:y"]})
     with pytest.raises(ValueError, match="verifiers belong in each Route"):
         Backend(name="bad", ops={"lse_combine": [Route("a", fast)]}, verifiers={"lse_combine": only_fp32})
+
+
+def test_the_conformance_suite_certifies_one_route_and_its_report_names_it(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSAHAL_")}
+    env.update(DSAHAL_PLUGIN_MODULES="plugins.routed_lse", PYTHONPATH=tests_dir)
+    reports = {}
+    for route in ("fast", "general"):
+        out = tmp_path / route
+        done = subprocess.run([sys.executable, "-m", "dsahal", "conformance", "--backend", "routed", "--ops",
+                               "lse_combine", "--max-examples", "3", "--routes", f"lse_combine:{route}",
+                               "--report-dir", str(out)], capture_output=True, text=True, env=env, timeout=600)
+        reports[route] = json.loads((out / "conformance.json").read_text())
+        served = {name for test in reports[route]["tests"] for name in test["routes"]}
+        assert served == {f"lse_combine:{route}"}, (route, served, done.stdout[-2000:])  # forced: only that one
+        assert reports[route]["backend"]["route_overrides"] == f"lse_combine:{route}"
+    bad = subprocess.run([sys.executable, "-m", "dsahal", "conformance", "--backend", "routed", "--routes",
+                          "lse_combine:nope", "--report-dir", str(tmp_path / "bad")], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert bad.returncode == 2 and "error:" in bad.stderr and "its routes are: fast, general, reference" in bad.stderr

@@ -123,6 +123,14 @@ def run(args) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         os.environ[ENV] = args.routes  # read when the backend's table is resolved (here and in job processes)
+        from dsahal.registry import RegistryError, reset, set_backend
+
+        reset()
+        try:  # an unknown route is a usage error here, before any test process starts
+            set_backend(args.backend)
+        except RegistryError as exc:
+            print(f"error: --routes: {exc}", file=sys.stderr)
+            return 2
     broken, warnings = unloadable_routes(args.backend)
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
