@@ -225,6 +225,7 @@ def _run_on_backend(args, config) -> int:
 def _plan(args, config, device, dtype, context_shards: int):
     """The header's facts and the memory estimate, computed without allocating anything."""
     from ..engine import cache_rows_needed
+    from ..model.checkpoint import checkpoint_bytes
 
     lengths = prompt_lengths(args.batch, args.prompt_len)
     max_context = max(lengths) + args.decode - 1
@@ -236,7 +237,7 @@ def _plan(args, config, device, dtype, context_shards: int):
         tokens_per_step=min(args.chunk, sum(lengths)), max_context=max_context,
         sampled_rows=args.batch * (1 + args.draft_tokens),
         check_positions=(sum(lengths) + args.batch * args.decode) if args.check else 0,
-        checkpoint_bytes=os.path.getsize(args.weights) if args.weights and os.path.isfile(args.weights) else 0)
+        checkpoint_bytes=checkpoint_bytes(args.weights) if args.weights and os.path.exists(args.weights) else 0)
     return {"prompt_lengths": lengths, "cache": {"rows": rows, "row_bytes": layout.row_bytes,
                                                   "bytes": rows * layout.row_bytes,
                                                   "state_slots": rows // layout.rows_per_state
@@ -246,7 +247,8 @@ def _plan(args, config, device, dtype, context_shards: int):
 
 def _load_model(args, config, device, dtype, show: bool):
     """The model in ``dtype`` on ``device`` (allocated once, in that dtype), weights drawn or loaded."""
-    from ..model import HybridModel, init_weights, load_weights
+    from ..model import HybridModel, init_weights
+    from ..model.checkpoint import load_any
 
     with torch.device("meta"):  # no default init, and no fp32 copy: parameters are made in dtype below
         model = HybridModel(config).to(dtype)
@@ -256,7 +258,7 @@ def _load_model(args, config, device, dtype, show: bool):
     if args.weights:
         bar = PhaseProgress("weights", len(model.state_dict()), f"tensors loaded from {args.weights}",
                             enabled=show, live=live)
-        load_weights(model, args.weights, progress=lambda name: bar.advance())
+        load_any(model, args.weights, progress=lambda name: bar.advance())
     else:
         bar = PhaseProgress("weights", tensors, f"tensors drawn (seed {args.seed})", enabled=show, live=live)
         init_weights(model, seed=args.seed, progress=lambda name: bar.advance())
@@ -366,7 +368,8 @@ def register(subparsers) -> None:
                              "consumers that need power-of-two buffers; docs/cache.md)")
     parser.add_argument("--chunk", type=int, default=512, help="prompt tokens per prefill step (default 512)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: seeded sampling")
-    parser.add_argument("--weights", default=None, help="load a .safetensors checkpoint instead of random weights")
+    parser.add_argument("--weights", default=None, help="load a .safetensors checkpoint (ours), or a public-layout checkpoint directory "
+                        "or its model.safetensors.index.json, instead of random weights")
     parser.add_argument("--split-dsa", action="store_true",
                         help="call indexer, top-k and sparse MLA separately instead of the fused dsa_attention")
     parser.add_argument("--compile", action="store_true", help="decode through torch.compile(fullgraph=True)")
