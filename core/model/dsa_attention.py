@@ -79,7 +79,9 @@ class LocalDsaAttention:
 
     def attend(self, cache: DsaLayerCache, q_index: torch.Tensor, index_weights: torch.Tensor, q: torch.Tensor,
                meta: BatchMeta, topk: int, softmax_scale: float) -> torch.Tensor:
-        """q_index ``[T, Hi, 128]``, index_weights ``[T, Hi]`` fp32, q ``[T, H, 576]`` -> o ``[T, H, 512]``."""
+        """q_index ``[T, Hi, 128]`` (float8_e4m3fn from the model, its per-(token, head) scale folded into
+        index_weights; any indexer query dtype works), index_weights ``[T, Hi]`` fp32, q ``[T, H, 576]``
+        -> o ``[T, H, 512]``."""
         if self.fused:
             o, _ = ops.dsa_attention(
                 q_index, index_weights, cache.index_pages, q, cache.latent_pages, meta.block_table, meta.req_ids,

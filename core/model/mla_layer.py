@@ -13,12 +13,17 @@ Per token x ``[hidden]``, with H heads, latent rank r = 512, RoPE dim 64, nope d
 So ``q_abs · latent = q_nope · (W_UK c_kv) + q_rope · k_rope``: exactly the non-absorbed logit, and the
 softmax scale is the model's ``(128 + 64)^-0.5 · mscale²``.
 
-The indexer (its own projections): ``q_i = W_iq c_q`` ``[Hi, 128]``, ``k_i = LayerNorm(W_ik x)``
-``[128]`` (one shared key head), RoPE on the first 64 dims of both (as DeepSeek-V3.2 places it),
-head weights ``w = W_iw x · Hi^-0.5 · 128^-0.5``. DeepSeek-V3.2 also multiplies q_i and k_i by a
-Hadamard matrix before FP8 quantisation; that rotation is orthogonal, so it leaves every score
-``q_i · k_i`` unchanged in exact arithmetic and only conditions the FP8 rounding: left out here.
-Index keys are written in the cache's index format (FP8 with a per-token scale by default).
+RoPE (:mod:`dsahal.model.rope`): YaRN-corrected frequencies when the config's ``rope_scaling`` says
+so (and YaRN's ``mscale_all_dim`` in the softmax scale), MLA's pairs in ``rope_layout`` (default
+``"interleaved"``, the real weights' layout), the indexer's in ``index_rope_layout`` (default
+``"rotate_half"``, as DeepSeek-V3.2's indexer applies it).
+
+The indexer (its own projections, :mod:`dsahal.model.indexer`): ``q_i = W_iq c_q`` ``[Hi, 128]``,
+``k_i = LayerNorm(W_ik x)`` ``[128]`` (one shared key head, eps ``index_norm_eps``, default 1e-6),
+RoPE on the first 64 dims of both (as DeepSeek-V3.2 places it), then both rotated by the
+normalised Hadamard matrix; the query is quantised to FP8 per (token, head) and its scale folded
+into the head weights ``w = W_iw x · Hi^-0.5 · 128^-0.5 · s_q``. Index keys are written in the
+cache's index format (FP8 with a per-token power-of-two scale by default).
 """
 from __future__ import annotations
 
@@ -27,7 +32,9 @@ from torch import nn
 
 from .batch import BatchMeta, DsaLayerCache
 from .dsa_attention import DsaAttention
-from .layers import RMSNorm, apply_rotary, rotary_cos_sin
+from .indexer import INDEX_SCALE_FORMATS, hadamard_rotate, index_query_and_weights
+from .layers import RMSNorm
+from .rope import mla_softmax_scale, rope_from_config
 
 INDEX_ROPE_DIM = 64
 
@@ -39,7 +46,18 @@ class MlaLayer(nn.Module):
         self.heads, self.nope_dim, self.rope_dim = heads, config.qk_nope_dim, config.qk_rope_dim
         self.v_dim, self.latent_rank = config.v_head_dim, config.kv_lora_rank
         self.index_heads, self.index_dim = config.index_heads, config.index_dim
-        self.topk, self.softmax_scale, self.rope_theta = config.index_topk, config.softmax_scale, config.rope_theta
+        self.topk, self.rope_theta = config.index_topk, config.rope_theta
+        self.rope = rope_from_config(config, self.rope_dim, "rope_layout", "interleaved")
+        self.index_rope = rope_from_config(config, INDEX_ROPE_DIM, "index_rope_layout", "rotate_half")
+        self.softmax_scale = mla_softmax_scale(config)
+        self.index_query_fp8 = bool(getattr(config, "index_query_fp8", True))
+        self.index_scale_fmt = getattr(config, "index_scale_fmt", None) or "ue8m0"
+        if self.index_scale_fmt not in INDEX_SCALE_FORMATS:
+            raise ValueError(f"MlaLayer: config field 'index_scale_fmt' expected one of {list(INDEX_SCALE_FORMATS)}, "
+                             f"got {self.index_scale_fmt!r}")
+        index_eps = getattr(config, "index_norm_eps", 1e-6)
+        if isinstance(index_eps, bool) or not isinstance(index_eps, (int, float)) or not index_eps > 0:
+            raise ValueError(f"MlaLayer: config field 'index_norm_eps' expected a number > 0, got {index_eps!r}")
         self.q_down = nn.Linear(hidden, config.q_lora_rank, bias=False)
         self.q_norm = RMSNorm(config.q_lora_rank, config.rms_norm_eps)
         self.q_up = nn.Linear(config.q_lora_rank, heads * (self.nope_dim + self.rope_dim), bias=False)
@@ -50,7 +68,7 @@ class MlaLayer(nn.Module):
         self.o_proj = nn.Linear(heads * self.v_dim, hidden, bias=False)
         self.index_q_up = nn.Linear(config.q_lora_rank, self.index_heads * self.index_dim, bias=False)
         self.index_k_proj = nn.Linear(hidden, self.index_dim, bias=False)
-        self.index_k_norm = nn.LayerNorm(self.index_dim)
+        self.index_k_norm = nn.LayerNorm(self.index_dim, eps=float(index_eps))
         self.index_weights_proj = nn.Linear(hidden, self.index_heads, bias=False)
 
     def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,28 +79,38 @@ class MlaLayer(nn.Module):
     def latent(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """The cached latent ``[T, 576]``: normalised c_kv then the RoPE'd shared key."""
         c_kv, k_rope = self.kv_down(x).split([self.latent_rank, self.rope_dim], dim=-1)
-        return torch.cat([self.kv_norm(c_kv), apply_rotary(k_rope, cos, sin)], dim=-1)
+        return torch.cat([self.kv_norm(c_kv), self.rope.apply(k_rope, cos, sin)], dim=-1)
 
     def queries(self, c_q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(q_nope ``[T, H, 128]``, q_rope ``[T, H, 64]`` with RoPE applied) from c_q ``[T, q_lora_rank]``."""
         q = self.q_up(c_q).view(c_q.shape[0], self.heads, self.nope_dim + self.rope_dim)
         q_nope, q_rope = q.split([self.nope_dim, self.rope_dim], dim=-1)
-        return q_nope, apply_rotary(q_rope, cos, sin)
+        return q_nope, self.rope.apply(q_rope, cos, sin)
+
+    def index_key(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The indexer's shared key ``[T, 128]`` (x's dtype): LayerNorm, RoPE on the first 64 dims,
+        Hadamard rotation; the cache's index format quantises it when it is written."""
+        k = self.index_k_norm(self.index_k_proj(x))
+        k = torch.cat([self.index_rope.apply(k[..., :INDEX_ROPE_DIM], cos, sin), k[..., INDEX_ROPE_DIM:]], dim=-1)
+        return hadamard_rotate(k)
+
+    def index_query(self, c_q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The indexer's query ``[T, Hi, 128]`` before the Hadamard rotation: RoPE on the first 64 dims."""
+        q = self.index_q_up(c_q).view(c_q.shape[0], self.index_heads, self.index_dim)
+        return torch.cat([self.index_rope.apply(q[..., :INDEX_ROPE_DIM], cos, sin), q[..., INDEX_ROPE_DIM:]], dim=-1)
 
     def indexer_inputs(self, x: torch.Tensor, c_q: torch.Tensor, positions: torch.Tensor):
-        """(q_index ``[T, Hi, 128]``, k_index ``[T, 128]``, weights ``[T, Hi]`` fp32)."""
-        cos, sin = rotary_cos_sin(positions, INDEX_ROPE_DIM, self.rope_theta)
-        q = self.index_q_up(c_q).view(c_q.shape[0], self.index_heads, self.index_dim)
-        q = torch.cat([apply_rotary(q[..., :INDEX_ROPE_DIM], cos, sin), q[..., INDEX_ROPE_DIM:]], dim=-1)
-        k = self.index_k_norm(self.index_k_proj(x))
-        k = torch.cat([apply_rotary(k[..., :INDEX_ROPE_DIM], cos, sin), k[..., INDEX_ROPE_DIM:]], dim=-1)
-        weights = self.index_weights_proj(x).float() * (self.index_heads ** -0.5 * self.index_dim ** -0.5)
-        return q, k, weights
+        """(q_index ``[T, Hi, 128]`` float8_e4m3fn (x's dtype with ``index_query_fp8`` off), k_index
+        ``[T, 128]`` x's dtype, weights ``[T, Hi]`` fp32 with the query's FP8 scale folded in)."""
+        cos, sin = self.index_rope.cos_sin(positions)
+        q, weights = index_query_and_weights(self.index_query(c_q, cos, sin), self.index_weights_proj(x),
+                                             fp8=self.index_query_fp8, scale_fmt=self.index_scale_fmt)
+        return q, self.index_key(x, cos, sin), weights
 
     def forward(self, x: torch.Tensor, meta: BatchMeta, cache: DsaLayerCache, attention: DsaAttention) -> torch.Tensor:
         """x ``[T, hidden]`` -> ``[T, hidden]``; writes the tokens' latent and index key to the cache first,
         so each token attends to itself and its request's earlier tokens."""
-        cos, sin = rotary_cos_sin(meta.positions, self.rope_dim, self.rope_theta)
+        cos, sin = self.rope.cos_sin(meta.positions)
         c_q = self.q_norm(self.q_down(x))
         q_nope, q_rope = self.queries(c_q, cos, sin)
         w_uk, w_uv = self.absorbed_weights()
