@@ -43,3 +43,4 @@ def test_plan_lays_out_the_all_dsa_cache(capsys):
     # every DSA layer holds one latent page and one index page in the row, and no layer a KDA state
     pages = plan["layout"]["pages"]
     assert len(pages) == 2 * 61 and {p["kind"] for p in pages} == {"latent", "index"}
+    assert plan["layout"]["states"] == [] and plan["layout"]["state_bytes"] == 0
