@@ -11,7 +11,8 @@ Per token x ``[hidden]``, with H heads, latent rank r = 512, RoPE dim 64, nope d
     out      = W_o · (W_UV o_latent)                          (W_UV: [H, 128, 512])
 
 So ``q_abs · latent = q_nope · (W_UK c_kv) + q_rope · k_rope``: exactly the non-absorbed logit, and the
-softmax scale is the model's ``(128 + 64)^-0.5 · mscale²``.
+softmax scale is the model's ``(128 + 64)^-0.5 · mscale²``, times YaRN's ``m(mscale_all_dim)²`` when the
+config's ``rope_scaling`` stretches the context (:func:`dsahal.model.rope.mla_softmax_scale`).
 
 RoPE (:mod:`dsahal.model.rope`): YaRN-corrected frequencies when the config's ``rope_scaling`` says
 so (and YaRN's ``mscale_all_dim`` in the softmax scale), MLA's pairs in ``rope_layout`` (default
