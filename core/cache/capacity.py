@@ -5,7 +5,7 @@ Only the layout's byte counts and the sharding rules are used (no measured const
 - tokens that fit (per TP/DCP group) = ``floor(budget / row_bytes) * block_tokens * dcp``: every row
   a block, each rank holding a 1/dcp share of every context;
 - a full context of N tokens needs, per device, ``ceil(ceil(N / dcp) / block_tokens)`` rows of blocks
-  plus ``rows_per_state`` rows of KDA state; contexts that fit = ``floor(rows / that)`` (states are
+  plus ``rows_per_state`` rows of KDA state (recurrent and short-conv, every KDA layer); contexts that fit = ``floor(rows / that)`` (states are
   packed at the bottom of the pool and blocks above them, so the count is achievable);
 - a *per-layer padded* layout (every layer's pages in their own pool, padded to one common page
   size, as a uniform-page hybrid allocator does) is sized for comparison: see :func:`padded_layouts`.
@@ -83,21 +83,22 @@ def padded_layouts(layout: CacheLayout, budget_bytes: int, context_tokens: int) 
     - ``widest-token-page``: each DSA layer keeps separate latent and index pages, both padded to the
       wider of the two (the index page is padded up to the latent page).
     - ``uniform-page``: one page size for every layer of the model, large enough for a KDA layer's
-      state of one request (a uniform-page hybrid allocator); a request's state takes one page per
-      KDA layer, a block one page per DSA layer and kind.
+      state of one request, recurrent and conv together (a uniform-page hybrid allocator); a
+      request's state takes one page per KDA layer, a block one page per DSA layer and kind.
     """
     n_dsa, n_kda = layout.num_dsa_layers, len(layout.states)
     latent_page = layout.block_tokens * layout.latent_token_bytes
     index_page = layout.block_tokens * layout.index_token_bytes
     payload = layout.payload_bytes_per_block
+    layer_state = layout.kda_layer_state_bytes + layout.kda_layer_conv_bytes  # one KDA layer, one request
     context_blocks = _ceil_div(_ceil_div(context_tokens, layout.dcp), layout.block_tokens)
     result = []
     for name, description, page, state_cost in (
         ("widest-token-page", "index pages padded to the latent page; KDA states stored unpadded",
          max(latent_page, index_page), layout.state_bytes),
         ("uniform-page", "every layer's page padded to the largest of latent page, index page and one KDA "
-         "layer's state", max(latent_page, index_page, layout.kda_layer_state_bytes),
-         n_kda * max(latent_page, index_page, layout.kda_layer_state_bytes)),
+         "layer's state (recurrent + conv)", max(latent_page, index_page, layer_state),
+         n_kda * max(latent_page, index_page, layer_state)),
     ):
         per_block = 2 * n_dsa * page
         blocks = budget_bytes // per_block

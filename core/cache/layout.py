@@ -10,9 +10,15 @@ is rounded up to :data:`PAGE_ALIGN` (``row_rounding="page"``, the default: every
 starts on a 256-byte boundary, which is what vector loads, TMA and DMA need) or, on request, to a
 power of two (``"pow2"``: for an allocator or a transfer engine that requires power-of-two buffers;
 for the real formats it pads rows by 29-48%). ``docs/cache.md`` has the figures. A request's KDA state (every KDA
-layer, this device's heads) fills ``rows_per_state`` consecutive rows of the same pool::
+layer, this device's heads) fills ``rows_per_state`` consecutive rows of the same pool, each KDA layer's
+recurrent state followed by its short-convolution state (the last ``kernel - 1`` inputs of every q, k
+and v channel of the layer's causal depthwise convolution, see :mod:`dsahal.model.kda_layer`)::
 
-    state = [KDA layer 0: H_local x K x V fp32][KDA layer 1] ... [padding to rows_per_state * row_bytes]
+    state = [KDA layer 0: H_local x K x V fp32][layer 0 conv: 3 x (kernel - 1) x H_local*K fp32]
+            [KDA layer 1] ... [padding to rows_per_state * row_bytes]
+
+Each starts on a :data:`PAGE_ALIGN` boundary; a layer's conv state starts at
+:func:`conv_state_offset` of its recurrent state, so it can be found from the recurrent view alone.
 
 Sharding. Tensor parallelism (``tp``) divides KDA heads, so the state per device shrinks by ``tp``;
 the MLA latent and index key are shared by all heads, so TP replicates them. Decode context
@@ -28,6 +34,8 @@ from ..formats import index_format, latent_format
 
 PAGE_ALIGN = 256  # bytes; every page and state starts on this boundary (vector loads, TMA, DMA)
 FP32_BYTES = 4
+KDA_CONV_KERNEL = 4  # fla's KDA short convolution (conv_size); a config's ``kda_conv_size`` overrides it
+KDA_CONV_PROJECTIONS = 3  # q, k and v each have their own convolution
 ROW_ROUNDINGS = ("page", "pow2")
 DEFAULT_ROW_ROUNDING = "page"  # pow2 padded rows by 29-48% for the seed's formats (docs/cache.md, issue 20)
 
@@ -53,6 +61,21 @@ class StateSpec:
     nbytes: int
 
 
+def conv_state_offset(state_offset: int, state_nbytes: int) -> int:
+    """Byte offset of a KDA layer's conv state: its recurrent state's (a PAGE_ALIGN multiple) plus the
+    recurrent state's bytes rounded up to PAGE_ALIGN. A rule relative to the recurrent state, so the conv
+    state is found from a recurrent-state view alone (:func:`dsahal.model.kda_layer.conv_state_view`)."""
+    return state_offset + _round_up(state_nbytes, PAGE_ALIGN)
+
+
+def kda_conv_kernel(config) -> int:
+    """The KDA short convolution's kernel size of ``config`` (``kda_conv_size`` if it has the field)."""
+    kernel = getattr(config, "kda_conv_size", KDA_CONV_KERNEL)
+    if isinstance(kernel, bool) or not isinstance(kernel, int) or kernel < 1:
+        raise ValueError(f"dsahal.cache: model config field 'kda_conv_size' expected an int >= 1, got {kernel!r}")
+    return kernel
+
+
 @dataclass(frozen=True)
 class CacheLayout:
     """Everything about where bytes live; produced by :func:`plan_layout`, consumed by
@@ -73,9 +96,11 @@ class CacheLayout:
     kda_heads_local: int
     kda_key_dim: int
     kda_value_dim: int
-    states: tuple[StateSpec, ...]
-    state_bytes: int  # one request's KDA state on this device (all KDA layers)
+    states: tuple[StateSpec, ...]  # recurrent states
+    state_bytes: int  # one request's KDA state on this device (all KDA layers, recurrent + conv)
     rows_per_state: int
+    kda_conv_kernel: int = KDA_CONV_KERNEL
+    conv_states: tuple[StateSpec, ...] = ()  # short-convolution states, one per KDA layer (same order)
 
     # -- lookups -----------------------------------------------------------------------------------
     @property
@@ -95,6 +120,13 @@ class CacheLayout:
 
     def state(self, layer: int) -> StateSpec:
         for spec in self.states:
+            if spec.layer == layer:
+                return spec
+        raise ValueError(f"dsahal.cache: layer {layer} is not a KDA layer of {self.model!r}; "
+                         f"KDA layers are {list(self.kda_layers)}")
+
+    def conv_state(self, layer: int) -> StateSpec:
+        for spec in self.conv_states:
             if spec.layer == layer:
                 return spec
         raise ValueError(f"dsahal.cache: layer {layer} is not a KDA layer of {self.model!r}; "
@@ -120,6 +152,26 @@ class CacheLayout:
         return self.kda_heads_local * self.kda_key_dim * self.kda_value_dim * FP32_BYTES
 
     @property
+    def kda_conv_channels(self) -> int:
+        """Channels of one of a KDA layer's three convolutions on this device: ``H_local * K``."""
+        return self.kda_heads_local * self.kda_key_dim
+
+    @property
+    def kda_layer_conv_bytes(self) -> int:
+        """One KDA layer's conv state of one request: ``3 x (kernel - 1) x H_local*K`` fp32."""
+        return KDA_CONV_PROJECTIONS * (self.kda_conv_kernel - 1) * self.kda_conv_channels * FP32_BYTES
+
+    @property
+    def recurrent_state_bytes(self) -> int:
+        """Of :attr:`state_bytes`: the recurrent states (every KDA layer, unaligned)."""
+        return len(self.states) * self.kda_layer_state_bytes
+
+    @property
+    def conv_state_bytes(self) -> int:
+        """Of :attr:`state_bytes`: the short-convolution states (every KDA layer, unaligned)."""
+        return len(self.conv_states) * self.kda_layer_conv_bytes
+
+    @property
     def state_slot_bytes(self) -> int:
         return self.rows_per_state * self.row_bytes
 
@@ -141,7 +193,9 @@ class CacheLayout:
         data = asdict(self)
         data.update(
             row_padding_bytes=self.row_padding_bytes, payload_bytes_per_block=self.payload_bytes_per_block,
-            kda_layer_state_bytes=self.kda_layer_state_bytes, state_slot_bytes=self.state_slot_bytes,
+            kda_layer_state_bytes=self.kda_layer_state_bytes, kda_conv_channels=self.kda_conv_channels,
+            kda_layer_conv_bytes=self.kda_layer_conv_bytes, recurrent_state_bytes=self.recurrent_state_bytes,
+            conv_state_bytes=self.conv_state_bytes, state_slot_bytes=self.state_slot_bytes,
             state_padding_bytes=self.state_padding_bytes, payload_bytes_per_token=self.payload_bytes_per_token,
             row_bytes_per_token=self.row_bytes_per_token,
         )
@@ -177,7 +231,7 @@ def plan_layout(
     """The packed row layout of ``config`` on one device.
 
     Args:
-        config: the model (its DSA layers get pages, its KDA layers get state).
+        config: the model (its DSA layers get pages, its KDA layers get a recurrent and a conv state).
         latent_fmt / index_fmt: format names of :mod:`dsahal.formats`.
         block_tokens: tokens per block (per rank under DCP).
         tp: tensor-parallel size; must divide the KDA heads (and the attention heads).
@@ -218,12 +272,16 @@ def plan_layout(
 
     heads_local = config.kda_num_heads // tp
     key_dim = value_dim = config.kda_head_dim
+    kernel = kda_conv_kernel(config)
     layer_state = heads_local * key_dim * value_dim * FP32_BYTES
-    states, offset = [], 0
+    layer_conv = KDA_CONV_PROJECTIONS * (kernel - 1) * heads_local * key_dim * FP32_BYTES
+    states, convs, offset = [], [], 0
     for layer in config.kda_layers:
         offset = _round_up(offset, PAGE_ALIGN)
         states.append(StateSpec(layer, offset, layer_state))
-        offset += layer_state
+        offset = conv_state_offset(offset, layer_state)
+        convs.append(StateSpec(layer, offset, layer_conv))
+        offset += layer_conv
     state_bytes = offset
     rows_per_state = -(-state_bytes // row_bytes)
 
@@ -232,5 +290,5 @@ def plan_layout(
         row_rounding=row_rounding, latent_token_bytes=latent.token_bytes, index_token_bytes=index.token_bytes,
         pages=tuple(pages), row_data_bytes=row_data_bytes, row_bytes=row_bytes, kda_heads_local=heads_local,
         kda_key_dim=key_dim, kda_value_dim=value_dim, states=tuple(states), state_bytes=state_bytes,
-        rows_per_state=rows_per_state,
+        rows_per_state=rows_per_state, kda_conv_kernel=kernel, conv_states=tuple(convs),
     )

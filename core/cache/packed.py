@@ -17,6 +17,8 @@ class PackedKVCache:
       block ``b`` = row ``b``; slot ``s`` of a layer is ``(s // block_tokens, s % block_tokens)``.
     - :meth:`kda_states`: ``[num_state_slots, H_local, K, V]`` fp32; state id ``i`` = rows
       ``[i * rows_per_state, (i + 1) * rows_per_state)``.
+    - :meth:`kda_conv_states`: ``[num_state_slots, 3, kernel - 1, H_local * K]`` fp32, the same state ids:
+      the last ``kernel - 1`` inputs of the layer's q, k and v short convolutions.
     - :meth:`block_bytes`: one block's whole row, contiguous (a block transfer is one copy).
 
     Rows are handed out by :meth:`allocate_blocks` / :meth:`allocate_state`; page views cover every
@@ -118,6 +120,17 @@ class PackedKVCache:
             self._pool_fp32.storage_offset() + spec.offset // FP32_BYTES,
         )
 
+    def kda_conv_states(self, layer: int) -> torch.Tensor:
+        """``[num_state_slots, 3, kernel - 1, H_local * K]`` fp32 view of KDA layer ``layer``'s short-convolution
+        states (q, k, v; oldest input first); row ``i`` is state id ``i``, as in :meth:`kda_states`."""
+        spec = self.layout.conv_state(layer)
+        width, channels = self.layout.kda_conv_kernel - 1, self.layout.kda_conv_channels
+        slot_stride = self.layout.state_slot_bytes // FP32_BYTES
+        return self._pool_fp32.as_strided(
+            (self.num_state_slots, 3, width, channels), (slot_stride, width * channels, channels, 1),
+            self._pool_fp32.storage_offset() + spec.offset // FP32_BYTES,
+        )
+
     def block_bytes(self, block_id: int) -> torch.Tensor:
         """``[row_bytes]`` uint8 contiguous view of block ``block_id``'s row (all its DSA pages)."""
         if isinstance(block_id, bool) or not isinstance(block_id, int) or not 0 <= block_id < self.num_rows:
@@ -143,7 +156,7 @@ class PackedKVCache:
         self.allocator.free_blocks(list(ids))
 
     def allocate_state(self) -> int:
-        """A state id whose KDA state (every KDA layer) is zeroed; :class:`CacheFullError` if no aligned run."""
+        """A state id whose KDA state (every KDA layer, recurrent and conv) is zeroed; :class:`CacheFullError` if no aligned run."""
         slot = self.allocator.allocate_state()
         rows = self.layout.rows_per_state
         self.pool[slot * rows:(slot + 1) * rows].zero_()

@@ -8,9 +8,10 @@ and the target there is emitted instead (the "bonus" token), so each step emits 
 the emitted tokens are exactly those plain greedy decoding would emit.
 
 DSA needs no undo: entries written for rejected positions are never visible (a query at position
-p sees keys ≤ p) and are overwritten when those positions are filled. KDA's recurrent state has
-advanced over every fed token, so for a request with a rejection its pooled states are restored
-from a snapshot taken before the step and the accepted tokens are fed again.
+p sees keys ≤ p) and are overwritten when those positions are filled. KDA's recurrent state and its short-convolution state
+(the last inputs of the q, k, v convolutions) have advanced over every fed token, so for a request with
+a rejection both of its pooled states are restored from a snapshot taken before the step and the
+accepted tokens are fed again.
 """
 from __future__ import annotations
 
@@ -46,7 +47,13 @@ def _drafts_for(engine, request: Request) -> list[int]:
 
 
 def _kda_pools(engine) -> list[torch.Tensor]:
-    return [engine.views.layer(i) for i in engine.config.kda_layers]
+    """Every per-request KDA state pool the step advances: each KDA layer's recurrent states
+    ``[S, H, K, V]`` and its conv states ``[S, 3, kernel - 1, H * K]`` (both indexed by state id)."""
+    pools = []
+    for i in engine.config.kda_layers:
+        states = engine.model.blocks[i].attn.states(engine.views.layer(i))
+        pools += [states.recurrent, states.conv]
+    return pools
 
 
 def speculative_step(engine) -> StepBatch:
