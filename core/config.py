@@ -9,6 +9,7 @@ import json
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
+from typing import Optional
 
 LAYER_KINDS = ("kda", "dsa")
 
@@ -50,6 +51,16 @@ class ModelConfig:
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     first_k_dense_replace: int = 0  # the first k layers keep the dense MLP
+    # RoPE as the checkpoints' configs give it (read by dsahal.model.rope): YaRN scaling
+    # ({type: yarn, factor, original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim};
+    # the softmax scale's mscale² comes from mscale_all_dim, so `mscale` above stays 1 when it is set), and
+    # the rotation layouts: "interleaved" (adjacent pairs, DeepSeek's MLA weights) or "rotate_half"
+    rope_scaling: Optional[dict] = field(default=None, hash=False)
+    rope_layout: str = "interleaved"
+    index_rope_layout: str = "rotate_half"  # DeepSeek-V3.2's indexer rotates halves (its 2025-11-17 fix)
+    index_norm_eps: float = 1e-6
+    index_query_fp8: bool = True  # the indexer query in FP8 with its scale folded into the head weights
+    index_scale_fmt: str = "ue8m0"  # that scale rounded up to a power of two ("fp32": unrounded)
     # misc
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
