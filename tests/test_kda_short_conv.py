@@ -211,3 +211,22 @@ def test_layer_chunked_prefill_and_decode_over_the_packed_pool_equal_the_whole_p
         torch.testing.assert_close(rec, recurrent, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(cv, conv, rtol=1e-5, atol=1e-6)  # raw projections of the last 3 tokens
     assert bool((conv != 0).any())
+
+
+def test_dsahal_plan_counts_and_prints_the_conv_state(capsys):
+    from dsahal.cli import main
+
+    args = ["plan", "--config", "k31-pro", "--latent-fmt", "nvfp4", "--index-fmt", "mxfp4", "--tp", "8", "--dcp", "8",
+            "--memory-gib", "48", "--context", "1M"]
+    assert main(args + ["--verbose"]) == 0
+    out = capsys.readouterr().out
+    # 69 x (786,432 recurrent + 55,296 conv) B; 54,263,808 B alone took 85 rows of 645,120 B
+    assert "58,079,232 B -> 91 rows (recurrent 54,263,808 B + short-conv 3,815,424 B)" in out
+    assert "(each 1,954 block rows + 91 KDA-state rows per device)" in out
+    conv_rows = [line.split() for line in out.splitlines() if " short-conv " in line and line.endswith(" x i")]
+    assert [row[-8:] for row in conv_rows] == [["69", "short-conv", "55,296", "786,432", "+", "841,728", "x", "i"]]
+    assert main(args + ["--json"]) == 0
+    import json
+
+    layout = json.loads(capsys.readouterr().out)["layout"]
+    assert layout["conv_state_bytes"] == 3_815_424 and len(layout["conv_states"]) == 69

@@ -151,7 +151,8 @@ def summary_lines(plan: dict) -> list[str]:
                      f"({comp['payload_ratio']:.2f}x by bytes per token); full contexts "
                      f"{_n(comp['contexts'][0])} -> {_n(comp['contexts'][1])}")
     padding = lay["row_padding_bytes"]
-    state = (f"KDA state per request per device: {_n(lay['state_bytes'])} B -> {lay['rows_per_state']} rows"
+    state = (f"KDA state per request per device: {_n(lay['state_bytes'])} B -> {lay['rows_per_state']} rows "
+             f"(recurrent {_n(lay['recurrent_state_bytes'])} B + short-conv {_n(lay['conv_state_bytes'])} B)"
              if lay["states"] else "no KDA state")
     lines += [
         "",
@@ -182,15 +183,19 @@ def detail_lines(plan: dict) -> list[str]:
                          f"{_n(page['nbytes']):>10}  {offset}")
     states = lay["states"]
     if states:
-        lines += ["", f"KDA state per request per device: {len(states)} layers x {lay['kda_heads_local']} heads x "
-                      f"{lay['kda_key_dim']} x {lay['kda_value_dim']} fp32 = {_n(lay['state_bytes'])} B",
+        width = lay["kda_conv_kernel"] - 1
+        lines += ["", f"KDA state per request per device: {_n(lay['state_bytes'])} B = {len(states)} layers x "
+                      f"(recurrent {lay['kda_heads_local']} heads x {lay['kda_key_dim']} x {lay['kda_value_dim']} + "
+                      f"short-conv 3 x {width} x {_n(lay['kda_conv_channels'])}) fp32",
                   f"  -> {lay['rows_per_state']} rows ({_n(lay['state_padding_bytes'])} B padding); "
                   "offsets within the state slot:",
-                  f"  {'layers':<32} {'count':>5}  {'bytes':>10}  offset"]
-        for run in fold_runs(states):
-            count, state = len(run["layers"]), run["first"][0]
-            offset = _n(state["offset"]) + (f" + {_n(run['step'])} x i" if count > 1 else "")
-            lines.append(f"  {layer_list(run['layers']):<32} {count:>5}  {_n(state['nbytes']):>10}  {offset}")
+                  f"  {'layers':<32} {'count':>5}  {'state':<10} {'bytes':>10}  offset"]
+        for kind, specs in (("recurrent", states), ("short-conv", lay.get("conv_states") or ())):
+            for run in fold_runs(specs):
+                count, state = len(run["layers"]), run["first"][0]
+                offset = _n(state["offset"]) + (f" + {_n(run['step'])} x i" if count > 1 else "")
+                lines.append(f"  {layer_list(run['layers']):<32} {count:>5}  {kind:<10} {_n(state['nbytes']):>10}  "
+                             f"{offset}")
     lines += ["", "per-layer padded layouts, same budget (for comparison with the packed row):"]
     for padded in plan["padded_layouts"]:
         lines.append(f"  {padded['name']}: {padded['description']}")

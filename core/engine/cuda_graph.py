@@ -11,12 +11,13 @@ What serving engines (vLLM's and SGLang's CUDA graph runners) do, for the decode
   (1, 2, 4, then multiples of 8, and ``max_batch``), captured lazily the first time it is needed.
 - **padding rows** (the ``size - B`` rows beyond the batch) are harmless by construction: write slot
   -1 (``cache_write`` skips it), KDA state id -1 (``kda_decode``: zero output, no state read or
-  write), position 0 in the block table's extra last row, which maps no block (``-1`` everywhere: the
+  write; the short convolution reads a zero conv state and writes no request's: see
+  :func:`dsahal.model.short_conv.write_states`), position 0 in the block table's extra last row, which maps no block (``-1`` everywhere: the
   indexer sees no key, top-k picks nothing, sparse MLA returns zeros). So they read nothing and
   write nothing; their logits rows are computed and ignored.
 - **capture**: every static input is first set to padding, the step is run eagerly twice on a side
   stream (kernels compile and libraries initialise outside the capture; with every row a padding
-  row the warm-up writes neither the cache nor a KDA state), then captured into a
+  row the warm-up writes neither the cache nor a KDA state, recurrent or conv), then captured into a
   ``torch.cuda.CUDAGraph`` whose memory comes from one private pool shared by every graph of the
   engine (graphs never run concurrently and each graph's output is read before the next replay).
 - **output**: the logits ``[size, vocab]`` live in the graph's pool; :meth:`DecodeGraphs.replay`

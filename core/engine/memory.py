@@ -10,7 +10,8 @@ planner's rows); activations and the CPU-side transients are bounded from the sh
 - cache: ``rows x row_bytes`` of the packed pool;
 - activations of one prefill chunk of ``T`` tokens: hidden states, MLP, projections (the reference
   works in float64, so those twice over), one fp32 indexer row per token over the whole context, the
-  chunked KDA reference's float64 ``[H, C, C, K]`` products, the logits rows;
+  chunked KDA reference's float64 ``[H, C, C, K]`` products, the KDA short convolution's fp32 taps
+  and sums over q, k and v, the logits rows;
 - ``--check``: every compared position's fp32 logits, kept on the CPU for the run and for the replay;
 - the runtime itself (torch, Python): :data:`CPU_RUNTIME_BYTES`; a CUDA context: :data:`CUDA_RUNTIME_BYTES`.
 
@@ -88,6 +89,7 @@ def estimate_run_memory(config, *, dtype: torch.dtype, device: torch.device, cac
     projections = (config.q_lora_rank + heads * (config.qk_nope_dim + config.qk_rope_dim + config.latent_dim)
                    + config.index_heads * config.index_dim + config.latent_dim + 6 * kda_heads * config.kda_head_dim)
     per_token += projections * (element + 8)  # the model dtype, and the reference's float64 copies
+    per_token += 4 * 3 * kda_heads * config.kda_head_dim * 4  # short conv: fp32 input table, tap, sum, silu
     kda_chunk = 4 * kda_heads * KDA_CHUNK * KDA_CHUNK * config.kda_head_dim * 8
     activations = int(ACTIVATION_MARGIN * (tokens_per_step * (per_token + 4 * max_context)
                                            + kda_chunk + 2 * sampled_rows * config.vocab_size * 4))
