@@ -21,9 +21,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
 NEG_INF = float("-inf")
 # The packed cache's KDA state rows (:meth:`dsahal.cache.PackedKVCache.kda_states`): a state slot is
-# ``rows_per_state`` rows of this many bytes, each layer's state starting on a 256-byte boundary.
+# ``rows_per_state`` rows of this many bytes, each layer's state starting on a 256-byte boundary and
+# followed by its short-convolution state (3 x (kernel - 1) x H*K fp32, also 256-byte aligned).
 STATE_ROW_BYTES = 4096
 STATE_ALIGN_FLOATS = 256 // 4
+CONV_STATE_INPUTS = 3 * (4 - 1)  # q, k, v x (kernel - 1) inputs per channel (dsahal.cache.KDA_CONV_KERNEL)
 
 
 def generator(seed: int) -> torch.Generator:
@@ -72,18 +74,22 @@ def packed_state_pool(states: torch.Tensor, gen: torch.Generator) -> tuple[torch
 
     The geometry of :meth:`dsahal.cache.PackedKVCache.kda_states`: state slot ``i`` is
     ``rows_per_state`` rows of :data:`STATE_ROW_BYTES`; in it, three KDA layers' ``[H, K, V]``
-    states each start on a 256-byte boundary and the middle one is the view. So
+    states each start on a 256-byte boundary, each followed by its layer's conv state, and the middle
+    one is the view. So
     ``stride(0) = rows_per_state * row_floats`` (not ``H*K*V``), the view starts at a storage offset,
     and every state has another layer's floats on both sides; one more slot of random floats
     follows the last. Returns ``(view, base)``; ``base`` is the contiguous fp32 row buffer.
     """
     pool, heads, key_dim, value_dim = states.shape
     layer = heads * key_dim * value_dim
-    aligned = -(-layer // STATE_ALIGN_FLOATS) * STATE_ALIGN_FLOATS
+    def align(floats: int) -> int:
+        return -(-floats // STATE_ALIGN_FLOATS) * STATE_ALIGN_FLOATS
+
+    step = align(layer) + align(CONV_STATE_INPUTS * heads * key_dim)  # one layer: recurrent, then conv state
     row_floats = STATE_ROW_BYTES // 4
-    rows_per_state = -(-(2 * aligned + layer) // row_floats)
+    rows_per_state = -(-(2 * step + align(layer) + CONV_STATE_INPUTS * heads * key_dim) // row_floats)
     base = randn(gen, (pool + 1) * rows_per_state, row_floats)
-    view = base.as_strided(states.shape, (rows_per_state * row_floats, key_dim * value_dim, value_dim, 1), aligned)
+    view = base.as_strided(states.shape, (rows_per_state * row_floats, key_dim * value_dim, value_dim, 1), step)
     view.copy_(states)
     return view, base
 

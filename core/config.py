@@ -42,6 +42,7 @@ class ModelConfig:
     kda_heads: int = 0  # 0: same as num_heads
     kda_head_dim: int = 128
     kda_gate_rank: int = 128  # low-rank channel-wise gate projection
+    kda_conv_size: int = 4  # the causal depthwise short convolution on q, k, v (fla's KDA layer)
     # MoE (DeepSeek-V3 routing); n_routed_experts = 0 keeps every layer's MLP dense
     n_routed_experts: int = 0
     n_shared_experts: int = 0

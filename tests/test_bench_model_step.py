@@ -105,9 +105,9 @@ def test_the_check_catches_padding_rows_that_write(monkeypatch):
 
     real = cuda_graph.pad_decode_inputs
 
-    def writing_padding(inputs, size, padding_row):  # padding rows write into the pool's last (free) row
+    def writing_padding(inputs, size, padding_row):  # padding rows write into a free row (the highest one)
         padded = real(inputs, size, padding_row)
-        padded.slots[inputs.batch:] = 54 * 64 + torch.arange(size - inputs.batch)
+        padded.slots[inputs.batch:] = 64 * 64 + torch.arange(size - inputs.batch)
         return padded
 
     monkeypatch.setattr(cuda_graph, "pad_decode_inputs", writing_padding)

@@ -26,8 +26,10 @@ def test_verbose_folds_the_24_page_pairs_and_the_69_kda_states_into_one_row_each
     assert len(page_rows) == 2
     assert page_rows[0].split()[-9:-5] == ["24", "latent", "fp8", "36,864"]
     assert page_rows[0].endswith("0 + 45,312 x i") and page_rows[1].endswith("36,864 + 45,312 x i")
-    state_rows = [line for line in lines if line.rstrip().endswith("786,432 x i")]
-    assert len(state_rows) == 1 and " 69 " in state_rows[0] and "786,432" in state_rows[0]
+    state_rows = [line for line in lines if line.rstrip().endswith("+ 841,728 x i")]  # recurrent + conv per layer
+    assert len(state_rows) == 2 and all(" 69 " in row for row in state_rows)
+    assert state_rows[0].split()[-7:-5] == ["recurrent", "786,432"] and state_rows[0].endswith(" 0 + 841,728 x i")
+    assert state_rows[1].split()[-7:-5] == ["short-conv", "55,296"] and state_rows[1].endswith("786,432 + 841,728 x i")
     assert "uniform-page" in out and "widest-token-page" in out
     assert len(lines) < 40
 

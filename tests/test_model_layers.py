@@ -7,6 +7,7 @@ import torch
 from dsahal.engine import write_slots
 from dsahal.model import BatchMeta, DsaLayerCache
 from dsahal.model.dsa_attention import LocalDsaAttention
+from dsahal.model.kda_layer import KdaStates
 from dsahal.model.layers import apply_rotary, rotary_cos_sin
 from dsahal.model.mla_layer import MlaLayer
 from test_model_helpers import small_config, small_model
@@ -105,15 +106,17 @@ def test_kda_prefill_then_decode_equals_prefill_of_the_whole_sequence():
     layer, config = kda_layer()
     prompt, extra = 37, 6
     x = torch.randn(prompt + extra, config.hidden_size, generator=torch.Generator().manual_seed(3))
-    state_shape = (2, config.kda_num_heads, config.kda_head_dim, config.kda_head_dim)
-    whole_pool, split_pool = torch.zeros(state_shape), torch.zeros(state_shape)
+    whole_pool, split_pool = (KdaStates.zeros(2, config.kda_num_heads, config.kda_head_dim, layer.conv_kernel)
+                              for _ in range(2))
     whole = layer(x, one_request_meta(prompt + extra), whole_pool)
     parts = [layer(x[:prompt], one_request_meta(prompt), split_pool)]
     for t in range(prompt, prompt + extra):
         parts.append(layer(x[t:t + 1], one_request_meta(1, start=t, decode=True), split_pool))
     torch.testing.assert_close(torch.cat(parts), whole, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(split_pool, whole_pool, rtol=1e-4, atol=1e-5)
-    assert split_pool[0].abs().max() > 0 and split_pool[1].abs().max() == 0  # only its own state slot
+    torch.testing.assert_close(split_pool.recurrent, whole_pool.recurrent, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(split_pool.conv, whole_pool.conv, rtol=1e-4, atol=1e-5)
+    for pool in (split_pool.recurrent, split_pool.conv):  # only its own state slot
+        assert pool[0].abs().max() > 0 and pool[1].abs().max() == 0
 
 
 def test_rotary_preserves_norm_and_depends_on_relative_position():

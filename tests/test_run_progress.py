@@ -28,7 +28,7 @@ def test_each_phase_reports_on_stderr_and_the_results_follow_the_header(capsys):
     assert main(SMALL) == 0
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
-    assert lines[0].startswith("weights  74 tensors drawn (seed 0) in ")
+    assert lines[0].startswith("weights  83 tensors drawn (seed 0) in ")
     assert lines[1].startswith("prefill  3 steps in ") and lines[2].startswith("decode   2 steps in ")
     out = captured.out
     assert out.index("memory   estimate") < out.index("prefill  42 tokens") < out.index("peak memory")
