@@ -112,9 +112,8 @@ def test_a_bf16_sharded_checkpoint_loads_exactly(tmp_path, make_config):
     assert report == {"tensors": len(source.state_dict()), "skipped_mtp": 0}
     for (name, a), b in zip(source.state_dict().items(), target.state_dict().values()):
         assert torch.equal(a, b), name
-    if source.config.kda_layers:  # the engine serves no model without KDA layers yet (see the report of issue 21)
-        tokens = random_prompts([24], source.config.vocab_size)[0]
-        assert torch.equal(full_sequence_logits(target, tokens), full_sequence_logits(source, tokens))
+    tokens = random_prompts([24], source.config.vocab_size)[0]
+    assert torch.equal(full_sequence_logits(target, tokens), full_sequence_logits(source, tokens))
 
 
 @pytest.mark.parametrize("make_config", [tiny_deepseek, moe_hybrid_config], ids=["deepseek-v3.2", "k3-hybrid"])
@@ -133,11 +132,11 @@ def test_fp8_block_scaled_weights_are_dequantised_per_128x128_block(tmp_path, ma
         cols = torch.arange(w.shape[1])[None, :] // 128
         assert torch.equal(w, q * s[rows, cols]), name
         assert torch.allclose(w, exact_weights[name], rtol=0.07, atol=1e-6), name
-    if source.config.kda_layers:
-        tokens = random_prompts([24], source.config.vocab_size)[0]
-        ours, exact = full_sequence_logits(target.eval(), tokens), full_sequence_logits(source, tokens)
-        assert (ours - exact).abs().max() < 0.25 * exact.abs().max()  # FP8 weights: near, not equal
-        assert not torch.equal(ours, exact)
+    tokens = random_prompts([24], source.config.vocab_size)[0]
+    ours, exact = full_sequence_logits(target.eval(), tokens), full_sequence_logits(source, tokens)
+    # FP8 weights: near, not equal (by norm: an FP8-perturbed indexer may pick a different token at one position)
+    assert (ours - exact).norm() < 0.1 * exact.norm()
+    assert not torch.equal(ours, exact)
 
 
 def test_the_library_writer_uses_the_same_names_and_round_trips(tmp_path):

@@ -44,3 +44,17 @@ def test_plan_lays_out_the_all_dsa_cache(capsys):
     pages = plan["layout"]["pages"]
     assert len(pages) == 2 * 61 and {p["kind"] for p in pages} == {"latent", "index"}
     assert plan["layout"]["states"] == [] and plan["layout"]["state_bytes"] == 0
+
+
+def test_an_all_dsa_model_runs_end_to_end_with_no_kda_state(tmp_path):
+    """DeepSeek-V3.2 has no KDA layer: the engine's requests need no state slot."""
+    import json
+
+    from dsahal.cli import main
+
+    out = tmp_path / "run.json"
+    code = main(["run", "--config", "deepseek-v3.2-tiny", "--batch", "2", "--prompt-len", "8", "--decode", "2",
+                 "--check", "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["stats"]["decode_tokens"] == 2 and report["check"]["passed"] is True

@@ -156,13 +156,19 @@ class PackedKVCache:
         self.allocator.free_blocks(list(ids))
 
     def allocate_state(self) -> int:
-        """A state id whose KDA state (every KDA layer, recurrent and conv) is zeroed; :class:`CacheFullError` if no aligned run."""
+        """A state id whose KDA state (every KDA layer, recurrent and conv) is zeroed; :class:`CacheFullError` if no aligned run.
+
+        A model without KDA layers keeps no state: every request gets id 0 and nothing is allocated."""
+        if self.layout.rows_per_state == 0:
+            return 0
         slot = self.allocator.allocate_state()
         rows = self.layout.rows_per_state
         self.pool[slot * rows:(slot + 1) * rows].zero_()
         return slot
 
     def free_state(self, state_id: int) -> None:
+        if self.layout.rows_per_state == 0:
+            return  # nothing was allocated (no KDA layer)
         self.allocator.free_state(state_id)
 
     def __repr__(self) -> str:
