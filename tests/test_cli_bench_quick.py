@@ -16,7 +16,8 @@ def test_quick_runs_every_op_on_the_cpu_checks_it_and_times_it(tmp_path, capsys)
     assert main(["bench", "--quick", "--json", str(path)]) == 0
     captured = capsys.readouterr()
     assert "backend reference on the CPU" in captured.out and "Traceback" not in captured.err
-    assert f"{len(tiny_op_cases())} of {len(tiny_op_cases())} checks passed" in captured.out
+    checks = len(tiny_op_cases()) + len(json.loads(path.read_text())["sections"]["dispatch"])
+    assert f"{checks} of {checks} checks passed" in captured.out
     rows = json.loads(path.read_text())["sections"]["ops"]
     assert {r["op"] for r in rows} == TIMED_OPS | {"cache_write"}
     for row in rows:
@@ -44,7 +45,7 @@ def test_sections_run_in_order_and_an_unknown_one_is_named():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--section", "nope"], "argument '--section' expected one of ops, got nope"),
+    (["--section", "nope"], "argument '--section' expected one of ops, dispatch, got nope"),
     (["--op", "model"], "argument '--op' expected ops with a --quick case"),
     (["--plot", "x.png"], "argument '--plot' applies to the GPU bench, not to --quick"),
     (["--backend", "nope"], "argument '--backend': unknown backend 'nope'"),
@@ -62,3 +63,11 @@ def test_the_gpu_bench_on_a_cpu_machine_says_so_in_a_whole_sentence(capsys, monk
     err = capsys.readouterr().err
     assert "needs a CUDA/ROCm device visible to torch, and torch sees none" in err
     assert "dsahal bench --quick" in err and err.count("\n") == 1
+
+
+def test_the_dispatch_section_times_every_layer_above_the_route(tmp_path):
+    results = run_quick("reference", sections=["dispatch"])
+    layers = [row.name for row in results["dispatch"]]
+    assert layers[:2] == ["dispatch: dsahal.ops.lse_combine (validated)", "dispatch: dsahal.ops.lse_combine(check=False)"]
+    assert any("route 'reference' function" in name for name in layers)
+    assert all(row.ms is not None and row.ms > 0 for row in results["dispatch"])

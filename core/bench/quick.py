@@ -95,8 +95,28 @@ def ops_section(backend: str, ops: Optional[list[str]] = None, on_row: OnRow = N
     return rows
 
 
+def dispatch_section(backend: str, ops: Optional[list[str]] = None, on_row: OnRow = None) -> list[Row]:
+    """The cost of one op call in each layer above its implementation (:mod:`.dispatch`), one row per
+    layer; the check is that every layer returned (the numbers are host time on this CPU)."""
+    from .dispatch import measure
+
+    if ops and "lse_combine" not in ops:
+        return []
+    with use_backend(backend):
+        layers = measure(DEVICE, calls=200, repeats=3)
+    rows = []
+    for layer in layers:
+        row = Row(f"dispatch: {layer['layer']}", "lse_combine", f"{layer['shape']}", "pass",
+                  f"{layer['over_route_us']:+.2f} us over the route function")
+        row.ms = layer["us"] / 1e3
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return rows
+
+
 # name -> section function, in the order they run.
-SECTIONS: dict[str, Callable[..., list[Row]]] = {"ops": ops_section}
+SECTIONS: dict[str, Callable[..., list[Row]]] = {"ops": ops_section, "dispatch": dispatch_section}
 
 
 def run_quick(backend: str, sections: Optional[list[str]] = None, ops: Optional[list[str]] = None,
