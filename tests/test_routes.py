@@ -266,3 +266,23 @@ def test_the_conformance_suite_certifies_one_route_and_its_report_names_it(tmp_p
                           "lse_combine:nope", "--report-dir", str(tmp_path / "bad")], capture_output=True, text=True,
                          env=env, timeout=600)
     assert bad.returncode == 2 and "error:" in bad.stderr and "its routes are: fast, general, reference" in bad.stderr
+
+
+def test_routes_of_the_selected_backend_do_not_break_a_block_on_another_backend(monkeypatch):
+    """DSAHAL_ROUTES names the selected backend's routes; a check on the reference in the same process
+    (use_backend) must not fail on them, while the selected backend still rejects a wrong name."""
+    monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "plugins.routed_lse")
+    monkeypatch.setenv("DSAHAL_BACKEND", "routed")
+    monkeypatch.setenv("DSAHAL_ROUTES", "lse_combine:general")
+    import plugins.routed_lse as plugin
+
+    ops.lse_combine(*args(w=2))
+    assert plugin.SERVED[-1] == "general"
+    with dsahal.use_backend("reference"):
+        with observe(CallLog()) as log:
+            ops.lse_combine(*args(w=2))
+    assert log.calls[0].backend == "reference"
+    dsahal.registry.reset()
+    monkeypatch.setenv("DSAHAL_ROUTES", "lse_combine:nope")
+    with pytest.raises(RegistryError, match="no route 'nope'"):
+        ops.lse_combine(*args(w=2))

@@ -27,14 +27,17 @@ def registry() -> Registry:
         return _registry
 
 
-def _resolve(name: str | None, route_overrides: overrides.RouteOverrides | None = None) -> OpTable:
+def _resolve(name: str | None, route_overrides: overrides.RouteOverrides | None = None, *,
+             selected: bool = True) -> OpTable:
+    """``selected``: this is the process's backend, so ``DSAHAL_ROUTES`` must name its routes; a table for a
+    ``use_backend`` block keeps only the items that name routes of its backend."""
     from ..ops.catalog import COMPOSITE_OPS, OP_NAMES
 
     reg = registry()
     if not (name or os.environ.get("DSAHAL_BACKEND")):
         reg.probe_all()  # automatic selection reads every backend's probe: run them in parallel, each bounded
     return OpTable(select(reg, name), reg.records["reference"], OP_NAMES, COMPOSITE_OPS,
-                   route_overrides=route_overrides)
+                   route_overrides=route_overrides, overrides_apply_to_all=selected)
 
 
 def active_table() -> OpTable:
@@ -66,7 +69,7 @@ def use_backend(name: str):
     """Run a block on another backend in this thread (or asyncio task); other threads keep theirs.
     Blocks nest; the previous selection is restored on exit."""
     with _lock:
-        table = _resolve(name)
+        table = _resolve(name, selected=False)
     token = _override.set(table)
     try:
         yield table
@@ -85,15 +88,12 @@ def use_routes(spec=None, **by_op: str):
         with dsahal.use_routes(sparse_mla="triton"):
             o, lse = dsahal.ops.sparse_mla(...)
     """
-    import os
-
-    current = active_table()
+    current = active_table()  # its overrides already hold DSAHAL_ROUTES' items for its backend
     wanted = overrides.parse(spec, source="use_routes")
     if by_op:
         wanted = wanted.merged(overrides.parse(by_op, source="use_routes"))
-    base = overrides.parse(os.environ.get(overrides.ENV))
     with _lock:
-        table = _resolve(current.name, base.merged(current.overrides).merged(wanted))
+        table = _resolve(current.name, current.overrides.merged(wanted))
     token = _override.set(table)
     try:
         yield table

@@ -126,7 +126,7 @@ class OpTable:
     """
 
     def __init__(self, record: BackendRecord, reference: BackendRecord, op_names, composite_ops, strict=None,
-                 route_overrides: overrides.RouteOverrides | None = None):
+                 route_overrides: overrides.RouteOverrides | None = None, overrides_apply_to_all: bool = True):
         self.record = record
         self.strict = os.environ.get("DSAHAL_STRICT", "0") not in ("", "0") if strict is None else strict
         self.overrides = route_overrides if route_overrides is not None else \
@@ -135,6 +135,8 @@ class OpTable:
         self._logged: set[tuple[str, str]] = set()
         self._log_lock = threading.Lock()
         backend = record.backend
+        if not overrides_apply_to_all:
+            self.overrides = self._applicable(self.overrides, op_names, composite_ops)
         self._check_overrides(op_names, composite_ops)
         self.entries: dict[str, OpEntry] = {}
         self.dispatch: dict[str, Callable[..., Any]] = {}
@@ -156,6 +158,18 @@ class OpTable:
             routes.append(Route(COMPOSITE_ROUTE, COMPOSITE_IMPLEMENTATIONS[op],
                                 description="composed from the backend's own ops"))
         return routes
+
+    def _applicable(self, wanted: overrides.RouteOverrides, op_names, composite_ops) -> overrides.RouteOverrides:
+        """``DSAHAL_ROUTES`` names the selected backend's routes; a table of another backend in the same
+        process (``use_backend("reference")`` for a check, say) keeps only the items that name its own."""
+        def known(op: str) -> set[str]:
+            if op not in op_names:
+                return set()
+            return {r.name for r in self._declared(op, op in composite_ops)} | {overrides.REFERENCE}
+
+        forced = {op: route for op, route in wanted.forced.items() if op not in op_names or route in known(op)}
+        disabled = {op: frozenset(r for r in routes if r in known(op)) for op, routes in wanted.disabled.items()}
+        return overrides.RouteOverrides(forced, {op: routes for op, routes in disabled.items() if routes})
 
     def _check_overrides(self, op_names, composite_ops) -> None:
         named = {**{op: {route} for op, route in self.overrides.forced.items()},
