@@ -98,3 +98,12 @@ def test_decode_marshalling_pads_heads_guards_indices_and_reports_empty_rows_as_
                           cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "MARSHALLING OK" in done.stdout
+
+
+def test_the_decode_route_declines_packed_pool_page_views_until_they_are_verified():
+    pool = torch.empty((8, 2 * 64 * 656), dtype=torch.uint8, device="meta")
+    pages = pool[:, :64 * 656].view(8, 64, 656)  # a layer's pages inside wider rows: stride(0) = row bytes
+    q = torch.empty((5, 16, 576), dtype=torch.bfloat16, device="meta")
+    slots = torch.empty((5, 128), dtype=torch.int32, device="meta")
+    ok, why = flashmla.decode_accepts(q, pages, slots, "fp8_ds_mla", None, 0.1)
+    assert not ok and "packed-pool page views are not verified" in why

@@ -20,6 +20,7 @@ torch, which is why it is installed with ``--no-deps`` and probed here at run ti
 from __future__ import annotations
 
 import importlib.util
+from collections import OrderedDict
 from importlib.metadata import PackageNotFoundError, version
 
 import torch
@@ -92,17 +93,21 @@ def _common(q, kv_pages, slots) -> tuple[bool, str]:
 
 
 def decode_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tuple[bool, str]:
-    """The V32 sparse decode kernel: fp8_ds_mla pages of 64 tokens, 16-byte aligned strides."""
+    """The V32 sparse decode kernel: one contiguous fp8_ds_mla cache of 64-token pages, bf16 queries."""
     if kv_fmt != "fp8_ds_mla":
         return False, f"FlashMLA's SM90 sparse decode reads fp8_ds_mla (V32) pages, not {kv_fmt!r}"
+    block_tokens = kv_pages.shape[1]
+    if block_tokens not in DECODE_BLOCK_TOKENS:
+        return False, f"pages of {block_tokens} tokens; the route takes {list(DECODE_BLOCK_TOKENS)}"
+    if kv_pages.stride() != (block_tokens * DS_MLA_BYTES, DS_MLA_BYTES, 1):
+        # Pages as strided views of the packed pool (stride(0) = row_bytes) were not checked against FlashMLA
+        # on the H200 (only standalone caches were: scripts/h200/routes_check.py), so they are declined.
+        return False, (f"page strides {tuple(kv_pages.stride())}: the route takes one contiguous fp8_ds_mla cache "
+                       f"(strides {(block_tokens * DS_MLA_BYTES, DS_MLA_BYTES, 1)}); packed-pool page views are "
+                       f"not verified with FlashMLA yet")
     ok = _common(q, kv_pages, slots)
     if not ok[0]:
         return ok
-    if kv_pages.shape[1] not in DECODE_BLOCK_TOKENS:
-        return False, f"pages of {kv_pages.shape[1]} tokens; the route takes {list(DECODE_BLOCK_TOKENS)}"
-    if kv_pages.stride(2) != 1 or kv_pages.stride(1) != DS_MLA_BYTES or kv_pages.stride(0) % 16:
-        return False, (f"page strides {tuple(kv_pages.stride())}: FlashMLA needs packed 656-byte records and a "
-                       f"16-byte aligned block stride")
     if kv_pages.data_ptr() % 16:
         return False, "the pages start at an address not 16-byte aligned"
     return OK
@@ -141,7 +146,8 @@ def _safe_indices(slots: torch.Tensor, num_slots: int) -> torch.Tensor:
     return guard_indices(slots, num_slots, width)
 
 
-_decode_meta: dict[tuple, object] = {}
+_decode_meta: "OrderedDict[tuple, object]" = OrderedDict()
+_DECODE_META_KEPT = 64  # shapes remembered (tokens per call vary: keep the recent ones, not every one seen)
 
 
 def q_is_cuda(key: tuple) -> bool:
@@ -157,6 +163,10 @@ def _scheduler_metadata(key: tuple):
     meta = _decode_meta.get(key)
     if meta is None:
         meta = _decode_meta[key] = module.get_mla_metadata()[0]
+        if len(_decode_meta) > _DECODE_META_KEPT:
+            _decode_meta.popitem(last=False)
+    else:
+        _decode_meta.move_to_end(key)
     return meta
 
 
