@@ -37,7 +37,7 @@ def test_skip_and_xfail_files_apply_by_prefix_and_warn_about_stale_entries(tmp_p
 @pytest.mark.slow  # a suite subprocess
 def test_ops_served_by_the_reference_are_reported_as_fallback_never_as_passes(tmp_path):
     proc, rep = run_suite(tmp_path, "partial", "--ops", "topk", "lse_combine", "positions_to_slots", "sparse_mla",
-                          "topk_merge", "--max-examples", "6", plugin="partial_backend")
+                          "topk_merge", "--max-examples", "6", "--seed", "7", plugin="partial_backend")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     by_id = {t["id"]: t for t in rep["tests"]}
     slots = by_id["test_slots.py::test_positions_to_slots_matches_reference_exactly"]
