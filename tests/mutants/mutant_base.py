@@ -14,9 +14,12 @@ def mutant_backend(name: str, broken: dict, *, batch_invariant: bool = False, de
     """The reference with ``broken`` ops swapped in, claiming determinism (and optionally batch
     invariance) so every property applies. Priority below everything: never auto-selected."""
     reference = reference_backend()
+    # The reference's own dsa_attention composes the reference's functions directly; a mutant leaves it
+    # out, so the registry composes the mutant's own ops (a broken indexer then breaks the DSA layer too).
+    inherited = {op: fn for op, fn in reference.ops.items() if op != "dsa_attention"}
     return Backend(
         name=name,
-        ops={**reference.ops, **broken},
+        ops={**inherited, **broken},
         tags=frozenset({"mutant", "cpu"}),
         priority=-100,
         capabilities=Capabilities(deterministic=True, batch_invariant=batch_invariant, distributed=True),
