@@ -23,6 +23,6 @@ DSAHAL_STRICT=1 dsahal conformance --backend tpu --device xla --max-examples "$E
 # 2. ...and those with host arguments, staged through the XLA device by the backend.
 echo "-- conformance --backend tpu --device cpu (host arguments staged through XLA)"
 DSAHAL_STRICT=1 dsahal conformance --backend tpu --device cpu --max-examples "$EXAMPLES" --seed 0 \
-    -k "test_cache_write_then_read or test_cache_write_touches_nothing or test_kda_decode_rejects_bad_input" \
+    -k "test_cache_write_then_read or test_cache_write_touches_nothing or test_kda_decode_rejects_bad_input or test_kda_decode_matches_reference or test_kda_prefill_matches_reference or test_kda_prefill_of_whole_chunks" \
     --report-dir "$ROOT/reports/conformance-tpu-host"
 echo "== part 2/2 passed in $((SECONDS - start)) s"

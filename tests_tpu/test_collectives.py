@@ -27,8 +27,9 @@ def test_all_to_all_at_world_size_one_returns_its_input(xla):
 def test_topk_merge_at_world_size_one_equals_topk(xla):
     scores = torch.randint(0, 4, (5, 30)).float()
     lengths = torch.tensor([30, 12, 0, 7, 29], dtype=torch.int32)
-    with dsahal.use_backend("tpu") as table:
+    with dsahal.use_backend("tpu"), dsahal.observe(dsahal.CallLog()) as log:
         got = ops.topk_merge(scores.to(xla), lengths.to(xla), 6).cpu()
-        assert table.calls["topk_merge"] == [1, 0]
+    assert [(c.op, c.route, c.fallback) for c in log.calls][:1] == [("topk_merge", "xla", False)]
+    assert log.count(fallback=True) == 0
     expected = on_reference(ops.topk, scores, lengths, 6)
     assert [sorted(r.tolist()) for r in got] == [sorted(r.tolist()) for r in expected]

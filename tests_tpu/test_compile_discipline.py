@@ -57,7 +57,7 @@ def test_decode_steps_in_one_context_bucket_reuse_one_compiled_graph(xla):
 
     caches, block_table = decode_cache(seed=0)
     caches = [c.to(xla) for c in caches]
-    with dsahal.use_backend("tpu") as table:
+    with dsahal.use_backend("tpu") as table, dsahal.observe(dsahal.CallLog()) as log:
         decode_step(xla, caches, block_table, [40, 35], seed=1)  # warm-up: compiles the 64 bucket
         compiles, executions, fallbacks = compile_count(), execute_count(), host_fallback_counters()
         buckets = set()
@@ -70,7 +70,8 @@ def test_decode_steps_in_one_context_bucket_reuse_one_compiled_graph(xla):
         assert host_fallback_counters() == fallbacks, "an op ran on the host instead of on XLA"
         decode_step(xla, caches, block_table, [65, 100], seed=9)  # the next bucket: exactly one compile
         assert compile_count() == compiles + 1
-        assert table.calls["dsa_attention"][1] == 0 and table.entries["dsa_attention"].status == "native"
+        assert log.count("dsa_attention", fallback=True) == 0 and log.count("dsa_attention") > 0
+        assert table.entries["dsa_attention"].status == "native"
 
 
 def test_a_decode_step_matches_the_reference(xla):
