@@ -35,6 +35,8 @@ def _filled_pages(kind, fmt, num_blocks, block_tokens, scale=None, seed=0):
 def _assert_close_with_same_infinities(actual, expected, rtol=1e-5):
     assert torch.equal(torch.isinf(actual), torch.isinf(expected))
     finite = torch.isfinite(expected)
+    if not finite.any():  # every entry -inf (a row of dead parts only): the infinities said it all
+        return
     torch.testing.assert_close(actual[finite], expected[finite], rtol=rtol, atol=rtol * expected[finite].abs().max())
 
 
