@@ -59,8 +59,8 @@ class OpEntry:
     active: tuple[ResolvedRoute, ...]
 
     @property
-    def fn(self) -> Callable[..., Any]:
-        """The first usable route's implementation (the reference's when none is usable)."""
+    def fn(self) -> Optional[Callable[..., Any]]:
+        """The first usable route's implementation (None when no route is usable: the reference serves)."""
         return self.active[0].fn if self.active else None
 
     @property
@@ -134,7 +134,6 @@ class OpTable:
         self.reference = {op: resolve_lazy(reference.backend.routes(op)[0].fn) for op in op_names}
         self._logged: set[tuple[str, str]] = set()
         self._log_lock = threading.Lock()
-        backend = record.backend
         if not overrides_apply_to_all:
             self.overrides = self._applicable(self.overrides, op_names, composite_ops)
         self._check_overrides(op_names, composite_ops)
@@ -144,7 +143,6 @@ class OpTable:
             entry = self._resolve_op(op, op in composite_ops)
             self.entries[op] = entry
             self.dispatch[op] = self._make_dispatch(entry)
-        self._backend_name = backend.name
 
     @property
     def name(self) -> str:
