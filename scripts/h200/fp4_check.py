@@ -28,6 +28,8 @@ import argparse
 import sys
 import time
 
+import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
+
 HEADS = 32
 BLOCK_TOKENS = 64
 INDEX_TOL = 1e-4  # relative (norm) error vs the float64 reference; exact keys, fp32 accumulation
@@ -39,22 +41,11 @@ class CheckError(Exception):
 
 
 def _bench(fn):
-    if DEVICE == "cpu":  # --cpu-smoke: one call, wall clock (exercises the script, measures nothing)
-        started = time.perf_counter()
-        fn()
-        return 1e3 * (time.perf_counter() - started)
-    from triton.testing import do_bench
-
-    return float(do_bench(fn, warmup=5, rep=40, return_mode="median"))
+    return timing.bench_ms(fn, DEVICE, warmup=5, rep=40)
 
 
 def copy_ceiling_tbps(torch) -> float:
-    size = 1 << (30 if DEVICE == "cuda" else 20)
-    src = torch.empty(size, dtype=torch.uint8, device=DEVICE).random_()
-    dst = torch.empty_like(src)
-    ms = _bench(lambda: dst.copy_(src))
-    del src, dst
-    return 2 * size / (ms * 1e-3) / 1e12
+    return timing.copy_ceiling_tbps(torch, DEVICE, smoke_bytes=1 << 20)
 
 
 # -- step 2: encoders ----------------------------------------------------------------------------------

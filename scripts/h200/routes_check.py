@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
 import torch
 
 import dsahal
@@ -23,12 +24,7 @@ BLOCK = 64
 
 
 def copy_ceiling_tbps() -> float:
-    import triton
-
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
-    y = torch.empty_like(x)
-    ms = triton.testing.do_bench(lambda: y.copy_(x), rep=200)
-    return 2 * x.numel() / (ms * 1e-3) / 1e12
+    return timing.copy_ceiling_tbps(torch, "cuda")
 
 
 def build(pool_tokens: int, fmt: str, gen: torch.Generator):
