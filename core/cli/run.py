@@ -28,6 +28,8 @@ from ..registry.state import active_table
 from ..engine.check import check_tolerance, compare_runs, merge_rank_checks
 from ..engine.memory import check_fits, estimate_run_memory
 from ..engine.progress import PhaseProgress, say
+from ..engine.prefill_sharding import (DEFAULT_MIN_TOKENS, MODES, check_sharding_args, prefill_sharding_line,
+                                      prefill_sharding_report, start_tp)
 from ..engine.report import peak_memory, print_header, print_results
 
 EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_FAILED = 1, 2, 3
@@ -156,11 +158,12 @@ def _error(message: str, code: int, *, show: bool = True) -> int:
 def run(args) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     first_rank = os.environ.get("RANK", "0") in ("", "0")
-    if args.dcp == 1 and world > 1:
+    if args.dcp == 1 and args.tp == 1 and world > 1:
         # Decision (README): W copies of one single-device job would print W reports of the same run.
         return _error(f"dsahal run: started as {world} processes (WORLD_SIZE={world}, e.g. by torchrun) without "
                       f"--dcp: each would run the whole job alone; pass --dcp {world} to share the context over the "
-                      f"{world} processes, or start one process without torchrun", EXIT_USAGE, show=first_rank)
+                      f"{world} processes, --tp {world} to share prefill attention, or start one process without "
+                      f"torchrun", EXIT_USAGE, show=first_rank)
     try:
         config = load_config(args.config)
     except ValueError as exc:
@@ -171,7 +174,7 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     if not 0 <= args.draft_tokens <= 7:
         return _error(f"--draft-tokens expected an int in [0, 7], got {args.draft_tokens}", EXIT_USAGE)
-    for name in ("batch", "prompt_len", "decode", "chunk", "block_tokens", "dcp"):
+    for name in ("batch", "prompt_len", "decode", "chunk", "block_tokens", "dcp", "tp"):
         if getattr(args, name) < 1:
             return _error(f"--{name.replace('_', '-')} expected an int >= 1, got {getattr(args, name)}", EXIT_USAGE)
     if args.check_tolerance is not None and not 0 < args.check_tolerance < float("inf"):
@@ -209,12 +212,15 @@ def _run_on_backend(args, config) -> int:
     from ..model import LocalDsaAttention
 
     local = LocalDsaAttention(fused=not args.split_dsa)
-    if args.dcp == 1:
+    check_sharding_args(args.prefill_sharding, args.prefill_shard_min_tokens, args.tp, args.dcp)
+    if args.dcp == 1 and args.tp == 1:
         return _report(args, config, local, resolve_device(args), rank=0, world=1)
     from ..distributed import shutdown_distributed
 
-    attention, context = start_dcp(args, config)
     try:
+        attention, context = (start_tp(args, config, {"config": json.dumps(config.to_dict(), sort_keys=True),
+                                                      **{name: getattr(args, name) for name in FINGERPRINT_ARGS}})
+                              if args.tp > 1 else start_dcp(args, config))
         device = context.device if context.device.type == "cuda" else resolve_device(args)
         return _report(args, config, attention, device, rank=context.rank, world=context.world_size,
                        replay_attention=local)
@@ -293,6 +299,7 @@ def _report(args, config, attention, device, *, rank: int, world: int, replay_at
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     finished, engine, timer = execute(args, model, config, device, attention, progress=show)
+    report |= prefill_sharding_report(attention)  # --tp: which prefill steps were token-sharded
     report |= {
         "prompt_lengths": [len(r.prompt) for r in finished],
         "stats": vars(engine.stats) | {"prefill_tokens_per_s": engine.stats.prefill_tokens_per_s,
@@ -316,6 +323,8 @@ def _report(args, config, attention, device, *, rank: int, world: int, replay_at
     if not show:
         return EXIT_CHECK_FAILED if args.check and not report["check"]["passed"] else 0
     print_results(report)
+    if prefill_sharding_line(report):
+        print(prefill_sharding_line(report))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=2)
@@ -384,6 +393,15 @@ def register(subparsers) -> None:
                              "decode step (greedy only; default 0: off)")
     parser.add_argument("--dcp", type=int, default=1,
                         help="decode context parallelism over W processes started by torchrun (default 1)")
+    parser.add_argument("--tp", type=int, default=1,
+                        help="W processes started by torchrun holding replicated caches (the TP case): prefill "
+                             "attention is split over them by head or by token (--prefill-sharding); the other "
+                             "layers run whole on every rank (default 1)")
+    parser.add_argument("--prefill-sharding", choices=MODES, default="auto",
+                        help="under --tp: token-shard every prefill step's DSA attention (tokens), none (head-"
+                             "sharded), or those of >= --prefill-shard-min-tokens tokens (auto, default)")
+    parser.add_argument("--prefill-shard-min-tokens", type=int, default=DEFAULT_MIN_TOKENS, metavar="N",
+                        help=f"--prefill-sharding auto's threshold in tokens per step (default {DEFAULT_MIN_TOKENS})")
     parser.add_argument("--dcp-timeout", type=float, default=120.0,
                         help="seconds a DCP rank waits for its peers before failing (default 120)")
     parser.add_argument("--threads", type=int, default=None,
