@@ -13,6 +13,7 @@ one a line (what each of those N parts runs); a listed id that is not collected 
 from __future__ import annotations
 
 import json
+import os
 import random
 import warnings
 from pathlib import Path
@@ -320,7 +321,8 @@ def _backend_info(table) -> dict:
 
 def _settings() -> dict:
     return {"max_examples": CONFIG.max_examples, "derandomize": CONFIG.derandomize, "seed": CONFIG.seed,
-            "ops": sorted(CONFIG.ops) if CONFIG.ops else "all", "device": _STATE.device if _STATE else CONFIG.device}
+            "ops": sorted(CONFIG.ops) if CONFIG.ops else "all", "device": _STATE.device if _STATE else CONFIG.device,
+            "compile_budget": os.environ.get("DSAHAL_TRITON_COMPILE_BUDGET") or "off"}
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

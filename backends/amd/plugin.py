@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from dsahal.backends.triton_kernels.compile_budget import install as install_compile_budget
 from dsahal.registry import Backend, Capabilities, Route, hookimpl
 
 from .arch import ARCHS, rocm_arch
@@ -126,6 +127,7 @@ def amd_backend() -> Backend:
     from . import routes
 
     routes.reset()  # path presence and DSAHAL_AMD_PATHS, read once per registry build
+    install_compile_budget()  # only under DSAHAL_TRITON_COMPILE_BUDGET (the conformance suite)
     return Backend(
         name="amd",
         ops=ops(),

@@ -10,6 +10,7 @@ collectives stay on the reference, which is already batched torch (pack + scatte
 """
 from __future__ import annotations
 
+from dsahal.backends.triton_kernels.compile_budget import install as install_compile_budget
 from dsahal.registry import Backend, Capabilities, Route, hookimpl, package_versions
 
 from dsahal.backends.cuda_device import classify_cuda_device, cuda_device_name, ppu_evidence
@@ -72,6 +73,7 @@ def versions() -> dict[str, str]:
 
 
 def ppu_backend() -> Backend:
+    install_compile_budget()  # only under DSAHAL_TRITON_COMPILE_BUDGET (the conformance suite)
     return Backend(
         name="ppu",
         ops=routes(),

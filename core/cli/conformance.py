@@ -137,6 +137,12 @@ def run(args) -> int:
     if broken:
         print(f"error: {broken}", file=sys.stderr)
         return 2
+    if args.compile_budget < 0:
+        print(f"error: --compile-budget: expected 0 or a positive number, got {args.compile_budget}", file=sys.stderr)
+        return 2
+    # Bounded Triton compiles: the drawn strides would otherwise recompile nearly every example
+    # (dsahal.backends.triton_kernels.compile_budget); read when a backend is built, here and in job processes.
+    os.environ["DSAHAL_TRITON_COMPILE_BUDGET"] = str(args.compile_budget)
     Path(args.report_dir).mkdir(parents=True, exist_ok=True)
     if args.jobs > 1:
         from dsahal.conformance.jobs import run_jobs
@@ -179,6 +185,10 @@ def register(subparsers) -> None:
                         help="run only the tests whose node ids FILE lists, one a line (what --jobs gives each part)")
     parser.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first failure")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per property")
+    parser.add_argument("--compile-budget", type=int, default=4, metavar="N",
+                        help="Triton kernels: alignment-specialised compiles kept per kernel and configuration; "
+                             "further patterns of drawn strides share one generic compile (default 4; 0: "
+                             "every pattern compiles, as in serving)")
     parser.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
                         help="split the selected tests over N processes and merge their reports (GPUs: Triton "
                              "compiles on the CPU, one core per process); parts go to REPORT_DIR/parts/<i>")

@@ -1,0 +1,152 @@
+"""A bound on how many alignment-specialised variants of each Triton kernel one process compiles.
+
+Why. Triton compiles a kernel once per *specialisation*: besides the constexpr values it records, for
+every pointer argument, whether its address is a multiple of 16 bytes, and for every integer argument
+not marked ``do_not_specialize``, whether it is a multiple of 16 (or 1). A serving process sees one or
+two such patterns per kernel (its tensors' strides do not change), so this costs nothing there. The
+conformance suite draws page views with guard bytes around records, pools with padded rows, queries
+sliced out of fused projections: nearly every example is a new pattern, so nearly every example
+recompiled (~2 s each on the H200, 2026-12-01), which capped the GPU suite at ~10 examples per property.
+
+What. With a budget of ``N`` (``DSAHAL_TRITON_COMPILE_BUDGET=N``; the conformance CLI sets it), each
+launched kernel (a module-level ``*_kernel`` of :mod:`dsahal.backends.triton_kernels`) keeps Triton's
+specialised compile for the first ``N`` alignment patterns seen per constexpr configuration, exactly as
+without the budget; every further pattern runs one *generic twin* of the kernel: the same source
+compiled with no alignment or divisibility assumptions, correct for any pattern (possibly with
+narrower loads), compiled once per constexpr configuration. Which variant serves a pattern is decided
+the first time it is seen and never changes in the process, so a call repeated gives the same bits.
+
+Without the variable (the default) nothing is installed: launches are plain ``kernel[grid](...)`` with
+no added cost. Under ``TRITON_INTERPRET=1`` nothing is compiled and nothing is installed.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+from typing import Any
+
+import torch
+
+ENV = "DSAHAL_TRITON_COMPILE_BUDGET"
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+_installed: dict[str, "BudgetedKernel"] = {}
+
+
+def budget_from_env() -> int | None:
+    """The budget ``DSAHAL_TRITON_COMPILE_BUDGET`` asks for (``None``: unset, empty or 0)."""
+    text = os.environ.get(ENV, "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{ENV} must be a non-negative integer (alignment patterns per kernel), got {text!r}") from None
+    if value < 0:
+        raise ValueError(f"{ENV} must be a non-negative integer (alignment patterns per kernel), got {value}")
+    return value or None
+
+
+class BudgetedKernel:
+    """``kernel[grid](*args, **kwargs)`` that sends alignment patterns beyond the budget to a generic twin.
+
+    Args:
+        kernel: a ``triton.jit`` function (launched, not a device helper).
+        budget: specialised alignment patterns kept per constexpr configuration (>= 1).
+    """
+
+    def __init__(self, kernel, budget: int):
+        import triton
+
+        self.kernel = kernel
+        self.budget = budget
+        self.params = list(kernel.params)
+        self.names = [p.name for p in self.params]
+        self.constexpr = {p.name for p in self.params if p.is_constexpr}
+        self.unspecialised = {p.name for p in self.params if p.do_not_specialize}
+        runtime = [p.name for p in self.params if not p.is_constexpr]
+        try:
+            self.twin = triton.jit(kernel.fn, do_not_specialize=runtime, do_not_specialize_on_alignment=runtime)
+        except TypeError:  # a Triton without alignment control: do_not_specialize covers both there
+            self.twin = triton.jit(kernel.fn, do_not_specialize=runtime)
+        self.seen: dict[tuple, set] = {}
+        self.decided: dict[tuple, bool] = {}  # (config, pattern) -> specialised?
+        self.generic_calls = 0
+
+    def _pattern(self, args, kwargs) -> tuple[tuple, tuple]:
+        config = []
+        pattern = []
+        for name, value in zip(self.names, args):
+            self._classify(name, value, config, pattern)
+        for name, value in sorted(kwargs.items()):
+            self._classify(name, value, config, pattern)
+        return tuple(config), tuple(pattern)
+
+    def _classify(self, name: str, value: Any, config: list, pattern: list) -> None:
+        if name in self.constexpr or name in LAUNCH_OPTIONS:
+            config.append((name, value))
+        elif isinstance(value, torch.Tensor):
+            pattern.append(value.data_ptr() % 16 == 0)
+        elif isinstance(value, int) and not isinstance(value, bool) and name not in self.unspecialised:
+            pattern.append((value % 16 == 0, value == 1))
+        else:
+            pattern.append(None)
+
+    def specialised(self, args, kwargs) -> bool:
+        """Whether this call's pattern runs the specialised kernel (decided once per pattern)."""
+        key = self._pattern(args, kwargs)
+        choice = self.decided.get(key)
+        if choice is None:
+            kept = self.seen.setdefault(key[0], set())
+            choice = len(kept) < self.budget
+            if choice:
+                kept.add(key[1])
+            self.decided[key] = choice
+        return choice
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            if self.specialised(args, kwargs):
+                return self.kernel[grid](*args, **kwargs)
+            self.generic_calls += 1
+            return self.twin[grid](*args, **kwargs)
+
+        return launch
+
+    def stats(self) -> dict:
+        """Patterns kept specialised and calls sent to the twin (for reports and tests)."""
+        return {"specialised_patterns": sum(len(p) for p in self.seen.values()), "generic_calls": self.generic_calls}
+
+
+def launched_kernels(module) -> dict[str, Any]:
+    """Module-level ``*_kernel`` Triton functions of ``module`` (the launched ones, by this package's naming)."""
+    from triton.runtime.jit import JITFunction
+
+    return {name: value for name, value in vars(module).items()
+            if name.endswith("_kernel") and isinstance(value, JITFunction)}
+
+
+def install(budget: int | None = None) -> dict[str, BudgetedKernel]:
+    """Wrap every launched kernel of this package in a :class:`BudgetedKernel` (idempotent).
+
+    ``budget`` defaults to :func:`budget_from_env`; with no budget, or under ``TRITON_INTERPRET=1``,
+    nothing is installed. Returns the installed wrappers by ``module:name``.
+    """
+    budget = budget_from_env() if budget is None else budget
+    if not budget or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return dict(_installed)
+    package = importlib.import_module(__package__)
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name == __name__.rsplit(".", 1)[-1]:
+            continue
+        module = importlib.import_module(f"{__package__}.{info.name}")
+        for name, kernel in launched_kernels(module).items():
+            wrapper = BudgetedKernel(kernel, budget)
+            setattr(module, name, wrapper)
+            _installed[f"{module.__name__}:{name}"] = wrapper
+    return dict(_installed)
+
+
+def installed() -> dict[str, BudgetedKernel]:
+    return dict(_installed)

@@ -1,0 +1,115 @@
+"""The Triton compile budget (``DSAHAL_TRITON_COMPILE_BUDGET``): which calls keep the specialised kernel,
+which go to the generic twin, and that nothing is installed without the variable. No GPU: the two
+kernels are replaced by recorders after the wrapper is built (the twin is still built from the real
+source, which compiles nothing until launched)."""
+import os
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from dsahal.backends.triton_kernels import compile_budget
+from dsahal.backends.triton_kernels.compile_budget import BudgetedKernel, budget_from_env
+
+
+@triton.jit(do_not_specialize=("n",))
+def copy_kernel(src, dst, stride, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(dst + offs * stride, tl.load(src + offs * stride, mask=offs < n), mask=offs < n)
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
+
+
+def budgeted(budget):
+    wrapper = BudgetedKernel(copy_kernel, budget)
+    assert wrapper.twin is not copy_kernel and wrapper.twin.fn is copy_kernel.fn
+    twin_params = {p.name: p for p in wrapper.twin.params}
+    assert twin_params["stride"].do_not_specialize and not twin_params["BLOCK"].do_not_specialize
+    wrapper.kernel, wrapper.twin = Recorder(), Recorder()
+    return wrapper
+
+
+def offset_view(base: torch.Tensor, offset: int) -> torch.Tensor:
+    return base[offset:]
+
+
+def test_patterns_beyond_the_budget_go_to_the_twin_and_keep_their_choice():
+    wrapper = budgeted(2)
+    base = torch.zeros(64, dtype=torch.uint8)
+    aligned, odd = offset_view(base, 0), offset_view(base, 3)
+    launches = [(aligned, aligned, 16), (odd, aligned, 16), (aligned, aligned, 5), (aligned, aligned, 16),
+                (odd, aligned, 5)]
+    for src, dst, stride in launches:
+        wrapper[(1,)](src, dst, stride, 7, BLOCK=16)
+    # patterns 1 and 2 specialised, the third new pattern and the fifth go to the twin, the repeat stays
+    assert len(wrapper.kernel.calls) == 3 and len(wrapper.twin.calls) == 2
+    assert [c[1][2] for c in wrapper.twin.calls] == [5, 5]
+    # a repeat of a twin pattern stays on the twin; `n` is do_not_specialize: its value is no pattern
+    wrapper[(1,)](aligned, aligned, 5, 1, BLOCK=16)
+    assert len(wrapper.twin.calls) == 3
+    assert wrapper.stats() == {"specialised_patterns": 2, "generic_calls": 3}
+
+
+def test_each_constexpr_configuration_has_its_own_budget():
+    wrapper = budgeted(1)
+    base = torch.zeros(64, dtype=torch.uint8)
+    wrapper[(1,)](base, base, 16, 4, BLOCK=16)
+    wrapper[(1,)](base, base, 16, 4, BLOCK=32)  # new configuration: compiled specialised
+    wrapper[(1,)](base, base, 5, 4, BLOCK=32)  # second pattern of that configuration: the twin
+    wrapper[(1,)](base, base, 16, 4, BLOCK=16, num_warps=8)  # launch options are configuration too
+    assert len(wrapper.kernel.calls) == 3 and len(wrapper.twin.calls) == 1
+
+
+def test_budget_from_the_environment(monkeypatch):
+    monkeypatch.delenv(compile_budget.ENV, raising=False)
+    assert budget_from_env() is None
+    for text, expected in (("", None), ("0", None), ("3", 3), (" 8 ", 8)):
+        monkeypatch.setenv(compile_budget.ENV, text)
+        assert budget_from_env() == expected
+    for bad in ("x", "-1", "1.5"):
+        monkeypatch.setenv(compile_budget.ENV, bad)
+        with pytest.raises(ValueError, match=compile_budget.ENV):
+            budget_from_env()
+
+
+def test_nothing_is_installed_without_a_budget_or_under_the_interpreter(monkeypatch):
+    from dsahal.backends.triton_kernels import sparse_mla
+
+    monkeypatch.delenv(compile_budget.ENV, raising=False)
+    before = sparse_mla.sparse_mla_kernel
+    compile_budget.install()
+    assert sparse_mla.sparse_mla_kernel is before
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    compile_budget.install(4)
+    assert sparse_mla.sparse_mla_kernel is before
+
+
+def test_install_wraps_the_launched_kernels_only(monkeypatch):
+    """Every module-level ``*_kernel`` is wrapped (and launching code finds the wrapper by its global
+    name); device helpers are left alone, since kernels call them while compiling."""
+    from triton.runtime.jit import JITFunction
+
+    from dsahal.backends.triton_kernels import indexer, sparse_mla
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    try:
+        wrapped = compile_budget.install(4)
+        assert isinstance(sparse_mla.sparse_mla_kernel, BudgetedKernel)
+        assert isinstance(indexer.indexer_score_kernel, BudgetedKernel)
+        assert f"{sparse_mla.__name__}:sparse_mla_kernel" in wrapped
+        assert isinstance(indexer._score_tile, JITFunction)  # a device helper
+        assert compile_budget.install(4).keys() == wrapped.keys()  # idempotent
+    finally:  # put every wrapped kernel back (other tests launch the plain ones)
+        import importlib
+
+        for key, wrapper in compile_budget._installed.items():
+            module, name = key.split(":")
+            setattr(importlib.import_module(module), name, wrapper.kernel)
+        compile_budget._installed.clear()
