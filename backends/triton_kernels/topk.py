@@ -100,9 +100,13 @@ def topk_kernel(
     _pad(out_row, written, k, lanes)
 
 
+METHODS = ("radix", "bound")
+
+
 def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slots=None, scratch=None,
-         segments=1):
-    """Launch :func:`topk_kernel` (or, with ``segments > 1``, :mod:`.topk_split`'s passes).
+         segments=1, method="radix", group=None, finish_chunk=512, finish_warps=4):
+    """Launch :func:`topk_kernel` (or, with ``segments > 1``, :mod:`.topk_split`'s passes; or, with
+    ``method="bound"``, :mod:`.topk_bound`'s max-bound filter).
 
     Args:
         scores: ``[T, N]`` fp32 (unit stride in N). lengths: ``[T]`` int32 in ``[0, N]``.
@@ -115,10 +119,15 @@ def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slot
         scratch: optional ``[T, N]`` int32 work buffer.
         segments: programs per row for the passes over the whole row (1: one program per row;
             more keep the GPU busy when rows are few and long). The result is the same bit for bit.
+        method: ``"radix"`` (the kernels above) or ``"bound"`` (:func:`.topk_bound.topk_bound`: a lane-max
+            lower bound on the k-th score, then radix select over the few entries above it; uses
+            ``chunk``, ``num_warps``, ``group``, ``finish_chunk``, ``finish_warps``; output in index order).
 
     Returns:
         ``[T, k]`` int32 indices (or slots), -1 padding last.
     """
+    if method not in METHODS:
+        raise ValueError(f"dsahal.topk (triton): argument 'method' expected one of {METHODS}, got {method!r}")
     tokens, width = scores.shape
     scores = scores if scores.stride(-1) == 1 else scores.contiguous()
     out = torch.empty((tokens, k), dtype=torch.int32, device=scores.device)
@@ -132,6 +141,12 @@ def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slot
     else:
         req_ids, block_table, block_tokens = emit_slots
         emit = True
+    if method == "bound":
+        from .topk_bound import topk_bound
+
+        return topk_bound(scores, lengths, k, out, emit, req_ids, block_table, block_tokens, chunk=chunk, group=group,
+                          finish_chunk=finish_chunk, num_warps=num_warps, finish_warps=finish_warps,
+                          scratch=scratch)
     if segments > 1 and width > chunk:  # (a row of one chunk has nothing to split)
         from .topk_split import topk_split
 

@@ -1,0 +1,232 @@
+"""Exact top-k from a lower bound on the k-th largest score: two cheap passes over each row.
+
+The radix kernels (:mod:`.topk`, :mod:`.topk_split`) spend most of their time binning every entry
+of the row into 256-bin histograms (ALU-bound), twice, and real indexer scores crowd a few
+exponents, so even two 8-bit digits leave long candidate lists. This module bins only a small
+fraction of the row. Rows are split over ``T x S`` programs (one per row and segment of
+``seg_len = CHUNK * group`` entries); four launches, no atomics:
+
+1. ``bound_max_kernel`` (``T x S``): each lane keeps the running max of the ``group`` entries it sees
+   in its segment -> ``maxima[T, S * CHUNK]`` (order-preserving keys, 0 for a lane with no valid
+   entry). One float max per entry: the pass runs at the speed of the read.
+2. ``bound_threshold_kernel`` (``T``): ``L`` = the top 16 bits of the k-th largest lane maximum
+   (two 256-bin histograms over ``S * CHUNK`` maxima, ``1/group`` of the row), low bits zero. The
+   k largest maxima are k distinct entries ``>= L``, so the row's k-th largest key ``τ >= L``.
+   Fewer than k non-empty lanes: ``L = 1`` (below every valid key: everything survives).
+3. ``bound_compact_kernel`` (``T x S``): every valid entry with key ``>= L`` (a superset of the
+   answer) is appended, in index order, to its segment's own region of the scratch rows (index and
+   key), and the segment's count is stored. For i.i.d. scores with ``group * k <= N / 4`` about
+   ``1.15 k`` entries survive (the bound is tight whatever the exponents look like).
+4. ``bound_finish_kernel`` (``T``): four 8-bit digit histograms over the survivors pin ``τ`` exactly,
+   then the survivors above ``τ`` and the first ones equal to ``τ`` in index order are written
+   (the tie rule: equal scores go to the smaller index), then -1 padding. ``<= k`` survivors: all win.
+
+Output order: index order. The result does not depend on ``CHUNK``/``group``/other rows (bitwise the
+same set and order), and nothing waits on the host (CUDA-graph safe). Adversarial rows (all equal,
+or most entries tied at ``L``) let everything survive: still exact, as slow as one program per row.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .topk_common import _digit_histogram, _emit, _matches, _pad, _sort_key, _threshold
+
+SIZE_ARGS = ("max_blocks", "block_tokens", "N", "k", "seg_len", "segments")
+BOUND_LEVELS = 2  # 8-bit digits of the k-th largest lane maximum kept in L (16 bits: 1/128 octave)
+
+
+@triton.jit
+def _row_length(lengths_ptr, row, N):
+    return tl.maximum(tl.minimum(tl.load(lengths_ptr + row).to(tl.int32), N), 0)
+
+
+@triton.jit(do_not_specialize=SIZE_ARGS)
+def bound_max_kernel(
+    scores_ptr, stride_st, lengths_ptr,  # scores [T, N] fp32, lengths [T]
+    maxima_ptr,  # [T, S * CHUNK] int32: per-lane max key (0: no valid entry)
+    N, seg_len, segments,
+    CHUNK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    seg = tl.program_id(1)
+    length = _row_length(lengths_ptr, row, N)
+    score_row = scores_ptr + row * stride_st
+    lanes = tl.arange(0, CHUNK)
+    start = seg * seg_len
+    end = tl.minimum(start + seg_len, length)
+    best = tl.full([CHUNK], float("-inf"), tl.float32)
+    for c0 in range(start, end, CHUNK):
+        cols = c0 + lanes
+        best = tl.maximum(best, tl.load(score_row + cols, mask=cols < end, other=float("-inf")))
+    # -inf (masked or absent) must not count as a lane maximum: key 0 sorts below every valid key
+    key = tl.where(best == float("-inf"), tl.zeros([CHUNK], tl.uint32), _sort_key(best))
+    tl.store(maxima_ptr + (row * segments + seg) * CHUNK + lanes, key.to(tl.int32, bitcast=True))
+
+
+@triton.jit(do_not_specialize=SIZE_ARGS)
+def bound_threshold_kernel(
+    maxima_ptr, bound_ptr,  # maxima [T, S * CHUNK] int32 keys; bound [T] int32 (key bits of L)
+    k, segments,
+    CHUNK: tl.constexpr, LEVELS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    base = maxima_ptr + row * segments * CHUNK
+    lanes = tl.arange(0, CHUNK)
+    prefix = tl.full([], 0, tl.uint32)
+    need = k
+    nonempty = 0
+    for level in tl.static_range(LEVELS):
+        hist = tl.zeros([256], tl.int32)
+        for c0 in range(0, segments * CHUNK, CHUNK):
+            key = tl.load(base + c0 + lanes).to(tl.uint32, bitcast=True)
+            hist += _digit_histogram(key, (key != 0) & _matches(key, prefix, level), level)
+        if level == 0:
+            nonempty = tl.sum(hist, axis=0)
+        chosen, above = _threshold(hist, need)
+        prefix = prefix | (chosen.to(tl.uint32) << (24 - 8 * level))
+        need = need - above
+    # fewer than k non-empty lanes: no k-th maximum, no bound (1 is below every valid key)
+    bound = tl.where(nonempty >= k, prefix, tl.full([], 1, tl.uint32))
+    tl.store(bound_ptr + row, bound.to(tl.int32, bitcast=True))
+
+
+@triton.jit(do_not_specialize=SIZE_ARGS)
+def bound_compact_kernel(
+    scores_ptr, stride_st, lengths_ptr, bound_ptr,
+    cand_idx_ptr, cand_key_ptr, stride_ct,  # [T, N] int32 each: survivors of segment s from column s * seg_len
+    counts_ptr,  # [T, S] int32 survivors per segment
+    N, seg_len, segments,
+    CHUNK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    seg = tl.program_id(1)
+    length = _row_length(lengths_ptr, row, N)
+    bound = tl.load(bound_ptr + row).to(tl.uint32, bitcast=True)
+    score_row = scores_ptr + row * stride_st
+    lanes = tl.arange(0, CHUNK)
+    start = seg * seg_len
+    end = tl.minimum(start + seg_len, length)
+    idx_out = cand_idx_ptr + row * stride_ct + start
+    key_out = cand_key_ptr + row * stride_ct + start
+    kept = 0
+    for c0 in range(start, end, CHUNK):
+        cols = c0 + lanes
+        x = tl.load(score_row + cols, mask=cols < end, other=float("-inf"))
+        key = _sort_key(x)
+        keep = (cols < end) & (x != float("-inf")) & (key >= bound)
+        where = kept + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+        tl.store(idx_out + where, cols, mask=keep)
+        tl.store(key_out + where, key.to(tl.int32, bitcast=True), mask=keep)
+        kept += tl.sum(keep.to(tl.int32), axis=0)
+    tl.store(counts_ptr + row * segments + seg, kept)
+
+
+@triton.jit
+def _survivor_histogram(idx_row, key_row, counts_row, segments, seg_len, prefix, lanes, LEVEL: tl.constexpr):
+    """256-bin histogram of digit ``LEVEL`` over the survivors whose top ``LEVEL`` digits equal ``prefix``."""
+    CHUNK: tl.constexpr = lanes.shape[0]
+    hist = tl.zeros([256], tl.int32)
+    for s in range(segments):
+        kept = tl.load(counts_row + s)
+        for c0 in range(0, kept, CHUNK):
+            slot = c0 + lanes
+            inside = slot < kept
+            key = tl.load(key_row + s * seg_len + slot, mask=inside, other=0).to(tl.uint32, bitcast=True)
+            hist += _digit_histogram(key, inside & _matches(key, prefix, LEVEL), LEVEL)
+    return hist
+
+
+@triton.jit(do_not_specialize=SIZE_ARGS)
+def bound_finish_kernel(
+    cand_idx_ptr, cand_key_ptr, stride_ct, counts_ptr,
+    out_ptr, stride_ot,  # [T, k] int32
+    req_ptr, block_table_ptr, stride_bt, max_blocks, block_tokens,  # used when EMIT_SLOTS
+    k, seg_len, segments,
+    EMIT_SLOTS: tl.constexpr, CHUNK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    idx_row = cand_idx_ptr + row * stride_ct
+    key_row = cand_key_ptr + row * stride_ct
+    counts_row = counts_ptr + row * segments
+    out_row = out_ptr + row * stride_ot
+    lanes = tl.arange(0, CHUNK)
+    req = 0
+    if EMIT_SLOTS:
+        req = tl.load(req_ptr + row).to(tl.int32)
+    survivors = 0
+    for s in range(segments):
+        survivors += tl.load(counts_row + s)
+    # tau = the exact k-th largest survivor key; with <= k survivors tau = 0 and every survivor
+    # (valid keys are >= 0x00800000) is above it.
+    prefix = tl.full([], 0, tl.uint32)
+    need = 0
+    if survivors > k:
+        need = k
+        for level in tl.static_range(4):
+            hist = _survivor_histogram(idx_row, key_row, counts_row, segments, seg_len, prefix, lanes, level)
+            chosen, above = _threshold(hist, need)
+            prefix = prefix | (chosen.to(tl.uint32) << (24 - 8 * level))
+            need = need - above
+    written = 0
+    ties_seen = 0
+    for s in range(segments):
+        kept = tl.load(counts_row + s)
+        for c0 in range(0, kept, CHUNK):
+            slot = c0 + lanes
+            inside = slot < kept
+            key = tl.load(key_row + s * seg_len + slot, mask=inside, other=0).to(tl.uint32, bitcast=True)
+            col = tl.load(idx_row + s * seg_len + slot, mask=inside, other=0)
+            tie = inside & (key == prefix)
+            tie_rank = ties_seen + tl.cumsum(tie.to(tl.int32), axis=0)
+            win = (inside & (key > prefix)) | (tie & (tie_rank <= need))
+            win_i = win.to(tl.int32)
+            _emit(out_row, written + tl.cumsum(win_i, axis=0) - 1, col, win, req, block_table_ptr, stride_bt,
+                  max_blocks, block_tokens, EMIT_SLOTS)
+            written += tl.sum(win_i, axis=0)
+            ties_seen += tl.sum(tie.to(tl.int32), axis=0)
+    _pad(out_row, written, k, lanes)
+
+
+def auto_group(width: int, k: int, chunk: int) -> int:
+    """Entries per lane and segment: ``group * k <= width / 4`` keeps the bound tight (about 1.15 k
+    survivors on i.i.d. scores), capped at 16 (more segments keep more SMs busy on few rows)."""
+    group = 1
+    while group < 16 and 2 * group * k * 4 <= width:
+        group *= 2
+    return group
+
+
+def topk_bound(scores, lengths, k, out, emit, req_ids, block_table, block_tokens, *, chunk=1024, group=None,
+               finish_chunk=512, num_warps=4, finish_warps=4, scratch=None):
+    """Launch the four kernels for ``scores [T, N]`` into ``out [T, k]`` (arguments as :func:`.topk.topk`).
+
+    Args:
+        chunk: entries per step of the row passes (power of two). group: entries per lane and
+            segment (``seg_len = chunk * group``; None: :func:`auto_group`). finish_chunk: survivors
+            per step of the last kernel (power of two). scratch: optional ``[T, N]`` int32 buffer for
+            the survivors' indices (their keys get a second one).
+    """
+    tokens, width = scores.shape
+    group = auto_group(width, k, chunk) if group is None else group
+    seg_len = chunk * group
+    segments = triton.cdiv(max(width, 1), seg_len)
+    device = scores.device
+    maxima = torch.empty((tokens, segments * chunk), dtype=torch.int32, device=device)
+    bound = torch.empty((tokens,), dtype=torch.int32, device=device)
+    counts = torch.empty((tokens, segments), dtype=torch.int32, device=device)
+    cand_idx = scratch if scratch is not None else torch.empty((tokens, max(width, 1)), dtype=torch.int32,
+                                                               device=device)
+    cand_key = torch.empty_like(cand_idx)
+    grid = (tokens, segments)
+    bound_max_kernel[grid](scores, scores.stride(0), lengths, maxima, width, seg_len, segments, CHUNK=chunk,
+                           num_warps=num_warps)
+    bound_threshold_kernel[(tokens,)](maxima, bound, k, segments, CHUNK=chunk, LEVELS=BOUND_LEVELS,
+                                      num_warps=num_warps)
+    bound_compact_kernel[grid](scores, scores.stride(0), lengths, bound, cand_idx, cand_key, cand_idx.stride(0),
+                               counts, width, seg_len, segments, CHUNK=chunk, num_warps=num_warps)
+    bound_finish_kernel[(tokens,)](cand_idx, cand_key, cand_idx.stride(0), counts, out, out.stride(0), req_ids,
+                                   block_table, block_table.stride(0), block_table.shape[1], block_tokens, k,
+                                   seg_len, segments, EMIT_SLOTS=emit, CHUNK=finish_chunk, num_warps=finish_warps)
+    return out
