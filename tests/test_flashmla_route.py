@@ -107,3 +107,20 @@ def test_the_decode_route_declines_packed_pool_page_views_until_they_are_verifie
     slots = torch.empty((5, 128), dtype=torch.int32, device="meta")
     ok, why = flashmla.decode_accepts(q, pages, slots, "fp8_ds_mla", None, 0.1)
     assert not ok and "packed-pool page views are not verified" in why
+
+
+def test_batch_invariant_mode_keeps_the_prefill_route_and_declines_the_split_decode(monkeypatch):
+    """The sparse prefill kernel reduces each row alone (one CTA per token and head block, no split);
+    the decode kernel splits rows by the batch, so only it declines under DSAHAL_BATCH_INVARIANT=1."""
+    from dsahal.backends.nvidia import config
+
+    monkeypatch.setenv("DSAHAL_BATCH_INVARIANT", "1")
+    config.read_mode()
+    try:
+        ok, why = flashmla.decode_accepts(*meta_args())
+        assert not ok and "DSAHAL_BATCH_INVARIANT=1" in why
+        ok, why = flashmla.prefill_accepts(*meta_args("bf16"))
+        assert not ok and "CUDA tensors" in why  # past the mode check, stopped by the meta tensors only
+    finally:
+        monkeypatch.delenv("DSAHAL_BATCH_INVARIANT")
+        config.read_mode()

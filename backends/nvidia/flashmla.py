@@ -12,7 +12,15 @@ Our slots are FlashMLA's indices (``block * block_tokens + offset``). FlashMLA's
 only -1 as invalid and checks no upper bound, so every call first rewrites the slot list as int32 with
 anything outside ``[0, num_slots)`` set to -1, padded with -1 to a multiple of :data:`TOPK_MULTIPLE`:
 one small elementwise pass (``T × k × 4`` bytes each way) that keeps a bad slot from becoming an
-out-of-bounds read. Neither kernel has a batch-invariant mode on SM90, so both decline in that mode.
+out-of-bounds read.
+
+Batch invariance (``DSAHAL_BATCH_INVARIANT=1``). The sparse decode kernel is a persistent split-KV
+kernel whose splits come from ``get_mla_metadata`` over the whole batch, so a row's reduction order
+depends on the batch: it declines in that mode. The sparse prefill kernel runs one CTA per (query
+token, 64-head block) over that token's whole top-k list in order, with no split and no atomics
+(``csrc/sm90/prefill/sparse/phase1.cuh``: ``blockIdx.x`` is ``s_q × h_q / B_H``), so a row's result
+depends only on that row: it serves that mode too (certified by the conformance property
+``sparse_mla_rows_do_not_depend_on_the_batch`` on the H200).
 
 The package's metadata pins a torch newer than most users run; its stable-ABI build loads on older
 torch, which is why it is installed with ``--no-deps`` and probed here at run time, never required.
@@ -75,9 +83,10 @@ def probe() -> tuple[bool, str]:
     return True, f"{DISTRIBUTION} {installed_version()} (SM90 legacy kernels)"
 
 
-def _common(q, kv_pages, slots) -> tuple[bool, str]:
-    if config.batch_invariant():
-        return False, "FlashMLA's SM90 kernels have no batch-invariant mode (DSAHAL_BATCH_INVARIANT=1)"
+def _common(q, kv_pages, slots, *, invariant: bool) -> tuple[bool, str]:
+    if not invariant and config.batch_invariant():
+        return False, ("FlashMLA's SM90 sparse decode splits a row's slots by the batch's size "
+                       "(DSAHAL_BATCH_INVARIANT=1 needs a row-independent order)")
     if q.dtype != torch.bfloat16:
         return False, f"FlashMLA takes bf16 queries, got {str(q.dtype).replace('torch.', '')}"
     heads = q.shape[1]
@@ -105,7 +114,7 @@ def decode_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tuple
         return False, (f"page strides {tuple(kv_pages.stride())}: the route takes one contiguous fp8_ds_mla cache "
                        f"(strides {(block_tokens * DS_MLA_BYTES, DS_MLA_BYTES, 1)}); packed-pool page views are "
                        f"not verified with FlashMLA yet")
-    ok = _common(q, kv_pages, slots)
+    ok = _common(q, kv_pages, slots, invariant=False)
     if not ok[0]:
         return ok
     if kv_pages.data_ptr() % 16:
@@ -117,7 +126,7 @@ def prefill_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tupl
     """The bf16 sparse prefill kernel: one contiguous ``[tokens, 1, 576]`` bf16 latent array."""
     if kv_fmt != "bf16":
         return False, f"FlashMLA's sparse prefill reads bf16 latents, not {kv_fmt!r}"
-    ok = _common(q, kv_pages, slots)
+    ok = _common(q, kv_pages, slots, invariant=True)  # one CTA per token over its whole slot list
     if not ok[0]:
         return ok
     blocks, block_tokens, record = kv_pages.shape
