@@ -4,26 +4,34 @@ Same op as :mod:`.sparse_mla`: ``o[t, h] = softmax_s(scale · q[t, h] · kv[s]) 
 ``lse[t, h]`` natural log; -1 and out-of-range slots skipped; a row with no valid slot gives
 ``o = 0``, ``lse = -inf``.
 
-Why a second kernel. At H = 16 a gathered latent row carries 16 · 1088 · 2 = 35 kFLOP for 576-1152
-bytes: the op is bound by the gather, and what matters is that every row is read once for all
-heads and that enough bytes are in flight. Design, per program = (one split of the slot list,
-one token), all ``H`` heads (padded to ``BLOCK_H`` >= 16, the smallest MMA side):
+Why a second kernel. At H = 16 a gathered latent row carries 16 · 1088 · 2 = 35 kFLOP for 352-1152
+bytes: the op is bound by the gather, and what matters is that every row is read once for all heads
+and that enough bytes are in flight on every SM. One program = (one token, one split of its slot
+list), all ``H`` heads padded to ``BLOCK_H`` (16 up to 16 heads: the smallest MMA side).
 
-- the logits are computed transposed, ``s^T [BLOCK_N, BLOCK_H] = kv [BLOCK_N, 576] · q^T``, and the
-  output as ``o^T [512, BLOCK_H] += kv^T · p^T``: the gathered rows (and the 512 value columns) are
-  the MMA's M side (64-row Hopper WGMMA tiles) and the few heads its N side. The loop-invariant q is
-  then the B operand (it stays in shared memory, not 144 registers per thread as an A operand that
-  every warp must hold whole), and the fp32 accumulator is ``512 · BLOCK_H / threads`` registers;
-- the next block's raw record bytes can be loaded into registers before the current block is
-  decoded (``PREFETCH``: register double buffering, independent of the software pipeliner), or
-  staged through shared memory by the pipeliner (``num_stages`` >= 2);
-- the split size is a fixed number of slots, never a function of the batch, so a row's result is
-  bitwise the same whatever else is in the batch; ``splits > 1`` writes fp32 partials that
-  :func:`.lse_combine.lse_combine` merges in split order.
+Per step of ``BLOCK_N`` (16-64) slots:
+
+- the raw record bytes of the step are loaded once; with ``GATHER_FIRST`` all four 128-dim chunks and
+  the RoPE dims are issued before any is decoded (a step's whole gather in flight at once), else each
+  chunk just before its dot (fewer live registers);
+- the logits are accumulated chunk by chunk, ``s^T [BLOCK_N, BLOCK_H] = Σ_c kv_c [BLOCK_N, 128] ·
+  q_c^T [128, BLOCK_H] + kv_rope · q_rope^T``, so no more than one decoded 128-dim chunk is widened
+  at a time (the first kernel, :mod:`.sparse_mla_small_heads_v1`, decoded the whole ``[64, 512]``
+  tile in fp32: 255 registers and spills);
+- the output is four ``o_c^T [128, BLOCK_H]`` accumulators, ``o_c^T += kv_c^T · p^T``: the same
+  decoded chunk feeds both MMAs (``REUSE``), or the chunk's bytes are read again (L1 hits) and decoded
+  a second time (``REUSE=False``). The two MMAs want the chunk in two register layouts, so reusing it
+  keeps two copies of all four chunks live across the softmax: 255 registers and spills at 32-slot
+  steps in the sm_90 compile, against 179-221 and none when re-read.
+
+The split size is a fixed number of slots, never a function of the batch, so a row's result is
+bitwise the same whatever else is in the batch; ``splits > 1`` writes fp32 partials that
+:func:`.lse_combine.lse_combine` merges in split order.
 
 Every latent format is decoded in registers from its raw codes (:func:`.sparse_mla.load_nope_raw`,
 :func:`.sparse_mla.decode_nope`): bf16, fp8 (per-tensor scale folded into logits and output),
-fp8_ds_mla (4 tile scales) and nvfp4 (e2m1 pairs with e4m3 block scales, e4m3 RoPE).
+fp8_ds_mla (a chunk is one 128-dim tile with its fp32 scale) and nvfp4 (e2m1 pairs, e4m3 block scales,
+e4m3 RoPE).
 """
 from __future__ import annotations
 
@@ -36,16 +44,36 @@ from .lse_combine import lse_combine
 from .sparse_mla import LOG2E, NOPE, decode_nope, decode_rope, load_nope_raw, load_rope_raw, record_rows
 
 MAX_HEADS = 64  # the fp32 accumulator is 512 x BLOCK_H; 64 heads need 8 warps to hold it
+CHUNK = 128  # nope dims per chunk: one fp8_ds_mla tile, eight nvfp4 blocks
 
-SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")
+SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")  # (zero: specialised as a multiple of 16)
 
 
 @triton.jit
-def _slot_block(slot_row, n, end, num_slots):
-    """Slots ``n`` [BLOCK_N] of one row (positions >= end read as -1) -> (safe int64 slot, valid)."""
-    slot = tl.load(slot_row + n, mask=n < end, other=-1).to(tl.int64)
-    valid = (slot >= 0) & (slot < num_slots)
-    return tl.where(valid, slot, 0), valid
+def _q_chunk(q_cols, d0, D: tl.constexpr, head_ok, AS_BF16: tl.constexpr):
+    """q^T dims ``[d0, d0 + D)`` of one token: ``[D, BLOCK_H]``, padded heads read as 0."""
+    values = tl.load(q_cols + d0 + tl.arange(0, D)[:, None], mask=head_ok[None, :], other=0.0)
+    if AS_BF16:
+        values = values.to(tl.bfloat16)
+    else:
+        values = values.to(tl.float32)
+    return values
+
+
+@triton.jit
+def _dot(a, b, acc, AS_BF16: tl.constexpr):
+    if AS_BF16:
+        out = tl.dot(a, b, acc)
+    else:
+        out = tl.dot(a, b, acc, input_precision="ieee")
+    return out
+
+
+@triton.jit
+def _reload(pages_u8, pages_u16, pages_f32, rows, valid, c0, FMT: tl.constexpr, AS_BF16: tl.constexpr,
+            ALIGNED: tl.constexpr):
+    codes, scales = load_nope_raw(pages_u8, pages_u16, pages_f32, rows, valid, c0, 128, FMT, ALIGNED)
+    return decode_nope(codes, scales, FMT, AS_BF16)
 
 
 @triton.jit(do_not_specialize=SIZE_ARGS)
@@ -59,66 +87,73 @@ def sparse_mla_small_heads_kernel(
     lse_ptr, stride_ls, stride_lt,  # lse [splits, T, H] fp32
     H, K, num_slots, block_tokens, split_size,
     logit_scale,  # softmax_scale · log2(e)
+    zero,  # 0, unknown to the compiler: the re-read chunks (REUSE=False) are then not merged with the first read
     FMT: tl.constexpr, AS_BF16: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    ALIGNED: tl.constexpr, PREFETCH: tl.constexpr,
+    ALIGNED: tl.constexpr, REUSE: tl.constexpr,
+    GATHER_FIRST: tl.constexpr,  # issue all of a step's record loads before the first decode (more bytes in flight)
 ):
     split = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
     heads = tl.arange(0, BLOCK_H)
     head_ok = heads < H
-    dims = tl.arange(0, 512)
-    # q^T: [576, BLOCK_H] as a 512 + 64 pair, padded heads read as 0 (their logits are 0, never stored)
     q_cols = q_ptr + t * stride_qt + heads[None, :] * stride_qh
-    qt_nope = tl.load(q_cols + dims[:, None], mask=head_ok[None, :], other=0.0)
-    qt_rope = tl.load(q_cols + 512 + tl.arange(0, 64)[:, None], mask=head_ok[None, :], other=0.0)
-    if AS_BF16:
-        qt_nope = qt_nope.to(tl.bfloat16)
-        qt_rope = qt_rope.to(tl.bfloat16)
-    else:
-        qt_nope = qt_nope.to(tl.float32)
-        qt_rope = qt_rope.to(tl.float32)
+    # q^T in four 128-dim chunks and the RoPE dims: loop invariant B operands
+    q0 = _q_chunk(q_cols, 0, 128, head_ok, AS_BF16)
+    q1 = _q_chunk(q_cols, 128, 128, head_ok, AS_BF16)
+    q2 = _q_chunk(q_cols, 256, 128, head_ok, AS_BF16)
+    q3 = _q_chunk(q_cols, 384, 128, head_ok, AS_BF16)
+    qr = _q_chunk(q_cols, 512, 64, head_ok, AS_BF16)
 
     value_scale = 1.0
     if FMT == 1:
         value_scale = tl.load(kv_scale_ptr)
     logit_scale = logit_scale * value_scale
     strides = (s8_b, s8_t, s16_b, s16_t, s32_b, s32_t)
+    zero = tl.multiple_of(zero, 16)
     slot_row = slots_ptr + t * stride_st
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([512, BLOCK_H], tl.float32)  # o^T
+    acc0 = tl.zeros([128, BLOCK_H], tl.float32)  # o^T, dims 0..127
+    acc1 = tl.zeros([128, BLOCK_H], tl.float32)
+    acc2 = tl.zeros([128, BLOCK_H], tl.float32)
+    acc3 = tl.zeros([128, BLOCK_H], tl.float32)
 
     start = split * split_size
     end = tl.minimum(start + split_size, K)
-    if PREFETCH:  # the first block's raw bytes; each step then loads the next before decoding its own
-        slot, valid = _slot_block(slot_row, start + tl.arange(0, BLOCK_N), end, num_slots)
-        rows = record_rows(slot, block_tokens, strides)
-        codes, scales = load_nope_raw(pages_u8, pages_u16, pages_f32, rows, valid, 0, 512, FMT, ALIGNED)
-        rope_codes = load_rope_raw(pages_u8, pages_u16, rows, valid, FMT, ALIGNED)
     for n0 in range(start, end, BLOCK_N):
-        if PREFETCH:
-            cur_valid, cur_codes, cur_scales, cur_rope = valid, codes, scales, rope_codes
-            slot, valid = _slot_block(slot_row, n0 + BLOCK_N + tl.arange(0, BLOCK_N), end, num_slots)
-            rows = record_rows(slot, block_tokens, strides)
-            codes, scales = load_nope_raw(pages_u8, pages_u16, pages_f32, rows, valid, 0, 512, FMT, ALIGNED)
-            rope_codes = load_rope_raw(pages_u8, pages_u16, rows, valid, FMT, ALIGNED)
-        else:
-            slot, cur_valid = _slot_block(slot_row, n0 + tl.arange(0, BLOCK_N), end, num_slots)
-            rows = record_rows(slot, block_tokens, strides)
-            cur_codes, cur_scales = load_nope_raw(pages_u8, pages_u16, pages_f32, rows, cur_valid, 0, 512, FMT,
-                                                  ALIGNED)
-            cur_rope = load_rope_raw(pages_u8, pages_u16, rows, cur_valid, FMT, ALIGNED)
-        kv_nope = decode_nope(cur_codes, cur_scales, FMT, AS_BF16)  # [BLOCK_N, 512]
-        kv_rope = decode_rope(cur_rope, FMT, AS_BF16)  # [BLOCK_N, 64]
-
-        if AS_BF16:
-            s = tl.dot(kv_nope, qt_nope)
-            s = tl.dot(kv_rope, qt_rope, s)
-        else:
-            s = tl.dot(kv_nope, qt_nope, input_precision="ieee")
-            s = tl.dot(kv_rope, qt_rope, s, input_precision="ieee")
-        s = tl.where(cur_valid[:, None], s * logit_scale, float("-inf"))  # [BLOCK_N, BLOCK_H]
+        n = n0 + tl.arange(0, BLOCK_N)
+        slot = tl.load(slot_row + n, mask=n < end, other=-1).to(tl.int64)
+        valid = (slot >= 0) & (slot < num_slots)
+        slot = tl.where(valid, slot, 0)
+        rows = record_rows(slot, block_tokens, strides)
+        if GATHER_FIRST:  # the whole step's gather issued before the first decode waits on it
+            c0, k0 = load_nope_raw(pages_u8, pages_u16, pages_f32, rows, valid, 0, 128, FMT, ALIGNED)
+            c1, k1 = load_nope_raw(pages_u8, pages_u16, pages_f32, rows, valid, 128, 128, FMT, ALIGNED)
+            c2, k2 = load_nope_raw(pages_u8, pages_u16, pages_f32, rows, valid, 256, 128, FMT, ALIGNED)
+            c3, k3 = load_nope_raw(pages_u8, pages_u16, pages_f32, rows, valid, 384, 128, FMT, ALIGNED)
+            kv_rope = decode_rope(load_rope_raw(pages_u8, pages_u16, rows, valid, FMT, ALIGNED), FMT, AS_BF16)
+            s = _dot(kv_rope, qr, tl.zeros([BLOCK_N, BLOCK_H], tl.float32), AS_BF16)
+            kv0 = decode_nope(c0, k0, FMT, AS_BF16)  # [BLOCK_N, 128]
+            s = _dot(kv0, q0, s, AS_BF16)
+            kv1 = decode_nope(c1, k1, FMT, AS_BF16)
+            s = _dot(kv1, q1, s, AS_BF16)
+            kv2 = decode_nope(c2, k2, FMT, AS_BF16)
+            s = _dot(kv2, q2, s, AS_BF16)
+            kv3 = decode_nope(c3, k3, FMT, AS_BF16)
+            s = _dot(kv3, q3, s, AS_BF16)
+        else:  # each chunk read just before its dot: fewer raw bytes live, less in flight
+            kv_rope = decode_rope(load_rope_raw(pages_u8, pages_u16, rows, valid, FMT, ALIGNED), FMT, AS_BF16)
+            s = _dot(kv_rope, qr, tl.zeros([BLOCK_N, BLOCK_H], tl.float32), AS_BF16)
+            kv0 = _reload(pages_u8, pages_u16, pages_f32, rows, valid, 0, FMT, AS_BF16, ALIGNED)
+            s = _dot(kv0, q0, s, AS_BF16)
+            kv1 = _reload(pages_u8, pages_u16, pages_f32, rows, valid, 128, FMT, AS_BF16, ALIGNED)
+            s = _dot(kv1, q1, s, AS_BF16)
+            kv2 = _reload(pages_u8, pages_u16, pages_f32, rows, valid, 256, FMT, AS_BF16, ALIGNED)
+            s = _dot(kv2, q2, s, AS_BF16)
+            kv3 = _reload(pages_u8, pages_u16, pages_f32, rows, valid, 384, FMT, AS_BF16, ALIGNED)
+            s = _dot(kv3, q3, s, AS_BF16)
+        s = tl.where(valid[:, None], s * logit_scale, float("-inf"))  # [BLOCK_N, BLOCK_H]
 
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # an all-skipped head stays at p = 0
@@ -126,17 +161,36 @@ def sparse_mla_small_heads_kernel(
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=0)
         if AS_BF16:
-            acc = tl.dot(tl.trans(kv_nope), p.to(tl.bfloat16), acc * alpha[None, :])
-        else:
-            acc = tl.dot(tl.trans(kv_nope), p, acc * alpha[None, :], input_precision="ieee")
+            p = p.to(tl.bfloat16)
+        if not REUSE:  # the chunks' bytes again (just read: L1 hits), so no decoded chunk lives across the softmax
+            kv0 = _reload(pages_u8 + zero, pages_u16 + zero, pages_f32 + zero, rows, valid, 0, FMT, AS_BF16,
+                          ALIGNED)
+        acc0 = _dot(tl.trans(kv0), p, acc0 * alpha[None, :], AS_BF16)
+        if not REUSE:
+            kv1 = _reload(pages_u8 + zero, pages_u16 + zero, pages_f32 + zero, rows, valid, 128, FMT, AS_BF16,
+                          ALIGNED)
+        acc1 = _dot(tl.trans(kv1), p, acc1 * alpha[None, :], AS_BF16)
+        if not REUSE:
+            kv2 = _reload(pages_u8 + zero, pages_u16 + zero, pages_f32 + zero, rows, valid, 256, FMT, AS_BF16,
+                          ALIGNED)
+        acc2 = _dot(tl.trans(kv2), p, acc2 * alpha[None, :], AS_BF16)
+        if not REUSE:
+            kv3 = _reload(pages_u8 + zero, pages_u16 + zero, pages_f32 + zero, rows, valid, 384, FMT, AS_BF16,
+                          ALIGNED)
+        acc3 = _dot(tl.trans(kv3), p, acc3 * alpha[None, :], AS_BF16)
         m_i = m_new
 
     has_any = l_i > 0.0
-    o = acc * (value_scale / tl.where(has_any, l_i, 1.0))[None, :]
+    norm = (value_scale / tl.where(has_any, l_i, 1.0))[None, :]
     m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
     lse = tl.where(has_any, (m_safe + tl.log2(tl.where(has_any, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
-    o_cols = o_ptr + split * stride_os + t * stride_ot + heads[None, :] * stride_oh + dims[:, None]
-    tl.store(o_cols, o.to(o_ptr.dtype.element_ty), mask=head_ok[None, :])
+    dims = tl.arange(0, 128)[:, None]
+    o_cols = o_ptr + split * stride_os + t * stride_ot + heads[None, :] * stride_oh + dims
+    out_ty = o_ptr.dtype.element_ty
+    tl.store(o_cols, (acc0 * norm).to(out_ty), mask=head_ok[None, :])
+    tl.store(o_cols + 128, (acc1 * norm).to(out_ty), mask=head_ok[None, :])
+    tl.store(o_cols + 256, (acc2 * norm).to(out_ty), mask=head_ok[None, :])
+    tl.store(o_cols + 384, (acc3 * norm).to(out_ty), mask=head_ok[None, :])
     tl.store(lse_ptr + split * stride_ls + t * stride_lt + heads, lse, mask=head_ok)
 
 
@@ -148,22 +202,23 @@ def block_heads(heads: int) -> int:
 def hopper_config(heads: int, kv_fmt: str = "fp8_ds_mla", q_dtype: torch.dtype = torch.bfloat16) -> dict:
     """Launch parameters for an H100/H200, from per-row quantities only (batch invariant by construction).
 
-    Chosen from bytes and registers, not yet measured (``scripts/h200/sparse_mla_bench.py`` sweeps
-    the alternatives): 64 rows per step (one WGMMA M tile), 4 warps up to 16 heads (the o^T
-    accumulator is 64 fp32 registers per thread), 8 warps above (32-64 heads: 64-128 registers);
-    two pipeline stages put the next block's gather in flight (~42 KB of fp8_ds_mla rows) while this
-    one is decoded; 512-slot splits give 4 splits at top-k 2048 (1280 programs at 320 tokens, 32 at
-    8) for 4 x 32 KB of fp32 partials per (token, head) pair written and merged (about 20% on top of
-    the gathered fp8_ds_mla bytes at 16 heads). fp32/fp16 queries take the exact fp32 dots, whose
-    operands are twice as large: 16-row steps, one stage.
+    Chosen from the sm_90 compile (registers, no spills), pending the H200 sweep
+    (``scripts/h200/small_heads_sweep.py``): 32-slot steps with the whole step's gather issued first
+    (21 KB of fp8_ds_mla rows in flight per program; 221 registers at 4 warps: two programs per SM),
+    chunks re-read for the value MMA rather than kept (reuse: 255 registers and spills), 4 warps up
+    to 16 heads, 8 above; 512-slot splits
+    (4 splits at top-k 2048: 1280 programs at 320 tokens; the fp32 partials add 2 x 4 x 32 KB per
+    token at 16 heads, about 20% on top of the gathered fp8_ds_mla bytes). fp32/fp16 queries take
+    the exact fp32 dots, whose operands are twice as large: 16-slot steps.
     """
     if q_dtype != torch.bfloat16:
-        return dict(block_n=16, split_size=512, num_warps=4, num_stages=1, prefetch=False)
-    return dict(block_n=64, split_size=512, num_warps=4 if heads <= 16 else 8, num_stages=2, prefetch=False)
+        return dict(block_n=16, split_size=512, num_warps=4, num_stages=1, reuse=False, gather_first=False)
+    return dict(block_n=32, split_size=512, num_warps=4 if heads <= 16 else 8, num_stages=1, reuse=False,
+                gather_first=True)
 
 
-def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=64, split_size=512,
-                           num_warps=4, num_stages=2, prefetch=False, exact_fp32=None):
+def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=32, split_size=512,
+                           num_warps=4, num_stages=1, reuse=False, gather_first=True, exact_fp32=None):
     """Launch :func:`sparse_mla_small_heads_kernel`.
 
     Args:
@@ -174,11 +229,12 @@ def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, 
         kv_fmt: ``"bf16"``, ``"fp8"``, ``"fp8_ds_mla"`` or ``"nvfp4"``.
         kv_scale: ``[]`` fp32 tensor scale for ``"fp8"``, else None.
         softmax_scale: float.
-        block_n: slots per step (a power of two >= 16; 64 makes the gathered rows one WGMMA M tile).
+        block_n: slots per step (a power of two >= 16).
         split_size: slots per split, a fixed count (batch invariance); a multiple of ``block_n`` keeps
             every split but the last full. None = one split.
-        num_warps, num_stages: as Triton's; ``num_stages`` >= 2 lets the pipeliner stage the gathers.
-        prefetch: load the next block's raw bytes into registers before decoding the current one.
+        num_warps, num_stages: as Triton's.
+        reuse: one decode of each chunk feeds both MMAs (else the chunk is re-read and decoded again).
+        gather_first: issue all of a step's record loads before the first decode.
         exact_fp32: compute the dots in fp32 (default: unless q is bf16).
 
     Returns:
@@ -189,6 +245,8 @@ def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, 
         raise ValueError(f"triton sparse_mla_small_heads: q expected at most {MAX_HEADS} heads, got {heads}")
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"triton sparse_mla_small_heads: block_n expected a power of two >= 16, got {block_n}")
+    if split_size is not None and split_size < 1:
+        raise ValueError(f"triton sparse_mla_small_heads: split_size expected None or >= 1, got {split_size}")
     k = slots.shape[1]
     fmt = LATENT_CODES[kv_fmt]
     as_bf16 = (q.dtype == torch.bfloat16) if exact_fp32 is None else not exact_fp32
@@ -215,29 +273,10 @@ def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, 
         o, o.stride(0), o.stride(1), o.stride(2),
         lse, lse.stride(0), lse.stride(1),
         heads, k, kv_pages.shape[0] * kv_pages.shape[1], kv_pages.shape[1], split_size,
-        softmax_scale * LOG2E,
+        softmax_scale * LOG2E, 0,
         FMT=fmt, AS_BF16=as_bf16, BLOCK_H=block_heads(heads), BLOCK_N=block_n, ALIGNED=views_usable(kv_pages),
-        PREFETCH=bool(prefetch), num_warps=num_warps, num_stages=num_stages,
+        REUSE=bool(reuse), GATHER_FIRST=bool(gather_first), num_warps=num_warps, num_stages=num_stages,
     )
     if splits == 1:
         return o[0], lse[0]
     return lse_combine(o, lse, out_dtype=q.dtype)
-
-
-def _check(device="cuda", dtype=torch.bfloat16, fmt="fp8_ds_mla", heads=16):
-    """Compare with the reference on random inputs; returns (relative error of o, max |lse error|)."""
-    from dsahal.formats import latent_format
-    from dsahal.reference.sparse_mla import sparse_mla as reference
-
-    spec = latent_format(fmt)
-    blocks, block_tokens, tokens, k = 8, 16, 3, 40
-    scale = torch.tensor(0.05, device=device) if spec.needs_tensor_scale else None
-    pages = spec.pack(torch.randn(blocks * block_tokens, 576, device=device), scale).view(blocks, block_tokens, -1)
-    q = torch.randn(tokens, heads, 576, device=device).to(dtype)
-    slots = torch.randint(-1, blocks * block_tokens, (tokens, k), device=device, dtype=torch.int32)
-    o, lse = sparse_mla_small_heads(q, pages, slots, fmt, scale, 576**-0.5, block_n=16, split_size=16)
-    o_ref, lse_ref = reference(q, pages, slots, fmt, scale, 576**-0.5)
-    o_err = float((o.float() - o_ref.float()).norm() / o_ref.float().norm())
-    finite = torch.isfinite(lse_ref)
-    lse_err = float((lse[finite] - lse_ref[finite]).abs().max()) if bool(finite.any()) else 0.0
-    return o_err, lse_err
