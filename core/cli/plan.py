@@ -9,6 +9,10 @@ unfolded.
 Every figure comes from the config's layer counts and dimensions, the formats' bytes per token and the
 sharding rules (TP divides KDA heads and replicates MLA latent and index keys; DCP=W stores every W-th
 token per rank). Nothing is looked up.
+
+The cache budget is either given (--memory-gib) or what is left of a device's memory (--device-gib) after
+the weights each device holds: dense, routed and shared experts' weights counted from the config, under
+TP (heads, widths, vocab) and EP (routed experts dealt out), in --weights-dtype (dsahal.cache.weights).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import re
 import sys
 
 from ..cache import DEFAULT_ROW_ROUNDING, ROW_ROUNDINGS, capacity, padded_layouts, plan_layout, standard_comparisons
+from ..cache.weights import WEIGHT_DTYPES, weight_memory
 from ..config import load_config
 from ..formats import INDEX_FORMATS, LATENT_FORMATS
 
@@ -28,7 +33,7 @@ TOKEN_EXAMPLES = "1000000, 128k, 1M or 1Mi"  # k, M, G: powers of 10; Ki, Mi, Gi
 # The library's argument names -> the command's flags, so an error from plan_layout names the flag.
 _FLAGS = {"tp": "--tp", "dcp": "--dcp", "block_tokens": "--block-tokens", "row_rounding": "--row-rounding",
           "latent_fmt": "--latent-fmt", "index_fmt": "--index-fmt", "context_tokens": "--context",
-          "budget_bytes": "--memory-gib"}
+          "budget_bytes": "--memory-gib", "ep": "--ep", "weights_dtype": "--weights-dtype"}
 
 
 def parse_tokens(text: str, flag: str = "--context") -> int:
@@ -44,22 +49,38 @@ def parse_tokens(text: str, flag: str = "--context") -> int:
     return int(value)
 
 
-def check_memory_gib(value: float) -> float:
+def check_memory_gib(value: float, flag: str = "--memory-gib") -> float:
     """A finite number of GiB > 0 (``inf`` would overflow the byte count, ``nan`` compares false)."""
     if not (math.isfinite(value) and value > 0) or int(value * 2**30) < 1:
-        raise ValueError(f"dsahal plan: argument '--memory-gib' expected a finite number of GiB > 0 "
+        raise ValueError(f"dsahal plan: argument '{flag}' expected a finite number of GiB > 0 "
                          f"(at least one byte), got {value}")
     return value
 
 
 def build_plan(config_name: str, latent_fmt: str, index_fmt: str, tp: int, dcp: int, block_tokens: int,
-               memory_gib: float, context: int, row_rounding: str = DEFAULT_ROW_ROUNDING) -> dict:
-    """Everything ``dsahal plan`` prints, as plain data."""
-    budget = int(check_memory_gib(memory_gib) * 2**30)
+               memory_gib: float | None, context: int, row_rounding: str = DEFAULT_ROW_ROUNDING, *, ep: int = 1,
+               weights_dtype: str = "bf16", device_gib: float | None = None) -> dict:
+    """Everything ``dsahal plan`` prints, as plain data. The cache budget: ``memory_gib``, or (exactly one of
+    the two) ``device_gib`` less the weights per device."""
+    if (memory_gib is None) == (device_gib is None):
+        raise ValueError("dsahal plan: expected exactly one of '--memory-gib' (the cache budget per device) and "
+                         "'--device-gib' (a device's memory, the weights' share subtracted), got "
+                         + ("both" if memory_gib is not None else "neither"))
     config = load_config(config_name)
     layout = plan_layout(config, latent_fmt=latent_fmt, index_fmt=index_fmt, block_tokens=block_tokens, tp=tp,
                          dcp=dcp, row_rounding=row_rounding)
+    weights = weight_memory(config, tp=tp, ep=ep, weights_dtype=weights_dtype)
+    if memory_gib is not None:
+        budget = int(check_memory_gib(memory_gib) * 2**30)
+    else:
+        device = int(check_memory_gib(device_gib, "--device-gib") * 2**30)
+        budget = device - weights.device_bytes
+        if budget < 1:
+            raise ValueError(f"dsahal plan: argument '--device-gib' expected more than the "
+                             f"{weights.device_bytes / 2**30:.2f} GiB of {weights_dtype} weights each device holds "
+                             f"under TP{tp} EP{ep}, got {device_gib}; raise --tp or --ep, or use --weights-dtype fp8")
     return {
+        "weights": weights.to_dict() | {"device_gib": device_gib, "cache_budget_bytes": budget},
         "config": {"name": config.name, "layers": config.num_layers, "dsa_layers": len(config.dsa_layers),
                    "kda_layers": len(config.kda_layers), "kda_heads": config.kda_num_heads,
                    "kda_head_dim": config.kda_head_dim},
@@ -133,6 +154,25 @@ def _rounding(lay: dict) -> str:
     return "a power of two" if lay["row_rounding"] == "pow2" else "256-B pages"
 
 
+def weights_line(weights: dict) -> str:
+    """The weights one device holds, and where the cache budget came from."""
+    parts = weights["device_bytes_by_part"]
+    experts = (f", routed experts {_gib(parts['routed_experts'])} ({weights['routed_experts_per_device']} of "
+               f"{weights['routed_experts_per_layer']} per MoE layer) + shared {_gib(parts['shared_experts'])}"
+               if weights["routed_experts_per_layer"] else "")
+    line = (f"weights per device: {_gib(weights['device_bytes'])} {weights['weights_dtype']} under TP{weights['tp']} "
+            f"EP{weights['ep']} (attention {_gib(parts['attention'])}, dense MLP {_gib(parts['dense_mlp'])}{experts}, "
+            f"embeddings {_gib(parts['embeddings'])}) of {weights['parameters'] / 1e9:,.2f} B parameters")
+    if weights["device_gib"] is not None:
+        line += (f"; cache budget = {weights['device_gib']:g} GiB per device - weights = "
+                 f"{_gib(weights['cache_budget_bytes'])}")
+    return line
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB"
+
+
 def summary_lines(plan: dict) -> list[str]:
     """The answer: what fits, bytes per token, the comparisons, then the model and row in two lines."""
     cfg, lay, cap = plan["config"], plan["layout"], plan["capacity"]
@@ -163,6 +203,7 @@ def summary_lines(plan: dict) -> list[str]:
         f"{_n(lay['row_bytes'])} B ({100 * padding / lay['row_bytes']:.1f}% padding, rounded to {_rounding(lay)}); "
         f"{_n(cap['rows'])} rows per device",
         state,
+        weights_line(plan["weights"]),
     ]
     return lines
 
@@ -237,7 +278,8 @@ def _write(text: str) -> int:
 def run(args) -> int:
     try:
         context = parse_tokens(args.context)
-        check_memory_gib(args.memory_gib)
+        if args.memory_gib is not None:
+            check_memory_gib(args.memory_gib)
         try:
             load_config(args.config)
         except KeyError as exc:
@@ -246,7 +288,8 @@ def run(args) -> int:
         except (ValueError, TypeError) as exc:
             raise ValueError(f"dsahal plan: argument '--config': {exc}") from None
         plan = build_plan(args.config, args.latent_fmt, args.index_fmt, args.tp, args.dcp, args.block_tokens,
-                          args.memory_gib, context, args.row_rounding)
+                          args.memory_gib, context, args.row_rounding, ep=args.ep,
+                          weights_dtype=args.weights_dtype, device_gib=args.device_gib)
     except (ValueError, TypeError) as exc:
         message = _name_the_flag(str(exc))
         print(f"error: {message if message.startswith('dsahal plan') else 'dsahal plan: ' + message}",
@@ -286,7 +329,16 @@ def register(subparsers) -> None:
     parser.add_argument("--row-rounding", default=DEFAULT_ROW_ROUNDING, choices=ROW_ROUNDINGS,
                         help="row bytes rounded to a multiple of 256 B ('page') or to a power of two ('pow2', "
                              "for consumers that need power-of-two buffers) (default: %(default)s)")
-    parser.add_argument("--memory-gib", type=float, required=True, help="cache memory per device, GiB (required)")
+    parser.add_argument("--memory-gib", type=float, default=None,
+                        help="cache memory per device, GiB (this or --device-gib is required)")
+    parser.add_argument("--device-gib", type=float, default=None,
+                        help="memory per device, GiB: the cache budget is what the weights each device holds "
+                             "leave of it (this or --memory-gib is required)")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel size: each device holds "
+                                                          "n_routed_experts / ep routed experts (default: %(default)s)")
+    parser.add_argument("--weights-dtype", default="bf16", choices=sorted(WEIGHT_DTYPES),
+                        help="weights' storage (fp8: e4m3 linear weights with 128x128 block scales, as DeepSeek's "
+                             "checkpoints) (default: %(default)s)")
     parser.add_argument("--context", required=True,
                         help=f"context length for 'full contexts': {TOKEN_EXAMPLES} (k, M, G: powers of 10; "
                              "Ki, Mi, Gi: powers of 2) (required)")
