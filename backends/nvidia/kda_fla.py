@@ -1,8 +1,25 @@
-"""KDA prefill through flash-linear-attention's chunked kernel (``fla.ops.kda.chunk_kda``).
+"""KDA prefill through flash-linear-attention's chunked kernel (``fla.ops.kda.chunk_kda``, fla-core 0.6).
 
-The pool states of the batch's requests are gathered as fla's ``initial_state`` ``[N, H, K, V]``
-and its final states scattered back; padding requests (id -1) start from zero and write nothing.
-Empty sequences are dropped before the call (their state is unchanged by definition).
+What this route adds around fla's kernels, per call (nothing else is copied or converted):
+
+* one launch gathering the batch's pool rows into the dense ``[N, H, K, V]`` fp32 ``initial_state``
+  fla requires, and one scattering its ``final_state`` back (:mod:`.kda_state_rows`). fla 0.6's chunk
+  path has no state-index argument (only ``fused_recurrent_kda`` takes ``ssm_state_indices``) and
+  addresses ``h0``/``ht`` as dense ``n·H·K·V`` offsets, so a strided pool view cannot be passed in
+  place. Both kernels read ids on the device: padding ids (-1) start from zero and write nothing, and
+  no boolean mask forces a host sync. Each moves ``N·H·K·V·4`` bytes (16.8 MB at 8 x 4096).
+* one host sync, copying ``cu_seqlens`` to the host for fla's ``cu_seqlens_cpu`` (fla builds its chunk
+  list on the host regardless; from device lengths it would sync inside ``repeat_interleave``).
+* q, k, v go in as they are (fla's ``input_guard`` copies only tensors that are not contiguous: a
+  caller's fused-projection view is copied there, by fla); g in its own dtype (fla's cumsum kernel
+  loads any 16/32-bit float and writes the fp32 cumulative gate it uses everywhere; fp64 is narrowed);
+  beta converted to k's dtype only when it differs (``[T, H]``, fla's dots need one dtype).
+* the l2norm of q and k is fla's (``use_qk_l2norm_in_kernel``), not a separate pass of ours.
+* the output is fla's output tensor, viewed ``[T, H, V]`` (no zero-fill, no copy). Empty sequences
+  stay in: fla gives them no chunk and returns their initial state as final, written back unchanged.
+
+The design of an own chunked kernel that would beat fla by 1.5x at 8 x 4096 is in
+``docs/kda-prefill.md`` (FLOP and byte counts of the shape, where fla's time goes, what it needs).
 """
 from __future__ import annotations
 
@@ -15,6 +32,7 @@ from dsahal.backends.triton_kernels import limits
 from . import config
 from .fla_setup import import_chunk_kda
 from .fla_setup import status as fla_status
+from .kda_state_rows import gather_states, scatter_states
 
 
 def probe() -> tuple[bool, str]:
@@ -38,30 +56,42 @@ def accepts(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l
         return False, "batch-invariant mode: fla's chunk tiles depend on the batch's total length"
     if q.dtype == torch.float32:
         return False, "fp32 inputs: fla's chunk kernel computes at tf32/bf16 precision"
+    if not q.dtype == k.dtype == v.dtype:
+        # fla's dots take one operand dtype; converting here would copy [T, H, K] tensors per call.
+        return False, (f"mixed q/k/v dtypes ({_name(q.dtype)}/{_name(k.dtype)}/{_name(v.dtype)}): fla's chunk "
+                       "kernel needs one dtype")
     return limits.kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def kda_prefill_fla(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
     """q, k, g ``[T, H, K]``; v ``[T, H, V]``; beta ``[T, H]``; cu_seqlens ``[B + 1]``;
-    state_pool ``[P, H, K, V]`` fp32 (updated in place); state_ids ``[B]``. Returns ``[T, H, V]`` in q's dtype."""
+    state_pool ``[P, H, K, V]`` fp32 (updated in place at ``state_ids``); state_ids ``[B]``.
+    Returns ``[T, H, V]`` in q's dtype: fla's own output tensor (a view, no copy)."""
     chunk_kda = import_chunk_kda()
-    out = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    keep = lengths > 0
-    if not bool(keep.any()):
-        return out
-    ids = state_ids[keep].long()
-    live = (ids >= 0) & (ids < state_pool.shape[0])
-    initial = torch.where(live[:, None, None, None], state_pool[ids.clamp(0, state_pool.shape[0] - 1)],
-                          torch.zeros((), dtype=state_pool.dtype, device=state_pool.device))
-    cu = torch.cat([cu_seqlens[:1].long(), cu_seqlens[1:].long()[keep]])
-    dtype = q.dtype if q.dtype == k.dtype == v.dtype else torch.float32
+    if q.shape[0] == 0 or state_ids.shape[0] == 0:
+        return torch.zeros(v.shape, dtype=q.dtype, device=q.device)
+    # The one host synchronisation: fla builds its chunk list on the host either way (from the device
+    # lengths its prepare_chunk_indices syncs); given the host copy it builds it there and uploads it.
+    bounds_cpu = cu_seqlens.to("cpu", torch.int64)
+    # fla memoises its chunk indices/offsets by the *identity* of cu_seqlens (fla.utils.tensor_cache):
+    # the caller's tensor, reused with new contents (a persistent buffer), would get stale chunks. A
+    # fresh view per call is a new object (a miss) and costs no copy.
+    bounds = cu_seqlens.to(torch.int64).view(-1)
+    initial = gather_states(state_pool, state_ids)  # dense [B, H, K, V] fp32, zeros for padding ids
     o, final = chunk_kda(
-        q.to(dtype)[None], k.to(dtype)[None], v.to(dtype)[None], g.float()[None], beta.to(dtype)[None],
-        scale=scale, initial_state=initial.contiguous(), output_final_state=True,
-        use_qk_l2norm_in_kernel=bool(use_qk_l2norm), cu_seqlens=cu,
+        q[None], k[None], v[None], _gate(g)[None], beta.to(k.dtype)[None],
+        scale=scale, initial_state=initial, output_final_state=True,
+        use_qk_l2norm_in_kernel=bool(use_qk_l2norm), cu_seqlens=bounds, cu_seqlens_cpu=bounds_cpu,
     )
-    out.copy_(o[0].to(q.dtype))
-    if bool(live.any()):
-        state_pool[ids[live]] = final[live].to(state_pool.dtype)
-    return out
+    scatter_states(final, state_ids, state_pool)  # padding ids write nothing
+    return o[0]
+
+
+def _gate(g: torch.Tensor) -> torch.Tensor:
+    """fla's first kernel (chunk_local_cumsum) loads g in any 16/32-bit float and accumulates in fp32, so
+    bf16/fp16/fp32 gates go in as they are; an fp64 gate (allowed by the op, used in fp32) is narrowed."""
+    return g.float() if g.dtype == torch.float64 else g
