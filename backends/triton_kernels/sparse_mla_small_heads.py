@@ -214,11 +214,12 @@ def hopper_config(heads: int, kv_fmt: str = "fp8_ds_mla", q_dtype: torch.dtype =
     if q_dtype != torch.bfloat16:
         return dict(block_n=16, split_size=512, num_warps=4, num_stages=1, reuse=False, gather_first=False)
     return dict(block_n=32, split_size=512, num_warps=4 if heads <= 16 else 8, num_stages=1, reuse=False,
-                gather_first=True)
+                gather_first=kv_fmt != "nvfp4")  # nvfp4's gather-first decode spilled (255 registers, 64 B stack)
 
 
 def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=32, split_size=512,
-                           num_warps=4, num_stages=1, reuse=False, gather_first=True, exact_fp32=None):
+                           num_warps=4, num_stages=1, reuse=False, gather_first=True, exact_fp32=None,
+                           prefetch=None):
     """Launch :func:`sparse_mla_small_heads_kernel`.
 
     Args:
@@ -236,10 +237,14 @@ def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, 
         reuse: one decode of each chunk feeds both MMAs (else the chunk is re-read and decoded again).
         gather_first: issue all of a step's record loads before the first decode.
         exact_fp32: compute the dots in fp32 (default: unless q is bf16).
+        prefetch: the first kernel's name for loading a step's bytes ahead of its decode; when given,
+            it sets ``gather_first``.
 
     Returns:
         ``(o [T, H, 512] in q's dtype, lse [T, H] fp32)``.
     """
+    if prefetch is not None:
+        gather_first = bool(prefetch)
     tokens, heads, _ = q.shape
     if heads > MAX_HEADS:
         raise ValueError(f"triton sparse_mla_small_heads: q expected at most {MAX_HEADS} heads, got {heads}")
