@@ -16,6 +16,7 @@ class Built:
     flops: float
     baseline: Optional[Callable[[], object]] = None
     peers: dict = field(default_factory=dict)  # name -> callable
+    peer_notes: list = field(default_factory=list)  # peers dropped (output disagreed, or failed), one line each
     graph_ok: bool = True
     # Its own CUDA graph: a factory that captures and returns the replay callable (the "graph ms" column).
     graph: Optional[Callable[[], Callable[[], object]]] = None

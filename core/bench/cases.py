@@ -16,7 +16,7 @@ import torch
 
 from .. import ops
 from ..registry import use_backend
-from . import baselines
+from . import baselines, peers
 from .case_types import Built, Case
 from .inputs import decode_batch, random_pages, random_slots
 from .measure import relative_error
@@ -226,6 +226,24 @@ def build_topk(tokens, width, k=TOPK):
     return build
 
 
+def build_topk_of_indexer(requests, per_request, context, k=TOPK):
+    """Top-k of real indexer scores (FP8 keys, FP8 queries): weighted relu sums crowd a few exponents,
+    unlike Gaussian scores, which is what radix-select kernels are sensitive to."""
+    def build(device):
+        block_table, req_ids, positions, num_blocks = decode_batch(requests, per_request, context, 64, device)
+        pages = random_pages("index", "fp8", num_blocks, 64, device)
+        q = torch.randn(req_ids.shape[0], INDEX_HEADS, 128, device=device).to(torch.float8_e4m3fn)
+        w = torch.rand(req_ids.shape[0], INDEX_HEADS, device=device)
+        scores = ops.indexer_score(q, w, pages, block_table, req_ids, positions, index_fmt="fp8",
+                                   max_context=context, check=False)
+        del pages
+        lengths = positions + 1
+        return Built(run=lambda: ops.topk(scores, lengths, k, check=False),
+                     baseline=lambda: torch.topk(scores, k, dim=1),
+                     bytes=scores.numel() * 4 + scores.shape[0] * k * 4, flops=0)
+    return build
+
+
 def build_sparse_mla(tokens, heads, kv_fmt="bf16", k=TOPK, pool_tokens=1 << 20, block_tokens=64):
     def build(device):
         num_blocks = pool_tokens // block_tokens
@@ -234,11 +252,14 @@ def build_sparse_mla(tokens, heads, kv_fmt="bf16", k=TOPK, pool_tokens=1 << 20, 
         q = torch.randn(tokens, heads, 576, device=device, dtype=torch.bfloat16)
         slots = random_slots(tokens, k, pool_tokens, device)
         kw = dict(kv_fmt=kv_fmt, kv_scale=scale, softmax_scale=MLA_SCALE, check=False)
+        run = lambda: ops.sparse_mla(q, pages, slots, **kw)  # noqa: E731
+        kept, notes = peers.agreeing(peers.flashmla_sparse_mla(q, pages, slots, kv_fmt, MLA_SCALE), run(), heads)
         return Built(
-            run=lambda: ops.sparse_mla(q, pages, slots, **kw),
+            run=run,
             baseline=lambda: baselines.sparse_mla(q, pages, slots, kv_fmt, scale, MLA_SCALE),
             bytes=tokens * k * pages.shape[-1] + q.numel() * 2 + tokens * heads * 512 * 2,
             flops=2.0 * tokens * heads * k * (576 + 512),
+            peers=kept, peer_notes=notes,
         )
     return build
 
@@ -326,16 +347,39 @@ def build_dsa(requests, per_request, context, heads, kv_fmt="fp8", index_fmt="fp
         kw = dict(index_fmt=index_fmt, kv_fmt=kv_fmt, kv_scale=scale, topk=TOPK, max_context=context,
                   softmax_scale=MLA_SCALE, check=False)
         args = (q_index, w, index_pages, q, kv_pages, block_table, req_ids, positions)
+        run = lambda: ops.dsa_attention(*args, **kw)  # noqa: E731
+        composite, notes = _dsa_peer(args, kv_fmt, context, heads, run)
         return Built(
-            run=lambda: ops.dsa_attention(*args, **kw),
+            run=run,
             # by keyword: the positional order once disagreed with the signature (caught by bench --quick)
             baseline=lambda: baselines.dsa_attention(
                 q_index=q_index, index_weights=w, index_pages=index_pages, index_fmt=index_fmt, q=q,
                 kv_pages=kv_pages, kv_fmt=kv_fmt, kv_scale=scale, block_table=block_table, req_ids=req_ids,
                 positions=positions, topk_k=TOPK, max_context=context, softmax_scale=MLA_SCALE),
             bytes=requests * context * index_pages.shape[-1] + tokens * TOPK * kv_pages.shape[-1],
-            flops=2.0 * tokens * context * INDEX_HEADS * 128 + 2.0 * tokens * heads * TOPK * 1088)
+            flops=2.0 * tokens * context * INDEX_HEADS * 128 + 2.0 * tokens * heads * TOPK * 1088,
+            peers=composite, peer_notes=notes)
     return build
+
+
+def _dsa_peer(args, kv_fmt, context, heads, run) -> tuple[dict, list[str]]:
+    """The DSA layer a user assembles from peers: our indexer (DeepGEMM's does not run on this torch),
+    ``torch.topk`` of its scores, slots by plain torch indexing, FlashMLA's sparse decode."""
+    q_index, w, index_pages, q, kv_pages, block_table, req_ids, positions = args
+    decode = peers.flashmla_decode(q, kv_pages, MLA_SCALE) if kv_fmt == "fp8_ds_mla" else None
+    if decode is None or index_pages.shape[-1] != 132:
+        return {}, []
+    block = kv_pages.shape[1]
+
+    def composite():
+        scores = ops.indexer_score(q_index, w, index_pages, block_table, req_ids, positions, index_fmt="fp8",
+                                   max_context=context, check=False)
+        values, picked = torch.topk(scores, TOPK, dim=1)
+        picked = torch.where(torch.isfinite(values), picked, -1)
+        page = block_table[req_ids.long()[:, None], torch.div(picked.clamp_min(0), block, rounding_mode="floor")]
+        return decode(torch.where(picked >= 0, page * block + picked % block, -1).to(torch.int32))
+
+    return peers.agreeing({"indexer + torch.topk + FlashMLA": composite}, run(), heads)
 
 
 def all_cases(quick: bool = False) -> list[Case]:
@@ -358,6 +402,8 @@ def all_cases(quick: bool = False) -> list[Case]:
              build_indexer(64, 5, ctx32, index_fmt="bf16", q_dtype=torch.bfloat16),
              dev_check(check_indexer, index_fmt="bf16", q_dtype=torch.bfloat16)),
         Case("topk k=2048", "topk", f"[320, {ctx128}]", build_topk(320, ctx128), dev_check(check_topk)),
+        Case("topk k=2048, indexer scores", "topk", f"[320, {ctx128}] (64x5 at {ctx128})",
+             build_topk_of_indexer(64, 5, ctx128), dev_check(check_topk)),
         Case("sparse MLA bf16", "sparse_mla", "320 tok, H=128", build_sparse_mla(320, 128), dev_check(check_sparse_mla)),
         Case("sparse MLA fp8", "sparse_mla", "320 tok, H=128", build_sparse_mla(320, 128, "fp8"),
              dev_check(check_sparse_mla, kv_fmt="fp8")),
@@ -366,6 +412,14 @@ def all_cases(quick: bool = False) -> list[Case]:
         Case("sparse MLA fp8", "sparse_mla", "320 tok, H=16", build_sparse_mla(320, 16, "fp8"),
              dev_check(check_sparse_mla, heads=16, kv_fmt="fp8")),
         Case("sparse MLA bf16", "sparse_mla", "8 tok, H=128", build_sparse_mla(8, 128), dev_check(check_sparse_mla)),
+        Case("sparse MLA bf16 (prefill)", "sparse_mla", f"{512 if quick else 4096} tok, H=128",
+             build_sparse_mla(512 if quick else 4096, 128), dev_check(check_sparse_mla)),
+        # fp8_ds_mla (FlashMLA's V32 bytes): the FlashMLA peer column, every head count a TP slice has,
+        # 1, 5 and 8 query tokens per request of 64 requests
+        *(Case("sparse MLA fp8_ds_mla", "sparse_mla", f"{64 * per} tok (64x{per}), H={heads}",
+               build_sparse_mla(64 * per, heads, "fp8_ds_mla"),
+               dev_check(check_sparse_mla, heads=heads, kv_fmt="fp8_ds_mla"))
+          for per, heads in ((5, 128), (5, 64), (5, 16), (5, 12), (1, 128), (1, 16), (8, 128), (8, 16))),
         Case("lse combine W=8", "lse_combine", "320 tok, H=128", build_lse_combine(8, 320, 128),
              dev_check(check_lse_combine)),
         Case("KDA decode", "kda_decode", "B=64, H=32", build_kda_decode(64), dev_check(check_kda_decode)),
@@ -373,9 +427,9 @@ def all_cases(quick: bool = False) -> list[Case]:
         Case("KDA prefill", "kda_prefill", "8x4096 tok, H=32", build_kda_prefill(8, 512 if quick else 4096),
              dev_check(check_kda_prefill)),
         Case("DSA layer decode", "dsa_attention", f"64x5 tok, ctx {ctx128}, H=128",
-             build_dsa(64, 5, ctx128, 128), dev_check(check_dsa)),
+             build_dsa(64, 5, ctx128, 128, kv_fmt="fp8_ds_mla"), dev_check(check_dsa, kv_fmt="fp8_ds_mla")),
         Case("DSA layer decode", "dsa_attention", f"64x5 tok, ctx {ctx128}, H=16",
-             build_dsa(64, 5, ctx128, 16), dev_check(check_dsa)),
+             build_dsa(64, 5, ctx128, 16, kv_fmt="fp8_ds_mla"), dev_check(check_dsa, kv_fmt="fp8_ds_mla")),
         Case("cache write", "cache_write", "checks only", None, dev_check(check_cache_write)),
         model_decode_case(quick),
     ]

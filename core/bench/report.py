@@ -85,6 +85,8 @@ def _time_case(row: Row, case: Case, device, ceilings: Ceilings, graphs: bool) -
     if built.baseline is not None:
         row.baseline_ms = _safe_time(built.baseline)
         row.vs_torch = ratio(row.ms, row.baseline_ms)
+    if built.peer_notes:
+        row.check_detail = "; ".join([row.check_detail, *built.peer_notes])
     if built.peers:
         row.peers = {}
         for name, fn in built.peers.items():
