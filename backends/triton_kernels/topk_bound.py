@@ -199,14 +199,15 @@ def auto_group(width: int, k: int, chunk: int) -> int:
 
 
 def topk_bound(scores, lengths, k, out, emit, req_ids, block_table, block_tokens, *, chunk=1024, group=None,
-               finish_chunk=512, num_warps=4, finish_warps=4, scratch=None):
+               finish_chunk=512, num_warps=4, finish_warps=4, scratch=None, stats=None):
     """Launch the four kernels for ``scores [T, N]`` into ``out [T, k]`` (arguments as :func:`.topk.topk`).
 
     Args:
         chunk: entries per step of the row passes (power of two). group: entries per lane and
             segment (``seg_len = chunk * group``; None: :func:`auto_group`). finish_chunk: survivors
             per step of the last kernel (power of two). scratch: optional ``[T, N]`` int32 buffer for
-            the survivors' indices (their keys get a second one).
+            the survivors' indices (their keys get a second one). stats: optional dict that gets
+            ``"survivors"`` (``[T]`` int32: entries at or above each row's bound; no host sync).
     """
     tokens, width = scores.shape
     group = auto_group(width, k, chunk) if group is None else group
@@ -229,4 +230,6 @@ def topk_bound(scores, lengths, k, out, emit, req_ids, block_table, block_tokens
     bound_finish_kernel[(tokens,)](cand_idx, cand_key, cand_idx.stride(0), counts, out, out.stride(0), req_ids,
                                    block_table, block_table.stride(0), block_table.shape[1], block_tokens, k,
                                    seg_len, segments, EMIT_SLOTS=emit, CHUNK=finish_chunk, num_warps=finish_warps)
+    if stats is not None:
+        stats["survivors"] = counts.sum(dim=1, dtype=torch.int32)
     return out
