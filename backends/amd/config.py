@@ -33,8 +33,31 @@ def wavefronts_for_threads(threads: int) -> int:
     return max(1, threads // WAVEFRONT)
 
 
+_batch_invariant: bool | None = None
+_tiles_override: str | None = None
+TILES_ENV = "DSAHAL_AMD_TILES"
+
+
+def read_mode() -> bool:
+    """Read ``DSAHAL_BATCH_INVARIANT`` and ``DSAHAL_AMD_TILES`` (the backend's declaration does, once per
+    registry build): the launchers ask on every call, which must not cost environment lookups."""
+    global _batch_invariant, _tiles_override
+    _batch_invariant = os.environ.get("DSAHAL_BATCH_INVARIANT", "0") not in ("", "0")
+    _tiles_override = os.environ.get(TILES_ENV) or None
+    return _batch_invariant
+
+
 def batch_invariant() -> bool:
-    return os.environ.get("DSAHAL_BATCH_INVARIANT", "0") not in ("", "0")
+    if _batch_invariant is None:
+        read_mode()
+    return _batch_invariant
+
+
+def tiles_override() -> str | None:
+    """``DSAHAL_AMD_TILES`` as last read (``gfx942`` or ``gfx950`` block sizes off ROCm), or None."""
+    if _batch_invariant is None:
+        read_mode()
+    return _tiles_override
 
 
 def sparse_mla_tile_bytes(block_h: int, block_n: int, latent_bytes_per_dim: int = 2) -> int:

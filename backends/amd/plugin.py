@@ -20,6 +20,7 @@ from dsahal.backends.triton_kernels.compile_budget import install as install_com
 from dsahal.registry import Backend, Capabilities, Route, hookimpl
 
 from .arch import ARCHS, rocm_arch
+from . import config
 from .config import batch_invariant
 from .paths import AITER_DIST, FAST_PATHS, FLYDSL_DIST, NEVER_RUN_ON_ROCM, distribution_version
 from .routes import ALWAYS_ENABLED, PATHS_ENV, ROUTES
@@ -106,6 +107,7 @@ def unverified() -> dict[str, str]:
 def capabilities() -> Capabilities:
     from .routes import enabled_paths
 
+    config.read_mode()  # DSAHAL_BATCH_INVARIANT and DSAHAL_AMD_TILES, once per declaration (launchers ask per call)
     status = enabled_paths()
     enabled = {path for path, why_not in status.items() if why_not == ""}
     vendor_enabled = any(path.name in enabled for path in FAST_PATHS)

@@ -6,7 +6,6 @@ take every op no vendor kernel takes, and the only ones that run when ``DSAHAL_A
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
@@ -22,13 +21,13 @@ from . import config
 from .arch import gfx_of
 
 
-TILES_ENV = "DSAHAL_AMD_TILES"
+TILES_ENV = config.TILES_ENV
 
 
 def tile_target(tensor: torch.Tensor) -> str | None:
     """The gfx target whose block sizes to use: the device's on ROCm; elsewhere (the verification run
     on an NVIDIA GPU) ``DSAHAL_AMD_TILES`` (``gfx942`` or ``gfx950``), default the gfx942 sizes."""
-    return gfx_of(tensor) or os.environ.get(TILES_ENV) or None
+    return gfx_of(tensor) or config.tiles_override()
 
 
 def cache_write(values, slots, pages, kind, fmt, scale):
