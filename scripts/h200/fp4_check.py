@@ -33,6 +33,9 @@ import timing  # scripts/h200/timing.py (this folder is on sys.path when the scr
 HEADS = 32
 BLOCK_TOKENS = 64
 INDEX_TOL = 1e-4  # relative (norm) error vs the float64 reference; exact keys, fp32 accumulation
+# FP8 queries on FP8 keys run Hopper's FP8 MMA, whose accumulator keeps fewer mantissa bits than fp32
+# (DeepGEMM promotes partial sums for this reason): 1.35e-4 measured on the H200, 2026-12-01.
+INDEX_TOL_FP8_MMA = 5e-4
 DEVICE = "cuda"  # --cpu-smoke: "cpu" under TRITON_INTERPRET=1
 
 
@@ -248,7 +251,8 @@ def check_indexer(torch, variants, pools, failures):
             want = wants[(fmt, q_dtype)]
             finite = torch.isfinite(want)
             err = float((got[finite].double() - want[finite].double()).norm() / want[finite].double().norm())
-            ok = torch.equal(torch.isfinite(got), finite) and err < INDEX_TOL
+            tol = INDEX_TOL_FP8_MMA if (fmt, q_dtype) == ("fp8", torch.float8_e4m3fn) else INDEX_TOL
+            ok = torch.equal(torch.isfinite(got), finite) and err < tol
             status = f"rel err {err:.2e}  {'ok' if ok else 'FAIL'}"
         except Exception as exc:  # noqa: BLE001 - a variant that does not compile or run is a failure, listed
             ok, status = False, f"{type(exc).__name__}: {str(exc)[:300]}"
