@@ -19,6 +19,10 @@ fp32/fp16 queries take the explicit decode into fp32 (exact dots).
 
 The launcher marks segment starts (``run_offset % GROUP == 0``) with a few sync-free torch ops;
 programs of other tokens exit at once.
+
+With ``block_tiles=True`` the calls :func:`.indexer_decode.serves` accepts (FP8 / MXFP4 keys in packed,
+aligned pages, bf16 / FP8 queries, key tiles inside one cache block) run its block-tile kernel instead:
+one MMA per query token, unmasked tile loads, tiles past a segment's reach skipped.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import indexer_decode
 from .bytes import (INDEX_CODES, INDEX_MXFP4, e2m1_ue8m0_value, load_f32_bytewise, load_u16_bytewise, typed_views,
                     views_usable, widen_bf16)
 
@@ -393,7 +398,7 @@ def run_offsets(req_ids):
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,
                   block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, pipeline=False, typed_keys=False,
                   keys_as_b=False, one_block_tiles=True, mxfp4_dot_scaled=True, mxfp4_fast_math=False, dot=None,
-                  out=None):
+                  block_tiles=False, tile_group=None, tile_loop=None, out=None):
     """Launch :func:`indexer_score_kernel`.
 
     Args:
@@ -416,6 +421,15 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             or an explicit decode into two bf16 halves (False). fp32/fp16 queries always decode explicitly.
         mxfp4_fast_math: ``tl.dot_scaled``'s fast_math (scale byte 255 is not turned into NaN; no encoder
             writes it, the reference reads it as 2^128 = Inf).
+        block_tiles: send FP8 / MXFP4 keys in packed, 4-byte aligned pages with tensor-core dots (bf16 or
+            FP8 queries) and key tiles inside one cache block to :mod:`.indexer_decode` (one MMA per query
+            token, no load masks, tiles past the segment's reach skipped); other calls, and False (the
+            default until the H200 sweep ``scripts/h200/indexer_sweep.py`` has timed it), take the general
+            kernel.
+            There ``group`` (or ``tile_group``, <= 8) is the tokens per segment, ``tiles``, ``num_warps``,
+            ``num_stages``, ``typed_keys``, ``mxfp4_dot_scaled`` / ``mxfp4_fast_math`` mean the same;
+            ``tile_loop``: 0 unrolled tiles, 1 a rolled loop prefetching the next tile into registers, 2 a
+            rolled loop for the software pipeliner (default: 2 with ``pipeline``, else 0).
         out: optional ``[T, max_context]`` fp32 buffer (unit stride in the last dim).
 
     Returns:
@@ -437,6 +451,13 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
     if mxfp4 and dot == DOT_FP8:
         raise ValueError("triton indexer_score: mxfp4 keys are multiplied in bf16 or fp32 (dot=DOT_BF16 or "
                          "DOT_FP32), got dot=DOT_FP8")
+    if block_tiles and indexer_decode.serves(q, index_pages, index_fmt, dot, block_n):
+        return indexer_decode.launch(
+            q, weights, index_pages, block_table, req_ids, positions, run_offsets(req_ids), index_fmt, max_context,
+            out, dot=dot, block_n=block_n, group=min(tile_group or group, indexer_decode.MAX_GROUP), tiles=tiles,
+            loop=(2 if pipeline else 0) if tile_loop is None else tile_loop, num_warps=num_warps,
+            num_stages=num_stages, typed_keys=typed_keys,
+            scaled_dot=((2 if mxfp4_fast_math else 1) if mxfp4 and mxfp4_dot_scaled else 0))
     block_h, block_n, group, tiles = tile_shape(heads, dot, block_n, group, tiles)
     views = typed_views(index_pages)
     if typed_keys and aligned:

@@ -1,0 +1,399 @@
+"""Paged indexer score, block-tile path: FP8 (132 B) and MXFP4 (68 B) keys in aligned, packed pages.
+
+Same contract as :func:`dsahal.backends.triton_kernels.indexer.indexer_score` (its module docstring),
+for the calls this path serves (:func:`serves`): every key tile of ``BLOCK_N`` positions lies inside
+one cache block (``block_tokens % BLOCK_N == 0``), records are packed (``stride(1) == token_bytes``)
+and 4-byte aligned, and the dots run on the tensor cores (FP8 or bf16 queries).
+
+Why a second kernel: the general one multiplies a key tile by one ``[GROUP * BLOCK_H, 128]`` operand
+(5 decode tokens padded to 8, 256 rows) and sums heads through a 3-D reshape of the MMA accumulator,
+with per-element masks and per-key addressing; on the H200 it ran at 15% of the copy ceiling with the
+integer ALU the busiest pipe (ncu, 2026-11-29). Here, per key tile:
+
+* one block-table lookup and one base pointer; record offsets are tile-invariant (hoisted);
+* no load masks: an unmapped or out-of-range block reads block 0 (always a valid block) and its
+  scores are set to -inf afterwards;
+* per query token ``g`` of the segment (a run of up to ``GROUP`` tokens of one request), one MMA
+  ``keys [BLOCK_N, 128] @ q_gᵀ [128, BLOCK_H]`` -> ``[BLOCK_N, BLOCK_H]``, relu, head weights and a
+  plain ``tl.sum(axis=1)`` (in-thread adds and warp shuffles on the accumulator layout; no reshape);
+  tokens the segment does not have skip their MMA (a uniform branch), so 5 tokens cost 5, not 8;
+* key tiles after the segment's furthest position skip loads and MMAs and only store -inf.
+
+Every score is one key, one token: the same arithmetic whatever the batch holds (batch invariant).
+
+MXFP4 keys are decoded once per tile (into bf16 even-dim and odd-dim halves, exact) and multiplied
+by the matching halves of each token's queries (two K = 64 MMAs), or, with ``SCALED_DOT``, passed
+packed to ``tl.dot_scaled`` per token.
+
+Grid: ``(key-tile chunks, T)``; axis 1 indexes a device-built list of segment starts (live segments
+first, the rest ``T``: those programs exit at once), so there is no host sync.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .bytes import INDEX_CODES, INDEX_FP8, INDEX_MXFP4, e2m1_ue8m0_value, views_usable
+
+DOT_BF16 = 0  # same codes as indexer.DOT_*
+DOT_FP8 = 1
+DOT_FP32 = 2  # exact fp32 dots: only when asked for (tests under TRITON_INTERPRET=1); never served
+MAX_GROUP = 8  # query tokens per segment (explicit operands q0..q7 below)
+
+SIZE_ARGS = ("T", "max_context", "num_blocks", "max_blocks", "block_tokens")
+
+
+@triton.jit
+def _lanes(flag, like):
+    """Scalar ``flag`` as a lane vector shaped like ``like`` (the interpreter mishandles masks that mix
+    tensors and scalars)."""
+    return (like * 0 + flag.to(tl.int32)) != 0
+
+
+@triton.jit
+def _member(req_ptr, pos_ptr, off_ptr, t0, g: tl.constexpr, T, req, off0):
+    """Token ``t0 + g``: (whether it belongs to the segment, its position; -1 when not)."""
+    t = t0 + g
+    inside = t < T
+    tt = tl.where(inside, t, t0)
+    ok = inside & (tl.load(req_ptr + tt) == req) & (tl.load(off_ptr + tt) == off0 + g)
+    pos = tl.where(ok, tl.load(pos_ptr + tt), -1)
+    return ok, pos
+
+
+@triton.jit
+def _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t, ok, H, BLOCK_H: tl.constexpr, DOT: tl.constexpr,
+            SPLIT: tl.constexpr):
+    """Queries of token ``t`` as MMA operands (``[BLOCK_H, 128]``, or its even / odd dim halves
+    ``[BLOCK_H, 64]`` each with ``SPLIT``) and its head weights ``[BLOCK_H]`` (zero beyond ``H``)."""
+    heads = tl.arange(0, BLOCK_H)
+    row_ok = (heads < H) & _lanes(ok, heads)
+    rows = q_ptr + tl.where(ok, t, 0).to(tl.int64) * stride_qt + heads[:, None] * stride_qh
+    if SPLIT:
+        half = tl.arange(0, 64)
+        q_even = tl.load(rows + 2 * half[None, :], mask=row_ok[:, None], other=0.0)
+        q_odd = tl.load(rows + 2 * half[None, :] + 1, mask=row_ok[:, None], other=0.0)
+        if DOT == 2:
+            q = (q_even.to(tl.float32), q_odd.to(tl.float32))
+        else:
+            q = (q_even.to(tl.bfloat16), q_odd.to(tl.bfloat16))
+    else:
+        q = tl.load(rows + tl.arange(0, 128)[None, :], mask=row_ok[:, None], other=0.0)
+        if DOT == 0:
+            q = q.to(tl.bfloat16)
+        elif DOT == 2:
+            q = q.to(tl.float32)
+    w = tl.load(w_ptr + tl.where(ok, t, 0).to(tl.int64) * stride_wt + heads, mask=row_ok, other=0.0)
+    return q, w
+
+
+@triton.jit
+def _token_score(keys, scale, q, w, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.constexpr):
+    """``Σ_h w[h] · relu(q[h] · k[s]) · scale[s]`` for the tile's keys: ``[BLOCK_N]`` fp32."""
+    if FMT == 2:  # MXFP4: the block scales are inside the dot (scale is 1)
+        if SCALED_DOT > 0:
+            packed, scales = keys
+            logits = tl.dot_scaled(packed, scales, "e2m1", tl.trans(q), None, "bf16", fast_math=SCALED_DOT == 2)
+        else:
+            even, odd = keys
+            q_even, q_odd = q
+            if DOT == 2:
+                logits = tl.dot(odd, tl.trans(q_odd), tl.dot(even, tl.trans(q_even), input_precision="ieee"),
+                                input_precision="ieee")
+            else:
+                logits = tl.dot(odd, tl.trans(q_odd), tl.dot(even, tl.trans(q_even)))
+    elif DOT == 2:
+        logits = tl.dot(keys, tl.trans(q), input_precision="ieee")  # [BLOCK_N, BLOCK_H]
+    else:
+        logits = tl.dot(keys, tl.trans(q))
+    return tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1) * scale
+
+
+@triton.jit
+def _store(out_ptr, stride_ot, t, ok, s, score, visible, max_context):
+    tl.store(out_ptr + t.to(tl.int64) * stride_ot + s, tl.where(visible, score, float("-inf")),
+             mask=(s < max_context) & _lanes(ok, s))
+
+
+@triton.jit
+def _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req, tile, num_blocks, max_blocks,
+              block_tokens, FMT: tl.constexpr, TOKEN_BYTES: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The bytes of key tile ``tile`` of request ``req`` (inside one cache block), unmasked: an unmapped
+    or out-of-table tile reads block 0. -> (FP8: e4m3 keys ``[BLOCK_N, 128]``, fp32 scales ``[BLOCK_N]``;
+    MXFP4: packed pairs ``[BLOCK_N, 64]``, UE8M0 scales ``[BLOCK_N, 4]``; whether the block is mapped)."""
+    first = tile * BLOCK_N
+    logical = first // block_tokens
+    in_table = logical < max_blocks
+    block = tl.load(block_table_ptr + req * stride_bt + tl.where(in_table, logical, 0))
+    mapped = in_table & (block >= 0) & (block < num_blocks)
+    block = tl.where(mapped, block, 0).to(tl.int64)
+    key0 = first - logical * block_tokens
+    keys_in_tile = tl.arange(0, BLOCK_N)
+    rows = pages_u8 + block * s8_b + key0 * TOKEN_BYTES + keys_in_tile[:, None] * TOKEN_BYTES
+    if FMT == 1:
+        a = tl.load(rows + tl.arange(0, 128)[None, :])
+        b = tl.load(pages_f32 + (block * s32_b + key0 * (TOKEN_BYTES // 4)) + keys_in_tile * (TOKEN_BYTES // 4) + 32)
+    else:
+        a = tl.load(rows + tl.arange(0, 64)[None, :])
+        b = tl.load(rows + 64 + tl.arange(0, 4)[None, :])
+    return a, b, mapped
+
+
+@triton.jit
+def _tile_operands(a, b, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.constexpr):
+    """Raw tile bytes -> (MMA operand(s), per-key scale ``[BLOCK_N]``): FP8 keys as e4m3 (FP8 MMA) or
+    exactly widened; MXFP4 packed for ``tl.dot_scaled`` or decoded into (even dims, odd dims)."""
+    rows: tl.constexpr = a.shape[0]
+    if FMT == 1:
+        if a.dtype == tl.uint8:
+            keys = a.to(tl.float8e4nv, bitcast=True)
+        else:  # the e4m3-typed view (typed_keys): no conversion between load and MMA
+            keys = a
+        if DOT == 0:
+            keys = keys.to(tl.bfloat16)
+        elif DOT == 2:
+            keys = keys.to(tl.float32)
+        scale = b
+    else:
+        if SCALED_DOT > 0:
+            keys = (a, b)
+        else:
+            per_pair = tl.reshape(tl.broadcast_to(b[:, :, None], [rows, 4, 16]), [rows, 64])
+            even = e2m1_ue8m0_value(a & 0xF, per_pair)
+            odd = e2m1_ue8m0_value(a >> 4, per_pair)
+            if DOT == 0:
+                even = even.to(tl.bfloat16)
+                odd = odd.to(tl.bfloat16)
+            keys = (even, odd)
+        scale = tl.full([rows], 1.0, tl.float32)
+    return keys, scale
+
+
+@triton.jit(do_not_specialize=SIZE_ARGS)
+def indexer_tiles_kernel(
+    q_ptr, stride_qt, stride_qh,  # q [T, H, 128] (fp8 or bf16; fp32/fp16 never come here)
+    w_ptr, stride_wt,  # [T, H] fp32
+    pages_u8, s8_b, pages_f32, s32_b,  # uint8 (or e4m3-typed) and fp32 views of the pages, block strides
+    block_table_ptr, stride_bt,  # [B, max_blocks] int32, -1 unmapped
+    req_ptr, pos_ptr, off_ptr, seg_ptr,  # [T] request, position, index in its request run; [T] segment starts
+    out_ptr, stride_ot,  # [T, max_context] fp32
+    T, max_context, num_blocks, max_blocks, block_tokens,
+    H: tl.constexpr, FMT: tl.constexpr, DOT: tl.constexpr, TOKEN_BYTES: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, GROUP: tl.constexpr, TILES: tl.constexpr, LOOP: tl.constexpr,
+    SCALED_DOT: tl.constexpr,
+):
+    t0 = tl.load(seg_ptr + tl.program_id(1))
+    if t0 < T:
+        req = tl.load(req_ptr + t0)
+        off0 = tl.load(off_ptr + t0)
+        split: tl.constexpr = FMT == 2 and SCALED_DOT == 0
+        # the segment's members: explicit per-token operands (a Triton tensor cannot be sliced)
+        ok0, pos0 = _member(req_ptr, pos_ptr, off_ptr, t0, 0, T, req, off0)
+        q0, w0 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0, ok0, H, BLOCK_H, DOT, split)
+        reach = pos0
+        # members the segment cannot have (g >= GROUP): placeholders, never used (ok_g False)
+        q1, w1, ok1, pos1 = q0, w0, ok0 & False, pos0
+        q2, w2, ok2, pos2 = q0, w0, ok1, pos0
+        q3, w3, ok3, pos3 = q0, w0, ok1, pos0
+        q4, w4, ok4, pos4 = q0, w0, ok1, pos0
+        q5, w5, ok5, pos5 = q0, w0, ok1, pos0
+        q6, w6, ok6, pos6 = q0, w0, ok1, pos0
+        q7, w7, ok7, pos7 = q0, w0, ok1, pos0
+        if GROUP > 1:
+            ok1, pos1 = _member(req_ptr, pos_ptr, off_ptr, t0, 1, T, req, off0)
+            q1, w1 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 1, ok1, H, BLOCK_H, DOT, split)
+            reach = tl.maximum(reach, pos1)
+        if GROUP > 2:
+            ok2, pos2 = _member(req_ptr, pos_ptr, off_ptr, t0, 2, T, req, off0)
+            q2, w2 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 2, ok2, H, BLOCK_H, DOT, split)
+            reach = tl.maximum(reach, pos2)
+        if GROUP > 3:
+            ok3, pos3 = _member(req_ptr, pos_ptr, off_ptr, t0, 3, T, req, off0)
+            q3, w3 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 3, ok3, H, BLOCK_H, DOT, split)
+            reach = tl.maximum(reach, pos3)
+        if GROUP > 4:
+            ok4, pos4 = _member(req_ptr, pos_ptr, off_ptr, t0, 4, T, req, off0)
+            q4, w4 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 4, ok4, H, BLOCK_H, DOT, split)
+            reach = tl.maximum(reach, pos4)
+        if GROUP > 5:
+            ok5, pos5 = _member(req_ptr, pos_ptr, off_ptr, t0, 5, T, req, off0)
+            q5, w5 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 5, ok5, H, BLOCK_H, DOT, split)
+            reach = tl.maximum(reach, pos5)
+        if GROUP > 6:
+            ok6, pos6 = _member(req_ptr, pos_ptr, off_ptr, t0, 6, T, req, off0)
+            q6, w6 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 6, ok6, H, BLOCK_H, DOT, split)
+            reach = tl.maximum(reach, pos6)
+        if GROUP > 7:
+            ok7, pos7 = _member(req_ptr, pos_ptr, off_ptr, t0, 7, T, req, off0)
+            q7, w7 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 7, ok7, H, BLOCK_H, DOT, split)
+            reach = tl.maximum(reach, pos7)
+        first = tl.program_id(0) * TILES
+        # tiles holding a visible key (s <= reach, s < max_context) get loads and MMAs; the rest -inf only
+        last = tl.minimum(reach, max_context - 1)
+        live = tl.minimum(tl.maximum(last // BLOCK_N + 1 - first, 0), TILES)
+        req64 = req.to(tl.int64)
+        if LOOP == 0:  # unrolled: ptxas may issue several tiles' loads ahead
+            for i in tl.static_range(TILES):
+                if i < live:
+                    a, b, mapped = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
+                                             first + i, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES,
+                                             BLOCK_N)
+                    _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
+                                q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
+                                ok7, pos7, t0, out_ptr, stride_ot, max_context, FMT, DOT, GROUP, SCALED_DOT)
+        elif LOOP == 1:  # rolled, the next tile's bytes loaded into registers before this tile's MMAs
+            a_n, b_n, mapped_n = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
+                                           first, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
+            for i in range(live):
+                a, b, mapped = a_n, b_n, mapped_n
+                # the last live tile re-reads itself (a cache hit) rather than fetch a tile it never uses
+                a_n, b_n, mapped_n = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
+                                               first + tl.minimum(i + 1, live - 1), num_blocks, max_blocks,
+                                               block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
+                _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
+                            q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
+                            ok7, pos7, t0, out_ptr, stride_ot, max_context, FMT, DOT, GROUP, SCALED_DOT)
+        else:  # rolled, left to the software pipeliner (num_stages)
+            for i in range(live):
+                a, b, mapped = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
+                                         first + i, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
+                _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
+                            q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
+                            ok7, pos7, t0, out_ptr, stride_ot, max_context, FMT, DOT, GROUP, SCALED_DOT)
+        dead = tl.full([BLOCK_N], float("-inf"), tl.float32)
+        for i in range(live, TILES):
+            s = (first + i) * BLOCK_N + tl.arange(0, BLOCK_N)
+            _dead(out_ptr, stride_ot, t0, s, dead, max_context, ok0, ok1, ok2, ok3, ok4, ok5, ok6, ok7, GROUP)
+
+
+@triton.jit
+def _dead(out_ptr, stride_ot, t0, s, dead, max_context, ok0, ok1, ok2, ok3, ok4, ok5, ok6, ok7,
+          GROUP: tl.constexpr):
+    """-inf for every member token on a tile past the segment's furthest position."""
+    out = out_ptr + t0.to(tl.int64) * stride_ot + s
+    inside = s < max_context
+    tl.store(out, dead, mask=inside & _lanes(ok0, s))
+    if GROUP > 1:
+        tl.store(out + stride_ot, dead, mask=inside & _lanes(ok1, s))
+    if GROUP > 2:
+        tl.store(out + 2 * stride_ot, dead, mask=inside & _lanes(ok2, s))
+    if GROUP > 3:
+        tl.store(out + 3 * stride_ot, dead, mask=inside & _lanes(ok3, s))
+    if GROUP > 4:
+        tl.store(out + 4 * stride_ot, dead, mask=inside & _lanes(ok4, s))
+    if GROUP > 5:
+        tl.store(out + 5 * stride_ot, dead, mask=inside & _lanes(ok5, s))
+    if GROUP > 6:
+        tl.store(out + 6 * stride_ot, dead, mask=inside & _lanes(ok6, s))
+    if GROUP > 7:
+        tl.store(out + 7 * stride_ot, dead, mask=inside & _lanes(ok7, s))
+
+
+@triton.jit
+def _score_tile(tile, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6, q7, w7,
+                ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6, ok7, pos7, t0,
+                out_ptr, stride_ot, max_context, FMT: tl.constexpr, DOT: tl.constexpr, GROUP: tl.constexpr,
+                SCALED_DOT: tl.constexpr):
+    """Scores of key tile ``tile`` (its raw bytes ``a``, ``b``) for every member token of the segment:
+    one MMA (two for explicitly decoded MXFP4) per member; absent members skip theirs."""
+    keys, scale = _tile_operands(a, b, FMT, DOT, SCALED_DOT)
+    BLOCK_N: tl.constexpr = a.shape[0]
+    s = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    seen = _lanes(mapped, s)
+    _one(keys, scale, q0, w0, ok0, pos0, t0, s, seen, out_ptr, stride_ot, max_context, FMT, DOT, SCALED_DOT)
+    if GROUP > 1:
+        if ok1:
+            _one(keys, scale, q1, w1, ok1, pos1, t0 + 1, s, seen, out_ptr, stride_ot, max_context, FMT, DOT, SCALED_DOT)
+    if GROUP > 2:
+        if ok2:
+            _one(keys, scale, q2, w2, ok2, pos2, t0 + 2, s, seen, out_ptr, stride_ot, max_context, FMT, DOT, SCALED_DOT)
+    if GROUP > 3:
+        if ok3:
+            _one(keys, scale, q3, w3, ok3, pos3, t0 + 3, s, seen, out_ptr, stride_ot, max_context, FMT, DOT, SCALED_DOT)
+    if GROUP > 4:
+        if ok4:
+            _one(keys, scale, q4, w4, ok4, pos4, t0 + 4, s, seen, out_ptr, stride_ot, max_context, FMT, DOT, SCALED_DOT)
+    if GROUP > 5:
+        if ok5:
+            _one(keys, scale, q5, w5, ok5, pos5, t0 + 5, s, seen, out_ptr, stride_ot, max_context, FMT, DOT, SCALED_DOT)
+    if GROUP > 6:
+        if ok6:
+            _one(keys, scale, q6, w6, ok6, pos6, t0 + 6, s, seen, out_ptr, stride_ot, max_context, FMT, DOT, SCALED_DOT)
+    if GROUP > 7:
+        if ok7:
+            _one(keys, scale, q7, w7, ok7, pos7, t0 + 7, s, seen, out_ptr, stride_ot, max_context, FMT, DOT, SCALED_DOT)
+
+
+@triton.jit
+def _one(keys, scale, q, w, ok, pos, t, s, seen, out_ptr, stride_ot, max_context, FMT: tl.constexpr,
+         DOT: tl.constexpr, SCALED_DOT: tl.constexpr):
+    score = _token_score(keys, scale, q, w, FMT, DOT, SCALED_DOT)
+    _store(out_ptr, stride_ot, t, ok, s, score, seen & (s <= pos), max_context)
+
+
+def tile_keys(block_tokens: int, block_n: int) -> int:
+    """Keys per tile for ``block_tokens``-token blocks: ``block_n`` capped at the largest power of two
+    dividing the block (a tile never straddles two blocks); 0 when that is below 16 (the MMA's K/M)."""
+    largest = block_tokens & -block_tokens if block_tokens > 0 else 0
+    n = min(block_n, largest)
+    return n if n >= 16 else 0
+
+
+def serves(q, index_pages, index_fmt, dot, block_n) -> bool:
+    """Whether this path takes the call (else the general kernel does)."""
+    code = INDEX_CODES.get(index_fmt)
+    if code not in (INDEX_FP8, INDEX_MXFP4) or dot not in (DOT_BF16, DOT_FP8):
+        return False
+    if q.dtype not in (torch.bfloat16, torch.float8_e4m3fn) or q.shape[1] > 64:
+        return False
+    if index_pages.shape[0] == 0 or index_pages.stride(1) != index_pages.shape[-1]:
+        return False
+    if code == INDEX_FP8 and not views_usable(index_pages):
+        return False
+    return tile_keys(index_pages.shape[1], block_n) > 0
+
+
+def segment_starts(run_offset, group):
+    """``[T]`` int32: first tokens of the segments (tokens with ``run_offset % group == 0``), in order,
+    then ``T`` (programs that exit). Sync-free: a cumulative count and a scatter."""
+    tokens = run_offset.shape[0]
+    is_start = run_offset % group == 0
+    slot = torch.where(is_start, torch.cumsum(is_start, 0, dtype=torch.int32) - 1, tokens)
+    starts = torch.full((tokens + 1,), tokens, dtype=torch.int32, device=run_offset.device)
+    starts.scatter_(0, slot.long(), torch.arange(tokens, dtype=torch.int32, device=run_offset.device))
+    return starts[:tokens]
+
+
+def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, index_fmt, max_context, out, *,
+           dot, block_n=64, group=5, tiles=4, loop=0, num_warps=4, num_stages=1, scaled_dot=0,
+           typed_keys=False):
+    """Run :func:`indexer_tiles_kernel` (the caller checked :func:`serves`). ``group`` tokens per
+    segment (<= 8), ``tiles`` key tiles per program, ``loop``: 0 unrolled, 1 rolled with the next tile
+    prefetched into registers, 2 rolled for the software pipeliner (``num_stages``), ``scaled_dot``: MXFP4 through ``tl.dot_scaled`` (1, 2 = fast_math)."""
+    tokens, heads, _ = q.shape
+    if not 1 <= group <= MAX_GROUP:
+        raise ValueError(f"triton indexer_score: the block-tile path takes 1..{MAX_GROUP} tokens per segment "
+                         f"(group), got {group}")
+    block_n = tile_keys(index_pages.shape[1], block_n)
+    block_h = max(16, triton.next_power_of_2(heads))
+    u8 = index_pages.view(torch.float8_e4m3fn) if typed_keys and index_fmt == "fp8" and dot == DOT_FP8 \
+        else index_pages
+    if index_fmt == "fp8":
+        f32, s32_b = index_pages.view(torch.float32), index_pages.stride(0) // 4
+    else:
+        f32, s32_b = index_pages, 0  # never read
+    seg = segment_starts(run_offset, group)
+    grid = (triton.cdiv(max_context, block_n * tiles), tokens)
+    indexer_tiles_kernel[grid](
+        q, q.stride(0), q.stride(1), weights, weights.stride(0),
+        u8, index_pages.stride(0), f32, s32_b,
+        block_table, block_table.stride(0),
+        req_ids, positions, run_offset, seg,
+        out, out.stride(0),
+        tokens, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1],
+        H=heads, FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=index_pages.shape[-1], BLOCK_H=block_h,
+        BLOCK_N=block_n, GROUP=group, TILES=tiles, LOOP=loop, SCALED_DOT=scaled_dot,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return out
