@@ -57,8 +57,12 @@ def bound_max_kernel(
     start = seg * seg_len
     end = tl.minimum(start + seg_len, length)
     best = tl.full([CHUNK], float("-inf"), tl.float32)
-    for c0 in range(start, end, CHUNK):
-        cols = c0 + lanes
+    full = tl.maximum(end - start, 0) // CHUNK
+    for i in range(full):  # whole chunks: unmasked, aligned (seg_len is whole chunks), so 16-byte loads
+        c0 = tl.multiple_of(start + i * CHUNK, CHUNK)
+        best = tl.maximum(best, tl.load(score_row + c0 + lanes))
+    cols = start + full * CHUNK + lanes
+    if start + full * CHUNK < end:  # the row's last, partial chunk
         best = tl.maximum(best, tl.load(score_row + cols, mask=cols < end, other=float("-inf")))
     # -inf (masked or absent) must not count as a lane maximum: key 0 sorts below every valid key
     key = tl.where(best == float("-inf"), tl.zeros([CHUNK], tl.uint32), _sort_key(best))
@@ -111,16 +115,27 @@ def bound_compact_kernel(
     idx_out = cand_idx_ptr + row * stride_ct + start
     key_out = cand_key_ptr + row * stride_ct + start
     kept = 0
-    for c0 in range(start, end, CHUNK):
-        cols = c0 + lanes
+    full = tl.maximum(end - start, 0) // CHUNK
+    for i in range(full):  # whole chunks: unmasked 16-byte loads (as in bound_max_kernel)
+        c0 = tl.multiple_of(start + i * CHUNK, CHUNK)
+        x = tl.load(score_row + c0 + lanes)
+        kept = _keep(x, c0 + lanes, lanes == lanes, bound, idx_out, key_out, kept)
+    cols = start + full * CHUNK + lanes
+    if start + full * CHUNK < end:
         x = tl.load(score_row + cols, mask=cols < end, other=float("-inf"))
-        key = _sort_key(x)
-        keep = (cols < end) & (x != float("-inf")) & (key >= bound)
-        where = kept + tl.cumsum(keep.to(tl.int32), axis=0) - 1
-        tl.store(idx_out + where, cols, mask=keep)
-        tl.store(key_out + where, key.to(tl.int32, bitcast=True), mask=keep)
-        kept += tl.sum(keep.to(tl.int32), axis=0)
+        kept = _keep(x, cols, cols < end, bound, idx_out, key_out, kept)
     tl.store(counts_ptr + row * segments + seg, kept)
+
+
+@triton.jit
+def _keep(x, cols, inside, bound, idx_out, key_out, kept):
+    """Append the columns of valid entries with key ``>= bound`` (index order) after the ``kept`` ones."""
+    key = _sort_key(x)
+    keep = inside & (x != float("-inf")) & (key >= bound)
+    where = kept + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+    tl.store(idx_out + where, cols, mask=keep)
+    tl.store(key_out + where, key.to(tl.int32, bitcast=True), mask=keep)
+    return kept + tl.sum(keep.to(tl.int32), axis=0)
 
 
 @triton.jit
