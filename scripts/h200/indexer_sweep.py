@@ -1,0 +1,238 @@
+"""Paged lightning indexer on one Hopper GPU: the general kernel (backend default) against the block-tile
+path (``backends/triton_kernels/indexer_decode.py``), checked and timed in the same run.
+
+Usage (on a CUDA machine, from the repository root with dsahal importable)::
+
+    python3 scripts/h200/indexer_sweep.py [--cpu-smoke]
+
+Steps, in order, each printed:
+
+1. the device-to-device copy ceiling (1 GiB copy, read + write bytes / time) measured in this run;
+2. every variant on a small paged case (3 requests x 5 tokens at 1000 keys, an unmapped block, a shorter
+   causal bound, 32 heads, 64-token blocks scattered by a random permutation) against the float64
+   reference (on the CPU): relative error and the -inf mask, FP8 MMAs at 5e-4 (Hopper's FP8 accumulator),
+   every other path at 1e-4;
+3. timing (``triton.testing.do_bench`` median) of the variants that passed, at 64 x 1, 64 x 2, 64 x 5
+   tokens at 128K keys, 8 x 1 at 1M and a prefill chunk (4096 tokens of one request, positions 28K..32K),
+   FP8 (132 B) keys with FP8 and bf16 queries, MXFP4 (68 B) keys with bf16 queries. One table: ms, unique
+   key bytes / time (TB/s and % of the copy ceiling), TFLOP/s of the real (unpadded) dots, and the ratio
+   to the backend default on the same shape.
+
+The prefill chunk reads 4.3 MB of keys (L2-resident) 512 times: its key-bytes column is not a bandwidth,
+and its TFLOP/s column says how close it runs to the tensor cores.
+
+A failed check is listed and the script exits with one ``error:`` line (after timing what did pass).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
+
+HEADS = 32
+BLOCK_TOKENS = 64
+TOL = 1e-4
+TOL_FP8_MMA = 5e-4
+DEVICE = "cuda"  # --cpu-smoke: "cpu" under TRITON_INTERPRET=1
+
+
+class CheckError(Exception):
+    pass
+
+
+def shapes():
+    """[(label, requests, tokens per request, keys per request)]."""
+    if DEVICE == "cpu":
+        return [("2x1 @48", 2, 1, 48), ("2x5 @48", 2, 5, 48), ("prefill 20 @48", 1, 20, 48)]
+    k = 1024
+    return [("64x1 @128K", 64, 1, 128 * k), ("64x2 @128K", 64, 2, 128 * k), ("64x5 @128K", 64, 5, 128 * k),
+            ("8x1 @1M", 8, 1, 1024 * k), ("prefill 4096 @32K", 1, 4096, 32 * k)]
+
+
+def variants(torch):
+    """[(keys, q dtype, label, launcher kwargs)]: the backend's configuration first per (keys, q)."""
+    from dsahal.backends.nvidia.config import indexer_config
+
+    bf16, fp8 = torch.bfloat16, torch.float8_e4m3fn
+    if DEVICE == "cpu":  # interpreter: bf16 dots are wrong there; FP8 MMAs and dot_scaled are exact
+        small = dict(block_n=16, group=2, tiles=2)
+        tiles = dict(small, block_tiles=True, group=8, tiles=2, tile_loop=1, typed_keys=True)
+        return [("fp8", fp8, "backend default", small), ("fp8", fp8, "tiles prefetch", tiles),
+                ("mxfp4", fp8, "tiles dot_scaled", dict(tiles, mxfp4_dot_scaled=True))]
+    out = []
+    for q in (fp8, bf16):
+        base = dict(indexer_config(HEADS, q, "fp8"))
+        tiles = dict(block_n=64, group=8, block_tiles=True, typed_keys=True, num_stages=1)
+        out += [("fp8", q, "backend default", base),
+                ("fp8", q, "tiles prefetch x8 w4", dict(tiles, tiles=8, tile_loop=1, num_warps=4)),
+                ("fp8", q, "tiles prefetch x16 w8", dict(tiles, tiles=16, tile_loop=1, num_warps=8)),
+                ("fp8", q, "tiles pipelined x8 s2", dict(tiles, tiles=8, tile_loop=2, num_warps=4, num_stages=2))]
+    base = dict(indexer_config(HEADS, bf16, "mxfp4"))
+    tiles = dict(block_n=64, group=8, block_tiles=True, num_stages=1, tile_loop=1)
+    out += [("mxfp4", bf16, "backend default", base),
+            ("mxfp4", bf16, "tiles decode x8 w4", dict(tiles, tiles=8, num_warps=4, mxfp4_dot_scaled=False)),
+            ("mxfp4", bf16, "tiles decode x16 w8", dict(tiles, tiles=16, num_warps=8, mxfp4_dot_scaled=False)),
+            ("mxfp4", bf16, "tiles dot_scaled x8 w8", dict(tiles, tiles=8, num_warps=8, mxfp4_dot_scaled=True))]
+    return out
+
+
+def build_pool(torch, fmt, blocks, gen):
+    """``[blocks, BLOCK_TOKENS, token_bytes]`` keys written by the Triton encoder from N(0, 1) + 1e-3."""
+    from dsahal.backends.triton_kernels.cache_write import cache_write
+    from dsahal.formats import index_format
+
+    spec = index_format(fmt)
+    pages = torch.empty(blocks, BLOCK_TOKENS, spec.token_bytes, dtype=torch.uint8, device=DEVICE)
+    tokens, chunk = blocks * BLOCK_TOKENS, 1 << 20
+    for start in range(0, tokens, chunk):
+        rows = min(chunk, tokens - start)
+        values = torch.randn(rows, 128, device=DEVICE, generator=gen) + 1e-3
+        cache_write(values, torch.arange(start, start + rows, device=DEVICE), pages, "index", fmt, None)
+    return pages
+
+
+def inputs(torch, requests, per_request, context, blocks, gen):
+    """Block table (each request its own random blocks), request ids, and the last ``per_request``
+    positions of a ``context``-key request."""
+    per_req_blocks = -(-context // BLOCK_TOKENS)
+    table = torch.randperm(blocks, device=DEVICE, generator=gen)[: requests * per_req_blocks]
+    table = table.view(requests, per_req_blocks).to(torch.int32)
+    req = torch.arange(requests, device=DEVICE, dtype=torch.int32).repeat_interleave(per_request)
+    pos = (context - per_request + torch.arange(per_request, device=DEVICE, dtype=torch.int32)).repeat(requests)
+    return table, req, pos
+
+
+def _name(fmt, q_dtype, label):
+    return f"{fmt} keys, {str(q_dtype).split('.')[-1]} q, {label}"
+
+
+def check(torch, chosen, failures):
+    """Every variant against the float64 reference on a small paged case -> the names that passed."""
+    from dsahal.backends.triton_kernels.indexer import indexer_score
+    from dsahal.reference.indexer import indexer_score as reference
+
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    requests, per_request, context = (3, 5, 1000) if DEVICE == "cuda" else (2, 5, 40)
+    blocks = 64 if DEVICE == "cuda" else 8
+    pools = {fmt: build_pool(torch, fmt, blocks, gen) for fmt in ("fp8", "mxfp4")}
+    table, req, pos = inputs(torch, requests, per_request, context, blocks, gen)
+    table[0, table.shape[1] // 2] = -1  # an unmapped block
+    pos[per_request] = context // 2 + 3  # a shorter causal bound, mid-tile
+    q32 = torch.randn(requests * per_request, HEADS, 128, device=DEVICE, generator=gen)
+    w = torch.randn(requests * per_request, HEADS, device=DEVICE, generator=gen)
+    wants, passed = {}, set()
+    for fmt, q_dtype, label, cfg in chosen:
+        name = _name(fmt, q_dtype, label)
+        q = q32.to(q_dtype)
+        try:
+            got = indexer_score(q, w, pools[fmt], table, req, pos, fmt, context, **cfg).cpu()
+            if (fmt, q_dtype) not in wants:
+                wants[(fmt, q_dtype)] = reference(q.float().cpu(), w.cpu(), pools[fmt].cpu(), table.cpu(),
+                                                  req.cpu(), pos.cpu(), fmt, context)
+            want = wants[(fmt, q_dtype)]
+            finite = torch.isfinite(want)
+            err = float((got[finite].double() - want[finite].double()).norm() / want[finite].double().norm())
+            tol = TOL_FP8_MMA if (fmt, q_dtype) == ("fp8", torch.float8_e4m3fn) else TOL
+            ok = torch.equal(torch.isfinite(got), finite) and bool(torch.isneginf(got[~finite]).all()) and err < tol
+            status = f"rel err {err:.2e}  {'ok' if ok else 'FAIL'}"
+        except Exception as exc:  # noqa: BLE001 - a variant that does not compile or run is a failure, listed
+            ok, status = False, f"{type(exc).__name__}: {str(exc)[:300]}"
+        print(f"  check {name:<58s} {status}", flush=True)
+        if ok:
+            passed.add(name)
+        else:
+            failures.append(f"{name}: {status}")
+    return passed
+
+
+def time_all(torch, chosen, passed, ceiling):
+    """[(shape, name, ms, key TB/s, % copy, TFLOP/s, ratio to the default)] for every passed variant."""
+    from dsahal.backends.triton_kernels.indexer import indexer_score
+
+    gen = torch.Generator(device=DEVICE).manual_seed(5)
+    blocks = max(r * -(-c // BLOCK_TOKENS) for _, r, _, c in shapes())
+    started = time.time()
+    pools = {fmt: build_pool(torch, fmt, blocks, gen) for fmt in ("fp8", "mxfp4")}
+    print(f"  pools: {blocks} blocks of {BLOCK_TOKENS} keys ({time.time() - started:.1f} s)", flush=True)
+    rows = []
+    for shape, requests, per_request, context in shapes():
+        table, req, pos = inputs(torch, requests, per_request, context, blocks, gen)
+        tokens = requests * per_request
+        q32 = torch.randn(tokens, HEADS, 128, device=DEVICE, generator=gen)
+        w = torch.randn(tokens, HEADS, device=DEVICE, generator=gen)
+        out = torch.empty(tokens, context, device=DEVICE)
+        visible = float((pos.double() + 1).sum())  # (token, key) pairs under the causal bound
+        default_ms = {}
+        for fmt, q_dtype, label, cfg in chosen:
+            name = _name(fmt, q_dtype, label)
+            if name not in passed:
+                continue
+            q = q32.to(q_dtype)
+            try:
+                ms = timing.bench_ms(lambda: indexer_score(q, w, pools[fmt], table, req, pos, fmt, context, out=out,
+                                                           **cfg), DEVICE, warmup=5, rep=40)
+            except Exception as exc:  # noqa: BLE001 - reported in the table
+                rows.append((shape, name, None, None, None, None, f"{type(exc).__name__}: {str(exc)[:80]}"))
+                continue
+            if label == "backend default":
+                default_ms[(fmt, q_dtype)] = ms
+            tbps = requests * context * pools[fmt].shape[2] / (ms * 1e-3) / 1e12
+            tflops = visible * HEADS * 128 * 2 / (ms * 1e-3) / 1e12
+            ratio = default_ms.get((fmt, q_dtype), float("nan")) / ms
+            rows.append((shape, name, ms, tbps, 100 * tbps / ceiling, tflops, f"{ratio:.2f}x"))
+        print(f"  {shape} done ({time.time() - started:.0f} s)", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    global DEVICE, BLOCK_TOKENS
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="tiny shapes on the CPU under TRITON_INTERPRET=1: runs every step, times nothing")
+    args = parser.parse_args(argv)
+    if args.cpu_smoke:
+        import os
+
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+        DEVICE, BLOCK_TOKENS = "cpu", 16
+    import torch
+
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        raise CheckError("indexer_sweep: needs a CUDA device, none is visible (or pass --cpu-smoke)")
+    import triton
+
+    started = time.time()
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter smoke run)"
+    print(f"device {name}  torch {torch.__version__}  triton {triton.__version__}")
+    ceiling = timing.copy_ceiling_tbps(torch, DEVICE)
+    print(f"copy ceiling {ceiling:.2f} TB/s (read + write)", flush=True)
+    failures: list[str] = []
+    chosen = variants(torch)
+    print("\nchecks against the float64 reference")
+    passed = check(torch, chosen, failures)
+    print(f"\ntiming ({time.time() - started:.0f} s)", flush=True)
+    rows = time_all(torch, chosen, passed, ceiling)
+    print(f"\n| shape | variant | ms | key TB/s | % copy | TFLOP/s | vs default |\n|---|---|---|---|---|---|---|")
+    for shape, vname, ms, tbps, pct, tflops, ratio in rows:
+        if ms is None:
+            print(f"| {shape} | {vname} | - | - | - | - | failed: {ratio} |")
+        else:
+            print(f"| {shape} | {vname} | {ms:.3f} | {tbps:.2f} | {pct:.1f} | {tflops:.0f} | {ratio} |")
+    print(f"\ntotal {time.time() - started:.0f} s")
+    if failures:
+        print("\nFAILED:\n  " + "\n  ".join(failures))
+        raise CheckError(f"indexer_sweep: {len(failures)} check(s) failed (listed above), first: {failures[0][:300]}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except CheckError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except Exception as exc:  # noqa: BLE001 - a CLI error is one line, never a traceback
+        print(f"error: indexer_sweep: {type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.exit(1)
