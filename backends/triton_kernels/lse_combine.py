@@ -20,7 +20,7 @@ SIZE_ARGS = ("W", "H")
 def lse_combine_kernel(
     o_ptr, stride_ow, stride_ot, stride_oh,  # o_parts [W, T, H, D]
     lse_ptr, stride_lw, stride_lt, stride_lh,  # lse_parts [W, T, H] fp32
-    out_ptr, stride_xt, stride_xh,  # out [T, H, D]
+    out_ptr,  # out [T, H, D], contiguous (allocated by lse_combine): row (t, h) starts at row * D
     out_lse_ptr,  # [T * H] fp32, contiguous
     W, H, D,
     BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -45,17 +45,27 @@ def lse_combine_kernel(
             w_weight = tl.sum(tl.where(parts == w, weight, 0.0), axis=0)
             o_w = tl.load(o_ptr + w * stride_ow + t * stride_ot + h * stride_oh + cols, mask=cols < D, other=0.0)
             acc += tl.where(w_weight > 0.0, w_weight * o_w.to(tl.float32), 0.0)
-        tl.store(out_ptr + t * stride_xt + h * stride_xh + cols, acc.to(out_ptr.dtype.element_ty), mask=cols < D)
+        tl.store(out_ptr + row.to(tl.int64) * D + cols, acc.to(out_ptr.dtype.element_ty), mask=cols < D)
 
 
-def _launch_args(o_parts, lse_parts, out, lse, block_d):
+def _block_w(parts: int) -> int:
+    """The next power of two >= ``parts``, at least 2 (``parts`` >= 1). Plain int arithmetic: Triton's
+    ``next_power_of_2`` is a constexpr function whose host-side call costs microseconds."""
+    return max(1 << (parts - 1).bit_length(), 2)
+
+
+def _block_d(dim: int, block_d: int) -> int:
+    """``min(block_d, max(next_power_of_2(dim), 16))``."""
+    return min(block_d, max(1 << (dim - 1).bit_length() if dim > 0 else 0, 16))
+
+
+def _launch_args(o_parts, lse_parts, out, lse):
+    """``(grid, positional kernel args)`` of one launch: 13 runtime arguments (the launcher binds and
+    specialises each one in Python per call: the output strides are not among them, out is contiguous)."""
     parts, tokens, heads, dim = o_parts.shape
-    return ((tokens * heads,), (
-        o_parts, o_parts.stride(0), o_parts.stride(1), o_parts.stride(2),
-        lse_parts, lse_parts.stride(0), lse_parts.stride(1), lse_parts.stride(2),
-        out, out.stride(0), out.stride(1), lse,
-        parts, heads, dim,
-    ), dict(BLOCK_W=max(triton.next_power_of_2(parts), 2), BLOCK_D=min(block_d, max(triton.next_power_of_2(dim), 16))))
+    so, sl = o_parts.stride(), lse_parts.stride()
+    return (tokens * heads,), (o_parts, so[0], so[1], so[2], lse_parts, sl[0], sl[1], sl[2], out, lse,
+                               parts, heads, dim)
 
 
 def prepare_bare_launch(o_parts, lse_parts, *, block_d=512, num_warps=4):
@@ -64,10 +74,11 @@ def prepare_bare_launch(o_parts, lse_parts, *, block_d=512, num_warps=4):
     parts, tokens, heads, dim = o_parts.shape
     out = torch.empty((tokens, heads, dim), dtype=o_parts.dtype, device=o_parts.device)
     lse = torch.empty((tokens, heads), dtype=torch.float32, device=o_parts.device)
-    grid, args, meta = _launch_args(o_parts, lse_parts, out, lse, block_d)
+    grid, args = _launch_args(o_parts, lse_parts, out, lse)
+    block_w, block = _block_w(parts), _block_d(dim, block_d)
 
     def launch():
-        lse_combine_kernel[grid](*args, **meta, num_warps=num_warps)
+        lse_combine_kernel[grid](*args, BLOCK_W=block_w, BLOCK_D=block, num_warps=num_warps)
         return out, lse
 
     return launch
@@ -85,13 +96,20 @@ def lse_combine(o_parts, lse_parts, *, out_dtype=None, block_d=512, num_warps=4)
         ``(o [T, H, D], lse [T, H] fp32)``.
     """
     parts, tokens, heads, dim = o_parts.shape
-    o_parts = o_parts if o_parts.stride(-1) == 1 else o_parts.contiguous()
-    out = torch.empty((tokens, heads, dim), dtype=out_dtype or o_parts.dtype, device=o_parts.device)
-    lse = torch.empty((tokens, heads), dtype=torch.float32, device=o_parts.device)
-    if tokens * heads == 0:
+    so = o_parts.stride()
+    if so[3] != 1:
+        o_parts = o_parts.contiguous()
+        so = o_parts.stride()
+    out = o_parts.new_empty((tokens, heads, dim), dtype=out_dtype) if out_dtype is not None else \
+        o_parts.new_empty((tokens, heads, dim))
+    lse = o_parts.new_empty((tokens, heads), dtype=torch.float32)
+    rows = tokens * heads
+    if rows == 0:
         return out, lse
     if parts == 0:
         return out.zero_(), lse.fill_(float("-inf"))
-    grid, args, meta = _launch_args(o_parts, lse_parts, out, lse, block_d)
-    lse_combine_kernel[grid](*args, **meta, num_warps=num_warps)
+    sl = lse_parts.stride()
+    lse_combine_kernel[(rows,)](o_parts, so[0], so[1], so[2], lse_parts, sl[0], sl[1], sl[2], out, lse,
+                                parts, heads, dim, BLOCK_W=_block_w(parts), BLOCK_D=_block_d(dim, block_d),
+                                num_warps=num_warps)
     return out, lse

@@ -11,6 +11,8 @@ from typing import Iterable, Sequence
 
 import torch
 
+_Tensor = torch.Tensor
+_dtype = torch.dtype
 Dim = int | str | None  # an exact size, a named size bound on first sight, or "any"
 
 
@@ -29,12 +31,20 @@ class _ShapeText:
 
 
 class ShapeBinder:
-    """Binds named dimensions (``"T"``, ``"H"``) across the arguments of one op call."""
+    """Binds named dimensions (``"T"``, ``"H"``) across the arguments of one op call.
+
+    The success path is the hot path (every validated op call runs it): no message text, tuple or
+    dict is built there, and where each named size was bound is not recorded; an error recomputes it
+    from the argument specs kept in ``_specs`` (one append per tensor checked).
+    """
+
+    __slots__ = ("op", "sizes", "_given", "_specs")
 
     def __init__(self, op: str, **known: int):
         self.op = op
-        self.sizes: dict[str, int] = dict(known)
-        self.where: dict[str, str] = {k: "given" for k in known}
+        self.sizes: dict[str, int] = known  # (a fresh dict per call: the ** collects into a new one)
+        self._given = tuple(known) if known else ()
+        self._specs: list[tuple[str, Sequence[Dim]]] = []  # (argument, shape spec) of each tensor passed
 
     def tensor(
         self,
@@ -47,9 +57,50 @@ class ShapeBinder:
         optional: bool = False,
         last_dim_contiguous: bool = False,
     ) -> None:
-        if value is None:
-            if optional:
+        if value.__class__ is not _Tensor and not isinstance(value, _Tensor):
+            if value is None and optional:
                 return
+            self._tensor_error(name, value, shape, dtypes, device, last_dim_contiguous)
+        if dtypes is not None:
+            dtype = value.dtype
+            if dtype is not dtypes and (dtypes.__class__ is _dtype or dtype not in dtypes):
+                self._tensor_error(name, value, shape, dtypes, device, last_dim_contiguous)
+        sizes = value.shape
+        if len(sizes) != len(shape):
+            self._tensor_error(name, value, shape, dtypes, device, last_dim_contiguous)
+        bound = self.sizes
+        for want, got in zip(shape, sizes):
+            if want is None:
+                continue
+            if want.__class__ is str:
+                have = bound.get(want)
+                if have is None:
+                    bound[want] = got
+                elif got != have:
+                    self._tensor_error(name, value, shape, dtypes, device, last_dim_contiguous)
+            elif got != want:
+                self._tensor_error(name, value, shape, dtypes, device, last_dim_contiguous)
+        if device is not None and value.device != device:
+            self._tensor_error(name, value, shape, dtypes, device, last_dim_contiguous)
+        if last_dim_contiguous and sizes and sizes[-1] > 1 and value.stride()[-1] != 1:
+            self._tensor_error(name, value, shape, dtypes, device, last_dim_contiguous)
+        self._specs.append((name, shape))  # last: the specs of the arguments that passed, for _where
+
+    def _where(self, size_name: str):
+        """Where a named size was bound before the argument being checked: ``"given"``, ``(argument,
+        dim)`` of its first sight in an argument that passed, or None (not bound before it)."""
+        if size_name in self._given:
+            return "given"
+        for arg, spec in self._specs:
+            for axis, want in enumerate(spec):
+                if want == size_name:
+                    return arg, axis
+        return None
+
+    def _tensor_error(self, name, value, shape, dtypes, device, last_dim_contiguous) -> None:
+        """Raise the error :meth:`tensor` found, with its message; the sizes this argument bound before
+        the failing dim are recomputed here (the fast path does not record them)."""
+        if value is None:
             raise TypeError(f"dsahal.{self.op}: argument '{name}' expected a tensor, got None")
         if not isinstance(value, torch.Tensor):
             raise TypeError(
@@ -63,28 +114,31 @@ class ShapeBinder:
                     f"dsahal.{self.op}: argument '{name}' expected dtype {names}, "
                     f"got {str(value.dtype).replace('torch.', '')}"
                 )
-        expected = _ShapeText(shape)  # formatted only when a message needs it: validation is on the hot path
+        expected = _ShapeText(shape)
         if value.dim() != len(shape):
             raise ValueError(
                 f"dsahal.{self.op}: argument '{name}' expected a {len(shape)}-d tensor of shape "
                 f"{expected}, got shape {list(value.shape)}"
             )
-        sizes = value.shape
+        bound_here: dict[str, tuple[int, tuple[str, int]]] = {}  # names first bound by this argument
         for axis, want in enumerate(shape):
-            got = sizes[axis]
+            got = value.shape[axis]
             if want is None:
                 continue
             if isinstance(want, str):
-                if want not in self.sizes:
-                    self.sizes[want] = got
-                    self.where[want] = (name, axis)
-                    continue
-                want_size = self.sizes[want]
+                if want in bound_here:
+                    want_size, where = bound_here[want]
+                else:
+                    where = self._where(want)
+                    if where is None:
+                        bound_here[want] = (got, (name, axis))
+                        self.sizes[want] = got
+                        continue
+                    want_size = self.sizes[want]
             else:
                 want_size = want
             if got != want_size:
                 if isinstance(want, str):
-                    where = self.where[want]
                     where = f"'{where[0]}' dim {where[1]}" if isinstance(where, tuple) else where
                     source = f" ({want}={want_size} from {where})"
                 else:
@@ -102,6 +156,7 @@ class ShapeBinder:
                 f"dsahal.{self.op}: argument '{name}' expected unit stride in its last dim, "
                 f"got strides {list(value.stride())}"
             )
+        raise AssertionError(f"dsahal.{self.op}: argument '{name}': a check failed but no error was found")
 
     def positive_int(self, name: str, value: object, *, minimum: int = 1) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
