@@ -30,8 +30,13 @@ class RecordingChunkKda:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, q, k, v, g, beta, **kwargs):
+    def __call__(self, q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                 cu_seqlens, cu_seqlens_cpu, **rest):
         from dsahal.reference.kda import kda_recurrent_sequence
+
+        kwargs = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
+                      cu_seqlens_cpu=cu_seqlens_cpu, **rest)
 
         self.calls.append(dict(q=q, k=k, v=v, g=g, beta=beta, initial=kwargs["initial_state"].clone(), **kwargs))
         bounds = kwargs["cu_seqlens_cpu"].tolist()

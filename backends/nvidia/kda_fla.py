@@ -12,9 +12,11 @@ What this route adds around fla's kernels, per call (nothing else is copied or c
   list on the host regardless; from device lengths it would sync inside ``repeat_interleave``).
 * q, k, v go in as they are (fla's ``input_guard`` copies only tensors that are not contiguous: a
   caller's fused-projection view is copied there, by fla); g in its own dtype (fla's cumsum kernel
-  loads any 16/32-bit float and writes the fp32 cumulative gate it uses everywhere; fp64 is narrowed);
-  beta converted to k's dtype only when it differs (``[T, H]``, fla's dots need one dtype).
-* the l2norm of q and k is fla's (``use_qk_l2norm_in_kernel``), not a separate pass of ours.
+  loads bf16/fp16/fp32 and writes the fp32 cumulative gate its other kernels read; an fp64 gate is
+  declined by ``limits.kda_prefill``); beta converted to k's dtype only when it differs (``[T, H]``,
+  fla multiplies it into k and v before its dots, which take one dtype).
+* the l2norm of q and k is fla's (``use_qk_l2norm_in_kernel``), not a pass of ours (in fla 0.6 it is still
+  its own kernel writing normalised q and k, which the plain fla call pays the same).
 * the output is fla's output tensor, viewed ``[T, H, V]`` (no zero-fill, no copy). Empty sequences
   stay in: fla gives them no chunk and returns their initial state as final, written back unchanged.
 
@@ -23,7 +25,9 @@ The design of an own chunked kernel that would beat fla by 1.5x at 8 x 4096 is i
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
 
 import torch
 
@@ -76,22 +80,24 @@ def kda_prefill_fla(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, 
         return torch.zeros(v.shape, dtype=q.dtype, device=q.device)
     # The one host synchronisation: fla builds its chunk list on the host either way (from the device
     # lengths its prepare_chunk_indices syncs); given the host copy it builds it there and uploads it.
-    bounds_cpu = cu_seqlens.to("cpu", torch.int64)
+    bounds_cpu = cu_seqlens.to("cpu", torch.int64) if _takes_host_bounds(chunk_kda) else None
     # fla memoises its chunk indices/offsets by the *identity* of cu_seqlens (fla.utils.tensor_cache):
     # the caller's tensor, reused with new contents (a persistent buffer), would get stale chunks. A
     # fresh view per call is a new object (a miss) and costs no copy.
     bounds = cu_seqlens.to(torch.int64).view(-1)
     initial = gather_states(state_pool, state_ids)  # dense [B, H, K, V] fp32, zeros for padding ids
+    host = {"cu_seqlens_cpu": bounds_cpu} if _takes_host_bounds(chunk_kda) else {}
     o, final = chunk_kda(
-        q[None], k[None], v[None], _gate(g)[None], beta.to(k.dtype)[None],
+        q[None], k[None], v[None], g[None], beta.to(k.dtype)[None],
         scale=scale, initial_state=initial, output_final_state=True,
-        use_qk_l2norm_in_kernel=bool(use_qk_l2norm), cu_seqlens=bounds, cu_seqlens_cpu=bounds_cpu,
+        use_qk_l2norm_in_kernel=bool(use_qk_l2norm), cu_seqlens=bounds, **host,
     )
     scatter_states(final, state_ids, state_pool)  # padding ids write nothing
     return o[0]
 
 
-def _gate(g: torch.Tensor) -> torch.Tensor:
-    """fla's first kernel (chunk_local_cumsum) loads g in any 16/32-bit float and accumulates in fp32, so
-    bf16/fp16/fp32 gates go in as they are; an fp64 gate (allowed by the op, used in fp32) is narrowed."""
-    return g.float() if g.dtype == torch.float64 else g
+@functools.lru_cache(maxsize=4)
+def _takes_host_bounds(chunk_kda) -> bool:
+    """fla 0.6 names ``cu_seqlens_cpu``; an older fla-core (the extra allows >= 0.4) gets device bounds only
+    and builds its chunk list from them (one sync inside fla instead of ours)."""
+    return "cu_seqlens_cpu" in inspect.signature(chunk_kda).parameters

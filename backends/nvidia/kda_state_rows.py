@@ -20,7 +20,7 @@ def _gather_kernel(pool_ptr, stride_pp, stride_ph, stride_pk, ids_ptr, out_ptr, 
                    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
     """Program (n·H + h, k block): out[n, h, kb] = pool[ids[n], h, kb] (zeros when ids[n] is not a row)."""
     n = tl.program_id(0) // H
-    h = tl.program_id(0) % H
+    h = (tl.program_id(0) % H).to(tl.int64)  # h · stride_ph may pass 2^31 in a packed cache
     ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     vs = tl.arange(0, BLOCK_V)
     # The id is broadcast to the V lanes so every mask is a plain tensor (the interpreter mishandles
@@ -31,7 +31,7 @@ def _gather_kernel(pool_ptr, stride_pp, stride_ph, stride_pk, ids_ptr, out_ptr, 
     src = pool_ptr + tl.where(live, sid, 0)[None, :] * stride_pp + h * stride_ph + ks[:, None] * stride_pk \
         + vs[None, :]
     rows = tl.load(src, mask=inside & live[None, :], other=0.0)
-    dst = out_ptr + ((n * H + h).to(tl.int64) * K + ks[:, None]) * V + vs[None, :]
+    dst = out_ptr + ((n * H + h) * K + ks[:, None]) * V + vs[None, :]
     tl.store(dst, rows, mask=inside)
 
 
@@ -40,13 +40,13 @@ def _scatter_kernel(src_ptr, ids_ptr, pool_ptr, stride_pp, stride_ph, stride_pk,
                     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
     """Program (n·H + h, k block): pool[ids[n], h, kb] = src[n, h, kb] where ids[n] is a row."""
     n = tl.program_id(0) // H
-    h = tl.program_id(0) % H
+    h = (tl.program_id(0) % H).to(tl.int64)  # h · stride_ph may pass 2^31 in a packed cache
     ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     vs = tl.arange(0, BLOCK_V)
     sid = tl.load(ids_ptr + n + 0 * vs).to(tl.int64)
     live = (sid >= 0) & (sid < P)
     inside = (ks[:, None] < K) & (vs[None, :] < V)
-    rows = tl.load(src_ptr + ((n * H + h).to(tl.int64) * K + ks[:, None]) * V + vs[None, :], mask=inside,
+    rows = tl.load(src_ptr + ((n * H + h) * K + ks[:, None]) * V + vs[None, :], mask=inside,
                    other=0.0)
     dst = pool_ptr + tl.where(live, sid, 0)[None, :] * stride_pp + h * stride_ph + ks[:, None] * stride_pk \
         + vs[None, :]
