@@ -173,9 +173,11 @@ def time_case(torch, chunk_kda, route, label, lengths, ceiling, passed):
         variants.append(("fla", "fla chunk_kda plain [B, T]", lambda: chunk_kda(
             qb, kb, vb, gb, betab, scale=scale, initial_state=h0, output_final_state=True,
             use_qk_l2norm_in_kernel=True)))
-    variants.append(("route", "route (pool rows in place)", lambda: route(q, k, v, g, beta, cu, pool, ids, scale, True)))
+    variants.append(("route", "route (pool rows in place)",
+                     lambda: route(q, k, v, g, beta, cu, pool, ids, scale, True)))
     final = h0.clone()
-    variants.append(("route", "route's gather + scatter alone", lambda: scatter_states(final, ids, gather_states(pool, ids))))
+    variants.append(("route", "route's gather + scatter alone",
+                     lambda: scatter_states(final, ids, gather_states(pool, ids))))
     total = essential_bytes(lengths)
     out, peer_ms = [], None
     for checked, name, fn in variants:
