@@ -1,4 +1,4 @@
-"""The max-bound top-k (:mod:`dsahal.backends.triton_kernels.topk_bound`) under the Triton interpreter, against
+"""The max-bound top-k (:mod:`dsahal.backends.triton_kernels.topk_bound`, and :mod:`.topk_groups`'s variant) under the Triton interpreter, against
 the float64 reference: the exact set (tie rule: equal scores go to the smaller index) in index order, -1 padding
 last, on rows built to break it (ties wider than a chunk and a segment, one value everywhere, -inf rows, lengths
 0 / k - 1 / k / k + 1, crowded exponents, signed zeros, negatives), int64 lengths, slot emission, and the same
@@ -14,9 +14,11 @@ import torch  # noqa: E402
 
 from dsahal.backends.triton_kernels.topk import topk  # noqa: E402
 from dsahal.backends.triton_kernels.topk_bound import auto_group  # noqa: E402
+from dsahal.backends.triton_kernels.topk_groups import auto_group_size  # noqa: E402
 from dsahal.reference.topk import topk as reference  # noqa: E402
 
 SMALL = dict(method="bound", chunk=16, finish_chunk=16, num_warps=1, finish_warps=1)
+GROUPS = dict(SMALL, method="groups", steps=2, batch=4)
 
 
 def expected(scores, lengths, k):
@@ -70,6 +72,17 @@ def test_bound_topk_matches_reference(width, k, group):
     assert not bad, f"rows {bad} differ from the reference (width {width}, k {k}, group {group})"
 
 
+@pytest.mark.parametrize("width,k,size,steps", [(200, 9, 2, 2), (200, 9, 4, 1), (300, 40, None, 2), (96, 96, 1, 4),
+                                                (50, 64, 2, 2), (256, 5, 16, 4)])
+def test_group_bound_topk_matches_reference(width, k, size, steps):
+    gen = torch.Generator().manual_seed(width * 7 + k)
+    scores, lengths = hard_rows(gen, width, k)
+    got = topk(scores, lengths, k, **dict(GROUPS, group_size=size, steps=steps))
+    want = expected(scores, lengths, k)
+    bad = (got != want).any(dim=1).nonzero().flatten().tolist()
+    assert not bad, f"rows {bad} differ from the reference (width {width}, k {k}, group size {size}, steps {steps})"
+
+
 def test_bound_topk_int64_lengths_and_chunking_invariance():
     gen = torch.Generator().manual_seed(7)
     scores, lengths = hard_rows(gen, 160, 12)
@@ -79,6 +92,8 @@ def test_bound_topk_int64_lengths_and_chunking_invariance():
     other = dict(SMALL, chunk=32, finish_chunk=64)
     assert torch.equal(topk(scores, lengths, 12, group=4, **other), first), "chunking changed the bits"
     assert torch.equal(topk(scores[7:8], lengths[7:8], 12, group=2, **SMALL), first[7:8]), "not batch-invariant"
+    for kw in (dict(GROUPS, group_size=2), dict(GROUPS, group_size=8, chunk=32, batch=2)):
+        assert torch.equal(topk(scores, lengths.to(torch.int64), 12, **kw), first), f"groups {kw} differ from bound"
 
 
 def test_bound_topk_emits_slots():
@@ -88,10 +103,11 @@ def test_bound_topk_emits_slots():
     req = torch.tensor([1, 0, 1], dtype=torch.int32)
     table = torch.tensor([[3, -1, 0, 1, 2, 4], [5, 2, -1, 0, 1, 3]], dtype=torch.int32)  # 16-token blocks
     positions = topk(scores, lengths, 20, **SMALL)
-    slots = topk(scores, lengths, 20, emit_slots=(req, table, 16), **SMALL)
     block = table[req.long()[:, None], (positions.clamp(min=0) // 16).long()]
     want = torch.where((positions >= 0) & (block >= 0), block * 16 + positions % 16, -1)
-    assert torch.equal(slots, want), "slots differ from the positions mapped through the block table"
+    for kw in (SMALL, dict(GROUPS, group_size=4)):
+        slots = topk(scores, lengths, 20, emit_slots=(req, table, 16), **kw)
+        assert torch.equal(slots, want), f"{kw['method']}: slots differ from the positions mapped through the table"
 
 
 def test_bound_topk_rejects_an_unknown_method():
@@ -104,3 +120,9 @@ def test_auto_group_keeps_group_times_k_within_a_quarter_row():
     assert auto_group(32768, 2048, 1024) == 4
     assert auto_group(4096, 2048, 1024) == 1
     assert auto_group(1 << 30, 2048, 1024) == 16
+    assert [auto_group_size(w, 2048) for w in (131072, 32768, 4096)] == [16, 4, 1]
+
+
+def test_groups_rejects_a_chunk_that_is_not_whole_groups():
+    with pytest.raises(ValueError, match="powers of two with chunk a multiple of the group size"):
+        topk(torch.zeros(1, 64), torch.ones(1, dtype=torch.int32), 2, **dict(GROUPS, chunk=24, group_size=16))

@@ -100,11 +100,12 @@ def topk_kernel(
     _pad(out_row, written, k, lanes)
 
 
-METHODS = ("radix", "bound")
+METHODS = ("radix", "bound", "groups")
 
 
 def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slots=None, scratch=None,
-         segments=1, method="radix", group=None, finish_chunk=512, finish_warps=4):
+         segments=1, method="radix", group=None, finish_chunk=512, finish_warps=4, steps=16, group_size=None,
+         batch=64):
     """Launch :func:`topk_kernel` (or, with ``segments > 1``, :mod:`.topk_split`'s passes; or, with
     ``method="bound"``, :mod:`.topk_bound`'s max-bound filter).
 
@@ -121,7 +122,10 @@ def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slot
             more keep the GPU busy when rows are few and long). The result is the same bit for bit.
         method: ``"radix"`` (the kernels above) or ``"bound"`` (:func:`.topk_bound.topk_bound`: a lane-max
             lower bound on the k-th score, then radix select over the few entries above it; uses
-            ``chunk``, ``num_warps``, ``group``, ``finish_chunk``, ``finish_warps``; output in index order).
+            ``chunk``, ``num_warps``, ``group``, ``finish_chunk``, ``finish_warps``; output in index order),
+            or ``"groups"`` (:func:`.topk_groups.topk_groups`: the bound from groups of consecutive entries, the
+            second pass reads only the live groups; uses ``chunk``, ``steps``, ``group_size``, ``batch``,
+            ``num_warps``, ``finish_chunk``, ``finish_warps``; the same output as ``"bound"``).
 
     Returns:
         ``[T, k]`` int32 indices (or slots), -1 padding last.
@@ -147,6 +151,12 @@ def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slot
         return topk_bound(scores, lengths, k, out, emit, req_ids, block_table, block_tokens, chunk=chunk, group=group,
                           finish_chunk=finish_chunk, num_warps=num_warps, finish_warps=finish_warps,
                           scratch=scratch)
+    if method == "groups":
+        from .topk_groups import topk_groups
+
+        return topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_tokens, chunk=chunk,
+                           steps=steps, group_size=group_size, batch=batch, finish_chunk=finish_chunk,
+                           num_warps=num_warps, finish_warps=finish_warps, scratch=scratch)
     if segments > 1 and width > chunk:  # (a row of one chunk has nothing to split)
         from .topk_split import topk_split
 

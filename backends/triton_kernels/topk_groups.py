@@ -1,0 +1,147 @@
+"""Exact top-k from a bound on groups of consecutive entries: the second pass reads only the live groups.
+
+A variant of :mod:`.topk_bound` (same threshold and finish kernels, same result bit for bit: the tie
+rule's set in index order). There a lane's maximum covers entries ``CHUNK`` apart, so the compaction
+pass must still read and scan the whole row. Here a *group* is ``G`` consecutive entries:
+
+1. ``group_max_kernel`` (``T x S``): the max of every group -> ``maxima[T, S, seg_len / G]`` (key 0 for a
+   group with no valid entry);
+2. :func:`.topk_bound.bound_threshold_kernel` (``T``): ``L`` = top 16 bits of the k-th largest group max
+   (``τ >= L``: the k largest maxima are k distinct entries);
+3. ``group_compact_kernel`` (``T x S``): the segment's *live* groups (max ``>= L``; on i.i.d. scores with
+   ``G k <= N / 4`` about a quarter of them) are listed in index order, then only their entries are read
+   (``G`` consecutive floats: whole sectors) and those with key ``>= L`` appended to the segment's
+   survivor region, as in :mod:`.topk_bound`;
+4. :func:`.topk_bound.bound_finish_kernel` (``T``): exact ``τ`` over the survivors, the tie rule, padding.
+
+Scores with locality (neighbouring positions alike) put the best entries in fewer groups: the bound
+is looser and more groups are live (still exact). Four launches, no atomics, no host sync.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .topk_bound import BOUND_LEVELS, _keep, _row_length, bound_finish_kernel, bound_threshold_kernel
+from .topk_common import _sort_key
+
+SIZE_ARGS = ("N", "seg_len")
+
+
+@triton.jit(do_not_specialize=SIZE_ARGS)
+def group_max_kernel(
+    scores_ptr, stride_st, lengths_ptr,
+    maxima_ptr, stride_mt,  # [T, S * seg_len / G] int32 keys (0: no valid entry in the group)
+    N, seg_len,
+    ROWS: tl.constexpr, G: tl.constexpr,  # ROWS groups of G entries per step
+):
+    row = tl.program_id(0).to(tl.int64)
+    seg = tl.program_id(1)
+    length = _row_length(lengths_ptr, row, N)
+    score_row = scores_ptr + row * stride_st
+    start = seg * seg_len
+    end = tl.minimum(start + seg_len, length)
+    rows = tl.arange(0, ROWS)
+    within = tl.arange(0, G)
+    out = maxima_ptr + row * stride_mt + seg * (seg_len // G)
+    for r0 in range(0, seg_len // G, ROWS):
+        first = tl.multiple_of(start + r0 * G, ROWS * G)
+        cols = first + rows[:, None] * G + within[None, :]  # [ROWS, G]
+        if first + ROWS * G <= end:  # a whole step: unmasked 16-byte loads
+            x = tl.load(score_row + cols)
+        else:
+            x = tl.load(score_row + cols, mask=cols < end, other=float("-inf"))
+        best = tl.max(x, axis=1)
+        key = tl.where(best == float("-inf"), tl.zeros([ROWS], tl.uint32), _sort_key(best))
+        tl.store(out + r0 + rows, key.to(tl.int32, bitcast=True))
+
+
+@triton.jit(do_not_specialize=SIZE_ARGS)
+def group_compact_kernel(
+    scores_ptr, stride_st, lengths_ptr, bound_ptr,
+    maxima_ptr, live_ptr, stride_mt,  # [T, S * GROUPS] int32: group maxima; scratch for the live group list
+    cand_idx_ptr, cand_key_ptr, stride_ct, counts_ptr,  # as in bound_compact_kernel
+    N, seg_len, segments,
+    GROUPS: tl.constexpr, G: tl.constexpr, BATCH: tl.constexpr,  # GROUPS = seg_len / G; BATCH groups per step
+):
+    row = tl.program_id(0).to(tl.int64)
+    seg = tl.program_id(1)
+    length = _row_length(lengths_ptr, row, N)
+    bound = tl.load(bound_ptr + row).to(tl.uint32, bitcast=True)
+    score_row = scores_ptr + row * stride_st
+    groups = tl.arange(0, GROUPS)
+    maxima = tl.load(maxima_ptr + row * stride_mt + seg * GROUPS + groups).to(tl.uint32, bitcast=True)
+    live = maxima >= bound  # empty groups have key 0 < bound
+    live_row = live_ptr + row * stride_mt + seg * GROUPS
+    tl.store(live_row + tl.cumsum(live.to(tl.int32), axis=0) - 1, seg * GROUPS + groups, mask=live)
+    num_live = tl.sum(live.to(tl.int32), axis=0)
+    tl.debug_barrier()  # the list is read back below by other threads of this program
+    idx_out = cand_idx_ptr + row * stride_ct + seg * seg_len
+    key_out = cand_key_ptr + row * stride_ct + seg * seg_len
+    batch = tl.arange(0, BATCH)
+    within = tl.arange(0, G)
+    kept = 0
+    for b0 in range(0, num_live, BATCH):
+        listed = b0 + batch < num_live
+        group = tl.load(live_row + b0 + batch, mask=listed, other=0)
+        cols = group[:, None] * G + within[None, :]  # [BATCH, G], index order row-major
+        inside = listed[:, None] & (cols < length)
+        x = tl.load(score_row + cols, mask=inside, other=float("-inf"))
+        kept = _keep(tl.reshape(x, [BATCH * G]), tl.reshape(cols, [BATCH * G]), tl.reshape(inside, [BATCH * G]),
+                     bound, idx_out, key_out, kept)
+    tl.store(counts_ptr + row * segments + seg, kept)
+
+
+def auto_group_size(width: int, k: int) -> int:
+    """Entries per group: ``G k <= width / 4`` (about a quarter of the groups live on i.i.d. scores), 1 .. 16."""
+    size = 1
+    while size < 16 and 2 * size * k * 4 <= width:
+        size *= 2
+    return size
+
+
+def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_tokens, *, chunk=1024, steps=16,
+                group_size=None, batch=64, finish_chunk=512, num_warps=4, finish_warps=4, scratch=None, stats=None):
+    """Launch the four kernels for ``scores [T, N]`` into ``out [T, k]`` (arguments as :func:`.topk.topk`).
+
+    Args:
+        chunk: entries per step of the max pass (power of two, a multiple of the group size).
+        steps: steps per segment (``seg_len = chunk * steps``, power of two).
+        group_size: ``G`` (power of two; None: :func:`auto_group_size`). batch: live groups per step of
+            the compaction (power of two). finish_chunk, finish_warps, scratch, stats: as
+            :func:`.topk_bound.topk_bound`.
+    """
+    tokens, width = scores.shape
+    size = auto_group_size(width, k) if group_size is None else group_size
+    if chunk % size or chunk & (chunk - 1) or steps & (steps - 1) or batch & (batch - 1):
+        raise ValueError(f"dsahal.topk (triton groups): chunk {chunk}, steps {steps} and batch {batch} expected "
+                         f"powers of two with chunk a multiple of the group size {size}")
+    steps = min(steps, max(1, 1024 * size // chunk))  # at most 1024 groups per segment (one tensor of them)
+    seg_len = chunk * steps
+    segments = triton.cdiv(max(width, 1), seg_len)
+    per_segment = seg_len // size
+    device = scores.device
+    maxima = torch.empty((tokens, segments * per_segment), dtype=torch.int32, device=device)
+    live = torch.empty_like(maxima)
+    bound = torch.empty((tokens,), dtype=torch.int32, device=device)
+    counts = torch.empty((tokens, segments), dtype=torch.int32, device=device)
+    # segment s's survivors fill at most columns s * seg_len .. N - 1 of the scratch rows
+    cand_idx = scratch if scratch is not None else torch.empty((tokens, max(width, 1)), dtype=torch.int32,
+                                                               device=device)
+    cand_key = torch.empty_like(cand_idx)
+    grid = (tokens, segments)
+    group_max_kernel[grid](scores, scores.stride(0), lengths, maxima, maxima.stride(0), width, seg_len,
+                           ROWS=chunk // size, G=size, num_warps=num_warps)
+    step = min(1024, per_segment)
+    bound_threshold_kernel[(tokens,)](maxima, bound, k, maxima.shape[1] // step, CHUNK=step, LEVELS=BOUND_LEVELS,
+                                      num_warps=num_warps)
+    group_compact_kernel[grid](scores, scores.stride(0), lengths, bound, maxima, live, maxima.stride(0), cand_idx,
+                               cand_key, cand_idx.stride(0), counts, width, seg_len, segments, GROUPS=per_segment,
+                               G=size, BATCH=batch, num_warps=num_warps)
+    bound_finish_kernel[(tokens,)](cand_idx, cand_key, cand_idx.stride(0), counts, out, out.stride(0), req_ids,
+                                   block_table, block_table.stride(0), block_table.shape[1], block_tokens, k,
+                                   seg_len, segments, EMIT_SLOTS=emit, CHUNK=finish_chunk, num_warps=finish_warps)
+    if stats is not None:
+        stats["survivors"] = counts.sum(dim=1, dtype=torch.int32)
+    return out
