@@ -68,20 +68,29 @@ def _launch_args(o_parts, lse_parts, out, lse):
                                parts, heads, dim)
 
 
-def prepare_bare_launch(o_parts, lse_parts, *, block_d=512, num_warps=4):
+def prepare_bare_launch(o_parts, lse_parts, *, allocate=False, block_d=512, num_warps=4):
     """``launch()``: exactly the kernel launch :func:`lse_combine` makes, outputs preallocated (the
-    dispatch bench's floor for this op)."""
+    dispatch bench's floor for this op); ``allocate=True``: each launch first allocates its two outputs
+    as :func:`lse_combine` does, so the bench can tell allocation from the wrapper's own work."""
     parts, tokens, heads, dim = o_parts.shape
     out = torch.empty((tokens, heads, dim), dtype=o_parts.dtype, device=o_parts.device)
     lse = torch.empty((tokens, heads), dtype=torch.float32, device=o_parts.device)
     grid, args = _launch_args(o_parts, lse_parts, out, lse)
     block_w, block = _block_w(parts), _block_d(dim, block_d)
+    head, tail = args[:8], args[10:]
+    out_shape, lse_shape, fp32 = (tokens, heads, dim), (tokens, heads), torch.float32
 
     def launch():
         lse_combine_kernel[grid](*args, BLOCK_W=block_w, BLOCK_D=block, num_warps=num_warps)
         return out, lse
 
-    return launch
+    def allocate_and_launch():
+        new_out, new_lse = o_parts.new_empty(out_shape), o_parts.new_empty(lse_shape, dtype=fp32)
+        lse_combine_kernel[grid](*head, new_out, new_lse, *tail, BLOCK_W=block_w, BLOCK_D=block,
+                                 num_warps=num_warps)
+        return new_out, new_lse
+
+    return allocate_and_launch if allocate else launch
 
 
 def lse_combine(o_parts, lse_parts, *, out_dtype=None, block_d=512, num_warps=4):

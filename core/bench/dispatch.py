@@ -8,8 +8,8 @@ is measured) is called through each layer in turn, and each layer's median per-c
 - ``torch.ops.dsahal.lse_combine(...)``: the custom op (what tracers see);
 - ``active_table().dispatch["lse_combine"](...)``: the table's route choice;
 - the chosen route's function itself;
-- the bare kernel launch, where the route offers one (``prepare_bare_launch``: the Triton routes'
-  ``kernel[grid](...)`` with preallocated outputs);
+- the bare kernel launch with its outputs allocated per call, then with them preallocated, where the
+  route offers one (``prepare_bare_launch``: the Triton routes' ``kernel[grid](...)``);
 - ``torch.empty_like``: one plain torch op, for scale.
 
 Calls are timed in batches with a host clock and the device synchronised after each batch (so a full
@@ -44,12 +44,13 @@ def _per_call_us(fn: Callable[[], object], device: torch.device, calls: int, rep
     return statistics.median(samples)
 
 
-def _bare_launch(route_fn, o_parts, lse_parts) -> Optional[Callable[[], object]]:
+def _bare_launch(route_fn, o_parts, lse_parts, *, allocate=False) -> Optional[Callable[[], object]]:
     """The route's bare kernel launch, where the route offers one: a route function may carry
-    ``prepare_bare_launch(*args) -> launch()`` (the kernel launch with every output preallocated). Routes
-    without it are left out of that layer, never guessed."""
+    ``prepare_bare_launch(*args, allocate=False) -> launch()`` (the kernel launch with every output
+    preallocated; ``allocate=True``: outputs allocated per launch as the route does). Routes without it
+    are left out of those layers, never guessed."""
     prepare = getattr(route_fn, "prepare_bare_launch", None)
-    return None if prepare is None else prepare(o_parts, lse_parts)
+    return None if prepare is None else prepare(o_parts, lse_parts, allocate=allocate)
 
 
 def measure(device: torch.device, *, calls: int = 2000, repeats: int = 7, shape=None) -> list[dict]:
@@ -76,6 +77,9 @@ def measure(device: torch.device, *, calls: int = 2000, repeats: int = 7, shape=
     ]
     bare = _bare_launch(route_fn, o_parts, lse_parts)
     if bare is not None:
+        # The route's cost over the bare launch is its output allocation (which the bare layer does
+        # once, up front) plus its own Python: the middle layer tells the two apart.
+        layers.append(("bare launch + output allocation", _bare_launch(route_fn, o_parts, lse_parts, allocate=True)))
         layers.append(("bare kernel[grid](...) launch", bare))
     layers.append(("torch.empty_like (a plain torch op)", lambda: torch.empty_like(o_parts)))
     rows = [{"layer": name, "us": _per_call_us(fn, device, calls, repeats), "shape": list(shape)}
