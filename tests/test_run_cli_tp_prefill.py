@@ -48,10 +48,10 @@ def test_auto_shards_steps_at_the_threshold_and_tokens_every_step():
 
 
 def test_report_line_names_the_sharded_steps_and_ranks():
-    report = {"prefill_sharding": {"mode": "auto", "ranks": 2, "min_tokens": 100, "prefill_steps": 3,
+    report = {"prefill_sharding": {"mode": "auto", "ranks": 2, "min_tokens": 100, "multi_token_steps": 3,
                                    "sharded_steps": [0, 1], "sharded_tokens": 200, "steps": []}}
     line = prefill_sharding_line(report)
-    assert "2 of 3 prefill steps token-sharded" in line and "over 2 ranks" in line and "steps 0, 1" in line
+    assert "2 of 3 prefill (and draft-verify) steps token-sharded" in line and "over 2 ranks" in line and "steps 0, 1" in line
     assert prefill_sharding_line({}) is None
 
 
@@ -65,3 +65,21 @@ def test_bad_sharding_arguments_are_one_error_line(capsys, monkeypatch, extra, m
     assert main(ARGS + extra) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+@pytest.mark.slow
+def test_tp_run_token_sharding_every_step_with_drafts_matches_the_single_process_run(tmp_path):
+    """--prefill-sharding tokens shards every multi-token step, the draft-verify steps of --draft-tokens too."""
+    drafts = ["--draft-tokens", "2", "--decode", "6"]
+    outcomes = run_on_ranks(run_rank, 2, args=(str(tmp_path), ["--prefill-sharding", "tokens", *drafts]),
+                            timeout_s=240)
+    assert all(o.ok and o.value == 0 for o in outcomes), [(o.error_type, o.error_message) for o in outcomes]
+    tp = json.loads((tmp_path / "rank0.json").read_text())
+    assert main(ARGS + drafts + ["--json", str(tmp_path / "single.json")]) == 0
+    single = json.loads((tmp_path / "single.json").read_text())
+    assert tp["outputs"] == single["outputs"] and all(len(o) == 6 for o in tp["outputs"])
+    info = tp["prefill_sharding"]
+    assert info["mode"] == "tokens" and info["min_tokens"] is None
+    assert info["multi_token_steps"] > 3  # the 3 prefill chunks and the verify steps
+    assert info["sharded_steps"] == list(range(info["multi_token_steps"]))
+    assert [s["tokens"] for s in info["steps"][:3]] == [100, 100, 63]

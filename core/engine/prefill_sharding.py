@@ -20,8 +20,10 @@ holds the same output and emits the same tokens. Decode steps attend with every 
 
 Which prefill steps are token-sharded: ``--prefill-sharding tokens`` every one, ``none`` none,
 ``auto`` those of at least ``--prefill-shard-min-tokens`` tokens (below that the two all-to-alls cost
-more than the indexer work they save). Every prefill step is recorded (its tokens, sharded or not)
-for the run's report.
+more than the indexer work they save). Every such step is recorded (its tokens, sharded or not) for
+the run's report. "Prefill step" here is any step that is not a one-token-per-request decode step:
+prefill chunks, and under ``--draft-tokens`` also the steps that verify drafts (the attention sees
+only the batch, which does not say which of the two it is; both are sharded by the same rule).
 """
 from __future__ import annotations
 
@@ -71,7 +73,7 @@ class ReplicatedTpAttention:
             raise ValueError(f"ReplicatedTpAttention: rank expected in [0, {world}), got {rank}")
         self.rank, self.world, self.mode, self.min_tokens, self.group = rank, world, mode, min_tokens, group
         self.local = LocalDsaAttention(fused=fused, check=check)
-        self.steps: list[dict] = []  # one record per prefill step: {"step", "tokens", "sharded", "layers"}
+        self.steps: list[dict] = []  # one record per multi-token step: {"step", "tokens", "sharded", "layers"}
         self._last_meta = None  # a step's layers share one BatchMeta; kept alive so its id is not reused
 
     @property
@@ -122,10 +124,11 @@ class ReplicatedTpAttention:
         self.steps.append({"step": len(self.steps), "tokens": tokens, "sharded": sharded, "layers": 1})
 
     def summary(self) -> dict:
-        """The run report's ``prefill_sharding``: mode, ranks, threshold and every prefill step."""
+        """The run report's ``prefill_sharding``: mode, ranks, threshold and every multi-token step (module
+        docstring: prefill chunks, and draft verification under ``--draft-tokens``)."""
         sharded = [s["step"] for s in self.steps if s["sharded"]]
         return {"mode": self.mode, "ranks": self.world, "min_tokens": self.min_tokens if self.mode == "auto" else None,
-                "prefill_steps": len(self.steps), "sharded_steps": sharded,
+                "multi_token_steps": len(self.steps), "sharded_steps": sharded,
                 "sharded_tokens": sum(s["tokens"] for s in self.steps if s["sharded"]),
                 "steps": [dict(s) for s in self.steps]}
 
@@ -141,12 +144,12 @@ def prefill_sharding_line(report: dict) -> str | None:
     info = report.get("prefill_sharding")
     if not info:
         return None
-    rule = {"tokens": "every prefill step", "none": "no prefill step",
-            "auto": f"prefill steps of >= {info['min_tokens']} tokens"}[info["mode"]]
+    rule = {"tokens": "every step", "none": "no step",
+            "auto": f"steps of >= {info['min_tokens']} tokens"}[info["mode"]]
     steps = ", ".join(str(s) for s in info["sharded_steps"]) or "none"
     return (f"prefill sharding: {info['mode']} ({rule}) over {info['ranks']} ranks with replicated caches: "
-            f"{len(info['sharded_steps'])} of {info['prefill_steps']} prefill steps token-sharded "
-            f"({info['sharded_tokens']} tokens; steps {steps}), the others head-sharded")
+            f"{len(info['sharded_steps'])} of {info['multi_token_steps']} prefill (and draft-verify) steps "
+            f"token-sharded ({info['sharded_tokens']} tokens; steps {steps}), the others head-sharded")
 
 
 def start_tp(args, config, fingerprint: dict):
