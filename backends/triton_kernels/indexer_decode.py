@@ -66,7 +66,7 @@ def _member(req_ptr, pos_ptr, off_ptr, t0, g: tl.constexpr, T, req, off0):
 def _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t, ok, H, BLOCK_H: tl.constexpr, DOT: tl.constexpr,
             SPLIT: tl.constexpr):
     """Queries of token ``t`` as MMA operands (``[BLOCK_H, 128]``, or its even / odd dim halves
-    ``[BLOCK_H, 64]`` each with ``SPLIT``) and its head weights ``[BLOCK_H]`` (zero beyond ``H``)."""
+    ``[BLOCK_H, 64]`` each with ``SPLIT``; zero beyond ``H``) and a pointer to its head weights."""
     heads = tl.arange(0, BLOCK_H)
     row_ok = (heads < H) & _lanes(ok, heads)
     rows = q_ptr + tl.where(ok, t, 0).to(tl.int64) * stride_qt + heads[:, None] * stride_qh
@@ -84,7 +84,8 @@ def _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t, ok, H, BLOCK_H: tl
             q = q.to(tl.bfloat16)
         elif DOT == 2:
             q = q.to(tl.float32)
-    w = tl.load(w_ptr + tl.where(ok, t, 0).to(tl.int64) * stride_wt + heads, mask=row_ok, other=0.0)
+    # the weights stay in memory (an L1 hit per tile): held in registers for 8 tokens they took ~64 of them
+    w = w_ptr + tl.where(ok, t, 0).to(tl.int64) * stride_wt
     return q, w
 
 
@@ -130,7 +131,10 @@ def _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req,
     block = tl.where(mapped, block, 0).to(tl.int64)
     key0 = first - logical * block_tokens
     keys_in_tile = tl.arange(0, BLOCK_N)
-    rows = pages_u8 + block * s8_b + key0 * TOKEN_BYTES + keys_in_tile[:, None] * TOKEN_BYTES
+    # every record starts 4-byte aligned (serves() checks it): say so, or a launch whose block stride is
+    # not specialised as a multiple of 16 loads the keys byte by byte
+    start = tl.multiple_of(block * s8_b + key0 * TOKEN_BYTES, 4)
+    rows = pages_u8 + start + keys_in_tile[:, None] * TOKEN_BYTES
     if FMT == 1:
         a = tl.load(rows + tl.arange(0, 128)[None, :])
         b = tl.load(pages_f32 + (block * s32_b + key0 * (TOKEN_BYTES // 4)) + keys_in_tile * (TOKEN_BYTES // 4) + 32)
@@ -241,7 +245,7 @@ def indexer_tiles_kernel(
                                              BLOCK_N)
                     _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
                                 q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
-                                ok7, pos7, t0, out_ptr, stride_ot, max_context, FMT, DOT, GROUP, SCALED_DOT)
+                                ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP, SCALED_DOT)
         elif LOOP == 1:  # rolled, the next tile's bytes loaded into registers before this tile's MMAs
             a_n, b_n, mapped_n = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
                                            first, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
@@ -253,14 +257,14 @@ def indexer_tiles_kernel(
                                                block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
                 _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
                             q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
-                            ok7, pos7, t0, out_ptr, stride_ot, max_context, FMT, DOT, GROUP, SCALED_DOT)
+                            ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP, SCALED_DOT)
         else:  # rolled, left to the software pipeliner (num_stages)
             for i in range(live):
                 a, b, mapped = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
                                          first + i, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
                 _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
                             q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
-                            ok7, pos7, t0, out_ptr, stride_ot, max_context, FMT, DOT, GROUP, SCALED_DOT)
+                            ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP, SCALED_DOT)
         dead = tl.full([BLOCK_N], float("-inf"), tl.float32)
         for i in range(live, TILES):
             s = (first + i) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -293,41 +297,45 @@ def _dead(out_ptr, stride_ot, t0, s, dead, max_context, ok0, ok1, ok2, ok3, ok4,
 @triton.jit
 def _score_tile(tile, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6, q7, w7,
                 ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6, ok7, pos7, t0,
-                out_ptr, stride_ot, max_context, FMT: tl.constexpr, DOT: tl.constexpr, GROUP: tl.constexpr,
-                SCALED_DOT: tl.constexpr):
+                out_ptr, stride_ot, max_context, H: tl.constexpr, BLOCK_H: tl.constexpr, FMT: tl.constexpr,
+                DOT: tl.constexpr, GROUP: tl.constexpr, SCALED_DOT: tl.constexpr):
     """Scores of key tile ``tile`` (its raw bytes ``a``, ``b``) for every member token of the segment:
     one MMA (two for explicitly decoded MXFP4) per member; absent members skip theirs."""
     keys, scale = _tile_operands(a, b, FMT, DOT, SCALED_DOT)
     BLOCK_N: tl.constexpr = a.shape[0]
     s = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     seen = _lanes(mapped, s)
-    _one(keys, scale, q0, w0, ok0, pos0, t0, s, seen, out_ptr, stride_ot, max_context, FMT, DOT, SCALED_DOT)
+    _one(keys, scale, q0, w0, ok0, pos0, t0, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, SCALED_DOT)
     if GROUP > 1:
         if ok1:
-            _one(keys, scale, q1, w1, ok1, pos1, t0 + 1, s, seen, out_ptr, stride_ot, max_context, FMT, DOT, SCALED_DOT)
+            _one(keys, scale, q1, w1, ok1, pos1, t0 + 1, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, SCALED_DOT)
     if GROUP > 2:
         if ok2:
-            _one(keys, scale, q2, w2, ok2, pos2, t0 + 2, s, seen, out_ptr, stride_ot, max_context, FMT, DOT, SCALED_DOT)
+            _one(keys, scale, q2, w2, ok2, pos2, t0 + 2, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, SCALED_DOT)
     if GROUP > 3:
         if ok3:
-            _one(keys, scale, q3, w3, ok3, pos3, t0 + 3, s, seen, out_ptr, stride_ot, max_context, FMT, DOT, SCALED_DOT)
+            _one(keys, scale, q3, w3, ok3, pos3, t0 + 3, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, SCALED_DOT)
     if GROUP > 4:
         if ok4:
-            _one(keys, scale, q4, w4, ok4, pos4, t0 + 4, s, seen, out_ptr, stride_ot, max_context, FMT, DOT, SCALED_DOT)
+            _one(keys, scale, q4, w4, ok4, pos4, t0 + 4, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, SCALED_DOT)
     if GROUP > 5:
         if ok5:
-            _one(keys, scale, q5, w5, ok5, pos5, t0 + 5, s, seen, out_ptr, stride_ot, max_context, FMT, DOT, SCALED_DOT)
+            _one(keys, scale, q5, w5, ok5, pos5, t0 + 5, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, SCALED_DOT)
     if GROUP > 6:
         if ok6:
-            _one(keys, scale, q6, w6, ok6, pos6, t0 + 6, s, seen, out_ptr, stride_ot, max_context, FMT, DOT, SCALED_DOT)
+            _one(keys, scale, q6, w6, ok6, pos6, t0 + 6, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, SCALED_DOT)
     if GROUP > 7:
         if ok7:
-            _one(keys, scale, q7, w7, ok7, pos7, t0 + 7, s, seen, out_ptr, stride_ot, max_context, FMT, DOT, SCALED_DOT)
+            _one(keys, scale, q7, w7, ok7, pos7, t0 + 7, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, SCALED_DOT)
 
 
 @triton.jit
-def _one(keys, scale, q, w, ok, pos, t, s, seen, out_ptr, stride_ot, max_context, FMT: tl.constexpr,
-         DOT: tl.constexpr, SCALED_DOT: tl.constexpr):
+def _one(keys, scale, q, w_row, ok, pos, t, s, seen, out_ptr, stride_ot, max_context, H: tl.constexpr,
+         BLOCK_H: tl.constexpr, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.constexpr):
+    """Token ``t``'s scores on this tile (``w_row``: its head weights, fp32 ``[H]``), stored with -inf
+    where not ``seen`` (unmapped block) or past its position."""
+    heads = tl.arange(0, BLOCK_H)
+    w = tl.load(w_row + heads, mask=heads < H, other=0.0)
     score = _token_score(keys, scale, q, w, FMT, DOT, SCALED_DOT)
     _store(out_ptr, stride_ot, t, ok, s, score, seen & (s <= pos), max_context)
 
@@ -349,7 +357,7 @@ def serves(q, index_pages, index_fmt, dot, block_n) -> bool:
         return False
     if index_pages.shape[0] == 0 or index_pages.stride(1) != index_pages.shape[-1]:
         return False
-    if code == INDEX_FP8 and not views_usable(index_pages):
+    if not views_usable(index_pages):  # records at 4-byte aligned addresses (the kernel's loads assume it)
         return False
     return tile_keys(index_pages.shape[1], block_n) > 0
 
