@@ -4,7 +4,10 @@ A batch of requests with different prompt lengths (request i has ``N - i·N/(2B)
 ``--prompt-len N --batch B``) is prefilled in chunks and decoded ``--decode M`` tokens each over the
 packed cache, on the selected backend. The header (backend, device, config, cache, requests, memory
 estimate) is printed before anything is allocated, and the estimate is checked against the machine's
-free memory; each phase (weights, compile, prefill, decode) shows its progress on stderr.
+free memory; each phase (weights, compile, prefill, decode) shows its progress on stderr. On a GPU
+backend the attention kernels are compiled before the first prefill by a warm-up that runs them on
+dummy inputs on several threads at once (``--no-warmup`` skips it); the report says how long it took and
+when the first token came, counted from the start of the process.
 
 ``--check`` replays the same requests on the reference backend, forced to emit the same tokens, and
 compares the logits of every prompt position and every sampled position (under DCP: on every rank)
@@ -18,6 +21,7 @@ import json
 import math
 import os
 import sys
+import time
 
 import torch
 
@@ -27,7 +31,7 @@ from ..registry import RegistryError, use_backend
 from ..registry.state import active_table
 from ..engine.check import check_tolerance, compare_runs, merge_rank_checks
 from ..engine.memory import check_fits, estimate_run_memory
-from ..engine.progress import PhaseProgress, say
+from ..engine.progress import PhaseProgress, process_age, say
 from ..engine.prefill_sharding import (DEFAULT_MIN_TOKENS, MODES, check_sharding_args, prefill_sharding_line,
                                       prefill_sharding_report, start_tp)
 from ..engine.report import peak_memory, print_header, print_results
@@ -99,8 +103,14 @@ def start_dcp(args, config):
     return DcpDsaAttention(context.rank, context.world_size, check=True), context
 
 
-def execute(args, model, config, device, attention, *, forced=None, progress=True, cuda_graph=None, label=None):
-    """Run the requests once on the active backend; returns (finished requests, engine, op timer).
+def execute(args, model, config, device, attention, *, forced=None, progress=True, cuda_graph=None, label=None,
+            warmup: bool = False, clock: dict | None = None):
+    """Run the requests once on the active backend; returns (finished requests, engine, op timer, warm-up).
+
+    ``warmup``: run the compile warm-up (:mod:`dsahal.engine.warmup`) before the first step unless
+    ``--no-warmup``; the last item is its :class:`~dsahal.engine.warmup.WarmupResult` (None when not asked).
+    ``clock``: gets ``"warmup"``, the ``time.perf_counter()`` when the cache is built and the warm-up (if
+    any) is over.
 
     ``cuda_graph`` (default ``--cuda-graph``): replay decode steps from CUDA graphs. ``progress``: show
     the prefill and decode phases (and that compiling starts) on stderr; ``label``: one bar of that name
@@ -121,6 +131,14 @@ def execute(args, model, config, device, attention, *, forced=None, progress=Tru
                     validate=getattr(args, "validate", "first"))
     prefill_steps = math.ceil(sum(len(r.prompt) for r in requests) / args.chunk)
     live = True if args.progress else None  # None: a bar on a terminal, one line per phase elsewhere
+    warmed = None
+    if warmup:  # before the op timer: its calls are not the run's
+        from ..engine.warmup import WarmupResult, warm_up
+
+        warmed = WarmupResult(skipped="--no-warmup") if args.no_warmup else \
+            warm_up(engine, [len(r.prompt) for r in requests], show=progress, live=live)
+    if clock is not None:
+        clock["warmup"] = time.perf_counter()
     if label:
         bars = {"all": PhaseProgress(label, prefill_steps + args.decode - 1, "steps", enabled=progress, live=live)}
     else:
@@ -146,7 +164,7 @@ def execute(args, model, config, device, attention, *, forced=None, progress=Tru
         finished = engine.run(requests, progress=advance)
     for bar in bars.values():
         bar.close()
-    return finished, engine, timer
+    return finished, engine, timer, warmed
 
 
 def _error(message: str, code: int, *, show: bool = True) -> int:
@@ -156,6 +174,10 @@ def _error(message: str, code: int, *, show: bool = True) -> int:
 
 
 def run(args) -> int:
+    entered = time.perf_counter()
+    age = process_age()  # the interpreter's start-up and the imports so far (torch, dsahal) happened before this
+    args.clock = {"origin": entered - age if age is not None else entered,
+                  "origin_is": "process start" if age is not None else "the start of dsahal run", "run": entered}
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     first_rank = os.environ.get("RANK", "0") in ("", "0")
     if args.dcp == 1 and args.tp == 1 and world > 1:
@@ -295,10 +317,17 @@ def _report(args, config, attention, device, *, rank: int, world: int, replay_at
     finally:  # the header comes first, also when the estimate does not fit (the error line follows)
         if show:
             print_header(report)
+    clock = dict(getattr(args, "clock", None) or {"origin": time.perf_counter(), "origin_is": "the header"})
+    clock["header"] = time.perf_counter()
     model = _load_model(args, config, device, dtype, show)
+    clock["weights"] = time.perf_counter()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    finished, engine, timer = execute(args, model, config, device, attention, progress=show)
+    finished, engine, timer, warmed = execute(args, model, config, device, attention, progress=show, warmup=True,
+                                              clock=clock)
+    clock["first_token"] = engine.stats.first_token_at
+    report["warmup"] = warmed.to_dict()
+    report["startup"] = _startup(clock)
     report |= prefill_sharding_report(attention)  # --tp: which prefill steps were token-sharded
     report |= {
         "prompt_lengths": [len(r.prompt) for r in finished],
@@ -313,7 +342,7 @@ def _report(args, config, attention, device, *, rank: int, world: int, replay_at
     }
     if args.check:  # single-device on the reference: the oracle for a DCP run as well, on every rank
         with use_backend("reference"):  # eager: the reference reads values on the host, nothing to capture
-            replay, _, _ = execute(args, model, config, device, replay_attention or attention,
+            replay, _, _, _ = execute(args, model, config, device, replay_attention or attention,
                                    forced=[r.output for r in finished], progress=show, cuda_graph=False,
                                    label="check")
         check = compare_runs(finished, replay, tolerance=tolerance)
@@ -337,6 +366,18 @@ def _report(args, config, attention, device, *, rank: int, world: int, replay_at
                       f"{args.index_fmt} index keys (README, 'dsahal run'; --check-tolerance overrides it)",
                       EXIT_CHECK_FAILED)
     return 0
+
+
+def _startup(clock: dict) -> dict:
+    """Seconds from the origin (the process's start where readable) to each milestone of the run: ``run``
+    (interpreter start-up and imports), ``header``, ``weights``, ``warmup`` (its end; the cache is built
+    just before it) and ``first_token`` (None when no token was generated)."""
+    origin = clock["origin"]
+    out = {"origin": clock["origin_is"]}
+    for name in ("run", "header", "weights", "warmup", "first_token"):
+        if name in clock:
+            out[f"{name}_s"] = None if clock[name] is None else clock[name] - origin
+    return out
 
 
 def _gather_checks(check: dict, world: int) -> list[dict]:
@@ -382,6 +423,9 @@ def register(subparsers) -> None:
     parser.add_argument("--split-dsa", action="store_true",
                         help="call indexer, top-k and sparse MLA separately instead of the fused dsa_attention")
     parser.add_argument("--compile", action="store_true", help="decode through torch.compile(fullgraph=True)")
+    parser.add_argument("--no-warmup", action="store_true",
+                        help="skip the compile warm-up (GPU backends: the attention kernels run once on dummy inputs, "
+                             "several compiling at once, before the first prefill); kernels then compile on first use")
     parser.add_argument("--validate", choices=("first", "always", "never"), default="first",
                         help="op argument checks (some read tensor values on the host): until one prefill and one "
                              "decode step have passed (default), on every step, or never")

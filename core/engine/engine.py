@@ -45,6 +45,7 @@ class EngineStats:
     graph_steps: int = 0  # decode steps replayed from a CUDA graph (the rest of decode_steps ran eagerly)
     draft_tokens: int = 0  # speculative decoding: drafts proposed
     accepted_draft_tokens: int = 0  # and accepted
+    first_token_at: Optional[float] = None  # time.perf_counter() when the first token was emitted (any request)
 
     @staticmethod
     def _rate(tokens: int, seconds: float) -> float:
@@ -304,6 +305,8 @@ class Engine:
             else:
                 token = sample_one(rows[index], request.sampling, request.generator)
             request.output.append(token)
+            if self.stats.first_token_at is None:  # after logits.cpu() above: the token exists on the host
+                self.stats.first_token_at = time.perf_counter()
             if request.finished:
                 self._release(request)
 

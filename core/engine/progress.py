@@ -10,6 +10,7 @@ nothing.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Optional, TextIO
@@ -72,3 +73,18 @@ def say(text: str, *, enabled: bool = True, out: Optional[TextIO] = None) -> Non
         stream = out or sys.stderr
         stream.write(text + "\n")
         stream.flush()
+
+
+def process_age() -> Optional[float]:
+    """Seconds since this process started (Linux: its start time in ``/proc/self/stat`` against
+    ``/proc/uptime``, 10 ms resolution), or None where that is not readable. ``dsahal run`` measures its
+    start-up (interpreter, imports) and its first token from there."""
+    try:
+        with open("/proc/self/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()  # the name in parentheses may hold spaces
+        with open("/proc/uptime") as handle:
+            uptime = float(handle.read().split()[0])
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of the stat line, 20th after the name
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, uptime - started)

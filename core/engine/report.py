@@ -74,6 +74,10 @@ def print_results(report: dict, out=None) -> None:
               file=out)
     if report.get("draft_tokens_per_step"):
         print(f"         {describe_drafts(stats, report)}", file=out)
+    if report.get("warmup"):
+        print(describe_warmup(report["warmup"]), file=out)
+    if report.get("startup"):
+        print(describe_startup(report["startup"]), file=out)
     step_seconds = stats["prefill_seconds"] + stats["decode_seconds"]
     print(f"\nper-op time (self time; nested ops excluded from their caller) — {1e3 * report['ops_seconds']:.1f} ms "
           f"in ops of {1e3 * step_seconds:.1f} ms of steps", file=out)
@@ -101,6 +105,29 @@ def print_report(report: dict, out=None) -> None:
     """The header and the results together (what ``dsahal run`` prints, header first)."""
     print_header(report, out)
     print_results(report, out)
+
+
+def describe_warmup(warmup: dict) -> str:
+    """The compile warm-up line: its jobs, threads and seconds, or why it was skipped."""
+    if warmup.get("skipped"):
+        return f"warm-up  skipped: {warmup['skipped']}"
+    failed = f"; {len(warmup['errors'])} failed (their kernels compiled on first use)" if warmup.get("errors") else ""
+    return (f"warm-up  {len(warmup['jobs'])} jobs on {warmup['threads']} threads in {warmup['seconds']:.2f} s before "
+            f"the first prefill, not counted in prefill ({', '.join(warmup['jobs'])}){failed}")
+
+
+def describe_startup(startup: dict) -> str:
+    """When the first token came, from the process's start, and where the time before it went."""
+    first = startup.get("first_token_s")
+    if first is None:
+        return f"first token: none generated (start-up and imports took {startup.get('run_s', 0.0):.2f} s)"
+    parts, last = [], 0.0
+    for key, label in (("run_s", "start-up and imports"), ("header_s", "plan and header"), ("weights_s", "weights"),
+                       ("warmup_s", "cache and warm-up"), ("first_token_s", "prefill to the first token")):
+        if startup.get(key) is not None:
+            parts.append(f"{label} {startup[key] - last:.2f} s")
+            last = startup[key]
+    return f"first token after {first:.2f} s from {startup['origin']} ({', '.join(parts)})"
 
 
 def describe_drafts(stats: dict, report: dict) -> str:

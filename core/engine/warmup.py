@@ -1,0 +1,272 @@
+"""Compile warm-up: run the serving path's kernels once on dummy inputs, concurrently, before the first prefill.
+
+On a fresh GPU machine almost all of the first prefill step's time is Triton compiling the attention
+kernels on first use (H200, k31-pro-slice, empty cache: fla's chunk_kda kernels 7.4 s, the DSA indexer and
+top-k 4.4 s, sparse MLA 2.4 s), one kernel after the other in the order the model launches them. The
+warm-up runs the same launches up front as independent *jobs* on threads, so the compilations overlap:
+
+- ``KDA prefill``: the first KDA layer's attention on a dummy batch of the first real prefill step's shape
+  (same token count, sequences, dtype, cache views), ``KDA decode`` a decode-shaped step (one token per
+  request) on the second KDA layer (after the prefill job on the same layer when there is only one);
+- ``DSA prefill`` / ``DSA decode``: the same for the DSA (MLA + indexer) layers;
+- ``sparse MLA prefill`` / ``decode``: :func:`dsahal.ops.sparse_mla` alone with the arguments the DSA layer
+  hands it, so its kernels compile beside the indexer's instead of after them.
+
+Why threads (measured 2026-12-01, ``aot`` compiles for sm_90 of four dsahal kernels on a 2-core CPU, fresh
+cache each run): sequential 6.2 s, a thread per kernel 4.0 s (of 2 cores' 3.1 s floor), a spawned process per
+kernel 10-12 s (each re-imports torch, Triton and dsahal first). Triton 3.9 releases the GIL in its MLIR/LLVM
+passes and ``ptxas`` is a subprocess: a pure-Python thread beside a compile kept 64-91 % of its solo speed
+in every stage. Each thread runs its job on its own CUDA stream, in a copy of the caller's context (so a
+``use_backend`` block applies: it is a context variable), with autograd off.
+
+Nothing the real run sees changes: the jobs map their own block table onto the first rows of the cache
+(state slots ``0..B-1`` and the blocks after them, never through the allocator), those rows and the latent
+scales are copied before and written back after, and the dummy inputs come from a private generator (the
+global RNG is untouched). Compiled kernels are the only thing that stays. A job that fails is reported
+(``WarmupResult.errors``) and the run goes on: its kernels then compile on first use as before.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextvars
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from .. import ops
+from ..model.batch import BatchMeta, DsaLayerCache
+from ..model.dsa_attention import LocalDsaAttention
+from ..registry.state import active_table
+from .batch import write_slots
+from .progress import PhaseProgress, say
+
+POLL_S = 0.5  # how often the compile bar redraws while jobs run (its clock moves even between jobs)
+
+
+@dataclass
+class WarmupResult:
+    """What the warm-up did: ``seconds`` of wall time, the ``jobs`` it ran (names), ``errors`` (``"job: error"``)
+    and ``skipped``: why nothing ran ("" when it ran)."""
+
+    seconds: float = 0.0
+    jobs: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    skipped: str = ""
+    threads: int = 0
+
+    def to_dict(self) -> dict:
+        return {"seconds": self.seconds, "jobs": list(self.jobs), "errors": list(self.errors),
+                "skipped": self.skipped, "threads": self.threads}
+
+
+def skip_reason(backend: str, device: torch.device, attention) -> str:
+    """Why a warm-up would do nothing useful here ("" when it applies): the reference backend and the CPU
+    compile nothing (eager torch; Triton on a CPU is the interpreter), and a multi-process attention (decode
+    context parallelism, --tp) exchanges tensors with the other ranks, which one rank's threads cannot do."""
+    if backend == "reference":
+        return "nothing to compile: the reference backend runs eager torch"
+    if device.type == "cpu":
+        return "nothing to compile on the CPU"
+    if not isinstance(attention, LocalDsaAttention):
+        return (f"not with a multi-process attention ({type(attention).__name__} exchanges tensors between the "
+                f"ranks); kernels compile on first use")
+    return ""
+
+
+def first_prefill_step(prompt_lengths: list[int], max_batch: int, chunk: int) -> list[int]:
+    """Tokens per sequence of the engine's first prefill step: requests in arrival order (up to ``max_batch``
+    rows), each taking ``min(prompt, budget left)`` of the ``chunk`` budget, as ``Engine._schedule`` packs."""
+    counts, budget = [], chunk
+    for length in prompt_lengths[:max_batch]:
+        count = min(length, budget)
+        if count == 0:
+            break
+        counts.append(count)
+        budget -= count
+    return counts
+
+
+@dataclass
+class _Dummy:
+    """The dummy batches of one warm-up and the cache rows they touch."""
+
+    prefill: BatchMeta
+    decode: BatchMeta
+    rows: int  # the jobs write only rows [0, rows) of the pool
+
+
+def _dummy_batches(engine, prompt_lengths: list[int]) -> _Dummy:
+    """The first prefill step's shape and a decode step of one token for each of ``len(prompt_lengths)``
+    requests (capped at the block table's rows), mapped onto the first rows of ``engine.cache``."""
+    cache, block_tokens = engine.cache, engine.block_tokens
+    max_batch, max_blocks = engine.block_table.shape
+    counts = first_prefill_step(prompt_lengths, max_batch, engine.prefill_chunk_tokens)
+    decoders = min(len(prompt_lengths), max_batch)
+    rows_per_state = cache.layout.rows_per_state
+    state_rows = decoders * rows_per_state if rows_per_state else 0
+    if rows_per_state and decoders > cache.num_state_slots:
+        raise ValueError(f"warm-up: {decoders} requests need {decoders} KDA state slots, the cache has "
+                         f"{cache.num_state_slots}")
+    # request r's dummy tokens: its first-step tokens (prefill), then one more at the next position (decode)
+    lengths = [(counts[r] if r < len(counts) else 0) + 1 for r in range(decoders)]
+    need = [math.ceil(n / block_tokens) for n in lengths]
+    if any(n > max_blocks for n in need) or state_rows + sum(need) > cache.num_rows:
+        raise ValueError(f"warm-up: the dummy batch needs {state_rows + sum(need)} cache rows and up to "
+                         f"{max(need)} blocks per request, the cache has {cache.num_rows} rows and the block table "
+                         f"{max_blocks} blocks per request")
+    table = torch.full((max_batch, max_blocks), -1, dtype=torch.int32)
+    next_row = state_rows  # blocks after the state slots, so the two never overlap
+    for r, n in enumerate(need):
+        table[r, :n] = torch.arange(next_row, next_row + n, dtype=torch.int32)
+        next_row += n
+    slot_fn = getattr(engine.model.attention, "write_slots", write_slots)
+
+    def meta(positions: list[int], rows: list[int], seqs: list[int], decode: bool) -> BatchMeta:
+        positions_t, rows_t = torch.tensor(positions, dtype=torch.int32), torch.tensor(rows, dtype=torch.int32)
+        cu = torch.tensor([0, *itertools.accumulate(seqs)], dtype=torch.int32)
+        state_ids = torch.arange(len(seqs), dtype=torch.int32) if rows_per_state else \
+            torch.zeros(len(seqs), dtype=torch.int32)
+        return BatchMeta(positions_t, rows_t, table, slot_fn(table, rows_t, positions_t, block_tokens).long(), cu,
+                         state_ids, engine.max_context, decode).to(engine.device)
+
+    prefill = meta([p for n in counts for p in range(n)], [r for r, n in enumerate(counts) for _ in range(n)],
+                   counts, False)
+    decode = meta([lengths[r] - 1 for r in range(decoders)], list(range(decoders)), [1] * decoders, True)
+    return _Dummy(prefill, decode, next_row)
+
+
+def _jobs(engine, dummy: _Dummy, generator: torch.Generator) -> list[tuple[str, list[Callable[[], None]]]]:
+    """(name, steps) per job; the steps of one job run in order on one thread (they share a layer)."""
+    model, views = engine.model, engine.views
+    dtype = next(model.parameters()).dtype
+    kinds = list(model.config.layer_kinds)
+    hidden = model.config.hidden_size
+
+    def hidden_states(tokens: int) -> torch.Tensor:
+        # random, never zeros: a kernel fed zeros may take a path the real inputs do not
+        return torch.randn((tokens, hidden), generator=generator, device=engine.device).to(dtype)
+
+    def layer_step(index: int, meta: BatchMeta) -> Callable[[], None]:
+        block = model.blocks[index]
+        x = hidden_states(meta.num_tokens)
+
+        def step() -> None:
+            h = block.attn_norm(x)
+            if block.kind == "kda":
+                block.attn(h, meta, views.layer(index), check=model.check_ops)
+            else:
+                block.attn(h, meta, views.layer(index), model.attention)
+        return step
+
+    def sparse_mla_step(index: int, meta: BatchMeta) -> Callable[[], None]:
+        layer, cache = model.blocks[index].attn, views.layer(index)
+        assert isinstance(cache, DsaLayerCache)
+        tokens = meta.num_tokens
+        q = torch.randn((tokens, layer.heads, layer.latent_rank + layer.rope_dim), generator=generator,
+                        device=engine.device).to(dtype)
+        mapped = int((meta.block_table >= 0).sum()) * cache.block_tokens
+        # [T, topk] int32 as the fused top-k emits them: slots of mapped (snapshotted) blocks only
+        picks = torch.randint(0, mapped, (tokens, layer.topk), generator=generator, device=engine.device)
+        blocks = meta.block_table[meta.block_table >= 0].long()
+        slots = (blocks[picks // cache.block_tokens] * cache.block_tokens + picks % cache.block_tokens).to(torch.int32)
+
+        def step() -> None:
+            ops.sparse_mla(q, cache.latent_pages, slots, kv_fmt=cache.latent_fmt, kv_scale=cache.latent_scale,
+                           softmax_scale=layer.softmax_scale, check=False)
+        return step
+
+    jobs = []
+    for kind, label in (("kda", "KDA"), ("dsa", "DSA")):
+        layers = [i for i, k in enumerate(kinds) if k == kind]
+        if not layers:
+            continue
+        prefill, decode = layer_step(layers[0], dummy.prefill), layer_step(layers[-1], dummy.decode)
+        if len(layers) > 1:
+            jobs += [(f"{label} prefill", [prefill]), (f"{label} decode", [decode])]
+        else:  # one layer: its prefill and decode share the layer's cache rows, so one after the other
+            jobs.append((f"{label} prefill + decode", [prefill, decode]))
+        if kind == "dsa" and getattr(model.attention, "fused", True):
+            # sparse MLA's own kernels compile beside the indexer's (inside dsa_attention they come last)
+            jobs += [("sparse MLA prefill", [sparse_mla_step(layers[0], dummy.prefill)]),
+                     ("sparse MLA decode", [sparse_mla_step(layers[-1], dummy.decode)])]
+    return jobs
+
+
+def _snapshot(engine, rows: int) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Copies of pool rows ``[0, rows)`` and of every DSA layer's latent scale (what a job may write)."""
+    scales = []
+    for index in range(len(engine.views.layers)):
+        entry = engine.views.layer(index)
+        if isinstance(entry, DsaLayerCache) and entry.latent_scale is not None:
+            scales.append((entry.latent_scale, entry.latent_scale.clone()))
+    return engine.cache.pool[:rows].clone(), scales
+
+
+def _run_job(steps: list[Callable[[], None]], device: torch.device) -> None:
+    with torch.no_grad():  # grad mode is per thread
+        if device.type != "cuda":
+            for step in steps:
+                step()
+            return
+        stream = torch.cuda.Stream(device)  # its own stream: the jobs' launches do not queue behind each other
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            for step in steps:
+                step()
+        stream.synchronize()
+
+
+def warm_up(engine, prompt_lengths: list[int], *, show: bool = True, live: Optional[bool] = None,
+            force: bool = False, max_threads: Optional[int] = None) -> WarmupResult:
+    """Run every warm-up job once, concurrently, on ``engine`` (built, nothing run yet) for requests of
+    ``prompt_lengths`` (in arrival order); restores every cache byte the jobs wrote. Returns what ran.
+
+    ``show``/``live``: the "compile" bar (see :class:`~dsahal.engine.progress.PhaseProgress`).
+    ``force``: run even where :func:`skip_reason` says it would compile nothing (tests on the CPU).
+    ``max_threads``: at most this many jobs at once (default: one thread per job)."""
+    reason = skip_reason(active_table().name, engine.device, engine.model.attention)
+    if reason and not force:
+        return WarmupResult(skipped=reason)
+    start = time.perf_counter()
+    cuda = engine.device.type == "cuda"
+    generator = torch.Generator(device=engine.device).manual_seed(0)
+    dummy = _dummy_batches(engine, list(prompt_lengths))
+    with torch.no_grad():
+        jobs = _jobs(engine, dummy, generator)
+        pool_rows, scales = _snapshot(engine, dummy.rows)
+    threads = max(1, min(len(jobs), max_threads or len(jobs)))
+    say(f"compile  warming up the attention kernels on dummy inputs: {len(jobs)} jobs on {threads} threads "
+        f"({', '.join(name for name, _ in jobs)}; --no-warmup skips)", enabled=show)
+    bar = PhaseProgress("compile", len(jobs), "warm-up jobs", enabled=show, live=live)
+    result = WarmupResult(jobs=[name for name, _ in jobs], threads=threads)
+    if cuda:
+        torch.cuda.synchronize(engine.device)  # inputs and snapshot are on the default stream
+    try:
+        with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="dsahal-warmup") as executor:
+            pending = {executor.submit(contextvars.copy_context().run, _run_job, steps, engine.device): name
+                       for name, steps in jobs}
+            while pending:
+                done, _ = concurrent.futures.wait(pending, timeout=POLL_S,
+                                                  return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in done:
+                    name = pending.pop(future)
+                    error = future.exception()
+                    if error is not None:
+                        result.errors.append(f"{name}: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
+                bar.advance(len(done))  # advance(0) redraws the clock
+    finally:
+        if cuda:
+            torch.cuda.synchronize(engine.device)
+        engine.cache.pool[:dummy.rows].copy_(pool_rows)
+        for live_scale, saved in scales:
+            live_scale.copy_(saved)
+        if cuda:
+            torch.cuda.synchronize(engine.device)
+    result.seconds = time.perf_counter() - start
+    bar.close(f"{len(result.errors)} failed: kernels of those compile on first use" if result.errors else "")
+    for error in result.errors:
+        say(f"warning: dsahal run warm-up job {error}", enabled=show)
+    return result
