@@ -202,19 +202,23 @@ def block_heads(heads: int) -> int:
 def hopper_config(heads: int, kv_fmt: str = "fp8_ds_mla", q_dtype: torch.dtype = torch.bfloat16) -> dict:
     """Launch parameters for an H100/H200, from per-row quantities only (batch invariant by construction).
 
-    Chosen from the sm_90 compile (registers, no spills), pending the H200 sweep
-    (``scripts/h200/small_heads_sweep.py``): 32-slot steps with the whole step's gather issued first
-    (21 KB of fp8_ds_mla rows in flight per program; 221 registers at 4 warps: two programs per SM),
-    chunks re-read for the value MMA rather than kept (reuse: 255 registers and spills), 4 warps up
-    to 16 heads, 8 above; 512-slot splits
+    Chosen from the sm_90 compile of the local Triton (registers, spills, shared memory), pending the
+    H200 sweep (``scripts/h200/small_heads_sweep.py``): 32-slot steps; two pipeline stages, with which
+    the software pipeliner stages a step's gathered rows in shared memory through cp.async (the next
+    step's bytes in flight while this one computes): fp8_ds_mla 163 registers and 57 KB, nvfp4 168 and
+    46 KB (three programs per SM), bf16 139 and 122 KB; fp8 spilled with two stages (255 registers),
+    so it issues the whole step's gather first in one stage (218 registers). Chunks are re-read for the
+    value MMA rather than kept (reuse: 255 registers and spills). 4 warps up to 16 heads, 8 above
+    (32 heads, two stages: 164 registers, 77 KB). 512-slot splits
     (4 splits at top-k 2048: 1280 programs at 320 tokens; the fp32 partials add 2 x 4 x 32 KB per
     token at 16 heads, about 20% on top of the gathered fp8_ds_mla bytes). fp32/fp16 queries take
     the exact fp32 dots, whose operands are twice as large: 16-slot steps.
     """
     if q_dtype != torch.bfloat16:
         return dict(block_n=16, split_size=512, num_warps=4, num_stages=1, reuse=False, gather_first=False)
-    return dict(block_n=32, split_size=512, num_warps=4 if heads <= 16 else 8, num_stages=1, reuse=False,
-                gather_first=kv_fmt != "nvfp4")  # nvfp4's gather-first decode spilled (255 registers, 64 B stack)
+    staged = kv_fmt != "fp8"
+    return dict(block_n=32, split_size=512, num_warps=4 if heads <= 16 else 8, num_stages=2 if staged else 1,
+                reuse=False, gather_first=True)
 
 
 def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=32, split_size=512,

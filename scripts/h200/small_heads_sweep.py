@@ -36,9 +36,8 @@ CHECK_ROWS = 8
 O_TOL, LSE_TOL = 2e-2, 2e-2  # bf16 output and bf16 MMAs
 DEVICE, Q_DTYPE = "cuda", "bfloat16"  # --cpu-smoke: "cpu", "float32" under TRITON_INTERPRET=1
 # extra launch parameters of the chunked kernel tried at H = 16 (the default comes from hopper_config)
-EXTRA = (dict(block_n=32, num_warps=4, gather_first=False), dict(block_n=16, num_warps=4, gather_first=True),
-         dict(block_n=32, num_warps=8, gather_first=True), dict(block_n=32, num_warps=4, split_size=1024),
-         dict(block_n=32, num_warps=4, reuse=True))
+# (stages: does the cp.async staging pay; 16-slot steps; 256/1024-slot splits: waves vs fp32 partial traffic)
+EXTRA = (dict(num_stages=1), dict(num_stages=3), dict(block_n=16), dict(split_size=256), dict(split_size=1024))
 
 
 class SweepError(Exception):
