@@ -63,6 +63,7 @@ def test_tokens_and_logits_are_the_same_with_and_without_the_warm_up(model):
     warmed = engine_for(model)
     result = warm_up(warmed, LENGTHS, show=False, force=True)  # a thread per job, as on the GPU
     assert result.errors == [] and result.threads == 5
+    assert set(result.job_seconds) == set(result.jobs) and all(t > 0 for t in result.job_seconds.values())
     hot = warmed.run(greedy_requests(prompts, NEW_TOKENS))
     assert [r.output for r in hot] == [r.output for r in cold]
     for a, b in zip(hot, cold):
@@ -108,6 +109,6 @@ def test_dsahal_run_reports_the_warm_up_and_the_first_token(tmp_path, capsys, mo
     assert "compile  warming up the attention kernels on dummy inputs: 5 jobs on 5 threads" in err
     assert "compile  5 warm-up jobs in " in err
     assert warmed["warmup"]["errors"] == [] and warmed["warmup"]["seconds"] > 0
-    assert "warm-up  5 jobs on 5 threads in " in out
+    assert "warm-up  5 jobs on 5 threads in " in out and ", KDA decode " in out  # each job's own seconds
     assert warmed["outputs"] == report["outputs"]
     assert warmed["stats"]["prefill_steps"] == report["stats"]["prefill_steps"]

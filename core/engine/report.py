@@ -112,8 +112,10 @@ def describe_warmup(warmup: dict) -> str:
     if warmup.get("skipped"):
         return f"warm-up  skipped: {warmup['skipped']}"
     failed = f"; {len(warmup['errors'])} failed (their kernels compiled on first use)" if warmup.get("errors") else ""
+    took = warmup.get("job_seconds") or {}
+    jobs = ", ".join(f"{name} {took[name]:.2f} s" if name in took else name for name in warmup["jobs"])
     return (f"warm-up  {len(warmup['jobs'])} jobs on {warmup['threads']} threads in {warmup['seconds']:.2f} s before "
-            f"the first prefill, not counted in prefill ({', '.join(warmup['jobs'])}){failed}")
+            f"the first prefill, not counted in prefill ({jobs}){failed}")
 
 
 def describe_startup(startup: dict) -> str:

@@ -49,18 +49,21 @@ POLL_S = 0.5  # how often the compile bar redraws while jobs run (its clock move
 
 @dataclass
 class WarmupResult:
-    """What the warm-up did: ``seconds`` of wall time, the ``jobs`` it ran (names), ``errors`` (``"job: error"``)
-    and ``skipped``: why nothing ran ("" when it ran)."""
+    """What the warm-up did: ``seconds`` of wall time, the ``jobs`` it ran (names) and each one's own seconds
+    (``job_seconds``, from its start on its thread to its stream's end: with the compilations overlapping,
+    ``seconds`` stays near the longest job rather than their sum), ``errors`` (``"job: error"``) and
+    ``skipped``: why nothing ran ("" when it ran)."""
 
     seconds: float = 0.0
     jobs: list[str] = field(default_factory=list)
+    job_seconds: dict = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     skipped: str = ""
     threads: int = 0
 
     def to_dict(self) -> dict:
-        return {"seconds": self.seconds, "jobs": list(self.jobs), "errors": list(self.errors),
-                "skipped": self.skipped, "threads": self.threads}
+        return {"seconds": self.seconds, "jobs": list(self.jobs), "job_seconds": dict(self.job_seconds),
+                "errors": list(self.errors), "skipped": self.skipped, "threads": self.threads}
 
 
 def skip_reason(backend: str, device: torch.device, attention) -> str:
@@ -206,17 +209,20 @@ def _snapshot(engine, rows: int) -> tuple[torch.Tensor, list[tuple[torch.Tensor,
     return engine.cache.pool[:rows].clone(), scales
 
 
-def _run_job(steps: list[Callable[[], None]], device: torch.device) -> None:
+def _run_job(steps: list[Callable[[], None]], device: torch.device) -> float:
+    """Run one job's steps on this thread; returns its seconds."""
+    start = time.perf_counter()
     with torch.no_grad():  # grad mode is per thread
         if device.type != "cuda":
             for step in steps:
                 step()
-            return
+            return time.perf_counter() - start
         stream = torch.cuda.Stream(device)  # its own stream: the jobs' launches do not queue behind each other
         with torch.cuda.device(device), torch.cuda.stream(stream):
             for step in steps:
                 step()
         stream.synchronize()
+    return time.perf_counter() - start
 
 
 def warm_up(engine, prompt_lengths: list[int], *, show: bool = True, live: Optional[bool] = None,
@@ -255,7 +261,10 @@ def warm_up(engine, prompt_lengths: list[int], *, show: bool = True, live: Optio
                     name = pending.pop(future)
                     error = future.exception()
                     if error is not None:
-                        result.errors.append(f"{name}: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
+                        message = (str(error).splitlines() or [""])[0][:300]
+                        result.errors.append(f"{name}: {type(error).__name__}: {message}")
+                    else:
+                        result.job_seconds[name] = future.result()
                 bar.advance(len(done))  # advance(0) redraws the clock
     finally:
         if cuda:
