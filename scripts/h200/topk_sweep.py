@@ -1,5 +1,5 @@
 """Exact top-k (k = 2048) on one Hopper GPU: torch.topk, the NVIDIA backend's default and the max-bound
-kernels (:mod:`dsahal.backends.triton_kernels.topk_bound`), on real lightning-indexer scores, same run.
+kernels (``dsahal.backends.triton_kernels.topk_bound`` / ``topk_groups``), on real lightning-indexer scores.
 
 Usage (on a CUDA machine, from the repository with dsahal importable)::
 
@@ -16,8 +16,8 @@ Steps, in order, each printed:
 3. every variant checked before it is timed, on every row: the chosen set equals the set torch.topk implies
    under the tie rule (everything above the k-th value, then the first entries equal to it in index
    order; no -inf), no duplicates, -1 padding last, and on 8 rows per case the float64 reference's set
-   exactly; the bound kernels' index order too; then the bound kernel captured in a CUDA graph and
-   replayed on other scores;
+   exactly; the bound kernels' index order too; then one bound and one groups variant captured in a CUDA
+   graph and replayed on other scores;
 4. ``triton.testing.do_bench`` medians; one table: case, variant, ms, (scores + output bytes) / time,
    % of the copy ceiling, torch.topk ms / variant ms, and the bound kernels' survivors per row (mean / max).
 
@@ -46,9 +46,12 @@ VARIANTS = (
     ("radix default", None),
     ("radix 1 prog/row", dict(chunk=2048, row_levels=2, num_warps=8, segments=1)),
     ("bound c1024 f512", dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, finish_warps=4)),
-    ("bound c2048 f512", dict(method="bound", chunk=2048, num_warps=8, finish_chunk=512, finish_warps=4)),
-    ("bound c1024 f256", dict(method="bound", chunk=1024, num_warps=4, finish_chunk=256, finish_warps=4)),
-    ("bound c1024 f1024", dict(method="bound", chunk=1024, num_warps=4, finish_chunk=1024, finish_warps=8)),
+    ("bound c2048w8 f512", dict(method="bound", chunk=2048, num_warps=8, finish_chunk=512, finish_warps=4)),
+    ("groups c1024 b64 f512", dict(method="groups", chunk=1024, batch=64, num_warps=4, finish_chunk=512,
+                                   finish_warps=4)),
+    ("groups c2048w8 b64", dict(method="groups", chunk=2048, batch=64, num_warps=8, finish_chunk=512, finish_warps=4)),
+    ("groups c1024 b64 f256", dict(method="groups", chunk=1024, batch=64, num_warps=4, finish_chunk=256,
+                                   finish_warps=4)),
 )
 
 
@@ -164,12 +167,13 @@ def check_graph(torch, scores, lengths, kw, failures):
     ok = torch.equal(out, want) and not torch.equal(out, eager)
     print(f"  check CUDA graph replay of {kw}: {'ok' if ok else 'FAIL'}", flush=True)
     if not ok:
-        failures.append("bound kernel: a CUDA graph replay on new scores differs from an eager call")
+        failures.append(f"{kw['method']} kernel: a CUDA graph replay on new scores differs from an eager call")
 
 
 def run_case(torch, case, ceiling, rows, failures):
     from dsahal.backends.triton_kernels.topk import topk
     from dsahal.backends.triton_kernels.topk_bound import topk_bound
+    from dsahal.backends.triton_kernels.topk_groups import topk_groups
 
     name, scores, lengths = case
     tokens, width = scores.shape
@@ -181,7 +185,7 @@ def run_case(torch, case, ceiling, rows, failures):
         kw = _kwargs(raw)
         try:
             got = topk(scores, lengths, K, **kw)
-            problem = check(torch, variant, got, scores, lengths, K, want_mask, kw.get("method") == "bound")
+            problem = check(torch, variant, got, scores, lengths, K, want_mask, kw.get("method") in ("bound", "groups"))
         except Exception as exc:  # noqa: BLE001 - a variant that fails to compile or run is listed
             problem = f"{variant}: {type(exc).__name__}: {str(exc)[:200]}"
         print(f"  check {name:<18s} {variant:<18s} {problem or 'ok'}", flush=True)
@@ -189,11 +193,12 @@ def run_case(torch, case, ceiling, rows, failures):
             failures.append(f"{name}: {problem}")
             continue
         survivors = ""
-        if kw.get("method") == "bound":
+        if kw.get("method") in ("bound", "groups"):
             stats = {}
             out = torch.empty(tokens, K, dtype=torch.int32, device=DEVICE)
-            topk_bound(scores, lengths, K, out, False, lengths, lengths.view(1, -1), 1, stats=stats,
-                       **{key: value for key, value in kw.items() if key != "method"})
+            direct = topk_bound if kw["method"] == "bound" else topk_groups
+            direct(scores, lengths, K, out, False, lengths, lengths.view(1, -1), 1, stats=stats,
+                   **{key: value for key, value in kw.items() if key != "method"})
             count = stats["survivors"].float()
             survivors = f"{count.mean().item():.0f} / {count.max().item():.0f}"
         ms = _bench(lambda: topk(scores, lengths, K, **kw))
@@ -239,7 +244,8 @@ def main(argv=None) -> int:
     for case in build_cases(torch, scores, lengths):
         run_case(torch, case, ceiling, rows, failures)
     if DEVICE == "cuda":
-        check_graph(torch, scores, lengths, _kwargs(VARIANTS[2][1]), failures)
+        for variant in (VARIANTS[2], VARIANTS[4]):
+            check_graph(torch, scores, lengths, _kwargs(variant[1]), failures)
     print(f"\n| case | variant | ms | GB/s | % copy | torch.topk / variant | survivors mean / max |")
     print("|---|---|---:|---:|---:|---:|---|")
     for case, variant, ms, gbps, ratio, survivors in rows:
