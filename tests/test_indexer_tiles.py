@@ -215,6 +215,32 @@ def test_block_tiles_serve_only_what_they_can_address():
                  torch.zeros(2, dtype=torch.int32), "fp8", 64, torch.empty(2, 64), dot=d.DOT_BF16, group=9)
 
 
+def test_long_rows_keep_the_key_chunk_axis_within_the_cuda_grid_limit(monkeypatch):
+    """Segments run on grid axis 0; key chunks on axis 1, which CUDA caps at 65535: a row longer than
+    65535 chunks must get more tiles per program, not an unlaunchable grid."""
+    pytest.importorskip("triton")
+    import torch
+
+    from dsahal.backends.triton_kernels import indexer_decode as d
+
+    launched = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **meta: launched.append((grid, meta))
+
+    monkeypatch.setattr(d, "indexer_tiles_kernel", Recorder())
+    width = 16 * 65535 * 3 + 5
+    ids = torch.zeros(3, dtype=torch.int32)
+    for tiles in (1, 8):
+        d.launch(torch.zeros(3, 4, 128, dtype=torch.bfloat16), torch.zeros(3, 4),
+                 torch.zeros(2, 16, 132, dtype=torch.uint8), torch.zeros(1, 2, dtype=torch.int32), ids, ids, ids,
+                 "fp8", width, torch.empty(0), dot=d.DOT_BF16, block_n=16, group=2, tiles=tiles)
+    (grid1, meta1), (grid8, meta8) = launched
+    assert grid1[0] == 3 and grid1[1] <= 65535 and grid1[1] * 16 * meta1["TILES"] >= width
+    assert grid8 == (3, -(-width // (16 * 8))) and meta8["TILES"] == 8
+
+
 if __name__ == "__main__":
     # Child process: TRITON_INTERPRET=1 is already in the environment, before triton's import.
     print(json.dumps(_run_all()))

@@ -25,8 +25,11 @@ MXFP4 keys are decoded once per tile (into bf16 even-dim and odd-dim halves, exa
 by the matching halves of each token's queries (two K = 64 MMAs), or, with ``SCALED_DOT``, passed
 packed to ``tl.dot_scaled`` per token.
 
-Grid: ``(key-tile chunks, T)``; axis 1 indexes a device-built list of segment starts (live segments
-first, the rest ``T``: those programs exit at once), so there is no host sync.
+Grid: ``(T, key-tile chunks)``; axis 0 indexes a device-built list of segment starts (live segments
+first, the rest ``T``: those programs exit at once), so there is no host sync. Tile loops (``LOOP``):
+0 unrolled, 1 rolled with the next tile's bytes loaded into registers before this tile's MMAs (one
+tile in flight per program beyond the one computed; the last re-reads itself, a cache hit), 2 rolled
+for Triton's software pipeliner (``num_stages``, asynchronous copies into shared memory).
 """
 from __future__ import annotations
 
@@ -187,7 +190,7 @@ def indexer_tiles_kernel(
     BLOCK_N: tl.constexpr, GROUP: tl.constexpr, TILES: tl.constexpr, LOOP: tl.constexpr,
     SCALED_DOT: tl.constexpr,
 ):
-    t0 = tl.load(seg_ptr + tl.program_id(1))
+    t0 = tl.load(seg_ptr + tl.program_id(0))
     if t0 < T:
         req = tl.load(req_ptr + t0)
         off0 = tl.load(off_ptr + t0)
@@ -232,7 +235,7 @@ def indexer_tiles_kernel(
             ok7, pos7 = _member(req_ptr, pos_ptr, off_ptr, t0, 7, T, req, off0)
             q7, w7 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 7, ok7, H, BLOCK_H, DOT, split)
             reach = tl.maximum(reach, pos7)
-        first = tl.program_id(0) * TILES
+        first = tl.program_id(1) * TILES
         # tiles holding a visible key (s <= reach, s < max_context) get loads and MMAs; the rest -inf only
         last = tl.minimum(reach, max_context - 1)
         live = tl.minimum(tl.maximum(last // BLOCK_N + 1 - first, 0), TILES)
@@ -305,28 +308,36 @@ def _score_tile(tile, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, 
     BLOCK_N: tl.constexpr = a.shape[0]
     s = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     seen = _lanes(mapped, s)
-    _one(keys, scale, q0, w0, ok0, pos0, t0, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, SCALED_DOT)
+    _one(keys, scale, q0, w0, ok0, pos0, t0, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
+         FMT, DOT, SCALED_DOT)
     if GROUP > 1:
         if ok1:
-            _one(keys, scale, q1, w1, ok1, pos1, t0 + 1, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, SCALED_DOT)
+            _one(keys, scale, q1, w1, ok1, pos1, t0 + 1, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
+                 FMT, DOT, SCALED_DOT)
     if GROUP > 2:
         if ok2:
-            _one(keys, scale, q2, w2, ok2, pos2, t0 + 2, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, SCALED_DOT)
+            _one(keys, scale, q2, w2, ok2, pos2, t0 + 2, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
+                 FMT, DOT, SCALED_DOT)
     if GROUP > 3:
         if ok3:
-            _one(keys, scale, q3, w3, ok3, pos3, t0 + 3, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, SCALED_DOT)
+            _one(keys, scale, q3, w3, ok3, pos3, t0 + 3, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
+                 FMT, DOT, SCALED_DOT)
     if GROUP > 4:
         if ok4:
-            _one(keys, scale, q4, w4, ok4, pos4, t0 + 4, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, SCALED_DOT)
+            _one(keys, scale, q4, w4, ok4, pos4, t0 + 4, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
+                 FMT, DOT, SCALED_DOT)
     if GROUP > 5:
         if ok5:
-            _one(keys, scale, q5, w5, ok5, pos5, t0 + 5, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, SCALED_DOT)
+            _one(keys, scale, q5, w5, ok5, pos5, t0 + 5, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
+                 FMT, DOT, SCALED_DOT)
     if GROUP > 6:
         if ok6:
-            _one(keys, scale, q6, w6, ok6, pos6, t0 + 6, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, SCALED_DOT)
+            _one(keys, scale, q6, w6, ok6, pos6, t0 + 6, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
+                 FMT, DOT, SCALED_DOT)
     if GROUP > 7:
         if ok7:
-            _one(keys, scale, q7, w7, ok7, pos7, t0 + 7, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, SCALED_DOT)
+            _one(keys, scale, q7, w7, ok7, pos7, t0 + 7, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
+                 FMT, DOT, SCALED_DOT)
 
 
 @triton.jit
@@ -378,7 +389,10 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
            typed_keys=False):
     """Run :func:`indexer_tiles_kernel` (the caller checked :func:`serves`). ``group`` tokens per
     segment (<= 8), ``tiles`` key tiles per program, ``loop``: 0 unrolled, 1 rolled with the next tile
-    prefetched into registers, 2 rolled for the software pipeliner (``num_stages``), ``scaled_dot``: MXFP4 through ``tl.dot_scaled`` (1, 2 = fast_math)."""
+    prefetched into registers, 2 rolled for the software pipeliner (``num_stages``); ``scaled_dot``:
+    MXFP4 through ``tl.dot_scaled`` (1; 2 with fast_math), else decoded explicitly; ``typed_keys``: FP8
+    keys read through an e4m3 view for FP8 MMAs (the MMA then takes them from shared memory; through the
+    uint8 view they reach it from registers)."""
     tokens, heads, _ = q.shape
     if not 1 <= group <= MAX_GROUP:
         raise ValueError(f"triton indexer_score: the block-tile path takes 1..{MAX_GROUP} tokens per segment "
@@ -392,7 +406,11 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     else:
         f32, s32_b = index_pages, 0  # never read
     seg = segment_starts(run_offset, group)
-    grid = (triton.cdiv(max_context, block_n * tiles), tokens)
+    # segments on axis 0 (no 65535 limit on prefill token counts; the programs of one key chunk run
+    # together, so a prefill's segments share that chunk in L2), key chunks on axis 1
+    # (axis 1 holds at most 65535: longer rows get more tiles per program; a score does not depend on it)
+    tiles = max(tiles, triton.cdiv(max_context, block_n * 65535))
+    grid = (tokens, triton.cdiv(max_context, block_n * tiles))
     indexer_tiles_kernel[grid](
         q, q.stride(0), q.stride(1), weights, weights.stride(0),
         u8, index_pages.stride(0), f32, s32_b,
