@@ -117,7 +117,7 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
     if chunk % size or chunk & (chunk - 1) or steps & (steps - 1) or batch & (batch - 1):
         raise ValueError(f"dsahal.topk (triton groups): chunk {chunk}, steps {steps} and batch {batch} expected "
                          f"powers of two with chunk a multiple of the group size {size}")
-    steps = min(steps, max(1, 1024 * size // chunk))  # at most 1024 groups per segment (one tensor of them)
+    steps = min(steps, max(1, 2048 * size // chunk))  # at most 2048 groups per segment (one tensor of them)
     seg_len = chunk * steps
     segments = triton.cdiv(max(width, 1), seg_len)
     per_segment = seg_len // size
@@ -133,7 +133,7 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
     grid = (tokens, segments)
     group_max_kernel[grid](scores, scores.stride(0), lengths, maxima, maxima.stride(0), width, seg_len,
                            ROWS=chunk // size, G=size, num_warps=num_warps)
-    step = min(1024, per_segment)
+    step = min(2048, per_segment)
     bound_threshold_kernel[(tokens,)](maxima, bound, k, maxima.shape[1] // step, CHUNK=step, LEVELS=BOUND_LEVELS,
                                       num_warps=num_warps)
     group_compact_kernel[grid](scores, scores.stride(0), lengths, bound, maxima, live, maxima.stride(0), cand_idx,

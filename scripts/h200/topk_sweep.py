@@ -50,8 +50,8 @@ VARIANTS = (
     ("groups c1024 b64 f512", dict(method="groups", chunk=1024, batch=64, num_warps=4, finish_chunk=512,
                                    finish_warps=4)),
     ("groups c2048w8 b64", dict(method="groups", chunk=2048, batch=64, num_warps=8, finish_chunk=512, finish_warps=4)),
-    ("groups c1024 b64 f256", dict(method="groups", chunk=1024, batch=64, num_warps=4, finish_chunk=256,
-                                   finish_warps=4)),
+    ("groups c1024s32 f1024", dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4, finish_chunk=1024,
+                                   finish_warps=8)),
 )
 
 
