@@ -99,7 +99,8 @@ class _Dummy:
 
     prefill: BatchMeta
     decode: BatchMeta
-    rows: int  # the jobs write only rows [0, rows) of the pool
+    states: int  # the jobs use KDA state slots [0, states)
+    blocks: tuple[int, int]  # and blocks (rows) [start, end), after the state slots' rows
 
 
 def _dummy_batches(engine, prompt_lengths: list[int]) -> _Dummy:
@@ -139,11 +140,21 @@ def _dummy_batches(engine, prompt_lengths: list[int]) -> _Dummy:
     prefill = meta([p for n in counts for p in range(n)], [r for r, n in enumerate(counts) for _ in range(n)],
                    counts, False)
     decode = meta([lengths[r] - 1 for r in range(decoders)], list(range(decoders)), [1] * decoders, True)
-    return _Dummy(prefill, decode, next_row)
+    return _Dummy(prefill, decode, decoders if rows_per_state else 0, (state_rows, next_row))
+
+
+def _layers_used(kinds: list[str]) -> list[int]:
+    """The layers the jobs run: the first and the last of each kind."""
+    used = set()
+    for kind in ("kda", "dsa"):
+        layers = [i for i, k in enumerate(kinds) if k == kind]
+        used |= {layers[0], layers[-1]} if layers else set()
+    return sorted(used)
 
 
 def _jobs(engine, dummy: _Dummy, generator: torch.Generator) -> list[tuple[str, list[Callable[[], None]]]]:
-    """(name, steps) per job; the steps of one job run in order on one thread (they share a layer)."""
+    """(name, steps) per job; the steps of one job run in order on one thread (they share a layer).
+    The jobs run the layers of :func:`_layers_used` only."""
     model, views = engine.model, engine.views
     dtype = next(model.parameters()).dtype
     kinds = list(model.config.layer_kinds)
@@ -199,14 +210,22 @@ def _jobs(engine, dummy: _Dummy, generator: torch.Generator) -> list[tuple[str, 
     return jobs
 
 
-def _snapshot(engine, rows: int) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Copies of pool rows ``[0, rows)`` and of every DSA layer's latent scale (what a job may write)."""
-    scales = []
-    for index in range(len(engine.views.layers)):
+def _snapshot(engine, dummy: _Dummy) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(view, copy) of everything a job may write: in the layers it runs, the KDA recurrent and conv states
+    of its state slots, the DSA latent and index pages of its blocks and the latent scale. Only those parts
+    (not the whole rows: a row holds every layer, a state slot every KDA layer's state)."""
+    saved = []
+    start, end = dummy.blocks
+    for index in _layers_used(list(engine.model.config.layer_kinds)):
         entry = engine.views.layer(index)
-        if isinstance(entry, DsaLayerCache) and entry.latent_scale is not None:
-            scales.append((entry.latent_scale, entry.latent_scale.clone()))
-    return engine.cache.pool[:rows].clone(), scales
+        if isinstance(entry, DsaLayerCache):
+            parts = [entry.latent_pages[start:end], entry.index_pages[start:end]]
+            parts += [entry.latent_scale] if entry.latent_scale is not None else []
+        else:
+            states = engine.model.blocks[index].attn.states(entry, check=False)
+            parts = [states.recurrent[:dummy.states], states.conv[:dummy.states]]
+        saved += [(view, view.clone()) for view in parts]
+    return saved
 
 
 def _run_job(steps: list[Callable[[], None]], device: torch.device) -> float:
@@ -242,7 +261,7 @@ def warm_up(engine, prompt_lengths: list[int], *, show: bool = True, live: Optio
     dummy = _dummy_batches(engine, list(prompt_lengths))
     with torch.no_grad():
         jobs = _jobs(engine, dummy, generator)
-        pool_rows, scales = _snapshot(engine, dummy.rows)
+        saved = _snapshot(engine, dummy)
     threads = max(1, min(len(jobs), max_threads or len(jobs)))
     say(f"compile  warming up the attention kernels on dummy inputs: {len(jobs)} jobs on {threads} threads "
         f"({', '.join(name for name, _ in jobs)}; --no-warmup skips)", enabled=show)
@@ -269,9 +288,9 @@ def warm_up(engine, prompt_lengths: list[int], *, show: bool = True, live: Optio
     finally:
         if cuda:
             torch.cuda.synchronize(engine.device)
-        engine.cache.pool[:dummy.rows].copy_(pool_rows)
-        for live_scale, saved in scales:
-            live_scale.copy_(saved)
+        with torch.no_grad():
+            for view, copy in saved:
+                view.copy_(copy)
         if cuda:
             torch.cuda.synchronize(engine.device)
     result.seconds = time.perf_counter() - start
