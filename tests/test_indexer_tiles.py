@@ -80,9 +80,10 @@ def _tile_cases(results):
         sources = {"packed": pages, "pool_view": _pool_view(pages, offset_blocks=3, block_pad_tokens=4)}
         for name, source in sources.items():
             ok_src = True
-            # exact fp32 dots: tokens per segment 1, 2, 5, 8; tiles per program; the three loop forms;
+            # exact fp32 dots: tokens per segment 1, 2, 5, 8; tiles per program; the four loop forms;
             # 16-key tiles on 16-token blocks, and (block_n=64 asked) capped at the block
-            for group, tiles, loop, block_n in ((1, 1, 0, 16), (2, 3, 1, 16), (5, 2, 2, 16), (8, 4, 1, 64)):
+            for group, tiles, loop, block_n in ((1, 1, 0, 16), (2, 3, 1, 16), (5, 2, 2, 16), (8, 4, 1, 64),
+                                                (3, 3, 3, 16)):
                 out = torch.full((10, width), 7.0)
                 got = indexer_decode.launch(q, w, source, table, req, pos, offsets, fmt, width, out,
                                             dot=indexer_decode.DOT_FP32, block_n=block_n, group=group, tiles=tiles,
@@ -213,6 +214,10 @@ def test_block_tiles_serve_only_what_they_can_address():
         d.launch(qb, torch.zeros(2, 32), fp8_pages, torch.zeros(1, 4, dtype=torch.int32),
                  torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
                  torch.zeros(2, dtype=torch.int32), "fp8", 64, torch.empty(2, 64), dot=d.DOT_BF16, group=9)
+    with pytest.raises(ValueError, match=r"indexer_score: tile_loop must be .* got 4"):
+        d.launch(qb, torch.zeros(2, 32), fp8_pages, torch.zeros(1, 4, dtype=torch.int32),
+                 torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
+                 torch.zeros(2, dtype=torch.int32), "fp8", 64, torch.empty(2, 64), dot=d.DOT_BF16, loop=4)
 
 
 def test_long_rows_keep_the_key_chunk_axis_within_the_cuda_grid_limit(monkeypatch):

@@ -28,8 +28,9 @@ packed to ``tl.dot_scaled`` per token.
 Grid: ``(T, key-tile chunks)``; axis 0 indexes a device-built list of segment starts (live segments
 first, the rest ``T``: those programs exit at once), so there is no host sync. Tile loops (``LOOP``):
 0 unrolled, 1 rolled with the next tile's bytes loaded into registers before this tile's MMAs (one
-tile in flight per program beyond the one computed; the last re-reads itself, a cache hit), 2 rolled
-for Triton's software pipeliner (``num_stages``, asynchronous copies into shared memory).
+tile in flight per program beyond the one computed; the last re-reads itself, a cache hit), 3 the same
+two tiles ahead, 2 rolled for Triton's software pipeliner (``num_stages``, asynchronous copies into
+shared memory).
 """
 from __future__ import annotations
 
@@ -250,17 +251,36 @@ def indexer_tiles_kernel(
                                 q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
                                 ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP, SCALED_DOT)
         elif LOOP == 1:  # rolled, the next tile's bytes loaded into registers before this tile's MMAs
-            a_n, b_n, mapped_n = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
-                                           first, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
-            for i in range(live):
-                a, b, mapped = a_n, b_n, mapped_n
-                # the last live tile re-reads itself (a cache hit) rather than fetch a tile it never uses
+            if live > 0:  # (a chunk past the segment's reach prefetches nothing)
                 a_n, b_n, mapped_n = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
-                                               first + tl.minimum(i + 1, live - 1), num_blocks, max_blocks,
-                                               block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
-                _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
-                            q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
-                            ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP, SCALED_DOT)
+                                               first, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
+                for i in range(live):
+                    a, b, mapped = a_n, b_n, mapped_n
+                    # the last live tile re-reads itself (a cache hit) rather than fetch a tile it never uses
+                    a_n, b_n, mapped_n = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt,
+                                                   req64, first + tl.minimum(i + 1, live - 1), num_blocks,
+                                                   max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
+                    _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
+                                q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
+                                ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP,
+                                SCALED_DOT)
+        elif LOOP == 3:  # as 1, two tiles ahead
+            if live > 0:
+                a_n, b_n, mapped_n = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
+                                               first, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
+                a_nn, b_nn, mapped_nn = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt,
+                                                  req64, first + tl.minimum(1, live - 1), num_blocks, max_blocks,
+                                                  block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
+                for i in range(live):
+                    a, b, mapped = a_n, b_n, mapped_n
+                    a_n, b_n, mapped_n = a_nn, b_nn, mapped_nn
+                    a_nn, b_nn, mapped_nn = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt,
+                                                      req64, first + tl.minimum(i + 2, live - 1), num_blocks,
+                                                      max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
+                    _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
+                                q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
+                                ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP,
+                                SCALED_DOT)
         else:  # rolled, left to the software pipeliner (num_stages)
             for i in range(live):
                 a, b, mapped = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
@@ -389,7 +409,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
            typed_keys=False):
     """Run :func:`indexer_tiles_kernel` (the caller checked :func:`serves`). ``group`` tokens per
     segment (<= 8), ``tiles`` key tiles per program, ``loop``: 0 unrolled, 1 rolled with the next tile
-    prefetched into registers, 2 rolled for the software pipeliner (``num_stages``); ``scaled_dot``:
+    prefetched into registers (3: the next two), 2 rolled for the software pipeliner (``num_stages``); ``scaled_dot``:
     MXFP4 through ``tl.dot_scaled`` (1; 2 with fast_math), else decoded explicitly; ``typed_keys``: FP8
     keys read through an e4m3 view for FP8 MMAs (the MMA then takes them from shared memory; through the
     uint8 view they reach it from registers)."""
@@ -397,6 +417,9 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     if not 1 <= group <= MAX_GROUP:
         raise ValueError(f"triton indexer_score: the block-tile path takes 1..{MAX_GROUP} tokens per segment "
                          f"(group), got {group}")
+    if loop not in (0, 1, 2, 3):
+        raise ValueError(f"triton indexer_score: tile_loop must be 0 (unrolled), 1 or 3 (rolled, prefetching one "
+                         f"or two tiles) or 2 (rolled, software-pipelined), got {loop!r}")
     block_n = tile_keys(index_pages.shape[1], block_n)
     block_h = max(16, triton.next_power_of_2(heads))
     u8 = index_pages.view(torch.float8_e4m3fn) if typed_keys and index_fmt == "fp8" and dot == DOT_FP8 \
