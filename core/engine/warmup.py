@@ -7,7 +7,7 @@ warm-up runs the same launches up front as independent *jobs* on threads, so the
 
 - ``KDA prefill``: the first KDA layer's attention on a dummy batch of the first real prefill step's shape
   (same token count, sequences, dtype, cache views), ``KDA decode`` a decode-shaped step (one token per
-  request) on the second KDA layer (after the prefill job on the same layer when there is only one);
+  request) on the last KDA layer (the same one when there is only one: the values are dummy);
 - ``DSA prefill`` / ``DSA decode``: the same for the DSA (MLA + indexer) layers;
 - ``sparse MLA prefill`` / ``decode``: :func:`dsahal.ops.sparse_mla` alone with the arguments the DSA layer
   hands it, so its kernels compile beside the indexer's instead of after them.
@@ -153,8 +153,9 @@ def _layers_used(kinds: list[str]) -> list[int]:
 
 
 def _jobs(engine, dummy: _Dummy, generator: torch.Generator) -> list[tuple[str, list[Callable[[], None]]]]:
-    """(name, steps) per job; the steps of one job run in order on one thread (they share a layer).
-    The jobs run the layers of :func:`_layers_used` only."""
+    """(name, steps) per job; the steps of one job run in order on one thread. The jobs run the layers of
+    :func:`_layers_used` only: a prefill-shaped step on the first layer of each kind, a decode-shaped one on
+    the last."""
     model, views = engine.model, engine.views
     dtype = next(model.parameters()).dtype
     kinds = list(model.config.layer_kinds)
@@ -198,11 +199,10 @@ def _jobs(engine, dummy: _Dummy, generator: torch.Generator) -> list[tuple[str, 
         layers = [i for i, k in enumerate(kinds) if k == kind]
         if not layers:
             continue
-        prefill, decode = layer_step(layers[0], dummy.prefill), layer_step(layers[-1], dummy.decode)
-        if len(layers) > 1:
-            jobs += [(f"{label} prefill", [prefill]), (f"{label} decode", [decode])]
-        else:  # one layer: its prefill and decode share the layer's cache rows, so one after the other
-            jobs.append((f"{label} prefill + decode", [prefill, decode]))
+        # With one layer of the kind both jobs use it at once: they write different slots of its pages, and
+        # where they share a KDA state the values are dummy anyway (nothing on the host depends on them).
+        jobs += [(f"{label} prefill", [layer_step(layers[0], dummy.prefill)]),
+                 (f"{label} decode", [layer_step(layers[-1], dummy.decode)])]
         if kind == "dsa" and getattr(model.attention, "fused", True):
             # sparse MLA's own kernels compile beside the indexer's (inside dsa_attention they come last)
             jobs += [("sparse MLA prefill", [sparse_mla_step(layers[0], dummy.prefill)]),
