@@ -1,4 +1,5 @@
-"""The max-bound top-k (:mod:`dsahal.backends.triton_kernels.topk_bound`, and :mod:`.topk_groups`'s variant) under the Triton interpreter, against
+"""The max-bound top-k (:mod:`dsahal.backends.triton_kernels.topk_bound` and :mod:`.topk_groups`'s variant)
+under the Triton interpreter, against
 the float64 reference: the exact set (tie rule: equal scores go to the smaller index) in index order, -1 padding
 last, on rows built to break it (ties wider than a chunk and a segment, one value everywhere, -inf rows, lengths
 0 / k - 1 / k / k + 1, crowded exponents, signed zeros, negatives), int64 lengths, slot emission, and the same
@@ -62,7 +63,7 @@ def hard_rows(gen, width, k):
     return torch.stack(rows), torch.tensor(lengths, dtype=torch.int32)
 
 
-@pytest.mark.parametrize("width,k,group", [(200, 9, 2), (160, 24, None), (64, 64, 1), (40, 48, 2)])
+@pytest.mark.parametrize("width,k,group", [(200, 9, 2), (160, 24, None), (64, 64, 1), (40, 48, 2), (64, 1, 2)])
 def test_bound_topk_matches_reference(width, k, group):
     gen = torch.Generator().manual_seed(width * 131 + k)
     scores, lengths = hard_rows(gen, width, k)
@@ -120,6 +121,17 @@ def test_auto_group_keeps_group_times_k_within_a_quarter_row():
     assert auto_group(4096, 2048, 1024) == 1
     assert auto_group(1 << 30, 2048, 1024) == 16
     assert [auto_group_size(w, 2048) for w in (131072, 32768, 4096)] == [16, 4, 1]
+
+
+def test_bound_topk_uses_a_given_scratch_and_rejects_a_bad_one():
+    gen = torch.Generator().manual_seed(5)
+    scores, lengths = torch.randn(3, 70, generator=gen), torch.tensor([70, 33, 2], dtype=torch.int32)
+    scratch = torch.full((3, 70), 7, dtype=torch.int32)
+    got = topk(scores, lengths, 10, scratch=scratch, **SMALL)
+    assert torch.equal(got, expected(scores, lengths, 10)), "a caller's scratch changed the result"
+    assert not bool((scratch == 7).all()), "the caller's scratch was not used"
+    with pytest.raises(ValueError, match="argument 'scratch' expected a contiguous"):
+        topk(scores, lengths, 10, scratch=torch.zeros(3, 140, dtype=torch.int32)[:, ::2], **SMALL)
 
 
 def test_groups_rejects_a_chunk_that_is_not_whole_groups():

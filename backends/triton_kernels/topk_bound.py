@@ -204,6 +204,18 @@ def bound_finish_kernel(
     _pad(out_row, written, k, lanes)
 
 
+def _scratch(scratch, tokens: int, width: int, device) -> torch.Tensor:
+    """The survivors' index rows: ``scratch`` when given (a contiguous ``[T, >= N]`` int32 tensor), else new."""
+    if scratch is None:
+        return torch.empty((tokens, max(width, 1)), dtype=torch.int32, device=device)
+    if (scratch.dtype != torch.int32 or scratch.dim() != 2 or scratch.shape[0] != tokens or scratch.shape[1] < width
+            or not scratch.is_contiguous()):
+        raise ValueError(f"dsahal.topk (triton bound): argument 'scratch' expected a contiguous [{tokens}, >= {width}] "
+                         f"int32 tensor, got {tuple(scratch.shape)} {scratch.dtype}"
+                         f"{'' if scratch.is_contiguous() else ' (not contiguous)'}")
+    return scratch
+
+
 def auto_group(width: int, k: int, chunk: int) -> int:
     """Entries per lane and segment: ``group * k <= width / 4`` keeps the bound tight (about 1.15 k
     survivors on i.i.d. scores), capped at 16 (more segments keep more SMs busy on few rows)."""
@@ -232,8 +244,7 @@ def topk_bound(scores, lengths, k, out, emit, req_ids, block_table, block_tokens
     maxima = torch.empty((tokens, segments * chunk), dtype=torch.int32, device=device)
     bound = torch.empty((tokens,), dtype=torch.int32, device=device)
     counts = torch.empty((tokens, segments), dtype=torch.int32, device=device)
-    cand_idx = scratch if scratch is not None else torch.empty((tokens, max(width, 1)), dtype=torch.int32,
-                                                               device=device)
+    cand_idx = _scratch(scratch, tokens, width, device)
     cand_key = torch.empty_like(cand_idx)
     grid = (tokens, segments)
     bound_max_kernel[grid](scores, scores.stride(0), lengths, maxima, width, seg_len, segments, CHUNK=chunk,

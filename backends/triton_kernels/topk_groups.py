@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .topk_bound import BOUND_LEVELS, _keep, _row_length, bound_finish_kernel, bound_threshold_kernel
+from .topk_bound import BOUND_LEVELS, _keep, _row_length, _scratch, bound_finish_kernel, bound_threshold_kernel
 from .topk_common import _sort_key
 
 SIZE_ARGS = ("N", "seg_len")
@@ -127,8 +127,7 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
     bound = torch.empty((tokens,), dtype=torch.int32, device=device)
     counts = torch.empty((tokens, segments), dtype=torch.int32, device=device)
     # segment s's survivors fill at most columns s * seg_len .. N - 1 of the scratch rows
-    cand_idx = scratch if scratch is not None else torch.empty((tokens, max(width, 1)), dtype=torch.int32,
-                                                               device=device)
+    cand_idx = _scratch(scratch, tokens, width, device)
     cand_key = torch.empty_like(cand_idx)
     grid = (tokens, segments)
     group_max_kernel[grid](scores, scores.stride(0), lengths, maxima, maxima.stride(0), width, seg_len,
