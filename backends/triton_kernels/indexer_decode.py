@@ -154,10 +154,8 @@ def _tile_operands(a, b, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.co
     exactly widened; MXFP4 packed for ``tl.dot_scaled`` or decoded into (even dims, odd dims)."""
     rows: tl.constexpr = a.shape[0]
     if FMT == 1:
-        if a.dtype == tl.uint8:
-            keys = a.to(tl.float8e4nv, bitcast=True)
-        else:  # the e4m3-typed view (typed_keys): no conversion between load and MMA
-            keys = a
+        # a no-op on the e4m3-typed view (typed_keys), whose load then feeds the MMA directly
+        keys = a.to(tl.float8e4nv, bitcast=True)
         if DOT == 0:
             keys = keys.to(tl.bfloat16)
         elif DOT == 2:
@@ -201,7 +199,7 @@ def indexer_tiles_kernel(
         q0, w0 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0, ok0, H, BLOCK_H, DOT, split)
         reach = pos0
         # members the segment cannot have (g >= GROUP): placeholders, never used (ok_g False)
-        q1, w1, ok1, pos1 = q0, w0, ok0 & False, pos0
+        q1, w1, ok1, pos1 = q0, w0, ok0 & (t0 < 0), pos0
         q2, w2, ok2, pos2 = q0, w0, ok1, pos0
         q3, w3, ok3, pos3 = q0, w0, ok1, pos0
         q4, w4, ok4, pos4 = q0, w0, ok1, pos0
