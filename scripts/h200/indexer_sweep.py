@@ -81,7 +81,8 @@ def variants(torch):
     tiles = dict(block_n=64, group=5, block_tiles=True, num_stages=1, tile_loop=1)
     out += [("mxfp4", bf16, "backend default", dict(indexer_config(HEADS, bf16, "mxfp4"))),
             ("mxfp4", bf16, "tiles decode x16 w4", dict(tiles, tiles=16, num_warps=4, mxfp4_dot_scaled=False)),  # [168]
-            ("mxfp4", bf16, "tiles dot_scaled x16 w4", dict(tiles, tiles=16, num_warps=4, mxfp4_dot_scaled=True))]  # [134]
+            ("mxfp4", bf16, "tiles dot_scaled x16 w4", dict(tiles, tiles=16, num_warps=4,
+                                                             mxfp4_dot_scaled=True))]  # [134]
     return out
 
 
