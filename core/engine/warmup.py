@@ -12,16 +12,18 @@ warm-up runs the same launches up front as independent *jobs* on threads, so the
 - ``sparse MLA prefill`` / ``decode``: :func:`dsahal.ops.sparse_mla` alone with the arguments the DSA layer
   hands it, so its kernels compile beside the indexer's instead of after them.
 
-Why threads (measured 2026-12-01, ``aot`` compiles for sm_90 of four dsahal kernels on a 2-core CPU, fresh
-cache each run): sequential 6.2 s, a thread per kernel 4.0 s (of 2 cores' 3.1 s floor), a spawned process per
-kernel 10-12 s (each re-imports torch, Triton and dsahal first). Triton 3.9 releases the GIL in its MLIR/LLVM
-passes and ``ptxas`` is a subprocess: a pure-Python thread beside a compile kept 64-91 % of its solo speed
-in every stage. Each thread runs its job on its own CUDA stream, in a copy of the caller's context (so a
+Why threads (measured 2026-12-01, ``aot`` compiles for sm_90 of four dsahal kernels on a shared 2-core CPU,
+Triton 3.9, a fresh cache each run; the quietest run of each): sequential 6.2 s, a thread per kernel 4.0 s
+(2 cores' floor 3.1 s), a spawned process per kernel 10.6 s (each imports torch, Triton and dsahal before
+compiling). Triton releases the GIL in its MLIR/LLVM passes and runs ``ptxas`` as a subprocess: a
+pure-Python thread beside a compile kept 58-91 % of its solo speed in every stage (it would stop dead in a
+stage that held the GIL); only the AST-to-TTIR code generation (~4 % of a compile) is Python. Each thread runs its job on its own CUDA stream, in a copy of the caller's context (so a
 ``use_backend`` block applies: it is a context variable), with autograd off.
 
 Nothing the real run sees changes: the jobs map their own block table onto the first rows of the cache
-(state slots ``0..B-1`` and the blocks after them, never through the allocator), those rows and the latent
-scales are copied before and written back after, and the dummy inputs come from a private generator (the
+(state slots ``0..B-1`` and the blocks after them, never through the allocator); what they write there
+(those slots' KDA states and those blocks' pages in the layers they run, and the latent scales) is copied
+before and written back after, and the dummy inputs come from a private generator (the
 global RNG is untouched). Compiled kernels are the only thing that stays. A job that fails is reported
 (``WarmupResult.errors``) and the run goes on: its kernels then compile on first use as before.
 """
@@ -258,7 +260,10 @@ def warm_up(engine, prompt_lengths: list[int], *, show: bool = True, live: Optio
     start = time.perf_counter()
     cuda = engine.device.type == "cuda"
     generator = torch.Generator(device=engine.device).manual_seed(0)
-    dummy = _dummy_batches(engine, list(prompt_lengths))
+    try:
+        dummy = _dummy_batches(engine, list(prompt_lengths))
+    except ValueError as exc:  # an engine smaller than its requests: they will wait for rows, as will the kernels
+        return WarmupResult(skipped=str(exc))
     with torch.no_grad():
         jobs = _jobs(engine, dummy, generator)
         saved = _snapshot(engine, dummy)
