@@ -1,9 +1,8 @@
 """The max-bound top-k (:mod:`dsahal.backends.triton_kernels.topk_bound` and :mod:`.topk_groups`'s variant)
-under the Triton interpreter, against
-the float64 reference: the exact set (tie rule: equal scores go to the smaller index) in index order, -1 padding
-last, on rows built to break it (ties wider than a chunk and a segment, one value everywhere, -inf rows, lengths
-0 / k - 1 / k / k + 1, crowded exponents, signed zeros, negatives), int64 lengths, slot emission, and the same
-bits whatever the chunking."""
+under the Triton interpreter, against the float64 reference: the exact set (tie rule: equal scores go to the
+smaller index) in index order, -1 padding last, on rows built to break it (ties wider than a chunk and a
+segment, one value everywhere, -inf rows, lengths 0 / k - 1 / k / k + 1, crowded exponents, signed zeros,
+negatives), int64 lengths, slot emission, a caller's scratch, and the same bits whatever the chunking."""
 from __future__ import annotations
 
 import os

@@ -170,7 +170,7 @@ def check_graph(torch, scores, lengths, kw, failures):
         failures.append(f"{kw['method']} kernel: a CUDA graph replay on new scores differs from an eager call")
 
 
-def run_case(torch, case, ceiling, rows, failures):
+def run_case(torch, case, rows, failures):
     from dsahal.backends.triton_kernels.topk import topk
     from dsahal.backends.triton_kernels.topk_bound import topk_bound
     from dsahal.backends.triton_kernels.topk_groups import topk_groups
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     del finite
     rows, failures = [], []
     for case in build_cases(torch, scores, lengths):
-        run_case(torch, case, ceiling, rows, failures)
+        run_case(torch, case, rows, failures)
     if DEVICE == "cuda":
         for variant in (VARIANTS[2], VARIANTS[4]):
             check_graph(torch, scores, lengths, _kwargs(variant[1]), failures)
