@@ -122,18 +122,24 @@ def _store(out_ptr, stride_ot, t, ok, s, score, visible, max_context):
 
 
 @triton.jit
-def _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req, tile, num_blocks, max_blocks,
-              block_tokens, FMT: tl.constexpr, TOKEN_BYTES: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The bytes of key tile ``tile`` of request ``req`` (inside one cache block), unmasked: an unmapped
-    or out-of-table tile reads block 0. -> (FP8: e4m3 keys ``[BLOCK_N, 128]``, fp32 scales ``[BLOCK_N]``;
-    MXFP4: packed pairs ``[BLOCK_N, 64]``, UE8M0 scales ``[BLOCK_N, 4]``; whether the block is mapped)."""
-    first = tile * BLOCK_N
-    logical = first // block_tokens
+def _table_entry(block_table_ptr, stride_bt, req, tile, max_blocks, block_tokens, BLOCK_N: tl.constexpr):
+    """Block-table entry of key tile ``tile`` of request ``req`` (-1 past the table)."""
+    logical = tile * BLOCK_N // block_tokens
     in_table = logical < max_blocks
-    block = tl.load(block_table_ptr + req * stride_bt + tl.where(in_table, logical, 0))
-    mapped = in_table & (block >= 0) & (block < num_blocks)
-    block = tl.where(mapped, block, 0).to(tl.int64)
-    key0 = first - logical * block_tokens
+    entry = tl.load(block_table_ptr + req * stride_bt + tl.where(in_table, logical, 0))
+    return tl.where(in_table, entry, -1)
+
+
+@triton.jit
+def _tile_bytes(pages_u8, s8_b, pages_f32, s32_b, entry, tile, num_blocks, block_tokens, FMT: tl.constexpr,
+                TOKEN_BYTES: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The bytes of key tile ``tile`` (inside the cache block ``entry``), unmasked: an unmapped tile reads
+    block 0. -> (FP8: e4m3 keys ``[BLOCK_N, 128]``, fp32 scales ``[BLOCK_N]``; MXFP4: packed pairs
+    ``[BLOCK_N, 64]``, UE8M0 scales ``[BLOCK_N, 4]``; whether the block is mapped)."""
+    mapped = (entry >= 0) & (entry < num_blocks)
+    block = tl.where(mapped, entry, 0).to(tl.int64)
+    first = tile * BLOCK_N
+    key0 = first - (first // block_tokens) * block_tokens
     keys_in_tile = tl.arange(0, BLOCK_N)
     # every record starts 4-byte aligned (serves() checks it): say so, or a launch whose block stride is
     # not specialised as a multiple of 16 loads the keys byte by byte
@@ -146,6 +152,15 @@ def _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req,
         a = tl.load(rows + tl.arange(0, 64)[None, :])
         b = tl.load(rows + 64 + tl.arange(0, 4)[None, :])
     return a, b, mapped
+
+
+@triton.jit
+def _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req, tile, num_blocks, max_blocks,
+              block_tokens, FMT: tl.constexpr, TOKEN_BYTES: tl.constexpr, BLOCK_N: tl.constexpr):
+    """:func:`_table_entry` then :func:`_tile_bytes`."""
+    entry = _table_entry(block_table_ptr, stride_bt, req, tile, max_blocks, block_tokens, BLOCK_N)
+    return _tile_bytes(pages_u8, s8_b, pages_f32, s32_b, entry, tile, num_blocks, block_tokens, FMT, TOKEN_BYTES,
+                       BLOCK_N)
 
 
 @triton.jit
@@ -252,12 +267,17 @@ def indexer_tiles_kernel(
             if live > 0:  # (a chunk past the segment's reach prefetches nothing)
                 a_n, b_n, mapped_n = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
                                                first, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
+                # table entries one tile further ahead: a tile's key loads never wait on its table load
+                entry = _table_entry(block_table_ptr, stride_bt, req64, first + tl.minimum(1, live - 1), max_blocks,
+                                     block_tokens, BLOCK_N)
                 for i in range(live):
                     a, b, mapped = a_n, b_n, mapped_n
                     # the last live tile re-reads itself (a cache hit) rather than fetch a tile it never uses
-                    a_n, b_n, mapped_n = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt,
-                                                   req64, first + tl.minimum(i + 1, live - 1), num_blocks,
-                                                   max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
+                    a_n, b_n, mapped_n = _tile_bytes(pages_u8, s8_b, pages_f32, s32_b, entry,
+                                                     first + tl.minimum(i + 1, live - 1), num_blocks, block_tokens,
+                                                     FMT, TOKEN_BYTES, BLOCK_N)
+                    entry = _table_entry(block_table_ptr, stride_bt, req64, first + tl.minimum(i + 2, live - 1),
+                                         max_blocks, block_tokens, BLOCK_N)
                     _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
                                 q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
                                 ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP,
@@ -269,12 +289,16 @@ def indexer_tiles_kernel(
                 a_nn, b_nn, mapped_nn = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt,
                                                   req64, first + tl.minimum(1, live - 1), num_blocks, max_blocks,
                                                   block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
+                entry = _table_entry(block_table_ptr, stride_bt, req64, first + tl.minimum(2, live - 1), max_blocks,
+                                     block_tokens, BLOCK_N)
                 for i in range(live):
                     a, b, mapped = a_n, b_n, mapped_n
                     a_n, b_n, mapped_n = a_nn, b_nn, mapped_nn
-                    a_nn, b_nn, mapped_nn = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt,
-                                                      req64, first + tl.minimum(i + 2, live - 1), num_blocks,
-                                                      max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
+                    a_nn, b_nn, mapped_nn = _tile_bytes(pages_u8, s8_b, pages_f32, s32_b, entry,
+                                                        first + tl.minimum(i + 2, live - 1), num_blocks,
+                                                        block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
+                    entry = _table_entry(block_table_ptr, stride_bt, req64, first + tl.minimum(i + 3, live - 1),
+                                         max_blocks, block_tokens, BLOCK_N)
                     _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
                                 q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
                                 ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP,
