@@ -66,7 +66,7 @@ def variants(torch):
     # keep 4 programs on an SM, at <= 168 three, at <= 255 two
     out = []
     for q in (fp8, bf16):
-        tiles = dict(block_n=64, group=5, tiles=16, block_tiles=True, typed_keys=True, num_stages=1, tile_loop=1,
+        tiles = dict(block_n=64, tile_group=5, tiles=16, block_tiles=True, typed_keys=True, num_stages=1, tile_loop=1,
                      num_warps=4)
         out += [("fp8", q, "backend default", dict(indexer_config(HEADS, q, "fp8"))),
                 ("fp8", q, "tiles prefetch x16", tiles),  # [fp8 q 120, bf16 q 151]
@@ -77,7 +77,7 @@ def variants(torch):
             # memory by each token's MMA (at N = 32 those reads, not the tensor cores, may bound it)
             out.append(("fp8", q, "tiles prefetch x16 A-regs", dict(tiles, typed_keys=False)))  # [134]
     # MXFP4 tiles are 4.3 KB (FP8: 8.4 KB): more of them must be in flight for the same bytes
-    tiles = dict(block_n=64, group=5, tiles=16, block_tiles=True, num_stages=1, tile_loop=1, num_warps=4)
+    tiles = dict(block_n=64, tile_group=5, tiles=16, block_tiles=True, num_stages=1, tile_loop=1, num_warps=4)
     out += [("mxfp4", bf16, "backend default", dict(indexer_config(HEADS, bf16, "mxfp4"))),
             ("mxfp4", bf16, "tiles decode x16", dict(tiles, mxfp4_dot_scaled=False)),  # [213]
             ("mxfp4", bf16, "tiles dot_scaled x16", dict(tiles, mxfp4_dot_scaled=True)),  # [136]
