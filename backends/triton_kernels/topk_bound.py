@@ -17,7 +17,9 @@ fraction of the row. Rows are split over ``T x S`` programs (one per row and seg
    answer) is appended, in index order, to its segment's own region of the scratch rows (index and
    key), and the segment's count is stored. For i.i.d. scores with ``group * k <= N / 4`` about
    ``1.15 k`` entries survive (the bound is tight whatever the exponents look like).
-4. ``bound_finish_kernel`` (``T``): four 8-bit digit histograms over the survivors pin ``τ`` exactly,
+4. ``bound_finish_kernel`` (``T``): one histogram of the survivors' top 16 bits as steps above ``L``'s
+   (255 bins and an open-ended one; a weak bound falls back to two 8-bit digits), then two 8-bit digit
+   histograms pin ``τ`` exactly,
    then the survivors above ``τ`` and the first ones equal to ``τ`` in index order are written
    (the tie rule: equal scores go to the smaller index), then -1 padding. ``<= k`` survivors: all win.
 
@@ -153,9 +155,27 @@ def _survivor_histogram(idx_row, key_row, counts_row, segments, seg_len, prefix,
     return hist
 
 
+@triton.jit
+def _relative_histogram(key_row, counts_row, segments, seg_len, base, lanes):
+    """256-bin histogram of ``min(top 16 key bits - base, 255)`` over all survivors (all have top bits >= base)."""
+    CHUNK: tl.constexpr = lanes.shape[0]
+    hist = tl.zeros([256], tl.int32)
+    for s in range(segments):
+        kept = tl.load(counts_row + s)
+        for c0 in range(0, kept, CHUNK):
+            slot = c0 + lanes
+            inside = slot < kept
+            key = tl.load(key_row + s * seg_len + slot, mask=inside, other=0).to(tl.uint32, bitcast=True)
+            digit = tl.where(inside, tl.minimum((key >> 16) - base, 255), 0).to(tl.int32)
+            # lanes past the list were put in bin 0: take them out again
+            hist += tl.histogram(digit, 256) - tl.where(tl.arange(0, 256) == 0,
+                                                        tl.sum((~inside).to(tl.int32), axis=0), 0)
+    return hist
+
+
 @triton.jit(do_not_specialize=SIZE_ARGS)
 def bound_finish_kernel(
-    cand_idx_ptr, cand_key_ptr, stride_ct, counts_ptr,
+    cand_idx_ptr, cand_key_ptr, stride_ct, counts_ptr, bound_ptr,
     out_ptr, stride_ot,  # [T, k] int32
     req_ptr, block_table_ptr, stride_bt, max_blocks, block_tokens,  # used when EMIT_SLOTS
     k, seg_len, segments,
@@ -178,8 +198,21 @@ def bound_finish_kernel(
     prefix = tl.full([], 0, tl.uint32)
     need = 0
     if survivors > k:
-        need = k
-        for level in tl.static_range(4):
+        # The top 16 bits of tau in one pass: survivors sit at or just above L (about 100 steps of the
+        # top 16 bits on indexer scores), so bins of "steps above L", the last one open-ended, pin them.
+        base = tl.load(bound_ptr + row).to(tl.uint32, bitcast=True) >> 16
+        chosen, above = _threshold(_relative_histogram(key_row, counts_row, segments, seg_len, base, lanes), k)
+        prefix = (base + chosen.to(tl.uint32)) << 16
+        need = k - above
+        if chosen == 255:  # tau is 255 or more steps above L (a weak bound, e.g. L = 1): two digits instead
+            prefix = tl.full([], 0, tl.uint32)
+            need = k
+            for level in tl.static_range(2):
+                hist = _survivor_histogram(idx_row, key_row, counts_row, segments, seg_len, prefix, lanes, level)
+                chosen, above = _threshold(hist, need)
+                prefix = prefix | (chosen.to(tl.uint32) << (24 - 8 * level))
+                need = need - above
+        for level in tl.static_range(2, 4):
             hist = _survivor_histogram(idx_row, key_row, counts_row, segments, seg_len, prefix, lanes, level)
             chosen, above = _threshold(hist, need)
             prefix = prefix | (chosen.to(tl.uint32) << (24 - 8 * level))
@@ -253,7 +286,7 @@ def topk_bound(scores, lengths, k, out, emit, req_ids, block_table, block_tokens
                                       num_warps=num_warps)
     bound_compact_kernel[grid](scores, scores.stride(0), lengths, bound, cand_idx, cand_key, cand_idx.stride(0),
                                counts, width, seg_len, segments, CHUNK=chunk, num_warps=num_warps)
-    bound_finish_kernel[(tokens,)](cand_idx, cand_key, cand_idx.stride(0), counts, out, out.stride(0), req_ids,
+    bound_finish_kernel[(tokens,)](cand_idx, cand_key, cand_idx.stride(0), counts, bound, out, out.stride(0), req_ids,
                                    block_table, block_table.stride(0), block_table.shape[1], block_tokens, k,
                                    seg_len, segments, EMIT_SLOTS=emit, CHUNK=finish_chunk, num_warps=finish_warps)
     if stats is not None:

@@ -138,7 +138,7 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
     group_compact_kernel[grid](scores, scores.stride(0), lengths, bound, maxima, live, maxima.stride(0), cand_idx,
                                cand_key, cand_idx.stride(0), counts, width, seg_len, segments, GROUPS=per_segment,
                                G=size, BATCH=batch, num_warps=num_warps)
-    bound_finish_kernel[(tokens,)](cand_idx, cand_key, cand_idx.stride(0), counts, out, out.stride(0), req_ids,
+    bound_finish_kernel[(tokens,)](cand_idx, cand_key, cand_idx.stride(0), counts, bound, out, out.stride(0), req_ids,
                                    block_table, block_table.stride(0), block_table.shape[1], block_tokens, k,
                                    seg_len, segments, EMIT_SLOTS=emit, CHUNK=finish_chunk, num_warps=finish_warps)
     if stats is not None:
