@@ -45,7 +45,10 @@ def group_max_kernel(
     rows = tl.arange(0, ROWS)
     within = tl.arange(0, G)
     out = maxima_ptr + row * stride_mt + seg * (seg_len // G)
-    for r0 in range(0, seg_len // G, ROWS):
+    live_groups = tl.cdiv(tl.maximum(end - start, 0), ROWS * G) * ROWS  # steps that hold entries of the row
+    for r0 in range(live_groups, seg_len // G, ROWS):  # past the row's length (causal prefill rows): empty
+        tl.store(out + r0 + rows, tl.zeros([ROWS], tl.int32))
+    for r0 in range(0, live_groups, ROWS):
         first = tl.multiple_of(start + r0 * G, ROWS * G)
         cols = first + rows[:, None] * G + within[None, :]  # [ROWS, G]
         if first + ROWS * G <= end:  # a whole step: unmasked 16-byte loads
