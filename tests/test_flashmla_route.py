@@ -100,13 +100,20 @@ def test_decode_marshalling_pads_heads_guards_indices_and_reports_empty_rows_as_
     assert "MARSHALLING OK" in done.stdout
 
 
-def test_the_decode_route_declines_packed_pool_page_views_until_they_are_verified():
+def test_the_decode_route_takes_packed_pool_page_views_and_declines_interleaved_records():
+    """Verified on the H200 (scripts/h200/flashmla_views.py): FlashMLA steps blocks by stride(0)."""
     pool = torch.empty((8, 2 * 64 * 656), dtype=torch.uint8, device="meta")
     pages = pool[:, :64 * 656].view(8, 64, 656)  # a layer's pages inside wider rows: stride(0) = row bytes
     q = torch.empty((5, 16, 576), dtype=torch.bfloat16, device="meta")
     slots = torch.empty((5, 128), dtype=torch.int32, device="meta")
     ok, why = flashmla.decode_accepts(q, pages, slots, "fp8_ds_mla", None, 0.1)
-    assert not ok and "packed-pool page views are not verified" in why
+    assert not ok and "CUDA tensors" in why  # past the layout checks, stopped by the meta tensors only
+    guarded = torch.empty((8, 64, 672), dtype=torch.uint8, device="meta")[:, :, 8:664]  # guard bytes per record
+    ok, why = flashmla.decode_accepts(q, guarded, slots, "fp8_ds_mla", None, 0.1)
+    assert not ok and "back to back" in why
+    odd_rows = torch.empty((8, 64 * 656 + 8), dtype=torch.uint8, device="meta")[:, :64 * 656].view(8, 64, 656)
+    ok, why = flashmla.decode_accepts(q, odd_rows, slots, "fp8_ds_mla", None, 0.1)
+    assert not ok and "16-byte aligned" in why
 
 
 def test_batch_invariant_mode_keeps_the_prefill_route_and_declines_the_split_decode(monkeypatch):

@@ -14,8 +14,8 @@ from dsahal.registry import resolve_lazy
 def test_declares_every_op_as_routes_and_each_reference_resolves():
     backend = nvidia_backend()
     assert set(backend.ops) == set(OP_NAMES) and not backend.verifiers
-    assert [r.name for r in backend.routes("sparse_mla")] == ["flashmla_decode", "flashmla_prefill", "triton",
-                                                                 "triton_small_heads"]
+    assert [r.name for r in backend.routes("sparse_mla")] == ["flashmla_decode", "flashmla_prefill",
+                                                                 "triton_small_heads", "triton"]
     assert [r.name for r in backend.routes("kda_prefill")] == ["fla_chunk", "triton_recurrent"]
     pytest.importorskip("triton")
     for op in OP_NAMES:
@@ -157,3 +157,23 @@ def test_sparse_mla_exact_fp32_path_takes_tiles_that_fit_shared_memory(heads, kv
     operand_bytes = 4 * 576 * (cfg["block_h"] + cfg["block_n"] * cfg["num_stages"])
     assert operand_bytes <= 120 * 1024, cfg
     assert cfg != config.sparse_mla_config(4, heads, 2048, kv_fmt, torch.bfloat16)
+
+
+def test_the_few_heads_route_takes_the_formats_it_measured_faster_on():
+    from dsahal.backends.nvidia.verifiers import small_heads_accepts
+
+    def call(fmt, heads=16, dtype=torch.bfloat16):
+        record = {"fp8_ds_mla": 656, "nvfp4": 352, "bf16": 1152, "fp8": 576}[fmt]
+        q = torch.empty((3, heads, 576), dtype=dtype, device="meta")
+        pages = torch.empty((4, 64, record), dtype=torch.uint8, device="meta")
+        return small_heads_accepts(q, pages, torch.empty((3, 64), dtype=torch.int32, device="meta"), fmt, None, 0.1)
+
+    for fmt in ("bf16", "fp8"):
+        ok, why = call(fmt)
+        assert not ok and "general kernel measured faster" in why
+    ok, why = call("fp8_ds_mla", heads=48)
+    assert not ok and "48 heads" in why
+    ok, why = call("nvfp4", dtype=torch.float32)
+    assert not ok and "float32 queries" in why
+    ok, why = call("fp8_ds_mla")
+    assert not ok and "GPU" in why  # past its own limits: the meta tensors are not on a GPU

@@ -81,22 +81,32 @@ def sparse_mla_config(tokens: int, heads: int, k: int, kv_fmt: str = "bf16",
     return cfg
 
 
+# Block tiles (indexer_decode): one table lookup per 64-key tile, a rolled loop of 16 tiles prefetching the
+# next tile's bytes, one MMA per query token of a segment of <= 5 tokens (the seed's 1 + 4 speculative).
+_BLOCK_TILES = dict(block_n=64, tile_group=5, tiles=16, tile_loop=1, num_warps=4, num_stages=1)
+
+
 @functools.lru_cache(maxsize=64)
 def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt: str = "fp8") -> dict:
-    # H200, 320 tokens (64 requests x 5) at 128K context, 32 heads (2026-11-29, tune sweep and bench):
-    # FP8 q on FP8 keys: 1.98 ms with 16 key tiles in a pipelined loop over fp8-typed keys, 8 warps
-    # (2.10 ms unrolled x4 at 4 warps); one-block tile addressing made this loop slower (2.05 ms), so
-    # it stays per key. bf16 q: unrolled x4 at 4 warps with one-block tiles, 2.13 ms (2.50 ms per-key
-    # addressing; every pipelined variant 2.83-6.35 ms); keys as the MMA's B operand was slower for both.
+    # H200, 32 heads, FP8 keys (2026-12-01, scripts/h200/indexer_sweep.py, run R1 of the fifth session), block
+    # tiles against the general kernel: FP8 q 64x1 / 64x5 at 128K, 8x1 at 1M, 4096 tokens at 32K: 0.482 /
+    # 0.801 / 0.484 / 2.298 ms (was 1.654 / 1.988 / 1.654 / 4.245) with the keys fed to the FP8 MMA from
+    # registers (typed_keys=False; through shared memory 0.548 / 0.989 / 0.544 / 2.842). bf16 q: 0.671 / 1.244
+    # / 0.672 / 3.640 ms (was 1.838 / 2.136 / 1.843 / 3.998). MXFP4 keys, bf16 q, tl.dot_scaled: 1.049 / 1.538
+    # / 1.056 / 4.615 ms (was 4.831 / 5.073 / 4.844 / 10.167; the explicit decode 1.275 / 2.529).
+    # The rest of each dict is the general kernel's, for the calls the block tiles do not serve (strided or
+    # odd-aligned records): its 2026-11-29 choices.
     if index_fmt == "mxfp4" and q_dtype in (torch.bfloat16, torch.float8_e4m3fn):
-        # MXFP4 keys into tl.dot_scaled. 8 warps: at 4 the accumulator and the query operand spilled
-        # 128-740 B (sm_90 AOT compile, Triton 3.9); at 8, 170-198 registers and no stack. Not yet
-        # timed on the H200: scripts/h200/fp4_check.py times this against the alternatives.
         return dict(block_n=64, group=8, tiles=4, num_warps=8, num_stages=1, one_block_tiles=True,
-                    mxfp4_dot_scaled=True)
+                    mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES))
     if q_dtype == torch.float8_e4m3fn and index_fmt == "fp8":
         return dict(block_n=64, group=8, tiles=16, num_warps=8, num_stages=2, pipeline=True, typed_keys=True,
-                    one_block_tiles=False)
+                    one_block_tiles=False, block_tiles=dict(_BLOCK_TILES, typed_keys=False))
+    if q_dtype == torch.bfloat16 and index_fmt == "fp8":
+        return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True,
+                    block_tiles=dict(_BLOCK_TILES, typed_keys=True))
+    # bf16 keys, and fp32/fp16 queries (exact dots): the general kernel only, unrolled x4 at 4 warps with
+    # one-block tiles (bf16 q on bf16 keys 0.458 ms at 64x5 x 32K, 2026-11-29)
     return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True)
 
 

@@ -41,11 +41,11 @@ def routes() -> dict[str, list[Route]]:
                   probe=f"{flashmla}:probe", description="FlashMLA SM90 sparse decode on fp8_ds_mla (V32) pages"),
             Route("flashmla_prefill", f"{flashmla}:sparse_mla_prefill", f"{flashmla}:prefill_accepts",
                   probe=f"{flashmla}:probe", description="FlashMLA SM90 sparse prefill on contiguous bf16 latents"),
-            _triton("sparse_mla"),
-            # Last: measured slower than the general kernel on the H200 (2026-12-01, register spills), so it
-            # serves only when forced (DSAHAL_ROUTES=sparse_mla:triton_small_heads) while it is developed.
+            # Before the general kernel where it measured faster (H <= 32, fp8_ds_mla and nvfp4 latents; behind
+            # FlashMLA, which is faster at fp8_ds_mla in default mode: 0.30 vs 0.90 ms at H = 16).
             Route("triton_small_heads", f"{PACKAGE}.ops:sparse_mla_small_heads", f"{PACKAGE}.verifiers:small_heads_accepts",
-                  description="every head of a token in one program (H <= 32); forced use only, see BENCHMARKS.md"),
+                  description="every head of a token in one program, 128-dim chunks (H <= 32, fp8_ds_mla / nvfp4)"),
+            _triton("sparse_mla"),
         ],
         "lse_combine": [_triton("lse_combine")],
         "kda_decode": [_triton("kda_decode")],

@@ -3,6 +3,8 @@ the shared Triton kernels' limits (:mod:`dsahal.backends.triton_kernels.limits`)
 :mod:`.flashmla`. Metadata only (no tensor values: no GPU sync)."""
 from __future__ import annotations
 
+import torch
+
 from dsahal.backends.triton_kernels import limits
 
 from . import config
@@ -20,9 +22,18 @@ def dsa_attention_accepts(q_index, index_weights, index_pages, q, kv_pages, bloc
     return limits.on_gpu(q=q, kv_pages=kv_pages)  # the top-k runs where q is; it has no other limit
 
 
+SMALL_HEADS_FORMATS = ("fp8_ds_mla", "nvfp4")
+
+
 def small_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tuple[bool, str]:
-    """The few-heads kernel serves up to :data:`config.SMALL_HEADS_MAX` heads (where it beats FlashMLA's
-    padded tiles and our general kernel, by the H200 measurement in :mod:`.config`)."""
+    """The few-heads kernel serves up to :data:`config.SMALL_HEADS_MAX` heads of bf16 queries on the formats
+    with per-tile scales, where it beat the general kernel on the H200 (2026-12-01, 320 tokens x 2048 slots,
+    H = 16: fp8_ds_mla 0.90 vs 1.02 ms, nvfp4 0.86 vs 0.90 ms; ``scripts/h200/small_heads_sweep.py``); on
+    bf16 and per-tensor fp8 latents the general kernel was faster (0.47 / 0.45 vs 0.61 ms)."""
     if q.dim() == 3 and q.shape[1] > config.SMALL_HEADS_MAX:
         return False, f"{q.shape[1]} heads > {config.SMALL_HEADS_MAX}: the many-heads routes serve it"
+    if kv_fmt not in SMALL_HEADS_FORMATS:
+        return False, f"{kv_fmt} latents: the general kernel measured faster (the few-heads route takes {SMALL_HEADS_FORMATS})"
+    if q.dtype != torch.bfloat16:
+        return False, f"{str(q.dtype).replace('torch.', '')} queries: the exact fp32 dots are the general kernel's"
     return limits.sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)

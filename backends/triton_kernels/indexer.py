@@ -398,7 +398,7 @@ def run_offsets(req_ids):
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,
                   block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, pipeline=False, typed_keys=False,
                   keys_as_b=False, one_block_tiles=True, mxfp4_dot_scaled=True, mxfp4_fast_math=False, dot=None,
-                  block_tiles=False, tile_group=None, tile_loop=None, out=None):
+                  block_tiles: bool | dict = False, tile_group=None, tile_loop=None, out=None):
     """Launch :func:`indexer_score_kernel`.
 
     Args:
@@ -426,6 +426,9 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             token, no load masks, tiles past the segment's reach skipped); other calls, and False (the
             default until the H200 sweep ``scripts/h200/indexer_sweep.py`` has timed it), take the general
             kernel.
+            ``block_tiles`` may be a dict of the block-tile path's own parameters (``block_n``, ``group``,
+            ``tile_group``, ``tiles``, ``tile_loop``, ``pipeline``, ``num_warps``, ``num_stages``, ``typed_keys``),
+            the other arguments then being the general kernel's, for the calls that fall back to it.
             There ``group`` (or ``tile_group``, <= 8) is the tokens per segment, ``tiles``, ``num_warps``,
             ``num_stages``, ``typed_keys``, ``mxfp4_dot_scaled`` / ``mxfp4_fast_math`` mean the same;
             ``tile_loop``: 0 unrolled tiles, 1 a rolled loop prefetching the next tile into registers, 2 a
@@ -452,11 +455,16 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         raise ValueError("triton indexer_score: mxfp4 keys are multiplied in bf16 or fp32 (dot=DOT_BF16 or "
                          "DOT_FP32), got dot=DOT_FP8")
     if block_tiles and indexer_decode.serves(q, index_pages, index_fmt, dot, block_n):
+        tile = dict(block_n=block_n, group=group, tiles=tiles, pipeline=pipeline, num_warps=num_warps,
+                    num_stages=num_stages, typed_keys=typed_keys, tile_group=tile_group, tile_loop=tile_loop)
+        if isinstance(block_tiles, dict):  # the block-tile path's own parameters; the rest are the fallback's
+            tile.update(block_tiles)
         return indexer_decode.launch(
             q, weights, index_pages, block_table, req_ids, positions, run_offsets(req_ids), index_fmt, max_context,
-            out, dot=dot, block_n=block_n, group=min(tile_group or group, indexer_decode.MAX_GROUP), tiles=tiles,
-            loop=(2 if pipeline else 0) if tile_loop is None else tile_loop, num_warps=num_warps,
-            num_stages=num_stages, typed_keys=typed_keys,
+            out, dot=dot, block_n=tile["block_n"],
+            group=min(tile["tile_group"] or tile["group"], indexer_decode.MAX_GROUP), tiles=tile["tiles"],
+            loop=(2 if tile["pipeline"] else 0) if tile["tile_loop"] is None else tile["tile_loop"],
+            num_warps=tile["num_warps"], num_stages=tile["num_stages"], typed_keys=tile["typed_keys"],
             scaled_dot=((2 if mxfp4_fast_math else 1) if mxfp4 and mxfp4_dot_scaled else 0))
     block_h, block_n, group, tiles = tile_shape(heads, dot, block_n, group, tiles)
     views = typed_views(index_pages)
