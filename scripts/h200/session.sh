@@ -26,7 +26,9 @@ for s in "$@"; do case "$s" in
   flacfg) step flacfg "${T_FLACFG:-300}" python3 scripts/h200/fla_configs.py ;;
   model) step model "${T_MODEL:-200}" dsahal bench --backend nvidia --op model ${MODEL_ARGS:-} ;;
   bench) step bench "${T_BENCH:-400}" dsahal bench --backend nvidia ${BENCH_ARGS:-} --json "$OUT/bench.json" ;;
-  firstrun) TAIL=30 step firstrun 200 env TRITON_CACHE_DIR=/tmp/fresh-triton-cache dsahal run --config k31-pro-slice --backend nvidia ${RUN_ARGS:-} ;;
+  firstrun) for mode in ${FIRSTRUN_MODES:-warm}; do rm -rf /tmp/fresh-triton-cache  # empty cache (a warm machine keeps /tmp)
+       TAIL=30 step "firstrun_$mode" 200 env TRITON_CACHE_DIR=/tmp/fresh-triton-cache dsahal run --config k31-pro-slice \
+         --backend nvidia $([ "$mode" = cold ] && echo --no-warmup) --json "$OUT/firstrun_$mode.json" ${RUN_ARGS:-}; done ;;
   run) TAIL=30 step run_eager 150 env DSAHAL_ROUTES=kda_prefill:triton_recurrent dsahal run --config k31-pro-slice --backend nvidia --batch 64 --prompt-len 4096 --decode 16 ${RUN_ARGS:-}
        TAIL=30 step run_graph 150 env DSAHAL_ROUTES=kda_prefill:triton_recurrent dsahal run --config k31-pro-slice --backend nvidia --batch 64 --prompt-len 4096 --decode 16 --cuda-graph ${RUN_ARGS:-} ;;
   conformance) step conformance "${T_CONF:-300}" dsahal conformance --backend nvidia ${CONF_ARGS:-} --report-dir "$OUT/conf" ;;
