@@ -147,7 +147,7 @@ def variants() -> list[Variant]:
             dict(FMT=LATENT_CODES[fmt], AS_BF16=as_bf16, BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], ALIGNED=True,
                  V_SPLIT=v_split),
             pointers, floats=("logit_scale",), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
-    cfg = config.topk_config()
+    cfg = config.topk_config(4096)  # the one-program radix kernel (short rows; see config.topk_config)
     for emit in (False, True):
         out.append(Variant(
             f"top-k{' emitting slots' if emit else ''}", topk.topk_kernel,

@@ -110,13 +110,27 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True)
 
 
-@functools.lru_cache(maxsize=1)
-def topk_config() -> dict:
-    # H200, [320, 128K], k = 2048 (2026-11-29, tune sweep): rows split over 8 programs, 1024-entry
-    # chunks, 4 warps: 0.613 ms on indexer output and on Gaussian scores (one program per row:
-    # 0.785 ms; torch.topk 0.652 ms). 16 segments were as fast; one row level is faster on Gaussian
-    # scores (0.505 ms) but 1.14 ms on real indexer output, whose scores crowd a few exponents.
-    return dict(chunk=1024, row_levels=2, num_warps=4, segments=8)
+# Top-k of indexer scores, k = 2048, by row width (H200, 2026-12-01, scripts/h200/topk_sweep.py on real FP8
+# indexer output, run R1b of the fifth session; torch.topk in the same run):
+#   320 x 128K: groups (max per 16-entry group, radix over the live groups) 0.190 ms vs torch.topk 0.653 (3.4x),
+#               bound 0.246, rows split over 8 programs (the old default) 0.613;
+#   4096 x 32K (causal prefill): bound (lane-max lower bound) 0.857 ms vs 1.809 (2.1x), groups 0.868, radix 1.25;
+#   320 x 4K:   one program per row 0.047 ms vs 0.112 (2.4x), bound 0.085, groups 0.17.
+_TOPK_SHORT = dict(chunk=2048, row_levels=2, num_warps=8, segments=1)
+_TOPK_BOUND = dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, finish_warps=4)
+_TOPK_GROUPS = dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4, finish_chunk=1024, finish_warps=8)
+
+
+@functools.lru_cache(maxsize=64)
+def topk_config(width: int) -> dict:
+    """Kernel and parameters for rows of ``width`` scores. Every method returns the same set (the tie
+    rule), but the valid entries' order differs between them, and that order is the sparse-MLA sum's:
+    batch-invariant mode uses one method at every width, so a row's slots never depend on the call's width."""
+    if batch_invariant():
+        return _TOPK_BOUND
+    if width <= 8192:
+        return _TOPK_SHORT
+    return _TOPK_GROUPS if width >= 65536 else _TOPK_BOUND
 
 
 @functools.lru_cache(maxsize=16)

@@ -28,7 +28,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
 
 
 def topk(scores, lengths, k):
-    return _topk.topk(scores, lengths, k, **config.topk_config())
+    return _topk.topk(scores, lengths, k, **config.topk_config(scores.shape[1]))
 
 
 def positions_to_slots(positions, req_ids, block_table, block_tokens):
@@ -65,7 +65,7 @@ def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table,
                            max_context)
     lengths = torch.clamp(positions.to(torch.int32) + 1, max=max_context)
     slots = _topk.topk(scores, lengths, topk, emit_slots=(req_ids, block_table, index_pages.shape[1]),
-                       **config.topk_config())
+                       **config.topk_config(scores.shape[1]))
     from dsahal import ops  # (the public op: its table picks the route and observers see the stage)
 
     return ops.sparse_mla(q, kv_pages, slots, kv_fmt=kv_fmt, kv_scale=kv_scale, softmax_scale=softmax_scale,

@@ -63,10 +63,10 @@ def _bench(fn):
     return timing.bench_ms(fn, DEVICE, warmup=10, rep=60)
 
 
-def _kwargs(kw):
+def _kwargs(kw, width=1 << 17):
     from dsahal.backends.nvidia.config import topk_config
 
-    kw = dict(topk_config()) if kw is None else dict(kw)
+    kw = dict(topk_config(width)) if kw is None else dict(kw)
     for name in ("chunk", "finish_chunk"):
         if name in kw:
             kw[name] = max(16, kw[name] // SMOKE_DIVISOR)
