@@ -87,7 +87,11 @@ def check_layout(name: str, config, fp8: bool, folder: Path, run_args: list[str]
     folder.mkdir(parents=True)
     config_file = folder / "config.json"
     config_file.write_text(json.dumps(config.to_dict()))
-    save_checkpoint(init_weights(HybridModel(config), seed=0), folder / "weights", fp8=fp8)
+    # drawn where `dsahal run` draws its seeded weights (a CUDA generator's stream is not the CPU one's)
+    import torch
+
+    draw_on = "cuda" if torch.cuda.is_available() else "cpu"
+    save_checkpoint(init_weights(HybridModel(config), seed=0, device=draw_on), folder / "weights", fp8=fp8)
     args = run_args + ["--config", str(config_file)]
     report_file = folder / "report.json"
     code, output = run_cli(["run", *args, "--weights", str(folder / "weights"), "--check",
