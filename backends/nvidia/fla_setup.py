@@ -65,4 +65,8 @@ def status() -> str:
     mode, folder = os.environ.get("FLA_CACHE_MODE"), os.environ.get("FLA_CONFIG_DIR")
     if mode and folder:
         return f"fla configs: {mode} from {folder}"
+    if "fla.ops.kda" not in sys.modules:
+        shipped = shipped_configs()
+        if shipped is not None:
+            return f"fla configs: shipped for this GPU in {shipped} (read in full mode once fla imports)"
     return "fla configs: none shipped for this GPU (fla autotunes on first use)"

@@ -40,15 +40,34 @@ from .kda_state_rows import gather_states, scatter_states
 
 
 def probe() -> tuple[bool, str]:
+    """Installed or not, without importing it: ``import fla.ops.kda`` takes 8.1 s on the H200 (fla's package
+    imports every op family; 2026-12-01, ``scripts/h200/startup_profile.py``), which every process that
+    built a table paid before its first kernel. The import happens at the first call this route is asked
+    to serve (:func:`loaded`), and a failure then declines the route for the process."""
     if importlib.util.find_spec("fla") is None:
         return False, "fla-core is not installed (pip install fla-core)"
-    try:
-        import_chunk_kda()
-    except Exception as exc:  # noqa: BLE001 - any import failure means "not usable here"
-        return False, f"fla.ops.kda does not import: {type(exc).__name__}: {exc}"
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    return True, f"fla-core {version('fla-core')} chunk_kda; {fla_status()}"
+    try:
+        installed = version("fla-core")
+    except PackageNotFoundError:
+        installed = "(version unknown)"
+    return True, f"fla-core {installed} chunk_kda (imported at its first call); {fla_status()}"
+
+
+_loaded: tuple[bool, str] | None = None
+
+
+def loaded() -> tuple[bool, str]:
+    """``(True, "")`` once ``fla.ops.kda`` imported (done on the first ask), else ``(False, why)`` for good."""
+    global _loaded
+    if _loaded is None:
+        try:
+            import_chunk_kda()
+            _loaded = (True, "")
+        except Exception as exc:  # noqa: BLE001 - any import failure means "not usable in this process"
+            _loaded = (False, f"fla.ops.kda does not import: {type(exc).__name__}: {exc}")
+    return _loaded
 
 
 def accepts(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm) -> tuple[bool, str]:
@@ -64,7 +83,8 @@ def accepts(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l
         # fla's dots take one operand dtype; converting here would copy [T, H, K] tensors per call.
         return False, (f"mixed q/k/v dtypes ({_name(q.dtype)}/{_name(k.dtype)}/{_name(v.dtype)}): fla's chunk "
                        "kernel needs one dtype")
-    return limits.kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm)
+    ok = limits.kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm)
+    return loaded() if ok[0] else ok
 
 
 def _name(dtype: torch.dtype) -> str:

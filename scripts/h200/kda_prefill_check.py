@@ -37,7 +37,10 @@ import timing  # scripts/h200/timing.py (this folder is on sys.path when the scr
 
 HEADS, KEY_DIM, VALUE_DIM = 32, 128, 128
 CHECK_LENGTHS = [37, 0, 300, 5, 129]
-TIMED = [("8 x 4096", [4096] * 8), ("mixed 6 seqs", [64, 4096, 1000, 17, 8192, 300])]
+TIMED = [("8 x 4096", [4096] * 8), ("mixed 6 seqs", [64, 4096, 1000, 17, 8192, 300]),
+         # short prefills (the first run's 4 prompts; chat-sized batches): where the token-by-token kernel may win
+         ("4 prompts 128/112/96/80", [128, 112, 96, 80]), ("64 x 128", [128] * 64), ("8 x 512", [512] * 8),
+         ("8 x 1024", [1024] * 8), ("8 x 2048", [2048] * 8)]
 RTOL = 2.0 ** -6  # bf16 outputs: the conformance suite's normwise tolerance (conformance/assertions.py)
 DEVICE = "cuda"  # --cpu-smoke: "cpu" under TRITON_INTERPRET=1
 
@@ -173,8 +176,17 @@ def time_case(torch, chunk_kda, route, label, lengths, ceiling, passed):
         variants.append(("fla", "fla chunk_kda plain [B, T]", lambda: chunk_kda(
             qb, kb, vb, gb, betab, scale=scale, initial_state=h0, output_final_state=True,
             use_qk_l2norm_in_kernel=True)))
+    # what a serving engine pays: a new cu_seqlens tensor every step (fla's chunk-index cache misses)
+    variants.append(("fla", "fla chunk_kda, fresh cu_seqlens", lambda: chunk_kda(
+        q[None], k[None], v[None], g[None], beta[None], scale=scale, initial_state=h0, output_final_state=True,
+        use_qk_l2norm_in_kernel=True, cu_seqlens=cu.long())))
     variants.append(("route", "route (pool rows in place)",
                      lambda: route(q, k, v, g, beta, cu, pool, ids, scale, True)))
+    if DEVICE == "cuda":  # the token-by-token Triton kernel (the triton_recurrent route), same pool rows
+        from dsahal.backends.nvidia import ops as nvidia_ops
+
+        variants.append(("route", "triton_recurrent route",
+                         lambda: nvidia_ops.kda_prefill(q, k, v, g, beta, cu, pool, ids, scale, True)))
     final = h0.clone()
     variants.append(("route", "route's gather + scatter alone",
                      lambda: scatter_states(final, ids, gather_states(pool, ids))))
