@@ -14,6 +14,8 @@ import importlib.util
 from dsahal.backends.triton_kernels.compile_budget import install as install_compile_budget
 from dsahal.registry import Backend, Capabilities, Route, hookimpl, package_versions
 
+from .verifiers import SHORT_PREFILL_TOKENS
+
 MIN_CAPABILITY = (8, 0)
 PACKAGE = "dsahal.backends.nvidia"
 LIMITS = "dsahal.backends.triton_kernels.limits"
@@ -50,6 +52,8 @@ def routes() -> dict[str, list[Route]]:
         "lse_combine": [_triton("lse_combine")],
         "kda_decode": [_triton("kda_decode")],
         "kda_prefill": [
+            Route("triton_short", f"{PACKAGE}.ops:kda_prefill", f"{PACKAGE}.verifiers:short_prefill_accepts",
+                  description=f"the token-by-token kernel for calls of <= {SHORT_PREFILL_TOKENS} tokens (faster than fla there)"),
             Route("fla_chunk", f"{PACKAGE}.kda_fla:kda_prefill_fla", f"{PACKAGE}.kda_fla:accepts",
                   probe=f"{PACKAGE}.kda_fla:probe", description="fla-core chunk_kda (bf16/fp16 inputs)"),
             _triton("kda_prefill", name="triton_recurrent",

@@ -37,3 +37,18 @@ def small_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> 
     if q.dtype != torch.bfloat16:
         return False, f"{str(q.dtype).replace('torch.', '')} queries: the exact fp32 dots are the general kernel's"
     return limits.sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
+
+
+# KDA prefill calls of at most this many tokens go to the token-by-token Triton kernel. H200, 2026-12-01
+# (scripts/h200/kda_prefill_check.py, 32 heads, K = V = 128, bf16): 4 prompts of 128/112/96/80 tokens 0.325 ms
+# vs fla's chunk_kda 1.64 ms with a fresh cu_seqlens (2.08 ms through the fla route); at 8 x 512 both 2.5 ms;
+# at 64 x 128 (8K tokens) fla 2.6 vs 5.0 ms. The token-by-token kernel's time grows with the longest sequence,
+# so a small total bounds it: one 512-token sequence is ~1.3 ms at ~2.5 us a token.
+SHORT_PREFILL_TOKENS = 512
+
+
+def short_prefill_accepts(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
+    """The recurrent kernel ahead of fla for short calls (``T <= SHORT_PREFILL_TOKENS``); longer ones go on."""
+    if q.shape[0] > SHORT_PREFILL_TOKENS:
+        return False, f"{q.shape[0]} tokens > {SHORT_PREFILL_TOKENS}: fla's chunked kernel is faster there"
+    return limits.kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm)
