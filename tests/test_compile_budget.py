@@ -113,3 +113,33 @@ def test_install_wraps_the_launched_kernels_only(monkeypatch):
             module, name = key.split(":")
             setattr(importlib.import_module(module), name, wrapper.kernel)
         compile_budget._installed.clear()
+
+
+def test_a_budget_of_zero_sends_every_call_to_the_twin_and_none_passes_through():
+    wrapper = budgeted(0)
+    base = torch.zeros(64, dtype=torch.uint8)
+    for stride in (16, 5, 16):
+        wrapper[(1,)](base, base, stride, 4, BLOCK=16)
+    assert len(wrapper.kernel.calls) == 0 and len(wrapper.twin.calls) == 3
+    wrapper.budget = None  # a registry rebuilt outside batch-invariant mode, no budget asked
+    wrapper[(1,)](base[3:], base, 5, 4, BLOCK=16)
+    assert len(wrapper.kernel.calls) == 1
+
+
+def test_batch_invariant_mode_installs_alignment_free_launches(monkeypatch):
+    import importlib
+
+    from dsahal.backends.triton_kernels import sparse_mla
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv(compile_budget.ENV, raising=False)
+    try:
+        compile_budget.install(invariant=True)
+        assert isinstance(sparse_mla.sparse_mla_kernel, BudgetedKernel) and sparse_mla.sparse_mla_kernel.budget == 0
+        compile_budget.install()  # default mode again, no budget asked: the wrappers pass calls through
+        assert sparse_mla.sparse_mla_kernel.budget is None
+    finally:
+        for key, wrapper in compile_budget._installed.items():
+            module, name = key.split(":")
+            setattr(importlib.import_module(module), name, wrapper.kernel)
+        compile_budget._installed.clear()

@@ -129,7 +129,8 @@ def amd_backend() -> Backend:
     from . import routes
 
     routes.reset()  # path presence and DSAHAL_AMD_PATHS, read once per registry build
-    install_compile_budget()  # only under DSAHAL_TRITON_COMPILE_BUDGET (the conformance suite)
+    # alignment-free compiles in batch-invariant mode; a compile budget under DSAHAL_TRITON_COMPILE_BUDGET
+    install_compile_budget(invariant=config.read_mode())
     return Backend(
         name="amd",
         ops=ops(),

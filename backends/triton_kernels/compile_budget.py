@@ -16,8 +16,15 @@ compiled with no alignment or divisibility assumptions, correct for any pattern 
 narrower loads), compiled once per constexpr configuration. Which variant serves a pattern is decided
 the first time it is seen and never changes in the process, so a call repeated gives the same bits.
 
-Without the variable (the default) nothing is installed: launches are plain ``kernel[grid](...)`` with
-no added cost. Under ``TRITON_INTERPRET=1`` nothing is compiled and nothing is installed.
+Batch-invariant mode (``DSAHAL_BATCH_INVARIANT=1``) runs *every* launch on the twin (a budget of 0).
+Alignment facts steer Triton's layouts (a 16-byte aligned row loads 4 floats per thread, an unaligned one
+1), and a reduction over a differently laid-out tensor adds in a different order: a request's tensors
+sliced out of a batch at an odd offset then gave other bits than the same request in the batch (H200,
+2026-12-01, ``kda_decode``, 1 of 179 examples at 200). With one alignment-free compile per configuration,
+a row's result cannot depend on where its tensors start.
+
+Without either variable nothing is installed: launches are plain ``kernel[grid](...)`` with no added
+cost. Under ``TRITON_INTERPRET=1`` nothing is compiled and nothing is installed.
 """
 from __future__ import annotations
 
@@ -94,7 +101,12 @@ class BudgetedKernel:
             pattern.append(None)
 
     def specialised(self, args, kwargs) -> bool:
-        """Whether this call's pattern runs the specialised kernel (decided once per pattern)."""
+        """Whether this call's pattern runs the specialised kernel (decided once per pattern; never with a
+        budget of 0, always with ``None``)."""
+        if self.budget is None:
+            return True
+        if self.budget == 0:
+            return False
         key = self._pattern(args, kwargs)
         choice = self.decided.get(key)
         if choice is None:
@@ -127,14 +139,21 @@ def launched_kernels(module) -> dict[str, Any]:
             if name.endswith("_kernel") and isinstance(value, JITFunction)}
 
 
-def install(budget: int | None = None) -> dict[str, BudgetedKernel]:
-    """Wrap every launched kernel of this package in a :class:`BudgetedKernel` (idempotent).
+def install(budget: int | None = None, *, invariant: bool = False) -> dict[str, BudgetedKernel]:
+    """Wrap every launched kernel of this package in a :class:`BudgetedKernel`, or set the budget of the
+    wrappers already installed (a registry rebuilt in another mode).
 
-    ``budget`` defaults to :func:`budget_from_env`; with no budget, or under ``TRITON_INTERPRET=1``,
-    nothing is installed. Returns the installed wrappers by ``module:name``.
+    ``budget`` defaults to :func:`budget_from_env`; ``invariant`` (batch-invariant mode) makes it 0: every
+    launch on the alignment-free twin. With no budget and not invariant, nothing new is installed and
+    installed wrappers pass every call through. Nothing under ``TRITON_INTERPRET=1``. Returns the
+    installed wrappers by ``module:name``.
     """
-    budget = budget_from_env() if budget is None else budget
-    if not budget or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    budget = 0 if invariant else (budget_from_env() if budget is None else budget)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return dict(_installed)
+    for wrapper in _installed.values():
+        wrapper.budget = budget or (0 if invariant else None)
+    if budget is None or (budget == 0 and not invariant):
         return dict(_installed)
     package = importlib.import_module(__package__)
     for info in pkgutil.iter_modules(package.__path__):
