@@ -29,6 +29,7 @@ import sys
 import time
 
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
+from script_cli import CheckError, finish, run  # scripts/h200/script_cli.py
 
 HEADS = 32
 BLOCK_TOKENS = 64
@@ -38,9 +39,6 @@ INDEX_TOL = 1e-4  # relative (norm) error vs the float64 reference; exact keys, 
 INDEX_TOL_FP8_MMA = 5e-4
 DEVICE = "cuda"  # --cpu-smoke: "cpu" under TRITON_INTERPRET=1
 
-
-class CheckError(Exception):
-    pass
 
 
 def _bench(fn):
@@ -354,19 +352,8 @@ def main(argv=None) -> int:
             print(f"{fmt:<6s} {q_name:<14s} {label:<30s} {'-':>8s} {'-':>8s} {'-':>6s}  failed: {cfg}")
         else:
             print(f"{fmt:<6s} {q_name:<14s} {label:<30s} {ms:8.3f} {tbps:8.2f} {pct:6.1f}  {cfg}")
-    print(f"\ntotal {time.time() - started:.0f} s")
-    if failures:
-        print("\nFAILED:\n  " + "\n  ".join(failures))
-        raise CheckError(f"fp4_check: {len(failures)} check(s) failed (listed above), first: {failures[0][:300]}")
-    return 0
+    return finish("fp4_check", failures, started, "check(s) failed")
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except CheckError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
-    except Exception as exc:  # noqa: BLE001 - a CLI error is one line, never a traceback
-        print(f"error: fp4_check: {type(exc).__name__}: {exc}", file=sys.stderr)
-        sys.exit(1)
+    run("fp4_check", main)

@@ -30,6 +30,7 @@ import sys
 import time
 
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
+from script_cli import CheckError, finish, run  # scripts/h200/script_cli.py
 
 HEADS = 32
 BLOCK_TOKENS = 64
@@ -37,9 +38,6 @@ TOL = 1e-4
 TOL_FP8_MMA = 5e-4
 DEVICE = "cuda"  # --cpu-smoke: "cpu" under TRITON_INTERPRET=1
 
-
-class CheckError(Exception):
-    pass
 
 
 def shapes():
@@ -227,19 +225,8 @@ def main(argv=None) -> int:
             print(f"| {shape} | {vname} | - | - | - | - | failed: {ratio} |")
         else:
             print(f"| {shape} | {vname} | {ms:.3f} | {tbps:.2f} | {pct:.1f} | {tflops:.0f} | {ratio} |")
-    print(f"\ntotal {time.time() - started:.0f} s")
-    if failures:
-        print("\nFAILED:\n  " + "\n  ".join(failures))
-        raise CheckError(f"indexer_sweep: {len(failures)} check(s) failed (listed above), first: {failures[0][:300]}")
-    return 0
+    return finish("indexer_sweep", failures, started, "check(s) failed")
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except CheckError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
-    except Exception as exc:  # noqa: BLE001 - a CLI error is one line, never a traceback
-        print(f"error: indexer_sweep: {type(exc).__name__}: {exc}", file=sys.stderr)
-        sys.exit(1)
+    run("indexer_sweep", main)

@@ -34,6 +34,7 @@ import sys
 import time
 
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
+from script_cli import CheckError, finish, run  # scripts/h200/script_cli.py
 
 HEADS, KEY_DIM, VALUE_DIM = 32, 128, 128
 CHECK_LENGTHS = [37, 0, 300, 5, 129]
@@ -44,9 +45,6 @@ TIMED = [("8 x 4096", [4096] * 8), ("mixed 6 seqs", [64, 4096, 1000, 17, 8192, 3
 RTOL = 2.0 ** -6  # bf16 outputs: the conformance suite's normwise tolerance (conformance/assertions.py)
 DEVICE = "cuda"  # --cpu-smoke: "cpu" under TRITON_INTERPRET=1
 
-
-class CheckError(Exception):
-    pass
 
 
 def _bench(fn):
@@ -295,20 +293,8 @@ def main(argv=None) -> int:
             print(f"| {case} | {name} | failed: {note} | | | |")
         else:
             print(f"| {case} | {name} | {ms:.3f} | {tbps:.2f} | {pct:.1f} | {f'{ratio:.3f}' if ratio else '-'} |")
-    print(f"\ntotal {time.time() - started:.0f} s")
-    if failures:
-        print("\nFAILED:\n  " + "\n  ".join(failures))
-        raise CheckError(f"kda_prefill_check: {len(failures)} check(s) failed (listed above), first: "
-                         f"{failures[0][:300]}")
-    return 0
+    return finish("kda_prefill_check", failures, started, "check(s) failed")
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except CheckError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
-    except Exception as exc:  # noqa: BLE001 - a CLI error is one line, never a traceback
-        print(f"error: kda_prefill_check: {type(exc).__name__}: {exc}", file=sys.stderr)
-        sys.exit(1)
+    run("kda_prefill_check", main)

@@ -27,6 +27,7 @@ import sys
 import time
 
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
+from script_cli import CheckError, finish, run  # scripts/h200/script_cli.py
 
 TOPK = 2048
 BLOCK_TOKENS = 64
@@ -39,9 +40,6 @@ DEVICE, Q_DTYPE = "cuda", "bfloat16"  # --cpu-smoke: "cpu", "float32" under TRIT
 # (stages: does the cp.async staging pay; 16-slot steps; 256/1024-slot splits: waves vs fp32 partial traffic)
 EXTRA = (dict(num_stages=1), dict(num_stages=3), dict(block_n=16), dict(split_size=256), dict(split_size=1024))
 
-
-class SweepError(Exception):
-    pass
 
 
 def build_pools(torch, pool_tokens):
@@ -106,18 +104,17 @@ def flash_mla_run(torch, q, pages, slots, requests, per_request):
 
 
 def variants(fmt, heads, tokens, extra):
-    """[(name, launcher, kwargs)] for one case: the general kernel, the first few-heads kernel, the chunked
-    kernel's default and (``extra``) its alternatives."""
+    """[(name, launcher, kwargs)] for one case: the general kernel, the chunked few-heads kernel's default
+    and (``extra``) its alternatives (the first few-heads kernel it replaced is gone: 1.85 ms vs 0.90 ms,
+    BENCHMARKS.md, fifth session)."""
     import torch
 
     from dsahal.backends.nvidia.config import sparse_mla_config
     from dsahal.backends.triton_kernels import sparse_mla, sparse_mla_small_heads as chunked
-    from dsahal.backends.triton_kernels import sparse_mla_small_heads_v1 as first
 
     q_dtype = getattr(torch, Q_DTYPE)
     default = chunked.hopper_config(heads, fmt, q_dtype)
     out = [("general", sparse_mla.sparse_mla, dict(sparse_mla_config(tokens, heads, TOPK, fmt, q_dtype))),
-           ("v1 small-heads", first.sparse_mla_small_heads, first.hopper_config(heads, fmt, q_dtype)),
            ("chunked default", chunked.sparse_mla_small_heads, default)]
     if extra:
         for i, cfg in enumerate(EXTRA):
@@ -184,11 +181,11 @@ def main(argv=None) -> int:
     if args.cpu_smoke:
         _smoke_mode(args)
     if args.pool_tokens < BLOCK_TOKENS:
-        raise SweepError(f"small_heads_sweep: --pool-tokens expected >= {BLOCK_TOKENS}, got {args.pool_tokens}")
+        raise CheckError(f"small_heads_sweep: --pool-tokens expected >= {BLOCK_TOKENS}, got {args.pool_tokens}")
     import torch
 
     if DEVICE == "cuda" and not torch.cuda.is_available():
-        raise SweepError("small_heads_sweep: needs a CUDA device, none is visible (or pass --cpu-smoke)")
+        raise CheckError("small_heads_sweep: needs a CUDA device, none is visible (or pass --cpu-smoke)")
     started = time.time()
     import triton
 
@@ -211,19 +208,8 @@ def main(argv=None) -> int:
     for case, name, ms, tbps, pct, ratio, cfg in rows:
         ratio_s = f"{ratio:.2f}" if ratio is not None else "-"
         print(f"| {case} | {name} | {ms:.4f} | {tbps:.2f} | {pct:.1f} | {ratio_s} | {cfg} |")
-    print(f"\ntotal {time.time() - started:.0f} s")
-    if failures:
-        raise SweepError(f"small_heads_sweep: {len(failures)} variant(s) failed the reference check "
-                         f"(listed above), first: {failures[0][:300]}")
-    return 0
+    return finish("small_heads_sweep", failures, started, "variant(s) failed the reference check")
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except SweepError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
-    except Exception as exc:  # noqa: BLE001 - a CLI error is one line, never a traceback
-        print(f"error: small_heads_sweep: {type(exc).__name__}: {exc}", file=sys.stderr)
-        sys.exit(1)
+    run("small_heads_sweep", main)

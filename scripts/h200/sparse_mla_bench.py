@@ -30,6 +30,7 @@ import sys
 import time
 
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
+from script_cli import CheckError, finish, run  # scripts/h200/script_cli.py
 
 TOPK = 2048
 BLOCK_TOKENS = 64
@@ -40,9 +41,6 @@ CHECK_ROWS = 8  # rows compared with the float64 reference (it loops over tokens
 O_TOL, LSE_TOL = 2e-2, 2e-2  # bf16 output; FlashMLA and ours agreed to 3.6e-3 on these bytes
 DEVICE, Q_DTYPE = "cuda", "bfloat16"  # --cpu-smoke: "cpu", "float32" under TRITON_INTERPRET=1
 
-
-class BenchError(Exception):
-    pass
 
 
 def _bench(fn):
@@ -93,7 +91,7 @@ def check(torch, name, run, q, pages, slots, fmt, scale, need_lse=True):
     status = "ok" if o_err < O_TOL and lse_err < LSE_TOL else ("lse differs" if o_err < O_TOL else "FAIL")
     print(f"  check {name:<40s} o rel err {o_err:.2e}  lse max err {lse_err:.2e}  {status}", flush=True)
     if status == "FAIL" or (need_lse and status != "ok"):
-        raise BenchError(f"{name}: output differs from the reference (o rel err {o_err:.3e}, lse err {lse_err:.3e})")
+        raise CheckError(f"{name}: output differs from the reference (o rel err {o_err:.3e}, lse err {lse_err:.3e})")
 
 
 def compiled_variants():
@@ -277,11 +275,11 @@ def main(argv=None) -> int:
     import torch
 
     if DEVICE == "cuda" and not torch.cuda.is_available():
-        raise BenchError("sparse_mla_bench: needs a CUDA device, none is visible")
+        raise CheckError("sparse_mla_bench: needs a CUDA device, none is visible")
     try:
         heads_list = [int(h) for h in args.heads.split(",")]
     except ValueError:
-        raise BenchError(f"sparse_mla_bench: --heads expected comma-separated integers, got {args.heads!r}") from None
+        raise CheckError(f"sparse_mla_bench: --heads expected comma-separated integers, got {args.heads!r}") from None
     started = time.time()
     import triton
 
@@ -308,20 +306,8 @@ def main(argv=None) -> int:
         print(f"  {name:<32s} {info}  {key[:160]}")
     if not args.no_sweep:
         sweep(torch, pools, ceiling)
-    print(f"\ntotal {time.time() - started:.0f} s")
-    if failures:
-        print("\nFAILED:\n  " + "\n  ".join(failures))
-        raise BenchError(f"sparse_mla_bench: {len(failures)} kernel case(s) failed the reference check or did not run "
-                         f"(listed above), first: {failures[0][:300]}")
-    return 0
+    return finish("sparse_mla_bench", failures, started, "kernel case(s) failed the reference check or did not run")
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
-    except Exception as exc:  # noqa: BLE001 - a CLI error is one line, never a traceback
-        print(f"error: sparse_mla_bench: {type(exc).__name__}: {exc}", file=sys.stderr)
-        sys.exit(1)
+    run("sparse_mla_bench", main)

@@ -31,6 +31,7 @@ import sys
 import time
 
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
+from script_cli import CheckError, finish, run  # scripts/h200/script_cli.py
 
 K = 2048
 HEADS = 32
@@ -54,9 +55,6 @@ VARIANTS = (
                                    finish_warps=8)),
 )
 
-
-class CheckError(Exception):
-    pass
 
 
 def _bench(fn):
@@ -251,19 +249,8 @@ def main(argv=None) -> int:
     for case, variant, ms, gbps, ratio, survivors in rows:
         print(f"| {case} | {variant} | {ms:.4f} | {gbps:.0f} | {100 * gbps / (ceiling * 1e3):.1f} | {ratio:.2f} | "
               f"{survivors} |")
-    print(f"\ntotal {time.time() - started:.0f} s")
-    if failures:
-        print("\nFAILED:\n  " + "\n  ".join(failures))
-        raise CheckError(f"topk_sweep: {len(failures)} check(s) failed (listed above), first: {failures[0][:300]}")
-    return 0
+    return finish("topk_sweep", failures, started, "check(s) failed")
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except CheckError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
-    except Exception as exc:  # noqa: BLE001 - a CLI error is one line, never a traceback
-        print(f"error: topk_sweep: {type(exc).__name__}: {exc}", file=sys.stderr)
-        sys.exit(1)
+    run("topk_sweep", main)
