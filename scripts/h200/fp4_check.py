@@ -29,6 +29,7 @@ import sys
 import time
 
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
+import pools as cache_pools  # scripts/h200/pools.py
 from script_cli import CheckError, finish, run  # scripts/h200/script_cli.py
 
 HEADS = 32
@@ -196,19 +197,7 @@ def indexer_variants(torch, all_variants):
 
 
 def build_pool(torch, fmt, blocks, gen):
-    """``[blocks, 64, token_bytes]`` index keys written by the Triton encoder from N(0, 1) + 1e-3 values."""
-    from dsahal.backends.triton_kernels.cache_write import cache_write
-    from dsahal.formats import index_format
-
-    spec = index_format(fmt)
-    pages = torch.empty(blocks, BLOCK_TOKENS, spec.token_bytes, dtype=torch.uint8, device=DEVICE)
-    tokens, chunk = blocks * BLOCK_TOKENS, 1 << 20
-    for start in range(0, tokens, chunk):
-        rows = min(chunk, tokens - start)
-        values = torch.randn(rows, 128, device=DEVICE, generator=gen) + 1e-3
-        slots = torch.arange(start, start + rows, device=DEVICE)
-        cache_write(values, slots, pages, "index", fmt, None)
-    return pages
+    return cache_pools.index_pool(torch, fmt, blocks, gen, DEVICE, BLOCK_TOKENS)
 
 
 def decode_inputs(torch, requests, per_request, context, blocks, gen):

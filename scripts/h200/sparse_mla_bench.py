@@ -30,6 +30,7 @@ import sys
 import time
 
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
+import pools as cache_pools  # scripts/h200/pools.py
 from script_cli import CheckError, finish, run  # scripts/h200/script_cli.py
 
 TOPK = 2048
@@ -52,22 +53,7 @@ def copy_ceiling_tbps(torch) -> float:
 
 
 def build_pools(torch, pool_tokens):
-    """Per format: (pages [blocks, 64, token_bytes] uint8, tensor scale or None); latents ~ N(0, 1)."""
-    from dsahal.formats import latent_format
-
-    blocks = pool_tokens // BLOCK_TOKENS
-    pools = {}
-    for fmt in FORMATS:
-        spec = latent_format(fmt)
-        scale = torch.tensor(4.0 / 448.0, device=DEVICE) if spec.needs_tensor_scale else None
-        pages = torch.empty(blocks * BLOCK_TOKENS, spec.token_bytes, dtype=torch.uint8, device=DEVICE)
-        gen = torch.Generator(device=DEVICE).manual_seed(1)
-        for start in range(0, pages.shape[0], 1 << 18):
-            rows = min(1 << 18, pages.shape[0] - start)
-            latent = torch.randn(rows, 576, device=DEVICE, generator=gen) + 1e-3  # never exactly zero
-            pages[start:start + rows] = spec.pack(latent, scale)
-        pools[fmt] = (pages.view(blocks, BLOCK_TOKENS, spec.token_bytes), scale)
-    return pools
+    return cache_pools.latent_pools(torch, FORMATS, pool_tokens, DEVICE, BLOCK_TOKENS)
 
 
 def relative_errors(torch, o, lse, want_o, want_lse):
