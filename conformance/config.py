@@ -14,6 +14,7 @@ class SuiteConfig:
 
     backend: str | None = None
     max_examples: int = DEFAULT_MAX_EXAMPLES
+    min_examples: int = 0  # a floor under every property's scaled budget (--min-examples)
     derandomize: bool = False
     seed: int | None = None
     ops: frozenset[str] | None = None
@@ -24,8 +25,9 @@ class SuiteConfig:
     extra: dict = field(default_factory=dict)
 
     def examples(self, scale: float = 1.0) -> int:
-        """The example budget of one property, scaled for expensive ones (at least 1)."""
-        return max(1, int(round(self.max_examples * scale)))
+        """The example budget of one property: ``max_examples`` scaled for expensive ones, at least
+        ``min_examples`` (and 1)."""
+        return max(1, self.min_examples, int(round(self.max_examples * scale)))
 
 
 CONFIG = SuiteConfig()

@@ -340,7 +340,8 @@ def finish(parts: list[Part], args, report_dir: Path, seed: int | None) -> int:
         print("error: no conformance test selected (check --ops / -k)", file=sys.stderr)
         return 2
     ops = sorted(args.ops) if args.ops else "all"
-    defaults = {"max_examples": args.max_examples or DEFAULT_MAX_EXAMPLES, "derandomize": args.derandomize,
+    defaults = {"max_examples": args.max_examples or DEFAULT_MAX_EXAMPLES, "min_examples": args.min_examples or 0,
+                "derandomize": args.derandomize,
                 "seed": seed, "ops": ops, "device": args.device}
     settings = {"ops": ops, "jobs": len(parts)}
     records, problems, settings = write_merged(parts, report_dir, settings, defaults,

@@ -220,7 +220,8 @@ def child_command(args, ops: list[str], report_dir: Path, seed: int | None, test
     command = [sys.executable, "-m", "dsahal", "conformance", "--ops", *ops, "--tests", str(tests_file),
                "--report-dir", str(report_dir)]
     valued = (("--backend", args.backend), ("--skips", args.skips), ("--xfails", args.xfails),
-              ("--max-examples", args.max_examples), ("--seed", seed), ("--device", args.device), ("-k", args.k))
+              ("--max-examples", args.max_examples), ("--min-examples", getattr(args, "min_examples", None)),
+              ("--seed", seed), ("--device", args.device), ("-k", args.k))
     for flag, value in valued:
         if value is not None:
             command += [flag, str(value)]

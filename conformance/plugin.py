@@ -48,6 +48,8 @@ def pytest_addoption(parser) -> None:
     group = parser.getgroup("dsahal-conformance", "dsahal conformance suite")
     group.addoption("--dsahal-backend", default=None, help="backend under test (default: DSAHAL_BACKEND or automatic)")
     group.addoption("--dsahal-max-examples", type=int, default=None, help="hypothesis examples per property")
+    group.addoption("--dsahal-min-examples", type=int, default=None,
+                    help="examples every property runs at least (a floor under the scaled budgets)")
     group.addoption("--dsahal-derandomize", action="store_true", default=False, help="derandomize hypothesis")
     group.addoption("--dsahal-seed", type=int, default=None, help="hypothesis seed (default: a random one, printed)")
     group.addoption("--dsahal-skips", default=None, help="file of test-id prefixes to skip (# comments)")
@@ -70,6 +72,8 @@ def pytest_configure(config) -> None:
     CONFIG.backend = option.dsahal_backend
     if option.dsahal_max_examples is not None:
         CONFIG.max_examples = max(1, option.dsahal_max_examples)
+    if option.dsahal_min_examples is not None:
+        CONFIG.min_examples = max(0, option.dsahal_min_examples)
     CONFIG.derandomize = bool(option.dsahal_derandomize)
     CONFIG.seed = option.dsahal_seed
     CONFIG.ops = frozenset(o.strip() for o in option.dsahal_ops.split(",") if o.strip()) if option.dsahal_ops else None
@@ -320,7 +324,7 @@ def _backend_info(table) -> dict:
 
 
 def _settings() -> dict:
-    return {"max_examples": CONFIG.max_examples, "derandomize": CONFIG.derandomize, "seed": CONFIG.seed,
+    return {"max_examples": CONFIG.max_examples, "min_examples": CONFIG.min_examples, "derandomize": CONFIG.derandomize, "seed": CONFIG.seed,
             "ops": sorted(CONFIG.ops) if CONFIG.ops else "all", "device": _STATE.device if _STATE else CONFIG.device,
             "compile_budget": os.environ.get("DSAHAL_TRITON_COMPILE_BUDGET") or "off"}
 

@@ -277,13 +277,14 @@ def test_jobs_must_be_positive(capsys):
 
 def test_child_command_passes_every_option_through():
     args = build_parser().parse_args(["conformance", "--backend", "nvidia", "--skips", "s.txt", "--xfails", "x.txt",
-                                      "--max-examples", "3", "--derandomize", "--device", "cuda:0", "-k", "mla",
+                                      "--max-examples", "3", "--min-examples", "2", "--derandomize", "--device",
+                                      "cuda:0", "-k", "mla",
                                       "-x", "-v", "--jobs", "4"])
     command = jobs_plan.child_command(args, ["sparse_mla"], Path("r/parts/0"), None, Path("r/parts/0/tests.txt"))
     assert command[1:] == ["-m", "dsahal", "conformance", "--ops", "sparse_mla", "--tests", "r/parts/0/tests.txt",
                            "--report-dir", "r/parts/0",
                            "--backend", "nvidia", "--skips", "s.txt", "--xfails", "x.txt", "--max-examples", "3",
-                           "--device", "cuda:0", "-k", "mla", "--derandomize", "--exitfirst", "--verbose"]
+                           "--min-examples", "2", "--device", "cuda:0", "-k", "mla", "--derandomize", "--exitfirst", "--verbose"]
     reparsed = build_parser().parse_args(command[3:])
     assert reparsed.jobs == 1 and reparsed.ops == ["sparse_mla"] and reparsed.tests == "r/parts/0/tests.txt"
     listing_command = " ".join(jobs_plan.list_command(args, Path("suite"), Path("t.jsonl")))
@@ -321,3 +322,13 @@ def test_a_property_interrupted_inside_its_body_is_incomplete_not_passed(tmp_pat
     assert payload["summary"]["incomplete"] == 1
     markdown = (tmp_path / "report" / "conformance.md").read_text()
     assert "| lse_combine | - | **incomplete** |" in markdown and "1 incomplete" in markdown
+
+
+def test_min_examples_is_a_floor_under_every_property_budget(tmp_path):
+    """Scaled properties (the bad-input ones run a fifth of the budget) run at least --min-examples."""
+    proc, payload = run_suite(tmp_path, "reference", "--ops", "lse_combine", "--max-examples", "5",
+                              "--min-examples", "4")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert payload["settings"]["min_examples"] == 4
+    counts = {t["id"]: t["examples"] for t in payload["tests"] if t["outcome"] == "pass"}
+    assert counts and min(counts.values()) >= 4, counts

@@ -41,6 +41,8 @@ def pytest_args(args) -> list[str]:
         command += ["--dsahal-backend", args.backend]
     if args.max_examples is not None:
         command += ["--dsahal-max-examples", str(args.max_examples)]
+    if args.min_examples is not None:
+        command += ["--dsahal-min-examples", str(args.min_examples)]
     if args.derandomize:
         command.append("--dsahal-derandomize")
     if args.seed is not None:
@@ -104,6 +106,9 @@ def run(args) -> int:
 
     if args.jobs < 1:
         print(f"error: --jobs: expected a positive number, got {args.jobs}", file=sys.stderr)
+        return 2
+    if args.min_examples is not None and args.min_examples < 0:
+        print(f"error: --min-examples: expected 0 or a positive number, got {args.min_examples}", file=sys.stderr)
         return 2
     unknown = [op for op in (args.ops or []) if op not in OP_NAMES]
     if unknown:
@@ -172,6 +177,9 @@ def register(subparsers) -> None:
     parser.add_argument("--xfails", default=None, metavar="FILE", help="test-id prefixes expected to fail")
     parser.add_argument("--max-examples", type=int, default=None, metavar="N",
                         help=f"hypothesis examples per property (default {DEFAULT_MAX_EXAMPLES}; CI uses fewer)")
+    parser.add_argument("--min-examples", type=int, default=None, metavar="N",
+                        help="every property runs at least N examples (the expensive ones run a fraction of "
+                             "--max-examples otherwise): what a per-hardware certification at a fixed count asks")
     parser.add_argument("--derandomize", action="store_true", help="derive hypothesis' seed from each test")
     parser.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: random, printed)")
     parser.add_argument("--report-dir", default="conformance-report", metavar="D",
