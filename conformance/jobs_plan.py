@@ -221,6 +221,7 @@ def child_command(args, ops: list[str], report_dir: Path, seed: int | None, test
                "--report-dir", str(report_dir)]
     valued = (("--backend", args.backend), ("--skips", args.skips), ("--xfails", args.xfails),
               ("--max-examples", args.max_examples), ("--min-examples", getattr(args, "min_examples", None)),
+              ("--compile-budget", getattr(args, "compile_budget", None)),
               ("--seed", seed), ("--device", args.device), ("-k", args.k))
     for flag, value in valued:
         if value is not None:

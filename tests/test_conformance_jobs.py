@@ -278,13 +278,13 @@ def test_jobs_must_be_positive(capsys):
 def test_child_command_passes_every_option_through():
     args = build_parser().parse_args(["conformance", "--backend", "nvidia", "--skips", "s.txt", "--xfails", "x.txt",
                                       "--max-examples", "3", "--min-examples", "2", "--derandomize", "--device",
-                                      "cuda:0", "-k", "mla",
+                                      "cuda:0", "-k", "mla", "--compile-budget", "7",
                                       "-x", "-v", "--jobs", "4"])
     command = jobs_plan.child_command(args, ["sparse_mla"], Path("r/parts/0"), None, Path("r/parts/0/tests.txt"))
     assert command[1:] == ["-m", "dsahal", "conformance", "--ops", "sparse_mla", "--tests", "r/parts/0/tests.txt",
                            "--report-dir", "r/parts/0",
                            "--backend", "nvidia", "--skips", "s.txt", "--xfails", "x.txt", "--max-examples", "3",
-                           "--min-examples", "2", "--device", "cuda:0", "-k", "mla", "--derandomize", "--exitfirst", "--verbose"]
+                           "--min-examples", "2", "--compile-budget", "7", "--device", "cuda:0", "-k", "mla", "--derandomize", "--exitfirst", "--verbose"]
     reparsed = build_parser().parse_args(command[3:])
     assert reparsed.jobs == 1 and reparsed.ops == ["sparse_mla"] and reparsed.tests == "r/parts/0/tests.txt"
     listing_command = " ".join(jobs_plan.list_command(args, Path("suite"), Path("t.jsonl")))

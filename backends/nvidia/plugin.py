@@ -33,8 +33,10 @@ def routes() -> dict[str, list[Route]]:
     flashmla = f"{PACKAGE}.flashmla"
     return {
         "cache_write": [_triton("cache_write")],
-        "indexer_score": [_triton("indexer_score")],
-        "topk": [_triton("topk", description="exact radix select (tie rule honoured), rows split over programs")],
+        "indexer_score": [_triton("indexer_score", description="block tiles for FP8/MXFP4 keys (one MMA per query token), "
+                                                               "the general kernel otherwise")],
+        "topk": [_triton("topk", description="exact (tie rule honoured): by row width, group bound >= 64K, lane-max "
+                                             "bound 8K-64K, one program per row <= 8K")],
         "topk_merge": [Route("exact_merge", f"{PACKAGE}.collectives:topk_merge",
                              description="packed 32-bit exact DCP merge over NCCL")],
         "positions_to_slots": [_triton("positions_to_slots")],
