@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from dsahal.cache.weights import weight_memory
+from dsahal.model.weight_memory import weight_memory
 from dsahal.cli import main
 from dsahal.config import load_config
 from dsahal.model import HybridModel

@@ -12,7 +12,7 @@ token per rank). Nothing is looked up.
 
 The cache budget is either given (--memory-gib) or what is left of a device's memory (--device-gib) after
 the weights each device holds: dense, routed and shared experts' weights counted from the config, under
-TP (heads, widths, vocab) and EP (routed experts dealt out), in --weights-dtype (dsahal.cache.weights).
+TP (heads, widths, vocab) and EP (routed experts dealt out), in --weights-dtype (dsahal.model.weight_memory).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import re
 import sys
 
 from ..cache import DEFAULT_ROW_ROUNDING, ROW_ROUNDINGS, capacity, padded_layouts, plan_layout, standard_comparisons
-from ..cache.weights import WEIGHT_DTYPES, weight_memory
+from ..model.weight_memory import WEIGHT_DTYPES, weight_memory
 from ..config import load_config
 from ..formats import INDEX_FORMATS, LATENT_FORMATS
 

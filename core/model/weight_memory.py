@@ -82,7 +82,7 @@ def _mla(config) -> list[Tensor]:
 
 
 def _kda(config) -> list[Tensor]:
-    from .layout import kda_conv_kernel
+    from ..cache.layout import kda_conv_kernel
 
     d, g = config.hidden_size, config.kda_gate_rank
     heads, width = config.kda_num_heads, config.kda_num_heads * config.kda_head_dim
