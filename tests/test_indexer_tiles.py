@@ -10,11 +10,10 @@ by ``scripts/h200/indexer_sweep.py``.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+
+from interpreter_child import child_results, run_groups
 
 TOL = 1e-5  # relative (norm) error vs the float64 reference; exact keys, fp32 accumulation
 
@@ -139,24 +138,12 @@ def _run_all() -> dict:
     import torch
 
     torch.manual_seed(0)
-    results: dict = {}
-    try:
-        _tile_cases(results)
-    except Exception as exc:  # noqa: BLE001 - reported, the tests name what is missing
-        results["error"] = f"{type(exc).__name__}: {exc}"
-    return {k: (bool(v) if not isinstance(v, str) else v) for k, v in results.items()}
+    return run_groups((_tile_cases,))
 
 
 @pytest.fixture(scope="module")
 def interpreted():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__)], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=os.path.dirname(os.path.abspath(__file__)))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "error" not in results, results["error"]
-    return results
+    return child_results(__file__)
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])

@@ -11,14 +11,12 @@ guard rows, padding ids and empty sequences, and that the output is fla's own te
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from interpreter_child import child_results, run_groups
+
 HEADS, DIM = 2, 16
 PASSED = ("initial_state", "output_final_state", "use_qk_l2norm_in_kernel", "cu_seqlens", "cu_seqlens_cpu", "scale")
 
@@ -164,26 +162,12 @@ def _wrapper_cases(results):
 
 
 def _run_all() -> dict:
-    results: dict = {}
-    for group in (_state_row_cases, _wrapper_cases):
-        try:
-            group(results)
-        except Exception as exc:  # noqa: BLE001 - reported per group, the tests name what is missing
-            results[f"error_{group.__name__}"] = f"{type(exc).__name__}: {exc}"
-    return {k: (v if isinstance(v, (str, list)) else bool(v)) for k, v in results.items()}
+    return run_groups((_state_row_cases, _wrapper_cases), keep=(str, list))
 
 
 @pytest.fixture(scope="module")
 def interpreted():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__)], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=HERE)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    errors = {k: v for k, v in results.items() if k.startswith("error_")}
-    assert not errors, errors
-    return results
+    return child_results(__file__)
 
 
 @pytest.mark.parametrize("case", ["gather_rows", "gather_reads_only", "gather_strided_heads",

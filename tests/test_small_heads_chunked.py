@@ -11,12 +11,11 @@ the gather-first and chunk-by-chunk loads, one split and several (partial last s
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from interpreter_child import child_results
 
 FORMATS = ("bf16", "fp8", "fp8_ds_mla", "nvfp4")
 BLOCKS, BLOCK_TOKENS = 5, 16
@@ -84,13 +83,7 @@ def _run_all() -> dict:
 
 @pytest.fixture(scope="module")
 def interpreted():
-    pytest.importorskip("triton")
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__)], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=here)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return child_results(__file__)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -12,13 +12,11 @@ addressing are the ones the fp32 variant checks here.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from interpreter_child import child_results, run_groups
+
 ENCODERS = ("latent_nvfp4", "index_mxfp4")
 
 
@@ -254,26 +252,12 @@ def _run_all() -> dict:
     import torch
 
     torch.manual_seed(0)
-    results: dict = {}
-    for group in (_codec_cases, _cache_write_cases, _indexer_cases):
-        try:
-            group(results)
-        except Exception as exc:  # noqa: BLE001 - reported per group, the tests name what is missing
-            results[f"error_{group.__name__}"] = f"{type(exc).__name__}: {exc}"
-    return {k: (bool(v) if not isinstance(v, str) else v) for k, v in results.items()}
+    return run_groups((_codec_cases, _cache_write_cases, _indexer_cases))
 
 
 @pytest.fixture(scope="module")
 def interpreted():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__)], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=HERE)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    errors = {k: v for k, v in results.items() if k.startswith("error_")}
-    assert not errors, errors
-    return results
+    return child_results(__file__)
 
 
 @pytest.mark.parametrize("case", ["nearest_even", "round_up"])

@@ -9,13 +9,10 @@ cast; the bf16 paths and the bitwise cache bytes are checked on the H200 (``dsah
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from interpreter_child import child_results, run_groups
 
 
 def _unaligned(pages):
@@ -248,26 +245,12 @@ def _run_all() -> dict:
     import torch
 
     torch.manual_seed(0)
-    results: dict = {}
-    for group in (_sparse_mla_cases, _indexer_cases, _topk_cases, _small_op_cases, _kda_cases, _cache_write_cases):
-        try:
-            group(results)
-        except Exception as exc:  # noqa: BLE001 - reported per group, the tests name what is missing
-            results[f"error_{group.__name__}"] = f"{type(exc).__name__}: {exc}"
-    return {k: (bool(v) if not isinstance(v, str) else v) for k, v in results.items()}
+    return run_groups((_sparse_mla_cases, _indexer_cases, _topk_cases, _small_op_cases, _kda_cases, _cache_write_cases))
 
 
 @pytest.fixture(scope="module")
 def interpreted():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__)], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=HERE)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    errors = {k: v for k, v in results.items() if k.startswith("error_")}
-    assert not errors, errors
-    return results
+    return child_results(__file__)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8", "fp8_ds_mla", "nvfp4"])
@@ -347,7 +330,6 @@ def test_indexer_exact_fp32_path_launches_small_tiles(monkeypatch):
     (_, exact), (_, fast) = launched
     assert exact["DOT"] == indexer.DOT_FP32 and (exact["GROUP"], exact["TILES"]) == (1, 1) and exact["BLOCK_N"] <= 32
     assert fast["DOT"] == indexer.DOT_BF16 and (fast["GROUP"], fast["TILES"]) == (8, 4)
-
 
 
 @pytest.mark.parametrize("heads", [1, 4, 32, 64, 128])

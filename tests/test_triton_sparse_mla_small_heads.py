@@ -8,16 +8,14 @@ by ``scripts/h200/sparse_mla_bench.py``.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from dsahal.backends.triton_kernels import limits
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from interpreter_child import child_results, run_groups
+
 FORMATS = ("bf16", "fp8", "fp8_ds_mla", "nvfp4")
 BLOCKS, BLOCK_TOKENS = 6, 16
 SLOTS = BLOCKS * BLOCK_TOKENS
@@ -130,26 +128,12 @@ def _decode_cases(results):
 
 def _run_all() -> dict:
     torch.manual_seed(0)
-    results: dict = {}
-    for group in (_kernel_cases, _decode_cases):
-        try:
-            group(results)
-        except Exception as exc:  # noqa: BLE001 - reported per group, the tests name what is missing
-            results[f"error_{group.__name__}"] = f"{type(exc).__name__}: {exc}"
-    return results
+    return run_groups((_kernel_cases, _decode_cases), normalise=False)
 
 
 @pytest.fixture(scope="module")
 def interpreted():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__)], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=HERE)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    errors = {k: v for k, v in results.items() if k.startswith("error_")}
-    assert not errors, errors
-    return results
+    return child_results(__file__)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
