@@ -16,41 +16,39 @@ import triton.language as tl
 
 
 @triton.jit
-def _gather_kernel(pool_ptr, stride_pp, stride_ph, stride_pk, ids_ptr, out_ptr, H, K, V, P,
-                   BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Program (n·H + h, k block): out[n, h, kb] = pool[ids[n], h, kb] (zeros when ids[n] is not a row)."""
+def _rows(pool_ptr, stride_pp, stride_ph, stride_pk, ids_ptr, H, K, V, P, BLOCK_K: tl.constexpr,
+          BLOCK_V: tl.constexpr):
+    """Program (n·H + h, k block): the dense offsets of ``[n, h, kb]``, the pool pointers of
+    ``pool[ids[n], h, kb]``, the in-bounds mask and whether ``ids[n]`` is a pool row (lanes over V)."""
     n = tl.program_id(0) // H
     h = (tl.program_id(0) % H).to(tl.int64)  # h · stride_ph may pass 2^31 in a packed cache
     ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     vs = tl.arange(0, BLOCK_V)
-    # The id is broadcast to the V lanes so every mask is a plain tensor (the interpreter mishandles
-    # tensor & scalar masks).
     sid = tl.load(ids_ptr + n + 0 * vs).to(tl.int64)
     live = (sid >= 0) & (sid < P)
     inside = (ks[:, None] < K) & (vs[None, :] < V)
-    src = pool_ptr + tl.where(live, sid, 0)[None, :] * stride_pp + h * stride_ph + ks[:, None] * stride_pk \
+    pool = pool_ptr + tl.where(live, sid, 0)[None, :] * stride_pp + h * stride_ph + ks[:, None] * stride_pk \
         + vs[None, :]
-    rows = tl.load(src, mask=inside & live[None, :], other=0.0)
-    dst = out_ptr + ((n * H + h) * K + ks[:, None]) * V + vs[None, :]
-    tl.store(dst, rows, mask=inside)
+    dense = ((n * H + h) * K + ks[:, None]) * V + vs[None, :]
+    return dense, pool, inside, live[None, :]
+
+
+@triton.jit
+def _gather_kernel(pool_ptr, stride_pp, stride_ph, stride_pk, ids_ptr, out_ptr, H, K, V, P,
+                   BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
+    """out[n, h, kb] = pool[ids[n], h, kb] (zeros when ids[n] is not a row)."""
+    dense, pool, inside, live = _rows(pool_ptr, stride_pp, stride_ph, stride_pk, ids_ptr, H, K, V, P, BLOCK_K,
+                                      BLOCK_V)
+    tl.store(out_ptr + dense, tl.load(pool, mask=inside & live, other=0.0), mask=inside)
 
 
 @triton.jit
 def _scatter_kernel(src_ptr, ids_ptr, pool_ptr, stride_pp, stride_ph, stride_pk, H, K, V, P,
                     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Program (n·H + h, k block): pool[ids[n], h, kb] = src[n, h, kb] where ids[n] is a row."""
-    n = tl.program_id(0) // H
-    h = (tl.program_id(0) % H).to(tl.int64)  # h · stride_ph may pass 2^31 in a packed cache
-    ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    vs = tl.arange(0, BLOCK_V)
-    sid = tl.load(ids_ptr + n + 0 * vs).to(tl.int64)
-    live = (sid >= 0) & (sid < P)
-    inside = (ks[:, None] < K) & (vs[None, :] < V)
-    rows = tl.load(src_ptr + ((n * H + h) * K + ks[:, None]) * V + vs[None, :], mask=inside,
-                   other=0.0)
-    dst = pool_ptr + tl.where(live, sid, 0)[None, :] * stride_pp + h * stride_ph + ks[:, None] * stride_pk \
-        + vs[None, :]
-    tl.store(dst, rows, mask=inside & live[None, :])
+    """pool[ids[n], h, kb] = src[n, h, kb] where ids[n] is a row."""
+    dense, pool, inside, live = _rows(pool_ptr, stride_pp, stride_ph, stride_pk, ids_ptr, H, K, V, P, BLOCK_K,
+                                      BLOCK_V)
+    tl.store(pool, tl.load(src_ptr + dense, mask=inside, other=0.0), mask=inside & live)
 
 
 def _grid_and_blocks(count: int, heads: int, key_dim: int, value_dim: int):
