@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 
 import torch
 
@@ -116,18 +117,71 @@ def test_the_decode_route_takes_packed_pool_page_views_and_declines_interleaved_
     assert not ok and "16-byte aligned" in why
 
 
-def test_batch_invariant_mode_keeps_the_prefill_route_and_declines_the_split_decode(monkeypatch):
-    """The sparse prefill kernel reduces each row alone (one CTA per token and head block, no split);
-    the decode kernel splits rows by the batch, so only it declines under DSAHAL_BATCH_INVARIANT=1."""
+def test_batch_invariant_mode_keeps_both_routes(monkeypatch):
+    """Under DSAHAL_BATCH_INVARIANT=1 the prefill kernel serves as it is (one CTA per token and head block)
+    and the decode kernel serves with a schedule of whole rows (below): neither declines for the mode."""
     from dsahal.backends.nvidia import config
 
     monkeypatch.setenv("DSAHAL_BATCH_INVARIANT", "1")
     config.read_mode()
     try:
         ok, why = flashmla.decode_accepts(*meta_args())
-        assert not ok and "DSAHAL_BATCH_INVARIANT=1" in why
+        assert not ok and "CUDA tensors" in why  # past every mode and layout check, stopped by the meta tensors
         ok, why = flashmla.prefill_accepts(*meta_args("bf16"))
-        assert not ok and "CUDA tensors" in why  # past the mode check, stopped by the meta tensors only
+        assert not ok and "CUDA tensors" in why
     finally:
         monkeypatch.delenv("DSAHAL_BATCH_INVARIANT")
         config.read_mode()
+
+
+class FakeScheduler:
+    """FlashMLA's scheduler as documented in its DecodingSchedMeta (begin row, end row, begin block, end block,
+    begin split, first split, last split, pad): one row of ``width`` slots cut over ``parts`` parts."""
+
+    def __init__(self, parts, block=64, layout_ok=True):
+        self.parts, self.block, self.layout_ok = parts, block, layout_ok
+
+    def get_mla_decoding_metadata(self, rows, heads, h_k, h_q, is_fp8, width, use_legacy):
+        assert use_legacy and is_fp8 and h_k == 1 and heads == h_q and rows.shape == (1,)
+        blocks = width // self.block
+        table = torch.zeros((self.parts, 8), dtype=torch.int32)
+        cuts = torch.linspace(0, blocks, self.parts + 1).round().int()
+        table[:, 2], table[:, 3] = cuts[:-1], cuts[1:]
+        if not self.layout_ok:
+            table = table[:, :6]
+        return table, torch.tensor([0, self.parts], dtype=torch.int32)
+
+    def get_mla_metadata(self):
+        return types.SimpleNamespace(), None
+
+
+def test_the_invariant_decode_schedule_gives_every_row_whole_to_one_part():
+    flashmla._kernel_parts.clear()
+    flashmla._whole_rows.clear()
+    fake = FakeScheduler(parts=4)
+    for tokens in (1, 2, 4, 10, 13):
+        meta = flashmla._whole_rows_schedule(fake, tokens, 128, 2048, torch.device("cpu"))
+        table = meta.tile_scheduler_metadata
+        assert table.shape == (4, 8) and table.dtype == torch.int32
+        owner = []
+        for begin, end, first_block, last_block, split, first_split, last_split, _ in table.tolist():
+            assert (first_block, last_block, split, first_split, last_split) == (0, 2048 // 64, 0, 0, 0)
+            if begin >= tokens:  # a part with no row: the kernel returns at once
+                continue
+            owner.extend(range(begin, end + 1))
+        assert owner == list(range(tokens)), (tokens, table)  # each row once, whole, in order
+        assert meta.num_splits.tolist() == list(range(tokens + 1))  # one split per row: combine skips them all
+    assert flashmla._whole_rows_schedule(fake, 10, 128, 2048, torch.device("cpu")) is \
+        flashmla._whole_rows_schedule(fake, 10, 128, 2048, torch.device("cpu"))  # kept per shape
+
+
+def test_an_unknown_flashmla_schedule_layout_is_an_error_not_a_guess():
+    flashmla._kernel_parts.clear()
+    flashmla._whole_rows.clear()
+    for fake in (FakeScheduler(parts=4, layout_ok=False), FakeScheduler(parts=4, block=32)):
+        try:
+            flashmla._whole_rows_schedule(fake, 8, 64, 256, torch.device("cpu"))
+        except RuntimeError as exc:
+            assert "flashmla_decode" in str(exc) and "layout" in str(exc)
+        else:
+            raise AssertionError("a schedule of another layout was accepted")

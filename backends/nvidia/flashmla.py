@@ -15,12 +15,16 @@ one small elementwise pass (``T × k × 4`` bytes each way) that keeps a bad slo
 out-of-bounds read.
 
 Batch invariance (``DSAHAL_BATCH_INVARIANT=1``). The sparse decode kernel is a persistent split-KV
-kernel whose splits come from ``get_mla_metadata`` over the whole batch, so a row's reduction order
-depends on the batch: it declines in that mode. The sparse prefill kernel runs one CTA per (query
-token, 64-head block) over that token's whole top-k list in order, with no split and no atomics
-(``csrc/sm90/prefill/sparse/phase1.cuh``: ``blockIdx.x`` is ``s_q × h_q / B_H``), so a row's result
-depends only on that row: it serves that mode too (certified by the conformance property
-``sparse_mla_rows_do_not_depend_on_the_batch`` on the H200).
+kernel: each of its ``num_sm_parts`` CTAs walks a range of (row, 64-slot block) pairs that FlashMLA's
+scheduler cuts from the whole batch, so by default a row's reduction order depends on the batch. The
+kernel takes the schedule as a tensor (``DecodingSchedMeta``: begin/end row, begin/end block, split
+flags), so in that mode we hand it a schedule of whole rows (:func:`_whole_rows_schedule`): part ``i``
+owns rows ``[i·T/P, (i+1)·T/P)`` from their first block to their last, none split, so each row is
+reduced alone in one CTA in slot order and written directly (the combine pass skips unsplit rows). The
+sparse prefill kernel runs one CTA per (query token, 64-head block) over that token's whole top-k list
+in order, with no split and no atomics (``csrc/sm90/prefill/sparse/phase1.cuh``: ``blockIdx.x`` is
+``s_q × h_q / B_H``), so it serves that mode as it is. Both are certified by the conformance property
+``sparse_mla_rows_do_not_depend_on_the_batch`` on the H200.
 
 The package's metadata pins a torch newer than most users run; its stable-ABI build loads on older
 torch, which is why it is installed with ``--no-deps`` and probed here at run time, never required.
@@ -83,10 +87,7 @@ def probe() -> tuple[bool, str]:
     return True, f"{DISTRIBUTION} {installed_version()} (SM90 legacy kernels)"
 
 
-def _common(q, kv_pages, slots, *, invariant: bool) -> tuple[bool, str]:
-    if not invariant and config.batch_invariant():
-        return False, ("FlashMLA's SM90 sparse decode splits a row's slots by the batch's size "
-                       "(DSAHAL_BATCH_INVARIANT=1 needs a row-independent order)")
+def _common(q, kv_pages, slots) -> tuple[bool, str]:
     if q.dtype != torch.bfloat16:
         return False, f"FlashMLA takes bf16 queries, got {str(q.dtype).replace('torch.', '')}"
     heads = q.shape[1]
@@ -116,7 +117,7 @@ def decode_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tuple
         return False, (f"page strides {tuple(kv_pages.stride())}: the route takes records of {DS_MLA_BYTES} bytes "
                        f"back to back in a block (strides (>= {block_tokens * DS_MLA_BYTES}, {DS_MLA_BYTES}, 1)) "
                        f"and blocks 16-byte aligned")
-    ok = _common(q, kv_pages, slots, invariant=False)
+    ok = _common(q, kv_pages, slots)
     if not ok[0]:
         return ok
     if kv_pages.data_ptr() % 16:
@@ -128,7 +129,7 @@ def prefill_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tupl
     """The bf16 sparse prefill kernel: one contiguous ``[tokens, 1, 576]`` bf16 latent array."""
     if kv_fmt != "bf16":
         return False, f"FlashMLA's sparse prefill reads bf16 latents, not {kv_fmt!r}"
-    ok = _common(q, kv_pages, slots, invariant=True)  # one CTA per token over its whole slot list
+    ok = _common(q, kv_pages, slots)  # one CTA per token over its whole slot list: batch-invariant as it is
     if not ok[0]:
         return ok
     blocks, block_tokens, record = kv_pages.shape
@@ -181,6 +182,69 @@ def _scheduler_metadata(key: tuple):
     return meta
 
 
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+TOPK_BLOCK = 64  # slots per step of the V32 decode kernel: a row of width W spans W / 64 blocks
+_kernel_parts: dict[tuple, int] = {}
+_whole_rows: "OrderedDict[tuple, object]" = OrderedDict()
+
+
+def _kernel_part_count(module, device: torch.device, heads: int, width: int) -> int:
+    """The V32 decode kernel's ``num_sm_parts`` (its grid) for ``heads`` (64 or 128) and a slot list of
+    ``width``: the row count of FlashMLA's own schedule for a one-row batch (a shape, so no host sync).
+    Outside a CUDA-graph capture the schedule's layout is checked once (one sync): the first part starts
+    at row 0, block 0, and the parts end at the row's last block + 1 = ``width / TOPK_BLOCK``."""
+    key = (device.index, heads, width)
+    parts = _kernel_parts.get(key)
+    if parts is None:
+        rows = torch.full((1,), width, dtype=torch.int32, device=device)
+        meta, _ = module.get_mla_decoding_metadata(rows, heads, 1, heads, True, width, use_legacy=True)
+        parts = meta.shape[0]
+        if _capturing(device):
+            return parts
+        table = meta.cpu()
+        if (table.dim() != 2 or table.shape[1] != 8 or table[0, 0] != 0 or table[0, 2] != 0
+                or int(table[:, 3].max()) != width // TOPK_BLOCK):
+            raise RuntimeError(f"sparse_mla (flashmla_decode): FlashMLA {installed_version()}'s decode schedule has "
+                               f"a layout this route does not know (expected [parts, 8] ending at block "
+                               f"{width // TOPK_BLOCK}, got {tuple(table.shape)}: {table[:2].tolist()}...)")
+        _kernel_parts[key] = parts
+    return parts
+
+
+def _whole_rows_schedule(module, tokens: int, heads: int, width: int, device: torch.device):
+    """A ``FlashMLASchedMeta`` under which no row is split: part ``i`` of ``P`` takes rows
+    ``[i·T/P, (i+1)·T/P)`` whole (``DecodingSchedMeta`` fields: begin row, end row (inclusive), begin block,
+    end block (exclusive), begin split, first row split, last row split, pad); parts with no row start
+    at row ``T`` (the kernel returns); ``num_splits`` is ``0..T`` (one split per row, so the combine pass
+    leaves every row as the kernel wrote it). Built with device ops, so a CUDA-graph capture can build
+    its own; outside a capture kept per shape."""
+    parts = _kernel_part_count(module, device, heads, width)
+    key = (device.index, tokens, heads, width)
+    capturing = _capturing(device)
+    meta = None if capturing else _whole_rows.get(key)
+    if meta is None:
+        bounds = torch.arange(parts + 1, device=device, dtype=torch.int64) * tokens // parts
+        first, last = bounds[:-1], bounds[1:] - 1
+        empty = last < first
+        table = torch.zeros((parts, 8), dtype=torch.int32, device=device)
+        table[:, 0] = torch.where(empty, tokens, first)
+        table[:, 1] = torch.where(empty, tokens, last)
+        table[:, 3] = width // TOPK_BLOCK
+        meta = module.get_mla_metadata()[0]
+        meta.tile_scheduler_metadata = table
+        meta.num_splits = torch.arange(tokens + 1, device=device, dtype=torch.int32)
+        if not capturing:
+            _whole_rows[key] = meta
+            if len(_whole_rows) > _DECODE_META_KEPT:
+                _whole_rows.popitem(last=False)
+    else:
+        _whole_rows.move_to_end(key)
+    return meta
+
+
 def _finish(out: torch.Tensor, lse: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Drop padded heads; a row that saw no valid slot reports lse = -inf (the op's contract)."""
     if out.shape[1] != heads:
@@ -197,9 +261,12 @@ def sparse_mla_decode(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
     indices = _safe_indices(slots, kv_pages.shape[0] * kv_pages.shape[1])
     tokens = q.shape[0]
     cache = kv_pages.unsqueeze(2)  # [blocks, block_tokens, 1, 656]: one KV head
-    key = (q.device.index, tokens, qp.shape[1], kv_pages.shape[1], indices.shape[1])
+    if config.batch_invariant():
+        schedule = _whole_rows_schedule(module, tokens, qp.shape[1], indices.shape[1], q.device)
+    else:
+        schedule = _scheduler_metadata((q.device.index, tokens, qp.shape[1], kv_pages.shape[1], indices.shape[1]))
     out, lse = module.flash_mla_with_kvcache(
-        qp.unsqueeze(1), cache, None, None, NOPE, _scheduler_metadata(key), softmax_scale=float(softmax_scale),
+        qp.unsqueeze(1), cache, None, None, NOPE, schedule, softmax_scale=float(softmax_scale),
         is_fp8_kvcache=True, indices=indices.unsqueeze(1), use_legacy=True, kv_format="V32")
     # out [T, 1, Hp, 512], lse [T, Hp, 1]
     return _finish(out[:, 0], lse[:, :, 0], heads)
