@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dsahal.cache import PAGE_ALIGN, PackedKVCache, capacity, conv_state_offset, plan_layout
+from dsahal.cache import PAGE_ALIGN, PackedKVCache, conv_state_offset, plan_layout
+from dsahal.cli.capacity import capacity
 from dsahal.config import load_config
 from dsahal.model import BatchMeta
 from dsahal.model.kda_layer import KdaStates, conv_state_view

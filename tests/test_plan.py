@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from dsahal.cache import capacity, padded_layouts, plan_layout, standard_comparisons
+from dsahal.cache import plan_layout
+from dsahal.cli.capacity import capacity, padded_layouts, standard_comparisons
 from dsahal.cli import main
 from dsahal.cli.plan import build_plan, parse_tokens
 from dsahal.config import load_config

@@ -34,7 +34,8 @@ import torch
 import torch.distributed as dist
 
 from .. import ops
-from ..cache import CacheFullError, PackedKVCache, capacity, plan_layout
+from ..cache import CacheFullError, PackedKVCache, plan_layout
+from ..cli.capacity import capacity
 from ..config import load_config
 from ..distributed import (
     dcp_dsa_attention,

@@ -1,5 +1,6 @@
 """The packed KV cache (DESIGN §5): one row pool for every DSA layer's latent and index-key pages and
-every request's KDA state (recurrent and short-conv), per-layer strided views for kernels, a row allocator, and the planner.
+every request's KDA state (recurrent and short-conv), per-layer strided views for kernels, and a row allocator
+(capacity planning, a consumer of the layout, is :mod:`dsahal.cli.capacity`).
 
     from dsahal.cache import PackedKVCache, plan_layout
     layout = plan_layout(load_config("tiny"), latent_fmt="nvfp4", index_fmt="mxfp4", block_tokens=64)
@@ -8,14 +9,12 @@ every request's KDA state (recurrent and short-conv), per-layer strided views fo
     dsahal.ops.cache_write(latent, slots, cache.latent_pages(3), kind="latent", fmt="nvfp4")
 """
 from .allocator import BLOCK, FREE, STATE, CacheFullError, RowAllocator
-from .capacity import Capacity, Comparison, PaddedLayout, capacity, compare, padded_layouts, standard_comparisons
 from .layout import (DEFAULT_ROW_ROUNDING, KDA_CONV_KERNEL, PAGE_ALIGN, ROW_ROUNDINGS, CacheLayout, PageSpec, StateSpec,
                      conv_state_offset, kda_conv_kernel, next_power_of_two, plan_layout)
 from .packed import PackedKVCache
 
 __all__ = [
     "CacheLayout", "PageSpec", "StateSpec", "plan_layout", "PackedKVCache", "RowAllocator", "CacheFullError",
-    "Capacity", "Comparison", "PaddedLayout", "capacity", "compare", "padded_layouts", "standard_comparisons",
     "DEFAULT_ROW_ROUNDING", "KDA_CONV_KERNEL", "conv_state_offset", "kda_conv_kernel", "PAGE_ALIGN",
     "ROW_ROUNDINGS", "next_power_of_two", "FREE", "BLOCK", "STATE",
 ]

@@ -23,10 +23,11 @@ import os
 import re
 import sys
 
-from ..cache import DEFAULT_ROW_ROUNDING, ROW_ROUNDINGS, capacity, padded_layouts, plan_layout, standard_comparisons
+from ..cache import DEFAULT_ROW_ROUNDING, ROW_ROUNDINGS, plan_layout
 from ..model.weight_memory import WEIGHT_DTYPES, weight_memory
 from ..config import load_config
 from ..formats import INDEX_FORMATS, LATENT_FORMATS
+from .capacity import capacity, padded_layouts, standard_comparisons
 
 _SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
 TOKEN_EXAMPLES = "1000000, 128k, 1M or 1Mi"  # k, M, G: powers of 10; Ki, Mi, Gi: powers of 2

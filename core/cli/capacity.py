@@ -1,4 +1,6 @@
-"""Capacity planning: tokens and full contexts that fit a memory budget, from first principles.
+"""Capacity planning for ``dsahal plan`` (and the multi-GPU bench's capacity section): tokens and full
+contexts that fit a memory budget, from first principles. A consumer of the cache's row layout
+(:func:`dsahal.cache.plan_layout`), not part of the contract: it moved here from ``dsahal.cache``.
 
 Only the layout's byte counts and the sharding rules are used (no measured constants):
 
@@ -14,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ..cache import CacheLayout, plan_layout
 from ..config import ModelConfig
-from .layout import CacheLayout, plan_layout
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -46,7 +48,7 @@ def capacity(layout: CacheLayout, budget_bytes: int, context_tokens: int) -> Cap
     """Tokens and full contexts of ``context_tokens`` that ``budget_bytes`` per device holds."""
     for name, value in (("budget_bytes", budget_bytes), ("context_tokens", context_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"dsahal.cache.capacity: argument '{name}' expected an int >= 1, got {value!r}")
+            raise ValueError(f"dsahal.cli.capacity.capacity: argument '{name}' expected an int >= 1, got {value!r}")
     rows = budget_bytes // layout.row_bytes
     blocks_per_context = _ceil_div(_ceil_div(context_tokens, layout.dcp), layout.block_tokens)
     rows_per_context = blocks_per_context + layout.rows_per_state
