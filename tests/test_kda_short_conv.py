@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from dsahal.cache import PAGE_ALIGN, PackedKVCache, conv_state_offset, plan_layout
-from dsahal.cli.capacity import capacity
+from dsahal.cli.capacity import capacity, layout_report
 from dsahal.config import load_config
 from dsahal.model import BatchMeta
 from dsahal.model.kda_layer import KdaStates, conv_state_view
@@ -135,8 +135,9 @@ def test_the_layout_counts_a_conv_state_beside_every_kda_layers_recurrent_state(
         assert conv_spec.offset % PAGE_ALIGN == 0
     spans = sorted((s.offset, s.offset + s.nbytes) for s in layout.states + layout.conv_states)
     assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))  # no two overlap
-    assert layout.state_bytes == spans[-1][1] >= layout.recurrent_state_bytes + layout.conv_state_bytes
-    assert layout.conv_state_bytes == len(config.kda_layers) * conv
+    report = layout_report(layout)
+    assert layout.state_bytes == spans[-1][1] >= report["recurrent_state_bytes"] + report["conv_state_bytes"]
+    assert report["conv_state_bytes"] == len(config.kda_layers) * conv
     without = 69 * 12 * 128 * 128 * 4  # the recurrent states alone
     assert layout.rows_per_state == -(-layout.state_bytes // layout.row_bytes) > -(-without // layout.row_bytes)
     cap = capacity(layout, 48 << 30, 1_000_000)

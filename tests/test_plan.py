@@ -4,7 +4,7 @@ import json
 import pytest
 
 from dsahal.cache import plan_layout
-from dsahal.cli.capacity import capacity, padded_layouts, standard_comparisons
+from dsahal.cli.capacity import capacity, padded_layouts, payload_bytes_per_token, standard_comparisons
 from dsahal.cli import main
 from dsahal.cli.plan import build_plan, parse_tokens
 from dsahal.config import load_config
@@ -22,8 +22,8 @@ def test_k31_fp8_tp8_pow2_rows_by_hand():
     assert layout.row_bytes == 2**21
     assert [p.offset for p in layout.pages[:4]] == [0, 36_864, 45_312, 82_176]
     assert layout.state_bytes == KDA_STATE_TP8 and layout.rows_per_state == 28  # ceil(58,079,232 / 2 MiB)
-    assert layout.payload_bytes_per_token == 16_992
     cap = capacity(layout, GIB_48, 1_000_000)
+    assert payload_bytes_per_token(layout) == cap.payload_bytes_per_token == 16_992
     assert cap.rows == 24_576 and cap.tokens == 24_576 * 64
     assert cap.blocks_per_context == 15_625 and cap.full_contexts == 24_576 // (15_625 + 28) == 1
 
@@ -42,8 +42,8 @@ def test_k31_nvfp4_mxfp4_tp8_dcp8_page_rows_by_hand():
                          row_rounding="page")
     assert layout.row_bytes == layout.row_data_bytes == 24 * 64 * (352 + 68) == 645_120
     assert layout.rows_per_state == 91  # ceil(58,079,232 / 645,120)
-    assert layout.payload_bytes_per_token == 24 * (352 + 68) / 8 == 1260
     cap = capacity(layout, GIB_48, 1_000_000)
+    assert payload_bytes_per_token(layout) == cap.payload_bytes_per_token == 24 * (352 + 68) / 8 == 1260
     assert cap.rows == 79_891  # floor(48 GiB / 645,120)
     assert cap.tokens == 79_891 * 64 * 8 and cap.tokens_per_device == 79_891 * 64
     assert cap.blocks_per_context == 1_954  # ceil(1M / 8 / 64): each rank holds 125,000 tokens

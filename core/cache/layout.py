@@ -27,7 +27,7 @@ parallelism (``dcp = W``) stores every W-th token on each rank: a rank's block h
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ..config import ModelConfig
 from ..formats import index_format, latent_format
@@ -132,17 +132,7 @@ class CacheLayout:
         raise ValueError(f"dsahal.cache: layer {layer} is not a KDA layer of {self.model!r}; "
                          f"KDA layers are {list(self.kda_layers)}")
 
-    # -- derived sizes -----------------------------------------------------------------------------
-    @property
-    def row_padding_bytes(self) -> int:
-        """Bytes of a row that hold nothing (alignment + rounding to ``row_bytes``)."""
-        return self.row_bytes - self.payload_bytes_per_block
-
-    @property
-    def payload_bytes_per_block(self) -> int:
-        """Bytes of one block's pages, without any alignment: ``block_tokens * sum(token bytes)``."""
-        return self.block_tokens * self.num_dsa_layers * (self.latent_token_bytes + self.index_token_bytes)
-
+    # -- derived sizes (the planner's byte accounting is dsahal.cli.capacity.layout_report) -----------
     @property
     def num_dsa_layers(self) -> int:
         return len(self.dsa_layers)
@@ -162,44 +152,8 @@ class CacheLayout:
         return KDA_CONV_PROJECTIONS * (self.kda_conv_kernel - 1) * self.kda_conv_channels * FP32_BYTES
 
     @property
-    def recurrent_state_bytes(self) -> int:
-        """Of :attr:`state_bytes`: the recurrent states (every KDA layer, unaligned)."""
-        return len(self.states) * self.kda_layer_state_bytes
-
-    @property
-    def conv_state_bytes(self) -> int:
-        """Of :attr:`state_bytes`: the short-convolution states (every KDA layer, unaligned)."""
-        return len(self.conv_states) * self.kda_layer_conv_bytes
-
-    @property
     def state_slot_bytes(self) -> int:
         return self.rows_per_state * self.row_bytes
-
-    @property
-    def state_padding_bytes(self) -> int:
-        return self.state_slot_bytes - self.state_bytes
-
-    @property
-    def payload_bytes_per_token(self) -> float:
-        """Per device, per token of the whole context: ``layers * (latent + index) / dcp``."""
-        return self.num_dsa_layers * (self.latent_token_bytes + self.index_token_bytes) / self.dcp
-
-    @property
-    def row_bytes_per_token(self) -> float:
-        """Per device, per token of the whole context, as laid out (row padding included)."""
-        return self.row_bytes / (self.block_tokens * self.dcp)
-
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        data.update(
-            row_padding_bytes=self.row_padding_bytes, payload_bytes_per_block=self.payload_bytes_per_block,
-            kda_layer_state_bytes=self.kda_layer_state_bytes, kda_conv_channels=self.kda_conv_channels,
-            kda_layer_conv_bytes=self.kda_layer_conv_bytes, recurrent_state_bytes=self.recurrent_state_bytes,
-            conv_state_bytes=self.conv_state_bytes, state_slot_bytes=self.state_slot_bytes,
-            state_padding_bytes=self.state_padding_bytes, payload_bytes_per_token=self.payload_bytes_per_token,
-            row_bytes_per_token=self.row_bytes_per_token,
-        )
-        return data
 
 
 def _round_up(value: int, multiple: int) -> int:

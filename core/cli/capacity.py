@@ -24,6 +24,39 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# -- the layout's byte accounting -----------------------------------------------------------------
+def payload_bytes_per_block(layout: CacheLayout) -> int:
+    """Bytes of one block's pages, without any alignment: ``block_tokens * DSA layers * (latent + index
+    token bytes)``."""
+    return layout.block_tokens * layout.num_dsa_layers * (layout.latent_token_bytes + layout.index_token_bytes)
+
+
+def payload_bytes_per_token(layout: CacheLayout) -> float:
+    """Per device, per token of the whole context: ``DSA layers * (latent + index token bytes) / dcp``."""
+    return layout.num_dsa_layers * (layout.latent_token_bytes + layout.index_token_bytes) / layout.dcp
+
+
+def row_bytes_per_token(layout: CacheLayout) -> float:
+    """Per device, per token of the whole context, as laid out (row padding included)."""
+    return layout.row_bytes / (layout.block_tokens * layout.dcp)
+
+
+def layout_report(layout: CacheLayout) -> dict:
+    """``layout``'s fields and its byte accounting, for ``dsahal plan``: the row's padding (alignment and
+    rounding to ``row_bytes``), a state's split into recurrent and short-conv bytes (every KDA layer,
+    unaligned) and its slot's padding, and the bytes per context token."""
+    return asdict(layout) | dict(
+        row_padding_bytes=layout.row_bytes - payload_bytes_per_block(layout),
+        payload_bytes_per_block=payload_bytes_per_block(layout),
+        kda_layer_state_bytes=layout.kda_layer_state_bytes, kda_conv_channels=layout.kda_conv_channels,
+        kda_layer_conv_bytes=layout.kda_layer_conv_bytes,
+        recurrent_state_bytes=len(layout.states) * layout.kda_layer_state_bytes,
+        conv_state_bytes=len(layout.conv_states) * layout.kda_layer_conv_bytes,
+        state_slot_bytes=layout.state_slot_bytes, state_padding_bytes=layout.state_slot_bytes - layout.state_bytes,
+        payload_bytes_per_token=payload_bytes_per_token(layout), row_bytes_per_token=row_bytes_per_token(layout),
+    )
+
+
 @dataclass(frozen=True)
 class Capacity:
     """What fits on each device of a TP/DCP group with ``budget_bytes`` of cache memory per device."""
@@ -58,7 +91,7 @@ def capacity(layout: CacheLayout, budget_bytes: int, context_tokens: int) -> Cap
         tokens=tokens_per_device * layout.dcp, tokens_per_device=tokens_per_device,
         blocks_per_context=blocks_per_context, rows_per_context=rows_per_context,
         full_contexts=rows // rows_per_context,
-        payload_bytes_per_token=layout.payload_bytes_per_token, row_bytes_per_token=layout.row_bytes_per_token,
+        payload_bytes_per_token=payload_bytes_per_token(layout), row_bytes_per_token=row_bytes_per_token(layout),
         state_bytes_per_context=layout.state_slot_bytes,
     )
 
@@ -91,7 +124,7 @@ def padded_layouts(layout: CacheLayout, budget_bytes: int, context_tokens: int) 
     n_dsa, n_kda = layout.num_dsa_layers, len(layout.states)
     latent_page = layout.block_tokens * layout.latent_token_bytes
     index_page = layout.block_tokens * layout.index_token_bytes
-    payload = layout.payload_bytes_per_block
+    payload = payload_bytes_per_block(layout)
     layer_state = layout.kda_layer_state_bytes + layout.kda_layer_conv_bytes  # one KDA layer, one request
     context_blocks = _ceil_div(_ceil_div(context_tokens, layout.dcp), layout.block_tokens)
     result = []

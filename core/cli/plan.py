@@ -27,7 +27,7 @@ from ..cache import DEFAULT_ROW_ROUNDING, ROW_ROUNDINGS, plan_layout
 from ..model.weight_memory import WEIGHT_DTYPES, weight_memory
 from ..config import load_config
 from ..formats import INDEX_FORMATS, LATENT_FORMATS
-from .capacity import capacity, padded_layouts, standard_comparisons
+from .capacity import capacity, layout_report, padded_layouts, standard_comparisons
 
 _SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
 TOKEN_EXAMPLES = "1000000, 128k, 1M or 1Mi"  # k, M, G: powers of 10; Ki, Mi, Gi: powers of 2
@@ -85,7 +85,7 @@ def build_plan(config_name: str, latent_fmt: str, index_fmt: str, tp: int, dcp: 
         "config": {"name": config.name, "layers": config.num_layers, "dsa_layers": len(config.dsa_layers),
                    "kda_layers": len(config.kda_layers), "kda_heads": config.kda_num_heads,
                    "kda_head_dim": config.kda_head_dim},
-        "layout": layout.to_dict(),
+        "layout": layout_report(layout),
         "capacity": capacity(layout, budget, context).to_dict(),
         "padded_layouts": [p.to_dict() for p in padded_layouts(layout, budget, context)],
         "comparisons": [c.to_dict() for c in standard_comparisons(config, layout, budget, context)],
