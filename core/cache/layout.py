@@ -112,25 +112,20 @@ class CacheLayout:
         return tuple(s.layer for s in self.states)
 
     def page(self, layer: int, kind: str) -> PageSpec:
-        for spec in self.pages:
-            if spec.layer == layer and spec.kind == kind:
-                return spec
-        raise ValueError(f"dsahal.cache: layer {layer} is not a DSA layer of {self.model!r}; "
-                         f"DSA layers are {list(self.dsa_layers)}")
+        return self._find((p for p in self.pages if p.kind == kind), layer, "DSA", self.dsa_layers)
 
     def state(self, layer: int) -> StateSpec:
-        for spec in self.states:
-            if spec.layer == layer:
-                return spec
-        raise ValueError(f"dsahal.cache: layer {layer} is not a KDA layer of {self.model!r}; "
-                         f"KDA layers are {list(self.kda_layers)}")
+        return self._find(self.states, layer, "KDA", self.kda_layers)
 
     def conv_state(self, layer: int) -> StateSpec:
-        for spec in self.conv_states:
+        return self._find(self.conv_states, layer, "KDA", self.kda_layers)
+
+    def _find(self, specs, layer: int, what: str, layers: tuple[int, ...]):
+        for spec in specs:
             if spec.layer == layer:
                 return spec
-        raise ValueError(f"dsahal.cache: layer {layer} is not a KDA layer of {self.model!r}; "
-                         f"KDA layers are {list(self.kda_layers)}")
+        raise ValueError(f"dsahal.cache: layer {layer} is not a {what} layer of {self.model!r}; "
+                         f"{what} layers are {list(layers)}")
 
     # -- derived sizes (the planner's byte accounting is dsahal.cli.capacity.layout_report) -----------
     @property
