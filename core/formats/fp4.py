@@ -70,15 +70,12 @@ def _e2m1_bound(values: torch.Tensor, scale: torch.Tensor, *, exact_division: bo
 class Nvfp4LatentFormat(CacheFormat):
     """NVFP4 latent: 256 B packed e2m1 + 64 B e4m3 RoPE + 32 B e4m3 block scales = 352 bytes per token.
 
-    Scales. NVFP4 usually has two levels — an e4m3 scale per 16 values times one fp32 scale per
-    tensor that brings the block scales into e4m3's range. A 352-byte record has no room for the
-    second level, and a per-tensor scale would have to be calibrated before the first token is
-    written, so this format is one-level and self-contained: block scale ``s_j`` is the smallest
-    e4m3 value ``>= amax_j / 6`` (rounded *up*, so the block maximum maps to at most 6 and never
-    saturates), floored at 2^-6 (the smallest normal e4m3; below it the e4m3 grid is too coarse
-    to keep re-packing exact and the absolute error is already <= 2^-6). The price: a block holds
-    magnitudes up to 6 · 448 = 2688; larger ones saturate to ±2688. Latents after MLA's kv_a
-    RMSNorm sit far inside that range.
+    Scales: one level, self-contained (no per-tensor fp32 second level: the record has no room for it
+    and it would need calibrating before the first token; docs/cache.md §1). Block scale ``s_j`` is the
+    smallest e4m3 value ``>= amax_j / 6`` (rounded *up*: the block maximum maps to at most 6, never
+    saturating), floored at 2^-6 (the smallest normal e4m3; below it re-packing would not stay exact).
+    A block holds magnitudes up to 6 · 448 = 2688, larger ones saturate (latents after MLA's kv_a
+    RMSNorm sit far inside).
 
     RoPE: e4m3 at unit scale (value = e4m3): range ±448 (saturating), relative error 2^-4,
     absolute 2^-10 below 2^-6. There is no byte left for a RoPE scale either.

@@ -4,17 +4,8 @@ An observer is any object with ``before(call)`` and ``after(call)`` methods (:cl
 gives empty defaults). While at least one is registered, every op call made through a table —
 ``dsahal.ops.X``, ``torch.ops.dsahal.X`` and the nested calls of composite ops — is announced with an
 :class:`OpCall` naming the op, the backend, the route that serves it and, for a fallback, why every
-route declined. With none registered, a call pays one truthiness check of a list.
-
-    class CountFallbacks(dsahal.OpObserver):
-        def __init__(self):
-            self.fallbacks = []
-        def after(self, call):
-            if call.fallback:
-                self.fallbacks.append((call.op, call.reason))
-
-    with dsahal.observe(CountFallbacks()) as seen:
-        model(batch)
+route declined. With none registered, a call pays one truthiness check of a list. README
+("Observers") and docs/backend-guide.md §4-5 show them in use.
 
 Observers run in registration order in ``before`` and in reverse order in ``after``, on the thread
 making the call; ``after`` runs also when the op raises (``call.error`` holds the exception). An
