@@ -10,12 +10,32 @@ token per sequence; it is memory-bound on the state (read + write 2 · K · V ·
 so the slab is sized to keep enough bytes in flight. State id -1 (or out of range) means a
 padding request: decode writes a zero output and no state; prefill starts from zero and writes
 no state.
+
+Decode variants (launcher arguments, all off by default; the default kernel is unchanged):
+
+* ``scalar_row``: the state id is one scalar per program, the slab address one scalar base plus
+  64-bit row offsets of a constant K stride (they fold into the load / store immediates), a
+  padding request a branch (zero output, no state access) rather than a mask on every element,
+  and no bounds masks when ``K == BLOCK_K`` and ``BLOCK_V`` divides ``V``. The default broadcasts
+  the id to the V lanes and adds 32-bit offsets, so every row of the slab has its own 64-bit
+  address held from the load to the store (sm_90, 64 columns x 4 warps: 151 registers, 3
+  programs per SM; this path: 117, 4 programs, a third more state bytes in flight).
+* ``fused_output``: ``o = (S ⊙ e^g)ᵀ q̃ + u (k · q̃)`` (q̃ = scale q): the two K reductions read
+  the decayed state together, in one reduction, instead of the second waiting for the update.
+* ``stream_state``: the state is read and written with streaming cache hints (evict first): it is
+  touched once per call, so it should not push other data out of L2.
+* ``maxnreg``: a register cap per thread passed to the compiler (None: the compiler's choice).
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _add_pair(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
 
 
 @triton.jit
@@ -73,6 +93,87 @@ def kda_recurrent_kernel(
     tl.store(slab, state, mask=slab_ok)
 
 
+@triton.jit
+def kda_decode_step_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,  # q, k, g [B, H, K]; v [B, H, V]; beta [B, H]
+    stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_gn, stride_gh, stride_bn, stride_bh,
+    out_ptr, stride_on, stride_oh,  # [B, H, V]
+    state_ptr, stride_sp, stride_sh,  # state pool [P, H, K, V] fp32 (unit stride in V, STRIDE_K in K)
+    ids_ptr,  # [B] state ids
+    H, K, V, P, scale,
+    STRIDE_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, L2NORM: tl.constexpr, EVEN: tl.constexpr,
+    FUSED_OUTPUT: tl.constexpr, STREAM: tl.constexpr,
+):
+    """Decode with one scalar state row per program (``scalar_row``): grid ``(cdiv(V, BLOCK_V), B * H)``.
+    ``EVEN``: K == BLOCK_K and BLOCK_V divides V (no bounds masks). ``STRIDE_K`` (the pool's K stride, V
+    in a dense pool) is a constant so that the slab's row offsets are immediates of one base address,
+    not 64-bit addresses per row held from the load to the store."""
+    pid_v = tl.program_id(0)
+    seq = tl.program_id(1) // H
+    h = tl.program_id(1) % H
+    ks = tl.arange(0, BLOCK_K)
+    vs = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    k_ok = ks < K
+    v_ok = vs < V
+    out_row = out_ptr + seq.to(tl.int64) * stride_on + h * stride_oh + vs
+    sid = tl.load(ids_ptr + seq).to(tl.int64)
+    if (sid >= 0) & (sid < P):
+        # one scalar base; 64-bit offsets: base + (row * STRIDE_K + col) then folds into immediates of a
+        # single address (32-bit offsets could wrap, so the compiler kept one 64-bit address per row)
+        base = state_ptr + sid * stride_sp + h.to(tl.int64) * stride_sh
+        slab = base + (ks.to(tl.int64)[:, None] * STRIDE_K + vs.to(tl.int64)[None, :])
+        if EVEN:
+            if STREAM:
+                state = tl.load(slab, eviction_policy="evict_first")
+            else:
+                state = tl.load(slab)
+        else:
+            slab_ok = k_ok[:, None] & v_ok[None, :]
+            if STREAM:
+                state = tl.load(slab, mask=slab_ok, other=0.0, eviction_policy="evict_first")
+            else:
+                state = tl.load(slab, mask=slab_ok, other=0.0)
+        n = seq.to(tl.int64)
+        q = tl.load(q_ptr + n * stride_qn + h * stride_qh + ks, mask=k_ok, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + n * stride_kn + h * stride_kh + ks, mask=k_ok, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + n * stride_gn + h * stride_gh + ks, mask=k_ok, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + n * stride_vn + h * stride_vh + vs, mask=v_ok, other=0.0).to(tl.float32)
+        beta = tl.load(beta_ptr + n * stride_bn + h * stride_bh).to(tl.float32)
+        if L2NORM:
+            q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)
+            k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+        q = scale * q
+        state = state * tl.exp(g)[:, None]
+        if FUSED_OUTPUT:
+            # o = (S + k uᵀ)ᵀ q = Sᵀ q + u (k · q): both reductions read the decayed state, in one pass
+            sk, sq = tl.reduce((state * k[:, None], state * q[:, None]), 0, _add_pair)
+            u = beta * (v - sk)
+            o = sq + u * tl.sum(k * q, axis=0)
+            state = state + k[:, None] * u[None, :]
+        else:
+            u = beta * (v - tl.sum(state * k[:, None], axis=0))
+            state = state + k[:, None] * u[None, :]
+            o = tl.sum(state * q[:, None], axis=0)
+        tl.store(out_row, o.to(out_ptr.dtype.element_ty), mask=v_ok)
+        if EVEN:
+            if STREAM:
+                tl.store(slab, state, eviction_policy="evict_first")
+            else:
+                tl.store(slab, state)
+        else:
+            if STREAM:
+                tl.store(slab, state, mask=k_ok[:, None] & v_ok[None, :], eviction_policy="evict_first")
+            else:
+                tl.store(slab, state, mask=k_ok[:, None] & v_ok[None, :])
+    else:  # a padding request: zero output, no state read or written
+        tl.store(out_row, tl.zeros([BLOCK_V], dtype=tl.float32).to(out_ptr.dtype.element_ty), mask=v_ok)
+
+
+def _check_state_pool(state_pool):
+    if state_pool.stride(-1) != 1:
+        raise ValueError("triton kda: state_pool needs unit stride in V")
+
+
 def _launch(q, k, v, g, beta, state_pool, state_ids, cu_seqlens, scale, use_qk_l2norm, block_v, num_warps,
             decode):
     heads, key_dim, value_dim = q.shape[1], q.shape[2], v.shape[2]
@@ -80,8 +181,7 @@ def _launch(q, k, v, g, beta, state_pool, state_ids, cu_seqlens, scale, use_qk_l
     sequences = state_ids.shape[0]
     if out.numel() == 0 or sequences == 0:
         return out.zero_()
-    if state_pool.stride(-1) != 1:
-        raise ValueError("triton kda: state_pool needs unit stride in V")
+    _check_state_pool(state_pool)
     block_v = min(block_v, triton.next_power_of_2(value_dim))
     grid = (triton.cdiv(value_dim, block_v), sequences * heads)
     kda_recurrent_kernel[grid](
@@ -98,10 +198,51 @@ def _launch(q, k, v, g, beta, state_pool, state_ids, cu_seqlens, scale, use_qk_l
     return out
 
 
-def kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm, *, block_v=32, num_warps=4):
+def _launch_scalar_row(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm, block_v, num_warps,
+                       num_stages, fused_output, stream_state, maxnreg):
+    heads, key_dim, value_dim = q.shape[1], q.shape[2], v.shape[2]
+    out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    sequences = state_ids.shape[0]
+    if out.numel() == 0 or sequences == 0:
+        return out.zero_()
+    _check_state_pool(state_pool)
+    block_k = triton.next_power_of_2(key_dim)
+    block_v = min(block_v, triton.next_power_of_2(value_dim))
+    extra = {} if maxnreg is None else dict(maxnreg=int(maxnreg))
+    grid = (triton.cdiv(value_dim, block_v), sequences * heads)
+    kda_decode_step_kernel[grid](
+        q, k, v, g, beta,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
+        beta.stride(0), beta.stride(1),
+        out, out.stride(0), out.stride(1),
+        state_pool, state_pool.stride(0), state_pool.stride(1),
+        state_ids, heads, key_dim, value_dim, state_pool.shape[0], float(scale),
+        STRIDE_K=state_pool.stride(2), BLOCK_K=block_k, BLOCK_V=block_v, L2NORM=bool(use_qk_l2norm),
+        EVEN=block_k == key_dim and value_dim % block_v == 0, FUSED_OUTPUT=bool(fused_output),
+        STREAM=bool(stream_state), num_warps=num_warps, num_stages=num_stages, **extra,
+    )
+    return out
+
+
+def kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm, *, block_v=32, num_warps=4,
+               num_stages=None, scalar_row=False, fused_output=False, stream_state=False, maxnreg=None):
     """One step for ``B`` requests: q, k, g ``[B, H, K]``, v ``[B, H, V]``, beta ``[B, H]``,
-    state_pool ``[P, H, K, V]`` fp32 updated in place at ``state_ids [B]``. Returns ``[B, H, V]``."""
-    return _launch(q, k, v, g, beta, state_pool, state_ids, None, scale, use_qk_l2norm, block_v, num_warps, True)
+    state_pool ``[P, H, K, V]`` fp32 updated in place at ``state_ids [B]``. Returns ``[B, H, V]``.
+
+    The defaults launch ``kda_recurrent_kernel`` exactly as before. ``scalar_row`` (and the options
+    that need it: ``fused_output``, ``stream_state``, ``maxnreg``, ``num_stages``) launches
+    ``kda_decode_step_kernel``; see the module docstring."""
+    if not scalar_row:
+        wanted = {name: value for name, value in (("fused_output", fused_output), ("stream_state", stream_state),
+                                                  ("maxnreg", maxnreg), ("num_stages", num_stages))
+                  if value not in (None, False)}
+        if wanted:
+            raise ValueError(f"triton kda_decode: {', '.join(sorted(wanted))} need scalar_row=True, "
+                             f"got scalar_row=False with {wanted}")
+        return _launch(q, k, v, g, beta, state_pool, state_ids, None, scale, use_qk_l2norm, block_v, num_warps,
+                       True)
+    return _launch_scalar_row(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm, block_v, num_warps,
+                              3 if num_stages is None else num_stages, fused_output, stream_state, maxnreg)
 
 
 def kda_prefill_recurrent(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm, *,
