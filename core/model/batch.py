@@ -6,8 +6,8 @@ of tensors and traces under ``torch.compile(fullgraph=True)``. The engine builds
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Optional
 
 import torch
 
@@ -28,6 +28,9 @@ class BatchMeta:
         max_context: static width of the indexer scores (≥ every position + 1).
         decode: static; True when every sequence has exactly one token (``T == B``), so KDA uses
             its recurrent decode step.
+        derived: what the layers derive from the metadata (RoPE cos / sin, KDA state-row indices), computed
+            by the first layer that needs it and shared by the others (:meth:`once`); emptied by
+            :meth:`HybridModel.forward` at the start of every step.
     """
 
     positions: torch.Tensor
@@ -38,6 +41,16 @@ class BatchMeta:
     state_ids: torch.Tensor
     max_context: int
     decode: bool
+    derived: dict = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def once(self, key: Hashable, make: Callable[[], object]):
+        """``make()`` the first time ``key`` is asked for in this step, the same value after: metadata every
+        layer derives alike (a function of this object's tensors only) is computed once per step, not per layer
+        (each costs kernel launches: the eager decode step is bound by host time per launch)."""
+        value = self.derived.get(key)
+        if value is None:
+            value = self.derived[key] = make()
+        return value
 
     @property
     def num_tokens(self) -> int:

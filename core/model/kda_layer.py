@@ -29,7 +29,7 @@ from ..cache.layout import FP32_BYTES, KDA_CONV_PROJECTIONS, conv_state_offset, 
 from ..ops._dispatch import tracing
 from .batch import BatchMeta
 from .layers import GatedRMSNorm
-from .short_conv import conv_decode, conv_prefill
+from .short_conv import conv_decode, conv_prefill, state_rows
 
 
 @dataclass
@@ -118,7 +118,8 @@ class KdaLayer(nn.Module):
     def log_decay(self, x: torch.Tensor) -> torch.Tensor:
         """g ``[T, H, K]`` fp32, every entry ≤ 0 (a decay factor exp(g) in (0, 1])."""
         tokens = x.shape[0]
-        raw = self.decay_up(self.decay_down(x)).float() + self.dt_bias.float()
+        bias = self.dt_bias if self.dt_bias.dtype.itemsize <= 4 else self.dt_bias.float()  # widened exactly
+        raw = self.decay_up(self.decay_down(x)).float() + bias
         rate = torch.exp(self.A_log.float())[None, :, None]
         return -rate * nn.functional.softplus(raw).view(tokens, self.heads, self.head_dim)
 
@@ -133,7 +134,8 @@ class KdaLayer(nn.Module):
         """silu(causal conv) of the stacked projections ``[T, 3, H * K]``, updating the requests' conv states."""
         weight = torch.stack([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])  # [3, HK, W]
         if meta.decode:
-            return conv_decode(qkv, weight, conv_pool, meta.state_ids)
+            rows = meta.once("kda conv state rows", lambda: state_rows(meta.state_ids))  # alike in every layer
+            return conv_decode(qkv, weight, conv_pool, meta.state_ids, rows)
         return conv_prefill(qkv, weight, meta.cu_seqlens, conv_pool, meta.state_ids)
 
     def forward(self, x: torch.Tensor, meta: BatchMeta, state_pool: Union[torch.Tensor, KdaStates],
@@ -144,7 +146,9 @@ class KdaLayer(nn.Module):
         shape = (tokens, self.heads, self.head_dim)
         states = self.states(state_pool, check=check)
         qkv = torch.stack([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=1)  # [T, 3, H * K]
-        q, k, v = (t.contiguous().view(shape) for t in self.short_conv(qkv, meta, states.conv).unbind(1))
+        # Views of the conv's [T, 3, H * K] output: the decode op reads rows by stride; prefill gets copies (fla).
+        q, k, v = (t.view(shape) if meta.decode else t.contiguous().view(shape)
+                   for t in self.short_conv(qkv, meta, states.conv).unbind(1))
         g = self.log_decay(x)
         beta = torch.sigmoid(self.beta_proj(x).float())
         if meta.decode:

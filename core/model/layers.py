@@ -20,9 +20,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (x32 * self.weight.float()).to(x.dtype)
+        return self.normalize(x).to(x.dtype)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """The norm in fp32, before the cast back: ``F.rms_norm`` (one fused kernel on CUDA; on the CPU the
+        same pow / mean / add / rsqrt / mul as written out) times the weight, which type promotion widens
+        exactly without a cast of its own (a float64 weight is rounded to fp32, as the fp32 norm always did)."""
+        weight = self.weight if self.weight.dtype.itemsize <= 4 else self.weight.float()
+        return nn.functional.rms_norm(x.float(), self.weight.shape, eps=self.eps) * weight
 
 
 class GatedRMSNorm(RMSNorm):
@@ -32,7 +37,10 @@ class GatedRMSNorm(RMSNorm):
     """
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return (super().forward(x).float() * torch.sigmoid(gate.float())).to(x.dtype)
+        normed = self.normalize(x)
+        if x.dtype.itemsize < 4:  # a 16-bit x: the norm is rounded to it before the gate, as it always was
+            normed = normed.to(x.dtype).float()
+        return (normed * torch.sigmoid(gate.float())).to(x.dtype)
 
 
 def rotary_cos_sin(positions: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:

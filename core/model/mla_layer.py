@@ -110,14 +110,45 @@ class MlaLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, meta: BatchMeta, cache: DsaLayerCache, attention: DsaAttention) -> torch.Tensor:
         """x ``[T, hidden]`` -> ``[T, hidden]``; writes the tokens' latent and index key to the cache first,
-        so each token attends to itself and its request's earlier tokens."""
-        cos, sin = self.rope.cos_sin(meta.positions)
+        so each token attends to itself and its request's earlier tokens.
+
+        The same values as :meth:`queries`, :meth:`latent` and :meth:`indexer_inputs`, in fewer launches (the
+        eager decode step is bound by host time per launch): cos / sin once per step for every rope of the same
+        frequencies (:meth:`BatchMeta.once`), the query's and the shared key's RoPE in one rotation (the key as
+        one more head), the indexer's query and key likewise through one RoPE and one Hadamard rotation.
+        """
+        tokens, heads = x.shape[0], self.heads
+        cos, sin = self.cos_sin(self.rope, meta)
         c_q = self.q_norm(self.q_down(x))
-        q_nope, q_rope = self.queries(c_q, cos, sin)
+        q = self.q_up(c_q).view(tokens, heads, self.nope_dim + self.rope_dim)
+        q_nope, q_rope = q.split([self.nope_dim, self.rope_dim], dim=-1)
+        c_kv, k_rope = self.kv_down(x).split([self.latent_rank, self.rope_dim], dim=-1)
+        roped = self.rope.apply(torch.cat([q_rope, k_rope[:, None]], dim=1), cos, sin)  # [T, H + 1, 64]
         w_uk, w_uv = self.absorbed_weights()
-        q_absorbed = torch.cat([torch.einsum("thd,hdr->thr", q_nope, w_uk), q_rope], dim=-1)
-        q_index, k_index, index_weights = self.indexer_inputs(x, c_q, meta.positions)
-        attention.write(cache, self.latent(x, cos, sin), k_index, meta)
+        q_absorbed = torch.cat([torch.einsum("thd,hdr->thr", q_nope, w_uk), roped[:, :heads]], dim=-1)
+        latent = torch.cat([self.kv_norm(c_kv), roped[:, heads]], dim=-1)
+        q_index, k_index, index_weights = self.fused_indexer_inputs(x, c_q, meta)
+        attention.write(cache, latent, k_index, meta)
         o_latent = attention.attend(cache, q_index, index_weights, q_absorbed, meta, self.topk, self.softmax_scale)
         o = torch.einsum("thr,hvr->thv", o_latent.to(x.dtype), w_uv)
-        return self.o_proj(o.reshape(x.shape[0], self.heads * self.v_dim))
+        return self.o_proj(o.reshape(tokens, heads * self.v_dim))
+
+    @staticmethod
+    def cos_sin(rope, meta: BatchMeta) -> tuple[torch.Tensor, torch.Tensor]:
+        """``rope``'s cos and sin ``[T, dim/2]`` for ``meta.positions``, shared by every layer and rope of the
+        same frequencies in this step."""
+        return meta.once(rope.angles_key, lambda: rope.cos_sin(meta.positions))
+
+    def fused_indexer_inputs(self, x: torch.Tensor, c_q: torch.Tensor, meta: BatchMeta):
+        """:meth:`indexer_inputs` with the query's heads and the shared key rotated together (RoPE on their first
+        64 dims, then the Hadamard rotation: both act on each head alone, so stacking the key as head ``Hi`` changes
+        no value)."""
+        tokens, heads = x.shape[0], self.index_heads
+        cos, sin = self.cos_sin(self.index_rope, meta)
+        q = self.index_q_up(c_q).view(tokens, heads, self.index_dim)
+        qk = torch.cat([q, self.index_k_norm(self.index_k_proj(x))[:, None]], dim=1)  # [T, Hi + 1, 128]
+        qk = torch.cat([self.index_rope.apply(qk[..., :INDEX_ROPE_DIM], cos, sin), qk[..., INDEX_ROPE_DIM:]], dim=-1)
+        qk = hadamard_rotate(qk)
+        q_index, weights = index_query_and_weights(qk[:, :heads], self.index_weights_proj(x), rotated=True,
+                                                   fp8=self.index_query_fp8, scale_fmt=self.index_scale_fmt)
+        return q_index, qk[:, heads], weights

@@ -115,6 +115,7 @@ class HybridModel(nn.Module):
         Returns:
             ``[N, vocab]`` fp32 logits.
         """
+        meta.derived.clear()  # what the layers share in this step is derived from this step's tensors
         x = self.embed(token_ids)
         for index, block in enumerate(self.blocks):
             x = block(x, meta, cache.layer(index), self.attention, self.check_ops)

@@ -37,6 +37,8 @@ from typing import Optional
 
 import torch
 
+from ..ops._dispatch import tracing
+
 ROPE_LAYOUTS = ("interleaved", "rotate_half")
 YARN_KEYS = ("type", "rope_type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
              "mscale_all_dim")
@@ -137,6 +139,22 @@ class Rope:
             raise ValueError(f"Rope: theta expected > 1, got {self.theta!r}")
 
     @property
+    def angles_key(self) -> tuple:
+        """What cos and sin depend on (not the layout): ropes with equal keys share one table per step."""
+        return ("rope cos sin", self.dim, self.theta, self.yarn)
+
+    def inv_freq(self, device, dtype: torch.dtype) -> torch.Tensor:
+        """``[dim/2]`` :func:`inv_frequencies`, computed once per device and dtype (five launches a step
+        saved; not while tracing, where a cached tensor would be a fake one)."""
+        if tracing():
+            return inv_frequencies(self.dim, self.theta, self.yarn, device=device, dtype=dtype)
+        key = (self.dim, self.theta, self.yarn, torch.device(device), dtype)
+        table = _INV_FREQ.get(key)
+        if table is None:
+            table = _INV_FREQ[key] = inv_frequencies(self.dim, self.theta, self.yarn, device=device, dtype=dtype)
+        return table
+
+    @property
     def attention_factor(self) -> float:
         """The factor on cos and sin: ``m(mscale) / m(mscale_all_dim)`` (1 without YaRN)."""
         if self.yarn is None:
@@ -146,7 +164,7 @@ class Rope:
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin ``[T, dim/2]`` fp32 for integer ``positions`` ``[T]``."""
         wide = torch.float64 if positions.device.type in ("cpu", "cuda") else torch.float32
-        inv_freq = inv_frequencies(self.dim, self.theta, self.yarn, device=positions.device, dtype=wide)
+        inv_freq = self.inv_freq(positions.device, wide)
         angles = positions.to(wide)[:, None] * inv_freq[None, :]
         factor = self.attention_factor
         if factor == 1.0:
@@ -156,6 +174,9 @@ class Rope:
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x ``[T, ..., dim]``; cos, sin ``[T, dim/2]`` -> x rotated in this layout (x's shape and dtype)."""
         return apply_rope(x, cos, sin, self.layout)
+
+
+_INV_FREQ: dict = {}  # Rope.inv_freq's tables: (dim, theta, yarn, device, dtype) -> [dim/2]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:

@@ -14,66 +14,109 @@ CUDA graph, and state id -1 (a padding request) reads zeros and writes nothing.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from ..ops._dispatch import tracing
 
 
 def _accumulate(taps, weight: torch.Tensor) -> torch.Tensor:
     """``sum_j weight[..., j] * taps[j]`` in fp32, oldest tap first. taps: W tensors ``[N, P, C]``;
-    weight ``[P, C, W]``. Returns ``[N, P, C]`` fp32."""
-    weight = weight.float()
-    out = torch.zeros_like(taps[0], dtype=torch.float32)
-    for j, tap in enumerate(taps):
-        out = out + weight[..., j] * tap.float()
+    weight ``[P, C, W]``. Returns ``[N, P, C]`` fp32. (A 16-bit or fp32 weight meets the fp32 taps by type
+    promotion, which widens it exactly: no cast of its own; a float64 one is rounded to fp32 first.)"""
+    weight = weight if weight.dtype.itemsize <= 4 else weight.float()
+    out = weight[..., 0] * taps[0].float()
+    for j in range(1, len(taps)):
+        out = out + weight[..., j] * taps[j].float()
     return out
 
 
-def read_states(conv_pool: torch.Tensor, state_ids: torch.Tensor) -> torch.Tensor:
-    """``conv_pool[state_ids]`` as fp32 ``[B, P, W - 1, C]``; zeros for id -1 (whatever its row holds)."""
-    ids = state_ids.long()
-    rows = conv_pool.index_select(0, ids.clamp(min=0)).float()
-    return torch.where((ids >= 0).view(-1, 1, 1, 1), rows, torch.zeros_like(rows))
+@dataclass(frozen=True)
+class StateRows:
+    """Where a step reads and writes its requests' states (``B`` requests; the same for every KDA layer, so
+    computed once per step: :meth:`dsahal.model.BatchMeta.once`).
 
+    Real ids are distinct; a padding request (-1) reads zeros and, so that one ``index_put_`` writes every
+    request without a host sync, is pointed at the first real request and writes that request's value
+    (duplicate targets then agree: the write is deterministic). With no real request at all, every row writes
+    row 0's own value back: nothing changes.
 
-def write_states(conv_pool: torch.Tensor, state_ids: torch.Tensor, values: torch.Tensor) -> None:
-    """``conv_pool[state_ids[b]] = values[b]`` for every ``b`` with ``state_ids[b] >= 0``; no host sync.
-
-    Real ids are distinct; a padding row (-1) is pointed at the first real row and writes that row's
-    value (duplicate targets of one ``index_put_`` then agree, so the write is deterministic). With no
-    real row at all, every row writes row 0's own value back: nothing changes.
-
-    A custom op (like the KDA ops that write the recurrent states): ``conv_pool`` is an ``as_strided``
-    view of the cache pool, and ``torch.compile`` cannot functionalize a plain in-place write through one.
+    Attributes:
+        read: ``[B]`` int64 the row each request reads (padding: row 0, masked).
+        padding: ``[B, 1, 1, 1]`` bool, the padding requests.
+        source: ``[B]`` int64 the request whose value each write carries.
+        target: ``[B]`` int64 the row each write lands on.
+        keep: ``[B, 1, 1, 1]`` bool, the write carries a value (False: the row's own value is written back).
     """
-    _write_states_op(conv_pool, state_ids, values.to(conv_pool.dtype))
+
+    read: torch.Tensor
+    padding: torch.Tensor
+    source: torch.Tensor
+    target: torch.Tensor
+    keep: torch.Tensor
 
 
-@torch.library.custom_op("dsahal_model::short_conv_write_states", mutates_args=("conv_pool",))
-def _write_states_op(conv_pool: torch.Tensor, state_ids: torch.Tensor, values: torch.Tensor) -> None:
+def state_rows(state_ids: torch.Tensor) -> StateRows:
+    """:class:`StateRows` of ``state_ids`` ``[B]`` (any int dtype; -1: padding). No host sync."""
     ids = state_ids.long()
-    if ids.numel() == 0:
-        return
     valid = ids >= 0
+    read = ids.clamp(min=0)
     first = torch.argmax(valid.to(torch.int32))  # the first real row (0 when there is none)
     source = torch.where(valid, torch.arange(ids.numel(), device=ids.device), first)
-    target = ids.clamp(min=0).index_select(0, source)
+    return StateRows(read, (~valid).view(-1, 1, 1, 1), source, read.index_select(0, source),
+                     valid.index_select(0, source).view(-1, 1, 1, 1))
+
+
+def read_states(conv_pool: torch.Tensor, state_ids: torch.Tensor, rows: StateRows | None = None) -> torch.Tensor:
+    """``conv_pool[state_ids]`` as fp32 ``[B, P, W - 1, C]``; zeros for id -1 (whatever its row holds).
+    ``rows``: the step's :func:`state_rows` of ``state_ids``, when already computed."""
+    rows = rows or state_rows(state_ids)
+    return conv_pool.index_select(0, rows.read).float().masked_fill_(rows.padding, 0.0)
+
+
+def write_states(conv_pool: torch.Tensor, state_ids: torch.Tensor, values: torch.Tensor,
+                 rows: StateRows | None = None) -> None:
+    """``conv_pool[state_ids[b]] = values[b]`` for every ``b`` with ``state_ids[b] >= 0``; no host sync (see
+    :class:`StateRows`). ``rows``: the step's :func:`state_rows` of ``state_ids``, when already computed.
+
+    Through a custom op while tracing (like the KDA ops that write the recurrent states): ``conv_pool`` is an
+    ``as_strided`` view of the cache pool, and ``torch.compile`` cannot functionalize a plain in-place write
+    through one. In eager code the op's function is called directly (its dispatcher costs host time for
+    nothing there), as :mod:`dsahal.ops` does.
+    """
+    rows = rows or state_rows(state_ids)
+    write = _write_rows_op if tracing() else _write_rows
+    write(conv_pool, rows.source, rows.target, rows.keep, values.to(conv_pool.dtype))
+
+
+def _write_rows(conv_pool: torch.Tensor, source: torch.Tensor, target: torch.Tensor, keep: torch.Tensor,
+                values: torch.Tensor) -> None:
+    if source.numel() == 0:
+        return
     new = values.index_select(0, source).to(conv_pool.dtype)
-    old = conv_pool.index_select(0, target)
-    conv_pool.index_put_((target,), torch.where(valid.index_select(0, source).view(-1, 1, 1, 1), new, old))
+    conv_pool.index_put_((target,), torch.where(keep, new, conv_pool.index_select(0, target)))
 
 
-@_write_states_op.register_fake
-def _(conv_pool: torch.Tensor, state_ids: torch.Tensor, values: torch.Tensor) -> None:
+_write_rows_op = torch.library.custom_op("dsahal_model::short_conv_write_rows", mutates_args=("conv_pool",))(_write_rows)
+
+
+@_write_rows_op.register_fake
+def _(conv_pool: torch.Tensor, source: torch.Tensor, target: torch.Tensor, keep: torch.Tensor,
+      values: torch.Tensor) -> None:
     return None
 
 
-def conv_decode(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor,
-                state_ids: torch.Tensor) -> torch.Tensor:
+def conv_decode(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, state_ids: torch.Tensor,
+                rows: StateRows | None = None) -> torch.Tensor:
     """One token per request. x ``[B, P, C]``; weight ``[P, C, W]``; conv_pool ``[S, P, W - 1, C]`` (updated in
-    place at ``state_ids`` ``[B]``, -1: padding). Returns ``silu(conv)`` ``[B, P, C]`` in x's dtype."""
-    window = read_states(conv_pool, state_ids)  # [B, P, W - 1, C]
-    taps = list(window.unbind(2)) + [x]
-    out = torch.nn.functional.silu(_accumulate(taps, weight))
-    write_states(conv_pool, state_ids, torch.cat([window, x.float().unsqueeze(2)], dim=2)[:, :, 1:])
+    place at ``state_ids`` ``[B]``, -1: padding; ``rows``: their :func:`state_rows`, when already computed).
+    Returns ``silu(conv)`` ``[B, P, C]`` in x's dtype."""
+    rows = rows or state_rows(state_ids)
+    window = read_states(conv_pool, state_ids, rows)  # [B, P, W - 1, C]
+    x32 = x.float()
+    out = torch.nn.functional.silu(_accumulate(list(window.unbind(2)) + [x32], weight))
+    write_states(conv_pool, state_ids, torch.cat([window, x32.unsqueeze(2)], dim=2)[:, :, 1:], rows)
     return out.to(x.dtype)
 
 

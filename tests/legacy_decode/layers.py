@@ -1,0 +1,67 @@
+"""The plain-torch building blocks of the hybrid model: RMSNorm, rotary embedding, SwiGLU MLP.
+
+Nothing here touches attention or the cache; those go through :mod:`dsahal.ops` only.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x²) + eps) · weight``, computed in fp32 and returned in x's dtype.
+
+    x: ``[..., dim]`` any float dtype.
+    """
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (x32 * self.weight.float()).to(x.dtype)
+
+
+class GatedRMSNorm(RMSNorm):
+    """KDA's output norm: ``RMSNorm(o) · sigmoid(gate)`` per head (the gate is a low-rank projection).
+
+    o, gate: ``[..., dim]``; the norm is over the last dim (one head's values).
+    """
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return (super().forward(x).float() * torch.sigmoid(gate.float())).to(x.dtype)
+
+
+def rotary_cos_sin(positions: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin ``[T, dim/2]`` fp32 for integer ``positions`` ``[T]`` (any int dtype)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim))
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    return torch.cos(angles), torch.sin(angles)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs ``(x[i], x[i + dim/2])`` (the "rotate-half" layout) by the position's angles.
+
+    x: ``[T, ..., dim]``; cos, sin: ``[T, dim/2]``. Returns x's shape and dtype.
+    """
+    half = x.shape[-1] // 2
+    shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (half,)
+    cos, sin = cos.reshape(shape), sin.reshape(shape)
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """Dense MLP ``down(silu(gate(x)) · up(x))``. x: ``[T, hidden]`` -> ``[T, hidden]``."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate = nn.Linear(hidden, intermediate, bias=False)
+        self.up = nn.Linear(hidden, intermediate, bias=False)
+        self.down = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
