@@ -23,7 +23,14 @@ Every score is one key, one token: the same arithmetic whatever the batch holds 
 
 MXFP4 keys are decoded once per tile (into bf16 even-dim and odd-dim halves, exact) and multiplied
 by the matching halves of each token's queries (two K = 64 MMAs), or, with ``SCALED_DOT``, passed
-packed to ``tl.dot_scaled`` per token.
+packed to ``tl.dot_scaled`` per token. ``MX`` (:data:`MXFP4_MODES`, launcher ``mxfp4_mode``) picks a
+cheaper decode: an e2m1 code shifted into an e4m3 byte is the same value times 2^-6, exactly
+(:func:`_e2m1_as_e4m3`: masks and shifts, where the general decode spends ~15 integer ops and a select
+chain per value, the integer ALU bound at 5 tokens); mode 1 then scales every value by its block's
+power of two (built once per key and block) and keeps the even/odd bf16 MMAs; modes 2-4 keep the
+values unscaled (bf16, fp16 or e4m3 operands), run one K = 32 MMA per 32-dim scale block and multiply
+each block's ``[BLOCK_N, BLOCK_H]`` result by that key's power of two ``2^(byte - 121)`` (the scale
+times 2^6) before the sum over blocks and the relu, so no value is scaled before its MMA.
 
 Grid: ``(T, key-tile chunks)``; axis 0 indexes a device-built list of segment starts (live segments
 first, the rest ``T``: those programs exit at once), so there is no host sync. Tile loops (``LOOP``):
@@ -45,6 +52,17 @@ DOT_FP8 = 1
 DOT_FP32 = 2  # exact fp32 dots: only when asked for (tests under TRITON_INTERPRET=1); never served
 MAX_GROUP = 8  # query tokens per segment (explicit operands q0..q7 below)
 
+# MXFP4 key decodes of the block tiles (the kernel's MX constexpr; 0 keeps the path as it was)
+MXFP4_MODES = {
+    0: "tl.dot_scaled (scaled_dot > 0) or the general per-element decode",
+    1: "shift decode to e4m3, fp32 block scale per element, bf16 even/odd MMAs",
+    2: "shift decode, bf16 MMA per 32-dim block, block scale on its result",
+    3: "as 2 with fp16 MMAs (queries rounded to fp16)",
+    4: "as 2 with FP8 MMAs (FP8 queries)",
+    5: "as 2, the block scale on the values instead (in fp32), the four bf16 MMAs chained",
+    6: "as 5 with the scale multiply in bf16 (packed bf16x2)",
+}
+
 SIZE_ARGS = ("T", "max_context", "num_blocks", "max_blocks", "block_tokens")
 
 
@@ -53,6 +71,42 @@ def _lanes(flag, like):
     """Scalar ``flag`` as a lane vector shaped like ``like`` (the interpreter mishandles masks that mix
     tensors and scalars)."""
     return (like * 0 + flag.to(tl.int32)) != 0
+
+
+@triton.jit
+def _pow2(k):
+    """``2^k`` as fp32, exactly, for an int32 tensor ``k`` (subnormal down to 2^-149, 0 below, Inf from 128):
+    an MXFP4 block scale ``2^(byte - 127)`` times a power of two, from integer ops only."""
+    field = k + 127
+    one = field * 0 + 1
+    sub = tl.where(field + 22 >= 0, one << tl.maximum(field + 22, 0), 0)  # 2^-149 .. 2^-127: mantissa bits
+    return tl.where(field > 0, tl.minimum(field, 255) << 23, sub).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e2m1_as_e4m3(pairs):
+    """Packed e2m1 pairs (``uint8``, low nibble the even dim) -> (even, odd) e4m3 bytes holding the e2m1
+    value times 2^-6, exactly: the sign moves to bit 7 and the 3 magnitude bits (2 exponent, 1 mantissa)
+    to bits 4..2, where e4m3 reads them with exponent bias 7 instead of 1. Subnormals line up too (e2m1
+    code 1 = 0.5 reads as the e4m3 subnormal 2^-7), so it is two masks and two shifts per value, no
+    compares or selects (the general decode, :func:`e2m1_ue8m0_value`, takes ~15 integer ops)."""
+    even = ((pairs & 0x08) << 4) | ((pairs & 0x07) << 2)
+    odd = (pairs & 0x80) | ((pairs & 0x70) >> 2)
+    return even, odd
+
+
+@triton.jit
+def _mma_cast(x, DOT: tl.constexpr, MX: tl.constexpr):
+    """An operand in the MMA type of the MXFP4 block modes: fp32 (exact dots, tests), fp16 (``MX == 3``),
+    e4m3 as given (``MX == 4``: FP8 queries and keys), else bf16."""
+    if MX == 4:
+        return x
+    elif DOT == 2:
+        return x.to(tl.float32)
+    elif MX == 3:
+        return x.to(tl.float16)
+    else:
+        return x.to(tl.bfloat16)
 
 
 @triton.jit
@@ -68,13 +122,20 @@ def _member(req_ptr, pos_ptr, off_ptr, t0, g: tl.constexpr, T, req, off0):
 
 @triton.jit
 def _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t, ok, H, BLOCK_H: tl.constexpr, DOT: tl.constexpr,
-            SPLIT: tl.constexpr):
+            SPLIT: tl.constexpr, MX: tl.constexpr):
     """Queries of token ``t`` as MMA operands (``[BLOCK_H, 128]``, or its even / odd dim halves
-    ``[BLOCK_H, 64]`` each with ``SPLIT``; zero beyond ``H``) and a pointer to its head weights."""
+    ``[BLOCK_H, 64]`` each with ``SPLIT``, or its four 32-dim scale blocks ``[BLOCK_H, 32]`` each with
+    ``MX >= 2``; zero beyond ``H``) and a pointer to its head weights."""
     heads = tl.arange(0, BLOCK_H)
     row_ok = (heads < H) & _lanes(ok, heads)
     rows = q_ptr + tl.where(ok, t, 0).to(tl.int64) * stride_qt + heads[:, None] * stride_qh
-    if SPLIT:
+    if MX >= 2:
+        dims = tl.arange(0, 32)[None, :]
+        q = (_mma_cast(tl.load(rows + dims, mask=row_ok[:, None], other=0.0), DOT, MX),
+             _mma_cast(tl.load(rows + 32 + dims, mask=row_ok[:, None], other=0.0), DOT, MX),
+             _mma_cast(tl.load(rows + 64 + dims, mask=row_ok[:, None], other=0.0), DOT, MX),
+             _mma_cast(tl.load(rows + 96 + dims, mask=row_ok[:, None], other=0.0), DOT, MX))
+    elif SPLIT:
         half = tl.arange(0, 64)
         q_even = tl.load(rows + 2 * half[None, :], mask=row_ok[:, None], other=0.0)
         q_odd = tl.load(rows + 2 * half[None, :] + 1, mask=row_ok[:, None], other=0.0)
@@ -94,9 +155,36 @@ def _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t, ok, H, BLOCK_H: tl
 
 
 @triton.jit
-def _token_score(keys, scale, q, w, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.constexpr):
+def _token_score(keys, scale, q, w, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.constexpr,
+                 MX: tl.constexpr):
     """``Σ_h w[h] · relu(q[h] · k[s]) · scale[s]`` for the tile's keys: ``[BLOCK_N]`` fp32."""
-    if FMT == 2:  # MXFP4: the block scales are inside the dot (scale is 1)
+    if FMT == 2 and MX >= 5:  # scaled blocks: one accumulator chained through the four K = 32 MMAs
+        k0, k1, k2, k3 = keys
+        q0, q1, q2, q3 = q
+        if DOT == 2:
+            logits = tl.dot(k0, tl.trans(q0), input_precision="ieee")
+            logits = tl.dot(k1, tl.trans(q1), logits, input_precision="ieee")
+            logits = tl.dot(k2, tl.trans(q2), logits, input_precision="ieee")
+            logits = tl.dot(k3, tl.trans(q3), logits, input_precision="ieee")
+        else:
+            logits = tl.dot(k0, tl.trans(q0))
+            logits = tl.dot(k1, tl.trans(q1), logits)
+            logits = tl.dot(k2, tl.trans(q2), logits)
+            logits = tl.dot(k3, tl.trans(q3), logits)
+    elif FMT == 2 and MX >= 2:  # MXFP4 block modes: one K = 32 MMA per scale block, scaled per key after it
+        (k0, k1, k2, k3), (f0, f1, f2, f3) = keys
+        q0, q1, q2, q3 = q
+        if DOT == 2 and MX == 2:
+            logits = tl.dot(k0, tl.trans(q0), input_precision="ieee") * f0[:, None]
+            logits += tl.dot(k1, tl.trans(q1), input_precision="ieee") * f1[:, None]
+            logits += tl.dot(k2, tl.trans(q2), input_precision="ieee") * f2[:, None]
+            logits += tl.dot(k3, tl.trans(q3), input_precision="ieee") * f3[:, None]
+        else:
+            logits = tl.dot(k0, tl.trans(q0)) * f0[:, None]
+            logits += tl.dot(k1, tl.trans(q1)) * f1[:, None]
+            logits += tl.dot(k2, tl.trans(q2)) * f2[:, None]
+            logits += tl.dot(k3, tl.trans(q3)) * f3[:, None]
+    elif FMT == 2:  # MXFP4: the block scales are inside the dot (scale is 1)
         if SCALED_DOT > 0:
             packed, scales = keys
             logits = tl.dot_scaled(packed, scales, "e2m1", tl.trans(q), None, "bf16", fast_math=SCALED_DOT == 2)
@@ -132,10 +220,11 @@ def _table_entry(block_table_ptr, stride_bt, req, tile, max_blocks, block_tokens
 
 @triton.jit
 def _tile_bytes(pages_u8, s8_b, pages_f32, s32_b, entry, tile, num_blocks, block_tokens, FMT: tl.constexpr,
-                TOKEN_BYTES: tl.constexpr, BLOCK_N: tl.constexpr):
+                TOKEN_BYTES: tl.constexpr, BLOCK_N: tl.constexpr, MX: tl.constexpr):
     """The bytes of key tile ``tile`` (inside the cache block ``entry``), unmasked: an unmapped tile reads
     block 0. -> (FP8: e4m3 keys ``[BLOCK_N, 128]``, fp32 scales ``[BLOCK_N]``; MXFP4: packed pairs
-    ``[BLOCK_N, 64]``, UE8M0 scales ``[BLOCK_N, 4]``; whether the block is mapped)."""
+    ``[BLOCK_N, 64]``, UE8M0 scales ``[BLOCK_N, 4]``, or with ``MX >= 2`` per scale block: four
+    ``[BLOCK_N, 16]`` pair tiles and four ``[BLOCK_N]`` scale bytes; whether the block is mapped)."""
     mapped = (entry >= 0) & (entry < num_blocks)
     block = tl.where(mapped, entry, 0).to(tl.int64)
     first = tile * BLOCK_N
@@ -148,6 +237,12 @@ def _tile_bytes(pages_u8, s8_b, pages_f32, s32_b, entry, tile, num_blocks, block
     if FMT == 1:
         a = tl.load(rows + tl.arange(0, 128)[None, :])
         b = tl.load(pages_f32 + (block * s32_b + key0 * (TOKEN_BYTES // 4)) + keys_in_tile * (TOKEN_BYTES // 4) + 32)
+    elif MX >= 2:  # a 16-byte load per key and block (a Triton tensor cannot be sliced later)
+        pairs = tl.arange(0, 16)[None, :]
+        a = (tl.load(rows + pairs), tl.load(rows + 16 + pairs), tl.load(rows + 32 + pairs),
+             tl.load(rows + 48 + pairs))
+        first_scale = pages_u8 + start + keys_in_tile * TOKEN_BYTES + 64
+        b = (tl.load(first_scale), tl.load(first_scale + 1), tl.load(first_scale + 2), tl.load(first_scale + 3))
     else:
         a = tl.load(rows + tl.arange(0, 64)[None, :])
         b = tl.load(rows + 64 + tl.arange(0, 4)[None, :])
@@ -156,19 +251,50 @@ def _tile_bytes(pages_u8, s8_b, pages_f32, s32_b, entry, tile, num_blocks, block
 
 @triton.jit
 def _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req, tile, num_blocks, max_blocks,
-              block_tokens, FMT: tl.constexpr, TOKEN_BYTES: tl.constexpr, BLOCK_N: tl.constexpr):
+              block_tokens, FMT: tl.constexpr, TOKEN_BYTES: tl.constexpr, BLOCK_N: tl.constexpr, MX: tl.constexpr):
     """:func:`_table_entry` then :func:`_tile_bytes`."""
     entry = _table_entry(block_table_ptr, stride_bt, req, tile, max_blocks, block_tokens, BLOCK_N)
     return _tile_bytes(pages_u8, s8_b, pages_f32, s32_b, entry, tile, num_blocks, block_tokens, FMT, TOKEN_BYTES,
-                       BLOCK_N)
+                       BLOCK_N, MX)
 
 
 @triton.jit
-def _tile_operands(a, b, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.constexpr):
+def _tile_operands(a, b, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.constexpr, MX: tl.constexpr):
     """Raw tile bytes -> (MMA operand(s), per-key scale ``[BLOCK_N]``): FP8 keys as e4m3 (FP8 MMA) or
-    exactly widened; MXFP4 packed for ``tl.dot_scaled`` or decoded into (even dims, odd dims)."""
-    rows: tl.constexpr = a.shape[0]
-    if FMT == 1:
+    exactly widened; MXFP4 packed for ``tl.dot_scaled``, decoded into (even dims, odd dims), or (``MX >= 2``)
+    per scale block: ((four ``[BLOCK_N, 32]`` unscaled key blocks), (four ``[BLOCK_N]`` fp32 factors))."""
+    if FMT == 2 and MX >= 5:
+        rows: tl.constexpr = a[0].shape[0]
+        # each block decoded once per tile and scaled once per tile: its values times the key's 2^(byte - 121)
+        keys = (_scaled_block(a[0], b[0], DOT, MX), _scaled_block(a[1], b[1], DOT, MX),
+                _scaled_block(a[2], b[2], DOT, MX), _scaled_block(a[3], b[3], DOT, MX))
+        scale = tl.full([rows], 1.0, tl.float32)
+    elif FMT == 2 and MX >= 2:
+        rows: tl.constexpr = a[0].shape[0]
+        # each block decoded once per tile to e4m3 (exact), dims back in order (join even/odd, then a
+        # reshape that keeps the pairs in-thread), cast to the MMA type; its ue8m0 scale and the decode's
+        # 2^-6 become one per-key power of two applied to that block's MMA result: 2^(byte - 127 + 6)
+        keys = ((_mma_block(a[0], DOT, MX), _mma_block(a[1], DOT, MX), _mma_block(a[2], DOT, MX),
+                 _mma_block(a[3], DOT, MX)),
+                (_pow2(b[0].to(tl.int32) - 121), _pow2(b[1].to(tl.int32) - 121), _pow2(b[2].to(tl.int32) - 121),
+                 _pow2(b[3].to(tl.int32) - 121)))
+        scale = tl.full([rows], 1.0, tl.float32)
+    elif FMT == 2 and MX == 1:
+        rows: tl.constexpr = a.shape[0]
+        # per element: the shift decode (e4m3, exact) widened to fp32 times 2^(byte - 127 + 6), the
+        # block's power of two built once per [key, block] from integer ops (not per element)
+        even8, odd8 = _e2m1_as_e4m3(a)
+        factor = _pow2(b.to(tl.int32) - 121)  # [rows, 4]
+        per_pair = tl.reshape(tl.broadcast_to(factor[:, :, None], [rows, 4, 16]), [rows, 64])
+        even = even8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * per_pair
+        odd = odd8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * per_pair
+        if DOT == 0:
+            even = even.to(tl.bfloat16)
+            odd = odd.to(tl.bfloat16)
+        keys = (even, odd)
+        scale = tl.full([rows], 1.0, tl.float32)
+    elif FMT == 1:
+        rows: tl.constexpr = a.shape[0]
         # a no-op on the e4m3-typed view (typed_keys), whose load then feeds the MMA directly
         keys = a.to(tl.float8e4nv, bitcast=True)
         if DOT == 0:
@@ -177,6 +303,7 @@ def _tile_operands(a, b, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.co
             keys = keys.to(tl.float32)
         scale = b
     else:
+        rows: tl.constexpr = a.shape[0]
         if SCALED_DOT > 0:
             keys = (a, b)
         else:
@@ -191,6 +318,29 @@ def _tile_operands(a, b, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.co
     return keys, scale
 
 
+@triton.jit
+def _mma_block(pairs, DOT: tl.constexpr, MX: tl.constexpr):
+    """``[BLOCK_N, 16]`` packed e2m1 pairs -> ``[BLOCK_N, 32]`` keys times 2^-6 in the MMA type, dims in order."""
+    even, odd = _e2m1_as_e4m3(pairs)
+    rows: tl.constexpr = pairs.shape[0]
+    block = tl.reshape(tl.join(even, odd), [rows, 32]).to(tl.float8e4nv, bitcast=True)
+    return _mma_cast(block, DOT, MX)
+
+
+@triton.jit
+def _scaled_block(pairs, scale_byte, DOT: tl.constexpr, MX: tl.constexpr):
+    """``[BLOCK_N, 16]`` packed pairs and ``[BLOCK_N]`` ue8m0 bytes -> ``[BLOCK_N, 32]`` scaled keys (bf16, or
+    fp32 with ``DOT == 2``), exact: the e4m3 value times 2^(byte - 121) is the e2m1 value times 2^(byte - 127).
+    ``MX == 6`` multiplies in bf16 (a power of two: exact while the product is a normal bf16, i.e. the
+    scaled key above 2^-126, as in fp32)."""
+    factor = _pow2(scale_byte.to(tl.int32) - 121)[:, None]
+    if DOT == 2:
+        return _mma_block(pairs, 2, 0) * factor
+    if MX == 6:
+        return _mma_block(pairs, 0, 0) * factor.to(tl.bfloat16)
+    return (_mma_block(pairs, 2, 0) * factor).to(tl.bfloat16)
+
+
 @triton.jit(do_not_specialize=SIZE_ARGS)
 def indexer_tiles_kernel(
     q_ptr, stride_qt, stride_qh,  # q [T, H, 128] (fp8 or bf16; fp32/fp16 never come here)
@@ -202,16 +352,16 @@ def indexer_tiles_kernel(
     T, max_context, num_blocks, max_blocks, block_tokens,
     H: tl.constexpr, FMT: tl.constexpr, DOT: tl.constexpr, TOKEN_BYTES: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, GROUP: tl.constexpr, TILES: tl.constexpr, LOOP: tl.constexpr,
-    SCALED_DOT: tl.constexpr,
+    SCALED_DOT: tl.constexpr, MX: tl.constexpr,
 ):
     t0 = tl.load(seg_ptr + tl.program_id(0))
     if t0 < T:
         req = tl.load(req_ptr + t0)
         off0 = tl.load(off_ptr + t0)
-        split: tl.constexpr = FMT == 2 and SCALED_DOT == 0
+        split: tl.constexpr = FMT == 2 and SCALED_DOT == 0 and MX < 2
         # the segment's members: explicit per-token operands (a Triton tensor cannot be sliced)
         ok0, pos0 = _member(req_ptr, pos_ptr, off_ptr, t0, 0, T, req, off0)
-        q0, w0 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0, ok0, H, BLOCK_H, DOT, split)
+        q0, w0 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0, ok0, H, BLOCK_H, DOT, split, MX)
         reach = pos0
         # members the segment cannot have (g >= GROUP): placeholders, never used (ok_g False)
         q1, w1, ok1, pos1 = q0, w0, ok0 & (t0 < 0), pos0
@@ -223,31 +373,31 @@ def indexer_tiles_kernel(
         q7, w7, ok7, pos7 = q0, w0, ok1, pos0
         if GROUP > 1:
             ok1, pos1 = _member(req_ptr, pos_ptr, off_ptr, t0, 1, T, req, off0)
-            q1, w1 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 1, ok1, H, BLOCK_H, DOT, split)
+            q1, w1 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 1, ok1, H, BLOCK_H, DOT, split, MX)
             reach = tl.maximum(reach, pos1)
         if GROUP > 2:
             ok2, pos2 = _member(req_ptr, pos_ptr, off_ptr, t0, 2, T, req, off0)
-            q2, w2 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 2, ok2, H, BLOCK_H, DOT, split)
+            q2, w2 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 2, ok2, H, BLOCK_H, DOT, split, MX)
             reach = tl.maximum(reach, pos2)
         if GROUP > 3:
             ok3, pos3 = _member(req_ptr, pos_ptr, off_ptr, t0, 3, T, req, off0)
-            q3, w3 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 3, ok3, H, BLOCK_H, DOT, split)
+            q3, w3 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 3, ok3, H, BLOCK_H, DOT, split, MX)
             reach = tl.maximum(reach, pos3)
         if GROUP > 4:
             ok4, pos4 = _member(req_ptr, pos_ptr, off_ptr, t0, 4, T, req, off0)
-            q4, w4 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 4, ok4, H, BLOCK_H, DOT, split)
+            q4, w4 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 4, ok4, H, BLOCK_H, DOT, split, MX)
             reach = tl.maximum(reach, pos4)
         if GROUP > 5:
             ok5, pos5 = _member(req_ptr, pos_ptr, off_ptr, t0, 5, T, req, off0)
-            q5, w5 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 5, ok5, H, BLOCK_H, DOT, split)
+            q5, w5 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 5, ok5, H, BLOCK_H, DOT, split, MX)
             reach = tl.maximum(reach, pos5)
         if GROUP > 6:
             ok6, pos6 = _member(req_ptr, pos_ptr, off_ptr, t0, 6, T, req, off0)
-            q6, w6 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 6, ok6, H, BLOCK_H, DOT, split)
+            q6, w6 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 6, ok6, H, BLOCK_H, DOT, split, MX)
             reach = tl.maximum(reach, pos6)
         if GROUP > 7:
             ok7, pos7 = _member(req_ptr, pos_ptr, off_ptr, t0, 7, T, req, off0)
-            q7, w7 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 7, ok7, H, BLOCK_H, DOT, split)
+            q7, w7 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 7, ok7, H, BLOCK_H, DOT, split, MX)
             reach = tl.maximum(reach, pos7)
         first = tl.program_id(1) * TILES
         # tiles holding a visible key (s <= reach, s < max_context) get loads and MMAs; the rest -inf only
@@ -259,14 +409,16 @@ def indexer_tiles_kernel(
                 if i < live:
                     a, b, mapped = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
                                              first + i, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES,
-                                             BLOCK_N)
+                                             BLOCK_N, MX)
                     _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
                                 q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
-                                ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP, SCALED_DOT)
+                                ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP, SCALED_DOT,
+                                MX)
         elif LOOP == 1:  # rolled, the next tile's bytes loaded into registers before this tile's MMAs
             if live > 0:  # (a chunk past the segment's reach prefetches nothing)
                 a_n, b_n, mapped_n = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
-                                               first, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
+                                               first, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N,
+                                               MX)
                 # table entries one tile further ahead: a tile's key loads never wait on its table load
                 entry = _table_entry(block_table_ptr, stride_bt, req64, first + tl.minimum(1, live - 1), max_blocks,
                                      block_tokens, BLOCK_N)
@@ -275,20 +427,21 @@ def indexer_tiles_kernel(
                     # the last live tile re-reads itself (a cache hit) rather than fetch a tile it never uses
                     a_n, b_n, mapped_n = _tile_bytes(pages_u8, s8_b, pages_f32, s32_b, entry,
                                                      first + tl.minimum(i + 1, live - 1), num_blocks, block_tokens,
-                                                     FMT, TOKEN_BYTES, BLOCK_N)
+                                                     FMT, TOKEN_BYTES, BLOCK_N, MX)
                     entry = _table_entry(block_table_ptr, stride_bt, req64, first + tl.minimum(i + 2, live - 1),
                                          max_blocks, block_tokens, BLOCK_N)
                     _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
                                 q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
                                 ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP,
-                                SCALED_DOT)
+                                SCALED_DOT, MX)
         elif LOOP == 3:  # as 1, two tiles ahead
             if live > 0:
                 a_n, b_n, mapped_n = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
-                                               first, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
+                                               first, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N,
+                                               MX)
                 a_nn, b_nn, mapped_nn = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt,
                                                   req64, first + tl.minimum(1, live - 1), num_blocks, max_blocks,
-                                                  block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
+                                                  block_tokens, FMT, TOKEN_BYTES, BLOCK_N, MX)
                 entry = _table_entry(block_table_ptr, stride_bt, req64, first + tl.minimum(2, live - 1), max_blocks,
                                      block_tokens, BLOCK_N)
                 for i in range(live):
@@ -296,20 +449,21 @@ def indexer_tiles_kernel(
                     a_n, b_n, mapped_n = a_nn, b_nn, mapped_nn
                     a_nn, b_nn, mapped_nn = _tile_bytes(pages_u8, s8_b, pages_f32, s32_b, entry,
                                                         first + tl.minimum(i + 2, live - 1), num_blocks,
-                                                        block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
+                                                        block_tokens, FMT, TOKEN_BYTES, BLOCK_N, MX)
                     entry = _table_entry(block_table_ptr, stride_bt, req64, first + tl.minimum(i + 3, live - 1),
                                          max_blocks, block_tokens, BLOCK_N)
                     _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
                                 q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
                                 ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP,
-                                SCALED_DOT)
+                                SCALED_DOT, MX)
         else:  # rolled, left to the software pipeliner (num_stages)
             for i in range(live):
                 a, b, mapped = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
-                                         first + i, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N)
+                                         first + i, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N, MX)
                 _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
                             q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
-                            ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP, SCALED_DOT)
+                            ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP, SCALED_DOT,
+                            MX)
         dead = tl.full([BLOCK_N], float("-inf"), tl.float32)
         for i in range(live, TILES):
             s = (first + i) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -343,53 +497,54 @@ def _dead(out_ptr, stride_ot, t0, s, dead, max_context, ok0, ok1, ok2, ok3, ok4,
 def _score_tile(tile, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6, q7, w7,
                 ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6, ok7, pos7, t0,
                 out_ptr, stride_ot, max_context, H: tl.constexpr, BLOCK_H: tl.constexpr, FMT: tl.constexpr,
-                DOT: tl.constexpr, GROUP: tl.constexpr, SCALED_DOT: tl.constexpr):
+                DOT: tl.constexpr, GROUP: tl.constexpr, SCALED_DOT: tl.constexpr, MX: tl.constexpr):
     """Scores of key tile ``tile`` (its raw bytes ``a``, ``b``) for every member token of the segment:
     one MMA (two for explicitly decoded MXFP4) per member; absent members skip theirs."""
-    keys, scale = _tile_operands(a, b, FMT, DOT, SCALED_DOT)
-    BLOCK_N: tl.constexpr = a.shape[0]
+    keys, scale = _tile_operands(a, b, FMT, DOT, SCALED_DOT, MX)
+    BLOCK_N: tl.constexpr = scale.shape[0]
     s = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     seen = _lanes(mapped, s)
     _one(keys, scale, q0, w0, ok0, pos0, t0, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
-         FMT, DOT, SCALED_DOT)
+         FMT, DOT, SCALED_DOT, MX)
     if GROUP > 1:
         if ok1:
             _one(keys, scale, q1, w1, ok1, pos1, t0 + 1, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
-                 FMT, DOT, SCALED_DOT)
+                 FMT, DOT, SCALED_DOT, MX)
     if GROUP > 2:
         if ok2:
             _one(keys, scale, q2, w2, ok2, pos2, t0 + 2, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
-                 FMT, DOT, SCALED_DOT)
+                 FMT, DOT, SCALED_DOT, MX)
     if GROUP > 3:
         if ok3:
             _one(keys, scale, q3, w3, ok3, pos3, t0 + 3, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
-                 FMT, DOT, SCALED_DOT)
+                 FMT, DOT, SCALED_DOT, MX)
     if GROUP > 4:
         if ok4:
             _one(keys, scale, q4, w4, ok4, pos4, t0 + 4, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
-                 FMT, DOT, SCALED_DOT)
+                 FMT, DOT, SCALED_DOT, MX)
     if GROUP > 5:
         if ok5:
             _one(keys, scale, q5, w5, ok5, pos5, t0 + 5, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
-                 FMT, DOT, SCALED_DOT)
+                 FMT, DOT, SCALED_DOT, MX)
     if GROUP > 6:
         if ok6:
             _one(keys, scale, q6, w6, ok6, pos6, t0 + 6, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
-                 FMT, DOT, SCALED_DOT)
+                 FMT, DOT, SCALED_DOT, MX)
     if GROUP > 7:
         if ok7:
             _one(keys, scale, q7, w7, ok7, pos7, t0 + 7, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
-                 FMT, DOT, SCALED_DOT)
+                 FMT, DOT, SCALED_DOT, MX)
 
 
 @triton.jit
 def _one(keys, scale, q, w_row, ok, pos, t, s, seen, out_ptr, stride_ot, max_context, H: tl.constexpr,
-         BLOCK_H: tl.constexpr, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.constexpr):
+         BLOCK_H: tl.constexpr, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.constexpr,
+         MX: tl.constexpr):
     """Token ``t``'s scores on this tile (``w_row``: its head weights, fp32 ``[H]``), stored with -inf
     where not ``seen`` (unmapped block) or past its position."""
     heads = tl.arange(0, BLOCK_H)
     w = tl.load(w_row + heads, mask=heads < H, other=0.0)
-    score = _token_score(keys, scale, q, w, FMT, DOT, SCALED_DOT)
+    score = _token_score(keys, scale, q, w, FMT, DOT, SCALED_DOT, MX)
     _store(out_ptr, stride_ot, t, ok, s, score, seen & (s <= pos), max_context)
 
 
@@ -426,15 +581,35 @@ def segment_starts(run_offset, group):
     return starts[:tokens]
 
 
+def _check_mxfp4_mode(mode, q, index_fmt, scaled_dot) -> int:
+    """``mode`` as the kernel's ``MX`` constexpr, or a ValueError naming what does not fit."""
+    if mode not in MXFP4_MODES:
+        raise ValueError(f"triton indexer_score: mxfp4_mode must be one of {sorted(MXFP4_MODES)} "
+                         f"({', '.join(f'{k} {v}' for k, v in MXFP4_MODES.items())}), got {mode!r}")
+    if mode == 0:
+        return 0
+    if index_fmt != "mxfp4":
+        raise ValueError(f"triton indexer_score: mxfp4_mode {mode} ({MXFP4_MODES[mode]}) decodes MXFP4 keys, "
+                         f"got index_fmt={index_fmt!r}")
+    if scaled_dot:
+        raise ValueError(f"triton indexer_score: mxfp4_mode {mode} ({MXFP4_MODES[mode]}) decodes the keys "
+                         f"itself; it excludes tl.dot_scaled (scaled_dot=0), got scaled_dot={scaled_dot!r}")
+    if mode == 4 and q.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"triton indexer_score: mxfp4_mode 4 ({MXFP4_MODES[4]}) multiplies FP8 queries, "
+                         f"got q of dtype {q.dtype}")
+    return mode
+
+
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, index_fmt, max_context, out, *,
            dot, block_n=64, group=5, tiles=4, loop=0, num_warps=4, num_stages=1, scaled_dot=0,
-           typed_keys=False):
+           typed_keys=False, mxfp4_mode=0):
     """Run :func:`indexer_tiles_kernel` (the caller checked :func:`serves`). ``group`` tokens per
     segment (<= 8), ``tiles`` key tiles per program, ``loop``: 0 unrolled, 1 rolled with the next tile
     prefetched into registers (3: the next two), 2 rolled for the software pipeliner (``num_stages``); ``scaled_dot``:
     MXFP4 through ``tl.dot_scaled`` (1; 2 with fast_math), else decoded explicitly; ``typed_keys``: FP8
     keys read through an e4m3 view for FP8 MMAs (the MMA then takes them from shared memory; through the
-    uint8 view they reach it from registers)."""
+    uint8 view they reach it from registers); ``mxfp4_mode`` (MXFP4 keys, ``scaled_dot=0``): one of
+    :data:`MXFP4_MODES` (0, the default, as before)."""
     tokens, heads, _ = q.shape
     if not 1 <= group <= MAX_GROUP:
         raise ValueError(f"triton indexer_score: the block-tile path takes 1..{MAX_GROUP} tokens per segment "
@@ -442,6 +617,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     if loop not in (0, 1, 2, 3):
         raise ValueError(f"triton indexer_score: tile_loop must be 0 (unrolled), 1 or 3 (rolled, prefetching one "
                          f"or two tiles) or 2 (rolled, software-pipelined), got {loop!r}")
+    mx = _check_mxfp4_mode(mxfp4_mode, q, index_fmt, scaled_dot)
     block_n = tile_keys(index_pages.shape[1], block_n)
     block_h = max(16, triton.next_power_of_2(heads))
     u8 = index_pages.view(torch.float8_e4m3fn) if typed_keys and index_fmt == "fp8" and dot == DOT_FP8 \
@@ -464,7 +640,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         out, out.stride(0),
         tokens, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1],
         H=heads, FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=index_pages.shape[-1], BLOCK_H=block_h,
-        BLOCK_N=block_n, GROUP=group, TILES=tiles, LOOP=loop, SCALED_DOT=scaled_dot,
+        BLOCK_N=block_n, GROUP=group, TILES=tiles, LOOP=loop, SCALED_DOT=scaled_dot, MX=mx,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out

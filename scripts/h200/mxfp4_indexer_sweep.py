@@ -1,0 +1,265 @@
+"""MXFP4 (68 B) keys on the block-tile indexer (``backends/triton_kernels/indexer_decode.py``): the decode
+modes of ``indexer_decode.MXFP4_MODES`` against the backend default (``tl.dot_scaled``) and FP8 (132 B)
+keys, checked and timed in the same run.
+
+Usage (on a CUDA machine, from the repository root with dsahal importable)::
+
+    python3 scripts/h200/mxfp4_indexer_sweep.py [--cpu-smoke]
+
+Steps, in order, each printed:
+
+1. the device-to-device copy ceiling (1 GiB copy, read + write bytes / time) measured in this run;
+2. every variant against the float64 reference (``dsahal.reference.indexer``) on fresh random keys and
+   queries (never zeros): a small paged case (3 requests x 5 tokens at 1000 keys, an unmapped block, a
+   shorter causal bound mid-tile) on all rows, and the bench shape (64 requests x 5 tokens at 128K keys)
+   on the rows of 3 requests (the reference runs one token at a time; every score depends on its own
+   token only). Relative (norm) error and the -inf mask; FP8 MMAs at 5e-4 (Hopper's FP8 accumulator),
+   the rest at 1e-4;
+3. timing (``timing.bench_ms``, do_bench median) of the variants that passed at 64 x 1 and 64 x 5 tokens
+   at 128K keys, 32 heads, 64-token blocks: one table with ms, unique key bytes / time (GB/s and % of the
+   copy ceiling) and the ratio to the MXFP4 backend default on the same shape.
+
+The floor on key bytes at 64 requests x 128K: 570 MB of MXFP4 keys, 0.134 ms at 4.25 TB/s.
+
+A failed check is listed and the script exits with one ``error:`` line (after timing what did pass).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
+import pools as cache_pools  # scripts/h200/pools.py
+from script_cli import CheckError, finish, run  # scripts/h200/script_cli.py
+
+HEADS = 32
+BLOCK_TOKENS = 64
+TOL = 1e-4
+TOL_FP8_MMA = 5e-4
+DEVICE = "cuda"  # --cpu-smoke: "cpu" under TRITON_INTERPRET=1
+# the block-tile launch the backend uses (backends/nvidia/config.py _BLOCK_TILES), for every new mode
+TILES = dict(block_n=64, group=5, tiles=16, loop=1, num_warps=4, num_stages=1)
+
+
+def shapes():
+    """[(label, requests, tokens per request, keys per request)]."""
+    if DEVICE == "cpu":
+        return [("2x1 @48", 2, 1, 48), ("2x5 @48", 2, 5, 48)]
+    return [("64x1 @128K", 64, 1, 128 * 1024), ("64x5 @128K", 64, 5, 128 * 1024)]
+
+
+def variants(torch):
+    """[(keys, q dtype, label, kind, kwargs)]: kind "backend" runs ``indexer_score`` with the backend's
+    configuration (kwargs), "mode" runs ``indexer_decode.launch`` with ``mxfp4_mode`` and ``dot`` (kwargs).
+    The MXFP4 backend default comes first: the ratio column is to it."""
+    from dsahal.backends.nvidia.config import indexer_config
+    from dsahal.backends.triton_kernels import indexer_decode
+
+    bf16, fp8 = torch.bfloat16, torch.float8_e4m3fn
+    # registers per thread in the sm_90 compile (local Triton 3.9, 4 warps, 5-token segments, one tile
+    # prefetched) in brackets: <= 168 keeps 3 programs on an SM, above that 2; none spills
+    if DEVICE == "cpu":  # interpreter: bf16 dots are wrong there; exact fp32 dots or FP8 queries instead
+        small = dict(block_n=16, group=2, tiles=2)
+        tiles = dict(small, block_tiles=True, group=8, tiles=2, tile_loop=1)
+        exact, tiny = indexer_decode.DOT_FP32, dict(TILES, block_n=16, tiles=2)
+        return [("mxfp4", fp8, "backend default (dot_scaled)", "backend", dict(tiles, mxfp4_dot_scaled=True)),
+                ("fp8", fp8, "FP8 keys, backend default", "backend", dict(tiles, typed_keys=True)),
+                ("mxfp4", torch.float32, "mode 1", "mode", dict(tiny, mxfp4_mode=1, dot=exact)),
+                ("mxfp4", torch.float32, "mode 2", "mode", dict(tiny, mxfp4_mode=2, dot=exact)),
+                ("mxfp4", fp8, "mode 4", "mode", dict(tiny, mxfp4_mode=4, dot=indexer_decode.DOT_BF16)),
+                ("mxfp4", torch.float32, "mode 5", "mode", dict(tiny, mxfp4_mode=5, dot=exact))]
+    dot = indexer_decode.DOT_BF16
+    return [("mxfp4", bf16, "backend default (dot_scaled)", "backend", dict(indexer_config(HEADS, bf16, "mxfp4"))),
+            ("fp8", fp8, "FP8 keys, backend default", "backend", dict(indexer_config(HEADS, fp8, "fp8"))),
+            ("fp8", bf16, "FP8 keys, backend default", "backend", dict(indexer_config(HEADS, bf16, "fp8"))),
+            ("mxfp4", bf16, "mode 1 shift decode, scaled values, even/odd MMAs", "mode",
+             dict(TILES, mxfp4_mode=1, dot=dot)),  # [168]
+            ("mxfp4", bf16, "mode 2 block MMAs, scale after", "mode", dict(TILES, mxfp4_mode=2, dot=dot)),  # [202]
+            ("mxfp4", fp8, "mode 4 block FP8 MMAs, scale after", "mode", dict(TILES, mxfp4_mode=4, dot=dot)),  # [184]
+            ("mxfp4", bf16, "mode 5 scaled blocks fp32, chained MMAs", "mode",
+             dict(TILES, mxfp4_mode=5, dot=dot)),  # [151]
+            ("mxfp4", bf16, "mode 6 scaled blocks bf16, chained MMAs", "mode",
+             dict(TILES, mxfp4_mode=6, dot=dot))]  # [145]
+
+
+def _name(fmt, q_dtype, label):
+    return f"{fmt} keys, {str(q_dtype).split('.')[-1]} q, {label}"
+
+
+def _call(torch, variant, q, w, pages, table, req, pos, context, out):
+    """One launch of ``variant`` -> ``[T, context]`` fp32 scores (in ``out``)."""
+    from dsahal.backends.triton_kernels import indexer_decode
+    from dsahal.backends.triton_kernels.indexer import indexer_score, run_offsets
+
+    fmt, _, _, kind, cfg = variant
+    if kind == "backend":
+        return indexer_score(q, w, pages, table, req, pos, fmt, context, out=out, **cfg)
+    return indexer_decode.launch(q, w, pages, table, req, pos, run_offsets(req), fmt, context, out, **cfg)
+
+
+def build_pool(torch, fmt, blocks, gen):
+    return cache_pools.index_pool(torch, fmt, blocks, gen, DEVICE, BLOCK_TOKENS)
+
+
+def inputs(torch, requests, per_request, context, blocks, gen):
+    """Block table (each request its own random blocks), request ids, and the last ``per_request``
+    positions of a ``context``-key request."""
+    per_req_blocks = -(-context // BLOCK_TOKENS)
+    table = torch.randperm(blocks, device=DEVICE, generator=gen)[: requests * per_req_blocks]
+    table = table.view(requests, per_req_blocks).to(torch.int32)
+    req = torch.arange(requests, device=DEVICE, dtype=torch.int32).repeat_interleave(per_request)
+    pos = (context - per_request + torch.arange(per_request, device=DEVICE, dtype=torch.int32)).repeat(requests)
+    return table, req, pos
+
+
+def _error(torch, got, want):
+    """(relative norm error on the finite scores, whether the -inf mask is the same)."""
+    finite = torch.isfinite(want)
+    same = torch.equal(torch.isfinite(got), finite) and bool(torch.isneginf(got[~finite]).all())
+    diff = (got[finite].double() - want[finite].double()).norm()
+    return float(diff / want[finite].double().norm().clamp_min(1e-300)), same
+
+
+def check_case(torch, chosen, case, label, rows, failures, passed):
+    """Every variant on one case against the float64 reference on the token rows ``rows`` (the reference
+    runs on the device holding the case, one token at a time)."""
+    from dsahal.reference.indexer import indexer_score as reference
+
+    pools, table, req, pos, context, q32, w = case
+    wants = {}
+    for variant in chosen:
+        fmt, q_dtype, vlabel, _, _ = variant
+        name = _name(fmt, q_dtype, vlabel)
+        q = q32.to(q_dtype)
+        try:
+            out = torch.empty(q.shape[0], context, device=DEVICE)
+            got = _call(torch, variant, q, w, pools[fmt], table, req, pos, context, out)[rows]
+            key = (fmt, q_dtype)
+            if key not in wants:
+                wants[key] = reference(q[rows].float(), w[rows], pools[fmt], table, req[rows], pos[rows], fmt,
+                                       context)
+            err, same = _error(torch, got, wants[key])
+            tol = TOL_FP8_MMA if q_dtype == torch.float8_e4m3fn and "dot_scaled" not in vlabel else TOL
+            ok = same and err < tol
+            status = f"rel err {err:.2e}{'' if same else ', -inf mask differs'}  {'ok' if ok else 'FAIL'}"
+        except Exception as exc:  # noqa: BLE001 - a variant that does not compile or run is a failure, listed
+            ok, status = False, f"{type(exc).__name__}: {str(exc)[:300]}"
+        print(f"  check {label:<12s} {name:<72s} {status}", flush=True)
+        if not ok:
+            passed.discard(name)
+            failures.append(f"{label}: {name}: {status}")
+
+
+def bench_pools(torch):
+    """The bench shapes' key pools (both formats, enough blocks for the largest), built once per run."""
+    gen = torch.Generator(device=DEVICE).manual_seed(5)
+    blocks = max(r * -(-c // BLOCK_TOKENS) for _, r, _, c in shapes())
+    started = time.time()
+    pools = {fmt: build_pool(torch, fmt, blocks, gen) for fmt in ("fp8", "mxfp4")}
+    print(f"  pools: {blocks} blocks of {BLOCK_TOKENS} keys ({time.time() - started:.1f} s)", flush=True)
+    return pools, blocks
+
+
+def check(torch, chosen, big, failures):
+    """The small paged case on all rows, then the bench shape on 3 requests' rows (keys from ``big``, the
+    bench pools) -> the names that passed."""
+    passed = {_name(fmt, q_dtype, label) for fmt, q_dtype, label, _, _ in chosen}
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    requests, per_request, context = (3, 5, 1000) if DEVICE == "cuda" else (2, 5, 40)
+    blocks = 64 if DEVICE == "cuda" else 8
+    pools = {fmt: build_pool(torch, fmt, blocks, gen) for fmt in ("fp8", "mxfp4")}
+    table, req, pos = inputs(torch, requests, per_request, context, blocks, gen)
+    table[0, table.shape[1] // 2] = -1  # an unmapped block
+    pos[per_request] = context // 2 + 3  # a shorter causal bound, mid-tile
+    tokens = requests * per_request
+    q32 = torch.randn(tokens, HEADS, 128, device=DEVICE, generator=gen)
+    w = torch.randn(tokens, HEADS, device=DEVICE, generator=gen)
+    rows = torch.arange(tokens, device=DEVICE)
+    check_case(torch, chosen, (pools, table, req, pos, context, q32, w), "small", rows, failures, passed)
+    del pools
+    _, requests, per_request, context = shapes()[-1]
+    pools, blocks = big
+    table, req, pos = inputs(torch, requests, per_request, context, blocks, gen)
+    tokens = requests * per_request
+    q32 = torch.randn(tokens, HEADS, 128, device=DEVICE, generator=gen)
+    w = torch.randn(tokens, HEADS, device=DEVICE, generator=gen)
+    picked = torch.tensor([0, requests // 2, requests - 1], device=DEVICE)  # first, middle, last request
+    rows = (picked[:, None] * per_request + torch.arange(per_request, device=DEVICE)).flatten()
+    check_case(torch, chosen, (pools, table, req, pos, context, q32, w), "bench shape", rows, failures, passed)
+    return passed
+
+
+def time_all(torch, chosen, passed, ceiling, big):
+    """[(shape, name, ms, key GB/s, % copy, ratio to the MXFP4 default)] for every passed variant, on
+    fresh block tables and queries over the bench pools ``big``."""
+    gen = torch.Generator(device=DEVICE).manual_seed(7)
+    pools, blocks = big
+    started = time.time()
+    rows = []
+    for shape, requests, per_request, context in shapes():
+        table, req, pos = inputs(torch, requests, per_request, context, blocks, gen)
+        tokens = requests * per_request
+        q32 = torch.randn(tokens, HEADS, 128, device=DEVICE, generator=gen)
+        w = torch.randn(tokens, HEADS, device=DEVICE, generator=gen)
+        out = torch.empty(tokens, context, device=DEVICE)
+        peer = None
+        for variant in chosen:
+            fmt, q_dtype, label, _, _ = variant
+            name = _name(fmt, q_dtype, label)
+            if name not in passed:
+                continue
+            q = q32.to(q_dtype)
+            try:
+                ms = timing.bench_ms(lambda: _call(torch, variant, q, w, pools[fmt], table, req, pos, context, out),
+                                     DEVICE, warmup=5, rep=40)
+            except Exception as exc:  # noqa: BLE001 - reported in the table
+                rows.append((shape, name, None, None, None, f"{type(exc).__name__}: {str(exc)[:80]}"))
+                continue
+            peer = ms if peer is None and fmt == "mxfp4" and "backend default" in label else peer
+            gbps = requests * context * pools[fmt].shape[2] / (ms * 1e-3) / 1e9
+            ratio = f"{peer / ms:.2f}x" if peer is not None else "-"
+            rows.append((shape, name, ms, gbps, 100 * gbps / (ceiling * 1e3), ratio))
+        print(f"  {shape} done ({time.time() - started:.0f} s)", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    global DEVICE, BLOCK_TOKENS
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="tiny shapes on the CPU under TRITON_INTERPRET=1: runs every step, the times mean nothing")
+    args = parser.parse_args(argv)
+    if args.cpu_smoke:
+        import os
+
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+        DEVICE, BLOCK_TOKENS = "cpu", 16
+    import torch
+
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        raise CheckError("mxfp4_indexer_sweep: needs a CUDA device, none is visible (or pass --cpu-smoke)")
+    import triton
+
+    started = time.time()
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter smoke run)"
+    print(f"device {name}  torch {torch.__version__}  triton {triton.__version__}")
+    ceiling = timing.copy_ceiling_tbps(torch, DEVICE)
+    print(f"copy ceiling {ceiling:.2f} TB/s (read + write)", flush=True)
+    failures: list[str] = []
+    chosen = variants(torch)
+    big = bench_pools(torch)
+    print("\nchecks against the float64 reference")
+    passed = check(torch, chosen, big, failures)
+    print(f"\ntiming ({time.time() - started:.0f} s)", flush=True)
+    rows = time_all(torch, chosen, passed, ceiling, big)
+    print("\n| shape | variant | ms | key GB/s | % copy | vs MXFP4 default |\n|---|---|---|---|---|---|")
+    for shape, vname, ms, gbps, pct, ratio in rows:
+        if ms is None:
+            print(f"| {shape} | {vname} | - | - | - | failed: {ratio} |")
+        else:
+            print(f"| {shape} | {vname} | {ms:.3f} | {gbps:.0f} | {pct:.1f} | {ratio} |")
+    return finish("mxfp4_indexer_sweep", failures, started, "check(s) failed")
+
+
+if __name__ == "__main__":
+    run("mxfp4_indexer_sweep", main)
