@@ -7,9 +7,9 @@ request's first token of this step come from its conv state (zeros for a new req
 chunks, and prefill then decode, equal prefill of the whole sequence.
 
 The ``P`` projections (q, k, v: ``P = 3``) are convolved together: ``x`` is ``[T, P, C]``, the weights
-``[P, C, W]`` and a conv state ``[P, W - 1, C]`` (oldest input first). Every path accumulates the ``W``
-taps oldest first in fp32 with the same code, so a token's output does not depend on how the sequence
-was split into steps. Nothing here reads a tensor value on the host: the decode path is capturable in a
+``[P, C, W]`` and a conv state ``[P, W - 1, C]`` (oldest input first). Every path sums the ``W`` taps in
+fp32 with the same code over the same ``[N, P, W, C]`` layout, so a token's output does not depend on how
+the sequence was split into steps. Nothing here reads a tensor value on the host: the decode path is capturable in a
 CUDA graph, and state id -1 (a padding request) reads zeros and writes nothing.
 """
 from __future__ import annotations
@@ -21,15 +21,16 @@ import torch
 from ..ops._dispatch import tracing
 
 
-def _accumulate(taps, weight: torch.Tensor) -> torch.Tensor:
-    """``sum_j weight[..., j] * taps[j]`` in fp32, oldest tap first. taps: W tensors ``[N, P, C]``;
-    weight ``[P, C, W]``. Returns ``[N, P, C]`` fp32. (A 16-bit or fp32 weight meets the fp32 taps by type
-    promotion, which widens it exactly: no cast of its own; a float64 one is rounded to fp32 first.)"""
+def _accumulate(taps: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``sum_j weight[..., j] * taps[:, :, j]`` in fp32: one product and one sum over the taps (two launches for
+    the W taps). taps ``[N, P, W, C]`` fp32, oldest first; weight ``[P, C, W]``. Returns ``[N, P, C]`` fp32.
+
+    A 16-bit or fp32 weight meets the fp32 taps by type promotion, which widens it exactly (no cast of its own);
+    a float64 one is rounded to fp32 first. On the CPU the sum adds the taps oldest first, bitwise the chain
+    ``w0 t0 + w1 t1 + ...``; on every device each path calls this with the same ``[N, P, W, C]`` layout.
+    """
     weight = weight if weight.dtype.itemsize <= 4 else weight.float()
-    out = weight[..., 0] * taps[0].float()
-    for j in range(1, len(taps)):
-        out = out + weight[..., j] * taps[j].float()
-    return out
+    return (taps * weight.transpose(1, 2)).sum(dim=2)
 
 
 @dataclass(frozen=True)
@@ -114,9 +115,9 @@ def conv_decode(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, 
     Returns ``silu(conv)`` ``[B, P, C]`` in x's dtype."""
     rows = rows or state_rows(state_ids)
     window = read_states(conv_pool, state_ids, rows)  # [B, P, W - 1, C]
-    x32 = x.float()
-    out = torch.nn.functional.silu(_accumulate(list(window.unbind(2)) + [x32], weight))
-    write_states(conv_pool, state_ids, torch.cat([window, x32.unsqueeze(2)], dim=2)[:, :, 1:], rows)
+    taps = torch.cat([window, x.float().unsqueeze(2)], dim=2)  # [B, P, W, C]: the conv's inputs and new state
+    out = torch.nn.functional.silu(_accumulate(taps, weight))
+    write_states(conv_pool, state_ids, taps[:, :, 1:], rows)
     return out.to(x.dtype)
 
 
@@ -140,7 +141,7 @@ def conv_prefill(x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor
         lag = width - j
         from_window = seq * width + width - lag + pos  # window row W - 1 - (lag - pos), used when pos < lag
         taps.append(table.index_select(0, torch.where(pos >= lag, batch * width + t - lag, from_window)))
-    out = torch.nn.functional.silu(_accumulate(taps, weight)).to(x.dtype)
+    out = torch.nn.functional.silu(_accumulate(torch.stack(taps, dim=2), weight)).to(x.dtype)
     # New state: inputs L_b .. L_b + W - 2 of (window, then the sequence's L_b tokens).
     lengths = (cu[1:] - cu[:-1]).unsqueeze(1)  # [B, 1]
     m = lengths + torch.arange(width, device=device)  # [B, W - 1]

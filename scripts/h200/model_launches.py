@@ -45,6 +45,7 @@ SMOKE_REQUESTS, SMOKE_CONTEXT = 4, 100
 SECTIONS = ("embed", "kda", "dsa", "head")
 NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "sym_size", "sym_stride",
              "sym_numel", "sym_storage_offset", "is_same_size", "_has_compatible_shallow_copy_type"}
+LAUNCHES = ("kernel_ops", "other_ops", "triton")
 GRAPH_TOL = 1e-3  # replay vs the same step eager: the same kernels on the same inputs
 
 
@@ -58,20 +59,28 @@ class StepCounter:
 
     def __init__(self):
         self.section = "embed"
-        self.in_launch = 0
-        self.counts = {s: dict(kernel_ops=0, view_ops=0, other_ops=0, triton=0, hal=0) for s in SECTIONS}
+        self.in_launch = 0  # inside a Triton launch: the interpreter's own copies are not the step's
+        self.in_hal = 0  # inside a HAL op call (the backend's launches, not the model's)
+        self.fused = 0  # inside an op CUDA runs as one kernel that this device decomposes
+        self.counts = {s: dict(kernel_ops=0, view_ops=0, other_ops=0, triton=0, hal=0, in_hal=0) for s in SECTIONS}
         self.names: dict[str, int] = {}
 
     def add(self, key: str, name: str = "") -> None:
         self.counts[self.section][key] += 1
+        if self.in_hal and key in LAUNCHES:
+            self.counts[self.section]["in_hal"] += 1
         if name:
             self.names[name] = self.names.get(name, 0) + 1
 
 
-def counting(torch, counter: StepCounter, model):
-    """A context manager: ``counter`` counts everything the block dispatches on ``model``."""
+def counting(torch, counter: StepCounter, model, device: str):
+    """A context manager: ``counter`` counts everything the block dispatches on ``model``.
+
+    Off CUDA, ``F.rms_norm`` counts as the one ``aten._fused_rms_norm`` kernel CUDA dispatches for it (the CPU
+    runs its composite: pow, mean, add, rsqrt, mul), so the smoke run counts what the H200 launches."""
     import contextlib
 
+    from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
     import dsahal.ops._dispatch as hal_dispatch
@@ -79,7 +88,7 @@ def counting(torch, counter: StepCounter, model):
 
     class Mode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if not counter.in_launch:
+            if not (counter.in_launch or counter.fused):
                 namespace = func.namespace
                 if namespace != "aten":
                     counter.add("other_ops", f"{namespace}::{func.__name__}")
@@ -89,10 +98,25 @@ def counting(torch, counter: StepCounter, model):
                     counter.add("view_ops")
             return func(*args, **(kwargs or {}))
 
+    class FusedOnCuda(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is not torch.nn.functional.rms_norm or counter.in_launch or counter.fused:
+                return func(*args, **(kwargs or {}))
+            counter.add("kernel_ops", "_fused_rms_norm (CUDA's one kernel)")
+            counter.fused += 1
+            try:
+                return func(*args, **(kwargs or {}))
+            finally:
+                counter.fused -= 1
+
     class Hal(OpObserver):
         def before(self, call):
             if not counter.in_launch:
                 counter.add("hal")
+            counter.in_hal += 1
+
+        def after(self, call):
+            counter.in_hal -= 1
 
     def wrap(cls):
         original = cls.run
@@ -123,7 +147,11 @@ def counting(torch, counter: StepCounter, model):
         for cls, _, counted in patched:
             cls.run = counted
         try:
-            with observe(Hal()), Mode():
+            with contextlib.ExitStack() as stack:
+                if device != "cuda":
+                    stack.enter_context(FusedOnCuda())
+                stack.enter_context(observe(Hal()))
+                stack.enter_context(Mode())
                 yield counter
         finally:
             hal_dispatch._dispatch_mode_depth = depth
@@ -135,9 +163,9 @@ def counting(torch, counter: StepCounter, model):
     return block()
 
 
-def count_step(torch, setup) -> StepCounter:
+def count_step(torch, setup, device: str) -> StepCounter:
     counter = StepCounter()
-    with counting(torch, counter, setup.model):
+    with counting(torch, counter, setup.model, device):
         setup.step()
     return counter
 
@@ -146,9 +174,10 @@ def table(counter: StepCounter, config, timings) -> list[str]:
     """Markdown rows: per section per step and per layer, then the step with its times."""
     layers = {"embed": 1, "head": 1, "kda": len(config.kda_layers), "dsa": len(config.dsa_layers)}
     head = ("| part | layers | aten ops | of which launch | views / allocs | other ops | Triton launches | "
-            "HAL calls | launches (aten + other + Triton) | per layer | eager ms | graph ms | graph/eager |")
-    rows = [head, "| " + " | ".join(["---"] + ["---:"] * 12) + " |"]
-    total = dict(kernel_ops=0, view_ops=0, other_ops=0, triton=0, hal=0)
+            "HAL calls | launches (aten + other + Triton) | of which in HAL ops | per layer | eager ms | graph ms | "
+            "graph/eager |")
+    rows = [head, "| " + " | ".join(["---"] + ["---:"] * 13) + " |"]
+    total = dict(kernel_ops=0, view_ops=0, other_ops=0, triton=0, hal=0, in_hal=0)
     for section in SECTIONS:
         c = counter.counts[section]
         for key in total:
@@ -156,14 +185,14 @@ def table(counter: StepCounter, config, timings) -> list[str]:
         launches = c["kernel_ops"] + c["other_ops"] + c["triton"]
         per = launches / max(layers[section], 1)
         rows.append(f"| {section} | {layers[section]} | {c['kernel_ops'] + c['view_ops']} | {c['kernel_ops']} | "
-                    f"{c['view_ops']} | {c['other_ops']} | {c['triton']} | {c['hal']} | {launches} | {per:.0f} | "
-                    "— | — | — |")
+                    f"{c['view_ops']} | {c['other_ops']} | {c['triton']} | {c['hal']} | {launches} | {c['in_hal']} | "
+                    f"{per:.0f} | — | — | — |")
     launches = total["kernel_ops"] + total["other_ops"] + total["triton"]
     eager, graph = timings if timings else (None, None)
     times = (f"{eager:.3f} | {graph:.3f} | {graph / eager:.2f}" if timings else "— | — | —")
     rows.append(f"| **step** | {config.num_layers} | {total['kernel_ops'] + total['view_ops']} | "
                 f"{total['kernel_ops']} | {total['view_ops']} | {total['other_ops']} | {total['triton']} | "
-                f"{total['hal']} | **{launches}** | — | {times} |")
+                f"{total['hal']} | **{launches}** | {total['in_hal']} | — | {times} |")
     return rows
 
 
@@ -246,12 +275,13 @@ def main(argv=None) -> int:
         eager = setup.step().clone()  # warm-up: compiles, autotunes
         if not bool(torch.isfinite(eager).all()):
             failures.append("eager step: non-finite logits")
-        counter = count_step(torch, setup)
+        counter = count_step(torch, setup, device)
         timings = None
         if device == "cuda":
             timings = time_step(torch, setup, requests, pool_before, eager, failures)
     print(f"\n{config.name}, {requests} requests at context {context}, {str(dtype).replace('torch.', '')}, backend "
-          f"{args.backend}; counted on the second eager step")
+          f"{args.backend}; counted on the second eager step" +
+          ("; F.rms_norm counted as CUDA's one fused kernel" if device != "cuda" else ""))
     print("\n".join(table(counter, config, timings)))
     if args.top_ops:
         top = sorted(counter.names.items(), key=lambda kv: -kv[1])[:args.top_ops]
