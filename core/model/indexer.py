@@ -22,6 +22,7 @@ import math
 import torch
 
 from ..formats.numerics import FP8_MAX
+from ..ops._dispatch import tracing
 
 INDEX_SCALE_FORMATS = ("ue8m0", "fp32")
 AMAX_FLOOR = 1e-4  # DeepSeek-V3.2's act_quant floor: an all-zero head still gets a finite scale
@@ -30,14 +31,26 @@ AMAX_FLOOR = 1e-4  # DeepSeek-V3.2's act_quant floor: an all-zero head still get
 def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
     """``x · H`` over the last dim (a power of two, n), H the Sylvester Walsh-Hadamard matrix scaled
     by ``n^-0.5`` (``fast_hadamard_transform.hadamard_transform(x, scale=n**-0.5)``, DeepSeek-V3.2's
-    ``rotate_activation``). Computed in fp32 (float64 for float64 x) with log2(n) butterflies; returns
-    x's shape and dtype.
+    ``rotate_activation``). Computed in fp32 (float64 for float64 x) as one matmul with the ±1 matrix, then
+    the scale; returns x's shape and dtype.
+
+    One matmul is 4 launches where the log2(n) butterflies of :func:`hadamard_butterfly` are ~50 (dispatches
+    counted with their views); the sums run in another order, so results differ from the butterflies' by fp32
+    rounding (a few ulp). Where cuBLAS may round fp32 matmuls to TF32 (``allow_tf32``), the butterflies run.
 
     x: ``[..., n]``.
     """
-    n = x.shape[-1]
-    if n < 1 or n & (n - 1):
-        raise ValueError(f"hadamard_rotate: last dim expected a power of two, got {n} (shape {list(x.shape)})")
+    n = _power_of_two(x)
+    if x.is_cuda and torch.backends.cuda.matmul.allow_tf32:
+        return hadamard_butterfly(x)
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    y = x.reshape(-1, n).to(wide) @ _sylvester(n, x.device, wide)
+    return (y * n ** -0.5).view(x.shape).to(x.dtype)
+
+
+def hadamard_butterfly(x: torch.Tensor) -> torch.Tensor:
+    """:func:`hadamard_rotate` with log2(n) butterflies in fp32 (float64 for float64 x)."""
+    n = _power_of_two(x)
     y = x.double() if x.dtype == torch.float64 else x.float()
     lead = y.shape[:-1]
     width = 1
@@ -47,6 +60,30 @@ def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
         y = torch.stack([a + b, a - b], dim=-2).reshape(*lead, n)
         width *= 2
     return (y * n ** -0.5).to(x.dtype)
+
+
+def _power_of_two(x: torch.Tensor) -> int:
+    n = x.shape[-1]
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"hadamard_rotate: last dim expected a power of two, got {n} (shape {list(x.shape)})")
+    return n
+
+
+_SYLVESTER: dict = {}  # (n, device, dtype) -> the [n, n] ±1 matrix
+
+
+def _sylvester(n: int, device, dtype: torch.dtype) -> torch.Tensor:
+    """The unscaled Sylvester matrix ``H_2m = [[H_m, H_m], [H_m, -H_m]]`` ``[n, n]`` (symmetric; the butterflies'
+    order), built once per device and dtype (built inline while tracing: a cached tensor would be a fake one)."""
+    key = (n, torch.device(device), dtype)
+    matrix = None if tracing() else _SYLVESTER.get(key)
+    if matrix is None:
+        matrix = torch.ones((1, 1), dtype=dtype, device=device)
+        while matrix.shape[0] < n:
+            matrix = torch.cat([torch.cat([matrix, matrix], dim=1), torch.cat([matrix, -matrix], dim=1)])
+        if not tracing():
+            _SYLVESTER[key] = matrix
+    return matrix
 
 
 def quantize_query_fp8(q: torch.Tensor, scale_fmt: str = "ue8m0") -> tuple[torch.Tensor, torch.Tensor]:
