@@ -74,13 +74,12 @@ def _lanes(flag, like):
 
 
 @triton.jit
-def _pow2(k):
-    """``2^k`` as fp32, exactly, for an int32 tensor ``k`` (subnormal down to 2^-149, 0 below, Inf from 128):
-    an MXFP4 block scale ``2^(byte - 127)`` times a power of two, from integer ops only."""
-    field = k + 127
-    one = field * 0 + 1
-    sub = tl.where(field + 22 >= 0, one << tl.maximum(field + 22, 0), 0)  # 2^-149 .. 2^-127: mantissa bits
-    return tl.where(field > 0, tl.minimum(field, 255) << 23, sub).to(tl.float32, bitcast=True)
+def _block_factor(scale_byte):
+    """``2^(byte - 121)`` as fp32 for ue8m0 scale bytes: the block scale ``2^(byte - 127)`` times the 2^6 that
+    :func:`_e2m1_as_e4m3` takes off. Its exponent field ``byte + 6`` is never subnormal, so it is one shift;
+    bytes >= 249 give Inf (scales of 2^122 and up, which no encoder writes; the reference reads only 255 so)."""
+    field = scale_byte.to(tl.int32) + 6
+    return (tl.minimum(field, 255) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -276,15 +275,14 @@ def _tile_operands(a, b, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.co
         # 2^-6 become one per-key power of two applied to that block's MMA result: 2^(byte - 127 + 6)
         keys = ((_mma_block(a[0], DOT, MX), _mma_block(a[1], DOT, MX), _mma_block(a[2], DOT, MX),
                  _mma_block(a[3], DOT, MX)),
-                (_pow2(b[0].to(tl.int32) - 121), _pow2(b[1].to(tl.int32) - 121), _pow2(b[2].to(tl.int32) - 121),
-                 _pow2(b[3].to(tl.int32) - 121)))
+                (_block_factor(b[0]), _block_factor(b[1]), _block_factor(b[2]), _block_factor(b[3])))
         scale = tl.full([rows], 1.0, tl.float32)
     elif FMT == 2 and MX == 1:
         rows: tl.constexpr = a.shape[0]
         # per element: the shift decode (e4m3, exact) widened to fp32 times 2^(byte - 127 + 6), the
         # block's power of two built once per [key, block] from integer ops (not per element)
         even8, odd8 = _e2m1_as_e4m3(a)
-        factor = _pow2(b.to(tl.int32) - 121)  # [rows, 4]
+        factor = _block_factor(b)  # [rows, 4]
         per_pair = tl.reshape(tl.broadcast_to(factor[:, :, None], [rows, 4, 16]), [rows, 64])
         even = even8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * per_pair
         odd = odd8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * per_pair
@@ -333,7 +331,7 @@ def _scaled_block(pairs, scale_byte, DOT: tl.constexpr, MX: tl.constexpr):
     fp32 with ``DOT == 2``), exact: the e4m3 value times 2^(byte - 121) is the e2m1 value times 2^(byte - 127).
     ``MX == 6`` multiplies in bf16 (a power of two: exact while the product is a normal bf16, i.e. the
     scaled key above 2^-126, as in fp32)."""
-    factor = _pow2(scale_byte.to(tl.int32) - 121)[:, None]
+    factor = _block_factor(scale_byte)[:, None]
     if DOT == 2:
         return _mma_block(pairs, 2, 0) * factor
     if MX == 6:
