@@ -30,7 +30,7 @@ import time
 
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
 import pools as cache_pools  # scripts/h200/pools.py
-from script_cli import CheckError, finish, run  # scripts/h200/script_cli.py
+from script_cli import CheckError, finish, keep_traceback, run  # scripts/h200/script_cli.py
 
 HEADS = 32
 BLOCK_TOKENS = 64
@@ -143,6 +143,7 @@ def check_case(torch, chosen, case, label, rows, failures, passed):
             ok = same and err < tol
             status = f"rel err {err:.2e}{'' if same else ', -inf mask differs'}  {'ok' if ok else 'FAIL'}"
         except Exception as exc:  # noqa: BLE001 - a variant that does not compile or run is a failure, listed
+            keep_traceback(f"mxfp4_indexer_sweep-{label}")
             ok, status = False, f"{type(exc).__name__}: {str(exc)[:300]}"
         print(f"  check {label:<12s} {name:<72s} {status}", flush=True)
         if not ok:

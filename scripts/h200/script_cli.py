@@ -29,5 +29,18 @@ def run(name: str, main) -> None:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
     except Exception as exc:  # noqa: BLE001 - a CLI error is one line, never a traceback
+        keep_traceback(name)
         print(f"error: {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
         sys.exit(1)
+
+
+def keep_traceback(name: str) -> None:
+    """An unexpected exception's traceback goes to ``$OUT/traceback-<name>.txt`` (the device call's output
+    folder), not to the console, so a failed run can be diagnosed without a second device call."""
+    import os
+    import traceback
+
+    folder = os.environ.get("OUT")
+    if folder and os.path.isdir(folder):
+        with open(os.path.join(folder, f"traceback-{name}.txt"), "w") as f:
+            traceback.print_exc(file=f)
