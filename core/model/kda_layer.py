@@ -29,6 +29,7 @@ from ..cache.layout import FP32_BYTES, KDA_CONV_PROJECTIONS, conv_state_offset, 
 from ..ops._dispatch import tracing
 from .batch import BatchMeta
 from .layers import GatedRMSNorm
+from .packed import adjacent_stack, project
 from .short_conv import conv_decode, conv_prefill, state_rows
 
 
@@ -115,11 +116,12 @@ class KdaLayer(nn.Module):
         self.o_norm = GatedRMSNorm(head_dim, config.rms_norm_eps)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
 
-    def log_decay(self, x: torch.Tensor) -> torch.Tensor:
-        """g ``[T, H, K]`` fp32, every entry ≤ 0 (a decay factor exp(g) in (0, 1])."""
+    def log_decay(self, x: torch.Tensor, low: torch.Tensor | None = None) -> torch.Tensor:
+        """g ``[T, H, K]`` fp32, every entry ≤ 0 (a decay factor exp(g) in (0, 1]). ``low``: ``decay_down(x)``
+        when already computed."""
         tokens = x.shape[0]
         bias = self.dt_bias if self.dt_bias.dtype.itemsize <= 4 else self.dt_bias.float()  # widened exactly
-        raw = self.decay_up(self.decay_down(x)).float() + bias
+        raw = self.decay_up(self.decay_down(x) if low is None else low).float() + bias
         rate = torch.exp(self.A_log.float())[None, :, None]
         return -rate * nn.functional.softplus(raw).view(tokens, self.heads, self.head_dim)
 
@@ -145,16 +147,19 @@ class KdaLayer(nn.Module):
         tokens = x.shape[0]
         shape = (tokens, self.heads, self.head_dim)
         states = self.states(state_pool, check=check)
-        qkv = torch.stack([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=1)  # [T, 3, H * K]
+        # Every projection of x in one matmul where the weights are packed (dsahal.model.packed).
+        q, k, v, decay_low, gate_low, beta_raw = project(x, (self.q_proj, self.k_proj, self.v_proj, self.decay_down,
+                                                             self.gate_down, self.beta_proj))
+        qkv = adjacent_stack((q, k, v))  # [T, 3, H * K]
         # Views of the conv's [T, 3, H * K] output: the decode op reads rows by stride; prefill gets copies (fla).
         q, k, v = (t.view(shape) if meta.decode else t.contiguous().view(shape)
                    for t in self.short_conv(qkv, meta, states.conv).unbind(1))
-        g = self.log_decay(x)
-        beta = torch.sigmoid(self.beta_proj(x).float())
+        g = self.log_decay(x, decay_low)
+        beta = torch.sigmoid(beta_raw.float())
         if meta.decode:
             o = ops.kda_decode(q, k, v, g, beta, states.recurrent, meta.state_ids, use_qk_l2norm=True, check=check)
         else:
             o = ops.kda_prefill(q, k, v, g, beta, meta.cu_seqlens, states.recurrent, meta.state_ids,
                                 use_qk_l2norm=True, check=check)
-        gate = self.gate_up(self.gate_down(x)).view(shape)
+        gate = self.gate_up(gate_low).view(shape)
         return self.o_proj(self.o_norm(o, gate).reshape(tokens, -1))

@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .packed import project
+
 
 class RMSNorm(nn.Module):
     """``x / sqrt(mean(x²) + eps) · weight``, computed in fp32 and returned in x's dtype.
@@ -72,4 +74,5 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
+        gate, up = project(x, (self.gate, self.up))  # one matmul where the weights are packed
+        return self.down(nn.functional.silu(gate) * up)

@@ -35,6 +35,7 @@ from .batch import BatchMeta, DsaLayerCache
 from .dsa_attention import DsaAttention
 from .indexer import INDEX_SCALE_FORMATS, hadamard_rotate, index_query_and_weights
 from .layers import RMSNorm
+from .packed import project
 from .rope import mla_softmax_scale, rope_from_config
 
 INDEX_ROPE_DIM = 64
@@ -119,15 +120,18 @@ class MlaLayer(nn.Module):
         """
         tokens, heads = x.shape[0], self.heads
         cos, sin = self.cos_sin(self.rope, meta)
-        c_q = self.q_norm(self.q_down(x))
+        # Every projection of x in one matmul where the weights are packed (dsahal.model.packed).
+        q_low, kv, index_k, index_w = project(x, (self.q_down, self.kv_down, self.index_k_proj,
+                                                  self.index_weights_proj))
+        c_q = self.q_norm(q_low)
         q = self.q_up(c_q).view(tokens, heads, self.nope_dim + self.rope_dim)
         q_nope, q_rope = q.split([self.nope_dim, self.rope_dim], dim=-1)
-        c_kv, k_rope = self.kv_down(x).split([self.latent_rank, self.rope_dim], dim=-1)
+        c_kv, k_rope = kv.split([self.latent_rank, self.rope_dim], dim=-1)
         roped = self.rope.apply(torch.cat([q_rope, k_rope[:, None]], dim=1), cos, sin)  # [T, H + 1, 64]
         w_uk, w_uv = self.absorbed_weights()
         q_absorbed = torch.cat([torch.einsum("thd,hdr->thr", q_nope, w_uk), roped[:, :heads]], dim=-1)
         latent = torch.cat([self.kv_norm(c_kv), roped[:, heads]], dim=-1)
-        q_index, k_index, index_weights = self.fused_indexer_inputs(x, c_q, meta)
+        q_index, k_index, index_weights = self.fused_indexer_inputs(c_q, index_k, index_w, meta)
         attention.write(cache, latent, k_index, meta)
         o_latent = attention.attend(cache, q_index, index_weights, q_absorbed, meta, self.topk, self.softmax_scale)
         o = torch.einsum("thr,hvr->thv", o_latent.to(x.dtype), w_uv)
@@ -139,16 +143,17 @@ class MlaLayer(nn.Module):
         same frequencies in this step."""
         return meta.once(rope.angles_key, lambda: rope.cos_sin(meta.positions))
 
-    def fused_indexer_inputs(self, x: torch.Tensor, c_q: torch.Tensor, meta: BatchMeta):
-        """:meth:`indexer_inputs` with the query's heads and the shared key rotated together (RoPE on their first
-        64 dims, then the Hadamard rotation: both act on each head alone, so stacking the key as head ``Hi`` changes
-        no value)."""
-        tokens, heads = x.shape[0], self.index_heads
+    def fused_indexer_inputs(self, c_q: torch.Tensor, index_k: torch.Tensor, index_w: torch.Tensor,
+                             meta: BatchMeta):
+        """:meth:`indexer_inputs` from ``c_q``, ``index_k_proj(x)`` and ``index_weights_proj(x)``, with the query's
+        heads and the shared key rotated together (RoPE on their first 64 dims, then the Hadamard rotation: both
+        act on each head alone, so stacking the key as head ``Hi`` changes no value)."""
+        tokens, heads = c_q.shape[0], self.index_heads
         cos, sin = self.cos_sin(self.index_rope, meta)
         q = self.index_q_up(c_q).view(tokens, heads, self.index_dim)
-        qk = torch.cat([q, self.index_k_norm(self.index_k_proj(x))[:, None]], dim=1)  # [T, Hi + 1, 128]
+        qk = torch.cat([q, self.index_k_norm(index_k)[:, None]], dim=1)  # [T, Hi + 1, 128]
         qk = torch.cat([self.index_rope.apply(qk[..., :INDEX_ROPE_DIM], cos, sin), qk[..., INDEX_ROPE_DIM:]], dim=-1)
         qk = hadamard_rotate(qk)
-        q_index, weights = index_query_and_weights(qk[:, :heads], self.index_weights_proj(x), rotated=True,
+        q_index, weights = index_query_and_weights(qk[:, :heads], index_w, rotated=True,
                                                    fp8=self.index_query_fp8, scale_fmt=self.index_scale_fmt)
         return q_index, qk[:, heads], weights
