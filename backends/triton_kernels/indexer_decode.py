@@ -171,7 +171,9 @@ def _token_score(keys, scale, q, w, FMT: tl.constexpr, DOT: tl.constexpr, SCALED
             logits = tl.dot(k2, tl.trans(q2), logits)
             logits = tl.dot(k3, tl.trans(q3), logits)
     elif FMT == 2 and MX >= 2:  # MXFP4 block modes: one K = 32 MMA per scale block, scaled per key after it
-        (k0, k1, k2, k3), (f0, f1, f2, f3) = keys
+        blocks, factors = keys  # no nested unpacking: Triton 3.6's dependency scan fails on it (see tests)
+        k0, k1, k2, k3 = blocks
+        f0, f1, f2, f3 = factors
         q0, q1, q2, q3 = q
         if DOT == 2 and MX == 2:
             logits = tl.dot(k0, tl.trans(q0), input_precision="ieee") * f0[:, None]
