@@ -163,9 +163,9 @@ def variants() -> list[Variant]:
             f"top-k split rows: {kernel.__name__}", kernel,
             dict(extra, ROW_LEVELS=cfg["row_levels"], CHUNK=cfg["chunk"]),
             {name: kind for name, kind in split_ptrs.items() if name in kernel.arg_names}, num_warps=cfg["num_warps"]))
-    cfg = config.kda_decode_config(128)
+    cfg = config.kda_prefill_config(128)
     out.append(Variant(
-        "KDA decode step", kda.kda_recurrent_kernel,
+        "KDA recurrent step (token-by-token prefill)", kda.kda_recurrent_kernel,
         dict(BLOCK_K=128, BLOCK_V=cfg["block_v"], VARLEN=False, L2NORM=True, ZERO_PADDING_OUTPUT=True),
         dict(q_ptr="bf16", k_ptr="bf16", v_ptr="bf16", g_ptr="fp32", beta_ptr="bf16", out_ptr="bf16",
              state_ptr="fp32", ids_ptr="i32", cu_ptr="i32"), floats=("scale",), num_warps=cfg["num_warps"]))

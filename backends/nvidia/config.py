@@ -96,7 +96,13 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     # / 1.056 / 4.615 ms (was 4.831 / 5.073 / 4.844 / 10.167; the explicit decode 1.275 / 2.529).
     # The rest of each dict is the general kernel's, for the calls the block tiles do not serve (strided or
     # odd-aligned records): its 2026-11-29 choices.
-    if index_fmt == "mxfp4" and q_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+    # MXFP4 keys, FP8 q (sixth session, R3 scripts/h200/mxfp4_indexer_sweep.py): e2m1 shifted into e4m3 exactly,
+    # one FP8 MMA per 32-dim scale block, the power-of-two block scale on its result (mxfp4_mode 4): 0.724 /
+    # 1.239 ms at 64x1 / 64x5 (18.7% / 10.9% of copy on key bytes; tl.dot_scaled 1.05 / 1.54 in the fifth session).
+    if index_fmt == "mxfp4" and q_dtype == torch.float8_e4m3fn:
+        return dict(block_n=64, group=8, tiles=4, num_warps=8, num_stages=1, one_block_tiles=True,
+                    mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES, mxfp4_mode=4))
+    if index_fmt == "mxfp4" and q_dtype == torch.bfloat16:
         return dict(block_n=64, group=8, tiles=4, num_warps=8, num_stages=1, one_block_tiles=True,
                     mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES))
     if q_dtype == torch.float8_e4m3fn and index_fmt == "fp8":
@@ -135,12 +141,21 @@ def topk_config(width: int) -> dict:
 
 @functools.lru_cache(maxsize=16)
 def kda_decode_config(value_dim: int) -> dict:
-    # H200, 32 heads of 128 x 128 fp32 state (2026-11-29, tune sweep): 64 value columns per program at
-    # 4 warps: B=256 0.284 ms (88% of copy on the state read + write), B=64 0.077 ms; 32 columns (the
-    # old default) 0.314 / 0.083 ms, 128 columns spilled at 4 warps. ncu on the 32-column kernel: DRAM
-    # 72% of peak, warps mostly waiting on loads (long scoreboard) at 31% occupancy.
+    # H200, 32 heads of 128 x 128 fp32 state (2026-12-01, scripts/h200/kda_decode_sweep.py, run R3 of the sixth
+    # session, fla 0.6.0 in the same run): the one-step kernel with one scalar state base per program and the
+    # row offsets folded into 64-bit immediates (scalar_row: 117 registers, 4 programs per SM, was 151 / 3), 64
+    # value columns at 4 warps: B=256 0.274 ms (93.5% of copy on state read + write and inputs, fla 0.366:
+    # 1.33x), B=64 0.074 ms (fla 0.089: 1.21x); the recurrent kernel at the same launch 0.300 / 0.077 ms (86%);
+    # both reductions in one pass (fused_output) the same time, cache hints slower, 128 columns 0.316, 8 warps 0.395.
+    return dict(block_v=64, num_warps=4, scalar_row=True)
+
+
+@functools.lru_cache(maxsize=16)
+def kda_prefill_config(value_dim: int) -> dict:
+    # The token-by-token recurrent kernel (route triton_short / triton_recurrent): 64 value columns per program
+    # at 4 warps (2026-11-29 tune sweep of the decode launch it shares: 32 columns 10% slower, 128 spilled).
     return dict(block_v=64, num_warps=4)
 
 
 # Per-shape choices are looked up on every call: cached (callers must not mutate the dicts).
-_CACHED = (sparse_mla_config, indexer_config, topk_config, kda_decode_config)
+_CACHED = (sparse_mla_config, indexer_config, topk_config, kda_decode_config, kda_prefill_config)

@@ -80,4 +80,4 @@ def kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm):
 def kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
     """The exact recurrent kernel, token by token (the ``fla_chunk`` route, :mod:`.kda_fla`, comes first)."""
     return _kda.kda_prefill_recurrent(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm,
-                                      **config.kda_decode_config(v.shape[-1]))
+                                      **config.kda_prefill_config(v.shape[-1]))

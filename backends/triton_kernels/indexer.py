@@ -459,13 +459,17 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
                     num_stages=num_stages, typed_keys=typed_keys, tile_group=tile_group, tile_loop=tile_loop)
         if isinstance(block_tiles, dict):  # the block-tile path's own parameters; the rest are the fallback's
             tile.update(block_tiles)
+        # MXFP4 keys: one of indexer_decode.MXFP4_MODES (0: tl.dot_scaled or the per-element decode, as
+        # mxfp4_dot_scaled says); a block-tile parameter only
+        mxfp4_mode = tile.get("mxfp4_mode", 0) if mxfp4 else 0
         return indexer_decode.launch(
             q, weights, index_pages, block_table, req_ids, positions, run_offsets(req_ids), index_fmt, max_context,
             out, dot=dot, block_n=tile["block_n"],
             group=min(tile["tile_group"] or tile["group"], indexer_decode.MAX_GROUP), tiles=tile["tiles"],
             loop=(2 if tile["pipeline"] else 0) if tile["tile_loop"] is None else tile["tile_loop"],
             num_warps=tile["num_warps"], num_stages=tile["num_stages"], typed_keys=tile["typed_keys"],
-            scaled_dot=((2 if mxfp4_fast_math else 1) if mxfp4 and mxfp4_dot_scaled else 0))
+            scaled_dot=((2 if mxfp4_fast_math else 1) if mxfp4 and mxfp4_dot_scaled and not mxfp4_mode else 0),
+            mxfp4_mode=mxfp4_mode)
     block_h, block_n, group, tiles = tile_shape(heads, dot, block_n, group, tiles)
     views = typed_views(index_pages)
     if typed_keys and aligned:

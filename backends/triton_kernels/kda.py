@@ -235,7 +235,7 @@ def kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm, *,
     if not scalar_row:
         wanted = {name: value for name, value in (("fused_output", fused_output), ("stream_state", stream_state),
                                                   ("maxnreg", maxnreg), ("num_stages", num_stages))
-                  if value not in (None, False)}
+                  if value is not None and value is not False}
         if wanted:
             raise ValueError(f"triton kda_decode: {', '.join(sorted(wanted))} need scalar_row=True, "
                              f"got scalar_row=False with {wanted}")

@@ -21,7 +21,7 @@ Steps, in order, each printed:
 
 Variants (``kda_decode`` launcher arguments; the first is the NVIDIA backend's config today):
 
-* ``default``: ``kda_recurrent_kernel``, ``backends/nvidia/config.kda_decode_config`` (64 columns, 4 warps);
+* ``default``: ``backends/nvidia/config.kda_decode_config`` as it is now (since the sixth session the one-step kernel, ``scalar_row``);
 * ``scalar``: ``kda_decode_step_kernel``: one scalar state address per program with 64-bit row offsets
   that fold into immediates (sm_90 compile: 117 registers instead of 151 at 64 columns x 4 warps,
   so 4 programs per SM instead of 3: 128 KB of state in flight per SM instead of 96 KB);

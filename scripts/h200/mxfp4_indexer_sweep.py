@@ -74,12 +74,12 @@ def variants(torch):
             ("fp8", bf16, "FP8 keys, backend default", "backend", dict(indexer_config(HEADS, bf16, "fp8"))),
             ("mxfp4", bf16, "mode 1 shift decode, scaled values, even/odd MMAs", "mode",
              dict(TILES, mxfp4_mode=1, dot=dot)),  # [168]
-            ("mxfp4", bf16, "mode 2 block MMAs, scale after", "mode", dict(TILES, mxfp4_mode=2, dot=dot)),  # [202]
+            ("mxfp4", fp8, "dot_scaled (the FP8-q default before the sixth session)", "backend",
+             dict(indexer_config(HEADS, bf16, "mxfp4"))),
             ("mxfp4", fp8, "mode 4 block FP8 MMAs, scale after", "mode", dict(TILES, mxfp4_mode=4, dot=dot)),  # [184]
+            ("mxfp4", fp8, "backend default (FP8 q)", "backend", dict(indexer_config(HEADS, fp8, "mxfp4"))),
             ("mxfp4", bf16, "mode 5 scaled blocks fp32, chained MMAs", "mode",
-             dict(TILES, mxfp4_mode=5, dot=dot)),  # [151]
-            ("mxfp4", bf16, "mode 6 scaled blocks bf16, chained MMAs", "mode",
-             dict(TILES, mxfp4_mode=6, dot=dot))]  # [145]
+             dict(TILES, mxfp4_mode=5, dot=dot))]  # [151]; modes 2 and 6 measured slower (R3, sixth session)
 
 
 def _name(fmt, q_dtype, label):
