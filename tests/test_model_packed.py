@@ -58,3 +58,4 @@ def test_adjacent_stack_is_a_view_of_packed_outputs_and_a_copy_otherwise():
     assert stacked.data_ptr() == q.data_ptr() and torch.equal(stacked, torch.stack([q, k, v], dim=1))
     a, b = torch.randn(4, 6), torch.randn(4, 6)
     assert torch.equal(adjacent_stack((a, b)), torch.stack([a, b], dim=1))
+

@@ -10,7 +10,8 @@ top-k (the radix select's candidate counts follow the score distribution; random
 of scores, like real ones), so this times the step a served batch would run, in a few seconds of
 set-up instead of a prefill of ``requests x context`` tokens.
 
-``ms`` is the eager step (every op with ``check=False``); ``graph ms`` replays the same step from a
+``ms`` is the eager step (every op with ``check=False``; its first run, in the warm-up, packs the weights of
+the projections that share an input into one buffer each: :mod:`dsahal.model.packed`); ``graph ms`` replays the same step from a
 graph captured by :class:`dsahal.engine.cuda_graph.DecodeGraphs`, the engine's own runner, timed the
 same way (median of ``triton.testing.do_bench``, L2 flushed before each run). Both repeat the step on
 the same inputs: it rewrites the same slot and advances the same KDA states each time.

@@ -56,8 +56,16 @@ def adjacent_stack(parts: Sequence[torch.Tensor]) -> torch.Tensor:
 def packed_weight(linears: Sequence[nn.Linear]) -> Optional[torch.Tensor]:
     """The ``[sum N, K]`` weights of ``linears`` stacked by rows, as a view of the parameters' storage (packing
     them first if they are not back to back and packing is safe now); None where they cannot be."""
-    weights = [linear.weight for linear in linears]
     if any(linear.bias is not None for linear in linears):
+        return None
+    return pack_rows([linear.weight for linear in linears])
+
+
+def pack_rows(weights: list[torch.Tensor]) -> Optional[torch.Tensor]:
+    """2-D parameters of one width stacked by rows ``[sum N, K]``: a view of their storage, packing them into
+    one buffer first (each parameter's ``.data`` its rows) where they are not back to back; None where that is
+    not possible or not safe now (:func:`_may_pack`)."""
+    if not weights:
         return None
     view = _stacked_view(weights)
     if view is not None or not _may_pack(weights):
