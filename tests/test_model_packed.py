@@ -59,3 +59,15 @@ def test_adjacent_stack_is_a_view_of_packed_outputs_and_a_copy_otherwise():
     a, b = torch.randn(4, 6), torch.randn(4, 6)
     assert torch.equal(adjacent_stack((a, b)), torch.stack([a, b], dim=1))
 
+
+
+def test_inference_mode_uses_the_separate_matmuls_until_packed_under_no_grad():
+    layers = linears(4, 4)
+    x = torch.randn(2, 16)
+    with torch.inference_mode():
+        assert packed_weight(layers) is None
+        torch.testing.assert_close(project(x, layers)[0], layers[0](x))
+    with torch.no_grad():
+        assert packed_weight(layers) is not None
+    with torch.inference_mode():  # packed before: the view serves
+        assert packed_weight(layers) is not None

@@ -97,10 +97,12 @@ def _stacked_view(weights: list[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 def _may_pack(weights: list[torch.Tensor]) -> bool:
-    """Inference only, never while tracing (the graph must not move parameters) or capturing a CUDA graph
-    (the copy would be captured); same shape rules as :func:`_stacked_view`."""
+    """Grad off, never while tracing (the graph must not move parameters) or capturing a CUDA graph (the copy
+    would be captured), nor under ``inference_mode`` (the buffer would be an inference tensor, which autograd
+    later refuses to record as a parameter); same shape rules as :func:`_stacked_view`."""
     first = weights[0]
-    if torch.is_grad_enabled() or tracing() or first.device.type == "meta":
+    if (torch.is_grad_enabled() or torch.is_inference_mode_enabled() or tracing()
+            or first.device.type == "meta"):
         return False
     if first.is_cuda and torch.cuda.is_current_stream_capturing():
         return False
