@@ -140,3 +140,25 @@ def test_inconsistent_moe_fields_are_named(overrides, fragment):
     with pytest.raises(ValueError) as info:
         moe_config(**overrides)
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("tokens,elements", [(12, 1 << 25), (12, 16 * 32)])  # one chunk; chunks of one expert
+@torch.no_grad()
+def test_batched_experts_equal_the_per_expert_loop(tokens, elements, monkeypatch):
+    """Eager small batches (grad off) run the experts as batched matmuls over packed weights, in chunks of
+    experts: the same as the per-expert loop (dense and sparse) to float64 rounding."""
+    from dsahal.model import moe as moe_module
+
+    monkeypatch.setattr(moe_module, "BATCH_ELEMENTS", elements)
+    config = moe_config()
+    moe = random_moe(config)
+    x = torch.randn(tokens, config.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    calls = []
+    monkeypatch.setattr(MoE, "_batched_experts", staticmethod(
+        lambda *args, _f=MoE._batched_experts: calls.append(1) or _f(*args)))
+    batched = moe(x)  # dense by default at this size, batched once the weights pack
+    assert calls, "the batched path did not run"
+    assert len({e.gate.weight.untyped_storage().data_ptr() for e in moe.experts}) == 1  # packed in one buffer
+    expected = [naive_moe(moe, config, row.tolist())[0] for row in x]
+    torch.testing.assert_close(batched, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(batched, moe(x, dense=False), rtol=1e-12, atol=1e-12)

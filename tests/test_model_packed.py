@@ -2,7 +2,7 @@
 import torch
 from torch import nn
 
-from dsahal.model.packed import adjacent_stack, packed_weight, project
+from dsahal.model.packed import adjacent_stack, pack_rows, packed_weight, project
 
 
 def linears(*outs, dtype=torch.float32):
@@ -71,3 +71,16 @@ def test_inference_mode_uses_the_separate_matmuls_until_packed_under_no_grad():
         assert packed_weight(layers) is not None
     with torch.inference_mode():  # packed before: the view serves
         assert packed_weight(layers) is not None
+
+
+def test_a_memo_skips_the_checks_only_while_every_address_is_unchanged():
+    layers = linears(4, 4, 4)
+    weights = [layer.weight for layer in layers]
+    memo = {}
+    with torch.no_grad():
+        first = pack_rows(weights, memo)
+        assert memo["rows"] == 12 and torch.equal(pack_rows(weights, memo), first)
+        weights[1].data = weights[1].data.clone()  # one weight moved: checked and packed again
+        again = pack_rows(weights, memo)
+    assert torch.equal(again, first) and memo["addresses"][1] == weights[1].data_ptr()
+    assert weights[1].data_ptr() == weights[0].data_ptr() + 4 * 16 * 4

@@ -19,6 +19,11 @@ import torch
 from torch import nn
 
 from .layers import SwiGLU
+from ..ops._dispatch import tracing
+from .packed import pack_rows
+
+BATCHED_TOKENS = 128  # eager calls of at most this many tokens run the experts as batched matmuls (MoE.forward)
+BATCH_ELEMENTS = 1 << 25  # the per-chunk intermediates [experts, T, max(2I, hidden)] stay below this many elements
 
 
 class Router(nn.Module):
@@ -62,20 +67,32 @@ class MoE(nn.Module):
                                      for _ in range(config.n_routed_experts))
         self.shared = (SwiGLU(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts)
                        if config.n_shared_experts else None)
+        self._packed_memos = ({}, {})  # pack_rows' memos of the experts' gate/up and down weights
 
     def forward(self, x: torch.Tensor, dense: bool | None = None) -> torch.Tensor:
         """``dense``: run every expert on every token, weighted by zero where not chosen (no host sync:
         the form CUDA-graph capture and ``torch.compile`` need; the default while capturing or
-        compiling). Otherwise each expert runs on its own tokens only (reads the counts on the host)."""
+        compiling, and for eager calls of at most :data:`BATCHED_TOKENS` tokens, a decode step's). Otherwise
+        each expert runs on its own tokens only (reads the counts on the host; one matmul chain per expert).
+
+        Dense, with grad off and not tracing, the experts run as batched matmuls over their packed weights
+        (:meth:`stacked_experts`), a chunk of experts per launch: a few launches per layer instead of ~5 per
+        expert. (A decode step's tokens choose most experts anyway, so this reads about the weights the
+        per-expert loop reads; the extra FLOPs on unchosen experts are what keeps the step free of a sync.)"""
+        stacked = None if torch.is_grad_enabled() else self.stacked_experts()
         if dense is None:
-            dense = torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing())
+            dense = (torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing())
+                     or (stacked is not None and x.shape[0] <= BATCHED_TOKENS))
         weights, chosen = self.router(x)
         out = torch.zeros(x.shape, dtype=weights.dtype, device=x.device)
         if dense:
             combine = torch.zeros(x.shape[0], len(self.experts), dtype=weights.dtype, device=x.device)
             combine.scatter_(1, chosen, weights)  # [T, E]: experts are distinct per token
-            for index, expert in enumerate(self.experts):
-                out += combine[:, index:index + 1] * expert(x).to(weights.dtype)
+            if stacked is not None:
+                out = self._batched_experts(x, combine, *stacked, out)
+            else:
+                for index, expert in enumerate(self.experts):
+                    out += combine[:, index:index + 1] * expert(x).to(weights.dtype)
         else:
             flat = chosen.flatten()
             order = flat.argsort(stable=True)
@@ -91,3 +108,33 @@ class MoE(nn.Module):
         if self.shared is not None:
             out += self.shared(x).to(weights.dtype)
         return out.to(x.dtype)
+
+    def stacked_experts(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(gate and up ``[E, 2I, hidden]``, down ``[E, hidden, I]``): every routed expert's weights as views of
+        two packed buffers (:func:`dsahal.model.packed.pack_rows`: each expert's gate rows then its up rows, as
+        its own SwiGLU packs them); None where they cannot be packed now (grad on, tracing, capturing)."""
+        if tracing():
+            return None
+        experts = self.experts
+        gate_up = pack_rows([w for e in experts for w in (e.gate.weight, e.up.weight)], self._packed_memos[0])
+        down = pack_rows([e.down.weight for e in experts], self._packed_memos[1]) if gate_up is not None else None
+        if down is None:
+            return None
+        first = experts[0]
+        return (gate_up.view(len(experts), 2 * first.gate.out_features, first.gate.in_features),
+                down.view(len(experts), *first.down.weight.shape))
+
+    @staticmethod
+    def _batched_experts(x: torch.Tensor, combine: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                         out: torch.Tensor) -> torch.Tensor:
+        """``out + sum_e combine[:, e] * expert_e(x)`` ``[T, hidden]`` with the experts' matmuls batched, chunks of
+        experts sized so the intermediates stay under :data:`BATCH_ELEMENTS`. x ``[T, hidden]``; combine ``[T, E]``
+        (zero where not chosen); gate_up ``[E, 2I, hidden]``; down ``[E, hidden, I]``."""
+        experts, width, hidden = gate_up.shape
+        chunk = max(1, BATCH_ELEMENTS // max(1, x.shape[0] * max(width, hidden)))
+        for start in range(0, experts, chunk):
+            stop = min(start + chunk, experts)
+            gate, up = torch.matmul(x, gate_up[start:stop].transpose(1, 2)).chunk(2, dim=-1)  # [e, T, I] each
+            y = torch.bmm(nn.functional.silu(gate) * up, down[start:stop].transpose(1, 2))  # [e, T, hidden]
+            out = out + (combine[:, start:stop].t().unsqueeze(-1) * y.to(out.dtype)).sum(dim=0)
+        return out
