@@ -7,9 +7,11 @@ Usage (from the repository with dsahal importable)::
 
 The step is built exactly as ``dsahal bench --op model`` builds it (:func:`dsahal.bench.model_step.decode_setup`:
 the model on the meta device materialised on the device, a randomly filled cache, one token per request at
-position ``context``; every op with ``check=False``). ``--cpu-smoke`` keeps k31-pro-slice's structure (layer
-pattern, dense MLPs, formats) with small widths, fp32 and 4 requests, so its counts are the H200 step's counts
-(nothing in the step branches on a width).
+position ``context``; every op with ``check=False``; bfloat16 unless ``--dtype``). ``--cpu-smoke`` keeps
+k31-pro-slice's structure (layer pattern, dense MLPs, formats, bfloat16) with small widths and 4 requests, so its
+counts are the H200 step's counts (nothing in the step branches on a width), but for ``F.rms_norm``: the CPU runs
+its composite (pow, mean, add, rsqrt, mul), CUDA one ``aten._fused_rms_norm`` kernel, which is what the smoke run
+counts (the CUDA run counts what CUDA dispatches).
 
 Steps, in order:
 
@@ -19,8 +21,9 @@ Steps, in order:
 2. one warm-up step (Triton compiles, autotuning), then one counted step: a ``TorchDispatchMode`` counts every
    aten op dispatched (split into the ones that launch a kernel and the views / allocations that do not), a
    wrapper of Triton's ``JITFunction.run`` (``InterpretedFunction.run`` under the interpreter) counts the
-   launches, the registry's observer API counts the HAL op calls; module hooks attribute each to the embedding,
-   a KDA or DSA block, or the head (final norm, LM head);
+   launches, the registry's observer API counts the HAL op calls (and which launches happen inside them: the
+   backend's, not the model's); module hooks attribute each to the embedding, a KDA or DSA block, or the head
+   (final norm, LM head);
 3. on CUDA: the eager step and its CUDA-graph replay timed (``timing.bench_ms``, do_bench median), and the
    host time per launch they imply;
 4. one markdown table; a failed check exits 1 with one ``error:`` line (after the table).
@@ -252,7 +255,6 @@ def main(argv=None) -> int:
     import triton
 
     from dsahal.bench.model_step import check_model_decode, decode_setup
-    from dsahal.bench.measure import relative_error
     from dsahal.config import load_config
     from dsahal.registry import use_backend
 
