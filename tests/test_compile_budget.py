@@ -143,3 +143,29 @@ def test_batch_invariant_mode_installs_alignment_free_launches(monkeypatch):
             module, name = key.split(":")
             setattr(importlib.import_module(module), name, wrapper.kernel)
         compile_budget._installed.clear()
+
+
+def test_a_plugin_that_does_not_name_the_mode_keeps_batch_invariant_launches(monkeypatch):
+    """Every plugin's declaration installs the budget; the mode is the process's, so a declaration that does
+    not pass it (the PPU plugin's, built after nvidia's in one registry) must not reset the budget of 0 to the
+    suite's 4 (seen on the H200: kda_decode rows depended on the batch again)."""
+    import importlib
+
+    from dsahal.backends.triton_kernels import kda
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv(compile_budget.ENV, "4")
+    monkeypatch.setenv("DSAHAL_BATCH_INVARIANT", "1")
+    try:
+        compile_budget.install(invariant=True)
+        compile_budget.install()  # another plugin's declaration, mode not named
+        assert isinstance(kda.kda_decode_step_kernel, BudgetedKernel)
+        assert all(w.budget == 0 for w in compile_budget._installed.values())
+        monkeypatch.setenv("DSAHAL_BATCH_INVARIANT", "0")
+        compile_budget.install()  # default mode: the suite's budget again
+        assert all(w.budget == 4 for w in compile_budget._installed.values())
+    finally:
+        for key, wrapper in compile_budget._installed.items():
+            module, name = key.split(":")
+            setattr(importlib.import_module(module), name, wrapper.kernel)
+        compile_budget._installed.clear()

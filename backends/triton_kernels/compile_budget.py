@@ -41,6 +41,11 @@ LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 _installed: dict[str, "BudgetedKernel"] = {}
 
 
+def invariant_from_env() -> bool:
+    """``DSAHAL_BATCH_INVARIANT`` set (not empty, not 0)."""
+    return os.environ.get("DSAHAL_BATCH_INVARIANT", "0") not in ("", "0")
+
+
 def budget_from_env() -> int | None:
     """The budget ``DSAHAL_TRITON_COMPILE_BUDGET`` asks for (``None``: unset, empty or 0)."""
     text = os.environ.get(ENV, "").strip()
@@ -143,11 +148,15 @@ def install(budget: int | None = None, *, invariant: bool = False) -> dict[str, 
     """Wrap every launched kernel of this package in a :class:`BudgetedKernel`, or set the budget of the
     wrappers already installed (a registry rebuilt in another mode).
 
-    ``budget`` defaults to :func:`budget_from_env`; ``invariant`` (batch-invariant mode) makes it 0: every
-    launch on the alignment-free twin. With no budget and not invariant, nothing new is installed and
+    ``budget`` defaults to :func:`budget_from_env`; ``invariant`` (batch-invariant mode, also taken from
+    ``DSAHAL_BATCH_INVARIANT`` whoever calls) makes it 0: every launch on the alignment-free twin. With no budget and not invariant, nothing new is installed and
     installed wrappers pass every call through. Nothing under ``TRITON_INTERPRET=1``. Returns the
     installed wrappers by ``module:name``.
     """
+    # The mode is the process's (one variable for every backend): a plugin that installs without naming it
+    # must not undo another's budget of 0 (the PPU plugin's declaration, built after nvidia's, reset it to
+    # the suite's 4 on the H200, 2026-12-01: kda_decode rows then depended on the batch again).
+    invariant = invariant or invariant_from_env()
     budget = 0 if invariant else (budget_from_env() if budget is None else budget)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return dict(_installed)
