@@ -39,6 +39,23 @@ def _add_pair(a0, a1, b0, b1):
 
 
 @triton.jit
+def _token_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, stride_qn, stride_qh, stride_kn, stride_kh, stride_vn,
+                  stride_vh, stride_gn, stride_gh, stride_bn, stride_bh, n, h, ks, vs, k_ok, v_ok,
+                  L2NORM: tl.constexpr):
+    """Token ``n``'s head ``h`` in fp32: ``(q [BLOCK_K], k [BLOCK_K], g [BLOCK_K], v [BLOCK_V], beta [])``,
+    q and k L2-normalised when ``L2NORM`` (shared by both kernels: the same loads, the same math)."""
+    q = tl.load(q_ptr + n * stride_qn + h * stride_qh + ks, mask=k_ok, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + n * stride_kn + h * stride_kh + ks, mask=k_ok, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + n * stride_gn + h * stride_gh + ks, mask=k_ok, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + n * stride_vn + h * stride_vh + vs, mask=v_ok, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + n * stride_bn + h * stride_bh).to(tl.float32)
+    if L2NORM:
+        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)
+        k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+    return q, k, g, v, beta
+
+
+@triton.jit
 def kda_recurrent_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,  # q, k, g [N, H, K]; v [N, H, V]; beta [N, H] (token-major)
     stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_gn, stride_gh, stride_bn, stride_bh,
@@ -75,14 +92,9 @@ def kda_recurrent_kernel(
         start = seq.to(tl.int64)
         end = start + 1
     for n in range(start, end):
-        q = tl.load(q_ptr + n * stride_qn + h * stride_qh + ks, mask=k_ok, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + n * stride_kn + h * stride_kh + ks, mask=k_ok, other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + n * stride_gn + h * stride_gh + ks, mask=k_ok, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + n * stride_vn + h * stride_vh + vs, mask=v_ok, other=0.0).to(tl.float32)
-        beta = tl.load(beta_ptr + n * stride_bn + h * stride_bh).to(tl.float32)
-        if L2NORM:
-            q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)
-            k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+        q, k, g, v, beta = _token_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, stride_qn, stride_qh, stride_kn,
+                                         stride_kh, stride_vn, stride_vh, stride_gn, stride_gh, stride_bn,
+                                         stride_bh, n, h, ks, vs, k_ok, v_ok, L2NORM)
         state = state * tl.exp(g)[:, None]
         u = beta * (v - tl.sum(state * k[:, None], axis=0))
         state = state + k[:, None] * u[None, :]
@@ -133,15 +145,9 @@ def kda_decode_step_kernel(
                 state = tl.load(slab, mask=slab_ok, other=0.0, eviction_policy="evict_first")
             else:
                 state = tl.load(slab, mask=slab_ok, other=0.0)
-        n = seq.to(tl.int64)
-        q = tl.load(q_ptr + n * stride_qn + h * stride_qh + ks, mask=k_ok, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + n * stride_kn + h * stride_kh + ks, mask=k_ok, other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + n * stride_gn + h * stride_gh + ks, mask=k_ok, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + n * stride_vn + h * stride_vh + vs, mask=v_ok, other=0.0).to(tl.float32)
-        beta = tl.load(beta_ptr + n * stride_bn + h * stride_bh).to(tl.float32)
-        if L2NORM:
-            q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)
-            k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+        q, k, g, v, beta = _token_inputs(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, stride_qn, stride_qh, stride_kn,
+                                         stride_kh, stride_vn, stride_vh, stride_gn, stride_gh, stride_bn,
+                                         stride_bh, seq.to(tl.int64), h, ks, vs, k_ok, v_ok, L2NORM)
         q = scale * q
         state = state * tl.exp(g)[:, None]
         if FUSED_OUTPUT:
