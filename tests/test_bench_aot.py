@@ -48,3 +48,22 @@ def test_python_m_on_the_old_path_runs_the_moved_tool():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: python -m dsahal.backends.nvidia.aot")  # the moved tool's own parser
     assert "python -m dsahal.bench.aot is deprecated; use python -m dsahal.backends.nvidia.aot" in proc.stderr
+
+
+def test_the_compile_is_told_what_a_launch_on_aligned_tensors_tells_triton():
+    """Pointers and specialised strides are multiples of 16 at run time (allocator-aligned tensors); without
+    that the compile models unaligned launches (the KDA kernel then showed 255 registers and spills that a
+    serving launch does not have, against 178 and none with the facts: sixth session)."""
+    from dsahal.backends.nvidia.aot import Variant, run_time_alignment
+    from dsahal.backends.triton_kernels import kda
+
+    variant = Variant("kda", kda.kda_recurrent_kernel, dict(BLOCK_K=128, BLOCK_V=64, VARLEN=False, L2NORM=True,
+                                                             ZERO_PADDING_OUTPUT=True),
+                      dict(q_ptr="bf16", k_ptr="bf16", v_ptr="bf16", g_ptr="fp32", beta_ptr="bf16",
+                           out_ptr="bf16", state_ptr="fp32", ids_ptr="i32", cu_ptr="i32"), floats=("scale",),
+                      divisible=("K",))
+    names = kda.kda_recurrent_kernel.arg_names
+    facts = {names[i]: attrs for (i,), attrs in run_time_alignment(variant).items()}
+    assert set(facts) >= {"q_ptr", "state_ptr", "stride_qn", "stride_sp", "K"}
+    assert not {"scale", "H", "V", "P", "BLOCK_K"} & set(facts)
+    assert all(attrs == [["tt.divisibility", 16]] for attrs in facts.values())
