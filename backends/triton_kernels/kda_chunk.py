@@ -1,0 +1,293 @@
+"""KDA prefill in chunks of 16 tokens: a token-parallel pass, then a head-parallel recurrence.
+
+Same contract as :func:`.kda.kda_prefill_recurrent` (and ``dsahal.reference.kda.kda_prefill``): packed
+sequences ``cu_seqlens [B + 1]``, sequence ``b`` starts from ``state_pool[state_ids[b]]`` (id -1, or out of
+range: from zero, and writes nothing) and writes its final state back there in place, through the pool's
+strides. Design and cost model: ``docs/kda-prefill.md``.
+
+Per chunk of C = 16 tokens from state ``S₀ [K, V]`` (``G_i = Σ_{j≤i} g_j`` per channel, from the chunk's
+start; see ``dsahal.reference.kda`` for the derivation)::
+
+    A    = β ⊙ strictly-lower(K_i · K_j e^{G_i − G_j})      T = (I + A)⁻¹ = (I − A)(I + A²)(I + A⁴)(I + A⁸)
+    w    = T (β k e^{G})      u = T (β v)      v_new = u − w S₀          (A¹⁶ = 0: the series is exact)
+    o    = qg S₀ + A_qk v_new,   qg = scale q e^{G},   A_qk = scale · lower(Q_i · K_j e^{G_i − G_j})
+    S_C  = e^{G_C} ⊙ S₀ + kgᵀ v_new,   kg = k e^{G_C − G}
+
+**Pass A** (:func:`kda_chunk_prepare_kernel`, program = one chunk x one head, grid ``(T // 16 + B, H)``):
+loads q, k, v, g, beta of its 16 tokens once, L2-normalises q and k, forms the in-chunk cumulative gate
+in fp32, and the pairwise decays ``e^{G_i − G_j}`` as a product of two factors relative to the chunk's
+token 8 (``MID``: every factor spans at most 8 gates, and the growing ones are the ≤ 8 before it), so
+A and A_qk are one ``[16, K] x [K, 16]`` MMA each. Writes w, kg, qg ``[16, K]``, uᵀ ``[V, 16]``,
+A_qkᵀ ``[16, 16]`` (operand dtype) and ``e^{G_C}`` ``[K]`` (fp32) to the scratch buffer. A chunk's
+sequence is found in the kernel, by a binary search of ``cu_seqlens``: sequence ``b``'s chunk ``j`` has
+slot ``cu[b] // 16 + b + j`` (injective, and below ``T // 16 + B``), so there is no host-built chunk
+list and no host sync; the few slots between sequences are idle programs.
+
+**Pass B** (:func:`kda_chunk_state_kernel`, program = one sequence x head x V slab of ``BLOCK_V``,
+grid ``(cdiv(V, BLOCK_V), B * H)``): holds the state slab on chip as ``Sᵀ [BLOCK_V, K]`` fp32 for the
+whole sequence, reading it once from ``state_pool[state_ids[b]]`` and writing it back once. Per chunk,
+in the V-first (transposed) form so every MMA has ``M = BLOCK_V`` however few tokens the chunk has::
+
+    v_newᵀ = uᵀ − Sᵀ wᵀ;   oᵀ = Sᵀ qgᵀ + v_newᵀ A_qkᵀ;   Sᵀ ← Sᵀ ⊙ e^{G_C} + v_newᵀ kg
+
+A sequence whose length is not a multiple of 16 ends in a partial chunk: its missing tokens load as
+k = q = v = beta = g = 0, so their rows of w, u, kg are zero and they change nothing.
+
+**Numerics.** Gates are clamped below at ``GATE_MIN = -10`` per token (a one-token decay below 4.5e-5
+becomes 4.5e-5; the doc's bound is -11): with 8-gate spans the largest factor is e^{80} = 5.5e34, which
+leaves a factor ~6,000 under fp32's maximum for the magnitudes of q and k's components when
+``use_qk_l2norm`` is off (-11 would leave 2). The clamp changes a result by at most ~e^{-10} of a
+state term that a clamped token decays, far below bf16's resolution (and fp16's). The inverse's
+products are fp32 (``ieee``). ``operands`` sets the other MMAs' operand dtype and the scratch's:
+
+* ``"bf16"`` (default, the GPU's fast path): bf16 operands, fp32 accumulation and state, as fla; results
+  within bf16 tolerances (2⁻⁶ normwise).
+* ``"fp32"``: fp32 operands with ``input_precision="ieee"``: within fp32 rounding of the recurrence (of the
+  clamped gates). The Triton interpreter's tests use it (its bf16 dots are not bf16).
+* ``"fp16"``: as bf16 with fp16's 11-bit mantissa and ±65504 range: the interpreter's test of the
+  reduced-precision code path (the casts, a 16-bit scratch); overflows where a decay factor exceeds 65504
+  (spans beyond 11 in log space), so it is not for serving.
+
+**Scratch** (one ``torch.uint8`` buffer per call, ``S = T // 16 + B`` slots x ``H`` heads, ``BK`` / ``BV``
+= K / V rounded up to a power of two, at least 16, ``e`` = the operand dtype's size)::
+
+    S · H · ((3 · 16 · BK + 16 · BV + 256) · e + 4 · BK)  bytes
+
+(8 x 4096 tokens, 32 heads, K = V = 128, bf16: 2,056 slots, 1,088 B per token-head, 1.15 GB.)
+
+Batch invariance: pass B's step order is fixed per sequence (chunks start at the sequence's first token),
+so a sequence's result does not depend on the others in the call.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .kda import _check_state_pool
+
+CHUNK = 16
+MID = 8  # the token whose cumulative gate the chunk's decay factors are relative to (see the docstring)
+GATE_MIN = -10.0
+MAX_DIM = 128  # K and V: the pass-A tiles ([16, 128] fp32 per tensor) sized for 4 warps
+OPERANDS = {"fp32": (0, torch.float32), "bf16": (1, torch.bfloat16), "fp16": (2, torch.float16)}
+
+
+@triton.jit
+def _mm(a, b, OPERAND: tl.constexpr):
+    """``a @ b`` with fp32 accumulation; operands fp32 (``ieee``), bf16 or fp16 as ``OPERAND`` is 0, 1, 2."""
+    if OPERAND == 0:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif OPERAND == 1:
+        out = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    else:
+        out = tl.dot(a.to(tl.float16), b.to(tl.float16))
+    return out
+
+
+@triton.jit
+def _mm_fp32(a, b):
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def kda_chunk_prepare_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,  # q, k, g [T, H, K]; v [T, H, V]; beta [T, H] (token-major)
+    stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_gn, stride_gh, stride_bn, stride_bh,
+    cu_ptr,  # [B + 1] token offsets
+    w_ptr, kg_ptr, qg_ptr,  # scratch [S, H, 16, BLOCK_K] (operand dtype)
+    u_ptr,  # scratch [S, H, BLOCK_V, 16]: uᵀ
+    aqk_ptr,  # scratch [S, H, 16, 16]: A_qkᵀ
+    decay_ptr,  # scratch [S, H, BLOCK_K] fp32: e^{G_C}
+    B, H, K, V, scale, search_steps,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, C: tl.constexpr, M: tl.constexpr, GATE_LO: tl.constexpr,
+    L2NORM: tl.constexpr, OPERAND: tl.constexpr,
+):
+    """Pass A: grid ``(T // C + B, H)``; program (slot, head). ``search_steps`` >= log2(B) + 1."""
+    slot = tl.program_id(0)
+    h = tl.program_id(1)
+    # The sequence b owning this slot: the largest b with cu[b] // C + b <= slot (strictly increasing in b).
+    lo = slot * 0
+    hi = lo + B - 1
+    for _ in range(search_steps):
+        mid = (lo + hi + 1) // 2
+        first = (tl.load(cu_ptr + mid) // C + mid).to(tl.int32)
+        take = first <= slot
+        lo = tl.where(take, mid, lo)
+        hi = tl.where(take, hi, mid - 1)
+    start = tl.load(cu_ptr + lo).to(tl.int64)
+    end = tl.load(cu_ptr + lo + 1).to(tl.int64)
+    chunk_start = start + (slot - (start // C + lo)) * C
+    n_valid = tl.minimum(end - chunk_start, C)
+    if n_valid > 0:  # else a slot between two sequences: nothing to do
+        ts = tl.arange(0, C)
+        ks = tl.arange(0, BLOCK_K)
+        vs = tl.arange(0, BLOCK_V)
+        t_ok = ts < n_valid
+        tok = chunk_start + ts
+        km = t_ok[:, None] & (ks < K)[None, :]
+        vm = t_ok[:, None] & (vs < V)[None, :]
+        q = tl.load(q_ptr + tok[:, None] * stride_qn + h * stride_qh + ks[None, :], mask=km, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + tok[:, None] * stride_kn + h * stride_kh + ks[None, :], mask=km, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + tok[:, None] * stride_gn + h * stride_gh + ks[None, :], mask=km, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + tok[:, None] * stride_vn + h * stride_vh + vs[None, :], mask=vm, other=0.0).to(tl.float32)
+        beta = tl.load(beta_ptr + tok * stride_bn + h * stride_bh, mask=t_ok, other=0.0).to(tl.float32)
+        if L2NORM:
+            q = q / tl.sqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
+            k = k / tl.sqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
+        gate = tl.cumsum(tl.maximum(g, GATE_LO), axis=0)  # G [C, BLOCK_K]; missing tokens add 0
+        g_mid = tl.sum(tl.where((ts == M)[:, None], gate, 0.0), axis=0)  # G_M [BLOCK_K]
+        g_last = tl.sum(tl.where((ts == C - 1)[:, None], gate, 0.0), axis=0)  # G_C (= the last real token's)
+        rel = gate - g_mid[None, :]
+        grow = tl.exp(rel)  # e^{G_i − G_M}: row factor
+        shrink = tl.exp(-rel)  # e^{G_M − G_j}: column factor; their product is e^{G_i − G_j}
+        k_col = k * shrink
+        lower = ts[:, None] > ts[None, :]
+        # the upper triangle's products may overflow (e^{G_i − G_j} > 1 for j > i): selected away, never scaled
+        a = tl.where(lower, _mm(k * grow, tl.trans(k_col), OPERAND) * beta[:, None], 0.0)
+        a_qk = tl.where(lower | (ts[:, None] == ts[None, :]), _mm(q * grow, tl.trans(k_col), OPERAND) * scale, 0.0)
+        # T = (I + A)⁻¹ = (I − A)(I + A²)(I + A⁴)(I + A⁸), exact since A is strictly lower (A¹⁶ = 0); fp32
+        eye = tl.where(ts[:, None] == ts[None, :], 1.0, 0.0)
+        a2 = _mm_fp32(a, a)
+        a4 = _mm_fp32(a2, a2)
+        a8 = _mm_fp32(a4, a4)
+        inv = _mm_fp32(eye - a, eye + a2)
+        inv = _mm_fp32(inv, eye + a4)
+        inv = _mm_fp32(inv, eye + a8)
+        decayed = tl.exp(gate)  # e^{G_i} <= 1
+        w = _mm(inv, k * (decayed * beta[:, None]), OPERAND)
+        u = _mm(inv, v * beta[:, None], OPERAND)
+        kg = k * tl.exp(g_last[None, :] - gate)
+        qg = q * (decayed * scale)
+        base = slot.to(tl.int64) * H + h
+        tile = base * (C * BLOCK_K) + ts[:, None] * BLOCK_K + ks[None, :]
+        # Whole tiles, unmasked: missing tokens' rows and padded channels are zeros by construction.
+        tl.store(w_ptr + tile, w.to(w_ptr.dtype.element_ty))
+        tl.store(kg_ptr + tile, kg.to(kg_ptr.dtype.element_ty))
+        tl.store(qg_ptr + tile, qg.to(qg_ptr.dtype.element_ty))
+        tl.store(u_ptr + base * (BLOCK_V * C) + vs[None, :] * C + ts[:, None], u.to(u_ptr.dtype.element_ty))
+        tl.store(aqk_ptr + base * (C * C) + ts[None, :] * C + ts[:, None], a_qk.to(aqk_ptr.dtype.element_ty))
+        tl.store(decay_ptr + base * BLOCK_K + ks, tl.exp(g_last))
+
+
+@triton.jit
+def kda_chunk_state_kernel(
+    w_ptr, kg_ptr, qg_ptr, u_ptr, aqk_ptr, decay_ptr,  # pass A's scratch (layouts in its signature)
+    out_ptr, stride_on, stride_oh,  # [T, H, V]
+    state_ptr, stride_sp, stride_sh, stride_sk,  # state pool [P, H, K, V] fp32 (unit stride in V)
+    ids_ptr,  # [B] state ids
+    cu_ptr,  # [B + 1] token offsets
+    H, K, V, P,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, SCRATCH_V: tl.constexpr, C: tl.constexpr,
+    OPERAND: tl.constexpr,
+):
+    """Pass B: grid ``(cdiv(V, BLOCK_V), B * H)``; program (V slab, sequence x head)."""
+    pid_v = tl.program_id(0)
+    seq = tl.program_id(1) // H
+    h = tl.program_id(1) % H
+    ks = tl.arange(0, BLOCK_K)
+    vs = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)  # < SCRATCH_V: both powers of two, BLOCK_V <= SCRATCH_V
+    ts = tl.arange(0, C)
+    k_ok = ks < K
+    v_ok = vs < V
+    # The id is broadcast to the slab's V lanes: masks are then plain tensors (the interpreter mishandles
+    # tensor & scalar masks), as in kda.py.
+    sid = tl.load(ids_ptr + seq + 0 * vs).to(tl.int64)
+    live = (sid >= 0) & (sid < P)
+    slab_ok = v_ok[:, None] & k_ok[None, :] & live[:, None]
+    slab = state_ptr + tl.where(live, sid, 0)[:, None] * stride_sp + h * stride_sh + ks[None, :] * stride_sk \
+        + vs[:, None]
+    state_t = tl.load(slab, mask=slab_ok, other=0.0)  # Sᵀ [BLOCK_V, BLOCK_K] fp32
+    start = tl.load(cu_ptr + seq).to(tl.int64)
+    end = tl.load(cu_ptr + seq + 1).to(tl.int64)
+    first_slot = start // C + seq
+    for c in range(0, (end - start + C - 1) // C):
+        base = (first_slot + c) * H + h
+        tile = base * (C * BLOCK_K)
+        w_t = tl.load(w_ptr + tile + ts[None, :] * BLOCK_K + ks[:, None])  # wᵀ [BLOCK_K, C]
+        qg_t = tl.load(qg_ptr + tile + ts[None, :] * BLOCK_K + ks[:, None])  # qgᵀ [BLOCK_K, C]
+        kg = tl.load(kg_ptr + tile + ts[:, None] * BLOCK_K + ks[None, :])  # kg [C, BLOCK_K]
+        u_t = tl.load(u_ptr + base * (SCRATCH_V * C) + vs[:, None] * C + ts[None, :]).to(tl.float32)  # [BLOCK_V, C]
+        aqk_t = tl.load(aqk_ptr + base * (C * C) + ts[:, None] * C + ts[None, :])  # A_qkᵀ [C, C]
+        decay = tl.load(decay_ptr + base * BLOCK_K + ks)  # e^{G_C} [BLOCK_K]
+        v_new_t = u_t - _mm(state_t, w_t, OPERAND)  # [BLOCK_V, C]
+        o_t = _mm(state_t, qg_t, OPERAND) + _mm(v_new_t, aqk_t, OPERAND)
+        state_t = state_t * decay[None, :] + _mm(v_new_t, kg, OPERAND)
+        tok = start + c * C + ts
+        tl.store(out_ptr + tok[None, :] * stride_on + h * stride_oh + vs[:, None],
+                 o_t.to(out_ptr.dtype.element_ty), mask=(tok < end)[None, :] & v_ok[:, None])
+    tl.store(slab, state_t, mask=slab_ok)
+
+
+def _block(dim: int) -> int:
+    return max(16, triton.next_power_of_2(dim))  # tl.dot takes no dimension below 16
+
+
+def scratch_bytes(tokens: int, sequences: int, heads: int, key_dim: int, value_dim: int,
+                  operands: str = "bf16") -> int:
+    """Bytes of the per-call scratch buffer (formula in the module docstring)."""
+    size = OPERANDS[operands][1].itemsize
+    bk, bv = _block(key_dim), _block(value_dim)
+    return (tokens // CHUNK + sequences) * heads * ((3 * CHUNK * bk + CHUNK * bv + CHUNK * CHUNK) * size + 4 * bk)
+
+
+def _scratch(tokens, sequences, heads, bk, bv, dtype, device):
+    """Views ``(w, kg, qg, uᵀ, A_qkᵀ, e^{G_C})`` of one uint8 allocation (every region a multiple of 16 B)."""
+    slots = tokens // CHUNK + sequences
+    shapes = [((slots, heads, CHUNK, bk), dtype)] * 3 + [((slots, heads, bv, CHUNK), dtype),
+                                                        ((slots, heads, CHUNK, CHUNK), dtype),
+                                                        ((slots, heads, bk), torch.float32)]
+    counts = [math.prod(shape) * dt.itemsize for shape, dt in shapes]
+    buffer = torch.empty(sum(counts), dtype=torch.uint8, device=device)
+    views, offset = [], 0
+    for (shape, dt), count in zip(shapes, counts):
+        views.append(buffer[offset:offset + count].view(dt).view(shape))
+        offset += count
+    return views
+
+
+def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm, *,
+                        block_v=64, num_warps=4, num_stages=2, prepare_warps=4, operands="bf16"):
+    """Chunked prefill of packed sequences: q, k, g ``[T, H, K]``, v ``[T, H, V]``, beta ``[T, H]``,
+    ``cu_seqlens [B + 1]``, ``state_pool [P, H, K, V]`` fp32 updated in place at ``state_ids [B]``.
+    Returns ``[T, H, V]`` in q's dtype. Two launches, no host sync (see the module docstring).
+
+    ``block_v``: pass B's V slab (a power of two >= 16; capped at V rounded up); ``num_warps`` /
+    ``num_stages``: pass B's; ``prepare_warps``: pass A's; ``operands``: ``"bf16"``, ``"fp32"`` or
+    ``"fp16"`` (module docstring)."""
+    if operands not in OPERANDS:
+        raise ValueError(f"triton kda_prefill_chunked: operands expected one of {sorted(OPERANDS)}, got {operands!r}")
+    heads, key_dim, value_dim = q.shape[1], q.shape[2], v.shape[2]
+    if key_dim > MAX_DIM or value_dim > MAX_DIM:
+        raise ValueError(f"triton kda_prefill_chunked: K and V expected <= {MAX_DIM}, got K={key_dim}, V={value_dim}")
+    if block_v < 16 or block_v & (block_v - 1):
+        raise ValueError(f"triton kda_prefill_chunked: block_v expected a power of two >= 16, got {block_v}")
+    out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    tokens, sequences = q.shape[0], state_ids.shape[0]
+    if out.numel() == 0 or sequences == 0 or key_dim == 0:
+        return out.zero_()
+    _check_state_pool(state_pool)
+    code, dtype = OPERANDS[operands]
+    bk, scratch_v = _block(key_dim), _block(value_dim)
+    block_v = min(block_v, scratch_v)
+    w, kg, qg, u_t, aqk_t, decay = _scratch(tokens, sequences, heads, bk, scratch_v, dtype, q.device)
+    kda_chunk_prepare_kernel[(tokens // CHUNK + sequences, heads)](
+        q, k, v, g, beta,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
+        beta.stride(0), beta.stride(1),
+        cu_seqlens, w, kg, qg, u_t, aqk_t, decay,
+        sequences, heads, key_dim, value_dim, float(scale), max(1, sequences.bit_length()),
+        BLOCK_K=bk, BLOCK_V=scratch_v, C=CHUNK, M=MID, GATE_LO=GATE_MIN, L2NORM=bool(use_qk_l2norm), OPERAND=code,
+        num_warps=prepare_warps,
+    )
+    kda_chunk_state_kernel[(triton.cdiv(value_dim, block_v), sequences * heads)](
+        w, kg, qg, u_t, aqk_t, decay,
+        out, out.stride(0), out.stride(1),
+        state_pool, state_pool.stride(0), state_pool.stride(1), state_pool.stride(2),
+        state_ids, cu_seqlens, heads, key_dim, value_dim, state_pool.shape[0],
+        BLOCK_K=bk, BLOCK_V=block_v, SCRATCH_V=scratch_v, C=CHUNK, OPERAND=code,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return out
