@@ -229,6 +229,7 @@ def test_parts_that_disagree_on_the_backend_are_a_problem():
 WRITES_REPORT_ON_SIGINT = """
 import pathlib, sys, time
 try:
+    pathlib.Path(sys.argv[1]).with_name("ready").write_text("")
     time.sleep(60)
 except KeyboardInterrupt:
     pathlib.Path(sys.argv[1]).write_text('{"tests": [], "summary": {}}')
@@ -244,7 +245,10 @@ def test_exitfirst_stops_the_other_parts_and_keeps_what_they_reported(tmp_path):
                             command=[sys.executable, "-c", WRITES_REPORT_ON_SIGINT, str(report_file)])]
     for part in parts:
         jobs.launch(part, jobs_plan.child_env(2))
-    time.sleep(1.0)  # let the second child reach its sleep
+    waited = 0.0
+    while not (tmp_path / "1" / "ready").exists() and waited < 60:  # the second child reached its sleep
+        time.sleep(0.05)                                            # (a loaded machine starts Python slowly)
+        waited += 0.05
     jobs.wait_all(parts, exitfirst=True)
     assert [p.status for p in parts] == ["crashed", "stopped"]  # exit 1 without a report: crashed
     assert parts[1].payload == {"tests": [], "summary": {}} and parts[1].seconds < 30
