@@ -341,6 +341,24 @@ def test_bad_arguments_are_refused_before_any_launch(change, words):
     assert torch.equal(pool, before), "the pool changed although the call was refused"
 
 
+@pytest.mark.parametrize("operands", ["bf16", "fp32", "fp16"])
+@pytest.mark.parametrize("dims", [(128, 128), (12, 24), (16, 100)])
+def test_the_documented_scratch_size_is_what_a_call_allocates(operands, dims):
+    """``scratch_bytes`` (the module docstring's formula) against the views the launcher allocates (no launch)."""
+    pytest.importorskip("triton")
+    from dsahal.backends.triton_kernels import kda_chunk
+
+    key_dim, value_dim = dims
+    tokens, sequences, heads = 37, 3, 2
+    dtype = kda_chunk.OPERANDS[operands][1]
+    views = kda_chunk._scratch(tokens, sequences, heads, kda_chunk._block(key_dim), kda_chunk._block(value_dim), dtype,
+                               "cpu")
+    allocated = sum(view.numel() * view.element_size() for view in views)
+    assert allocated == kda_chunk.scratch_bytes(tokens, sequences, heads, key_dim, value_dim, operands)
+    assert len({view.untyped_storage().data_ptr() for view in views}) == 1, "expected one allocation"
+    assert all(view.data_ptr() % 16 == 0 for view in views), "every region 16-byte aligned (Triton's specialisation)"
+
+
 if __name__ == "__main__":
     # Child process: TRITON_INTERPRET=1 is already in the environment, before triton's import.
     print(json.dumps(_run_all()))

@@ -248,6 +248,51 @@ def _scratch(tokens, sequences, heads, bk, bv, dtype, device):
     return views
 
 
+def _options(operands, key_dim, value_dim, block_v):
+    if operands not in OPERANDS:
+        raise ValueError(f"triton kda_prefill_chunked: operands expected one of {sorted(OPERANDS)}, got {operands!r}")
+    if key_dim > MAX_DIM or value_dim > MAX_DIM:
+        raise ValueError(f"triton kda_prefill_chunked: K and V expected <= {MAX_DIM}, got K={key_dim}, V={value_dim}")
+    if block_v < 16 or block_v & (block_v - 1):
+        raise ValueError(f"triton kda_prefill_chunked: block_v expected a power of two >= 16, got {block_v}")
+
+
+def prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, *, operands="bf16", num_warps=4):
+    """Pass A alone: allocates the scratch and fills it; returns its views ``(w, kg, qg, uᵀ, A_qkᵀ, e^{G_C})``.
+    (The launcher's first half; separate so that a benchmark can time the passes one by one.)"""
+    heads, key_dim, value_dim, tokens = q.shape[1], q.shape[2], v.shape[2], q.shape[0]
+    code, dtype = OPERANDS[operands]
+    scratch = _scratch(tokens, sequences, heads, _block(key_dim), _block(value_dim), dtype, q.device)
+    kda_chunk_prepare_kernel[(tokens // CHUNK + sequences, heads)](
+        q, k, v, g, beta,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
+        beta.stride(0), beta.stride(1),
+        cu_seqlens, *scratch,
+        sequences, heads, key_dim, value_dim, float(scale), max(1, sequences.bit_length()),
+        BLOCK_K=_block(key_dim), BLOCK_V=_block(value_dim), C=CHUNK, M=MID, GATE_LO=GATE_MIN,
+        L2NORM=bool(use_qk_l2norm), OPERAND=code, num_warps=num_warps,
+    )
+    return scratch
+
+
+def recur(scratch, out, cu_seqlens, state_pool, state_ids, *, block_v=64, num_warps=4, num_stages=2):
+    """Pass B alone: the recurrence over ``scratch`` (from :func:`prepare`), writing ``out [T, H, V]`` and the
+    pool rows in place."""
+    heads, key_dim, value_dim = out.shape[1], state_pool.shape[2], out.shape[2]
+    scratch_v = _block(value_dim)
+    block_v = min(block_v, scratch_v)
+    code = {dtype: c for c, dtype in OPERANDS.values()}[scratch[0].dtype]
+    kda_chunk_state_kernel[(triton.cdiv(value_dim, block_v), state_ids.shape[0] * heads)](
+        *scratch,
+        out, out.stride(0), out.stride(1),
+        state_pool, state_pool.stride(0), state_pool.stride(1), state_pool.stride(2),
+        state_ids, cu_seqlens, heads, key_dim, value_dim, state_pool.shape[0],
+        BLOCK_K=_block(key_dim), BLOCK_V=block_v, SCRATCH_V=scratch_v, C=CHUNK, OPERAND=code,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return out
+
+
 def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm, *,
                         block_v=64, num_warps=4, num_stages=2, prepare_warps=4, operands="bf16"):
     """Chunked prefill of packed sequences: q, k, g ``[T, H, K]``, v ``[T, H, V]``, beta ``[T, H]``,
@@ -257,37 +302,14 @@ def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, sca
     ``block_v``: pass B's V slab (a power of two >= 16; capped at V rounded up); ``num_warps`` /
     ``num_stages``: pass B's; ``prepare_warps``: pass A's; ``operands``: ``"bf16"``, ``"fp32"`` or
     ``"fp16"`` (module docstring)."""
-    if operands not in OPERANDS:
-        raise ValueError(f"triton kda_prefill_chunked: operands expected one of {sorted(OPERANDS)}, got {operands!r}")
     heads, key_dim, value_dim = q.shape[1], q.shape[2], v.shape[2]
-    if key_dim > MAX_DIM or value_dim > MAX_DIM:
-        raise ValueError(f"triton kda_prefill_chunked: K and V expected <= {MAX_DIM}, got K={key_dim}, V={value_dim}")
-    if block_v < 16 or block_v & (block_v - 1):
-        raise ValueError(f"triton kda_prefill_chunked: block_v expected a power of two >= 16, got {block_v}")
+    _options(operands, key_dim, value_dim, block_v)
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-    tokens, sequences = q.shape[0], state_ids.shape[0]
+    sequences = state_ids.shape[0]
     if out.numel() == 0 or sequences == 0 or key_dim == 0:
         return out.zero_()
     _check_state_pool(state_pool)
-    code, dtype = OPERANDS[operands]
-    bk, scratch_v = _block(key_dim), _block(value_dim)
-    block_v = min(block_v, scratch_v)
-    w, kg, qg, u_t, aqk_t, decay = _scratch(tokens, sequences, heads, bk, scratch_v, dtype, q.device)
-    kda_chunk_prepare_kernel[(tokens // CHUNK + sequences, heads)](
-        q, k, v, g, beta,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
-        beta.stride(0), beta.stride(1),
-        cu_seqlens, w, kg, qg, u_t, aqk_t, decay,
-        sequences, heads, key_dim, value_dim, float(scale), max(1, sequences.bit_length()),
-        BLOCK_K=bk, BLOCK_V=scratch_v, C=CHUNK, M=MID, GATE_LO=GATE_MIN, L2NORM=bool(use_qk_l2norm), OPERAND=code,
-        num_warps=prepare_warps,
-    )
-    kda_chunk_state_kernel[(triton.cdiv(value_dim, block_v), sequences * heads)](
-        w, kg, qg, u_t, aqk_t, decay,
-        out, out.stride(0), out.stride(1),
-        state_pool, state_pool.stride(0), state_pool.stride(1), state_pool.stride(2),
-        state_ids, cu_seqlens, heads, key_dim, value_dim, state_pool.shape[0],
-        BLOCK_K=bk, BLOCK_V=block_v, SCRATCH_V=scratch_v, C=CHUNK, OPERAND=code,
-        num_warps=num_warps, num_stages=num_stages,
-    )
-    return out
+    scratch = prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, operands=operands,
+                      num_warps=prepare_warps)
+    return recur(scratch, out, cu_seqlens, state_pool, state_ids, block_v=block_v, num_warps=num_warps,
+                 num_stages=num_stages)
