@@ -134,12 +134,14 @@ def _reference(tensors, cu, pool, ids, scale, l2norm):
 
 
 def _against_reference(label, tensors, key_dim, value_dim, block_v, l2norm, operands, seed, results,
-                       reference_gates=None):
+                       reference_gates=None, kernel_ids=None):
     """The mixed-length call on a strided pool: output / state errors vs the reference and whether every
-    byte outside the live slabs is unchanged. ``reference_gates``: the gates the reference is given."""
+    byte outside the live slabs is unchanged. ``reference_gates``: the gates the reference is given;
+    ``kernel_ids``: the ids the kernel is given (the reference gets ``IDS``)."""
     from dsahal.backends.triton_kernels.kda_chunk import kda_prefill_chunked
 
     cu, ids = _cu(LENGTHS), torch.tensor(IDS, dtype=torch.int32)
+    given = ids if kernel_ids is None else torch.tensor(kernel_ids, dtype=torch.int32)
     buffer, pool = _strided_pool(POOL_ROWS, key_dim, value_dim, seed)
     before = buffer.clone()
     want_buffer = buffer.clone()
@@ -148,7 +150,7 @@ def _against_reference(label, tensors, key_dim, value_dim, block_v, l2norm, oper
     scale = key_dim**-0.5
     want = _reference(ref_tensors, cu, want_pool, ids, scale, l2norm)
     with _poisoned():
-        got = kda_prefill_chunked(*tensors, cu, pool, ids, scale, l2norm, block_v=block_v, operands=operands)
+        got = kda_prefill_chunked(*tensors, cu, pool, given, scale, l2norm, block_v=block_v, operands=operands)
     live = ids[ids >= 0].long()
     inside = _pool_mask(buffer, POOL_ROWS, value_dim, live)
     bits, old_bits = buffer.view(torch.int32), before.view(torch.int32)
@@ -162,6 +164,11 @@ def _reference_cases(results):
     for n, (label, key_dim, value_dim, block_v, dname, l2norm, operands) in enumerate(REFERENCE_CASES):
         tensors = _inputs(sum(LENGTHS), key_dim, value_dim, getattr(torch, dname), 100 + 10 * n, l2norm)
         _against_reference(label, tensors, key_dim, value_dim, block_v, l2norm, operands, 101 + 10 * n, results)
+    # an id one past the pool is a padding request too (the kernel's rule, as kda.py's; the op's contract has
+    # only -1, so the reference is given -1): no write lands on the guard row after the pool
+    tensors = _inputs(sum(LENGTHS), 16, 32, torch.float32, 190, True)
+    _against_reference("past_pool_id_k16_v32_bv16_float32", tensors, 16, 32, 16, True, "fp32", 191, results,
+                       kernel_ids=[POOL_ROWS if sid < 0 else sid for sid in IDS])
 
 
 def _clamp_cases(results):
@@ -284,6 +291,11 @@ def test_chunked_prefill_matches_the_float64_reference(interpreted, case):
     fp16_operands = operands == "fp16"
     _check_reference_entry(label, interpreted[label], FP16_OPERAND_TOL if fp16_operands else TOL[dtype],
                            FP16_OPERAND_TOL if fp16_operands else STATE_TOL, dtype)
+
+
+def test_an_id_past_the_pool_is_a_padding_request(interpreted):
+    key = "past_pool_id_k16_v32_bv16_float32"
+    _check_reference_entry(key, interpreted[key], TOL["float32"], STATE_TOL, "float32")
 
 
 def test_gates_below_the_clamp_give_the_clamped_recurrence_and_stay_within_the_clamps_bound(interpreted):
