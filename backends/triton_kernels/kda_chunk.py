@@ -43,7 +43,8 @@ products are fp32 (``ieee``). ``operands`` sets the other MMAs' operand dtype an
 * ``"bf16"`` (default, the GPU's fast path): bf16 operands, fp32 accumulation and state, as fla; results
   within bf16 tolerances (2⁻⁶ normwise).
 * ``"fp32"``: fp32 operands with ``input_precision="ieee"``: within fp32 rounding of the recurrence (of the
-  clamped gates). The Triton interpreter's tests use it (its bf16 dots are not bf16).
+  clamped gates). The Triton interpreter's tests use it (its bf16 dots are not bf16). Not a serving path:
+  on sm_90 its FMA dots spill (pass B at ``BLOCK_V = 64``: 6.5 KB of stack; local Triton 3.9 compile).
 * ``"fp16"``: as bf16 with fp16's 11-bit mantissa and ±65504 range: the interpreter's test of the
   reduced-precision code path (the casts, a 16-bit scratch); overflows where a decay factor exceeds 65504
   (spans beyond 11 in log space), so it is not for serving.
