@@ -159,5 +159,12 @@ def kda_prefill_config(value_dim: int) -> dict:
     return dict(block_v=64, num_warps=4)
 
 
+@functools.lru_cache(maxsize=16)
+def kda_chunk_config(value_dim: int) -> dict:
+    # Not yet measured on a GPU (sixth session: written and checked under the interpreter; sm_90 compile of
+    # pass B at 64-column slabs, 4 warps, 2 stages: 210 registers, no spill, 29.7 KB of shared memory).
+    return dict(block_v=64, num_warps=4, num_stages=2, prepare_warps=4)
+
+
 # Per-shape choices are looked up on every call: cached (callers must not mutate the dicts).
-_CACHED = (sparse_mla_config, indexer_config, topk_config, kda_decode_config, kda_prefill_config)
+_CACHED = (sparse_mla_config, indexer_config, topk_config, kda_decode_config, kda_prefill_config, kda_chunk_config)

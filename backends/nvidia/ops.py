@@ -9,6 +9,7 @@ import torch
 from dsahal.backends.triton_kernels import cache_write as _cache_write
 from dsahal.backends.triton_kernels import indexer as _indexer
 from dsahal.backends.triton_kernels import kda as _kda
+from dsahal.backends.triton_kernels import kda_chunk as _kda_chunk
 from dsahal.backends.triton_kernels import lse_combine as _lse
 from dsahal.backends.triton_kernels import slots as _slots
 from dsahal.backends.triton_kernels import sparse_mla as _mla
@@ -75,6 +76,14 @@ def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table,
 def kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm):
     return _kda.kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm,
                            **config.kda_decode_config(v.shape[-1]))
+
+
+def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
+    """Our chunked kernel (chunks of 16, two passes: :mod:`~dsahal.backends.triton_kernels.kda_chunk`): bf16
+    MMA operands for bf16 inputs, exact fp32 ones otherwise (fp16 operands overflow on strong decays)."""
+    operands = "bf16" if q.dtype == torch.bfloat16 else "fp32"
+    return _kda_chunk.kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm,
+                                          operands=operands, **config.kda_chunk_config(v.shape[-1]))
 
 
 def kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):

@@ -60,6 +60,11 @@ def routes() -> dict[str, list[Route]]:
                   probe=f"{PACKAGE}.kda_fla:probe", description="fla-core chunk_kda (bf16/fp16 inputs)"),
             _triton("kda_prefill", name="triton_recurrent",
                     description="exact fp32 recurrent Triton kernel (token by token)"),
+            # After a route that takes every call: reached only when forced. Checked under the Triton interpreter
+            # only (tests/test_kda_chunk.py); scripts/h200/kda_chunk_check.py measures it against fla first.
+            Route("triton_chunk", f"{PACKAGE}.ops:kda_prefill_chunked", f"{PACKAGE}.verifiers:chunk_prefill_accepts",
+                  description="our chunked kernel (chunks of 16, two passes, no host sync); not yet measured on a "
+                              "GPU: only with DSAHAL_ROUTES=kda_prefill:triton_chunk"),
         ],
         "all_gather": [Route("nccl", f"{PACKAGE}.collectives:all_gather", description="torch.distributed")],
         "all_to_all": [Route("nccl", f"{PACKAGE}.collectives:all_to_all", description="torch.distributed")],

@@ -47,6 +47,17 @@ def small_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> 
 SHORT_PREFILL_TOKENS = 512
 
 
+CHUNK_MAX_DIM = 128  # the chunked kernel's K and V (tiles held on chip)
+
+
+def chunk_prefill_accepts(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
+    """Our chunked kernel: K and V up to :data:`CHUNK_MAX_DIM`, and what the recurrent kernel takes."""
+    if q.shape[-1] > CHUNK_MAX_DIM or v.shape[-1] > CHUNK_MAX_DIM:
+        return False, (f"K = {q.shape[-1]}, V = {v.shape[-1]}: the chunked kernel holds K, V <= {CHUNK_MAX_DIM} "
+                       f"on chip")
+    return limits.kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm)
+
+
 def short_prefill_accepts(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
     """The recurrent kernel ahead of fla for short calls (``T <= SHORT_PREFILL_TOKENS``); longer ones go on."""
     if q.shape[0] > SHORT_PREFILL_TOKENS:

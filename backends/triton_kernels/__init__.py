@@ -12,6 +12,7 @@ hardware), then a ``_check()`` that compares the launcher with the reference on 
 - :mod:`.slots`         request positions to physical cache slots
 - :mod:`.cache_write`   quantise and scatter tokens into cache pages
 - :mod:`.kda`           KDA recurrent step over a pooled state (decode, and per-token prefill)
+- :mod:`.kda_chunk`     KDA chunked prefill (chunks of 16: a token-parallel and a head-parallel pass)
 - :mod:`.limits`        what the kernels accept: the verifiers every backend routing to them uses
 
 Importing a kernel module imports triton (:mod:`.limits` does not); nothing here imports a vendor library. Every kernel masks
