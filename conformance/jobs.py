@@ -41,14 +41,22 @@ class Terminated(Exception):
     """SIGTERM or SIGHUP reached the parent (``timeout``, a CI cancel): stop the children and merge."""
 
 
+def _child_setup() -> None:
+    """In the child before it runs the part: its own process group (same session, so whoever ends our session
+    ends them too: stopping or reaping a child reaches the gloo ranks it spawned, and nothing else), and SIGINT
+    at its default, since :func:`stop_all` stops a child by SIGINT. A parent started in the background by a
+    non-interactive shell (``cmd &``, as CI runners and ``nohup`` jobs do) has SIGINT ignored, and an ignored
+    signal stays ignored across exec: its children would then never see the interrupt, write no partial
+    report and be killed after the grace period."""
+    os.setpgrp()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def launch(part: Part, env: dict) -> None:
     part.dir.mkdir(parents=True, exist_ok=True)
-    # Own process group (same session, so whoever ends our session ends them too): stopping or
-    # reaping a child reaches the gloo ranks it spawned, and nothing else.
-    group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     with part.log.open("wb") as log:
         part.process = subprocess.Popen(part.command, stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=env, **group)
+                                        stdin=subprocess.DEVNULL, env=env, preexec_fn=_child_setup)
     part.started = time.monotonic()
 
 

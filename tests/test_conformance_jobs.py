@@ -254,6 +254,30 @@ def test_exitfirst_stops_the_other_parts_and_keeps_what_they_reported(tmp_path):
     assert parts[1].payload == {"tests": [], "summary": {}} and parts[1].seconds < 30
 
 
+def test_children_take_the_stop_signal_when_the_parent_ignores_sigint(tmp_path):
+    """A run started in the background by a non-interactive shell (``cmd &``: CI runners, nohup) ignores
+    SIGINT, and an ignored signal survives exec: the children must still get it at its default, or -x and
+    SIGTERM would only ever kill them after the grace period, without their partial reports."""
+    import signal
+
+    report_file = tmp_path / "0" / "conformance.json"
+    part = jobs_plan.Part(0, [listed("sparse_mla")], tmp_path / "0",
+                          command=[sys.executable, "-c", WRITES_REPORT_ON_SIGINT, str(report_file)])
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        jobs.launch(part, jobs_plan.child_env(2))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    waited = 0.0
+    while not (tmp_path / "0" / "ready").exists() and waited < 60:
+        time.sleep(0.05)
+        waited += 0.05
+    started = time.monotonic()
+    jobs.stop_all([part], "test")
+    assert part.process.returncode == 1 and time.monotonic() - started < jobs.STOP_GRACE_S
+    assert report_file.read_text() == '{"tests": [], "summary": {}}'
+
+
 def test_sigterm_stops_the_parts_and_still_writes_the_merged_report(tmp_path):
     command = [sys.executable, "-m", "dsahal", "conformance", "--backend", "reference", "--jobs", "2",
                "--ops", "sparse_mla", "cache_write", "--max-examples", "1000", "--report-dir", str(tmp_path)]
