@@ -22,7 +22,7 @@ import math
 import torch
 
 from ..formats.numerics import FP8_MAX
-from ..ops._dispatch import tracing
+from ..ops._dispatch import recording
 
 INDEX_SCALE_FORMATS = ("ue8m0", "fp32")
 AMAX_FLOOR = 1e-4  # DeepSeek-V3.2's act_quant floor: an all-zero head still gets a finite scale
@@ -74,14 +74,16 @@ _SYLVESTER: dict = {}  # (n, device, dtype) -> the [n, n] ±1 matrix
 
 def _sylvester(n: int, device, dtype: torch.dtype) -> torch.Tensor:
     """The unscaled Sylvester matrix ``H_2m = [[H_m, H_m], [H_m, -H_m]]`` ``[n, n]`` (symmetric; the butterflies'
-    order), built once per device and dtype (built inline while tracing: a cached tensor would be a fake one)."""
+    order), built once per device and dtype (built inline while tracing or capturing a CUDA graph:
+    :func:`~dsahal.ops._dispatch.recording`)."""
     key = (n, torch.device(device), dtype)
-    matrix = None if tracing() else _SYLVESTER.get(key)
+    keep = not recording(device)
+    matrix = _SYLVESTER.get(key) if keep else None
     if matrix is None:
         matrix = torch.ones((1, 1), dtype=dtype, device=device)
         while matrix.shape[0] < n:
             matrix = torch.cat([torch.cat([matrix, matrix], dim=1), torch.cat([matrix, -matrix], dim=1)])
-        if not tracing():
+        if keep:
             _SYLVESTER[key] = matrix
     return matrix
 

@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ..ops._dispatch import tracing
+from ..ops._dispatch import recording, tracing
 
 
 def project(x: torch.Tensor, linears: Sequence[nn.Linear]) -> list[torch.Tensor]:
@@ -117,10 +117,8 @@ def _may_pack(weights: list[torch.Tensor]) -> bool:
     would be captured), nor under ``inference_mode`` (the buffer would be an inference tensor, which autograd
     later refuses to record as a parameter); same shape rules as :func:`_stacked_view`."""
     first = weights[0]
-    if (torch.is_grad_enabled() or torch.is_inference_mode_enabled() or tracing()
-            or first.device.type == "meta"):
-        return False
-    if first.is_cuda and torch.cuda.is_current_stream_capturing():
+    if (torch.is_grad_enabled() or torch.is_inference_mode_enabled() or first.device.type == "meta"
+            or recording(first.device)):
         return False
     return all(w.dim() == 2 and w.shape[1] == first.shape[1] and w.dtype == first.dtype and w.device == first.device
                for w in weights)

@@ -37,7 +37,7 @@ from typing import Optional
 
 import torch
 
-from ..ops._dispatch import tracing
+from ..ops._dispatch import recording
 
 ROPE_LAYOUTS = ("interleaved", "rotate_half")
 YARN_KEYS = ("type", "rope_type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
@@ -145,8 +145,8 @@ class Rope:
 
     def inv_freq(self, device, dtype: torch.dtype) -> torch.Tensor:
         """``[dim/2]`` :func:`inv_frequencies`, computed once per device and dtype (five launches a step
-        saved; not while tracing, where a cached tensor would be a fake one)."""
-        if tracing():
+        saved; not while tracing or capturing a CUDA graph: :func:`~dsahal.ops._dispatch.recording`)."""
+        if recording(device):
             return inv_frequencies(self.dim, self.theta, self.yarn, device=device, dtype=dtype)
         key = (self.dim, self.theta, self.yarn, torch.device(device), dtype)
         table = _INV_FREQ.get(key)

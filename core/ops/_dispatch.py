@@ -17,3 +17,12 @@ _dispatch_mode_depth = torch._C._len_torch_dispatch_stack
 def tracing() -> bool:
     """True when the call must go through the custom op so a tracer records it."""
     return _is_compiling() or _dispatch_mode_depth() > 0
+
+
+def recording(device) -> bool:
+    """True when work done now is recorded rather than run, so its result must not be kept for later eager
+    use: while tracing (the tensor would be a fake one) or while the current CUDA stream captures a graph
+    (its kernels only run at replay: a tensor cached now would hold nothing until the first replay)."""
+    if tracing():
+        return True
+    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
