@@ -18,3 +18,19 @@ __all__ = [
     "DEFAULT_ROW_ROUNDING", "KDA_CONV_KERNEL", "conv_state_offset", "kda_conv_kernel", "PAGE_ALIGN",
     "ROW_ROUNDINGS", "next_power_of_two", "FREE", "BLOCK", "STATE",
 ]
+
+# Moved to the planner (sixth session): the old names still resolve, by string (the contract imports no
+# consumer), with a deprecation warning.
+_MOVED_TO_PLANNER = frozenset({"Capacity", "Comparison", "PaddedLayout", "capacity", "compare", "padded_layouts",
+                               "standard_comparisons"})
+
+
+def __getattr__(name: str):
+    if name not in _MOVED_TO_PLANNER:
+        raise AttributeError(f"module 'dsahal.cache' has no attribute {name!r}")
+    import importlib
+    import warnings
+
+    warnings.warn(f"dsahal.cache.{name} is deprecated: use dsahal.cli.capacity.{name}", DeprecationWarning,
+                  stacklevel=2)
+    return getattr(importlib.import_module("dsahal.cli.capacity"), name)

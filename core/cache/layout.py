@@ -76,10 +76,29 @@ def kda_conv_kernel(config) -> int:
     return kernel
 
 
+_MOVED_ACCOUNTING = frozenset({"row_padding_bytes", "payload_bytes_per_block", "recurrent_state_bytes",
+                               "conv_state_bytes", "state_padding_bytes", "payload_bytes_per_token",
+                               "row_bytes_per_token", "to_dict"})
+
+
 @dataclass(frozen=True)
 class CacheLayout:
     """Everything about where bytes live; produced by :func:`plan_layout`, consumed by
     :class:`~dsahal.cache.PackedKVCache` and the planner. All sizes are per device, in bytes."""
+
+    def __getattr__(self, name: str):
+        """The byte accounting that moved to the planner (``dsahal.cli.capacity.layout_report``): the old
+        attributes and ``to_dict()`` still answer, with a deprecation warning (resolved by string: the contract
+        imports no consumer)."""
+        if name.startswith("__") or name not in _MOVED_ACCOUNTING:
+            raise AttributeError(f"'CacheLayout' object has no attribute {name!r}")
+        import importlib
+        import warnings
+
+        warnings.warn(f"CacheLayout.{name} is deprecated: use dsahal.cli.capacity.layout_report(layout)"
+                      f"{'' if name == 'to_dict' else '[' + repr(name) + ']'}", DeprecationWarning, stacklevel=2)
+        report = importlib.import_module("dsahal.cli.capacity").layout_report(self)
+        return (lambda: report) if name == "to_dict" else report[name]
 
     model: str
     latent_fmt: str
