@@ -43,6 +43,10 @@ class RowAllocator:
         return self._free_rows
 
     @property
+    def block_rows(self) -> list[int]:
+        return [row for row, owner in enumerate(self._owner) if owner == BLOCK]
+
+    @property
     def state_slots(self) -> list[int]:
         return sorted(self._states)
 

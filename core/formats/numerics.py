@@ -11,9 +11,11 @@ import torch
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FP8_MIN_NORMAL = 2.0**-6
+FP8_MIN_SUBNORMAL = 2.0**-9
 E2M1_MAX = 6.0  # largest finite e2m1 (FP4)
 BF16_MAX = 3.3895313892515355e38  # largest finite bfloat16
 BF16_MIN_SUBNORMAL = 2.0**-133
+FP32_MIN_NORMAL = 2.0**-126
 # Largest magnitude the power-of-two-scaled formats (fp8 index, fp8_ds_mla nope, mxfp4) accept before
 # saturating: above it, rounding to the grid could reach 2^128 (Inf) after scaling, e.g. 256 * 2^120.
 SCALED_FORMAT_MAX = 1.5 * 2.0**127

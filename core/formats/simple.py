@@ -11,10 +11,18 @@ from .numerics import (
     BF16_MAX,
     BF16_MIN_SUBNORMAL,
     FP8_MAX,
+    FP8_MIN_SUBNORMAL,
     SCALED_FORMAT_MAX,
     e4m3_half_ulp,
     pow2_scale_at_least,
 )
+
+
+def fp8_e4m3_bound(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Round-to-nearest-even into e4m3 of ``values / scale``: half an ulp, relative 2^-4 for normals,
+    absolute 2^-10 * scale in the subnormal range. (Kept for callers; the formats use the tighter
+    :func:`fp8_scaled_bound`.)"""
+    return torch.maximum(values.abs().float() * 2.0**-4, (FP8_MIN_SUBNORMAL / 2) * scale.float())
 
 
 def fp8_scaled_bound(values: torch.Tensor, scale: torch.Tensor, exact_division: bool) -> torch.Tensor:

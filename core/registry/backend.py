@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 Probe = Callable[[], "tuple[bool, str]"]
+# A verifier takes exactly the op's arguments and says whether this backend can serve them.
+Verifier = Callable[..., "tuple[bool, str]"]
 # An op or verifier may be given lazily as "package.module:attribute".
 Lazy = Union[Callable[..., Any], str]
 
