@@ -27,13 +27,12 @@ tolerances, so a failure prints the numbers. The module takes ~15 s on two cores
 """
 from __future__ import annotations
 
-import contextlib
 import json
 
 import pytest
 import torch
 
-from interpreter_child import child_results, run_groups
+from interpreter_child import child_results, poisoned_empty, run_groups
 
 HEADS = 2
 FP32_EPS = 2.0**-23
@@ -61,27 +60,11 @@ REFERENCE_CASES = (
 # Child process (TRITON_INTERPRET=1)
 
 
-@contextlib.contextmanager
 def _poisoned():
-    """``torch.empty`` inside ``kda_chunk`` returns NaN-filled float tensors (the output; the uint8 scratch
-    is left as it is): an output element the kernel does not write stays NaN."""
+    """``torch.empty`` inside ``dsahal.backends.triton_kernels.kda_chunk`` NaN-filled (:func:`interpreter_child.poisoned_empty`)."""
     from dsahal.backends.triton_kernels import kda_chunk
 
-    class _Torch:
-        def __getattr__(self, name):
-            return getattr(torch, name)
-
-        @staticmethod
-        def empty(*args, **kwargs):
-            out = torch.empty(*args, **kwargs)
-            return out.fill_(float("nan")) if out.is_floating_point() else out
-
-    real = kda_chunk.torch
-    kda_chunk.torch = _Torch()
-    try:
-        yield
-    finally:
-        kda_chunk.torch = real
+    return poisoned_empty(kda_chunk)
 
 
 def _cu(lengths):

@@ -22,13 +22,12 @@ so a failure prints the numbers.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 
 import pytest
 import torch
 
-from interpreter_child import child_results, run_groups
+from interpreter_child import child_results, poisoned_empty, run_groups
 
 HEADS = 2
 FP32_EPS = 2.0**-23
@@ -58,27 +57,11 @@ DTYPES = {"scalar": ("float32", "float16"), "fused": ("float32",), "fused_stream
 # Child process (TRITON_INTERPRET=1)
 
 
-@contextlib.contextmanager
 def _poisoned():
-    """``torch.empty`` inside ``dsahal.backends.triton_kernels.kda`` returns NaN-filled float tensors: an
-    output element the kernel does not write stays NaN and fails every comparison."""
+    """``torch.empty`` inside ``dsahal.backends.triton_kernels.kda`` NaN-filled (:func:`interpreter_child.poisoned_empty`)."""
     from dsahal.backends.triton_kernels import kda
 
-    class _Torch:
-        def __getattr__(self, name):
-            return getattr(torch, name)
-
-        @staticmethod
-        def empty(*args, **kwargs):
-            out = torch.empty(*args, **kwargs)
-            return out.fill_(float("nan")) if out.is_floating_point() else out
-
-    real = kda.torch
-    kda.torch = _Torch()
-    try:
-        yield
-    finally:
-        kda.torch = real
+    return poisoned_empty(kda)
 
 
 def _inputs(batch, key_dim, value_dim, dtype, seed):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 
+from ..batch_mode import invariant_requested
 from .arch import WAVEFRONT
 
 LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
@@ -42,7 +43,7 @@ def read_mode() -> bool:
     """Read ``DSAHAL_BATCH_INVARIANT`` and ``DSAHAL_AMD_TILES`` (the backend's declaration does, once per
     registry build): the launchers ask on every call, which must not cost environment lookups."""
     global _batch_invariant, _tiles_override
-    _batch_invariant = os.environ.get("DSAHAL_BATCH_INVARIANT", "0") not in ("", "0")
+    _batch_invariant = invariant_requested()
     _tiles_override = os.environ.get(TILES_ENV) or None
     return _batch_invariant
 

@@ -7,9 +7,10 @@ the number of rows, so a row's result is bitwise the same whatever else is in th
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+
+from ..batch_mode import invariant_requested
 
 # Programs wanted in flight before sparse MLA splits a row's slot list (two per SM on an H200).
 TARGET_PROGRAMS = 264
@@ -35,7 +36,7 @@ def read_mode() -> bool:
     """Re-read ``DSAHAL_BATCH_INVARIANT`` (the backend's declaration does, when the registry is built)
     and forget the per-shape configs chosen under the old mode."""
     global _batch_invariant
-    _batch_invariant = os.environ.get("DSAHAL_BATCH_INVARIANT", "0") not in ("", "0")
+    _batch_invariant = invariant_requested()
     for cached in _CACHED:
         cached.cache_clear()
     return _batch_invariant

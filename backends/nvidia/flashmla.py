@@ -162,15 +162,15 @@ _decode_meta: "OrderedDict[tuple, object]" = OrderedDict()
 _DECODE_META_KEPT = 64  # shapes remembered (tokens per call vary: keep the recent ones, not every one seen)
 
 
-def q_is_cuda(key: tuple) -> bool:
-    return key[0] is not None  # the key's first entry is q's CUDA device index (None off CUDA)
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def _scheduler_metadata(key: tuple):
+def _scheduler_metadata(key: tuple, device: torch.device):
     """FlashMLA fills an empty metadata object on its first call with a given shape; we keep one per
     shape. Inside a CUDA-graph capture a fresh one is used, so no cached tensor is born in the graph."""
     module = _module()
-    if q_is_cuda(key) and torch.cuda.is_current_stream_capturing():
+    if _capturing(device):
         return module.get_mla_metadata()[0]
     meta = _decode_meta.get(key)
     if meta is None:
@@ -180,10 +180,6 @@ def _scheduler_metadata(key: tuple):
     else:
         _decode_meta.move_to_end(key)
     return meta
-
-
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 TOPK_BLOCK = 64  # slots per step of the V32 decode kernel: a row of width W spans W / 64 blocks
@@ -264,7 +260,8 @@ def sparse_mla_decode(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
     if config.batch_invariant():
         schedule = _whole_rows_schedule(module, tokens, qp.shape[1], indices.shape[1], q.device)
     else:
-        schedule = _scheduler_metadata((q.device.index, tokens, qp.shape[1], kv_pages.shape[1], indices.shape[1]))
+        schedule = _scheduler_metadata((q.device.index, tokens, qp.shape[1], kv_pages.shape[1], indices.shape[1]),
+                                       q.device)
     out, lse = module.flash_mla_with_kvcache(
         qp.unsqueeze(1), cache, None, None, NOPE, schedule, softmax_scale=float(softmax_scale),
         is_fp8_kvcache=True, indices=indices.unsqueeze(1), use_legacy=True, kv_format="V32")

@@ -35,15 +35,12 @@ from typing import Any
 
 import torch
 
+from ..batch_mode import invariant_requested
+
 ENV = "DSAHAL_TRITON_COMPILE_BUDGET"
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 _installed: dict[str, "BudgetedKernel"] = {}
-
-
-def invariant_from_env() -> bool:
-    """``DSAHAL_BATCH_INVARIANT`` set (not empty, not 0)."""
-    return os.environ.get("DSAHAL_BATCH_INVARIANT", "0") not in ("", "0")
 
 
 def budget_from_env() -> int | None:
@@ -156,7 +153,7 @@ def install(budget: int | None = None, *, invariant: bool = False) -> dict[str, 
     # The mode is the process's (one variable for every backend): a plugin that installs without naming it
     # must not undo another's budget of 0 (the PPU plugin's declaration, built after nvidia's, reset it to
     # the suite's 4 on the H200, 2026-12-01: kda_decode rows then depended on the batch again).
-    invariant = invariant or invariant_from_env()
+    invariant = invariant or invariant_requested()
     budget = 0 if invariant else (budget_from_env() if budget is None else budget)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return dict(_installed)
