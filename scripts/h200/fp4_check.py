@@ -46,10 +46,6 @@ def _bench(fn):
     return timing.bench_ms(fn, DEVICE, warmup=5, rep=40)
 
 
-def copy_ceiling_tbps(torch) -> float:
-    return timing.copy_ceiling_tbps(torch, DEVICE, smoke_bytes=1 << 20)
-
-
 # -- step 2: encoders ----------------------------------------------------------------------------------
 
 def edge_values(torch, kind, tokens, gen):
@@ -318,10 +314,7 @@ def main(argv=None) -> int:
     started = time.time()
     import triton
 
-    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter smoke run)"
-    print(f"device {name}  torch {torch.__version__}  triton {triton.__version__}")
-    ceiling = copy_ceiling_tbps(torch)
-    print(f"copy ceiling {ceiling:.2f} TB/s (read + write)", flush=True)
+    ceiling = timing.announce(torch, triton, DEVICE)
     failures: list[str] = []
     print("\nencoders against dsahal.formats' pack")
     check_encoders(torch, failures)

@@ -281,10 +281,7 @@ def main(argv=None) -> int:
     started = time.time()
     import triton
 
-    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter smoke run)"
-    print(f"device {name}  torch {torch.__version__}  triton {triton.__version__}")
-    ceiling = timing.copy_ceiling_tbps(torch, DEVICE)
-    print(f"copy ceiling {ceiling:.2f} TB/s (read + write)")
+    ceiling = timing.announce(torch, triton, DEVICE)
     fla_fwd, version = load_fla()
     print(f"fla: {'version ' + version if fla_fwd else 'not available, timing ours only: ' + version}", flush=True)
     rows, failures = [], []

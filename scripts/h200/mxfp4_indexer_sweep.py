@@ -242,10 +242,7 @@ def main(argv=None) -> int:
     import triton
 
     started = time.time()
-    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter smoke run)"
-    print(f"device {name}  torch {torch.__version__}  triton {triton.__version__}")
-    ceiling = timing.copy_ceiling_tbps(torch, DEVICE)
-    print(f"copy ceiling {ceiling:.2f} TB/s (read + write)", flush=True)
+    ceiling = timing.announce(torch, triton, DEVICE)
     failures: list[str] = []
     chosen = variants(torch)
     big = bench_pools(torch)

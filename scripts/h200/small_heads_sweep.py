@@ -176,10 +176,7 @@ def main(argv=None) -> int:
     started = time.time()
     import triton
 
-    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter smoke run)"
-    print(f"device {name}  torch {torch.__version__}  triton {triton.__version__}")
-    ceiling = timing.copy_ceiling_tbps(torch, DEVICE)
-    print(f"copy ceiling {ceiling:.2f} TB/s (read + write)")
+    ceiling = timing.announce(torch, triton, DEVICE)
     pools = build_pools(torch, args.pool_tokens)
     print(f"pools: {args.pool_tokens} tokens per format ({time.time() - started:.0f} s)", flush=True)
     cases = [(fmt, heads, 64, 5, heads == 16 and fmt in ("fp8_ds_mla", "nvfp4"))

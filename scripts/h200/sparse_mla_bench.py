@@ -48,10 +48,6 @@ def _bench(fn):
     return timing.bench_ms(fn, DEVICE, warmup=10, rep=60)
 
 
-def copy_ceiling_tbps(torch) -> float:
-    return timing.copy_ceiling_tbps(torch, DEVICE, smoke_bytes=1 << 24)
-
-
 def build_pools(torch, pool_tokens):
     return cache_pools.latent_pools(torch, FORMATS, pool_tokens, DEVICE, BLOCK_TOKENS)
 
@@ -269,10 +265,7 @@ def main(argv=None) -> int:
     started = time.time()
     import triton
 
-    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter smoke run)"
-    print(f"device {name}  torch {torch.__version__}  triton {triton.__version__}")
-    ceiling = copy_ceiling_tbps(torch)
-    print(f"copy ceiling {ceiling:.2f} TB/s (read + write)")
+    ceiling = timing.announce(torch, triton, DEVICE)
     flash_mla, version = load_flash_mla()
     print(f"FlashMLA: {'version ' + version if flash_mla else 'not available: ' + version}")
     pools = build_pools(torch, args.pool_tokens)

@@ -22,3 +22,12 @@ def copy_ceiling_tbps(torch, device: str, *, smoke_bytes: int = 1 << 20) -> floa
     ms = bench_ms(lambda: dst.copy_(src), device)
     del src, dst
     return 2 * size / (ms * 1e-3) / 1e12
+
+
+def announce(torch, triton, device: str) -> float:
+    """Print the run's device line and the copy ceiling measured now; return the ceiling (TB/s)."""
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter smoke run)"
+    print(f"device {name}  torch {torch.__version__}  triton {triton.__version__}")
+    ceiling = copy_ceiling_tbps(torch, device)
+    print(f"copy ceiling {ceiling:.2f} TB/s (read + write)", flush=True)
+    return ceiling

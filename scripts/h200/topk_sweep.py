@@ -229,10 +229,7 @@ def main(argv=None) -> int:
     import triton
 
     torch.manual_seed(0)
-    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter smoke run)"
-    print(f"device {name}  torch {torch.__version__}  triton {triton.__version__}")
-    ceiling = timing.copy_ceiling_tbps(torch, DEVICE)
-    print(f"copy ceiling {ceiling:.2f} TB/s (read + write)")
+    ceiling = timing.announce(torch, triton, DEVICE)
     scores, lengths = indexer_scores(torch)
     finite = scores[torch.isfinite(scores)]
     print(f"indexer scores {tuple(scores.shape)}: finite min {finite.min().item():.3g} max {finite.max().item():.3g}, "
