@@ -79,9 +79,10 @@ def kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm):
 
 
 def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
-    """Our chunked kernel (chunks of 16, two passes: :mod:`~dsahal.backends.triton_kernels.kda_chunk`): bf16
-    MMA operands for bf16 inputs, exact fp32 ones otherwise (fp16 operands overflow on strong decays)."""
-    operands = "bf16" if q.dtype == torch.bfloat16 else "fp32"
+    """Our chunked kernel (chunks of 16, two passes: :mod:`~dsahal.backends.triton_kernels.kda_chunk`): its
+    ``tf32`` mode (exact pair products, tf32 MMAs, fp32 scratch) for 16-bit inputs, exact fp32 dots for fp32
+    ones (bf16 operands throughout fail the suite's bound on small rows; fp16 ones overflow on strong decays)."""
+    operands = "fp32" if q.dtype == torch.float32 else "tf32"
     return _kda_chunk.kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm,
                                           operands=operands, **config.kda_chunk_config(v.shape[-1]))
 

@@ -40,8 +40,22 @@ leaves a factor ~6,000 under fp32's maximum for the magnitudes of q and k's comp
 state term that a clamped token decays, far below bf16's resolution (and fp16's). The inverse's
 products are fp32 (``ieee``). ``operands`` sets the other MMAs' operand dtype and the scratch's:
 
-* ``"bf16"`` (default, the GPU's fast path): bf16 operands, fp32 accumulation and state, as fla; results
-  within bf16 tolerances (2⁻⁶ normwise).
+* ``"tf32"`` (the GPU's path for bf16 inputs): A and A_qk by exact fp32 dots (``ieee``), every other MMA
+  on tf32 operands (10-bit mantissa, fp32 range), fp32 scratch. Why not bf16 throughout (fla's choice):
+  a row whose output is small against its two terms (the state's ``qg S₀`` and the chunk's
+  ``A_qk v_new`` nearly cancel, as the delta rule makes them) loses the operands' relative error
+  times that ratio. A float64 emulation of each rounding point over 600 random conformance-suite cases
+  (bf16 inputs, K 16-64, all three decays): bf16 everywhere failed the suite's normwise 2⁻⁶ on 28% of
+  them (worst 0.27; the H200 run of the suite failed four properties on it); the bf16 roundings of A_qk's
+  and A's operands are most of it (tf32 there is not enough: 1%), then ``qg`` and the state as the
+  operands of ``qg S₀``; this mode: none failed, worst 3.3e-3 (the reference's own bf16 output rounding
+  is 3.1e-3).
+* ``"mixed"``: A and A_qk exact, ``qg`` kept fp32 in the scratch and ``qg S₀`` on tf32 operands, every
+  other MMA and scratch tensor bf16 (half the scratch bytes of ``"tf32"`` for w, kg, uᵀ, A_qkᵀ). Same
+  emulation, 800 cases: none failed, worst 1.1e-2 (0.7 of the bound: a thin margin, hence not the
+  default).
+* ``"bf16"``: bf16 operands and scratch, fp32 accumulation and state, as fla; fails the suite's bound on
+  small rows (above).
 * ``"fp32"``: fp32 operands with ``input_precision="ieee"``: within fp32 rounding of the recurrence (of the
   clamped gates). The Triton interpreter's tests use it (its bf16 dots are not bf16). Not a serving path:
   on sm_90 its FMA dots spill (pass B at ``BLOCK_V = 64``: 6.5 KB of stack; local Triton 3.9 compile).
@@ -50,11 +64,12 @@ products are fp32 (``ieee``). ``operands`` sets the other MMAs' operand dtype an
   (spans beyond 11 in log space), so it is not for serving.
 
 **Scratch** (one ``torch.uint8`` buffer per call, ``S = T // 16 + B`` slots x ``H`` heads, ``BK`` / ``BV``
-= K / V rounded up to a power of two, at least 16, ``e`` = the operand dtype's size)::
+= K / V rounded up to a power of two, at least 16, ``e`` = the scratch dtype's size, ``e_q`` = qg's: 4 in
+``"mixed"``, else ``e``)::
 
-    S · H · ((3 · 16 · BK + 16 · BV + 256) · e + 4 · BK)  bytes
+    S · H · ((2 · 16 · BK + 16 · BV + 256) · e + 16 · BK · e_q + 4 · BK)  bytes
 
-(8 x 4096 tokens, 32 heads, K = V = 128, bf16: 2,056 slots, 1,088 B per token-head, 1.15 GB.)
+(8 x 4096 tokens, 32 heads, K = V = 128: 2,056 slots; bf16 1,088 B per token-head, 1.15 GB; tf32 2.3 GB.)
 
 Batch invariance: pass B's step order is fixed per sequence (chunks start at the sequence's first token),
 so a sequence's result does not depend on the others in the call.
@@ -73,18 +88,45 @@ CHUNK = 16
 MID = 8  # the token whose cumulative gate the chunk's decay factors are relative to (see the docstring)
 GATE_MIN = -10.0
 MAX_DIM = 128  # K and V: the pass-A tiles ([16, 128] fp32 per tensor) sized for 4 warps
-OPERANDS = {"fp32": (0, torch.float32), "bf16": (1, torch.bfloat16), "fp16": (2, torch.float16)}
+# operands -> (the kernels' OPERAND code, the scratch dtype, qg's scratch dtype); docstring's Numerics
+OPERANDS = {"fp32": (0, torch.float32, torch.float32), "bf16": (1, torch.bfloat16, torch.bfloat16),
+            "fp16": (2, torch.float16, torch.float16), "tf32": (3, torch.float32, torch.float32),
+            "mixed": (4, torch.bfloat16, torch.float32)}
 
 
 @triton.jit
 def _mm(a, b, OPERAND: tl.constexpr):
-    """``a @ b`` with fp32 accumulation; operands fp32 (``ieee``), bf16 or fp16 as ``OPERAND`` is 0, 1, 2."""
+    """``a @ b`` with fp32 accumulation; operands fp32 (``ieee``), bf16, fp16, tf32, bf16 as ``OPERAND`` is
+    0 .. 4 (the module docstring's ``operands``)."""
     if OPERAND == 0:
         out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    elif OPERAND == 1:
-        out = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
-    else:
+    elif OPERAND == 2:
         out = tl.dot(a.to(tl.float16), b.to(tl.float16))
+    elif OPERAND == 3:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="tf32")
+    else:
+        out = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    return out
+
+
+@triton.jit
+def _mm_pair(a, b, OPERAND: tl.constexpr):
+    """The chunk's pair products A and A_qk: exact fp32 in the tf32 and mixed modes (their operands'
+    rounding is what a bf16 chunked form loses most to), else as :func:`_mm`."""
+    if OPERAND >= 3:
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        out = _mm(a, b, OPERAND)
+    return out
+
+
+@triton.jit
+def _mm_state_query(a, b, OPERAND: tl.constexpr):
+    """``Sᵀ qgᵀ``, the state's part of the output: tf32 operands in the tf32 and mixed modes."""
+    if OPERAND >= 3:
+        out = tl.dot(a, b.to(tl.float32), input_precision="tf32")
+    else:
+        out = _mm(a, b, OPERAND)
     return out
 
 
@@ -98,7 +140,7 @@ def kda_chunk_prepare_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,  # q, k, g [T, H, K]; v [T, H, V]; beta [T, H] (token-major)
     stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_gn, stride_gh, stride_bn, stride_bh,
     cu_ptr,  # [B + 1] token offsets
-    w_ptr, kg_ptr, qg_ptr,  # scratch [S, H, 16, BLOCK_K] (operand dtype)
+    w_ptr, kg_ptr, qg_ptr,  # scratch [S, H, 16, BLOCK_K] (scratch dtype; qg fp32 in the mixed mode)
     u_ptr,  # scratch [S, H, BLOCK_V, 16]: uᵀ
     aqk_ptr,  # scratch [S, H, 16, 16]: A_qkᵀ
     decay_ptr,  # scratch [S, H, BLOCK_K] fp32: e^{G_C}
@@ -147,8 +189,9 @@ def kda_chunk_prepare_kernel(
         k_col = k * shrink
         lower = ts[:, None] > ts[None, :]
         # the upper triangle's products may overflow (e^{G_i − G_j} > 1 for j > i): selected away, never scaled
-        a = tl.where(lower, _mm(k * grow, tl.trans(k_col), OPERAND) * beta[:, None], 0.0)
-        a_qk = tl.where(lower | (ts[:, None] == ts[None, :]), _mm(q * grow, tl.trans(k_col), OPERAND) * scale, 0.0)
+        a = tl.where(lower, _mm_pair(k * grow, tl.trans(k_col), OPERAND) * beta[:, None], 0.0)
+        a_qk = tl.where(lower | (ts[:, None] == ts[None, :]), _mm_pair(q * grow, tl.trans(k_col), OPERAND) * scale,
+                        0.0)
         # T = (I + A)⁻¹ = (I − A)(I + A²)(I + A⁴)(I + A⁸), exact since A is strictly lower (A¹⁶ = 0); fp32
         eye = tl.where(ts[:, None] == ts[None, :], 1.0, 0.0)
         a2 = _mm_fp32(a, a)
@@ -214,7 +257,7 @@ def kda_chunk_state_kernel(
         aqk_t = tl.load(aqk_ptr + base * (C * C) + ts[:, None] * C + ts[None, :])  # A_qkᵀ [C, C]
         decay = tl.load(decay_ptr + base * BLOCK_K + ks)  # e^{G_C} [BLOCK_K]
         v_new_t = u_t - _mm(state_t, w_t, OPERAND)  # [BLOCK_V, C]
-        o_t = _mm(state_t, qg_t, OPERAND) + _mm(v_new_t, aqk_t, OPERAND)
+        o_t = _mm_state_query(state_t, qg_t, OPERAND) + _mm(v_new_t, aqk_t, OPERAND)
         state_t = state_t * decay[None, :] + _mm(v_new_t, kg, OPERAND)
         tok = start + c * C + ts
         tl.store(out_ptr + tok[None, :] * stride_on + h * stride_oh + vs[:, None],
@@ -227,17 +270,19 @@ def _block(dim: int) -> int:
 
 
 def scratch_bytes(tokens: int, sequences: int, heads: int, key_dim: int, value_dim: int,
-                  operands: str = "bf16") -> int:
+                  operands: str = "tf32") -> int:
     """Bytes of the per-call scratch buffer (formula in the module docstring)."""
-    size = OPERANDS[operands][1].itemsize
+    _, dtype, query_dtype = OPERANDS[operands]
     bk, bv = _block(key_dim), _block(value_dim)
-    return (tokens // CHUNK + sequences) * heads * ((3 * CHUNK * bk + CHUNK * bv + CHUNK * CHUNK) * size + 4 * bk)
+    return (tokens // CHUNK + sequences) * heads * ((2 * CHUNK * bk + CHUNK * bv + CHUNK * CHUNK) * dtype.itemsize
+                                                    + CHUNK * bk * query_dtype.itemsize + 4 * bk)
 
 
-def _scratch(tokens, sequences, heads, bk, bv, dtype, device):
+def _scratch(tokens, sequences, heads, bk, bv, dtype, query_dtype, device):
     """Views ``(w, kg, qg, uᵀ, A_qkᵀ, e^{G_C})`` of one uint8 allocation (every region a multiple of 16 B)."""
     slots = tokens // CHUNK + sequences
-    shapes = [((slots, heads, CHUNK, bk), dtype)] * 3 + [((slots, heads, bv, CHUNK), dtype),
+    shapes = [((slots, heads, CHUNK, bk), dtype)] * 2 + [((slots, heads, CHUNK, bk), query_dtype),
+                                                        ((slots, heads, bv, CHUNK), dtype),
                                                         ((slots, heads, CHUNK, CHUNK), dtype),
                                                         ((slots, heads, bk), torch.float32)]
     counts = [math.prod(shape) * dt.itemsize for shape, dt in shapes]
@@ -258,12 +303,12 @@ def _options(operands, key_dim, value_dim, block_v):
         raise ValueError(f"triton kda_prefill_chunked: block_v expected a power of two >= 16, got {block_v}")
 
 
-def prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, *, operands="bf16", num_warps=4):
+def prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, *, operands="tf32", num_warps=4):
     """Pass A alone: allocates the scratch and fills it; returns its views ``(w, kg, qg, uᵀ, A_qkᵀ, e^{G_C})``.
     (The launcher's first half; separate so that a benchmark can time the passes one by one.)"""
     heads, key_dim, value_dim, tokens = q.shape[1], q.shape[2], v.shape[2], q.shape[0]
-    code, dtype = OPERANDS[operands]
-    scratch = _scratch(tokens, sequences, heads, _block(key_dim), _block(value_dim), dtype, q.device)
+    code, dtype, query_dtype = OPERANDS[operands]
+    scratch = _scratch(tokens, sequences, heads, _block(key_dim), _block(value_dim), dtype, query_dtype, q.device)
     kda_chunk_prepare_kernel[(tokens // CHUNK + sequences, heads)](
         q, k, v, g, beta,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
@@ -276,13 +321,17 @@ def prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, *, op
     return scratch
 
 
-def recur(scratch, out, cu_seqlens, state_pool, state_ids, *, block_v=64, num_warps=4, num_stages=2):
-    """Pass B alone: the recurrence over ``scratch`` (from :func:`prepare`), writing ``out [T, H, V]`` and the
-    pool rows in place."""
+def recur(scratch, out, cu_seqlens, state_pool, state_ids, *, operands="tf32", block_v=64, num_warps=4,
+          num_stages=2):
+    """Pass B alone: the recurrence over ``scratch`` (from :func:`prepare` with the same ``operands``),
+    writing ``out [T, H, V]`` and the pool rows in place."""
     heads, key_dim, value_dim = out.shape[1], state_pool.shape[2], out.shape[2]
     scratch_v = _block(value_dim)
     block_v = min(block_v, scratch_v)
-    code = {dtype: c for c, dtype in OPERANDS.values()}[scratch[0].dtype]
+    code, dtype, query_dtype = OPERANDS[operands]
+    if (scratch[0].dtype, scratch[2].dtype) != (dtype, query_dtype):
+        raise ValueError(f"triton kda_prefill_chunked: a scratch of {scratch[0].dtype} / {scratch[2].dtype} (w / qg) "
+                         f"is not the {operands!r} mode's {dtype} / {query_dtype}")
     kda_chunk_state_kernel[(triton.cdiv(value_dim, block_v), state_ids.shape[0] * heads)](
         *scratch,
         out, out.stride(0), out.stride(1),
@@ -295,14 +344,14 @@ def recur(scratch, out, cu_seqlens, state_pool, state_ids, *, block_v=64, num_wa
 
 
 def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm, *,
-                        block_v=64, num_warps=4, num_stages=2, prepare_warps=4, operands="bf16"):
+                        block_v=64, num_warps=4, num_stages=2, prepare_warps=4, operands="tf32"):
     """Chunked prefill of packed sequences: q, k, g ``[T, H, K]``, v ``[T, H, V]``, beta ``[T, H]``,
     ``cu_seqlens [B + 1]``, ``state_pool [P, H, K, V]`` fp32 updated in place at ``state_ids [B]``.
     Returns ``[T, H, V]`` in q's dtype. Two launches, no host sync (see the module docstring).
 
     ``block_v``: pass B's V slab (a power of two >= 16; capped at V rounded up); ``num_warps`` /
-    ``num_stages``: pass B's; ``prepare_warps``: pass A's; ``operands``: ``"bf16"``, ``"fp32"`` or
-    ``"fp16"`` (module docstring)."""
+    ``num_stages``: pass B's; ``prepare_warps``: pass A's; ``operands``: ``"tf32"``, ``"mixed"``, ``"bf16"``,
+    ``"fp32"`` or ``"fp16"`` (module docstring)."""
     heads, key_dim, value_dim = q.shape[1], q.shape[2], v.shape[2]
     _options(operands, key_dim, value_dim, block_v)
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
@@ -312,5 +361,5 @@ def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, sca
     _check_state_pool(state_pool)
     scratch = prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, operands=operands,
                       num_warps=prepare_warps)
-    return recur(scratch, out, cu_seqlens, state_pool, state_ids, block_v=block_v, num_warps=num_warps,
-                 num_stages=num_stages)
+    return recur(scratch, out, cu_seqlens, state_pool, state_ids, operands=operands, block_v=block_v,
+                 num_warps=num_warps, num_stages=num_stages)
