@@ -17,7 +17,7 @@ def test_declares_every_op_as_routes_and_each_reference_resolves():
     assert [r.name for r in backend.routes("sparse_mla")] == ["flashmla_decode", "flashmla_prefill",
                                                                  "triton_small_heads", "triton"]
     assert [r.name for r in backend.routes("kda_prefill")] == ["triton_short", "fla_chunk", "triton_recurrent",
-                                                              "triton_chunk"]
+                                                              "triton_chunk", "triton_chunk_mixed"]
     pytest.importorskip("triton")
     for op in OP_NAMES:
         for route in backend.routes(op):

@@ -79,12 +79,22 @@ def kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm):
 
 
 def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
-    """Our chunked kernel (chunks of 16, two passes: :mod:`~dsahal.backends.triton_kernels.kda_chunk`): its
-    ``tf32`` mode (exact pair products, tf32 MMAs, fp32 scratch) for 16-bit inputs, exact fp32 dots for fp32
+    """Our chunked kernel (chunks of 16, two passes: :mod:`~dsahal.backends.triton_kernels.kda_chunk`) in its
+    ``tf32`` mode (fp32 pair products, tf32 MMAs, fp32 scratch) for 16-bit inputs, exact fp32 dots for fp32
     ones (bf16 operands throughout fail the suite's bound on small rows; fp16 ones overflow on strong decays)."""
-    operands = "fp32" if q.dtype == torch.float32 else "tf32"
+    return _chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm, "tf32")
+
+
+def kda_prefill_chunked_mixed(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
+    """The chunked kernel's ``mixed`` mode for 16-bit inputs (fp32 pair products and ``qg``, bf16 elsewhere:
+    half the scratch bytes of ``tf32``), exact fp32 dots for fp32 inputs."""
+    return _chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm, "mixed")
+
+
+def _chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm, mode):
+    options = dict(operands="fp32") if q.dtype == torch.float32 else config.kda_chunk_config(v.shape[-1], mode)
     return _kda_chunk.kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm,
-                                          operands=operands, **config.kda_chunk_config(v.shape[-1]))
+                                          **options)
 
 
 def kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):

@@ -62,9 +62,14 @@ def routes() -> dict[str, list[Route]]:
                     description="exact fp32 recurrent Triton kernel (token by token)"),
             # After a route that takes every call: reached only when forced. Checked under the Triton interpreter
             # only (tests/test_kda_chunk.py); scripts/h200/kda_chunk_check.py measures it against fla first.
+            # Our chunked kernel, two precise modes (bf16 throughout fails the suite's bound on small rows): slower
+            # than fla's chunk_kda on the H200 (BENCHMARKS.md, seventh session), so only when forced
+            # (DSAHAL_ROUTES=kda_prefill:triton_chunk or :triton_chunk_mixed).
             Route("triton_chunk", f"{PACKAGE}.ops:kda_prefill_chunked", f"{PACKAGE}.verifiers:chunk_prefill_accepts",
-                  description="our chunked kernel (chunks of 16, two passes, no host sync); not yet measured on a "
-                              "GPU: only with DSAHAL_ROUTES=kda_prefill:triton_chunk"),
+                  description="our chunked kernel (chunks of 16, two passes, no host sync), tf32 mode; forced only"),
+            Route("triton_chunk_mixed", f"{PACKAGE}.ops:kda_prefill_chunked_mixed",
+                  f"{PACKAGE}.verifiers:chunk_prefill_accepts",
+                  description="our chunked kernel, mixed mode (fp32 pair products and qg, bf16 elsewhere); forced only"),
         ],
         "all_gather": [Route("nccl", f"{PACKAGE}.collectives:all_gather", description="torch.distributed")],
         "all_to_all": [Route("nccl", f"{PACKAGE}.collectives:all_to_all", description="torch.distributed")],

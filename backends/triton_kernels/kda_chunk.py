@@ -89,6 +89,7 @@ MID = 8  # the token whose cumulative gate the chunk's decay factors are relativ
 GATE_MIN = -10.0
 MAX_DIM = 128  # K and V: the pass-A tiles ([16, 128] fp32 per tensor) sized for 4 warps
 # operands -> (the kernels' OPERAND code, the scratch dtype, qg's scratch dtype); docstring's Numerics
+PAIRS = {"ieee": 0, "tf32x3": 1}  # how the tf32 and mixed modes form A and A_qk (see _mm_pair)
 OPERANDS = {"fp32": (0, torch.float32, torch.float32), "bf16": (1, torch.bfloat16, torch.bfloat16),
             "fp16": (2, torch.float16, torch.float16), "tf32": (3, torch.float32, torch.float32),
             "mixed": (4, torch.bfloat16, torch.float32)}
@@ -110,11 +111,16 @@ def _mm(a, b, OPERAND: tl.constexpr):
 
 
 @triton.jit
-def _mm_pair(a, b, OPERAND: tl.constexpr):
-    """The chunk's pair products A and A_qk: exact fp32 in the tf32 and mixed modes (their operands'
-    rounding is what a bf16 chunked form loses most to), else as :func:`_mm`."""
+def _mm_pair(a, b, OPERAND: tl.constexpr, PAIR: tl.constexpr):
+    """The chunk's pair products A and A_qk: fp32 in the tf32 and mixed modes (their operands' rounding is
+    what a bf16 chunked form loses most to), by FMA dots (``PAIR`` 0, ``ieee``) or three tf32 MMAs on a
+    hi/lo split of each operand (``PAIR`` 1, ``tf32x3``: ~21 of fp32's 24 bits, on the tensor cores);
+    else as :func:`_mm`."""
     if OPERAND >= 3:
-        out = tl.dot(a, b, input_precision="ieee")
+        if PAIR == 1:
+            out = tl.dot(a, b, input_precision="tf32x3")
+        else:
+            out = tl.dot(a, b, input_precision="ieee")
     else:
         out = _mm(a, b, OPERAND)
     return out
@@ -146,7 +152,7 @@ def kda_chunk_prepare_kernel(
     decay_ptr,  # scratch [S, H, BLOCK_K] fp32: e^{G_C}
     B, H, K, V, scale, search_steps,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, C: tl.constexpr, M: tl.constexpr, GATE_LO: tl.constexpr,
-    L2NORM: tl.constexpr, OPERAND: tl.constexpr,
+    L2NORM: tl.constexpr, OPERAND: tl.constexpr, PAIR: tl.constexpr,
 ):
     """Pass A: grid ``(T // C + B, H)``; program (slot, head). ``search_steps`` >= log2(B) + 1."""
     slot = tl.program_id(0)
@@ -189,8 +195,8 @@ def kda_chunk_prepare_kernel(
         k_col = k * shrink
         lower = ts[:, None] > ts[None, :]
         # the upper triangle's products may overflow (e^{G_i − G_j} > 1 for j > i): selected away, never scaled
-        a = tl.where(lower, _mm_pair(k * grow, tl.trans(k_col), OPERAND) * beta[:, None], 0.0)
-        a_qk = tl.where(lower | (ts[:, None] == ts[None, :]), _mm_pair(q * grow, tl.trans(k_col), OPERAND) * scale,
+        a = tl.where(lower, _mm_pair(k * grow, tl.trans(k_col), OPERAND, PAIR) * beta[:, None], 0.0)
+        a_qk = tl.where(lower | (ts[:, None] == ts[None, :]), _mm_pair(q * grow, tl.trans(k_col), OPERAND, PAIR) * scale,
                         0.0)
         # T = (I + A)⁻¹ = (I − A)(I + A²)(I + A⁴)(I + A⁸), exact since A is strictly lower (A¹⁶ = 0); fp32
         eye = tl.where(ts[:, None] == ts[None, :], 1.0, 0.0)
@@ -303,7 +309,8 @@ def _options(operands, key_dim, value_dim, block_v):
         raise ValueError(f"triton kda_prefill_chunked: block_v expected a power of two >= 16, got {block_v}")
 
 
-def prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, *, operands="tf32", num_warps=4):
+def prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, *, operands="tf32", pair="ieee",
+            num_warps=4):
     """Pass A alone: allocates the scratch and fills it; returns its views ``(w, kg, qg, uᵀ, A_qkᵀ, e^{G_C})``.
     (The launcher's first half; separate so that a benchmark can time the passes one by one.)"""
     heads, key_dim, value_dim, tokens = q.shape[1], q.shape[2], v.shape[2], q.shape[0]
@@ -316,7 +323,7 @@ def prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, *, op
         cu_seqlens, *scratch,
         sequences, heads, key_dim, value_dim, float(scale), max(1, sequences.bit_length()),
         BLOCK_K=_block(key_dim), BLOCK_V=_block(value_dim), C=CHUNK, M=MID, GATE_LO=GATE_MIN,
-        L2NORM=bool(use_qk_l2norm), OPERAND=code, num_warps=num_warps,
+        L2NORM=bool(use_qk_l2norm), OPERAND=code, PAIR=PAIRS[pair], num_warps=num_warps,
     )
     return scratch
 
@@ -344,22 +351,25 @@ def recur(scratch, out, cu_seqlens, state_pool, state_ids, *, operands="tf32", b
 
 
 def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm, *,
-                        block_v=64, num_warps=4, num_stages=2, prepare_warps=4, operands="tf32"):
+                        block_v=64, num_warps=4, num_stages=2, prepare_warps=4, operands="tf32", pair="ieee"):
     """Chunked prefill of packed sequences: q, k, g ``[T, H, K]``, v ``[T, H, V]``, beta ``[T, H]``,
     ``cu_seqlens [B + 1]``, ``state_pool [P, H, K, V]`` fp32 updated in place at ``state_ids [B]``.
     Returns ``[T, H, V]`` in q's dtype. Two launches, no host sync (see the module docstring).
 
     ``block_v``: pass B's V slab (a power of two >= 16; capped at V rounded up); ``num_warps`` /
     ``num_stages``: pass B's; ``prepare_warps``: pass A's; ``operands``: ``"tf32"``, ``"mixed"``, ``"bf16"``,
-    ``"fp32"`` or ``"fp16"`` (module docstring)."""
+    ``"fp32"`` or ``"fp16"`` (module docstring); ``pair``: ``"ieee"`` or ``"tf32x3"``, how those two modes
+    form A and A_qk (:func:`_mm_pair`)."""
     heads, key_dim, value_dim = q.shape[1], q.shape[2], v.shape[2]
     _options(operands, key_dim, value_dim, block_v)
+    if pair not in PAIRS:
+        raise ValueError(f"triton kda_prefill_chunked: pair expected one of {sorted(PAIRS)}, got {pair!r}")
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     sequences = state_ids.shape[0]
     if out.numel() == 0 or sequences == 0 or key_dim == 0:
         return out.zero_()
     _check_state_pool(state_pool)
-    scratch = prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, operands=operands,
+    scratch = prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, operands=operands, pair=pair,
                       num_warps=prepare_warps)
     return recur(scratch, out, cu_seqlens, state_pool, state_ids, operands=operands, block_v=block_v,
                  num_warps=num_warps, num_stages=num_stages)

@@ -44,13 +44,15 @@ SCALE_LENGTHS = [4096] * 8
 TIMED = [("8 x 4096", [4096] * 8),
          ("mixed 128..8192", [128, 8192, 1000, 4096, 300, 2048, 512, 8192, 640, 3000])]
 # (name, launcher options): the default first (pass A / pass B alone are timed for it)
-VARIANTS = [("chunked tf32 bv64 w4 s3 (default)", dict(operands="tf32", block_v=64, num_warps=4, num_stages=3)),
-            ("chunked tf32 bv64 w4 s2", dict(operands="tf32", block_v=64, num_warps=4, num_stages=2)),
-            ("chunked tf32 bv64 w4 s3, pass A 8 warps", dict(operands="tf32", block_v=64, num_warps=4, num_stages=3,
-                                                              prepare_warps=8)),
-            ("chunked tf32 bv32 w4 s3", dict(operands="tf32", block_v=32, num_warps=4, num_stages=3)),
-            ("chunked mixed bv64 w4 s3", dict(operands="mixed", block_v=64, num_warps=4, num_stages=3)),
-            ("chunked bf16 bv64 w4 s3 (below the suite's bound on small rows)",
+VARIANTS = [("chunked tf32 bv64 w4 s2 (default)", dict(operands="tf32", block_v=64, num_warps=4, num_stages=2)),
+            ("chunked tf32 tf32x3 pairs s2", dict(operands="tf32", pair="tf32x3", block_v=64, num_warps=4,
+                                                  num_stages=2)),
+            ("chunked mixed s3", dict(operands="mixed", block_v=64, num_warps=4, num_stages=3)),
+            ("chunked mixed tf32x3 pairs s3", dict(operands="mixed", pair="tf32x3", block_v=64, num_warps=4,
+                                                   num_stages=3)),
+            ("chunked mixed tf32x3 pairs s2", dict(operands="mixed", pair="tf32x3", block_v=64, num_warps=4,
+                                                   num_stages=2)),
+            ("chunked bf16 s3 (below the suite's bound on small rows)",
              dict(operands="bf16", block_v=64, num_warps=4, num_stages=3))]
 RTOL = 2.0 ** -6  # bf16 operands / outputs: the conformance suite's normwise tolerance
 FP32_RTOL = 1e-5  # the fp32-operand path on fp32 inputs, normwise
@@ -200,7 +202,8 @@ def time_case(torch, kda_chunk, chunk_kda, route, label, lengths, ceiling, passe
             q, k, v, g, beta, cu, pool, ids, scale, True, **options)))
         if n == 0:  # the default's two passes alone (pass B on one filled scratch)
             operands = options.get("operands", "tf32")
-            pass_a = lambda: kda_chunk.prepare(q, k, v, g, beta, cu, len(lengths), scale, True, operands=operands)
+            pass_a = lambda: kda_chunk.prepare(q, k, v, g, beta, cu, len(lengths), scale, True, operands=operands,
+                                               pair=options.get("pair", "ieee"))
             scratch = pass_a()
             out = torch.empty(v.shape, dtype=q.dtype, device=DEVICE)
             recur_options = {key: options[key] for key in ("block_v", "num_warps", "num_stages") if key in options}
