@@ -27,9 +27,10 @@ from torch import nn
 from .. import ops
 from ..cache.layout import FP32_BYTES, KDA_CONV_PROJECTIONS, conv_state_offset, kda_conv_kernel
 from ..ops._dispatch import tracing
+from . import fused
 from .batch import BatchMeta
 from .layers import GatedRMSNorm
-from .packed import adjacent_stack, project
+from .packed import adjacent_stack, pack_rows, project
 from .short_conv import conv_decode, conv_prefill, state_rows
 
 
@@ -115,15 +116,27 @@ class KdaLayer(nn.Module):
         self.gate_up = nn.Linear(rank, heads * head_dim, bias=True)
         self.o_norm = GatedRMSNorm(head_dim, config.rms_norm_eps)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        self._conv_memo: dict = {}  # pack_rows' memo of the three conv weights
 
-    def log_decay(self, x: torch.Tensor, low: torch.Tensor | None = None) -> torch.Tensor:
-        """g ``[T, H, K]`` fp32, every entry ≤ 0 (a decay factor exp(g) in (0, 1]). ``low``: ``decay_down(x)``
-        when already computed."""
+    def log_decay(self, x: torch.Tensor, low: torch.Tensor | None = None,
+                  up: torch.Tensor | None = None) -> torch.Tensor:
+        """g ``[T, H, K]`` fp32, every entry ≤ 0 (a decay factor exp(g) in (0, 1]). ``low``: ``decay_down(x)``,
+        ``up``: ``decay_up(low)``, when already computed."""
         tokens = x.shape[0]
         bias = self.dt_bias if self.dt_bias.dtype.itemsize <= 4 else self.dt_bias.float()  # widened exactly
-        raw = self.decay_up(self.decay_down(x) if low is None else low).float() + bias
+        if up is None:
+            up = self.decay_up(self.decay_down(x) if low is None else low)
+        raw = up.float() + bias
         rate = torch.exp(self.A_log.float())[None, :, None]
         return -rate * nn.functional.softplus(raw).view(tokens, self.heads, self.head_dim)
+
+    def gates(self, x: torch.Tensor, decay_low: torch.Tensor, beta_raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(g ``[T, H, K]`` fp32 (:meth:`log_decay`), β ``[T, H]`` fp32 ``= sigmoid(beta_proj(x))``) from the
+        projections ``decay_down(x)`` and ``beta_proj(x)``; the elementwise math in one kernel on CUDA."""
+        raw = self.decay_up(decay_low)
+        if fused.active(raw, beta_raw, self.dt_bias, self.A_log):
+            return fused.kda_gates(raw, self.dt_bias, self.A_log, beta_raw, self.heads, self.head_dim)
+        return self.log_decay(x, decay_low, raw), torch.sigmoid(beta_raw.float())
 
     def states(self, cache: Union[torch.Tensor, KdaStates], check: bool = True) -> KdaStates:
         """The layer's recurrent and conv state pools from its cache entry: a packed-cache recurrent-state view
@@ -133,8 +146,16 @@ class KdaLayer(nn.Module):
         return KdaStates(cache, conv_state_view(cache, self.conv_kernel, check=check))
 
     def short_conv(self, qkv: torch.Tensor, meta: BatchMeta, conv_pool: torch.Tensor) -> torch.Tensor:
-        """silu(causal conv) of the stacked projections ``[T, 3, H * K]``, updating the requests' conv states."""
-        weight = torch.stack([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])  # [3, HK, W]
+        """silu(causal conv) of the stacked projections ``[T, 3, H * K]``, updating the requests' conv states.
+        A decode step on CUDA runs it as one kernel (:func:`dsahal.model.fused.conv_decode`) over the three weights
+        packed into one buffer (:func:`~dsahal.model.packed.pack_rows`; stacked where they cannot be)."""
+        parts = (self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight)
+        if meta.decode and fused.active(qkv, *parts):
+            packed = pack_rows(list(parts), self._conv_memo)
+            weight = torch.stack(parts) if packed is None else packed.view(len(parts), *parts[0].shape)
+            if fused.conv_weight_ok(weight, conv_pool):
+                return fused.conv_decode(qkv, weight, conv_pool, meta.state_ids)
+        weight = torch.stack(parts)  # [3, HK, W]
         if meta.decode:
             rows = meta.once("kda conv state rows", lambda: state_rows(meta.state_ids))  # alike in every layer
             return conv_decode(qkv, weight, conv_pool, meta.state_ids, rows)
@@ -154,8 +175,7 @@ class KdaLayer(nn.Module):
         # Views of the conv's [T, 3, H * K] output: the decode op reads rows by stride; prefill gets copies (fla).
         q, k, v = (t.view(shape) if meta.decode else t.contiguous().view(shape)
                    for t in self.short_conv(qkv, meta, states.conv).unbind(1))
-        g = self.log_decay(x, decay_low)
-        beta = torch.sigmoid(beta_raw.float())
+        g, beta = self.gates(x, decay_low, beta_raw)
         if meta.decode:
             o = ops.kda_decode(q, k, v, g, beta, states.recurrent, meta.state_ids, use_qk_l2norm=True, check=check)
         else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import fused
 from .packed import project
 
 
@@ -21,7 +22,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """The norm of x in x's dtype; with ``residual`` (x's shape and dtype), of ``s = x + residual`` instead, and
+        the pair ``(norm(s), s)`` is returned (the block's residual add fused with the next norm: one kernel on
+        CUDA, :func:`dsahal.model.fused.rms_norm`)."""
+        if fused.active(x, self.weight) and (residual is None or residual.dtype == x.dtype):
+            return fused.rms_norm(x, self.weight, self.eps, residual)
+        if residual is not None:
+            x = x + residual
+            return self.normalize(x).to(x.dtype), x
         return self.normalize(x).to(x.dtype)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
@@ -39,6 +48,8 @@ class GatedRMSNorm(RMSNorm):
     """
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if fused.active(x, gate, self.weight) and x.dim() == 3 and gate.shape == x.shape and gate.dtype == x.dtype:
+            return fused.gated_rms_norm(x, gate, self.weight, self.eps)  # one kernel on CUDA
         normed = self.normalize(x)
         if x.dtype.itemsize < 4:  # a 16-bit x: the norm is rounded to it before the gate, as it always was
             normed = normed.to(x.dtype).float()
@@ -75,4 +86,11 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = project(x, (self.gate, self.up))  # one matmul where the weights are packed
-        return self.down(nn.functional.silu(gate) * up)
+        return self.down(swiglu_act(gate, up))
+
+
+def swiglu_act(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) · up`` (``[..., I]`` each, one dtype): one kernel on CUDA (:func:`dsahal.model.fused.swiglu`)."""
+    if fused.active(gate, up) and gate.dtype == up.dtype and gate.shape == up.shape:
+        return fused.swiglu(gate, up)
+    return nn.functional.silu(gate) * up

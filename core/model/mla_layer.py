@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import fused
 from .batch import BatchMeta, DsaLayerCache
 from .dsa_attention import DsaAttention
 from .indexer import INDEX_SCALE_FORMATS, hadamard_rotate, index_query_and_weights
@@ -127,15 +128,30 @@ class MlaLayer(nn.Module):
         q = self.q_up(c_q).view(tokens, heads, self.nope_dim + self.rope_dim)
         q_nope, q_rope = q.split([self.nope_dim, self.rope_dim], dim=-1)
         c_kv, k_rope = kv.split([self.latent_rank, self.rope_dim], dim=-1)
-        roped = self.rope.apply(torch.cat([q_rope, k_rope[:, None]], dim=1), cos, sin)  # [T, H + 1, 64]
         w_uk, w_uv = self.absorbed_weights()
-        q_absorbed = torch.cat([torch.einsum("thd,hdr->thr", q_nope, w_uk), roped[:, :heads]], dim=-1)
-        latent = torch.cat([self.kv_norm(c_kv), roped[:, heads]], dim=-1)
+        q_absorbed, latent = self.query_latent(torch.einsum("thd,hdr->thr", q_nope, w_uk), q_rope, c_kv, k_rope,
+                                               cos, sin)
         q_index, k_index, index_weights = self.fused_indexer_inputs(c_q, index_k, index_w, meta)
         attention.write(cache, latent, k_index, meta)
         o_latent = attention.attend(cache, q_index, index_weights, q_absorbed, meta, self.topk, self.softmax_scale)
         o = torch.einsum("thr,hvr->thv", o_latent.to(x.dtype), w_uv)
         return self.o_proj(o.reshape(tokens, heads * self.v_dim))
+
+    def query_latent(self, q_nope_absorbed: torch.Tensor, q_rope: torch.Tensor, c_kv: torch.Tensor,
+                     k_rope: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(absorbed query ``[T, H, 576]`` = ``[W_UKᵀ q_nope, RoPE(q_rope)]``, latent ``[T, 576]`` = ``[RMSNorm(c_kv),
+        RoPE(k_rope)]``) from q_nope_absorbed ``[T, H, 512]``, q_rope ``[T, H, 64]``, c_kv ``[T, 512]``, k_rope
+        ``[T, 64]``: the query's and the key's RoPE in one rotation (the key as one more head); all of it one
+        kernel on CUDA (:func:`dsahal.model.fused.mla_query_latent`)."""
+        heads = q_rope.shape[1]
+        norm = self.kv_norm
+        if (fused.active(q_rope, q_nope_absorbed, c_kv, k_rope, norm.weight, cos)
+                and fused.mla_inputs_ok(q_nope_absorbed, q_rope, c_kv, k_rope, cos)):
+            return fused.mla_query_latent(q_nope_absorbed, q_rope, c_kv, k_rope, norm.weight, norm.eps, cos, sin,
+                                          self.rope.layout == "interleaved")
+        roped = self.rope.apply(torch.cat([q_rope, k_rope[:, None]], dim=1), cos, sin)  # [T, H + 1, 64]
+        q_absorbed = torch.cat([q_nope_absorbed, roped[:, :heads]], dim=-1)
+        return q_absorbed, torch.cat([self.kv_norm(c_kv), roped[:, heads]], dim=-1)
 
     @staticmethod
     def cos_sin(rope, meta: BatchMeta) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,6 +167,14 @@ class MlaLayer(nn.Module):
         tokens, heads = c_q.shape[0], self.index_heads
         cos, sin = self.cos_sin(self.index_rope, meta)
         q = self.index_q_up(c_q).view(tokens, heads, self.index_dim)
+        norm = self.index_k_norm
+        if (norm.weight is not None and norm.bias is not None
+                and fused.active(q, index_k, index_w, norm.weight, norm.bias, cos)
+                and fused.indexer_inputs_ok(q, index_k, index_w, cos)):
+            # one kernel on CUDA: LayerNorm, RoPE, the rotation, the query's FP8 quantisation, the head weights
+            return fused.indexer_inputs(q, index_k, norm.weight, norm.bias, norm.eps, cos, sin,
+                                        self.index_rope.layout == "interleaved", index_w, fp8=self.index_query_fp8,
+                                        scale_fmt=self.index_scale_fmt)
         qk = torch.cat([q, self.index_k_norm(index_k)[:, None]], dim=1)  # [T, Hi + 1, 128]
         qk = torch.cat([self.index_rope.apply(qk[..., :INDEX_ROPE_DIM], cos, sin), qk[..., INDEX_ROPE_DIM:]], dim=-1)
         qk = hadamard_rotate(qk)

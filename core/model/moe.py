@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .layers import SwiGLU
+from .layers import SwiGLU, swiglu_act
 from ..ops._dispatch import tracing
 from .packed import pack_rows
 
@@ -135,6 +135,6 @@ class MoE(nn.Module):
         for start in range(0, experts, chunk):
             stop = min(start + chunk, experts)
             gate, up = torch.matmul(x, gate_up[start:stop].transpose(1, 2)).chunk(2, dim=-1)  # [e, T, I] each
-            y = torch.bmm(nn.functional.silu(gate) * up, down[start:stop].transpose(1, 2))  # [e, T, hidden]
+            y = torch.bmm(swiglu_act(gate, up), down[start:stop].transpose(1, 2))  # [e, T, hidden]
             out = out + (combine[:, start:stop].t().unsqueeze(-1) * y.to(out.dtype)).sum(dim=0)
         return out

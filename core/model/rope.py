@@ -38,6 +38,7 @@ from typing import Optional
 import torch
 
 from ..ops._dispatch import recording
+from . import fused
 
 ROPE_LAYOUTS = ("interleaved", "rotate_half")
 YARN_KEYS = ("type", "rope_type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
@@ -165,8 +166,10 @@ class Rope:
         """cos and sin ``[T, dim/2]`` fp32 for integer ``positions`` ``[T]``."""
         wide = torch.float64 if positions.device.type in ("cpu", "cuda") else torch.float32
         inv_freq = self.inv_freq(positions.device, wide)
-        angles = positions.to(wide)[:, None] * inv_freq[None, :]
         factor = self.attention_factor
+        if factor == 1.0 and wide == torch.float64 and positions.stride(-1) == 1 and fused.active(positions):
+            return fused.rope_cos_sin(positions, inv_freq)  # one kernel on CUDA instead of six
+        angles = positions.to(wide)[:, None] * inv_freq[None, :]
         if factor == 1.0:
             return torch.cos(angles).float(), torch.sin(angles).float()
         return (torch.cos(angles) * factor).float(), (torch.sin(angles) * factor).float()

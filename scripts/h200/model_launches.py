@@ -4,6 +4,7 @@ Usage (from the repository with dsahal importable)::
 
     python3 scripts/h200/model_launches.py [--backend nvidia] [--requests 64] [--context 4096]   # on the H200
     python3 scripts/h200/model_launches.py --cpu-smoke     # on a CPU: TRITON_INTERPRET=1, a shrunken config
+    python3 scripts/h200/model_launches.py --cpu-smoke --unfused   # the same, the model's torch chains
 
 The step is built exactly as ``dsahal bench --op model`` builds it (:func:`dsahal.bench.model_step.decode_setup`:
 the model on the meta device materialised on the device, a randomly filled cache, one token per request at
@@ -12,6 +13,12 @@ k31-pro-slice's structure (layer pattern, dense MLPs, formats, bfloat16) with sm
 counts are the H200 step's counts (nothing in the step branches on a width), but for ``F.rms_norm``: the CPU runs
 its composite (pow, mean, add, rsqrt, mul), CUDA one ``aten._fused_rms_norm`` kernel, which is what the smoke run
 counts (the CUDA run counts what CUDA dispatches).
+
+The model's elementwise chains run as fused Triton kernels on CUDA (:mod:`dsahal.model.fused`); the smoke run
+forces that path on the CPU (``fused.forced_on_host``, the kernels under the interpreter), so it counts what the
+H200 step launches. ``--unfused`` counts (and on CUDA times) the torch chains instead (``fused.disabled``), the
+step before the fusion. On CUDA the fused step is also checked against the unfused one (logits within rounding,
+the same greedy tokens, the same cache rows written) and both eager steps are timed.
 
 Steps, in order:
 
@@ -35,6 +42,7 @@ Ops inside a Triton launch (the interpreter's copies) are not counted. Well unde
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import time
@@ -50,6 +58,7 @@ NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_str
              "sym_numel", "sym_storage_offset", "is_same_size", "_has_compatible_shallow_copy_type"}
 LAUNCHES = ("kernel_ops", "other_ops", "triton")
 GRAPH_TOL = 1e-3  # replay vs the same step eager: the same kernels on the same inputs
+FUSED_TOL = 2e-2  # fused vs unfused step: bf16 roundings within one ulp, a few of them flipped (test_model_fused)
 
 
 def op_launches_kernel(func) -> bool:
@@ -240,6 +249,8 @@ def main(argv=None) -> int:
     parser.add_argument("--top-ops", type=int, default=12, help="also list the most dispatched ops (0: none)")
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="the CPU under TRITON_INTERPRET=1: shrunken widths, 4 requests; counts, no timing")
+    parser.add_argument("--unfused", action="store_true",
+                        help="count and time the model's torch chains, not its fused Triton kernels (the CUDA path)")
     args = parser.parse_args(argv)
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
@@ -256,6 +267,7 @@ def main(argv=None) -> int:
 
     from dsahal.bench.model_step import check_model_decode, decode_setup
     from dsahal.config import load_config
+    from dsahal.model import fused
     from dsahal.registry import use_backend
 
     if args.cpu_smoke and args.backend != "reference":
@@ -263,7 +275,8 @@ def main(argv=None) -> int:
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter smoke run)"
     print(f"device {name}  torch {torch.__version__}  triton {triton.__version__}  backend {args.backend}")
     failures = []
-    with use_backend(args.backend):
+    path = fused.disabled() if args.unfused else (fused.forced_on_host() if args.cpu_smoke else contextlib.nullcontext())
+    with use_backend(args.backend), path:
         ok, detail = check_model_decode(device, args.backend)
         print(f"check_model_decode: {'pass' if ok else 'FAIL'}: {detail} ({time.time() - started:.0f} s)", flush=True)
         if not ok:
@@ -278,12 +291,14 @@ def main(argv=None) -> int:
         if not bool(torch.isfinite(eager).all()):
             failures.append("eager step: non-finite logits")
         counter = count_step(torch, setup, device)
-        timings = None
+        timings = other_ms = None
         if device == "cuda":
             timings = time_step(torch, setup, requests, pool_before, eager, failures)
+            if not args.unfused:
+                other_ms = check_against_unfused(torch, fused, setup, pool_before, failures)
     print(f"\n{config.name}, {requests} requests at context {context}, {str(dtype).replace('torch.', '')}, backend "
-          f"{args.backend}; counted on the second eager step" +
-          ("; F.rms_norm counted as CUDA's one fused kernel" if device != "cuda" else ""))
+          f"{args.backend}; {'unfused torch chains' if args.unfused else 'fused elementwise kernels'}; counted on the "
+          f"second eager step" + ("; F.rms_norm counted as CUDA's one fused kernel" if device != "cuda" else ""))
     print("\n".join(table(counter, config, timings)))
     if args.top_ops:
         top = sorted(counter.names.items(), key=lambda kv: -kv[1])[:args.top_ops]
@@ -293,7 +308,34 @@ def main(argv=None) -> int:
         launches = sum(c["kernel_ops"] + c["other_ops"] + c["triton"] for c in counter.counts.values())
         print(f"host time per launch implied by (eager - graph) / launches: "
               f"{1e3 * (timings[0] - timings[1]) / launches:.1f} us")
+    if other_ms is not None:
+        print(f"the same step unfused (the torch chains): eager {other_ms:.3f} ms; fused / unfused "
+              f"{timings[0] / other_ms:.2f}")
     return finish("model_launches", failures, started)
+
+
+def check_against_unfused(torch, fused, setup, pool_before, failures) -> float:
+    """The fused step against the same step with the torch chains (logits within :data:`FUSED_TOL`, the same greedy
+    tokens, the same cache rows written); returns the unfused eager step's ms."""
+    from dsahal.bench.measure import relative_error
+
+    setup.cache.pool.copy_(pool_before)
+    got = setup.step().clone()
+    wrote = (setup.cache.pool != pool_before).any(dim=-1)
+    setup.cache.pool.copy_(pool_before)
+    with fused.disabled():
+        want = setup.step().clone()
+        wrote_unfused = (setup.cache.pool != pool_before).any(dim=-1)
+        unfused_ms = timing.bench_ms(setup.step, "cuda")
+    err = relative_error(got, want)
+    same_tokens = bool(torch.equal(got.argmax(dim=-1), want.argmax(dim=-1)))
+    same_rows = bool(torch.equal(wrote, wrote_unfused))
+    print(f"fused vs unfused step: logits rel err {err:.1e} (tol {FUSED_TOL:.0e}), greedy tokens equal: {same_tokens}, "
+          f"same cache rows written: {same_rows}", flush=True)
+    if not (err < FUSED_TOL and same_tokens and same_rows):
+        failures.append(f"fused vs unfused step: rel err {err:.1e} (tol {FUSED_TOL:.0e}), tokens equal {same_tokens}, "
+                        f"rows equal {same_rows}")
+    return unfused_ms
 
 
 def time_step(torch, setup, requests, pool_before, eager, failures):
