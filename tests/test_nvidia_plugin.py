@@ -16,8 +16,8 @@ def test_declares_every_op_as_routes_and_each_reference_resolves():
     assert set(backend.ops) == set(OP_NAMES) and not backend.verifiers
     assert [r.name for r in backend.routes("sparse_mla")] == ["flashmla_decode", "flashmla_prefill",
                                                                  "triton_small_heads", "triton"]
-    assert [r.name for r in backend.routes("kda_prefill")] == ["triton_short", "fla_chunk", "triton_recurrent",
-                                                              "triton_chunk", "triton_chunk_mixed"]
+    assert [r.name for r in backend.routes("kda_prefill")] == ["triton_short", "triton_chunk_mixed", "fla_chunk",
+                                                              "triton_recurrent", "triton_chunk"]
     pytest.importorskip("triton")
     for op in OP_NAMES:
         for route in backend.routes(op):
@@ -178,3 +178,24 @@ def test_the_few_heads_route_takes_the_formats_it_measured_faster_on():
     assert not ok and "float32 queries" in why
     ok, why = call("fp8_ds_mla")
     assert not ok and "GPU" in why  # past its own limits: the meta tensors are not on a GPU
+
+
+def test_the_mixed_chunked_route_takes_16_bit_inputs_and_leaves_fp32_to_the_exact_kernel():
+    from dsahal.backends.nvidia.verifiers import chunk_mixed_accepts
+
+    def call(dtype, key_dim=128):
+        tokens, heads = 600, 2
+        q, k = (torch.randn(tokens, heads, key_dim).to(dtype) for _ in range(2))
+        v = torch.randn(tokens, heads, 128).to(dtype)
+        g = -torch.rand(tokens, heads, key_dim)
+        beta = torch.rand(tokens, heads).to(dtype)
+        cu = torch.tensor([0, 100, tokens], dtype=torch.int32)
+        pool = torch.zeros(2, heads, key_dim, 128)
+        return chunk_mixed_accepts(q, k, v, g, beta, cu, pool, torch.tensor([0, 1], dtype=torch.int32), None, True)
+
+    ok, reason = call(torch.bfloat16)  # past the route's own checks, to the kernels' limits (CPU tensors here)
+    assert not ok and "cuda" in reason and "recurrent" not in reason, reason
+    ok, reason = call(torch.float32)
+    assert not ok and "fp32" in reason and "recurrent" in reason, reason
+    ok, reason = call(torch.bfloat16, key_dim=192)
+    assert not ok and "K = 192" in reason, reason

@@ -163,13 +163,16 @@ def kda_prefill_config(value_dim: int) -> dict:
 @functools.lru_cache(maxsize=16)
 def kda_chunk_config(value_dim: int, mode: str = "tf32") -> dict:
     """Launch of the chunked KDA prefill (``backends/triton_kernels/kda_chunk.py``) for 16-bit inputs in one
-    of its precise operand modes: ``"tf32"`` (route ``triton_chunk``) or ``"mixed"`` (``triton_chunk_mixed``).
+    of its precise operand modes: ``"mixed"`` (route ``triton_chunk_mixed``, the default order's) or
+    ``"tf32"`` (``triton_chunk``, forced only).
 
-    H200, 2026-12-01 (seventh session, scripts/h200/kda_chunk_check.py, 32 heads, K = V = 128, 8 x 4096
-    tokens, fla's chunk_kda 3.81 ms in the same run): bf16 operands 2.50 ms (s3; 1.52x fla, but below the
-    conformance suite's bound on small rows), tf32 mode 5.42 (s2) / 5.87 (s3), mixed 4.41 (s3); pass A at 8
-    warps 8.6 (worse). Nsight Compute: pass A L1/shared-memory bound (84% of L1/TEX throughput; 255 registers in
-    the tf32 mode, 12.5% occupancy), pass B one program per SM by shared memory in the tf32 mode."""
+    H200, 2026-12-01 (seventh session, scripts/h200/kda_chunk_check.py, 32 heads, K = V = 128; fla's chunk_kda
+    3.81 ms at 8 x 4096 and 3.38 ms at mixed lengths 128..8192 in the same runs): mixed with tf32x3 pair
+    products, 3 stages **3.66 / 3.45 ms** (2 stages 3.76 / 3.52; ieee pair products 4.42 / 4.11); tf32 mode
+    tf32x3 2 stages 4.82 / 4.78 (ieee 5.44 / 5.31; 3 stages slower); bf16 operands 2.51 / 2.34 (1.52x fla, but
+    below the conformance suite's bound on small rows, so no route); pass A at 8 warps slower (8.6 ms).
+    Nsight Compute (ieee pairs): pass A is L1/shared-memory bound (84% of L1/TEX throughput; 255 registers in
+    the tf32 mode, 12.5% occupancy), pass B runs one program per SM (shared memory) in the tf32 mode."""
     if mode == "mixed":
         return dict(operands="mixed", pair="tf32x3", block_v=64, num_warps=4, num_stages=3, prepare_warps=4)
     return dict(operands="tf32", pair="tf32x3", block_v=64, num_warps=4, num_stages=2, prepare_warps=4)

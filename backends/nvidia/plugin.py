@@ -56,20 +56,22 @@ def routes() -> dict[str, list[Route]]:
         "kda_prefill": [
             Route("triton_short", f"{PACKAGE}.ops:kda_prefill", f"{PACKAGE}.verifiers:short_prefill_accepts",
                   description=f"the token-by-token kernel for calls of <= {SHORT_PREFILL_TOKENS} tokens (faster than fla there)"),
+            # Our chunked kernel in its mixed mode (fp32 pair products and qg, bf16 elsewhere), ahead of fla: on the
+            # H200 (BENCHMARKS.md, seventh session) as fast as fla's chunk_kda itself and 1.25-1.35x faster than the
+            # fla route (whose pool gather/scatter it does not need), and certified by the conformance suite at 200
+            # examples, which fla's chunk_kda is not (single rows beyond the bf16 bound).
+            Route("triton_chunk_mixed", f"{PACKAGE}.ops:kda_prefill_chunked_mixed",
+                  f"{PACKAGE}.verifiers:chunk_mixed_accepts",
+                  description="our chunked kernel (chunks of 16, two passes, no host sync), mixed precision"),
             Route("fla_chunk", f"{PACKAGE}.kda_fla:kda_prefill_fla", f"{PACKAGE}.kda_fla:accepts",
                   probe=f"{PACKAGE}.kda_fla:probe", description="fla-core chunk_kda (bf16/fp16 inputs)"),
             _triton("kda_prefill", name="triton_recurrent",
                     description="exact fp32 recurrent Triton kernel (token by token)"),
-            # After a route that takes every call: reached only when forced. Checked under the Triton interpreter
-            # only (tests/test_kda_chunk.py); scripts/h200/kda_chunk_check.py measures it against fla first.
-            # Our chunked kernel, two precise modes (bf16 throughout fails the suite's bound on small rows): slower
-            # than fla's chunk_kda on the H200 (BENCHMARKS.md, seventh session), so only when forced
-            # (DSAHAL_ROUTES=kda_prefill:triton_chunk or :triton_chunk_mixed).
+            # After a route that takes every call: reached only when forced (DSAHAL_ROUTES=kda_prefill:triton_chunk).
+            # The chunked kernel's tf32 mode: more precise than mixed (worst 3.3e-3 vs 1.1e-2 of the suite's 1.6e-2
+            # bound in a float64 emulation), 1.3x slower.
             Route("triton_chunk", f"{PACKAGE}.ops:kda_prefill_chunked", f"{PACKAGE}.verifiers:chunk_prefill_accepts",
-                  description="our chunked kernel (chunks of 16, two passes, no host sync), tf32 mode; forced only"),
-            Route("triton_chunk_mixed", f"{PACKAGE}.ops:kda_prefill_chunked_mixed",
-                  f"{PACKAGE}.verifiers:chunk_prefill_accepts",
-                  description="our chunked kernel, mixed mode (fp32 pair products and qg, bf16 elsewhere); forced only"),
+                  description="our chunked kernel, tf32 mode (fp32 pair products and scratch, tf32 MMAs); forced only"),
         ],
         "all_gather": [Route("nccl", f"{PACKAGE}.collectives:all_gather", description="torch.distributed")],
         "all_to_all": [Route("nccl", f"{PACKAGE}.collectives:all_to_all", description="torch.distributed")],

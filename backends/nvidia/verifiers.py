@@ -58,8 +58,16 @@ def chunk_prefill_accepts(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, s
     return limits.kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm)
 
 
+def chunk_mixed_accepts(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
+    """The chunked kernel's mixed mode, ahead of fla: 16-bit inputs (fp32 ones go on to the exact recurrent
+    kernel, as before: the chunked kernel's exact fp32 dots spill on sm_90), and what the chunked kernel takes."""
+    if q.dtype == torch.float32:
+        return False, "fp32 inputs: the exact recurrent kernel serves them (the chunked kernel's fp32 dots spill)"
+    return chunk_prefill_accepts(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm)
+
+
 def short_prefill_accepts(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
     """The recurrent kernel ahead of fla for short calls (``T <= SHORT_PREFILL_TOKENS``); longer ones go on."""
     if q.shape[0] > SHORT_PREFILL_TOKENS:
-        return False, f"{q.shape[0]} tokens > {SHORT_PREFILL_TOKENS}: fla's chunked kernel is faster there"
+        return False, f"{q.shape[0]} tokens > {SHORT_PREFILL_TOKENS}: the chunked kernels are faster there"
     return limits.kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm)
