@@ -9,7 +9,9 @@ loaded once per program into one ``[P * BLOCK_H, 128]`` operand (row ``g * BLOCK
 head ``h``), each tile runs ``keys @ q_stackᵀ -> [BLOCK_N, P * BLOCK_H]`` once, and each member's head
 columns are summed by one of (``STACK``, :data:`STACK_MODES`):
 
-1. relu x weight in registers, ``tl.reshape`` to ``[BLOCK_N, P, BLOCK_H]``, ``tl.sum(axis=2)``;
+1. relu x weight in registers (the weights re-read per tile, L1 hits), ``tl.reshape`` to
+   ``[BLOCK_N, P, BLOCK_H]`` (no data movement: Triton gives the result a linear layout over the same
+   registers) and ``tl.sum(axis=2)``;
 2. relu x weight in registers, then a second MMA against the constant block-diagonal 0/1 matrix
    ``[P * BLOCK_H, 16]`` (column ``j`` sums member ``j``'s heads; 16 is the smallest dot N), its fp32
    operand split into bf16 hi + lo: two bf16 MMAs. The split keeps ~16 significant bits (relative error
@@ -29,6 +31,10 @@ padded (``SPLIT`` off) ``n`` = 1, 2, 3-4, 5-8 run one piece of P = 1, 2, 4, 8 (p
 and weights, never stored); with ``SPLIT`` ``n`` runs as its binary pieces (5 = 4 + 1, 3 = 2 + 1,
 7 = 4 + 2 + 1), one MMA each and no padded rows (at 5 tokens N = 128 + 32 rather than 256: 5/8 of the MMA
 work).
+
+Each member's scores are then stored as in indexer_decode (one ``[BLOCK_N]`` row per member and tile).
+The ``[BLOCK_N, P * BLOCK_H]`` fp32 accumulator costs P * BLOCK_H / 4 registers per thread at 4 warps (128 at
+8 x 32): padded 5-token segments spill in modes 2 and 3 (sm_90 AOT compile), split ones do not.
 
 Not claimed batch invariant: a token's score comes from an MMA of N = P x BLOCK_H, and P depends on its
 segment (``scripts/h200/indexer_sweep.py`` reports whether the H200 gives the same bits anyway).
@@ -94,13 +100,14 @@ def _stack_queries(q_ptr, stride_qt, stride_qh, t0, n, H, J0: tl.constexpr, P: t
 
 
 @triton.jit
-def _weights(seg, J0: tl.constexpr, P: tl.constexpr, BLOCK_H: tl.constexpr):
+def _weights(seg, H: tl.constexpr, J0: tl.constexpr, P: tl.constexpr, BLOCK_H: tl.constexpr):
     """The stacked rows' head weights ``[P * BLOCK_H]`` fp32, zero on padded rows (whatever the weights of
-    the tokens there: 0 · Inf would be NaN). ``seg``: (t0, n, pos_ptr, w_ptr, stride_wt, H)."""
+    the tokens there: 0 · Inf would be NaN). ``seg``: the segment, (t0, member count n, pos_ptr, w_ptr,
+    stride_wt)."""
     r = tl.arange(0, P * BLOCK_H)
     g = J0 + r // BLOCK_H
     h = r % BLOCK_H
-    real = (g < seg[1]) & (h < seg[5])
+    real = (g < seg[1]) & (h < H)
     return tl.load(seg[3] + (seg[0] + tl.where(real, g, 0)).to(tl.int64) * seg[4] + h, mask=real, other=0.0)
 
 
@@ -123,23 +130,23 @@ def _hdot(a, b, acc, DOT: tl.constexpr):
 
 
 @triton.jit
-def _piece_operands(q_ptr, stride_qt, stride_qh, seg, J0: tl.constexpr, P: tl.constexpr, BLOCK_H: tl.constexpr,
-                    STACK: tl.constexpr, DOT: tl.constexpr):
+def _piece_operands(q_ptr, stride_qt, stride_qh, seg, H: tl.constexpr, J0: tl.constexpr, P: tl.constexpr,
+                    BLOCK_H: tl.constexpr, STACK: tl.constexpr, DOT: tl.constexpr):
     """One piece's per-program operands: (stacked queries, the head-sum MMA's block-diagonal operand
     ``[P * BLOCK_H, HSUM_N]`` as hi, lo). That operand has row ``g * BLOCK_H + h``'s one nonzero in column
     ``g``: 1 (``STACK == 2``; lo is 0) or the row's head weight (``STACK == 3``); unused with ``STACK == 1``."""
-    q = _stack_queries(q_ptr, stride_qt, stride_qh, seg[0], seg[1], seg[5], J0, P, BLOCK_H, DOT)
+    q = _stack_queries(q_ptr, stride_qt, stride_qh, seg[0], seg[1], H, J0, P, BLOCK_H, DOT)
     r = tl.arange(0, P * BLOCK_H)
     own = (r // BLOCK_H)[:, None] == tl.arange(0, HSUM_N)[None, :]
     if STACK == 3:
-        m_hi, m_lo = _split(tl.where(own, _weights(seg, J0, P, BLOCK_H)[:, None], 0.0), DOT)
+        m_hi, m_lo = _split(tl.where(own, _weights(seg, H, J0, P, BLOCK_H)[:, None], 0.0), DOT)
     else:
         m_hi, m_lo = _split(tl.where(own, 1.0, 0.0), DOT)
     return q, m_hi, m_lo
 
 
 @triton.jit
-def _piece_sums(keys, scale, piece, seg, J0: tl.constexpr, P: tl.constexpr, BLOCK_H: tl.constexpr,
+def _piece_sums(keys, scale, piece, seg, H: tl.constexpr, J0: tl.constexpr, P: tl.constexpr, BLOCK_H: tl.constexpr,
                 STACK: tl.constexpr, DOT: tl.constexpr):
     """``Σ_h w[g, h] · relu(q[g, h] · k[s]) · scale[s]`` for the piece's members ``g`` on this tile:
     ``[BLOCK_N, P]`` fp32 (``STACK == 1``) or ``[BLOCK_N, HSUM_N]`` (columns ``>= P`` zero)."""
@@ -156,7 +163,7 @@ def _piece_sums(keys, scale, piece, seg, J0: tl.constexpr, P: tl.constexpr, BLOC
     else:
         # the weights are re-read per tile (L1 hits), as indexer_decode does: held for the program they
         # would take P * BLOCK_H / 4 registers per thread at 4 warps
-        x = tl.maximum(logits, 0.0) * _weights(seg, J0, P, BLOCK_H)[None, :]
+        x = tl.maximum(logits, 0.0) * _weights(seg, H, J0, P, BLOCK_H)[None, :]
         if STACK == 1:
             sums = tl.sum(tl.reshape(x, [BLOCK_N, P, BLOCK_H]), axis=2)  # in-thread adds and lane shuffles
         else:
@@ -168,33 +175,27 @@ def _piece_sums(keys, scale, piece, seg, J0: tl.constexpr, P: tl.constexpr, BLOC
 @triton.jit
 def _store_members(out_ptr, stride_ot, seg, J0: tl.constexpr, P: tl.constexpr, GROUP: tl.constexpr, sums, s, seen,
                    max_context):
-    """Column ``j`` of ``sums`` (or, with ``sums`` None, -inf: a dead tile) -> member ``J0 + j``'s row, -inf
-    where the block is not ``seen`` (unmapped) or ``s`` is past the member's position. One 1-D store per
+    """Column ``j`` of ``sums`` -> member ``J0 + j``'s row, -inf where the block is not ``seen`` (unmapped,
+    or a dead tile: past the segment's reach) or ``s`` is past the member's position. One 1-D store per
     member as in indexer_decode, its position a scalar load (an L1 hit): a 2-D store of the piece with
     member vectors held from the prologue made Triton convert the vectors, masks and pointers through
     shared memory on every tile."""
-    if sums is not None:
-        C: tl.constexpr = sums.shape[1]
-        cols = tl.arange(0, C)[None, :]
+    C: tl.constexpr = sums.shape[1]
+    cols = tl.arange(0, C)[None, :]
     for j in tl.static_range(P):
         if J0 + j < GROUP:  # (padded rows past GROUP are never members: nothing compiled for them)
             ok = J0 + j < seg[1]
             t = seg[0] + J0 + j
             pos = tl.load(seg[2] + tl.where(ok, t, seg[0]))
-            if sums is None:
-                score = tl.full(s.shape, float("-inf"), tl.float32)
-                visible = s < 0
-            else:
-                # column j: a select and in-thread adds (plus lane shuffles where columns span lanes)
-                score = tl.sum(tl.where(cols == j, sums, 0.0), axis=1)
-                visible = seen & (s <= pos)
-            _store(out_ptr, stride_ot, t, ok, s, score, visible, max_context)
+            # column j: a select and in-thread adds (plus lane shuffles where columns span lanes)
+            score = tl.sum(tl.where(cols == j, sums, 0.0), axis=1)
+            _store(out_ptr, stride_ot, t, ok, s, score, seen & (s <= pos), max_context)
 
 
 @triton.jit
-def _stack_tile(tile, a, b, mapped, pa, pb, pc, seg, out_ptr, stride_ot, max_context, P0: tl.constexpr,
-                P1: tl.constexpr, P2: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr, STACK: tl.constexpr,
-                DOT: tl.constexpr):
+def _stack_tile(tile, a, b, mapped, pa, pb, pc, seg, out_ptr, stride_ot, max_context, H: tl.constexpr,
+                P0: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr,
+                STACK: tl.constexpr, DOT: tl.constexpr):
     """Scores of key tile ``tile`` (raw bytes ``a``, ``b``) for the segment ``seg`` (see :func:`_weights`):
     one stacked MMA per piece (``pa`` members 0 .. P0 - 1, ``pb`` the next P1, ``pc`` the next P2; a piece of
     0 members is absent)."""
@@ -202,33 +203,33 @@ def _stack_tile(tile, a, b, mapped, pa, pb, pc, seg, out_ptr, stride_ot, max_con
     BLOCK_N: tl.constexpr = scale.shape[0]
     s = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     seen = _lanes(mapped, s)
-    _store_members(out_ptr, stride_ot, seg, 0, P0, GROUP, _piece_sums(keys, scale, pa, seg, 0, P0, BLOCK_H, STACK,
+    _store_members(out_ptr, stride_ot, seg, 0, P0, GROUP, _piece_sums(keys, scale, pa, seg, H, 0, P0, BLOCK_H, STACK,
                                                                        DOT), s, seen, max_context)
     if P1 > 0:
-        _store_members(out_ptr, stride_ot, seg, P0, P1, GROUP, _piece_sums(keys, scale, pb, seg, P0, P1, BLOCK_H,
+        _store_members(out_ptr, stride_ot, seg, P0, P1, GROUP, _piece_sums(keys, scale, pb, seg, H, P0, P1, BLOCK_H,
                                                                             STACK, DOT), s, seen, max_context)
     if P2 > 0:
         _store_members(out_ptr, stride_ot, seg, P0 + P1, P2, GROUP,
-                       _piece_sums(keys, scale, pc, seg, P0 + P1, P2, BLOCK_H, STACK, DOT), s, seen, max_context)
+                       _piece_sums(keys, scale, pc, seg, H, P0 + P1, P2, BLOCK_H, STACK, DOT), s, seen, max_context)
 
 
 @triton.jit
 def _segment(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, out_ptr,
-             stride_ot, seg, req, reach, max_context, num_blocks, max_blocks, block_tokens, DOT: tl.constexpr,
-             TOKEN_BYTES: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
-             TILES: tl.constexpr, LOOP: tl.constexpr, STACK: tl.constexpr, P0: tl.constexpr, P1: tl.constexpr,
-             P2: tl.constexpr):
+             stride_ot, seg, req, reach, max_context, num_blocks, max_blocks, block_tokens, H: tl.constexpr,
+             DOT: tl.constexpr, TOKEN_BYTES: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+             GROUP: tl.constexpr, TILES: tl.constexpr, LOOP: tl.constexpr, STACK: tl.constexpr, P0: tl.constexpr,
+             P1: tl.constexpr, P2: tl.constexpr):
     """This program's key tiles for the segment ``seg`` (see :func:`_weights`; its members' furthest position
     ``reach``), its members run as pieces of P0, P1, P2 (0: none) members. The tile loops (``LOOP``) are
     indexer_decode's: 0 unrolled, 1 / 3 rolled prefetching one / two tiles into registers, 2 rolled for the
     software pipeliner."""
-    pa = _piece_operands(q_ptr, stride_qt, stride_qh, seg, 0, P0, BLOCK_H, STACK, DOT)
+    pa = _piece_operands(q_ptr, stride_qt, stride_qh, seg, H, 0, P0, BLOCK_H, STACK, DOT)
     pb = pa  # placeholders for absent pieces, never used
     pc = pa
     if P1 > 0:
-        pb = _piece_operands(q_ptr, stride_qt, stride_qh, seg, P0, P1, BLOCK_H, STACK, DOT)
+        pb = _piece_operands(q_ptr, stride_qt, stride_qh, seg, H, P0, P1, BLOCK_H, STACK, DOT)
     if P2 > 0:
-        pc = _piece_operands(q_ptr, stride_qt, stride_qh, seg, P0 + P1, P2, BLOCK_H, STACK, DOT)
+        pc = _piece_operands(q_ptr, stride_qt, stride_qh, seg, H, P0 + P1, P2, BLOCK_H, STACK, DOT)
     first = tl.program_id(1) * TILES
     # tiles holding a visible key (s <= reach, s < max_context) get loads and MMAs; the rest -inf only
     last = tl.minimum(reach, max_context - 1)
@@ -239,7 +240,7 @@ def _segment(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, pages_f32, s32_b, bloc
             if i < live:
                 a, b, mapped = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
                                          first + i, num_blocks, max_blocks, block_tokens, 1, TOKEN_BYTES, BLOCK_N, 0)
-                _stack_tile(first + i, a, b, mapped, pa, pb, pc, seg, out_ptr, stride_ot, max_context, P0, P1, P2,
+                _stack_tile(first + i, a, b, mapped, pa, pb, pc, seg, out_ptr, stride_ot, max_context, H, P0, P1, P2,
                             BLOCK_H, GROUP, STACK, DOT)
     elif LOOP == 1:
         if live > 0:
@@ -254,7 +255,7 @@ def _segment(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, pages_f32, s32_b, bloc
                                                  TOKEN_BYTES, BLOCK_N, 0)
                 entry = _table_entry(block_table_ptr, stride_bt, req64, first + tl.minimum(i + 2, live - 1),
                                      max_blocks, block_tokens, BLOCK_N)
-                _stack_tile(first + i, a, b, mapped, pa, pb, pc, seg, out_ptr, stride_ot, max_context, P0, P1, P2,
+                _stack_tile(first + i, a, b, mapped, pa, pb, pc, seg, out_ptr, stride_ot, max_context, H, P0, P1, P2,
                             BLOCK_H, GROUP, STACK, DOT)
     elif LOOP == 3:
         if live > 0:
@@ -273,17 +274,19 @@ def _segment(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, pages_f32, s32_b, bloc
                                                     TOKEN_BYTES, BLOCK_N, 0)
                 entry = _table_entry(block_table_ptr, stride_bt, req64, first + tl.minimum(i + 3, live - 1),
                                      max_blocks, block_tokens, BLOCK_N)
-                _stack_tile(first + i, a, b, mapped, pa, pb, pc, seg, out_ptr, stride_ot, max_context, P0, P1, P2,
+                _stack_tile(first + i, a, b, mapped, pa, pb, pc, seg, out_ptr, stride_ot, max_context, H, P0, P1, P2,
                             BLOCK_H, GROUP, STACK, DOT)
     else:
         for i in range(live):
             a, b, mapped = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64, first + i,
                                      num_blocks, max_blocks, block_tokens, 1, TOKEN_BYTES, BLOCK_N, 0)
-            _stack_tile(first + i, a, b, mapped, pa, pb, pc, seg, out_ptr, stride_ot, max_context, P0, P1, P2,
+            _stack_tile(first + i, a, b, mapped, pa, pb, pc, seg, out_ptr, stride_ot, max_context, H, P0, P1, P2,
                         BLOCK_H, GROUP, STACK, DOT)
     for i in range(live, TILES):
         s = (first + i) * BLOCK_N + tl.arange(0, BLOCK_N)
-        _store_members(out_ptr, stride_ot, seg, 0, P0 + P1 + P2, GROUP, None, s, s >= 0, max_context)
+        # unseen: every member's row -inf (the column sums are never read)
+        _store_members(out_ptr, stride_ot, seg, 0, P0 + P1 + P2, GROUP, tl.zeros([BLOCK_N, 1], tl.float32), s, s < 0,
+                       max_context)
 
 
 @triton.jit(do_not_specialize=SIZE_ARGS)
@@ -306,56 +309,56 @@ def indexer_stack_kernel(
         ok, pos = _members(req_ptr, pos_ptr, off_ptr, t0, T, req, off0, 0, GROUP, 8, GROUP)
         n = tl.sum(ok.to(tl.int32), axis=0)
         reach = tl.max(pos, axis=0)
-        seg = (t0, n, pos_ptr, w_ptr, stride_wt, H)
+        seg = (t0, n, pos_ptr, w_ptr, stride_wt)
         # one arm per piece layout (uniform branches), compiled only for the counts GROUP allows
         if n == 1:
             _segment(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt,
-                     out_ptr, stride_ot, seg, req, reach, max_context, num_blocks, max_blocks, block_tokens, DOT,
+                     out_ptr, stride_ot, seg, req, reach, max_context, num_blocks, max_blocks, block_tokens, H, DOT,
                      TOKEN_BYTES, BLOCK_H, BLOCK_N, GROUP, TILES, LOOP, STACK, 1, 0, 0)
         if GROUP >= 2:
             if n == 2:
                 _segment(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt,
-                         out_ptr, stride_ot, seg, req, reach, max_context, num_blocks, max_blocks, block_tokens, DOT,
+                         out_ptr, stride_ot, seg, req, reach, max_context, num_blocks, max_blocks, block_tokens, H, DOT,
                          TOKEN_BYTES, BLOCK_H, BLOCK_N, GROUP, TILES, LOOP, STACK, 2, 0, 0)
         if SPLIT:  # binary pieces, largest first
             if GROUP >= 3:
                 if n == 3:
                     _segment(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, pages_f32, s32_b, block_table_ptr,
                              stride_bt, out_ptr, stride_ot, seg, req, reach, max_context, num_blocks, max_blocks,
-                             block_tokens, DOT, TOKEN_BYTES, BLOCK_H, BLOCK_N, GROUP, TILES, LOOP, STACK, 2, 1, 0)
+                             block_tokens, H, DOT, TOKEN_BYTES, BLOCK_H, BLOCK_N, GROUP, TILES, LOOP, STACK, 2, 1, 0)
             if GROUP >= 4:
                 if n == 4:
                     _segment(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, pages_f32, s32_b, block_table_ptr,
                              stride_bt, out_ptr, stride_ot, seg, req, reach, max_context, num_blocks, max_blocks,
-                             block_tokens, DOT, TOKEN_BYTES, BLOCK_H, BLOCK_N, GROUP, TILES, LOOP, STACK, 4, 0, 0)
+                             block_tokens, H, DOT, TOKEN_BYTES, BLOCK_H, BLOCK_N, GROUP, TILES, LOOP, STACK, 4, 0, 0)
             if GROUP >= 5:
                 if n == 5:
                     _segment(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, pages_f32, s32_b, block_table_ptr,
                              stride_bt, out_ptr, stride_ot, seg, req, reach, max_context, num_blocks, max_blocks,
-                             block_tokens, DOT, TOKEN_BYTES, BLOCK_H, BLOCK_N, GROUP, TILES, LOOP, STACK, 4, 1, 0)
+                             block_tokens, H, DOT, TOKEN_BYTES, BLOCK_H, BLOCK_N, GROUP, TILES, LOOP, STACK, 4, 1, 0)
             if GROUP >= 6:
                 if n == 6:
                     _segment(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, pages_f32, s32_b, block_table_ptr,
                              stride_bt, out_ptr, stride_ot, seg, req, reach, max_context, num_blocks, max_blocks,
-                             block_tokens, DOT, TOKEN_BYTES, BLOCK_H, BLOCK_N, GROUP, TILES, LOOP, STACK, 4, 2, 0)
+                             block_tokens, H, DOT, TOKEN_BYTES, BLOCK_H, BLOCK_N, GROUP, TILES, LOOP, STACK, 4, 2, 0)
             if GROUP >= 7:
                 if n == 7:
                     _segment(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, pages_f32, s32_b, block_table_ptr,
                              stride_bt, out_ptr, stride_ot, seg, req, reach, max_context, num_blocks, max_blocks,
-                             block_tokens, DOT, TOKEN_BYTES, BLOCK_H, BLOCK_N, GROUP, TILES, LOOP, STACK, 4, 2, 1)
+                             block_tokens, H, DOT, TOKEN_BYTES, BLOCK_H, BLOCK_N, GROUP, TILES, LOOP, STACK, 4, 2, 1)
             if GROUP >= 8:
                 if n == 8:
                     _segment(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, pages_f32, s32_b, block_table_ptr,
                              stride_bt, out_ptr, stride_ot, seg, req, reach, max_context, num_blocks, max_blocks,
-                             block_tokens, DOT, TOKEN_BYTES, BLOCK_H, BLOCK_N, GROUP, TILES, LOOP, STACK, 8, 0, 0)
+                             block_tokens, H, DOT, TOKEN_BYTES, BLOCK_H, BLOCK_N, GROUP, TILES, LOOP, STACK, 8, 0, 0)
         else:  # one piece, padded to a power of two
             if GROUP >= 3:
                 if (n == 3) | (n == 4):
                     _segment(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, pages_f32, s32_b, block_table_ptr,
                              stride_bt, out_ptr, stride_ot, seg, req, reach, max_context, num_blocks, max_blocks,
-                             block_tokens, DOT, TOKEN_BYTES, BLOCK_H, BLOCK_N, GROUP, TILES, LOOP, STACK, 4, 0, 0)
+                             block_tokens, H, DOT, TOKEN_BYTES, BLOCK_H, BLOCK_N, GROUP, TILES, LOOP, STACK, 4, 0, 0)
             if GROUP >= 5:
                 if n >= 5:
                     _segment(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, pages_f32, s32_b, block_table_ptr,
                              stride_bt, out_ptr, stride_ot, seg, req, reach, max_context, num_blocks, max_blocks,
-                             block_tokens, DOT, TOKEN_BYTES, BLOCK_H, BLOCK_N, GROUP, TILES, LOOP, STACK, 8, 0, 0)
+                             block_tokens, H, DOT, TOKEN_BYTES, BLOCK_H, BLOCK_N, GROUP, TILES, LOOP, STACK, 8, 0, 0)
