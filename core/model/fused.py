@@ -22,7 +22,9 @@ elementwise chain of products, sums and casts is bitwise. What can differ: a red
 squares and the LayerNorm's moments, the Hadamard rotation's sums, the conv's four taps: fp32 rounding) and, on
 the CPU under the interpreter, the transcendental functions (numpy's exp against torch's; on CUDA the kernels call
 libdevice's ``exp`` / ``log1p`` / ``cos`` / ``sin``, which torch's CUDA kernels compile to as well). A bf16 or fp16
-result is then within one ulp of its dtype, an fp32 one within a few fp32 ulp (tests/test_model_fused.py).
+result is then within one ulp of its dtype (two where a flipped rounding feeds a second one: ``silu(g)`` rounded,
+then its product), an fp32 one within a few fp32 ulp; under the interpreter most 16-bit results come out bitwise
+(tests/test_model_fused.py).
 
 Rounding to bf16 is done in integer arithmetic (:func:`_bf16`, round to nearest even), and FP8 encoding likewise
 (:func:`_e4m3_bits`): the interpreter's float casts to bf16 and float8 truncate, where the GPU's round; the
@@ -41,7 +43,9 @@ import os
 
 import torch
 
+from ..formats.numerics import FP8_MAX
 from ..ops._dispatch import tracing
+from .indexer import AMAX_FLOOR
 
 try:
     import triton
@@ -52,8 +56,6 @@ except ImportError:  # no Triton: active() is False and every call site runs its
 
 FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 _ROUNDING = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the kernels' OUT codes
-FP8_MAX = 448.0
-AMAX_FLOOR = 1e-4  # dsahal.model.indexer.AMAX_FLOOR (not imported: indexer imports this module)
 SOFTPLUS_THRESHOLD = 20.0  # torch's softplus default: above it, softplus(x) = x
 _forced = False  # forced_on_host()
 _disabled = False  # disabled()
@@ -63,6 +65,7 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 if tl is not None:
     _INTERPRETING = tl.constexpr(_INTERPRETED)
     _AMAX_FLOOR = tl.constexpr(AMAX_FLOOR)
+    _FP8_MAX = tl.constexpr(FP8_MAX)
 
 
 def _jit(fn):
@@ -135,53 +138,63 @@ def _bf16(x):
 @_jit
 def _round(x, OUT: tl.constexpr):
     """fp32 x rounded to the output dtype, kept in fp32: OUT 0 fp32 (as is), 1 bf16, 2 fp16."""
+    y = x
     if OUT == 1:
-        return _bf16(x)
+        y = _bf16(x)
     elif OUT == 2:
-        return x.to(tl.float16).to(tl.float32)
-    else:
-        return x
+        y = x.to(tl.float16).to(tl.float32)
+    return y
+
+
+# The transcendental functions: libdevice's on a GPU (what torch's CUDA kernels call: expf, log1pf, cos, sin,
+# rsqrtf), tl's (numpy's) under the interpreter, which has no libdevice. One return each: the branch is static.
 
 
 @_jit
 def _exp(x):
     if _INTERPRETING:
-        return tl.exp(x)
+        y = tl.exp(x)
     else:
-        return libdevice.exp(x)
+        y = libdevice.exp(x)
+    return y
 
 
 @_jit
 def _log1p(x):
     if _INTERPRETING:  # no log1p in tl: log(u) · x / (u - 1), u = 1 + x, accurate to a few ulp (Goldberg)
         u = 1.0 + x
-        return tl.where(u == 1.0, x, tl.log(u) * tl.math.div_rn(x, u - 1.0))
+        exact = (u == 1.0) | (u == float("inf"))  # there log1p(x) = x (to rounding) / the caller's where drops it
+        y = tl.where(exact, x, tl.log(tl.where(exact, 2.0, u)) * tl.math.div_rn(x, tl.where(exact, 1.0, u - 1.0)))
     else:
-        return libdevice.log1p(x)
+        y = libdevice.log1p(x)
+    return y
 
 
 @_jit
 def _cos(x):
     if _INTERPRETING:
-        return tl.cos(x)
+        y = tl.cos(x)
     else:
-        return libdevice.cos(x)
+        y = libdevice.cos(x)
+    return y
 
 
 @_jit
 def _sin(x):
     if _INTERPRETING:
-        return tl.sin(x)
+        y = tl.sin(x)
     else:
-        return libdevice.sin(x)
+        y = libdevice.sin(x)
+    return y
 
 
 @_jit
 def _rsqrt(x):
     if _INTERPRETING:
-        return tl.math.div_rn(1.0, tl.sqrt_rn(x))
+        y = tl.math.div_rn(1.0, tl.sqrt_rn(x))
     else:
-        return libdevice.rsqrt(x)
+        y = libdevice.rsqrt(x)
+    return y
 
 
 @_jit
@@ -223,7 +236,8 @@ def _e4m3_bits(x):
 @_jit
 def _pow2_scale(amax):
     """:func:`dsahal.model.indexer.fp8_pow2_scale` for normal fp32 ``amax > 0``: the smallest power of two
-    ``2^e >= amax / 448``, from amax's bits (``amax = m · 2^k``, m in [0.5, 1): e = k − 9, plus one when m > 0.875)."""
+    ``2^e >= amax / 448`` (FP8_MAX), from amax's bits (``amax = m · 2^k``, m in [0.5, 1): e = k − 9, plus one
+    when m > 0.875)."""
     bits = amax.to(tl.int32, bitcast=True)
     exponent = ((bits >> 23) & 0xFF) - 126
     e = exponent - 9 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
@@ -282,8 +296,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     total = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else out
     res2 = _rows(residual) if residual is not None else x2
     block = triton.next_power_of_2(n)
-    _launch(_rms_norm_kernel, (x2.shape[0],), x2, res2, weight, out, total, n, x2.stride(0), res2.stride(0), n, n,
-            eps, HAS_RES=residual is not None, OUT=_ROUNDING[x.dtype], BLOCK=block, num_warps=_warps(block))
+    if x2.shape[0]:
+        _launch(_rms_norm_kernel, (x2.shape[0],), x2, res2, weight, out, total, n, x2.stride(0), res2.stride(0), n,
+                n, eps, HAS_RES=residual is not None, OUT=_ROUNDING[x.dtype], BLOCK=block, num_warps=_warps(block))
     return out if residual is None else (out, total)
 
 
@@ -425,7 +440,8 @@ def _conv_decode_kernel(x_ptr, w_ptr, pool_ptr, ids_ptr, out_ptr, slots, channel
              .to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def conv_decode(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, state_ids: torch.Tensor) -> torch.Tensor:
+def conv_decode(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor,
+                state_ids: torch.Tensor) -> torch.Tensor:
     """:func:`dsahal.model.short_conv.conv_decode` in one kernel: x ``[B, P, C]`` (unit channel stride);
     weight ``[P, C, W]`` contiguous; conv_pool ``[S, P, W − 1, C]`` fp32 (unit channel stride; updated in place at
     ``state_ids`` ``[B]``, −1: padding, reads zeros and writes nothing). Returns ``silu(conv)`` ``[B, P, C]`` in x's
@@ -447,7 +463,7 @@ def conv_decode(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor, 
 def conv_weight_ok(weight: torch.Tensor, conv_pool: torch.Tensor) -> bool:
     """What :func:`conv_decode` needs of its weight and pool (else the torch path runs)."""
     return (weight.is_contiguous() and conv_pool.dtype == torch.float32 and conv_pool.stride(-1) == 1
-            and weight.shape[-1] == conv_pool.shape[2] + 1)
+            and conv_pool.shape[2] >= 1 and weight.shape[-1] == conv_pool.shape[2] + 1)
 
 
 # --------------------------------------------------------------------------------------------------- RoPE table
@@ -591,8 +607,8 @@ def _indexer_kernel(q_ptr, k_ptr, lnw_ptr, lnb_ptr, cos_ptr, sin_ptr, raww_ptr, 
         if POW2:
             scale = _pow2_scale(amax)
         else:
-            scale = tl.math.div_rn(amax, 448.0)
-        scaled = tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -448.0), 448.0)
+            scale = tl.math.div_rn(amax, _FP8_MAX)
+        scaled = tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -_FP8_MAX), _FP8_MAX)
         tl.store(qo_ptr + (t * heads + r) * DIM + d, _e4m3_bits(scaled).to(tl.uint8), mask=is_q)
         raw = raw * scale
     else:
@@ -620,7 +636,7 @@ def indexer_inputs(q: torch.Tensor, index_k: torch.Tensor, ln_weight: torch.Tens
                 q_out.view(torch.uint8) if fp8 else q_out, k_out, weights, heads, q.stride(0), q.stride(1),
                 index_k.stride(0), raw_weights.stride(0), ln_eps, heads ** -0.5 * dim ** -0.5, dim ** -0.5,
                 OUT=_ROUNDING[dtype], FP8=fp8, POW2=scale_fmt == "ue8m0", INTERLEAVED=interleaved, ROPE=rope,
-                DIM=dim, BLOCK_H=max(16, triton.next_power_of_2(heads + 1)), num_warps=4)
+                DIM=dim, BLOCK_H=max(16, triton.next_power_of_2(heads + 1)), num_warps=8)
     return q_out, k_out, weights
 
 

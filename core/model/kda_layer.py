@@ -130,7 +130,8 @@ class KdaLayer(nn.Module):
         rate = torch.exp(self.A_log.float())[None, :, None]
         return -rate * nn.functional.softplus(raw).view(tokens, self.heads, self.head_dim)
 
-    def gates(self, x: torch.Tensor, decay_low: torch.Tensor, beta_raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def gates(self, x: torch.Tensor, decay_low: torch.Tensor,
+              beta_raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(g ``[T, H, K]`` fp32 (:meth:`log_decay`), β ``[T, H]`` fp32 ``= sigmoid(beta_proj(x))``) from the
         projections ``decay_down(x)`` and ``beta_proj(x)``; the elementwise math in one kernel on CUDA."""
         raw = self.decay_up(decay_low)

@@ -26,7 +26,8 @@ class RMSNorm(nn.Module):
         """The norm of x in x's dtype; with ``residual`` (x's shape and dtype), of ``s = x + residual`` instead, and
         the pair ``(norm(s), s)`` is returned (the block's residual add fused with the next norm: one kernel on
         CUDA, :func:`dsahal.model.fused.rms_norm`)."""
-        if fused.active(x, self.weight) and (residual is None or residual.dtype == x.dtype):
+        if fused.active(x, self.weight) and (residual is None or (residual.dtype == x.dtype
+                                                                   and residual.shape == x.shape)):
             return fused.rms_norm(x, self.weight, self.eps, residual)
         if residual is not None:
             x = x + residual

