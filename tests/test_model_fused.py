@@ -445,8 +445,11 @@ def test_the_indexer_inputs_match_the_torch_chain(measured, layout, dtype, varia
         _bitwise(measured, f"indexer_weights_{case}")
     else:
         _within(measured, f"indexer_query_{case}", 1, 0.1)  # e4m3 codes
-        weights = measured[f"indexer_weights_{case}"]
-        assert weights["finite"] and weights["off"] <= 0.1, f"indexer_weights_{case}: {weights}"
+        if variant == "fp8_fp32":  # the scale amax / 448 carries amax's rounding (the rotation's sums): fp32 ulps
+            _within(measured, f"indexer_weights_{case}", FP32_ULPS, 1.0)
+        else:  # a power-of-two scale: bitwise unless amax crossed a power of two
+            weights = measured[f"indexer_weights_{case}"]
+            assert weights["finite"] and weights["off"] <= 0.1, f"indexer_weights_{case}: {weights}"
 
 
 def test_a_whole_decode_step_matches_the_torch_chains(measured):

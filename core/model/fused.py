@@ -19,7 +19,8 @@ one kernel that computes what the torch chain computes, step by step in fp32 wit
 Exactness, against the same chain in torch on the same device. Every kernel runs its arithmetic in the chain's order
 with floating-point contraction off (``enable_fp_fusion=False``: torch's separate ops round each product), so an
 elementwise chain of products, sums and casts is bitwise. What can differ: a reduction's order (the norms' sums of
-squares and the LayerNorm's moments, the Hadamard rotation's sums, the conv's four taps: fp32 rounding) and, on
+squares and the LayerNorm's moments, the conv's four taps; the Hadamard rotation runs the butterflies of
+``hadamard_butterfly``, where ``hadamard_rotate`` sums by an fp32 matmul: fp32 rounding) and, on
 the CPU under the interpreter, the transcendental functions (numpy's exp against torch's; on CUDA the kernels call
 libdevice's ``exp`` / ``log1p`` / ``cos`` / ``sin``, which torch's CUDA kernels compile to as well). A bf16 or fp16
 result is then within one ulp of its dtype (two where a flipped rounding feeds a second one: ``silu(g)`` rounded,
@@ -560,10 +561,23 @@ def mla_inputs_ok(q_nope_absorbed, q_rope, c_kv, k_rope, cos) -> bool:
 
 
 @_jit
+def _hadamard(x, ROWS: tl.constexpr, DIM: tl.constexpr, LOG2_DIM: tl.constexpr):
+    """x ``[ROWS, DIM]`` times the unscaled Sylvester matrix, as :func:`dsahal.model.indexer.hadamard_butterfly`
+    computes it: log2(DIM) butterflies ``(a, b) -> (a + b, a − b)`` on blocks of ``2w`` columns, w = 1, 2, 4...
+    (the same adds in the same order: bitwise the butterflies; the fp32 matmul of ``hadamard_rotate`` sums in
+    another order). No dot: an fp32 FMA dot of [64, 128] x [128, 128] spilled 11 KB a thread on sm_90."""
+    for stage in tl.static_range(LOG2_DIM):
+        pairs = tl.permute(tl.reshape(x, (ROWS, DIM >> (stage + 1), 2, 1 << stage)), (0, 1, 3, 2))
+        a, b = tl.split(pairs)  # the first and second w columns of each block
+        x = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (ROWS, DIM))
+    return x
+
+
+@_jit
 def _indexer_kernel(q_ptr, k_ptr, lnw_ptr, lnb_ptr, cos_ptr, sin_ptr, raww_ptr, qo_ptr, ko_ptr, wo_ptr,
                     heads, sqt, sqh, skt, swt, ln_eps, weight_scale, hadamard_scale,
                     OUT: tl.constexpr, FP8: tl.constexpr, POW2: tl.constexpr, INTERLEAVED: tl.constexpr,
-                    ROPE: tl.constexpr, DIM: tl.constexpr, BLOCK_H: tl.constexpr):
+                    ROPE: tl.constexpr, DIM: tl.constexpr, LOG2_DIM: tl.constexpr, BLOCK_H: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     r = tl.arange(0, BLOCK_H)[:, None]  # rows 0 .. heads - 1: the query's heads; row `heads`: the shared key
     d = tl.arange(0, DIM)[None, :]
@@ -591,15 +605,8 @@ def _indexer_kernel(q_ptr, k_ptr, lnw_ptr, lnb_ptr, cos_ptr, sin_ptr, raww_ptr, 
     c = tl.load(cos_ptr + t * (ROPE // 2) + pair, mask=roped, other=1.0)
     s = tl.load(sin_ptr + t * (ROPE // 2) + pair, mask=roped, other=0.0)
     x = tl.where(roped, _round(_rotate(x, xp, c, s, sign), OUT), x)
-    # The Hadamard rotation: x · H with H[i, j] = (-1)^popcount(i & j) (Sylvester's order), then the scale.
-    i = tl.arange(0, DIM)[:, None]
-    j = tl.arange(0, DIM)[None, :]
-    bits = i & j  # < 256: three folds give its parity
-    parity = bits ^ (bits >> 4)
-    parity = parity ^ (parity >> 2)
-    parity = (parity ^ (parity >> 1)) & 1
-    hadamard = 1.0 - 2.0 * parity.to(tl.float32)
-    y = _round(tl.dot(x, hadamard, input_precision="ieee") * hadamard_scale, OUT)
+    # The Hadamard rotation (Sylvester's matrix, unscaled), then the scale.
+    y = _round(_hadamard(x, BLOCK_H, DIM, LOG2_DIM) * hadamard_scale, OUT)
     tl.store(ko_ptr + t * DIM + d + r * 0, y.to(ko_ptr.dtype.element_ty), mask=is_k)  # the key's row only
     raw = tl.load(raww_ptr + t * swt + r, mask=is_q, other=0.0).to(tl.float32) * weight_scale  # [BLOCK_H, 1]
     if FP8:
@@ -636,16 +643,16 @@ def indexer_inputs(q: torch.Tensor, index_k: torch.Tensor, ln_weight: torch.Tens
                 q_out.view(torch.uint8) if fp8 else q_out, k_out, weights, heads, q.stride(0), q.stride(1),
                 index_k.stride(0), raw_weights.stride(0), ln_eps, heads ** -0.5 * dim ** -0.5, dim ** -0.5,
                 OUT=_ROUNDING[dtype], FP8=fp8, POW2=scale_fmt == "ue8m0", INTERLEAVED=interleaved, ROPE=rope,
-                DIM=dim, BLOCK_H=max(16, triton.next_power_of_2(heads + 1)), num_warps=8)
+                DIM=dim, LOG2_DIM=dim.bit_length() - 1, BLOCK_H=triton.next_power_of_2(heads + 1), num_warps=4)
     return q_out, k_out, weights
 
 
 def indexer_inputs_ok(q, index_k, raw_weights, cos) -> bool:
     """What :func:`indexer_inputs` needs (else the torch path runs): unit last strides, one dtype, a power-of-two
-    head dim up to 256 (the in-kernel Hadamard matrix), RoPE dims a power of two within it."""
+    head dim, RoPE dims a power of two within it."""
     dim, rope = q.shape[-1], 2 * cos.shape[-1]
     return (all(p.stride(-1) == 1 for p in (q, index_k, raw_weights)) and index_k.dtype == q.dtype
-            and 16 <= dim <= 256 and dim & (dim - 1) == 0 and 2 <= rope <= dim and rope & (rope - 1) == 0
+            and 2 <= dim <= 1024 and dim & (dim - 1) == 0 and 2 <= rope <= dim and rope & (rope - 1) == 0
             and cos.is_contiguous() and cos.dtype == torch.float32)
 
 
