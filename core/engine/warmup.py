@@ -5,10 +5,11 @@ kernels on first use (H200, k31-pro-slice, empty cache: fla's chunk_kda kernels 
 top-k 4.4 s, sparse MLA 2.4 s), one kernel after the other in the order the model launches them. The
 warm-up runs the same launches up front as independent *jobs* on threads, so the compilations overlap:
 
-- ``KDA prefill``: the first KDA layer's attention on a dummy batch of the first real prefill step's shape
-  (same token count, sequences, dtype, cache views), ``KDA decode`` a decode-shaped step (one token per
-  request) on the last KDA layer (the same one when there is only one: the values are dummy);
-- ``DSA prefill`` / ``DSA decode``: the same for the DSA (MLA + indexer) layers;
+- ``KDA prefill``: the first KDA block (norms, attention, MLP: on CUDA the model's glue is fused Triton
+  kernels of its own, ``dsahal.model.fused``, which compile too) on a dummy batch of the first real prefill
+  step's shape (same token count, sequences, dtype, cache views), ``KDA decode`` a decode-shaped step (one
+  token per request) on the last KDA block (the same one when there is only one: the values are dummy);
+- ``DSA prefill`` / ``DSA decode``: the same for the DSA (MLA + indexer) blocks;
 - ``sparse MLA prefill`` / ``decode``: :func:`dsahal.ops.sparse_mla` alone with the arguments the DSA layer
   hands it, so its kernels compile beside the indexer's instead of after them.
 
@@ -172,11 +173,9 @@ def _jobs(engine, dummy: _Dummy, generator: torch.Generator) -> list[tuple[str, 
         x = hidden_states(meta.num_tokens)
 
         def step() -> None:
-            h = block.attn_norm(x)
-            if block.kind == "kda":
-                block.attn(h, meta, views.layer(index), check=model.check_ops)
-            else:
-                block.attn(h, meta, views.layer(index), model.attention)
+            # the whole block, not its attention alone: on CUDA its norms, residual adds and MLP activation are
+            # the model's own fused Triton kernels (dsahal.model.fused), which also compile on first use
+            block(x, meta, views.layer(index), model.attention, model.check_ops)
         return step
 
     def sparse_mla_step(index: int, meta: BatchMeta) -> Callable[[], None]:
