@@ -1,6 +1,7 @@
 """The KDA (Kimi Delta Attention) layer: projections, short convolutions and gates in plain torch, the
 recurrence through :func:`dsahal.ops.kda_prefill` / :func:`dsahal.ops.kda_decode` with the state in the
-cache pool.
+cache pool. On CUDA the decode step's short convolution, the gates and the gated output norm run as one fused
+Triton kernel each (:mod:`dsahal.model.fused`).
 
 Per head (H heads, K = V = ``kda_head_dim``), following flash-linear-attention's KDA layer:
 

@@ -117,7 +117,8 @@ class MlaLayer(nn.Module):
         The same values as :meth:`queries`, :meth:`latent` and :meth:`indexer_inputs`, in fewer launches (the
         eager decode step is bound by host time per launch): cos / sin once per step for every rope of the same
         frequencies (:meth:`BatchMeta.once`), the query's and the shared key's RoPE in one rotation (the key as
-        one more head), the indexer's query and key likewise through one RoPE and one Hadamard rotation.
+        one more head), the indexer's query and key likewise through one RoPE and one Hadamard rotation. On CUDA
+        each of those two is one fused kernel (:meth:`query_latent`, :meth:`fused_indexer_inputs`).
         """
         tokens, heads = x.shape[0], self.heads
         cos, sin = self.cos_sin(self.rope, meta)
