@@ -32,9 +32,6 @@ values unscaled (bf16, fp16 or e4m3 operands), run one K = 32 MMA per 32-dim sca
 each block's ``[BLOCK_N, BLOCK_H]`` result by that key's power of two ``2^(byte - 121)`` (the scale
 times 2^6) before the sum over blocks and the relu, so no value is scaled before its MMA.
 
-``stack`` (launcher) runs :mod:`.indexer_stack`'s kernel instead: the same tiles and loops, a segment's
-tokens stacked along N into one MMA per tile (FP8 keys).
-
 Grid: ``(T, key-tile chunks)``; axis 0 indexes a device-built list of segment starts (live segments
 first, the rest ``T``: those programs exit at once), so there is no host sync. Tile loops (``LOOP``):
 0 unrolled, 1 rolled with the next tile's bytes loaded into registers before this tile's MMAs (one
@@ -603,42 +600,16 @@ def _check_mxfp4_mode(mode, q, index_fmt, scaled_dot) -> int:
     return mode
 
 
-def _check_stack(stack, stack_split, index_fmt, group, block_h) -> int:
-    """``stack`` as :mod:`.indexer_stack`'s ``STACK`` constexpr, or a ValueError naming what does not fit."""
-    from .indexer_stack import MAX_STACK_ROWS, STACK_MODES, largest_piece
-
-    if stack not in STACK_MODES:
-        raise ValueError(f"triton indexer_score: stack must be one of {sorted(STACK_MODES)} "
-                         f"({', '.join(f'{k} {v}' for k, v in STACK_MODES.items())}), got {stack!r}")
-    if stack == 0:
-        if stack_split:
-            raise ValueError(f"triton indexer_score: stack_split splits the stacked MMA (stack > 0), got "
-                             f"stack_split={stack_split!r} with stack=0")
-        return 0
-    if index_fmt != "fp8":
-        raise ValueError(f"triton indexer_score: stack {stack} ({STACK_MODES[stack]}) takes FP8 keys, got "
-                         f"index_fmt={index_fmt!r}")
-    rows = largest_piece(group, bool(stack_split)) * block_h
-    if rows > MAX_STACK_ROWS:
-        raise ValueError(f"triton indexer_score: stack {stack} stacks up to {MAX_STACK_ROWS} token x head rows "
-                         f"per MMA (wgmma N <= 256), got {rows} (group={group}, "
-                         f"stack_split={bool(stack_split)}, {block_h} heads padded)")
-    return stack
-
-
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, index_fmt, max_context, out, *,
            dot, block_n=64, group=5, tiles=4, loop=0, num_warps=4, num_stages=1, scaled_dot=0,
-           typed_keys=False, mxfp4_mode=0, stack=0, stack_split=False):
+           typed_keys=False, mxfp4_mode=0):
     """Run :func:`indexer_tiles_kernel` (the caller checked :func:`serves`). ``group`` tokens per
     segment (<= 8), ``tiles`` key tiles per program, ``loop``: 0 unrolled, 1 rolled with the next tile
     prefetched into registers (3: the next two), 2 rolled for the software pipeliner (``num_stages``); ``scaled_dot``:
     MXFP4 through ``tl.dot_scaled`` (1; 2 with fast_math), else decoded explicitly; ``typed_keys``: FP8
     keys read through an e4m3 view for FP8 MMAs (the MMA then takes them from shared memory; through the
     uint8 view they reach it from registers); ``mxfp4_mode`` (MXFP4 keys, ``scaled_dot=0``): one of
-    :data:`MXFP4_MODES` (0, the default, as before); ``stack`` (FP8 keys): one of
-    :data:`.indexer_stack.STACK_MODES`, the segment's tokens stacked into one MMA per tile (0, the default:
-    this module's kernel, one MMA per token), ``stack_split``: stacked as binary pieces (5 = 4 + 1 tokens)
-    rather than padded to a power of two."""
+    :data:`MXFP4_MODES` (0, the default, as before)."""
     tokens, heads, _ = q.shape
     if not 1 <= group <= MAX_GROUP:
         raise ValueError(f"triton indexer_score: the block-tile path takes 1..{MAX_GROUP} tokens per segment "
@@ -649,7 +620,6 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     mx = _check_mxfp4_mode(mxfp4_mode, q, index_fmt, scaled_dot)
     block_n = tile_keys(index_pages.shape[1], block_n)
     block_h = max(16, triton.next_power_of_2(heads))
-    stack = _check_stack(stack, stack_split, index_fmt, group, block_h)
     u8 = index_pages.view(torch.float8_e4m3fn) if typed_keys and index_fmt == "fp8" and dot == DOT_FP8 \
         else index_pages
     if index_fmt == "fp8":
@@ -662,21 +632,6 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     # (axis 1 holds at most 65535: longer rows get more tiles per program; a score does not depend on it)
     tiles = max(tiles, triton.cdiv(max_context, block_n * 65535))
     grid = (tokens, triton.cdiv(max_context, block_n * tiles))
-    if stack:
-        from .indexer_stack import indexer_stack_kernel  # (it imports this module's tile helpers)
-
-        indexer_stack_kernel[grid](
-            q, q.stride(0), q.stride(1), weights, weights.stride(0),
-            u8, index_pages.stride(0), f32, s32_b,
-            block_table, block_table.stride(0),
-            req_ids, positions, run_offset, seg,
-            out, out.stride(0),
-            tokens, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1],
-            H=heads, DOT=dot, TOKEN_BYTES=index_pages.shape[-1], BLOCK_H=block_h, BLOCK_N=block_n, GROUP=group,
-            TILES=tiles, LOOP=loop, STACK=stack, SPLIT=bool(stack_split),
-            num_warps=num_warps, num_stages=num_stages,
-        )
-        return out
     indexer_tiles_kernel[grid](
         q, q.stride(0), q.stride(1), weights, weights.stride(0),
         u8, index_pages.stride(0), f32, s32_b,

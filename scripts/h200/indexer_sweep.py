@@ -3,7 +3,7 @@ path (``backends/triton_kernels/indexer_decode.py``), checked and timed in the s
 
 Usage (on a CUDA machine, from the repository root with dsahal importable)::
 
-    python3 scripts/h200/indexer_sweep.py [--stack] [--cpu-smoke]
+    python3 scripts/h200/indexer_sweep.py [--cpu-smoke]
 
 Steps, in order, each printed:
 
@@ -20,13 +20,6 @@ Steps, in order, each printed:
 
 The prefill chunk reads 4.3 MB of keys (L2-resident) 512 times: its key-bytes column is not a bandwidth,
 and its TFLOP/s column says how close it runs to the tensor cores.
-
-``--stack`` (< 150 s): FP8 keys and FP8 queries only, the stacked block tiles
-(``backends/triton_kernels/indexer_stack.py``: a segment's tokens in one MMA per key tile; stack modes 1-3,
-padded or split pieces) against the backend default (the per-token block tiles) at 64 x 1, 64 x 2, 64 x 5
-at 128K and 8 x 1 at 1M. Its checks add a case of requests with 1, 2, 3, 4, 5 and 7 tokens (every piece
-layout of a 5-token group), and each check line says whether token 1 scored alone gives the same bits as
-in the batch (``alone==batch``; informational: the stacked MMA's N depends on the segment).
 
 A failed check is listed and the script exits with one ``error:`` line (after timing what did pass).
 """
@@ -45,87 +38,22 @@ BLOCK_TOKENS = 64
 TOL = 1e-4
 TOL_FP8_MMA = 5e-4
 DEVICE = "cuda"  # --cpu-smoke: "cpu" under TRITON_INTERPRET=1
-STACK = False  # --stack: the stacked block tiles against the per-token ones (FP8 keys, FP8 q)
+
 
 
 def shapes():
     """[(label, requests, tokens per request, keys per request)]."""
     if DEVICE == "cpu":
-        if STACK:
-            return [("2x1 @48", 2, 1, 48), ("2x2 @48", 2, 2, 48), ("2x5 @48", 2, 5, 48)]
         return [("2x1 @48", 2, 1, 48), ("2x5 @48", 2, 5, 48), ("prefill 20 @48", 1, 20, 48)]
     k = 1024
-    if STACK:
-        return [("64x1 @128K", 64, 1, 128 * k), ("64x2 @128K", 64, 2, 128 * k), ("64x5 @128K", 64, 5, 128 * k),
-                ("8x1 @1M", 8, 1, 1024 * k)]
     return [("64x1 @128K", 64, 1, 128 * k), ("64x2 @128K", 64, 2, 128 * k), ("64x5 @128K", 64, 5, 128 * k),
             ("8x1 @1M", 8, 1, 1024 * k), ("prefill 4096 @32K", 1, 4096, 32 * k)]
-
-
-def stack_variants(torch):
-    """--stack: [(keys, q dtype, label, kwargs)], FP8 keys and queries; kwargs with ``stack`` go to
-    :func:`call_stacked`. Registers per thread in the sm_90 AOT compile (local Triton 3.9) in brackets:
-    4 warps at <= 128 keep 4 programs on an SM, at <= 168 three, at <= 255 two; 8 warps at <= 128 two."""
-    from dsahal.backends.nvidia.config import indexer_config
-
-    fp8 = torch.float8_e4m3fn
-    if DEVICE == "cpu":  # interpreter: modes 2 and 3 sum heads by bf16 MMAs, wrong there (tests use fp32)
-        tiles = dict(block_n=16, tile_group=5, tiles=2, tile_loop=1, num_warps=4, num_stages=1, typed_keys=True)
-        return [("fp8", fp8, "backend default", dict(block_n=16, group=2, tiles=2)),
-                ("fp8", fp8, "tiles prefetch", dict(tiles, block_tiles=True)),
-                ("fp8", fp8, "stack1 split", dict(tiles, stack=1, stack_split=True)),
-                ("fp8", fp8, "stack1 pad pipelined", dict(tiles, stack=1, tile_loop=2))]
-    tiles = dict(block_n=64, tile_group=5, tiles=16, tile_loop=1, num_warps=4, num_stages=1, typed_keys=True)
-    split = dict(tiles, stack_split=True)
-    return [("fp8", fp8, "backend default", dict(indexer_config(HEADS, fp8, "fp8"))),  # per token, A-regs [134]
-            ("fp8", fp8, "tiles prefetch x16", dict(tiles, block_tiles=True)),  # per token [120]
-            ("fp8", fp8, "stack1 split", dict(split, stack=1)),  # [168]
-            ("fp8", fp8, "stack1 split A-regs", dict(split, stack=1, typed_keys=False)),  # [192]
-            ("fp8", fp8, "stack1 split 8 warps", dict(split, stack=1, num_warps=8)),  # [126]
-            ("fp8", fp8, "stack1 split prefetch2", dict(split, stack=1, tile_loop=3)),  # [179]
-            ("fp8", fp8, "stack1 split pipelined x8 s3", dict(split, stack=1, tiles=8, tile_loop=2,
-                                                              num_stages=3)),  # [193]
-            ("fp8", fp8, "stack1 pad", dict(tiles, stack=1)),  # [216]
-            ("fp8", fp8, "stack2 split", dict(split, stack=2)),  # [177]
-            ("fp8", fp8, "stack3 split", dict(split, stack=3)),  # [176]
-            ("fp8", fp8, "stack2 pad", dict(tiles, stack=2)),  # [255, 208 B spilled]
-            ("fp8", fp8, "stack3 pad", dict(tiles, stack=3))]  # [255, 208 B spilled]
-
-
-def call_stacked(torch, q, w, pages, table, req, pos, fmt, context, cfg, out=None):
-    """The stacked block tiles through :func:`indexer_decode.launch` (``indexer_score`` does not forward
-    ``stack``), with the per-call work ``indexer_score`` does for the block tiles (run offsets)."""
-    from dsahal.backends.triton_kernels import indexer_decode
-    from dsahal.backends.triton_kernels.indexer import pick_dot, run_offsets
-
-    dot = pick_dot(q.dtype, fmt)
-    if not indexer_decode.serves(q, pages, fmt, dot, cfg["block_n"]):
-        raise CheckError(f"indexer_sweep: the block tiles do not serve this call ({fmt} keys, q {q.dtype}, pages "
-                         f"{list(pages.shape)}), so {cfg} would not run stacked")
-    if out is None:
-        out = torch.empty(q.shape[0], context, device=q.device)
-    return indexer_decode.launch(q, w, pages, table, req, pos, run_offsets(req), fmt, context, out, dot=dot,
-                                 block_n=cfg["block_n"], group=cfg["tile_group"], tiles=cfg["tiles"],
-                                 loop=cfg["tile_loop"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                                 typed_keys=cfg["typed_keys"], stack=cfg["stack"],
-                                 stack_split=cfg.get("stack_split", False))
-
-
-def call(torch, q, w, pages, table, req, pos, fmt, context, cfg, out=None):
-    """One variant's scores ``[T, context]``."""
-    if "stack" in cfg:
-        return call_stacked(torch, q, w, pages, table, req, pos, fmt, context, cfg, out)
-    from dsahal.backends.triton_kernels.indexer import indexer_score
-
-    return indexer_score(q, w, pages, table, req, pos, fmt, context, out=out, **cfg)
 
 
 def variants(torch):
     """[(keys, q dtype, label, launcher kwargs)]: the backend's configuration first per (keys, q)."""
     from dsahal.backends.nvidia.config import indexer_config
 
-    if STACK:
-        return stack_variants(torch)
     bf16, fp8 = torch.bfloat16, torch.float8_e4m3fn
     if DEVICE == "cpu":  # interpreter: bf16 dots are wrong there; FP8 MMAs and dot_scaled are exact
         small = dict(block_n=16, group=2, tiles=2)
@@ -162,13 +90,12 @@ def build_pool(torch, fmt, blocks, gen):
 
 def inputs(torch, requests, per_request, context, blocks, gen):
     """Block table (each request its own random blocks), request ids, and the last ``per_request``
-    positions of a ``context``-key request (``per_request``: one count for all, or one per request)."""
-    counts = [per_request] * requests if isinstance(per_request, int) else list(per_request)
+    positions of a ``context``-key request."""
     per_req_blocks = -(-context // BLOCK_TOKENS)
     table = torch.randperm(blocks, device=DEVICE, generator=gen)[: requests * per_req_blocks]
     table = table.view(requests, per_req_blocks).to(torch.int32)
-    req = torch.cat([torch.full((n,), r, dtype=torch.int32) for r, n in enumerate(counts)]).to(DEVICE)
-    pos = torch.cat([context - n + torch.arange(n, dtype=torch.int32) for n in counts]).to(DEVICE)
+    req = torch.arange(requests, device=DEVICE, dtype=torch.int32).repeat_interleave(per_request)
+    pos = (context - per_request + torch.arange(per_request, device=DEVICE, dtype=torch.int32)).repeat(requests)
     return table, req, pos
 
 
@@ -176,58 +103,35 @@ def _name(fmt, q_dtype, label):
     return f"{fmt} keys, {str(q_dtype).split('.')[-1]} q, {label}"
 
 
-def check_cases(torch, gen, blocks):
-    """[(label, table, req, pos, context)]: 3 requests x 5 tokens with an unmapped block and a shorter causal
-    bound, and with ``--stack`` requests of 1, 2, 3, 4, 5 and 7 tokens (segments of 1 to 5 tokens)."""
-    context = 1000 if DEVICE == "cuda" else 40
-    table, req, pos = inputs(torch, 3, 5, context, blocks, gen)
-    table[0, table.shape[1] // 2] = -1  # an unmapped block
-    pos[5] = context // 2 + 3  # a shorter causal bound, mid-tile
-    cases = [("3x5", table, req, pos, context)]
-    if STACK:
-        counts = (1, 2, 3, 4, 5, 7)
-        table, req, pos = inputs(torch, len(counts), counts, context, blocks, gen)
-        table[2, 1] = -1
-        cases.append(("1,2,3,4,5,7", table, req, pos, context))
-    return cases
-
-
 def check(torch, chosen, failures):
-    """Every variant against the float64 reference on small paged cases -> the names that passed."""
+    """Every variant against the float64 reference on a small paged case -> the names that passed."""
+    from dsahal.backends.triton_kernels.indexer import indexer_score
     from dsahal.reference.indexer import indexer_score as reference
 
     gen = torch.Generator(device=DEVICE).manual_seed(3)
-    blocks = 128 if DEVICE == "cuda" else 24
-    pools = {fmt: build_pool(torch, fmt, blocks, gen) for fmt in sorted({c[0] for c in chosen})}
-    cases = check_cases(torch, gen, blocks)
-    inputs_by_case = {label: (torch.randn(req.shape[0], HEADS, 128, device=DEVICE, generator=gen),
-                              torch.randn(req.shape[0], HEADS, device=DEVICE, generator=gen))
-                      for label, _, req, _, _ in cases}
+    requests, per_request, context = (3, 5, 1000) if DEVICE == "cuda" else (2, 5, 40)
+    blocks = 64 if DEVICE == "cuda" else 8
+    pools = {fmt: build_pool(torch, fmt, blocks, gen) for fmt in ("fp8", "mxfp4")}
+    table, req, pos = inputs(torch, requests, per_request, context, blocks, gen)
+    table[0, table.shape[1] // 2] = -1  # an unmapped block
+    pos[per_request] = context // 2 + 3  # a shorter causal bound, mid-tile
+    q32 = torch.randn(requests * per_request, HEADS, 128, device=DEVICE, generator=gen)
+    w = torch.randn(requests * per_request, HEADS, device=DEVICE, generator=gen)
     wants, passed = {}, set()
     for fmt, q_dtype, label, cfg in chosen:
         name = _name(fmt, q_dtype, label)
-        tol = TOL_FP8_MMA if (fmt, q_dtype) == ("fp8", torch.float8_e4m3fn) else TOL
-        ok, notes = True, []
+        q = q32.to(q_dtype)
         try:
-            for case, table, req, pos, context in cases:
-                q32, w = inputs_by_case[case]
-                q = q32.to(q_dtype)
-                got = call(torch, q, w, pools[fmt], table, req, pos, fmt, context, cfg).cpu()
-                if (fmt, q_dtype, case) not in wants:
-                    wants[(fmt, q_dtype, case)] = reference(q.float().cpu(), w.cpu(), pools[fmt].cpu(), table.cpu(),
-                                                            req.cpu(), pos.cpu(), fmt, context)
-                want = wants[(fmt, q_dtype, case)]
-                finite = torch.isfinite(want)
-                err = float((got[finite].double() - want[finite].double()).norm() / want[finite].double().norm())
-                ok &= torch.equal(torch.isfinite(got), finite) and bool(torch.isneginf(got[~finite]).all()) \
-                    and err < tol
-                notes.append(f"{case}: rel err {err:.2e}")
-                if STACK and case == "3x5":  # token 1 alone (a segment of one) vs inside its 5-token segment
-                    one = slice(1, 2)
-                    alone = call(torch, q[one], w[one], pools[fmt], table, req[one], pos[one], fmt, context,
-                                 cfg).cpu()
-                    notes.append(f"alone==batch {'yes' if torch.equal(alone[0], got[1]) else 'no'}")
-            status = f"{'  '.join(notes)}  {'ok' if ok else 'FAIL'}"
+            got = indexer_score(q, w, pools[fmt], table, req, pos, fmt, context, **cfg).cpu()
+            if (fmt, q_dtype) not in wants:
+                wants[(fmt, q_dtype)] = reference(q.float().cpu(), w.cpu(), pools[fmt].cpu(), table.cpu(),
+                                                  req.cpu(), pos.cpu(), fmt, context)
+            want = wants[(fmt, q_dtype)]
+            finite = torch.isfinite(want)
+            err = float((got[finite].double() - want[finite].double()).norm() / want[finite].double().norm())
+            tol = TOL_FP8_MMA if (fmt, q_dtype) == ("fp8", torch.float8_e4m3fn) else TOL
+            ok = torch.equal(torch.isfinite(got), finite) and bool(torch.isneginf(got[~finite]).all()) and err < tol
+            status = f"rel err {err:.2e}  {'ok' if ok else 'FAIL'}"
         except Exception as exc:  # noqa: BLE001 - a variant that does not compile or run is a failure, listed
             ok, status = False, f"{type(exc).__name__}: {str(exc)[:300]}"
         print(f"  check {name:<58s} {status}", flush=True)
@@ -240,10 +144,12 @@ def check(torch, chosen, failures):
 
 def time_all(torch, chosen, passed, ceiling):
     """[(shape, name, ms, key TB/s, % copy, TFLOP/s, ratio to the default)] for every passed variant."""
+    from dsahal.backends.triton_kernels.indexer import indexer_score
+
     gen = torch.Generator(device=DEVICE).manual_seed(5)
     blocks = max(r * -(-c // BLOCK_TOKENS) for _, r, _, c in shapes())
     started = time.time()
-    pools = {fmt: build_pool(torch, fmt, blocks, gen) for fmt in sorted({c[0] for c in chosen})}
+    pools = {fmt: build_pool(torch, fmt, blocks, gen) for fmt in ("fp8", "mxfp4")}
     print(f"  pools: {blocks} blocks of {BLOCK_TOKENS} keys ({time.time() - started:.1f} s)", flush=True)
     rows = []
     for shape, requests, per_request, context in shapes():
@@ -260,8 +166,8 @@ def time_all(torch, chosen, passed, ceiling):
                 continue
             q = q32.to(q_dtype)
             try:
-                ms = timing.bench_ms(lambda: call(torch, q, w, pools[fmt], table, req, pos, fmt, context, cfg, out),
-                                     DEVICE, warmup=5, rep=40)
+                ms = timing.bench_ms(lambda: indexer_score(q, w, pools[fmt], table, req, pos, fmt, context, out=out,
+                                                           **cfg), DEVICE, warmup=5, rep=40)
             except Exception as exc:  # noqa: BLE001 - reported in the table
                 rows.append((shape, name, None, None, None, None, f"{type(exc).__name__}: {str(exc)[:80]}"))
                 continue
@@ -276,14 +182,11 @@ def time_all(torch, chosen, passed, ceiling):
 
 
 def main(argv=None) -> int:
-    global DEVICE, BLOCK_TOKENS, STACK
+    global DEVICE, BLOCK_TOKENS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stack", action="store_true",
-                        help="FP8 keys and queries: the stacked block tiles against the per-token ones (< 150 s)")
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="tiny shapes on the CPU under TRITON_INTERPRET=1: runs every step, times nothing")
     args = parser.parse_args(argv)
-    STACK = args.stack
     if args.cpu_smoke:
         import os
 
