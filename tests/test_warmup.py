@@ -45,8 +45,8 @@ def test_it_runs_the_prefill_and_decode_ops_and_leaves_cache_and_rng_as_they_wer
     with OpTimer() as timer:  # one thread: the timer's call stack is per process
         result = warm_up(engine, LENGTHS, show=False, force=True, max_threads=1)
     assert result.errors == [] and result.skipped == "" and result.seconds > 0
-    assert result.jobs == ["KDA prefill", "KDA decode", "DSA prefill", "DSA decode", "sparse MLA prefill",
-                           "sparse MLA decode"]
+    assert result.jobs == ["KDA prefill", "KDA decode", "DSA prefill", "DSA decode", "DSA glue prefill",
+                           "DSA glue decode", "sparse MLA prefill", "sparse MLA decode"]
     calls = {row["op"]: row["calls"] for row in timer.rows()}
     # 2 KDA jobs (prefill, decode), the one DSA layer's prefill and decode, 2 lone sparse MLA calls
     assert calls["kda_prefill"] == 1 and calls["kda_decode"] == 1
@@ -62,7 +62,7 @@ def test_tokens_and_logits_are_the_same_with_and_without_the_warm_up(model):
     cold = engine_for(model).run(greedy_requests(prompts, NEW_TOKENS))
     warmed = engine_for(model)
     result = warm_up(warmed, LENGTHS, show=False, force=True)  # a thread per job, as on the GPU
-    assert result.errors == [] and result.threads == 6
+    assert result.errors == [] and result.threads == 8
     assert set(result.job_seconds) == set(result.jobs) and all(t > 0 for t in result.job_seconds.values())
     hot = warmed.run(greedy_requests(prompts, NEW_TOKENS))
     assert [r.output for r in hot] == [r.output for r in cold]
@@ -106,9 +106,9 @@ def test_dsahal_run_reports_the_warm_up_and_the_first_token(tmp_path, capsys, mo
     # The CLI path of the warm-up itself, forced on the reference (it would be skipped on the CPU):
     monkeypatch.setattr(warmup, "skip_reason", lambda *args: "")
     warmed, out, err = _run_json(tmp_path, "forced", [], capsys)
-    assert "compile  warming up the attention kernels on dummy inputs: 6 jobs on 6 threads" in err
-    assert "compile  6 warm-up jobs in " in err
+    assert "compile  warming up the kernels on dummy inputs: 8 jobs on 8 threads" in err
+    assert "compile  8 warm-up jobs in " in err
     assert warmed["warmup"]["errors"] == [] and warmed["warmup"]["seconds"] > 0
-    assert "warm-up  6 jobs on 6 threads in " in out and ", KDA decode " in out  # each job's own seconds
+    assert "warm-up  8 jobs on 8 threads in " in out and ", KDA decode " in out  # each job's own seconds
     assert warmed["outputs"] == report["outputs"]
     assert warmed["stats"]["prefill_steps"] == report["stats"]["prefill_steps"]
