@@ -45,8 +45,8 @@ def test_it_runs_the_prefill_and_decode_ops_and_leaves_cache_and_rng_as_they_wer
     with OpTimer() as timer:  # one thread: the timer's call stack is per process
         result = warm_up(engine, LENGTHS, show=False, force=True, max_threads=1)
     assert result.errors == [] and result.skipped == "" and result.seconds > 0
-    assert result.jobs == ["KDA prefill", "KDA decode", "DSA prefill", "DSA decode", "DSA glue prefill",
-                           "DSA glue decode", "sparse MLA prefill", "sparse MLA decode"]
+    assert result.jobs == ["KDA prefill", "KDA decode", "DSA prefill", "DSA decode", "sparse MLA prefill",
+                           "sparse MLA decode"]
     calls = {row["op"]: row["calls"] for row in timer.rows()}
     # 2 KDA jobs (prefill, decode), the one DSA layer's prefill and decode, 2 lone sparse MLA calls
     assert calls["kda_prefill"] == 1 and calls["kda_decode"] == 1
@@ -57,12 +57,35 @@ def test_it_runs_the_prefill_and_decode_ops_and_leaves_cache_and_rng_as_they_wer
     assert engine.stats.prefill_steps == 0 and list(engine.free_rows) == [0, 1, 2] and not engine.running
 
 
+def test_with_the_fused_glue_on_for_eager_steps_it_also_runs_whole_blocks_and_leaves_no_trace(model):
+    """fused.enable_by_default(): the KDA jobs run whole blocks and two DSA glue jobs run the DSA block around a
+    stand-in attention (no cache write, no attention call of their own); still no byte of the cache changes."""
+    from dsahal.model import fused
+
+    engine = engine_for(model)
+    engine.cache.pool.random_(0, 256, generator=torch.Generator().manual_seed(4))
+    before = engine.cache.pool.clone()
+    fused.enable_by_default(True)
+    try:
+        with OpTimer() as timer:
+            result = warm_up(engine, LENGTHS, show=False, force=True, max_threads=1)
+    finally:
+        fused.enable_by_default(False)
+    assert result.errors == [] and result.skipped == ""
+    assert result.jobs == ["KDA prefill", "KDA decode", "DSA prefill", "DSA decode", "DSA glue prefill",
+                           "DSA glue decode", "sparse MLA prefill", "sparse MLA decode"]
+    calls = {row["op"]: row["calls"] for row in timer.rows()}
+    assert calls["dsa_attention"] == 2 and calls["cache_write"] == 4  # the glue jobs add none
+    assert torch.equal(engine.cache.pool, before), "the warm-up left bytes in the cache"
+    assert not fused.on_by_default()
+
+
 def test_tokens_and_logits_are_the_same_with_and_without_the_warm_up(model):
     prompts = random_prompts(LENGTHS, model.config.vocab_size, seed=5)
     cold = engine_for(model).run(greedy_requests(prompts, NEW_TOKENS))
     warmed = engine_for(model)
     result = warm_up(warmed, LENGTHS, show=False, force=True)  # a thread per job, as on the GPU
-    assert result.errors == [] and result.threads == 8
+    assert result.errors == [] and result.threads == 6
     assert set(result.job_seconds) == set(result.jobs) and all(t > 0 for t in result.job_seconds.values())
     hot = warmed.run(greedy_requests(prompts, NEW_TOKENS))
     assert [r.output for r in hot] == [r.output for r in cold]
@@ -106,9 +129,9 @@ def test_dsahal_run_reports_the_warm_up_and_the_first_token(tmp_path, capsys, mo
     # The CLI path of the warm-up itself, forced on the reference (it would be skipped on the CPU):
     monkeypatch.setattr(warmup, "skip_reason", lambda *args: "")
     warmed, out, err = _run_json(tmp_path, "forced", [], capsys)
-    assert "compile  warming up the kernels on dummy inputs: 8 jobs on 8 threads" in err
-    assert "compile  8 warm-up jobs in " in err
+    assert "compile  warming up the kernels on dummy inputs: 6 jobs on 6 threads" in err
+    assert "compile  6 warm-up jobs in " in err
     assert warmed["warmup"]["errors"] == [] and warmed["warmup"]["seconds"] > 0
-    assert "warm-up  8 jobs on 8 threads in " in out and ", KDA decode " in out  # each job's own seconds
+    assert "warm-up  6 jobs on 6 threads in " in out and ", KDA decode " in out  # each job's own seconds
     assert warmed["outputs"] == report["outputs"]
     assert warmed["stats"]["prefill_steps"] == report["stats"]["prefill_steps"]

@@ -36,6 +36,7 @@ import torch
 
 from ..registry.observers import CallLog, observe
 from ..registry.state import active_table
+from ..model import fused
 
 PADDING_TOKEN = 0
 WARMUP_STEPS = 2
@@ -194,8 +195,9 @@ class DecodeGraphs:
         """The decode step over the static buffers' first ``size`` rows, run eagerly: what is captured.
         Returns logits ``[size, vocab]`` fp32."""
         b = self.buffers.view(size)
-        return self.model.step(b.token_ids, b.positions, b.req_ids, self.buffers.block_table, b.slots, b.cu_seqlens,
-                               b.state_ids, self.views, max_context=self.max_context, decode=True)
+        with fused.enabled():  # captured once, replayed many times: the model's fused glue (dsahal.model.fused)
+            return self.model.step(b.token_ids, b.positions, b.req_ids, self.buffers.block_table, b.slots,
+                                   b.cu_seqlens, b.state_ids, self.views, max_context=self.max_context, decode=True)
 
     # --- CUDA only ----------------------------------------------------------------------------------
     def captured(self, size: int) -> bool:

@@ -5,13 +5,14 @@ kernels on first use (H200, k31-pro-slice, empty cache: fla's chunk_kda kernels 
 top-k 4.4 s, sparse MLA 2.4 s), one kernel after the other in the order the model launches them. The
 warm-up runs the same launches up front as independent *jobs* on threads, so the compilations overlap:
 
-- ``KDA prefill``: the first KDA block (norms, attention, MLP: on CUDA the model's glue is fused Triton
-  kernels of its own, ``dsahal.model.fused``, which compile too) on a dummy batch of the first real prefill
-  step's shape (same token count, sequences, dtype, cache views), ``KDA decode`` a decode-shaped step (one
-  token per request) on the last KDA block (the same one when there is only one: the values are dummy);
-- ``DSA prefill`` / ``DSA decode``: the same for the DSA (MLA + indexer) layers' norm and attention, and
-  ``DSA glue prefill`` / ``decode`` their whole blocks around a stand-in attention (the glue's kernels on a
-  thread of their own);
+- ``KDA prefill``: the first KDA layer's norm and attention on a dummy batch of the first real prefill step's
+  shape (same token count, sequences, dtype, cache views), ``KDA decode`` a decode-shaped step (one token per
+  request) on the last KDA layer (the same one when there is only one: the values are dummy);
+- ``DSA prefill`` / ``DSA decode``: the same for the DSA (MLA + indexer) layers;
+- with the model's fused glue on for eager steps (:func:`dsahal.model.fused.enable_by_default`; off by
+  default, the CUDA-graph path compiles it at its capture), the KDA jobs run whole blocks and ``DSA glue
+  prefill`` / ``decode`` the DSA layers' whole blocks around a stand-in attention, the glue's kernels on
+  threads of their own;
 - ``sparse MLA prefill`` / ``decode``: :func:`dsahal.ops.sparse_mla` alone with the arguments the DSA layer
   hands it, so its kernels compile beside the indexer's instead of after them.
 
@@ -44,6 +45,7 @@ import torch
 
 from .. import ops
 from ..model.batch import BatchMeta, DsaLayerCache
+from ..model import fused
 from ..model.dsa_attention import LocalDsaAttention
 from ..registry.state import active_table
 from .batch import write_slots
@@ -165,21 +167,24 @@ def _jobs(engine, dummy: _Dummy, generator: torch.Generator) -> list[tuple[str, 
     dtype = next(model.parameters()).dtype
     kinds = list(model.config.layer_kinds)
     hidden = model.config.hidden_size
+    glue = fused.on_by_default()  # eager steps run the model's fused glue: compile it here too
 
     def hidden_states(tokens: int) -> torch.Tensor:
         # random, never zeros: a kernel fed zeros may take a path the real inputs do not
         return torch.randn((tokens, hidden), generator=generator, device=engine.device).to(dtype)
 
     def layer_step(index: int, meta: BatchMeta) -> Callable[[], None]:
-        """A KDA layer's whole block (on CUDA its norms, gates, residual adds and MLP activation are the model's
-        own fused Triton kernels, ``dsahal.model.fused``, which compile on first use too); a DSA layer's norm
-        and attention (its remaining glue compiles beside it: :func:`glue_step`)."""
+        """A layer's norm and attention; with the fused glue on for eager steps (``glue``) a KDA layer's whole
+        block (its gates, norms and MLP activation are then fused kernels that compile on first use too) and a
+        DSA layer's remaining glue on a thread of its own (:func:`glue_step`)."""
         block = model.blocks[index]
         x = hidden_states(meta.num_tokens)
 
         def step() -> None:
-            if block.kind == "kda":
+            if glue and block.kind == "kda":
                 block(x, meta, views.layer(index), model.attention, model.check_ops)
+            elif block.kind == "kda":
+                block.attn(block.attn_norm(x), meta, views.layer(index), check=model.check_ops)
             else:
                 block.attn(block.attn_norm(x), meta, views.layer(index), model.attention)
         return step
@@ -222,7 +227,7 @@ def _jobs(engine, dummy: _Dummy, generator: torch.Generator) -> list[tuple[str, 
         # where they share a KDA state the values are dummy anyway (nothing on the host depends on them).
         jobs += [(f"{label} prefill", [layer_step(layers[0], dummy.prefill)]),
                  (f"{label} decode", [layer_step(layers[-1], dummy.decode)])]
-        if kind == "dsa":
+        if kind == "dsa" and glue:
             jobs += [("DSA glue prefill", [glue_step(layers[0], dummy.prefill)]),
                      ("DSA glue decode", [glue_step(layers[-1], dummy.decode)])]
         if kind == "dsa" and getattr(model.attention, "fused", True):

@@ -31,11 +31,20 @@ Rounding to bf16 is done in integer arithmetic (:func:`_bf16`, round to nearest 
 (:func:`_e4m3_bits`): the interpreter's float casts to bf16 and float8 truncate, where the GPU's round; the
 integer forms are the same on both.
 
-Which path runs is chosen per call site by :func:`active`: CUDA tensors (or, inside :func:`forced_on_host`, CPU
+Which path runs is chosen per call site by :func:`active`: the kernels are switched on (inside :func:`enabled`, or
+for the process with :func:`enable_by_default`) and the tensors are CUDA (or, inside :func:`forced_on_host`, CPU
 tensors under ``TRITON_INTERPRET=1``), not tracing (``torch.compile`` fuses the torch chains itself), no autograd
 through them (the kernels have no backward), float dtypes the kernels take. The CPU path stays the torch chain:
 it is what the tests compare the kernels with. Triton is optional: without it every call site runs its chain.
 Launches capture in a CUDA graph like any kernel.
+
+**On where compile time is paid later.** The CUDA-graph decode path (:mod:`dsahal.engine.cuda_graph`) switches
+the kernels on for its steps: they are captured once, at the first decode, and replay faster (H200, k31-pro-slice,
+64 requests at 4K: 1.41 ms a replayed step against 1.91 unfused). Eager steps leave them off unless asked
+(:func:`enable_by_default`): their first use compiles ~10 s of kernels, which on a fresh machine pushed ``dsahal
+run``'s first token from 13 s to 23-27 s even with the compile warm-up running them on threads of their own,
+while an eager step gains 24-48% (5.7-10.0 ms against 10.9-13.3 unfused on the same machine; BENCHMARKS.md,
+seventh session).
 """
 from __future__ import annotations
 
@@ -60,6 +69,8 @@ _ROUNDING = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the kerne
 SOFTPLUS_THRESHOLD = 20.0  # torch's softplus default: above it, softplus(x) = x
 _forced = False  # forced_on_host()
 _disabled = False  # disabled()
+_enabled = 0  # enabled() depth
+_by_default = False  # enable_by_default()
 # Under the interpreter the kernels use tl.exp & co. (numpy); libdevice has no interpreter form. (Globals a kernel
 # reads must be constexpr.)
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -74,11 +85,13 @@ def _jit(fn):
 
 
 def active(*tensors: torch.Tensor) -> bool:
-    """True where the fused kernels run for a chain over ``tensors`` (the first decides the device): CUDA (or a
-    CPU tensor inside :func:`forced_on_host`), not inside :func:`disabled`, not tracing, no autograd through them,
-    every floating tensor bf16 / fp16 / fp32. Cheap: a few attribute reads."""
+    """True where the fused kernels run for a chain over ``tensors`` (the first decides the device): CUDA inside
+    :func:`enabled` or after :func:`enable_by_default` (or a CPU tensor inside :func:`forced_on_host`), not
+    inside :func:`disabled`, not tracing, no autograd through them, every floating tensor bf16 / fp16 / fp32.
+    Cheap: a few attribute reads."""
     first = tensors[0]
-    if (triton is None or _disabled or not (first.is_cuda or (_forced and first.device.type == "cpu"))
+    if (triton is None or _disabled
+            or not ((first.is_cuda and (_enabled or _by_default)) or (_forced and first.device.type == "cpu"))
             or tracing()):
         return False
     grad = torch.is_grad_enabled()
@@ -86,6 +99,29 @@ def active(*tensors: torch.Tensor) -> bool:
         if (t.is_floating_point() and t.dtype not in FLOATS) or (grad and t.requires_grad):
             return False
     return True
+
+
+@contextlib.contextmanager
+def enabled():
+    """Inside: CUDA call sites take the fused kernels (the CUDA-graph decode path's steps, benchmarks)."""
+    global _enabled
+    _enabled += 1
+    try:
+        yield
+    finally:
+        _enabled -= 1
+
+
+def enable_by_default(on: bool = True) -> None:
+    """Every CUDA call site takes the fused kernels, eager steps too (see the module docstring for the cost)."""
+    global _by_default
+    _by_default = bool(on)
+
+
+def on_by_default() -> bool:
+    """Whether eager steps take the fused kernels (:func:`enable_by_default`): the compile warm-up then
+    compiles them too."""
+    return _by_default and triton is not None
 
 
 @contextlib.contextmanager

@@ -14,7 +14,8 @@ counts are the H200 step's counts (nothing in the step branches on a width), but
 its composite (pow, mean, add, rsqrt, mul), CUDA one ``aten._fused_rms_norm`` kernel, which is what the smoke run
 counts (the CUDA run counts what CUDA dispatches).
 
-The model's elementwise chains run as fused Triton kernels on CUDA (:mod:`dsahal.model.fused`) and as torch
+The model's elementwise chains run as fused Triton kernels on CUDA where they are switched on (:mod:`dsahal.model.fused`:
+the CUDA-graph decode path switches them on; this script does for its CUDA step unless ``--unfused``) and as torch
 chains on the CPU. ``--fused`` makes the smoke run take the CUDA path (``fused.forced_on_host``: the kernels under
 the interpreter), so it counts what the H200 step launches; without it the smoke run counts the torch chains (the
 step before the fusion). ``--unfused`` runs (counts, times) the torch chains on CUDA too (``fused.disabled``). On
@@ -287,7 +288,8 @@ def main(argv=None) -> int:
     failures = []
     unfused = args.unfused or (args.cpu_smoke and not args.fused)
     path = (fused.forced_on_host() if args.cpu_smoke and args.fused
-            else fused.disabled() if args.unfused else contextlib.nullcontext())
+            else fused.disabled() if args.unfused else fused.enabled() if device == "cuda"
+            else contextlib.nullcontext())  # the CUDA-graph path's steps; eager dsahal run leaves them off
     with use_backend(args.backend), path:
         ok, detail = check_model_decode(device, args.backend)
         print(f"check_model_decode: {'pass' if ok else 'FAIL'}: {detail} ({time.time() - started:.0f} s)", flush=True)
