@@ -106,9 +106,14 @@ def decode_setup(config, contexts: list[int], device, *, dtype=torch.bfloat16, l
         block_table[row, :len(blocks)] = torch.tensor([int(b) for b in blocks], dtype=torch.int32)
     # Pages of every row first, then the allocated states over their rows (page and state views both
     # cover every row: a state written to an unallocated slot would land on some request's pages).
-    for layer in config.dsa_layers:
-        cache.latent_pages(layer).copy_(random_pages("latent", latent_fmt, cache.num_rows, BLOCK_TOKENS, device))
-        cache.index_pages(layer).copy_(random_pages("index", index_fmt, cache.num_rows, BLOCK_TOKENS, device))
+    # Drawn from ``seed`` like the weights and states (random_pages draws from the global generator): a check on
+    # this step sees the same pages every run, not an unlucky near-tie of the indexer's top-k now and then.
+    devices = list(range(torch.cuda.device_count())) if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        for layer in config.dsa_layers:
+            cache.latent_pages(layer).copy_(random_pages("latent", latent_fmt, cache.num_rows, BLOCK_TOKENS, device))
+            cache.index_pages(layer).copy_(random_pages("index", index_fmt, cache.num_rows, BLOCK_TOKENS, device))
     ids = torch.tensor(state_ids, dtype=torch.long, device=device)
     gen = torch.Generator(device=device).manual_seed(seed)
     for layer in config.kda_layers:
