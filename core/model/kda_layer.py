@@ -1,7 +1,7 @@
 """The KDA (Kimi Delta Attention) layer: projections, short convolutions and gates in plain torch, the
 recurrence through :func:`dsahal.ops.kda_prefill` / :func:`dsahal.ops.kda_decode` with the state in the
-cache pool. On CUDA the decode step's short convolution, the gates and the gated output norm run as one fused
-Triton kernel each (:mod:`dsahal.model.fused`).
+cache pool. Where the model's fused kernels are on (:mod:`dsahal.model.fused`: CUDA, the graph-replayed decode
+path) the decode step's short convolution, the gates and the gated output norm run as one Triton kernel each.
 
 Per head (H heads, K = V = ``kda_head_dim``), following flash-linear-attention's KDA layer:
 
@@ -134,7 +134,7 @@ class KdaLayer(nn.Module):
     def gates(self, x: torch.Tensor, decay_low: torch.Tensor,
               beta_raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(g ``[T, H, K]`` fp32 (:meth:`log_decay`), β ``[T, H]`` fp32 ``= sigmoid(beta_proj(x))``) from the
-        projections ``decay_down(x)`` and ``beta_proj(x)``; the elementwise math in one kernel on CUDA."""
+        projections ``decay_down(x)`` and ``beta_proj(x)``; the elementwise math in one kernel where the fused kernels are on."""
         raw = self.decay_up(decay_low)
         if fused.active(raw, beta_raw, self.dt_bias, self.A_log):
             return fused.kda_gates(raw, self.dt_bias, self.A_log, beta_raw, self.heads, self.head_dim)
@@ -149,7 +149,7 @@ class KdaLayer(nn.Module):
 
     def short_conv(self, qkv: torch.Tensor, meta: BatchMeta, conv_pool: torch.Tensor) -> torch.Tensor:
         """silu(causal conv) of the stacked projections ``[T, 3, H * K]``, updating the requests' conv states.
-        A decode step on CUDA runs it as one kernel (:func:`dsahal.model.fused.conv_decode`) over the three weights
+        A decode step with the fused kernels on runs it as one kernel (:func:`dsahal.model.fused.conv_decode`) over the three weights
         packed into one buffer (:func:`~dsahal.model.packed.pack_rows`; stacked where they cannot be)."""
         parts = (self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight)
         if meta.decode and fused.active(qkv, *parts):

@@ -1,6 +1,6 @@
 """The plain-torch building blocks of the hybrid model: RMSNorm, rotary embedding, SwiGLU MLP.
 
-Nothing here touches attention or the cache; those go through :mod:`dsahal.ops` only. On CUDA the norms'
+Nothing here touches attention or the cache; those go through :mod:`dsahal.ops` only. Where the model's fused kernels are on (CUDA, the graph-replayed decode path) the norms'
 and SwiGLU's elementwise chains run as one fused Triton kernel each (:mod:`dsahal.model.fused`); the torch
 chains here are the CPU path and what those kernels are tested against.
 """
@@ -52,7 +52,7 @@ class GatedRMSNorm(RMSNorm):
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if fused.active(x, gate, self.weight) and x.dim() == 3 and gate.shape == x.shape and gate.dtype == x.dtype:
-            return fused.gated_rms_norm(x, gate, self.weight, self.eps)  # one kernel on CUDA
+            return fused.gated_rms_norm(x, gate, self.weight, self.eps)  # one kernel (dsahal.model.fused)
         normed = self.normalize(x)
         if x.dtype.itemsize < 4:  # a 16-bit x: the norm is rounded to it before the gate, as it always was
             normed = normed.to(x.dtype).float()
@@ -93,7 +93,7 @@ class SwiGLU(nn.Module):
 
 
 def swiglu_act(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) · up`` (``[..., I]`` each, one dtype): one kernel on CUDA (:func:`dsahal.model.fused.swiglu`)."""
+    """``silu(gate) · up`` (``[..., I]`` each, one dtype): one kernel with the fused kernels on (:func:`dsahal.model.fused.swiglu`)."""
     if fused.active(gate, up) and gate.dtype == up.dtype and gate.shape == up.shape:
         return fused.swiglu(gate, up)
     return nn.functional.silu(gate) * up

@@ -117,8 +117,8 @@ class MlaLayer(nn.Module):
         The same values as :meth:`queries`, :meth:`latent` and :meth:`indexer_inputs`, in fewer launches (the
         eager decode step is bound by host time per launch): cos / sin once per step for every rope of the same
         frequencies (:meth:`BatchMeta.once`), the query's and the shared key's RoPE in one rotation (the key as
-        one more head), the indexer's query and key likewise through one RoPE and one Hadamard rotation. On CUDA
-        each of those two is one fused kernel (:meth:`query_latent`, :meth:`fused_indexer_inputs`).
+        one more head), the indexer's query and key likewise through one RoPE and one Hadamard rotation. With the
+        model's fused kernels on (:mod:`dsahal.model.fused`) each of those two is one kernel (:meth:`query_latent`, :meth:`fused_indexer_inputs`).
         """
         tokens, heads = x.shape[0], self.heads
         cos, sin = self.cos_sin(self.rope, meta)
@@ -143,7 +143,7 @@ class MlaLayer(nn.Module):
         """(absorbed query ``[T, H, 576]`` = ``[W_UKᵀ q_nope, RoPE(q_rope)]``, latent ``[T, 576]`` = ``[RMSNorm(c_kv),
         RoPE(k_rope)]``) from q_nope_absorbed ``[T, H, 512]``, q_rope ``[T, H, 64]``, c_kv ``[T, 512]``, k_rope
         ``[T, 64]``: the query's and the key's RoPE in one rotation (the key as one more head); all of it one
-        kernel on CUDA (:func:`dsahal.model.fused.mla_query_latent`)."""
+        kernel with the fused kernels on (:func:`dsahal.model.fused.mla_query_latent`)."""
         heads = q_rope.shape[1]
         norm = self.kv_norm
         if (fused.active(q_rope, q_nope_absorbed, c_kv, k_rope, norm.weight, cos)
@@ -172,7 +172,7 @@ class MlaLayer(nn.Module):
         if (norm.weight is not None and norm.bias is not None
                 and fused.active(q, index_k, index_w, norm.weight, norm.bias, cos)
                 and fused.indexer_inputs_ok(q, index_k, index_w, cos)):
-            # one kernel on CUDA: LayerNorm, RoPE, the rotation, the query's FP8 quantisation, the head weights
+            # one kernel (dsahal.model.fused): LayerNorm, RoPE, the rotation, the query's FP8 quantisation, the head weights
             return fused.indexer_inputs(q, index_k, norm.weight, norm.bias, norm.eps, cos, sin,
                                         self.index_rope.layout == "interleaved", index_w, fp8=self.index_query_fp8,
                                         scale_fmt=self.index_scale_fmt)

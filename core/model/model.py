@@ -68,7 +68,7 @@ class Block(nn.Module):
             h = self.attn(h, meta, layer_cache, check=check)
         else:
             h = self.attn(h, meta, layer_cache, attention)
-        h, x = self.mlp_norm(x, h)  # x + h and its norm: one kernel on CUDA (RMSNorm.forward with a residual)
+        h, x = self.mlp_norm(x, h)  # x + h and its norm: one kernel with the fused kernels on (RMSNorm.forward)
         return x + self.mlp(h)
 
 

@@ -168,7 +168,7 @@ class Rope:
         inv_freq = self.inv_freq(positions.device, wide)
         factor = self.attention_factor
         if factor == 1.0 and wide == torch.float64 and positions.stride(-1) == 1 and fused.active(positions):
-            return fused.rope_cos_sin(positions, inv_freq)  # one kernel on CUDA instead of six
+            return fused.rope_cos_sin(positions, inv_freq)  # one kernel instead of six (dsahal.model.fused)
         angles = positions.to(wide)[:, None] * inv_freq[None, :]
         if factor == 1.0:
             return torch.cos(angles).float(), torch.sin(angles).float()
