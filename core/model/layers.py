@@ -1,8 +1,9 @@
 """The plain-torch building blocks of the hybrid model: RMSNorm, rotary embedding, SwiGLU MLP.
 
-Nothing here touches attention or the cache; those go through :mod:`dsahal.ops` only. Where the model's fused kernels are on (CUDA, the graph-replayed decode path) the norms'
-and SwiGLU's elementwise chains run as one fused Triton kernel each (:mod:`dsahal.model.fused`); the torch
-chains here are the CPU path and what those kernels are tested against.
+Nothing here touches attention or the cache; those go through :mod:`dsahal.ops` only. Where the model's
+fused kernels are on (CUDA, the graph-replayed decode path) the norms' and SwiGLU's elementwise chains run as
+one Triton kernel each (:mod:`dsahal.model.fused`); the torch chains here are the CPU path and what those
+kernels are tested against.
 """
 from __future__ import annotations
 
