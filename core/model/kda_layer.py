@@ -134,7 +134,8 @@ class KdaLayer(nn.Module):
     def gates(self, x: torch.Tensor, decay_low: torch.Tensor,
               beta_raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(g ``[T, H, K]`` fp32 (:meth:`log_decay`), β ``[T, H]`` fp32 ``= sigmoid(beta_proj(x))``) from the
-        projections ``decay_down(x)`` and ``beta_proj(x)``; the elementwise math in one kernel where the fused kernels are on."""
+        projections ``decay_down(x)`` and ``beta_proj(x)``; the elementwise math in one kernel where the fused
+        kernels are on."""
         raw = self.decay_up(decay_low)
         if fused.active(raw, beta_raw, self.dt_bias, self.A_log):
             return fused.kda_gates(raw, self.dt_bias, self.A_log, beta_raw, self.heads, self.head_dim)
@@ -149,8 +150,8 @@ class KdaLayer(nn.Module):
 
     def short_conv(self, qkv: torch.Tensor, meta: BatchMeta, conv_pool: torch.Tensor) -> torch.Tensor:
         """silu(causal conv) of the stacked projections ``[T, 3, H * K]``, updating the requests' conv states.
-        A decode step with the fused kernels on runs it as one kernel (:func:`dsahal.model.fused.conv_decode`) over the three weights
-        packed into one buffer (:func:`~dsahal.model.packed.pack_rows`; stacked where they cannot be)."""
+        A decode step with the fused kernels on runs it as one kernel (:func:`dsahal.model.fused.conv_decode`) over
+        the three weights packed into one buffer (:func:`~dsahal.model.packed.pack_rows`; stacked where they cannot be)."""
         parts = (self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight)
         if meta.decode and fused.active(qkv, *parts):
             packed = pack_rows(list(parts), self._conv_memo)

@@ -94,7 +94,8 @@ class SwiGLU(nn.Module):
 
 
 def swiglu_act(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) · up`` (``[..., I]`` each, one dtype): one kernel with the fused kernels on (:func:`dsahal.model.fused.swiglu`)."""
+    """``silu(gate) · up`` (``[..., I]`` each, one dtype): one kernel with the fused kernels on
+    (:func:`dsahal.model.fused.swiglu`)."""
     if fused.active(gate, up) and gate.dtype == up.dtype and gate.shape == up.shape:
         return fused.swiglu(gate, up)
     return nn.functional.silu(gate) * up

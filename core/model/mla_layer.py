@@ -118,7 +118,8 @@ class MlaLayer(nn.Module):
         eager decode step is bound by host time per launch): cos / sin once per step for every rope of the same
         frequencies (:meth:`BatchMeta.once`), the query's and the shared key's RoPE in one rotation (the key as
         one more head), the indexer's query and key likewise through one RoPE and one Hadamard rotation. With the
-        model's fused kernels on (:mod:`dsahal.model.fused`) each of those two is one kernel (:meth:`query_latent`, :meth:`fused_indexer_inputs`).
+        model's fused kernels on (:mod:`dsahal.model.fused`) each of those two is one kernel (:meth:`query_latent`,
+        :meth:`fused_indexer_inputs`).
         """
         tokens, heads = x.shape[0], self.heads
         cos, sin = self.cos_sin(self.rope, meta)
@@ -172,7 +173,7 @@ class MlaLayer(nn.Module):
         if (norm.weight is not None and norm.bias is not None
                 and fused.active(q, index_k, index_w, norm.weight, norm.bias, cos)
                 and fused.indexer_inputs_ok(q, index_k, index_w, cos)):
-            # one kernel (dsahal.model.fused): LayerNorm, RoPE, the rotation, the query's FP8 quantisation, the head weights
+            # one kernel (dsahal.model.fused): LayerNorm, RoPE, rotation, the query's FP8 quantisation, head weights
             return fused.indexer_inputs(q, index_k, norm.weight, norm.bias, norm.eps, cos, sin,
                                         self.index_rope.layout == "interleaved", index_w, fp8=self.index_query_fp8,
                                         scale_fmt=self.index_scale_fmt)
