@@ -175,6 +175,18 @@ def kda_decode_step_kernel(
         tl.store(out_row, tl.zeros([BLOCK_V], dtype=tl.float32).to(out_ptr.dtype.element_ty), mask=v_ok)
 
 
+GRID_AXIS_CAP = 65535  # CUDA's limit on grid axes 1 and 2 (axis 0: 2^31 - 1)
+
+
+def sequence_ranges(sequences: int, heads: int, cap: int | None = None):
+    """``(first, last)`` ranges of sequences whose ``(last - first) · heads`` programs fit grid axis 1 (``cap``,
+    default :data:`GRID_AXIS_CAP`): one range, ``(0, sequences)``, unless the call is that large (2,048
+    requests of 32 heads would be 65,536)."""
+    cap = GRID_AXIS_CAP if cap is None else cap
+    step = max(1, cap // max(1, heads))
+    return [(first, min(first + step, sequences)) for first in range(0, sequences, step)]
+
+
 def _check_state_pool(state_pool):
     if state_pool.stride(-1) != 1:
         raise ValueError("triton kda: state_pool needs unit stride in V")
@@ -189,18 +201,23 @@ def _launch(q, k, v, g, beta, state_pool, state_ids, cu_seqlens, scale, use_qk_l
         return out.zero_()
     _check_state_pool(state_pool)
     block_v = min(block_v, triton.next_power_of_2(value_dim))
-    grid = (triton.cdiv(value_dim, block_v), sequences * heads)
-    kda_recurrent_kernel[grid](
-        q, k, v, g, beta,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
-        beta.stride(0), beta.stride(1),
-        out, out.stride(0), out.stride(1),
-        state_pool, state_pool.stride(0), state_pool.stride(1), state_pool.stride(2),
-        state_ids, cu_seqlens if cu_seqlens is not None else state_ids,
-        heads, key_dim, value_dim, state_pool.shape[0], float(scale),
-        BLOCK_K=triton.next_power_of_2(key_dim), BLOCK_V=block_v, VARLEN=not decode, L2NORM=bool(use_qk_l2norm),
-        ZERO_PADDING_OUTPUT=decode, num_warps=num_warps,
-    )
+    for first, last in sequence_ranges(sequences, heads):  # one range unless B x H passes grid axis 1's cap
+        # a decode step's tokens are its sequences: those rows are sliced; prefill's cu_seqlens slice keeps the
+        # absolute token offsets, so its token tensors stay whole
+        rows = slice(first, last) if decode else slice(None)
+        ids = state_ids[first:last]
+        grid = (triton.cdiv(value_dim, block_v), (last - first) * heads)
+        kda_recurrent_kernel[grid](
+            q[rows], k[rows], v[rows], g[rows], beta[rows],
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
+            beta.stride(0), beta.stride(1),
+            out[rows], out.stride(0), out.stride(1),
+            state_pool, state_pool.stride(0), state_pool.stride(1), state_pool.stride(2),
+            ids, cu_seqlens[first:last + 1] if cu_seqlens is not None else ids,
+            heads, key_dim, value_dim, state_pool.shape[0], float(scale),
+            BLOCK_K=triton.next_power_of_2(key_dim), BLOCK_V=block_v, VARLEN=not decode, L2NORM=bool(use_qk_l2norm),
+            ZERO_PADDING_OUTPUT=decode, num_warps=num_warps,
+        )
     return out
 
 
@@ -215,18 +232,20 @@ def _launch_scalar_row(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2
     block_k = triton.next_power_of_2(key_dim)
     block_v = min(block_v, triton.next_power_of_2(value_dim))
     extra = {} if maxnreg is None else dict(maxnreg=int(maxnreg))
-    grid = (triton.cdiv(value_dim, block_v), sequences * heads)
-    kda_decode_step_kernel[grid](
-        q, k, v, g, beta,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
-        beta.stride(0), beta.stride(1),
-        out, out.stride(0), out.stride(1),
-        state_pool, state_pool.stride(0), state_pool.stride(1),
-        state_ids, heads, key_dim, value_dim, state_pool.shape[0], float(scale),
-        STRIDE_K=state_pool.stride(2), BLOCK_K=block_k, BLOCK_V=block_v, L2NORM=bool(use_qk_l2norm),
-        EVEN=block_k == key_dim and value_dim % block_v == 0, FUSED_OUTPUT=bool(fused_output),
-        STREAM=bool(stream_state), num_warps=num_warps, num_stages=num_stages, **extra,
-    )
+    for first, last in sequence_ranges(sequences, heads):  # one range unless B x H passes grid axis 1's cap
+        rows = slice(first, last)
+        grid = (triton.cdiv(value_dim, block_v), (last - first) * heads)
+        kda_decode_step_kernel[grid](
+            q[rows], k[rows], v[rows], g[rows], beta[rows],
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
+            beta.stride(0), beta.stride(1),
+            out[rows], out.stride(0), out.stride(1),
+            state_pool, state_pool.stride(0), state_pool.stride(1),
+            state_ids[rows], heads, key_dim, value_dim, state_pool.shape[0], float(scale),
+            STRIDE_K=state_pool.stride(2), BLOCK_K=block_k, BLOCK_V=block_v, L2NORM=bool(use_qk_l2norm),
+            EVEN=block_k == key_dim and value_dim % block_v == 0, FUSED_OUTPUT=bool(fused_output),
+            STREAM=bool(stream_state), num_warps=num_warps, num_stages=num_stages, **extra,
+        )
     return out
 
 

@@ -82,7 +82,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .kda import _check_state_pool
+from .kda import _check_state_pool, sequence_ranges
 
 CHUNK = 16
 MID = 8  # the token whose cumulative gate the chunk's decay factors are relative to (see the docstring)
@@ -229,13 +229,14 @@ def kda_chunk_state_kernel(
     state_ptr, stride_sp, stride_sh, stride_sk,  # state pool [P, H, K, V] fp32 (unit stride in V)
     ids_ptr,  # [B] state ids
     cu_ptr,  # [B + 1] token offsets
-    H, K, V, P,
+    H, K, V, P, seq0,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, SCRATCH_V: tl.constexpr, C: tl.constexpr,
     OPERAND: tl.constexpr,
 ):
-    """Pass B: grid ``(cdiv(V, BLOCK_V), B * H)``; program (V slab, sequence x head)."""
+    """Pass B: grid ``(cdiv(V, BLOCK_V), B' * H)`` for sequences ``seq0 .. seq0 + B' - 1`` (B' = B unless
+    B x H passes grid axis 1's cap); program (V slab, sequence x head)."""
     pid_v = tl.program_id(0)
-    seq = tl.program_id(1) // H
+    seq = seq0 + tl.program_id(1) // H
     h = tl.program_id(1) % H
     ks = tl.arange(0, BLOCK_K)
     vs = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)  # < SCRATCH_V: both powers of two, BLOCK_V <= SCRATCH_V
@@ -339,14 +340,15 @@ def recur(scratch, out, cu_seqlens, state_pool, state_ids, *, operands="tf32", b
     if (scratch[0].dtype, scratch[2].dtype) != (dtype, query_dtype):
         raise ValueError(f"triton kda_prefill_chunked: a scratch of {scratch[0].dtype} / {scratch[2].dtype} (w / qg) "
                          f"is not the {operands!r} mode's {dtype} / {query_dtype}")
-    kda_chunk_state_kernel[(triton.cdiv(value_dim, block_v), state_ids.shape[0] * heads)](
-        *scratch,
-        out, out.stride(0), out.stride(1),
-        state_pool, state_pool.stride(0), state_pool.stride(1), state_pool.stride(2),
-        state_ids, cu_seqlens, heads, key_dim, value_dim, state_pool.shape[0],
-        BLOCK_K=_block(key_dim), BLOCK_V=block_v, SCRATCH_V=scratch_v, C=CHUNK, OPERAND=code,
-        num_warps=num_warps, num_stages=num_stages,
-    )
+    for first, last in sequence_ranges(state_ids.shape[0], heads):  # one range unless B x H passes axis 1's cap
+        kda_chunk_state_kernel[(triton.cdiv(value_dim, block_v), (last - first) * heads)](
+            *scratch,
+            out, out.stride(0), out.stride(1),
+            state_pool, state_pool.stride(0), state_pool.stride(1), state_pool.stride(2),
+            state_ids, cu_seqlens, heads, key_dim, value_dim, state_pool.shape[0], first,
+            BLOCK_K=_block(key_dim), BLOCK_V=block_v, SCRATCH_V=scratch_v, C=CHUNK, OPERAND=code,
+            num_warps=num_warps, num_stages=num_stages,
+        )
     return out
 
 
