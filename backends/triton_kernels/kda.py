@@ -184,7 +184,17 @@ def sequence_ranges(sequences: int, heads: int, cap: int | None = None):
     requests of 32 heads would be 65,536)."""
     cap = GRID_AXIS_CAP if cap is None else cap
     step = max(1, cap // max(1, heads))
+    if sequences <= step:
+        return [(0, sequences)] if sequences else []
     return [(first, min(first + step, sequences)) for first in range(0, sequences, step)]
+
+
+_ALL = None  # _rows: the tensors as given (no view made: a launch that fits costs what it did)
+
+
+def _rows(rows, *tensors):
+    """``tensors`` sliced to ``rows`` (a slice of the leading dim), or as given for :data:`_ALL`."""
+    return tensors if rows is _ALL else tuple(t[rows] for t in tensors)
 
 
 def _check_state_pool(state_pool):
@@ -204,16 +214,16 @@ def _launch(q, k, v, g, beta, state_pool, state_ids, cu_seqlens, scale, use_qk_l
     for first, last in sequence_ranges(sequences, heads):  # one range unless B x H passes grid axis 1's cap
         # a decode step's tokens are its sequences: those rows are sliced; prefill's cu_seqlens slice keeps the
         # absolute token offsets, so its token tensors stay whole
-        rows = slice(first, last) if decode else slice(None)
-        ids = state_ids[first:last]
+        rows = slice(first, last) if decode and last - first < sequences else _ALL
+        ids = state_ids if last - first == sequences else state_ids[first:last]
         grid = (triton.cdiv(value_dim, block_v), (last - first) * heads)
         kda_recurrent_kernel[grid](
-            q[rows], k[rows], v[rows], g[rows], beta[rows],
+            *_rows(rows, q, k, v, g, beta),
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
             beta.stride(0), beta.stride(1),
-            out[rows], out.stride(0), out.stride(1),
+            *_rows(rows, out), out.stride(0), out.stride(1),
             state_pool, state_pool.stride(0), state_pool.stride(1), state_pool.stride(2),
-            ids, cu_seqlens[first:last + 1] if cu_seqlens is not None else ids,
+            ids, ids if cu_seqlens is None else cu_seqlens if ids is state_ids else cu_seqlens[first:last + 1],
             heads, key_dim, value_dim, state_pool.shape[0], float(scale),
             BLOCK_K=triton.next_power_of_2(key_dim), BLOCK_V=block_v, VARLEN=not decode, L2NORM=bool(use_qk_l2norm),
             ZERO_PADDING_OUTPUT=decode, num_warps=num_warps,
@@ -233,15 +243,15 @@ def _launch_scalar_row(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2
     block_v = min(block_v, triton.next_power_of_2(value_dim))
     extra = {} if maxnreg is None else dict(maxnreg=int(maxnreg))
     for first, last in sequence_ranges(sequences, heads):  # one range unless B x H passes grid axis 1's cap
-        rows = slice(first, last)
+        rows = _ALL if last - first == sequences else slice(first, last)
         grid = (triton.cdiv(value_dim, block_v), (last - first) * heads)
         kda_decode_step_kernel[grid](
-            q[rows], k[rows], v[rows], g[rows], beta[rows],
+            *_rows(rows, q, k, v, g, beta),
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
             beta.stride(0), beta.stride(1),
-            out[rows], out.stride(0), out.stride(1),
+            *_rows(rows, out), out.stride(0), out.stride(1),
             state_pool, state_pool.stride(0), state_pool.stride(1),
-            state_ids[rows], heads, key_dim, value_dim, state_pool.shape[0], float(scale),
+            *_rows(rows, state_ids), heads, key_dim, value_dim, state_pool.shape[0], float(scale),
             STRIDE_K=state_pool.stride(2), BLOCK_K=block_k, BLOCK_V=block_v, L2NORM=bool(use_qk_l2norm),
             EVEN=block_k == key_dim and value_dim % block_v == 0, FUSED_OUTPUT=bool(fused_output),
             STREAM=bool(stream_state), num_warps=num_warps, num_stages=num_stages, **extra,
