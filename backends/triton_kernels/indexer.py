@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import grid as launch_grid
 from . import indexer_decode
 from .bytes import (INDEX_CODES, INDEX_MXFP4, e2m1_ue8m0_value, load_f32_bytewise, load_u16_bytewise, typed_views,
                     views_usable, widen_bf16)
@@ -479,18 +480,39 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             views[1] = (views[1][0].view(torch.bfloat16), views[1][1], views[1][2])
     one_block = one_block_tiles and aligned and packed_bytes > 0 and index_pages.shape[1] == block_n
     scaled_dot = (2 if mxfp4_fast_math else 1) if mxfp4 and dot == DOT_BF16 and mxfp4_dot_scaled else 0
-    grid = (triton.cdiv(max_context, block_n * tiles), tokens)
-    indexer_score_kernel[grid](
+    chunks = triton.cdiv(max_context, block_n * tiles)
+    offsets = run_offsets(req_ids)
+    sizes = (heads, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1])
+    meta = dict(FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=packed_bytes, BLOCK_H=block_h, BLOCK_N=block_n,
+                GROUP=group, TILES=tiles, ALIGNED=aligned, PIPELINE=pipeline, KEYS_AS_B=keys_as_b,
+                ONE_BLOCK=one_block, SCALED_DOT=scaled_dot, num_warps=num_warps, num_stages=num_stages)
+    if tokens <= launch_grid.MAX_GRID_YZ:
+        _launch(chunks, tokens, q, weights, views, block_table, req_ids, positions, offsets, out, sizes, meta)
+    else:
+        # Tokens on grid axis 1 (CUDA: <= 65535 programs): one launch per range of programs. A segment's
+        # first token loads up to GROUP - 1 tokens after it, which may lie past its range: each launch gets
+        # the per-token tensors from its range's start to the end of the call (its T = the tokens left),
+        # with programs for its range only, so every segment is scored once, by its first token, as in one
+        # launch (run_offsets stays the whole call's: a range's first token is not a segment start for it).
+        for start, stop in launch_grid.ranges(tokens):
+            _launch(chunks, stop - start, q[start:], weights[start:], views, block_table, req_ids[start:],
+                    positions[start:], offsets[start:], out[start:], sizes, meta)
+    return out
+
+
+def _launch(chunks, programs, q, weights, views, block_table, req_ids, positions, offsets, out, sizes, meta):
+    """One launch of ``programs`` token programs (grid axis 1) over the per-token tensors ``q [T', H, 128]``,
+    ``weights [T', H]``, ``req_ids`` / ``positions`` / ``offsets [T']`` and ``out [T', max_context]``, all
+    from the same first token (``T' >= programs``: segments may reach past the programs' tokens); the pages
+    and the block table (indexed by request id) whole. ``sizes``: ``(H, max_context, num_blocks, max_blocks,
+    block_tokens)``."""
+    indexer_score_kernel[(chunks, programs)](
         q, q.stride(0), q.stride(1),
         weights, weights.stride(0),
         *(x for view in views for x in view),
         block_table, block_table.stride(0),
-        req_ids, positions, run_offsets(req_ids),
+        req_ids, positions, offsets,
         out, out.stride(0),
-        tokens, heads, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1],
-        FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=packed_bytes, BLOCK_H=block_h, BLOCK_N=block_n,
-        GROUP=group, TILES=tiles, ALIGNED=aligned, PIPELINE=pipeline,
-        KEYS_AS_B=keys_as_b, ONE_BLOCK=one_block, SCALED_DOT=scaled_dot,
-        num_warps=num_warps, num_stages=num_stages,
+        q.shape[0], *sizes,
+        **meta,
     )
-    return out

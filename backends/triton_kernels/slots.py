@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import grid as launch_grid
+
 
 # Counts and sizes that vary from call to call are not specialised on (Triton would compile a
 # variant per value pattern: ==1, multiple of 16); strides stay specialised for wide loads.
@@ -44,9 +46,21 @@ def positions_to_slots(positions, req_ids, block_table, block_tokens, *, block=1
     if tokens * width == 0:
         return out
     block = min(block, max(triton.next_power_of_2(width), 16))
+    if tokens <= launch_grid.MAX_GRID_YZ:
+        _launch(positions, req_ids, block_table, block_tokens, out, block, num_warps)
+    else:  # tokens on grid axis 1 (CUDA: <= 65535 programs): one launch per range of rows, same programs
+        for start, stop in launch_grid.ranges(tokens):
+            _launch(positions[start:stop], req_ids[start:stop], block_table, block_tokens, out[start:stop], block,
+                    num_warps)
+    return out
+
+
+def _launch(positions, req_ids, block_table, block_tokens, out, block, num_warps):
+    """One launch over rows ``[T', K]`` of ``positions`` / ``req_ids`` / ``out`` (all sliced alike; the
+    block table, indexed by request id, whole)."""
+    tokens, width = positions.shape
     grid = (triton.cdiv(width, block), tokens)
     positions_to_slots_kernel[grid](
         positions, positions.stride(0), req_ids, block_table, block_table.stride(0), out, out.stride(0),
         width, block_table.shape[0], block_table.shape[1], block_tokens, BLOCK=block, num_warps=num_warps,
     )
-    return out

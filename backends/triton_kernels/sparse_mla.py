@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import grid as launch_grid
 from .bytes import (LATENT_BF16, LATENT_CODES, LATENT_FP8, load_f32_bytewise, load_u16_bytewise, typed_views,
                     views_usable, widen_bf16)
 from .lse_combine import lse_combine
@@ -295,27 +296,47 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=6
         return o[0].to(q.dtype), lse[0]
     if v_split not in (1, 2, 4):
         raise ValueError(f"triton sparse_mla: v_split expected 1, 2 or 4, got {v_split!r}")
-    grid = (triton.cdiv(heads, block_h) * v_split, tokens, splits)
+    head_programs = triton.cdiv(heads, block_h) * v_split
     views = typed_views(kv_pages)
     if bf16_view and as_bf16 and fmt == LATENT_BF16 and views[1][0].dtype == torch.uint16:
         # widen_bf16 is then a same-type bitcast (only the AS_BF16 path reads bf16 latents this way)
         views[1] = (views[1][0].view(torch.bfloat16), views[1][1], views[1][2])
-    sparse_mla_kernel[grid](
-        q, q.stride(0), q.stride(1),
-        views[0][0], views[1][0], views[2][0], *(s for _, sb, st in views for s in (sb, st)),
-        slots, slots.stride(0),
-        kv_scale if fmt == LATENT_FP8 else lse,
-        o, o.stride(0), o.stride(1), o.stride(2),
-        lse, lse.stride(0), lse.stride(1),
-        heads, k, kv_pages.shape[0] * kv_pages.shape[1], kv_pages.shape[1], split_size,
-        softmax_scale * LOG2E,
-        FMT=fmt, AS_BF16=as_bf16, BLOCK_H=block_h, BLOCK_N=block_n, ALIGNED=views_usable(kv_pages), V_SPLIT=v_split,
-        num_warps=num_warps, num_stages=num_stages,
-    )
+    scale = kv_scale if fmt == LATENT_FP8 else lse
+    pool = (kv_pages.shape[0] * kv_pages.shape[1], kv_pages.shape[1])
+    meta = dict(FMT=fmt, AS_BF16=as_bf16, BLOCK_H=block_h, BLOCK_N=block_n, ALIGNED=views_usable(kv_pages),
+                V_SPLIT=v_split, num_warps=num_warps, num_stages=num_stages)
+    limit = launch_grid.MAX_GRID_YZ
+    if tokens <= limit and splits <= limit:
+        _launch(head_programs, q, views, slots, scale, o, lse, heads, k, pool, split_size, softmax_scale, meta)
+    else:  # tokens on grid axis 1, splits on axis 2 (CUDA: <= 65535 programs each): one launch per block
+        for t0, t1 in launch_grid.ranges(tokens):
+            for s0, s1 in launch_grid.ranges(splits):
+                # splits s0..s1-1 are slots [s0 * split_size, min(s1 * split_size, k)): the kernel reads
+                # split s' of the block at slots s' * split_size of its view, the same slots as split s0 + s'
+                c0, c1 = s0 * split_size, min(s1 * split_size, k)
+                _launch(head_programs, q[t0:t1], views, slots[t0:t1, c0:c1], scale, o[s0:s1, t0:t1],
+                        lse[s0:s1, t0:t1], heads, c1 - c0, pool, split_size, softmax_scale, meta)
     if splits == 1:
         return o[0], lse[0]
     out, lse_out = lse_combine(o, lse, out_dtype=q.dtype)
     return out, lse_out
+
+
+def _launch(head_programs, q, views, slots, scale, o, lse, heads, k, pool, split_size, softmax_scale, meta):
+    """One launch over the tokens of ``q [T', H, 576]``, ``slots [T', K']``, ``o [S', T', H, 512]`` and
+    ``lse [S', T', H]`` (sliced alike along T, and ``o`` / ``lse`` along the splits as ``slots`` along K;
+    the pages, indexed by slot, and ``scale`` whole). ``pool``: ``(num_slots, block_tokens)``."""
+    sparse_mla_kernel[(head_programs, q.shape[0], o.shape[0])](
+        q, q.stride(0), q.stride(1),
+        views[0][0], views[1][0], views[2][0], *(s for _, sb, st in views for s in (sb, st)),
+        slots, slots.stride(0),
+        scale,
+        o, o.stride(0), o.stride(1), o.stride(2),
+        lse, lse.stride(0), lse.stride(1),
+        heads, k, *pool, split_size,
+        softmax_scale * LOG2E,
+        **meta,
+    )
 
 
 def _check(device="cuda", dtype=torch.bfloat16, fmt="bf16"):

@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import grid as launch_grid
 from .bytes import LATENT_BF16, LATENT_CODES, LATENT_FP8, typed_views, views_usable
 from .lse_combine import lse_combine
 from .sparse_mla import LOG2E, NOPE, decode_nope, decode_rope, load_nope_raw, load_rope_raw, record_rows
@@ -274,18 +275,31 @@ def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, 
     if as_bf16 and fmt == LATENT_BF16 and views[1][0].dtype == torch.uint16:
         # bf16 words loaded as bf16: the decode is a same-type bitcast that feeds the MMA directly
         views[1] = (views[1][0].view(torch.bfloat16), views[1][1], views[1][2])
-    sparse_mla_small_heads_kernel[(splits, tokens)](
-        q, q.stride(0), q.stride(1),
-        views[0][0], views[1][0], views[2][0], *(s for _, sb, st in views for s in (sb, st)),
-        slots, slots.stride(0),
-        kv_scale if fmt == LATENT_FP8 else lse,
-        o, o.stride(0), o.stride(1), o.stride(2),
-        lse, lse.stride(0), lse.stride(1),
-        heads, k, kv_pages.shape[0] * kv_pages.shape[1], kv_pages.shape[1], split_size,
-        softmax_scale * LOG2E, 0,
-        FMT=fmt, AS_BF16=as_bf16, BLOCK_H=block_heads(heads), BLOCK_N=block_n, ALIGNED=views_usable(kv_pages),
-        REUSE=bool(reuse), GATHER_FIRST=bool(gather_first), num_warps=num_warps, num_stages=num_stages,
-    )
+    scale = kv_scale if fmt == LATENT_FP8 else lse
+    meta = dict(FMT=fmt, AS_BF16=as_bf16, BLOCK_H=block_heads(heads), BLOCK_N=block_n, ALIGNED=views_usable(kv_pages),
+                REUSE=bool(reuse), GATHER_FIRST=bool(gather_first), num_warps=num_warps, num_stages=num_stages)
+    sizes = (heads, k, kv_pages.shape[0] * kv_pages.shape[1], kv_pages.shape[1], split_size, softmax_scale * LOG2E)
+    if tokens <= launch_grid.MAX_GRID_YZ:
+        _launch(q, views, slots, scale, o, lse, splits, sizes, meta)
+    else:  # tokens on grid axis 1 (CUDA: <= 65535 programs): one launch per range of tokens, same programs
+        for start, stop in launch_grid.ranges(tokens):
+            _launch(q[start:stop], views, slots[start:stop], scale, o[:, start:stop], lse[:, start:stop], splits,
+                    sizes, meta)
     if splits == 1:
         return o[0], lse[0]
     return lse_combine(o, lse, out_dtype=q.dtype)
+
+
+def _launch(q, views, slots, scale, o, lse, splits, sizes, meta):
+    """One launch over the tokens of ``q [T', H, 576]``, ``slots [T', K]``, ``o [splits, T', H, 512]`` and
+    ``lse [splits, T', H]`` (all sliced alike along T; the pages, indexed by slot, whole)."""
+    sparse_mla_small_heads_kernel[(splits, q.shape[0])](
+        q, q.stride(0), q.stride(1),
+        views[0][0], views[1][0], views[2][0], *(s for _, sb, st in views for s in (sb, st)),
+        slots, slots.stride(0),
+        scale,
+        o, o.stride(0), o.stride(1), o.stride(2),
+        lse, lse.stride(0), lse.stride(1),
+        *sizes, 0,
+        **meta,
+    )
