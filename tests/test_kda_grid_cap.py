@@ -52,7 +52,7 @@ def _count_launches(module, names, counts):
 
 
 def _cases(results):
-    from dsahal.backends.triton_kernels import kda, kda_chunk
+    from dsahal.backends.triton_kernels import grid, kda, kda_chunk
 
     scale = KEY_DIM ** -0.5
     ids = torch.tensor(IDS, dtype=torch.int32)
@@ -69,8 +69,8 @@ def _cases(results):
         tokens = len(IDS) if name.startswith("decode") else sum(LENGTHS)
         tensors, pool = _inputs(tokens, 10 + n)
         one[name] = (tensors, pool.clone(), call(tensors, pool), pool)
-    saved = kda.GRID_AXIS_CAP
-    kda.GRID_AXIS_CAP = CAP
+    saved = grid.MAX_GRID_YZ
+    grid.MAX_GRID_YZ = CAP
     try:
         counts = {}
         _count_launches(kda, ["kda_recurrent_kernel", "kda_decode_step_kernel"], counts)
@@ -86,7 +86,7 @@ def _cases(results):
             results[f"{name}_pool_equal"] = bool(torch.equal(pool, want_pool))
             results[f"{name}_launches"] = counts[kernel_of[name]] - before
     finally:
-        kda.GRID_AXIS_CAP = saved
+        grid.MAX_GRID_YZ = saved
 
 
 def _run_all() -> dict:

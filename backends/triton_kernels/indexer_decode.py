@@ -45,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import grid as grid_limits
 from .bytes import INDEX_CODES, INDEX_FP8, INDEX_MXFP4, e2m1_ue8m0_value, views_usable
 
 DOT_BF16 = 0  # same codes as indexer.DOT_*
@@ -630,7 +631,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     # segments on axis 0 (no 65535 limit on prefill token counts; the programs of one key chunk run
     # together, so a prefill's segments share that chunk in L2), key chunks on axis 1
     # (axis 1 holds at most 65535: longer rows get more tiles per program; a score does not depend on it)
-    tiles = max(tiles, triton.cdiv(max_context, block_n * 65535))
+    tiles = max(tiles, triton.cdiv(max_context, block_n * grid_limits.MAX_GRID_YZ))
     grid = (tokens, triton.cdiv(max_context, block_n * tiles))
     indexer_tiles_kernel[grid](
         q, q.stride(0), q.stride(1), weights, weights.stride(0),

@@ -32,6 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import grid
+
 
 @triton.jit
 def _add_pair(a0, a1, b0, b1):
@@ -175,18 +177,15 @@ def kda_decode_step_kernel(
         tl.store(out_row, tl.zeros([BLOCK_V], dtype=tl.float32).to(out_ptr.dtype.element_ty), mask=v_ok)
 
 
-GRID_AXIS_CAP = 65535  # CUDA's limit on grid axes 1 and 2 (axis 0: 2^31 - 1)
-
-
 def sequence_ranges(sequences: int, heads: int, cap: int | None = None):
     """``(first, last)`` ranges of sequences whose ``(last - first) · heads`` programs fit grid axis 1 (``cap``,
-    default :data:`GRID_AXIS_CAP`): one range, ``(0, sequences)``, unless the call is that large (2,048
-    requests of 32 heads would be 65,536)."""
-    cap = GRID_AXIS_CAP if cap is None else cap
+    default :data:`.grid.MAX_GRID_YZ`, read at call time): one range, ``(0, sequences)``, unless the call is
+    that large (2,048 requests of 32 heads would be 65,536)."""
+    cap = grid.MAX_GRID_YZ if cap is None else cap
     step = max(1, cap // max(1, heads))
     if sequences <= step:
         return [(0, sequences)] if sequences else []
-    return [(first, min(first + step, sequences)) for first in range(0, sequences, step)]
+    return grid.ranges(sequences, step)
 
 
 _ALL = None  # _rows: the tensors as given (no view made: a launch that fits costs what it did)
