@@ -215,8 +215,8 @@ def _launch(q, k, v, g, beta, state_pool, state_ids, cu_seqlens, scale, use_qk_l
         # absolute token offsets, so its token tensors stay whole
         rows = slice(first, last) if decode and last - first < sequences else _ALL
         ids = state_ids if last - first == sequences else state_ids[first:last]
-        grid = (triton.cdiv(value_dim, block_v), (last - first) * heads)
-        kda_recurrent_kernel[grid](
+        programs = (triton.cdiv(value_dim, block_v), (last - first) * heads)
+        kda_recurrent_kernel[programs](
             *_rows(rows, q, k, v, g, beta),
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
             beta.stride(0), beta.stride(1),
@@ -243,8 +243,8 @@ def _launch_scalar_row(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2
     extra = {} if maxnreg is None else dict(maxnreg=int(maxnreg))
     for first, last in sequence_ranges(sequences, heads):  # one range unless B x H passes grid axis 1's cap
         rows = _ALL if last - first == sequences else slice(first, last)
-        grid = (triton.cdiv(value_dim, block_v), (last - first) * heads)
-        kda_decode_step_kernel[grid](
+        programs = (triton.cdiv(value_dim, block_v), (last - first) * heads)
+        kda_decode_step_kernel[programs](
             *_rows(rows, q, k, v, g, beta),
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
             beta.stride(0), beta.stride(1),
