@@ -93,6 +93,21 @@ def test_size_for_picks_the_smallest_bucket_that_holds_the_batch(model):
         graphs.capture(4)
 
 
+def test_the_captured_step_runs_the_models_fused_glue_and_eager_steps_do_not(model, monkeypatch):
+    """DecodeGraphs.forward (what is captured) switches dsahal.model.fused on; outside it, and so in eager
+    steps, it is off unless enabled by default (its first use compiles kernels: BENCHMARKS.md, seventh session)."""
+    from dsahal.model import fused
+
+    engine = small_engine(model, max_batch=4)
+    graphs = DecodeGraphs(model, engine.views, max_batch=4, max_blocks=engine.max_blocks,
+                          max_context=engine.max_context, device="cpu")
+    seen = []
+    monkeypatch.setattr(model, "step", lambda *args, **kwargs: seen.append(fused._enabled) or torch.zeros(1))
+    graphs.forward(4)
+    assert seen == [1], f"the captured step ran with fused._enabled={seen}"
+    assert fused._enabled == 0 and not fused.on_by_default()
+
+
 def _engine_at_first_decode(model, prompts):
     """An engine whose requests are all prefilled: its next step is a decode step of len(prompts) requests."""
     engine = small_engine(model, max_batch=6)
