@@ -129,3 +129,20 @@ def test_speculative_decoding_emits_the_same_tokens(tmp_path, capsys):
     drafted, _ = run_json(tmp_path, capsys, "--draft-tokens", "3")
     assert drafted["outputs"] == plain["outputs"]
     assert "draft_tokens" in drafted["stats"]
+
+
+def test_fused_glue_is_switched_on_for_the_run_only_and_reported(tmp_path, capsys, monkeypatch):
+    """--fused-glue: eager steps may take dsahal.model.fused (CUDA only: on this CPU the torch chains still run,
+    so the tokens are the same as without it); the default is restored after the run."""
+    from dsahal.model import fused
+
+    seen = []
+    real = fused.active
+    monkeypatch.setattr(fused, "active", lambda *t: seen.append(fused.on_by_default()) or real(*t))
+    report, _ = run_json(tmp_path, capsys, "--fused-glue")
+    assert report["fused_glue"] is True and seen and all(seen), "the glue's call sites saw it off during the run"
+    assert not fused.on_by_default(), "--fused-glue outlived its run"
+    seen.clear()
+    plain, _ = run_json(tmp_path, capsys)
+    assert plain["fused_glue"] is False and seen and not any(seen)
+    assert plain["outputs"] == report["outputs"]
