@@ -32,6 +32,7 @@ import json
 import pytest
 import torch
 
+from kda_pools import pool_mask, pool_view, strided_pool
 from interpreter_child import child_results, poisoned_empty, run_groups
 
 HEADS = 2
@@ -89,26 +90,6 @@ def _inputs(tokens, key_dim, value_dim, dtype, seed, l2norm):
     return [x.to(dtype) for x in (q, k, v, g, beta)]
 
 
-ROW_GAP, COL_PAD = 2, 8
-
-
-def _strided_pool(rows, key_dim, value_dim, seed):
-    """``(buffer, pool)``: pool = ``buffer[2 : 2 + 2·rows : 2, :, :, :V]`` (K stride V + 8), random;
-    every other buffer element NaN (pool rows -1 and ``rows`` lie inside the buffer)."""
-    gen = torch.Generator().manual_seed(seed)
-    buffer = torch.full((ROW_GAP * rows + 4, HEADS, key_dim, value_dim + COL_PAD), float("nan"))
-    pool = buffer[2:2 + ROW_GAP * rows:ROW_GAP, :, :, :value_dim]
-    pool.copy_(0.1 * torch.randn(pool.shape, generator=gen))
-    assert pool.shape[0] == rows and pool.stride(2) == value_dim + COL_PAD and pool.stride(-1) == 1
-    return buffer, pool
-
-
-def _pool_mask(buffer, rows, value_dim, live):
-    mask = torch.zeros(buffer.shape, dtype=torch.bool)
-    mask[2:2 + ROW_GAP * rows:ROW_GAP, :, :, :value_dim][live] = True
-    return mask
-
-
 def _rel(got, want) -> float:
     """max |got - want| / max |want| in float64 (NaN if got has a NaN)."""
     got, want = got.double(), want.double()
@@ -131,17 +112,17 @@ def _against_reference(label, tensors, key_dim, value_dim, block_v, l2norm, oper
 
     cu, ids = _cu(LENGTHS), torch.tensor(IDS, dtype=torch.int32)
     given = ids if kernel_ids is None else torch.tensor(kernel_ids, dtype=torch.int32)
-    buffer, pool = _strided_pool(POOL_ROWS, key_dim, value_dim, seed)
+    buffer, pool = _pool(POOL_ROWS, key_dim, value_dim, seed)
     before = buffer.clone()
     want_buffer = buffer.clone()
-    want_pool = want_buffer[2:2 + ROW_GAP * POOL_ROWS:ROW_GAP, :, :, :value_dim]
+    want_pool = pool_view(want_buffer, POOL_ROWS, value_dim)
     ref_tensors = list(tensors) if reference_gates is None else [*tensors[:3], reference_gates, tensors[4]]
     scale = key_dim**-0.5
     want = _reference(ref_tensors, cu, want_pool, ids, scale, l2norm)
     with _poisoned():
         got = kda_prefill_chunked(*tensors, cu, pool, given, scale, l2norm, block_v=block_v, operands=operands)
     live = ids[ids >= 0].long()
-    inside = _pool_mask(buffer, POOL_ROWS, value_dim, live)
+    inside = pool_mask(buffer, POOL_ROWS, value_dim, live)
     bits, old_bits = buffer.view(torch.int32), before.view(torch.int32)
     results[label] = dict(
         o_err=_rel(got, want), state_err=_rel(pool[live], want_pool[live]),
@@ -187,7 +168,7 @@ def _agreement_cases(results):
     for n, (key_dim, value_dim, l2norm) in enumerate(((16, 32, True), (12, 24, False))):
         tensors = _inputs(sum(LENGTHS), key_dim, value_dim, torch.float32, 400 + n, l2norm)
         cu, ids = _cu(LENGTHS), torch.tensor(IDS, dtype=torch.int32)
-        _, pool = _strided_pool(POOL_ROWS, key_dim, value_dim, 410 + n)
+        _, pool = _pool(POOL_ROWS, key_dim, value_dim, 410 + n)
         mine, theirs = pool.clone(), pool.clone()
         scale = key_dim**-0.5
         with _poisoned():
@@ -206,7 +187,7 @@ def _split_cases(results):
     ids = torch.tensor([4, 0, 2], dtype=torch.int32)
     scale = key_dim**-0.5
     tensors = _inputs(sum(lengths), key_dim, value_dim, torch.float32, 500, True)
-    _, pool = _strided_pool(5, key_dim, value_dim, 501)
+    _, pool = _pool(5, key_dim, value_dim, 501)
     starts = _cu(lengths).tolist()
 
     def pieces(bounds):
@@ -240,13 +221,17 @@ def _empty_cases(results):
     """No tokens (two empty sequences), and no sequences: the output's shape, the pool unchanged."""
     from dsahal.backends.triton_kernels.kda_chunk import kda_prefill_chunked
 
-    _, pool = _strided_pool(3, 16, 16, 600)
+    _, pool = _pool(3, 16, 16, 600)
     before = pool.clone()
     for label, lengths, ids in (("no_tokens", [0, 0], [1, -1]), ("no_sequences", [], [])):
         tensors = _inputs(0, 16, 16, torch.float32, 601, True)
         got = kda_prefill_chunked(*tensors, _cu(lengths), pool, torch.tensor(ids, dtype=torch.int32), 0.25, True,
                                   block_v=16, operands="fp32")
         results[f"empty_{label}"] = dict(shape=list(got.shape), pool_unchanged=torch.equal(pool, before))
+
+
+def _pool(rows, key_dim, value_dim, seed):
+    return strided_pool(rows, HEADS, key_dim, value_dim, seed)
 
 
 def _run_all() -> dict:

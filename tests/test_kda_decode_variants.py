@@ -27,6 +27,7 @@ import json
 import pytest
 import torch
 
+from kda_pools import pool_mask, pool_view, strided_pool
 from interpreter_child import child_results, poisoned_empty, run_groups
 
 HEADS = 2
@@ -145,34 +146,6 @@ def _shape_cases(results):
                            torch.float32, False, seed, results)
 
 
-ROW_GAP, COL_PAD = 2, 8  # the pool view's rows are ROW_GAP buffer rows apart; each K row has COL_PAD spare floats
-
-
-def _strided_pool(rows, key_dim, value_dim, seed):
-    """``(buffer, pool)``: buffer ``[ROW_GAP * rows + 4, H, K, V + COL_PAD]``, pool the view
-    ``buffer[2 : 2 + ROW_GAP * rows : ROW_GAP, :, :, :V]`` (``[rows, H, K, V]``, K stride ``V + COL_PAD``),
-    random; every buffer element outside the view is NaN.
-
-    Pool row -1 and pool row ``rows`` both lie inside the buffer (buffer rows 0 and ``2 + ROW_GAP * rows``),
-    so a write at a padding id or one past the pool lands on bytes the check watches. The NaNs catch a
-    read a correct kernel never makes: a K or V tail loaded without its mask (the slab of the last head
-    runs into the guard row after it, the V tail into the spare columns) turns the output NaN, which a
-    read-then-write-back of the same bits would not show in the pool."""
-    gen = torch.Generator().manual_seed(seed)
-    buffer = torch.full((ROW_GAP * rows + 4, HEADS, key_dim, value_dim + COL_PAD), float("nan"))
-    pool = buffer[2:2 + ROW_GAP * rows:ROW_GAP, :, :, :value_dim]
-    pool.copy_(0.1 * torch.randn(pool.shape, generator=gen))
-    assert pool.shape[0] == rows and pool.stride(2) == value_dim + COL_PAD and pool.stride(-1) == 1
-    return buffer, pool
-
-
-def _pool_mask(buffer, rows, value_dim, live):
-    """Bool mask over ``buffer``: True exactly on the pool view's elements of rows ``live``."""
-    mask = torch.zeros(buffer.shape, dtype=torch.bool)
-    mask[2:2 + ROW_GAP * rows:ROW_GAP, :, :, :value_dim][live] = True
-    return mask
-
-
 def _strided_padding_cases(results):
     """(3): fused_output + stream_state on a strided pool view with two padding requests (id -1), on the
     EVEN branch and each masked shape; then an id one past the pool (the kernel's docstring: out of range
@@ -189,16 +162,16 @@ def _strided_padding_cases(results):
             scale = key_dim**-0.5
             for case, ids_list, ref_list in (("padding", [3, -1, 0, -1, 5], [3, -1, 0, -1, 5]),
                                              ("past_pool", [4, rows, 1, -1, 2], [4, -1, 1, -1, 2])):
-                buffer, pool = _strided_pool(rows, key_dim, value_dim, seed + 1)
+                buffer, pool = _pool(rows, key_dim, value_dim, seed + 1)
                 before = buffer.clone()
-                want_buffer, _ = _strided_pool(rows, key_dim, value_dim, seed + 1)
-                want_pool = want_buffer[2:2 + ROW_GAP * rows:ROW_GAP, :, :, :value_dim]
+                want_buffer, _ = _pool(rows, key_dim, value_dim, seed + 1)
+                want_pool = pool_view(want_buffer, rows, value_dim)
                 ids, ref_ids = (torch.tensor(x, dtype=torch.int32) for x in (ids_list, ref_list))
                 want = _reference(tensors, want_pool, ref_ids, scale, True)
                 with _poisoned():
                     got = kda_decode(*tensors, pool, ids, scale, True, block_v=block_v, **options)
                 live = ref_ids[ref_ids >= 0].long()
-                inside = _pool_mask(buffer, rows, value_dim, live)
+                inside = pool_mask(buffer, rows, value_dim, live)
                 bits, old_bits = buffer.view(torch.int32), before.view(torch.int32)
                 pad = ref_ids < 0
                 results[f"strided_{case}_{label}_{dname}"] = dict(
@@ -228,6 +201,10 @@ def _agreement_cases(results):
             results[f"agree_{label}_{name}"] = dict(
                 o_diff=_rel(got, base), state_diff=_rel(mine, base_pool),
                 same_padding=torch.equal(got[1], base[1]))
+
+
+def _pool(rows, key_dim, value_dim, seed):
+    return strided_pool(rows, HEADS, key_dim, value_dim, seed)
 
 
 def _run_all() -> dict:
