@@ -253,23 +253,12 @@ def main(argv=None) -> int:
     started = time.time()
     import triton
 
+    from kda_prefill_check import fla_peer  # scripts/h200/kda_prefill_check.py
+
     from dsahal.backends.nvidia import kda_fla
-    from dsahal.backends.nvidia.fla_setup import import_chunk_kda, status
     from dsahal.backends.triton_kernels import kda_chunk
 
-    if DEVICE == "cuda":
-        chunk_kda = import_chunk_kda()
-        from importlib.metadata import version
-
-        print(f"device {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
-              f"fla-core {version('fla-core')}; {status()}")
-    else:
-        from kda_prefill_check import recurrent_stand_in  # scripts/h200/kda_prefill_check.py
-
-        chunk_kda = recurrent_stand_in(torch)
-        kda_fla.import_chunk_kda = lambda: chunk_kda
-        print(f"cpu (interpreter smoke run): fp32 operands in every variant, fla's chunk_kda replaced by a "
-              f"float64-recurrence stand-in; torch {torch.__version__}  triton {triton.__version__}")
+    chunk_kda = fla_peer(torch, triton, DEVICE, "fp32 operands in every variant, ")
     ceiling = timing.copy_ceiling_tbps(torch, DEVICE)
     print(f"copy ceiling {ceiling:.2f} TB/s (read + write)", flush=True)
     failures: list[str] = []

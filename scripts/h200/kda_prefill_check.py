@@ -76,6 +76,27 @@ def recurrent_stand_in(torch):
     return chunk_kda
 
 
+def fla_peer(torch, triton, device: str, smoke_note: str = ""):
+    """fla's ``chunk_kda`` on a GPU (device line printed with fla-core's version), its float64-recurrence
+    stand-in on the CPU smoke run (also behind the nvidia fla route); returns it. ``smoke_note``: what else the
+    smoke run changes, for its line."""
+    from dsahal.backends.nvidia import kda_fla
+    from dsahal.backends.nvidia.fla_setup import import_chunk_kda, status
+
+    if device == "cuda":
+        chunk_kda = import_chunk_kda()
+        from importlib.metadata import version
+
+        print(f"device {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
+              f"fla-core {version('fla-core')}; {status()}")
+    else:
+        chunk_kda = recurrent_stand_in(torch)
+        kda_fla.import_chunk_kda = lambda: chunk_kda
+        print(f"cpu (interpreter smoke run): {smoke_note}fla's chunk_kda replaced by a float64-recurrence "
+              f"stand-in; torch {torch.__version__}  triton {triton.__version__}")
+    return chunk_kda
+
+
 def make_inputs(torch, lengths, gen, dtype):
     tokens = sum(lengths)
     q, k = (torch.randn(tokens, HEADS, KEY_DIM, device=DEVICE, generator=gen).to(dtype) for _ in range(2))
@@ -259,19 +280,8 @@ def main(argv=None) -> int:
     import triton
 
     from dsahal.backends.nvidia import kda_fla
-    from dsahal.backends.nvidia.fla_setup import import_chunk_kda, status
 
-    if DEVICE == "cuda":
-        chunk_kda = import_chunk_kda()
-        from importlib.metadata import version
-
-        print(f"device {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  "
-              f"fla-core {version('fla-core')}; {status()}")
-    else:
-        chunk_kda = recurrent_stand_in(torch)
-        kda_fla.import_chunk_kda = lambda: chunk_kda
-        print(f"cpu (interpreter smoke run): fla's chunk_kda replaced by a float64-recurrence stand-in; "
-              f"torch {torch.__version__}  triton {triton.__version__}")
+    chunk_kda = fla_peer(torch, triton, DEVICE)
     route = kda_fla.kda_prefill_fla
     ceiling = timing.copy_ceiling_tbps(torch, DEVICE)
     print(f"copy ceiling {ceiling:.2f} TB/s (read + write)", flush=True)
