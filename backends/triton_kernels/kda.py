@@ -211,10 +211,12 @@ def _launch(q, k, v, g, beta, state_pool, state_ids, cu_seqlens, scale, use_qk_l
     _check_state_pool(state_pool)
     block_v = min(block_v, triton.next_power_of_2(value_dim))
     for first, last in sequence_ranges(sequences, heads):  # one range unless B x H passes grid axis 1's cap
-        # a decode step's tokens are its sequences: those rows are sliced; prefill's cu_seqlens slice keeps the
-        # absolute token offsets, so its token tensors stay whole
-        rows = slice(first, last) if decode and last - first < sequences else _ALL
-        ids = state_ids if last - first == sequences else state_ids[first:last]
+        whole = last - first == sequences
+        # a decode step's tokens are its sequences: those rows are sliced; a prefill's cu_seqlens slice keeps
+        # the absolute token offsets, so its token tensors stay whole
+        rows = _ALL if whole or not decode else slice(first, last)
+        ids = state_ids if whole else state_ids[first:last]
+        bounds = ids if cu_seqlens is None else cu_seqlens if whole else cu_seqlens[first:last + 1]
         programs = (triton.cdiv(value_dim, block_v), (last - first) * heads)
         kda_recurrent_kernel[programs](
             *_rows(rows, q, k, v, g, beta),
@@ -222,7 +224,7 @@ def _launch(q, k, v, g, beta, state_pool, state_ids, cu_seqlens, scale, use_qk_l
             beta.stride(0), beta.stride(1),
             *_rows(rows, out), out.stride(0), out.stride(1),
             state_pool, state_pool.stride(0), state_pool.stride(1), state_pool.stride(2),
-            ids, ids if cu_seqlens is None else cu_seqlens if ids is state_ids else cu_seqlens[first:last + 1],
+            ids, bounds,
             heads, key_dim, value_dim, state_pool.shape[0], float(scale),
             BLOCK_K=triton.next_power_of_2(key_dim), BLOCK_V=block_v, VARLEN=not decode, L2NORM=bool(use_qk_l2norm),
             ZERO_PADDING_OUTPUT=decode, num_warps=num_warps,

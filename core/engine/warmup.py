@@ -238,10 +238,8 @@ def _jobs(engine, dummy: _Dummy, generator: torch.Generator) -> list[tuple[str, 
 
 
 class _NoAttention:
-    """The DSA attention in a glue job: stores nothing, returns zeros ``[T, H, latent_rank]`` in q's dtype."""
-
-    context_shards = 1
-    fused = True
+    """The DSA attention in a glue job: stores nothing, returns zeros ``[T, H, latent_rank]`` in q's dtype
+    (the MLA layer calls only ``write`` and ``attend``)."""
 
     def __init__(self, latent_rank: int):
         self.latent_rank = latent_rank
