@@ -1,0 +1,61 @@
+"""Run the hot kernels a few times each, at the bench shapes, for Nsight Compute to profile::
+
+    ncu --clock-control none -k regex:indexer_tiles --launch-skip 2 --launch-count 1 --section SpeedOfLight \\
+        --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \\
+        python3 scripts/h200/hot_ncu.py indexer
+
+Cases (argv, default all): ``indexer`` (FP8 keys, FP8 queries, 64 requests x 1 token at 128K keys, the
+backend's block-tile configuration), ``indexer5`` (the same at 64 x 5), ``small_heads`` (sparse MLA, few-heads
+kernel, fp8_ds_mla latents, H = 16, 64 x 5 tokens x 2048 slots into a 1M-token pool). Each case runs three
+calls (the first compiles); prints only the cases' order, so ncu's report is the output.
+"""
+import sys
+
+import torch
+
+import pools as cache_pools  # scripts/h200/pools.py
+
+DEVICE = "cuda"
+
+
+def indexer(per_request):
+    from dsahal.backends.nvidia.config import indexer_config
+    from dsahal.backends.triton_kernels.indexer import indexer_score
+
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    requests, context, block_tokens = 64, 128 * 1024, 64
+    per_req_blocks = context // block_tokens
+    blocks = requests * per_req_blocks + 64
+    pages = cache_pools.index_pool(torch, "fp8", blocks, gen, DEVICE, block_tokens)
+    table = torch.randperm(blocks, device=DEVICE, generator=gen)[: requests * per_req_blocks]
+    table = table.view(requests, per_req_blocks).to(torch.int32)
+    req = torch.arange(requests, device=DEVICE, dtype=torch.int32).repeat_interleave(per_request)
+    pos = (context - per_request + torch.arange(per_request, device=DEVICE, dtype=torch.int32)).repeat(requests)
+    tokens = requests * per_request
+    q = torch.randn(tokens, 32, 128, device=DEVICE, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn(tokens, 32, device=DEVICE, generator=gen)
+    cfg = dict(indexer_config(32, q.dtype, "fp8"))
+    for _ in range(3):
+        indexer_score(q, w, pages, table, req, pos, "fp8", context, **cfg)
+
+
+def small_heads():
+    from dsahal.backends.triton_kernels import sparse_mla_small_heads as chunked
+
+    pages, scale = cache_pools.latent_pools(torch, ("fp8_ds_mla",), 1 << 20, DEVICE)["fp8_ds_mla"]
+    gen = torch.Generator(device=DEVICE).manual_seed(16)
+    tokens, heads = 320, 16
+    slots = torch.randint(0, pages.shape[0] * 64, (tokens, 2048), device=DEVICE, dtype=torch.int32, generator=gen)
+    q = torch.randn(tokens, heads, 576, device=DEVICE, generator=gen).to(torch.bfloat16)
+    cfg = chunked.hopper_config(heads, "fp8_ds_mla", q.dtype)
+    for _ in range(3):
+        chunked.sparse_mla_small_heads(q, pages, slots, "fp8_ds_mla", scale, 192**-0.5, **cfg)
+
+
+CASES = {"indexer": lambda: indexer(1), "indexer5": lambda: indexer(5), "small_heads": small_heads}
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or list(CASES):
+        print("case", name, flush=True)
+        CASES[name]()
+    torch.cuda.synchronize()
