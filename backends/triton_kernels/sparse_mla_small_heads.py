@@ -43,6 +43,7 @@ from . import grid as launch_grid
 from .bytes import LATENT_BF16, LATENT_CODES, LATENT_FP8, typed_views, views_usable
 from .lse_combine import lse_combine
 from .sparse_mla import LOG2E, NOPE, decode_nope, decode_rope, load_nope_raw, load_rope_raw, record_rows
+from .sparse_mla_small_heads_raw import sparse_mla_small_heads_raw
 
 MAX_HEADS = 64  # the fp32 accumulator is 512 x BLOCK_H; 64 heads need 8 warps to hold it
 CHUNK = 128  # nope dims per chunk: one fp8_ds_mla tile, eight nvfp4 blocks
@@ -224,7 +225,7 @@ def hopper_config(heads: int, kv_fmt: str = "fp8_ds_mla", q_dtype: torch.dtype =
 
 def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=32, split_size=512,
                            num_warps=4, num_stages=1, reuse=False, gather_first=True, exact_fp32=None,
-                           prefetch=None):
+                           prefetch=None, raw_fp8=False):
     """Launch :func:`sparse_mla_small_heads_kernel`.
 
     Args:
@@ -244,10 +245,17 @@ def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, 
         exact_fp32: compute the dots in fp32 (default: unless q is bf16).
         prefetch: the first kernel's name for loading a step's bytes ahead of its decode; when given,
             it sets ``gather_first``.
+        raw_fp8: fp8_ds_mla only: run :mod:`.sparse_mla_small_heads_raw` instead (e4m3 codes fed raw to
+            fp16 MMAs, tile scales applied after them; ``block_n``, ``split_size``, ``num_warps``,
+            ``num_stages`` and ``reuse`` carry over, ``gather_first``/``exact_fp32`` do not apply).
 
     Returns:
         ``(o [T, H, 512] in q's dtype, lse [T, H] fp32)``.
     """
+    if raw_fp8:
+        return sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, block_n=block_n,
+                                          split_size=split_size, num_warps=num_warps, num_stages=num_stages,
+                                          reuse=reuse)
     if prefetch is not None:
         gather_first = bool(prefetch)
     tokens, heads, _ = q.shape
