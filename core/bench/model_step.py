@@ -34,6 +34,7 @@ from ..engine.cuda_graph import DecodeGraphs, DecodeInputs
 from ..engine.factory import build_cache
 from ..model import HybridModel, LocalDsaAttention, ModelCache
 from ..model.weights import RESIDUAL_WRITERS, _draw
+from ..model.meta import materialize, on_meta
 from ..registry import use_backend
 from .case_types import Built
 from .inputs import random_pages
@@ -92,9 +93,9 @@ def decode_setup(config, contexts: list[int], device, *, dtype=torch.bfloat16, l
 
     ``check``: validate op arguments in the step (off for timing)."""
     device = torch.device(device)
-    with torch.device("meta"):
+    with on_meta():
         model = HybridModel(config, attention=LocalDsaAttention(check=check), check_ops=check)
-    model = init_weights_on_device(model.to_empty(device=device).to(dtype).eval(), seed)
+    model = init_weights_on_device(materialize(model, device).to(dtype).eval(), seed)
     requests, longest = len(contexts), max(contexts) + 1
     cache = build_cache(config, max_batch=requests, max_context=longest, latent_fmt=latent_fmt, index_fmt=index_fmt,
                         block_tokens=BLOCK_TOKENS, device=device)

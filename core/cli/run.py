@@ -289,10 +289,11 @@ def _load_model(args, config, device, dtype, show: bool):
     """The model in ``dtype`` on ``device`` (allocated once, in that dtype), weights drawn or loaded."""
     from ..model import HybridModel, init_weights
     from ..model.checkpoint import load_any
+    from ..model.meta import materialize, on_meta
 
-    with torch.device("meta"):  # no default init, and no fp32 copy: parameters are made in dtype below
+    with on_meta():  # no default init, and no fp32 copy: parameters are made in dtype below
         model = HybridModel(config).to(dtype)
-    model = model.to_empty(device=device).eval()
+    model = materialize(model, device).eval()
     tensors = len(list(model.parameters()))
     live = True if args.progress else None
     if args.weights:

@@ -58,8 +58,9 @@ class MemoryEstimate:
 def parameter_bytes(config, dtype: torch.dtype) -> tuple[int, int]:
     """(bytes of every parameter in ``dtype``, elements of the largest parameter), from a meta-device model."""
     from ..model import HybridModel
+    from ..model.meta import on_meta
 
-    with torch.device("meta"):
+    with on_meta():
         model = HybridModel(config)
     sizes = [p.numel() for p in model.parameters()]
     element = torch.empty((), dtype=dtype).element_size()
