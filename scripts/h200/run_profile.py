@@ -6,7 +6,8 @@ Usage::
     python3 scripts/h200/run_profile.py [-- RUN ARGS...]   # default: run --config k31-pro-slice --backend nvidia
 
 A fresh empty Triton cache (``TRITON_CACHE_DIR``) unless ``--keep-cache``. Prints the run's output, then the top
-functions by cumulative time and by own time.
+functions by cumulative time and by own time. ``--who-imports MOD[,MOD...]``: the first import of each module
+prints the stack that asked for it (the frames outside importlib), to find what pulls a heavy module in.
 """
 from __future__ import annotations
 
@@ -16,11 +17,30 @@ import os
 import pstats
 import sys
 import tempfile
+import traceback
+
+
+class _WhoImports:
+    """A meta-path finder that finds nothing: it prints the stack of the first import of each watched module."""
+
+    def __init__(self, names):
+        self.names = set(names)
+
+    def find_spec(self, name, path=None, target=None):
+        if name in self.names:
+            self.names.discard(name)
+            frames = [f for f in traceback.extract_stack()[:-1] if "importlib" not in f.filename]
+            print(f"--- first import of {name}:\n" + "".join(traceback.format_list(frames[-14:])), flush=True)
+        return None
 
 
 def main(argv) -> int:
     keep = "--keep-cache" in argv
     argv = [a for a in argv if a != "--keep-cache"]
+    if "--who-imports" in argv:
+        at = argv.index("--who-imports")
+        sys.meta_path.insert(0, _WhoImports(argv[at + 1].split(",")))
+        del argv[at:at + 2]
     run_args = argv[argv.index("--") + 1:] if "--" in argv else ["run", "--config", "k31-pro-slice", "--backend",
                                                                   "nvidia"]
     if not keep:
