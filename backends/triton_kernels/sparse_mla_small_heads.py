@@ -247,7 +247,7 @@ def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, 
             it sets ``gather_first``.
         raw_fp8: fp8_ds_mla only: run :mod:`.sparse_mla_small_heads_raw` instead (e4m3 codes fed raw to
             fp16 MMAs, tile scales applied after them; ``block_n``, ``split_size``, ``num_warps``,
-            ``num_stages`` and ``reuse`` carry over, ``gather_first``/``exact_fp32`` do not apply).
+            ``num_stages``, ``reuse`` and ``gather_first`` carry over, ``exact_fp32``/``prefetch`` do not apply).
 
     Returns:
         ``(o [T, H, 512] in q's dtype, lse [T, H] fp32)``.
@@ -255,7 +255,7 @@ def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, 
     if raw_fp8:
         return sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, block_n=block_n,
                                           split_size=split_size, num_warps=num_warps, num_stages=num_stages,
-                                          reuse=reuse)
+                                          reuse=reuse, gather_first=gather_first)
     if prefetch is not None:
         gather_first = bool(prefetch)
     tokens, heads, _ = q.shape

@@ -44,9 +44,9 @@ import triton
 import triton.language as tl
 
 from . import grid as launch_grid
-from .bytes import LATENT_CODES, load_f32_bytewise, load_u16_bytewise, typed_views, views_usable, widen_bf16
+from .bytes import load_f32_bytewise, load_u16_bytewise, row_alignment, widen_bf16
 from .lse_combine import lse_combine
-from .sparse_mla import LOG2E, NOPE, record_rows
+from .sparse_mla import LOG2E, NOPE
 
 MAX_HEADS = 64
 SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")  # (zero: specialised as a multiple of 16)
@@ -83,10 +83,24 @@ def _as_f16(codes):
 
 
 @triton.jit
-def _tile_scale(pages_u8, pages_f32, row8, row32, valid, tile, ALIGNED: tl.constexpr):
+def _record_bytes(slot, block_tokens, s8_b, s8_t, ROW_ALIGN: tl.constexpr, BT_LOG2: tl.constexpr):
+    """int32 physical slots ``[BLOCK_N]`` (made safe) -> each record's byte offset in the pages (int64).
+    The block/offset split is 32-bit (a shift and a mask for power-of-two blocks): an int64 division by a
+    run-time value is a long instruction sequence, repeated in every register layout the rows feed."""
+    if BT_LOG2 >= 0:
+        block = slot >> BT_LOG2
+        offset = slot & ((1 << BT_LOG2) - 1)
+    else:
+        block = slot // block_tokens
+        offset = slot % block_tokens
+    return tl.multiple_of(block.to(tl.int64) * s8_b + offset.to(tl.int64) * s8_t, ROW_ALIGN)
+
+
+@triton.jit
+def _tile_scale(pages_u8, row8, valid, tile, ROW_ALIGN: tl.constexpr):
     """fp32 scale of tile ``tile`` of each record: ``[BLOCK_N]``, invalid rows 0."""
-    if ALIGNED:
-        scale = tl.load(pages_f32 + row32 + 128 + tile, mask=valid, other=0.0)
+    if ROW_ALIGN >= 4:
+        scale = tl.load((pages_u8 + row8 + 512).to(tl.pointer_type(tl.float32)) + tile, mask=valid, other=0.0)
     else:
         scale = load_f32_bytewise(pages_u8 + row8 + 512 + 4 * tile, valid)
     return scale
@@ -106,16 +120,18 @@ def _values(p, scale_c, m_old, acc, alpha, k16):
 @triton.jit(do_not_specialize=SIZE_ARGS)
 def sparse_mla_small_heads_raw_kernel(
     q_ptr, stride_qt, stride_qh,  # q [T, H, 576]
-    pages_u8, pages_u16, pages_f32,  # the latent pages [num_blocks, block_tokens, 656] as 3 typed views
-    s8_b, s8_t, s16_b, s16_t, s32_b, s32_t,  # (block, token) strides of each view, in its elements
+    pages_u8, s8_b, s8_t,  # the latent pages [num_blocks, block_tokens, 656] uint8 and their strides in bytes
     slots_ptr, stride_st,  # slots [T, K] int32/int64
     o_ptr, stride_os, stride_ot, stride_oh,  # o [splits, T, H, 512] (fp32 partials or q's dtype)
     lse_ptr, stride_ls, stride_lt,  # lse [splits, T, H] fp32
     H, K, num_slots, block_tokens, split_size,
     logit_scale,  # softmax_scale · log2(e)
     zero,  # 0, unknown to the compiler: the re-read codes (REUSE=False) are not merged with the first read
-    ROPE_BF16: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ALIGNED: tl.constexpr,
+    ROPE_BF16: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROW_ALIGN: tl.constexpr,  # largest power of two (<= 16) dividing every record's address
+    BT_LOG2: tl.constexpr,  # log2(block_tokens) when it is a power of two (shift and mask), else -1 (division)
     REUSE: tl.constexpr,
+    GATHER_FIRST: tl.constexpr,  # all four tiles' loads issued before the first MMA (more bytes in flight)
 ):
     split = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
@@ -140,7 +156,6 @@ def sparse_mla_small_heads_raw_kernel(
         qr = qr.to(tl.float32)
     nope_scale = (logit_scale * q_down)[None, :]  # [1, BLOCK_H]: undoes 2^e_h
     zero = tl.multiple_of(zero, 16)
-    strides = (s8_b, s8_t, s16_b, s16_t, s32_b, s32_t)
     slot_row = slots_ptr + t * stride_st
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -158,39 +173,43 @@ def sparse_mla_small_heads_raw_kernel(
     end = tl.minimum(start + split_size, K)
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
-        slot = tl.load(slot_row + n, mask=n < end, other=-1).to(tl.int64)
+        slot = tl.load(slot_row + n, mask=n < end, other=-1)
         valid = (slot >= 0) & (slot < num_slots)
-        slot = tl.where(valid, slot, 0)
-        rows = record_rows(slot, block_tokens, strides)
-        row8 = rows[0]
-        row16 = rows[1]
-        row32 = rows[2]
-        # the whole step's gather issued before the first MMA waits on it
-        c0 = _codes(pages_u8, row8, valid, 0)
-        c1 = _codes(pages_u8, row8, valid, 128)
-        c2 = _codes(pages_u8, row8, valid, 256)
-        c3 = _codes(pages_u8, row8, valid, 384)
-        if ALIGNED:
-            rope = tl.load(pages_u16 + row16[:, None] + 264 + tl.arange(0, 64)[None, :], mask=valid[:, None],
-                           other=0)
+        row8 = _record_bytes(tl.where(valid, slot, 0).to(tl.int32), block_tokens, s8_b, s8_t, ROW_ALIGN, BT_LOG2)
+        if GATHER_FIRST:  # the whole step's gather issued before the first MMA waits on it
+            c0 = _codes(pages_u8, row8, valid, 0)
+            c1 = _codes(pages_u8, row8, valid, 128)
+            c2 = _codes(pages_u8, row8, valid, 256)
+            c3 = _codes(pages_u8, row8, valid, 384)
+        if ROW_ALIGN >= 2:  # bf16 words at byte 528: 16-byte vectors when records are 16-byte aligned
+            rope = tl.load((pages_u8 + row8 + 528).to(tl.pointer_type(tl.uint16))[:, None] + tl.arange(0, 64)[None, :],
+                           mask=valid[:, None], other=0)
         else:
             rope = load_u16_bytewise(pages_u8 + row8[:, None] + 528 + 2 * tl.arange(0, 64)[None, :],
                                      valid[:, None])
-        sc0 = _tile_scale(pages_u8, pages_f32, row8, row32, valid, 0, ALIGNED)
-        sc1 = _tile_scale(pages_u8, pages_f32, row8, row32, valid, 1, ALIGNED)
-        sc2 = _tile_scale(pages_u8, pages_f32, row8, row32, valid, 2, ALIGNED)
-        sc3 = _tile_scale(pages_u8, pages_f32, row8, row32, valid, 3, ALIGNED)
+        sc0 = _tile_scale(pages_u8, row8, valid, 0, ROW_ALIGN)
+        sc1 = _tile_scale(pages_u8, row8, valid, 1, ROW_ALIGN)
+        sc2 = _tile_scale(pages_u8, row8, valid, 2, ROW_ALIGN)
+        sc3 = _tile_scale(pages_u8, row8, valid, 3, ROW_ALIGN)
         if ROPE_BF16:
             s_rope = tl.dot(widen_bf16(rope, True), qr, tl.zeros([BLOCK_N, BLOCK_H], tl.float32))
         else:
             s_rope = tl.dot(widen_bf16(rope, False), qr, tl.zeros([BLOCK_N, BLOCK_H], tl.float32),
                             input_precision="ieee")
+        if not GATHER_FIRST:  # each tile read just before its MMA: fewer raw bytes live, fewer in flight
+            c0 = _codes(pages_u8, row8, valid, 0)
         k0 = _as_f16(c0)
         s_nope = tl.dot(k0, q0) * sc0[:, None]
+        if not GATHER_FIRST:
+            c1 = _codes(pages_u8, row8, valid, 128)
         k1 = _as_f16(c1)
         s_nope += tl.dot(k1, q1) * sc1[:, None]
+        if not GATHER_FIRST:
+            c2 = _codes(pages_u8, row8, valid, 256)
         k2 = _as_f16(c2)
         s_nope += tl.dot(k2, q2) * sc2[:, None]
+        if not GATHER_FIRST:
+            c3 = _codes(pages_u8, row8, valid, 384)
         k3 = _as_f16(c3)
         s_nope += tl.dot(k3, q3) * sc3[:, None]
         s = tl.where(valid[:, None], s_nope * nope_scale + s_rope * logit_scale, float("-inf"))  # [BLOCK_N, BLOCK_H]
@@ -234,7 +253,7 @@ def block_heads(heads: int) -> int:
 
 
 def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=64, split_size=512,
-                               num_warps=4, num_stages=1, reuse=False):
+                               num_warps=4, num_stages=1, reuse=False, gather_first=True):
     """Launch :func:`sparse_mla_small_heads_raw_kernel`.
 
     Args:
@@ -249,6 +268,7 @@ def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_sca
         split_size: slots per split, a fixed count (batch invariance); None = one split.
         num_warps, num_stages: as Triton's.
         reuse: the fp16 code tile of the logit MMA also feeds the value MMA (else read and converted again).
+        gather_first: issue all four tiles' loads of a step before its first MMA.
 
     Returns:
         ``(o [T, H, 512] in q's dtype, lse [T, H] fp32)``.
@@ -278,26 +298,27 @@ def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_sca
     lse = torch.empty((splits, tokens, heads), dtype=torch.float32, device=q.device)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
-    views = typed_views(kv_pages)
+    block_tokens = kv_pages.shape[1]
     meta = dict(ROPE_BF16=q.dtype == torch.bfloat16, BLOCK_H=block_heads(heads), BLOCK_N=block_n,
-                ALIGNED=views_usable(kv_pages), REUSE=bool(reuse), num_warps=num_warps, num_stages=num_stages)
+                ROW_ALIGN=row_alignment(kv_pages), REUSE=bool(reuse), GATHER_FIRST=bool(gather_first), num_warps=num_warps, num_stages=num_stages,
+                BT_LOG2=block_tokens.bit_length() - 1 if block_tokens & (block_tokens - 1) == 0 else -1)
     sizes = (heads, k, kv_pages.shape[0] * kv_pages.shape[1], kv_pages.shape[1], split_size, softmax_scale * LOG2E)
     if tokens <= launch_grid.MAX_GRID_YZ:
-        _launch(q, views, slots, o, lse, splits, sizes, meta)
+        _launch(q, kv_pages, slots, o, lse, splits, sizes, meta)
     else:  # tokens on grid axis 1 (CUDA: <= 65535 programs): one launch per range of tokens, same programs
         for first, stop in launch_grid.ranges(tokens):
-            _launch(q[first:stop], views, slots[first:stop], o[:, first:stop], lse[:, first:stop], splits, sizes, meta)
+            _launch(q[first:stop], kv_pages, slots[first:stop], o[:, first:stop], lse[:, first:stop], splits, sizes, meta)
     if splits == 1:
         return o[0], lse[0]
     return lse_combine(o, lse, out_dtype=q.dtype)
 
 
-def _launch(q, views, slots, o, lse, splits, sizes, meta):
+def _launch(q, kv_pages, slots, o, lse, splits, sizes, meta):
     """One launch over the tokens of ``q [T', H, 576]``, ``slots [T', K]``, ``o [splits, T', H, 512]`` and
     ``lse [splits, T', H]`` (all sliced alike along T; the pages, indexed by slot, whole)."""
     sparse_mla_small_heads_raw_kernel[(splits, q.shape[0])](
         q, q.stride(0), q.stride(1),
-        views[0][0], views[1][0], views[2][0], *(s for _, sb, st in views for s in (sb, st)),
+        kv_pages, kv_pages.stride(0), kv_pages.stride(1),
         slots, slots.stride(0),
         o, o.stride(0), o.stride(1), o.stride(2),
         lse, lse.stride(0), lse.stride(1),
