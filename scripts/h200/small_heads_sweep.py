@@ -18,7 +18,8 @@ Steps, each printed:
 
 Cases: 64 requests x 5 tokens (320 query tokens) x top-k 2048 at H = 16 and 12 for every format,
 and 64 x 1 and 64 x 8 at H = 16 (fp8_ds_mla). The extra variants run at H = 16 on fp8_ds_mla and
-nvfp4 only, so the run stays well under 150 s including Triton compiles.
+nvfp4 only, the raw-e4m3 kernel's (``RAW``) on fp8_ds_mla 64 x 5 at H = 16 and 12, so the run stays
+under 150 s including Triton compiles.
 """
 from __future__ import annotations
 
@@ -40,6 +41,14 @@ DEVICE, Q_DTYPE = "cuda", "bfloat16"  # --cpu-smoke: "cpu", "float32" under TRIT
 # extra launch parameters of the chunked kernel tried at H = 16 (the default comes from hopper_config)
 # (stages: does the cp.async staging pay; 16-slot steps; 256/1024-slot splits: waves vs fp32 partial traffic)
 EXTRA = (dict(num_stages=1), dict(num_stages=3), dict(block_n=16), dict(split_size=256), dict(split_size=1024))
+# the raw-e4m3 kernel (sparse_mla_small_heads_raw: fp16 MMAs on the codes, tile scales after the logit MMA and
+# folded into P), fp8_ds_mla only, at H = 16 and 12 (64 x 5); sm_90 compile of the local Triton, per variant:
+# registers, loop SASS instructions per step (old default: 208 regs, 2850 per 32-slot step)
+RAW = (dict(block_n=64, gather_first=False),  # 220 regs, 2160 per 64 slots, wgmma for both MMAs
+       dict(block_n=64, gather_first=False, split_size=1024),  # the same, half the programs and partials
+       dict(block_n=32, gather_first=True),  # 230 regs, 1591 per 32 slots (mma.sync logits)
+       dict(block_n=32, gather_first=True, reuse=True),  # 248 regs, 1547
+       dict(block_n=32, gather_first=True, num_warps=8))  # 218 regs x 8 warps, 1283
 
 
 
@@ -90,7 +99,7 @@ def flash_mla_run(torch, q, pages, slots, requests, per_request):
     return timed, unpadded
 
 
-def variants(fmt, heads, tokens, extra):
+def variants(fmt, heads, tokens, extra, raw=False):
     """[(name, launcher, kwargs)] for one case: the general kernel, the chunked few-heads kernel's default
     and (``extra``) its alternatives (the first few-heads kernel it replaced is gone: 1.85 ms vs 0.90 ms,
     BENCHMARKS.md, fifth session)."""
@@ -106,6 +115,10 @@ def variants(fmt, heads, tokens, extra):
     if extra:
         for i, cfg in enumerate(EXTRA):
             out.append((f"chunked x{i + 1}", chunked.sparse_mla_small_heads, dict(default, **cfg)))
+    if raw:
+        for i, cfg in enumerate(RAW):
+            out.append((f"raw e4m3 r{i + 1}", chunked.sparse_mla_small_heads,
+                        dict(dict(split_size=512, num_warps=4, num_stages=1, reuse=False), raw_fp8=True, **cfg)))
     return out
 
 
@@ -126,7 +139,7 @@ def run_case(torch, pools, fmt, heads, requests, per_request, extra, ceiling, ro
         peer = flash_mla_run(torch, q, pages, slots, requests, per_request)
         if peer is not None:
             runs.append(("FlashMLA (h pad 64)", peer[0], peer[1], False, ""))
-    for name, launcher, cfg in variants(fmt, heads, tokens, extra):
+    for name, launcher, cfg in variants(fmt, heads, tokens, extra, raw=fmt == "fp8_ds_mla" and per_request == 5):
         def run(launcher=launcher, cfg=cfg):
             return launcher(q, pages, slots, fmt, scale, SOFTMAX_SCALE, **cfg)
 
@@ -151,10 +164,11 @@ def run_case(torch, pools, fmt, heads, requests, per_request, extra, ceiling, ro
 def _smoke_mode(args):
     import os
 
-    global DEVICE, Q_DTYPE, TOPK, BLOCK_TOKENS, EXTRA
+    global DEVICE, Q_DTYPE, TOPK, BLOCK_TOKENS, EXTRA, RAW
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
     DEVICE, Q_DTYPE, TOPK, BLOCK_TOKENS = "cpu", "float32", 32, 16
     EXTRA = EXTRA[:2]
+    RAW = tuple(dict(cfg, block_n=16) for cfg in RAW[2:4])  # 16-slot steps: the interpreter is slow
     args.pool_tokens = min(args.pool_tokens, 256)
 
 
