@@ -32,6 +32,14 @@ values unscaled (bf16, fp16 or e4m3 operands), run one K = 32 MMA per 32-dim sca
 each block's ``[BLOCK_N, BLOCK_H]`` result by that key's power of two ``2^(byte - 121)`` (the scale
 times 2^6) before the sum over blocks and the relu, so no value is scaled before its MMA.
 
+FP8 keys, ``ALU`` (:data:`ALU_FLAGS`, launcher ``alu``; 0 keeps the path as it was): the sm_90 SASS of the
+byte path spends about half of a tile's instructions moving bytes (the prefetched tile lives in 64 one-byte
+values a thread; they are unpacked, then repacked for the layout conversion to the MMA operand). Flag 1 loads
+the 128 key bytes as 32 int32 words per record and splits them in-thread right before the MMA (LLVM folds
+that back into the words); flag 2 lays the load out as ``[k_hi 8, m3 2, m_hi, m_lo 8, k_lo]``, which the
+coalescer distributes exactly like the FP8 wgmma A fragment (registers renamed, no shared-memory round
+trip); flag 4 (tile == cache block) drops the two integer divisions per tile.
+
 Grid: ``(T, key-tile chunks)``; axis 0 indexes a device-built list of segment starts (live segments
 first, the rest ``T``: those programs exit at once), so there is no host sync. Tile loops (``LOOP``):
 0 unrolled, 1 rolled with the next tile's bytes loaded into registers before this tile's MMAs (one
@@ -62,6 +70,16 @@ MXFP4_MODES = {
     4: "as 2 with FP8 MMAs (FP8 queries)",
     5: "as 2, the block scale on the values instead (in fp32), the four bf16 MMAs chained",
     6: "as 5 with the scale multiply in bf16 (packed bf16x2)",
+}
+
+# Instruction-count options of the FP8-key tiles (the kernel's ALU constexpr, launcher ``alu``: a sum of flags;
+# 0 keeps the path as it was). SASS of the sm_90 compile, rolled prefetch loop, FP8 q, 5-token segments: the
+# byte path spends ~200 of its 420 instructions per 64-key tile unpacking the prefetched bytes (carried
+# through the loop as 64 one-byte values a thread) and repacking them for the layout conversion to the MMA.
+ALU_FLAGS = {
+    1: "FP8 keys loaded as int32 words (the prefetched tile is 16 registers a thread; bytes split in-thread)",
+    2: "FP8 keys loaded in the FP8 MMA's register layout (no shared-memory layout conversion; BLOCK_N % 16 == 0)",
+    4: "a key tile is one whole cache block (block_tokens == BLOCK_N): no integer divisions per tile",
 }
 
 SIZE_ARGS = ("T", "max_context", "num_blocks", "max_blocks", "block_tokens")
@@ -212,9 +230,13 @@ def _store(out_ptr, stride_ot, t, ok, s, score, visible, max_context):
 
 
 @triton.jit
-def _table_entry(block_table_ptr, stride_bt, req, tile, max_blocks, block_tokens, BLOCK_N: tl.constexpr):
+def _table_entry(block_table_ptr, stride_bt, req, tile, max_blocks, block_tokens, BLOCK_N: tl.constexpr,
+                 ALU: tl.constexpr):
     """Block-table entry of key tile ``tile`` of request ``req`` (-1 past the table)."""
-    logical = tile * BLOCK_N // block_tokens
+    if (ALU & 4) != 0:  # a tile is a whole block (the launcher checked block_tokens == BLOCK_N): no division
+        logical = tile
+    else:
+        logical = tile * BLOCK_N // block_tokens
     in_table = logical < max_blocks
     entry = tl.load(block_table_ptr + req * stride_bt + tl.where(in_table, logical, 0))
     return tl.where(in_table, entry, -1)
@@ -222,7 +244,7 @@ def _table_entry(block_table_ptr, stride_bt, req, tile, max_blocks, block_tokens
 
 @triton.jit
 def _tile_bytes(pages_u8, s8_b, pages_f32, s32_b, entry, tile, num_blocks, block_tokens, FMT: tl.constexpr,
-                TOKEN_BYTES: tl.constexpr, BLOCK_N: tl.constexpr, MX: tl.constexpr):
+                TOKEN_BYTES: tl.constexpr, BLOCK_N: tl.constexpr, MX: tl.constexpr, ALU: tl.constexpr):
     """The bytes of key tile ``tile`` (inside the cache block ``entry``), unmasked: an unmapped tile reads
     block 0. -> (FP8: e4m3 keys ``[BLOCK_N, 128]``, fp32 scales ``[BLOCK_N]``; MXFP4: packed pairs
     ``[BLOCK_N, 64]``, UE8M0 scales ``[BLOCK_N, 4]``, or with ``MX >= 2`` per scale block: four
@@ -230,13 +252,37 @@ def _tile_bytes(pages_u8, s8_b, pages_f32, s32_b, entry, tile, num_blocks, block
     mapped = (entry >= 0) & (entry < num_blocks)
     block = tl.where(mapped, entry, 0).to(tl.int64)
     first = tile * BLOCK_N
-    key0 = first - (first // block_tokens) * block_tokens
+    if (ALU & 4) != 0:
+        key0 = 0
+    else:
+        key0 = first - (first // block_tokens) * block_tokens
     keys_in_tile = tl.arange(0, BLOCK_N)
     # every record starts 4-byte aligned (serves() checks it): say so, or a launch whose block stride is
     # not specialised as a multiple of 16 loads the keys byte by byte
     start = tl.multiple_of(block * s8_b + key0 * TOKEN_BYTES, 4)
     rows = pages_u8 + start + keys_in_tile[:, None] * TOKEN_BYTES
-    if FMT == 1:
+    if FMT == 1 and (ALU & 2) != 0:
+        # the MMA's own register layout: the load is laid out as [k_hi 8, m3 2, m_hi 4, m_lo 8, k_lo] (the
+        # coalescer gives lanes to m_lo and k_lo, warps to m_hi, registers to m3 then k_hi), which after the
+        # permute and reshape to [BLOCK_N, 128] differs from the FP8 wgmma A fragment only in register order
+        # (key = 16 m_hi + 8 m3 + m_lo, byte = 16 k_hi + k_lo: plain addresses, only the loop nest is reordered)
+        key = (tl.arange(0, 2)[None, :, None, None, None] * 8
+               + tl.arange(0, BLOCK_N // 16)[None, None, :, None, None] * 16
+               + tl.arange(0, 8)[None, None, None, :, None])
+        k_hi = tl.arange(0, 8)[:, None, None, None, None]
+        if (ALU & 1) != 0:
+            words = pages_f32 + (block * s32_b + key0 * (TOKEN_BYTES // 4)) + key * (TOKEN_BYTES // 4)
+            a = tl.load(words + k_hi * 4 + tl.arange(0, 4)[None, None, None, None, :]).to(tl.int32, bitcast=True)
+        else:
+            a = tl.load(pages_u8 + start + key * TOKEN_BYTES + k_hi * 16 + tl.arange(0, 16)[None, None, None, None, :])
+        b = tl.load(pages_f32 + (block * s32_b + key0 * (TOKEN_BYTES // 4)) + keys_in_tile * (TOKEN_BYTES // 4) + 32)
+    elif FMT == 1 and (ALU & 1) != 0:
+        # the 128 key bytes as 32 int32 words per record: a loop-carried (prefetched) tile is then 16
+        # registers a thread, not 64 one-byte values that the byte path unpacks and repacks every tile
+        words = pages_f32 + (block * s32_b + key0 * (TOKEN_BYTES // 4)) + keys_in_tile * (TOKEN_BYTES // 4)
+        a = tl.load(words[:, None] + tl.arange(0, 32)[None, :]).to(tl.int32, bitcast=True)
+        b = tl.load(words + 32)
+    elif FMT == 1:
         a = tl.load(rows + tl.arange(0, 128)[None, :])
         b = tl.load(pages_f32 + (block * s32_b + key0 * (TOKEN_BYTES // 4)) + keys_in_tile * (TOKEN_BYTES // 4) + 32)
     elif MX >= 2:  # a 16-byte load per key and block (a Triton tensor cannot be sliced later)
@@ -253,15 +299,17 @@ def _tile_bytes(pages_u8, s8_b, pages_f32, s32_b, entry, tile, num_blocks, block
 
 @triton.jit
 def _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req, tile, num_blocks, max_blocks,
-              block_tokens, FMT: tl.constexpr, TOKEN_BYTES: tl.constexpr, BLOCK_N: tl.constexpr, MX: tl.constexpr):
+              block_tokens, FMT: tl.constexpr, TOKEN_BYTES: tl.constexpr, BLOCK_N: tl.constexpr, MX: tl.constexpr,
+              ALU: tl.constexpr):
     """:func:`_table_entry` then :func:`_tile_bytes`."""
-    entry = _table_entry(block_table_ptr, stride_bt, req, tile, max_blocks, block_tokens, BLOCK_N)
+    entry = _table_entry(block_table_ptr, stride_bt, req, tile, max_blocks, block_tokens, BLOCK_N, ALU)
     return _tile_bytes(pages_u8, s8_b, pages_f32, s32_b, entry, tile, num_blocks, block_tokens, FMT, TOKEN_BYTES,
-                       BLOCK_N, MX)
+                       BLOCK_N, MX, ALU)
 
 
 @triton.jit
-def _tile_operands(a, b, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.constexpr, MX: tl.constexpr):
+def _tile_operands(a, b, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.constexpr, MX: tl.constexpr,
+                   ALU: tl.constexpr):
     """Raw tile bytes -> (MMA operand(s), per-key scale ``[BLOCK_N]``): FP8 keys as e4m3 (FP8 MMA) or
     exactly widened; MXFP4 packed for ``tl.dot_scaled``, decoded into (even dims, odd dims), or (``MX >= 2``)
     per scale block: ((four ``[BLOCK_N, 32]`` unscaled key blocks), (four ``[BLOCK_N]`` fp32 factors))."""
@@ -295,6 +343,13 @@ def _tile_operands(a, b, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.co
         keys = (even, odd)
         scale = tl.full([rows], 1.0, tl.float32)
     elif FMT == 1:
+        if (ALU & 2) != 0:  # [k_hi, m3, m_hi, m_lo, k_lo] -> [BLOCK_N, 128]: register renaming only
+            if (ALU & 1) != 0:
+                a = _word_bytes_5d(a)
+            tile_rows: tl.constexpr = a.shape[1] * a.shape[2] * a.shape[3]
+            a = tl.reshape(tl.permute(a, (2, 1, 3, 0, 4)), [tile_rows, 128])
+        elif (ALU & 1) != 0:  # int32 words -> their bytes, little-endian (key byte 4c + j is byte j of word c)
+            a = _word_bytes(a)
         rows: tl.constexpr = a.shape[0]
         # a no-op on the e4m3-typed view (typed_keys), whose load then feeds the MMA directly
         keys = a.to(tl.float8e4nv, bitcast=True)
@@ -317,6 +372,40 @@ def _tile_operands(a, b, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.co
             keys = (even, odd)
         scale = tl.full([rows], 1.0, tl.float32)
     return keys, scale
+
+
+@triton.jit
+def _word_bytes(words):
+    """``[N, W]`` int32 words -> ``[N, 4 W]`` uint8, byte ``j`` of word ``c`` at column ``4 c + j``
+    (little-endian memory order). The joins add in-thread dims, so the reshape moves no data."""
+    rows: tl.constexpr = words.shape[0]
+    cols: tl.constexpr = words.shape[1]
+    # the 4 bytes stay in one thread, in order: shifts and truncations that LLVM folds back into the word
+    return tl.reshape(_byte_pairs(words), [rows, 4 * cols])
+
+
+@triton.jit
+def _word_bytes_5d(words):
+    """:func:`_word_bytes` for the ``[k_hi, m3, m_hi, m_lo, 4]`` words of the MMA-layout load (``ALU & 2``)."""
+    d0: tl.constexpr = words.shape[0]
+    d1: tl.constexpr = words.shape[1]
+    d2: tl.constexpr = words.shape[2]
+    d3: tl.constexpr = words.shape[3]
+    d4: tl.constexpr = words.shape[4]
+    return tl.reshape(_byte_pairs(words), [d0, d1, d2, d3, 4 * d4])
+
+
+@triton.jit
+def _byte_pairs(words):
+    """int32 words -> uint8 ``[..., 2, 2]`` with byte ``2 i + j`` of each word at ``[..., i, j]`` (``tl.join``
+    appends its new dim last, so the outer join pairs bytes (0, 1) / (2, 3) across its inputs: b0 with b1 is
+    ``join(join(b0, b2), join(b1, b3))``; the other order swaps bytes 1 and 2, and then ptxas cannot fold the
+    shifts and byte permutes back into the word either)."""
+    b0 = (words & 0xFF).to(tl.uint8)
+    b1 = ((words >> 8) & 0xFF).to(tl.uint8)
+    b2 = ((words >> 16) & 0xFF).to(tl.uint8)
+    b3 = ((words >> 24) & 0xFF).to(tl.uint8)
+    return tl.join(tl.join(b0, b2), tl.join(b1, b3))
 
 
 @triton.jit
@@ -353,7 +442,7 @@ def indexer_tiles_kernel(
     T, max_context, num_blocks, max_blocks, block_tokens,
     H: tl.constexpr, FMT: tl.constexpr, DOT: tl.constexpr, TOKEN_BYTES: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, GROUP: tl.constexpr, TILES: tl.constexpr, LOOP: tl.constexpr,
-    SCALED_DOT: tl.constexpr, MX: tl.constexpr,
+    SCALED_DOT: tl.constexpr, MX: tl.constexpr, ALU: tl.constexpr,
 ):
     t0 = tl.load(seg_ptr + tl.program_id(0))
     if t0 < T:
@@ -410,61 +499,62 @@ def indexer_tiles_kernel(
                 if i < live:
                     a, b, mapped = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
                                              first + i, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES,
-                                             BLOCK_N, MX)
+                                             BLOCK_N, MX, ALU)
                     _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
                                 q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
                                 ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP, SCALED_DOT,
-                                MX)
+                                MX, ALU)
         elif LOOP == 1:  # rolled, the next tile's bytes loaded into registers before this tile's MMAs
             if live > 0:  # (a chunk past the segment's reach prefetches nothing)
                 a_n, b_n, mapped_n = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
                                                first, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N,
-                                               MX)
+                                               MX, ALU)
                 # table entries one tile further ahead: a tile's key loads never wait on its table load
                 entry = _table_entry(block_table_ptr, stride_bt, req64, first + tl.minimum(1, live - 1), max_blocks,
-                                     block_tokens, BLOCK_N)
+                                     block_tokens, BLOCK_N, ALU)
                 for i in range(live):
                     a, b, mapped = a_n, b_n, mapped_n
                     # the last live tile re-reads itself (a cache hit) rather than fetch a tile it never uses
                     a_n, b_n, mapped_n = _tile_bytes(pages_u8, s8_b, pages_f32, s32_b, entry,
                                                      first + tl.minimum(i + 1, live - 1), num_blocks, block_tokens,
-                                                     FMT, TOKEN_BYTES, BLOCK_N, MX)
+                                                     FMT, TOKEN_BYTES, BLOCK_N, MX, ALU)
                     entry = _table_entry(block_table_ptr, stride_bt, req64, first + tl.minimum(i + 2, live - 1),
-                                         max_blocks, block_tokens, BLOCK_N)
+                                         max_blocks, block_tokens, BLOCK_N, ALU)
                     _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
                                 q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
                                 ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP,
-                                SCALED_DOT, MX)
+                                SCALED_DOT, MX, ALU)
         elif LOOP == 3:  # as 1, two tiles ahead
             if live > 0:
                 a_n, b_n, mapped_n = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
                                                first, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N,
-                                               MX)
+                                               MX, ALU)
                 a_nn, b_nn, mapped_nn = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt,
                                                   req64, first + tl.minimum(1, live - 1), num_blocks, max_blocks,
-                                                  block_tokens, FMT, TOKEN_BYTES, BLOCK_N, MX)
+                                                  block_tokens, FMT, TOKEN_BYTES, BLOCK_N, MX, ALU)
                 entry = _table_entry(block_table_ptr, stride_bt, req64, first + tl.minimum(2, live - 1), max_blocks,
-                                     block_tokens, BLOCK_N)
+                                     block_tokens, BLOCK_N, ALU)
                 for i in range(live):
                     a, b, mapped = a_n, b_n, mapped_n
                     a_n, b_n, mapped_n = a_nn, b_nn, mapped_nn
                     a_nn, b_nn, mapped_nn = _tile_bytes(pages_u8, s8_b, pages_f32, s32_b, entry,
                                                         first + tl.minimum(i + 2, live - 1), num_blocks,
-                                                        block_tokens, FMT, TOKEN_BYTES, BLOCK_N, MX)
+                                                        block_tokens, FMT, TOKEN_BYTES, BLOCK_N, MX, ALU)
                     entry = _table_entry(block_table_ptr, stride_bt, req64, first + tl.minimum(i + 3, live - 1),
-                                         max_blocks, block_tokens, BLOCK_N)
+                                         max_blocks, block_tokens, BLOCK_N, ALU)
                     _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
                                 q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
                                 ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP,
-                                SCALED_DOT, MX)
+                                SCALED_DOT, MX, ALU)
         else:  # rolled, left to the software pipeliner (num_stages)
             for i in range(live):
                 a, b, mapped = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
-                                         first + i, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N, MX)
+                                         first + i, num_blocks, max_blocks, block_tokens, FMT, TOKEN_BYTES, BLOCK_N, MX,
+                                         ALU)
                 _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
                             q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
                             ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP, SCALED_DOT,
-                            MX)
+                            MX, ALU)
         dead = tl.full([BLOCK_N], float("-inf"), tl.float32)
         for i in range(live, TILES):
             s = (first + i) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -498,10 +588,11 @@ def _dead(out_ptr, stride_ot, t0, s, dead, max_context, ok0, ok1, ok2, ok3, ok4,
 def _score_tile(tile, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6, q7, w7,
                 ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6, ok7, pos7, t0,
                 out_ptr, stride_ot, max_context, H: tl.constexpr, BLOCK_H: tl.constexpr, FMT: tl.constexpr,
-                DOT: tl.constexpr, GROUP: tl.constexpr, SCALED_DOT: tl.constexpr, MX: tl.constexpr):
+                DOT: tl.constexpr, GROUP: tl.constexpr, SCALED_DOT: tl.constexpr, MX: tl.constexpr,
+                ALU: tl.constexpr):
     """Scores of key tile ``tile`` (its raw bytes ``a``, ``b``) for every member token of the segment:
     one MMA (two for explicitly decoded MXFP4) per member; absent members skip theirs."""
-    keys, scale = _tile_operands(a, b, FMT, DOT, SCALED_DOT, MX)
+    keys, scale = _tile_operands(a, b, FMT, DOT, SCALED_DOT, MX, ALU)
     BLOCK_N: tl.constexpr = scale.shape[0]
     s = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     seen = _lanes(mapped, s)
@@ -601,16 +692,31 @@ def _check_mxfp4_mode(mode, q, index_fmt, scaled_dot) -> int:
     return mode
 
 
+def _check_alu(alu, index_fmt, block_n, block_tokens) -> None:
+    """A ValueError naming the flag of ``alu`` (:data:`ALU_FLAGS`) that does not fit the call."""
+    known = sum(ALU_FLAGS)
+    if not isinstance(alu, int) or isinstance(alu, bool) or not 0 <= alu <= known:
+        raise ValueError(f"triton indexer_score: alu must be an int in 0..{known}, a sum of the flags "
+                         f"{'; '.join(f'{k} {v}' for k, v in ALU_FLAGS.items())}, got {alu!r}")
+    if alu & 3 and index_fmt != "fp8":
+        raise ValueError(f"triton indexer_score: alu flags 1 and 2 change how FP8 keys are loaded, "
+                         f"got alu={alu} with index_fmt={index_fmt!r}")
+    if alu & 4 and block_n != block_tokens:
+        raise ValueError(f"triton indexer_score: alu flag 4 ({ALU_FLAGS[4]}) needs key tiles of one whole "
+                         f"block, got {block_n}-key tiles in {block_tokens}-token blocks")
+
+
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, index_fmt, max_context, out, *,
            dot, block_n=64, group=5, tiles=4, loop=0, num_warps=4, num_stages=1, scaled_dot=0,
-           typed_keys=False, mxfp4_mode=0):
+           typed_keys=False, mxfp4_mode=0, alu=0):
     """Run :func:`indexer_tiles_kernel` (the caller checked :func:`serves`). ``group`` tokens per
     segment (<= 8), ``tiles`` key tiles per program, ``loop``: 0 unrolled, 1 rolled with the next tile
     prefetched into registers (3: the next two), 2 rolled for the software pipeliner (``num_stages``); ``scaled_dot``:
     MXFP4 through ``tl.dot_scaled`` (1; 2 with fast_math), else decoded explicitly; ``typed_keys``: FP8
     keys read through an e4m3 view for FP8 MMAs (the MMA then takes them from shared memory; through the
     uint8 view they reach it from registers); ``mxfp4_mode`` (MXFP4 keys, ``scaled_dot=0``): one of
-    :data:`MXFP4_MODES` (0, the default, as before)."""
+    :data:`MXFP4_MODES` (0, the default, as before); ``alu``: a sum of :data:`ALU_FLAGS` (0, the default,
+    as before)."""
     tokens, heads, _ = q.shape
     if not 1 <= group <= MAX_GROUP:
         raise ValueError(f"triton indexer_score: the block-tile path takes 1..{MAX_GROUP} tokens per segment "
@@ -620,6 +726,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
                          f"or two tiles) or 2 (rolled, software-pipelined), got {loop!r}")
     mx = _check_mxfp4_mode(mxfp4_mode, q, index_fmt, scaled_dot)
     block_n = tile_keys(index_pages.shape[1], block_n)
+    _check_alu(alu, index_fmt, block_n, index_pages.shape[1])
     block_h = max(16, triton.next_power_of_2(heads))
     u8 = index_pages.view(torch.float8_e4m3fn) if typed_keys and index_fmt == "fp8" and dot == DOT_FP8 \
         else index_pages
@@ -641,7 +748,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         out, out.stride(0),
         tokens, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1],
         H=heads, FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=index_pages.shape[-1], BLOCK_H=block_h,
-        BLOCK_N=block_n, GROUP=group, TILES=tiles, LOOP=loop, SCALED_DOT=scaled_dot, MX=mx,
+        BLOCK_N=block_n, GROUP=group, TILES=tiles, LOOP=loop, SCALED_DOT=scaled_dot, MX=mx, ALU=alu,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -1,0 +1,145 @@
+"""The instruction-count options of the block-tile indexer on FP8 keys (``indexer_decode.ALU_FLAGS``,
+launcher ``alu``) against the float64 reference, under ``TRITON_INTERPRET=1`` on the CPU.
+
+Each flag changes how a key tile is loaded or addressed (int32 words split into bytes in-thread, the MMA
+register layout as a 5-D load, no division when a tile is a whole block), never the arithmetic: the
+scores must match the reference like the default path's. The kernel runs with exact fp32 dots
+(``DOT_FP32``) and with FP8 queries (FP8 MMA, exact in the interpreter) on random keys, queries and
+weights, with an unmapped and an out-of-range block, causal bounds mid-tile, segments of 1, 2 and 5
+tokens, a pool view whose block stride is larger than the block, and 16-, 32- and 64-key tiles.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from interpreter_child import child_results, run_groups
+
+TOL = 1e-5  # relative (norm) error vs the float64 reference; exact keys, fp32 accumulation
+
+
+def _compare(got, want) -> bool:
+    import torch
+
+    finite = torch.isfinite(want)
+    same_mask = torch.equal(torch.isfinite(got), finite) and bool(torch.isneginf(got[~finite]).all())
+    a, b = got[finite].double(), want[finite].double()
+    return same_mask and float((a - b).norm() / b.norm().clamp_min(1e-30)) < TOL
+
+
+def _pages(block_tokens, blocks, *, pad_tokens=0):
+    """``[blocks, block_tokens, 132]`` FP8 pages of random keys (scales vary per key); with ``pad_tokens``, a
+    view into a pool whose blocks hold that many more random records (block stride > block)."""
+    import torch
+
+    from dsahal.formats import index_format
+
+    dense = torch.randn(blocks * block_tokens, 128) * (torch.rand(blocks * block_tokens, 1) * 3 + 0.1)
+    pages = index_format("fp8").pack(dense).view(blocks, block_tokens, -1)
+    if not pad_tokens:
+        return pages
+    pool = torch.randint(0, 256, (blocks + 2, block_tokens + pad_tokens, pages.shape[-1]), dtype=torch.uint8)
+    view = pool[1:1 + blocks, :block_tokens]
+    view.copy_(pages)
+    return view
+
+
+def _case(block_tokens):
+    """Three requests: request 0 a run of 5 tokens (positions ending mid-tile), request 1 one token,
+    request 2 two tokens (one of them early: a shorter causal bound); an unmapped (-1) and an
+    out-of-range (99) block; 4 blocks per request."""
+    import torch
+
+    table = torch.tensor([[3, 1, -1, 0], [2, 4, 99, 5], [6, 0, 7, 1]], dtype=torch.int32)
+    b = block_tokens
+    req = torch.tensor([0, 0, 0, 0, 0, 1, 2, 2], dtype=torch.int32)
+    pos = torch.tensor([3 * b - 5, 3 * b - 4, 3 * b - 3, 3 * b - 2, 3 * b - 1, 4 * b - 2, b // 2 + 1, 4 * b - 3],
+                       dtype=torch.int32)
+    return table, req, pos
+
+
+def _alu_cases(results):
+    import torch
+
+    from dsahal.backends.triton_kernels import indexer_decode as d
+    from dsahal.backends.triton_kernels.indexer import run_offsets
+    from dsahal.reference.indexer import indexer_score as reference
+
+    for block_tokens in (16, 32, 64):
+        table, req, pos = _case(block_tokens)
+        width = 4 * block_tokens - 3  # not a multiple of the tile: the last tile is partly past the output
+        offsets = run_offsets(req)
+        for pad in (0, 4):
+            pages = _pages(block_tokens, 8, pad_tokens=pad)
+            safe = torch.where(table >= 8, -1, table)
+            q = torch.randn(8, 4, 128)
+            w = torch.randn(8, 4)
+            q8 = (q * 4).to(torch.float8_e4m3fn)
+            want = reference(q, w, pages, safe, req, pos, "fp8", width)
+            want8 = reference(q8.float(), w, pages, safe, req, pos, "fp8", width)
+            results[f"case_has_both_{block_tokens}_{pad}"] = bool(torch.isfinite(want).any()) and bool(
+                torch.isinf(want).any())
+            # (alu, group, loop, tiles): every flag alone and combined, the four loop forms, 1/2/5-token segments
+            runs = [(1, 5, 1, 2), (2, 5, 1, 2), (3, 2, 1, 3), (4, 1, 0, 2), (5, 5, 3, 2), (6, 5, 2, 2),
+                    (7, 5, 1, 2), (7, 1, 1, 4), (7, 2, 0, 3)]
+            if block_tokens == 64:  # the interpreter is slow on 64-key tiles: the flags the sweep times
+                runs = [(5, 5, 1, 2), (7, 5, 1, 2), (6, 1, 2, 2)]
+            for alu, group, loop, tiles in runs:
+                for label, query, dot, expect in (("fp32", q, d.DOT_FP32, want), ("fp8q", q8, d.DOT_FP8, want8)):
+                    out = torch.full((8, width), float("nan"))  # an unwritten score stays NaN and fails
+                    got = d.launch(query, w, pages, table, req, pos, offsets, "fp8", width, out, dot=dot,
+                                   block_n=block_tokens, group=group, tiles=tiles, loop=loop, alu=alu)
+                    results[f"{label}_b{block_tokens}_pad{pad}_alu{alu}_g{group}_l{loop}"] = _compare(got, expect)
+
+
+def _run_all() -> dict:
+    import torch
+
+    torch.manual_seed(0)
+    return run_groups((_alu_cases,))
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    return child_results(__file__)
+
+
+def test_every_alu_variant_matches_the_reference(interpreted):
+    checks = {k: v for k, v in interpreted.items() if not k.startswith("case_")}
+    assert len(checks) == 2 * 2 * (9 + 9 + 3), sorted(checks)
+    failed = sorted(k for k, v in checks.items() if not v)
+    assert not failed, failed
+
+
+def test_the_cases_hold_visible_and_masked_scores(interpreted):
+    cases = {k: v for k, v in interpreted.items() if k.startswith("case_")}
+    assert len(cases) == 6 and all(cases.values()), cases
+
+
+def test_alu_flags_that_do_not_fit_are_refused():
+    import torch
+
+    pytest.importorskip("triton")
+    from dsahal.backends.triton_kernels import indexer_decode as d
+    from dsahal.backends.triton_kernels.indexer import run_offsets
+
+    table, req, pos = _case(32)
+    pages = torch.zeros(8, 32, 132, dtype=torch.uint8)
+    q8 = torch.zeros(8, 4, 128).to(torch.float8_e4m3fn)
+    w = torch.zeros(8, 4)
+    args = (q8, w, pages, table, req, pos, run_offsets(req), "fp8", 125, torch.empty(8, 125))
+    with pytest.raises(ValueError, match="alu must be an int in 0..7"):
+        d.launch(*args, dot=d.DOT_FP8, block_n=32, alu=8)
+    with pytest.raises(ValueError, match="alu must be an int"):
+        d.launch(*args, dot=d.DOT_FP8, block_n=32, alu=True)
+    with pytest.raises(ValueError, match="16-key tiles in 32-token blocks"):
+        d.launch(*args, dot=d.DOT_FP8, block_n=16, alu=4)
+    mx = torch.zeros(8, 32, 68, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="index_fmt='mxfp4'"):
+        d.launch(q8, w, mx, table, req, pos, run_offsets(req), "mxfp4", 125, torch.empty(8, 125),
+                 dot=d.DOT_BF16, block_n=32, alu=3)
+
+
+if __name__ == "__main__":
+    print(json.dumps(_run_all()))
