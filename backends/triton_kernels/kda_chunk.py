@@ -90,7 +90,7 @@ MID = 8  # the token whose cumulative gate the chunk's decay factors are relativ
 GATE_MIN = -10.0
 MAX_DIM = 128  # K and V: the pass-A tiles ([16, 128] fp32 per tensor) sized for 4 warps
 # operands -> (the kernels' OPERAND code, the scratch dtype, qg's scratch dtype); docstring's Numerics
-PAIRS = {"ieee": 0, "tf32x3": 1}  # how the tf32 and mixed modes form A and A_qk (see _mm_pair)
+PAIRS = {"ieee": 0, "tf32x3": 1, "bf16x3": 2}  # how the tf32 and mixed modes form A and A_qk (see _mm_pair)
 OPERANDS = {"fp32": (0, torch.float32, torch.float32), "bf16": (1, torch.bfloat16, torch.bfloat16),
             "fp16": (2, torch.float16, torch.float16), "tf32": (3, torch.float32, torch.float32),
             "mixed": (4, torch.bfloat16, torch.float32)}
@@ -114,11 +114,20 @@ def _mm(a, b, OPERAND: tl.constexpr):
 @triton.jit
 def _mm_pair(a, b, OPERAND: tl.constexpr, PAIR: tl.constexpr):
     """The chunk's pair products A and A_qk: fp32 in the tf32 and mixed modes (their operands' rounding is
-    what a bf16 chunked form loses most to), by FMA dots (``PAIR`` 0, ``ieee``) or three tf32 MMAs on a
-    hi/lo split of each operand (``PAIR`` 1, ``tf32x3``: ~21 of fp32's 24 bits, on the tensor cores);
-    else as :func:`_mm`."""
+    what a bf16 chunked form loses most to), by FMA dots (``PAIR`` 0, ``ieee``), three tf32 MMAs on a
+    hi/lo split of each operand (``PAIR`` 1, ``tf32x3``: ~21 of fp32's 24 bits, on the tensor cores) or
+    three bf16 MMAs on a bf16 hi/lo split (``PAIR`` 2, ``bf16x3``: hi·hi + hi·lo + lo·hi, ~16 bits, the
+    dropped lo·lo term below 2⁻¹⁶ of the product; bf16 MMAs run at twice tf32's rate on half the operand
+    bytes, and pass A is bound by shared-memory traffic); else as :func:`_mm`."""
     if OPERAND >= 3:
-        if PAIR == 1:
+        if PAIR == 2:
+            a_hi = a.to(tl.bfloat16)
+            b_hi = b.to(tl.bfloat16)
+            a_lo = (a - a_hi.to(tl.float32)).to(tl.bfloat16)
+            b_lo = (b - b_hi.to(tl.float32)).to(tl.bfloat16)
+            out = tl.dot(a_lo, b_hi, tl.dot(a_hi, b_lo))  # the small terms first, then the large one
+            out = tl.dot(a_hi, b_hi, out)
+        elif PAIR == 1:
             out = tl.dot(a, b, input_precision="tf32x3")
         else:
             out = tl.dot(a, b, input_precision="ieee")
@@ -361,7 +370,7 @@ def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, sca
 
     ``block_v``: pass B's V slab (a power of two >= 16; capped at V rounded up); ``num_warps`` /
     ``num_stages``: pass B's; ``prepare_warps``: pass A's; ``operands``: ``"tf32"``, ``"mixed"``, ``"bf16"``,
-    ``"fp32"`` or ``"fp16"`` (module docstring); ``pair``: ``"ieee"`` or ``"tf32x3"``, how those two modes
+    ``"fp32"`` or ``"fp16"`` (module docstring); ``pair``: ``"ieee"``, ``"tf32x3"`` or ``"bf16x3"``, how those two modes
     form A and A_qk (:func:`_mm_pair`)."""
     heads, key_dim, value_dim = q.shape[1], q.shape[2], v.shape[2]
     _options(operands, key_dim, value_dim, block_v)

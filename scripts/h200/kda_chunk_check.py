@@ -44,14 +44,14 @@ SCALE_LENGTHS = [4096] * 8
 TIMED = [("8 x 4096", [4096] * 8),
          ("mixed 128..8192", [128, 8192, 1000, 4096, 300, 2048, 512, 8192, 640, 3000])]
 # (name, launcher options): the default first (pass A / pass B alone are timed for it)
-VARIANTS = [("chunked tf32 bv64 w4 s2 (default)", dict(operands="tf32", block_v=64, num_warps=4, num_stages=2)),
-            ("chunked tf32 tf32x3 pairs s2", dict(operands="tf32", pair="tf32x3", block_v=64, num_warps=4,
-                                                  num_stages=2)),
-            ("chunked mixed s3", dict(operands="mixed", block_v=64, num_warps=4, num_stages=3)),
-            ("chunked mixed tf32x3 pairs s3", dict(operands="mixed", pair="tf32x3", block_v=64, num_warps=4,
+VARIANTS = [("chunked mixed tf32x3 pairs s3 (default)", dict(operands="mixed", pair="tf32x3", block_v=64,
+                                                              num_warps=4, num_stages=3)),
+            ("chunked mixed bf16x3 pairs s3", dict(operands="mixed", pair="bf16x3", block_v=64, num_warps=4,
                                                    num_stages=3)),
-            ("chunked mixed tf32x3 pairs s2", dict(operands="mixed", pair="tf32x3", block_v=64, num_warps=4,
+            ("chunked mixed bf16x3 pairs s2", dict(operands="mixed", pair="bf16x3", block_v=64, num_warps=4,
                                                    num_stages=2)),
+            ("chunked tf32 bf16x3 pairs s2", dict(operands="tf32", pair="bf16x3", block_v=64, num_warps=4,
+                                                  num_stages=2)),
             ("chunked bf16 s3 (below the suite's bound on small rows)",
              dict(operands="bf16", block_v=64, num_warps=4, num_stages=3))]
 RTOL = 2.0 ** -6  # bf16 operands / outputs: the conformance suite's normwise tolerance
