@@ -1,0 +1,218 @@
+"""Block-tile indexer on FP8 keys: the instruction-count options (``indexer_decode.ALU_FLAGS``, launcher
+``alu``) against the backend default, checked and timed in the same run on one Hopper GPU.
+
+Usage (on a CUDA machine, from the repository root with dsahal importable)::
+
+    python3 scripts/h200/indexer_alu_sweep.py [--cpu-smoke]
+
+Why: at 64 x 1 tokens x 128K keys the default ran at 54% of DRAM peak with the integer ALU the busiest
+pipe (Nsight Compute, eighth session); its sm_90 SASS spends ~200 of 420 instructions per 64-key tile
+unpacking and repacking key bytes. The flags (see the module docstring of indexer_decode): 1 int32-word
+key loads, 2 the FP8 MMA's register layout as the load layout, 4 no division per tile (whole-block tiles).
+
+Steps, in order, each printed:
+
+1. the device-to-device copy ceiling (1 GiB copy, read + write bytes / time) measured in this run;
+2. every variant on a small paged case (3 requests x 5 tokens at 1000 keys, an unmapped block, a causal
+   bound mid-tile, 32 heads, 64-token blocks in a random permutation) against the float64 reference (on
+   the CPU): relative error and the -inf mask; FP8 MMAs at 5e-4 (Hopper's FP8 accumulator), bf16 at 1e-4;
+3. timing (``triton.testing.do_bench`` median) of the variants that passed at 64 x 1, 64 x 2, 64 x 5
+   tokens at 128K keys and 8 x 1 at 1M, FP8 (132 B) keys, FP8 and bf16 queries. One table: ms, unique key
+   bytes / time (TB/s, % of the copy ceiling) and the ratio to the backend default on the same shape.
+
+Variants other than the default call ``indexer_decode.launch`` with the default's block-tile parameters
+and the changes their label names (``indexer_score`` does not forward ``alu`` yet). A failed check is
+listed and the script exits with one ``error:`` line (after timing what did pass).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
+import pools as cache_pools  # scripts/h200/pools.py
+from script_cli import CheckError, finish, run  # scripts/h200/script_cli.py
+
+HEADS = 32
+BLOCK_TOKENS = 64
+TOL = 1e-4
+TOL_FP8_MMA = 5e-4
+DEVICE = "cuda"  # --cpu-smoke: "cpu" under TRITON_INTERPRET=1
+
+
+def shapes():
+    """[(label, requests, tokens per request, keys per request)]."""
+    if DEVICE == "cpu":
+        return [("2x1 @48", 2, 1, 48), ("2x5 @48", 2, 5, 48)]
+    k = 1024
+    return [("64x1 @128K", 64, 1, 128 * k), ("64x2 @128K", 64, 2, 128 * k), ("64x5 @128K", 64, 5, 128 * k),
+            ("8x1 @1M", 8, 1, 1024 * k)]
+
+
+def variants(torch):
+    """[(q dtype, label, launch changes or None for the backend default)]. Registers per thread and SASS
+    instructions per 64-key tile (one token; each further token of a segment ~80-97 more) in the sm_90 AOT
+    compile with the local Triton 3.9, FP8 q, 4 warps, 5-token segments, in brackets (default [134, 420])."""
+    fp8 = torch.float8_e4m3fn
+    # interpreter: bf16 dots are wrong there, so the smoke run checks the FP8-query rows only
+    second = () if DEVICE == "cpu" else (torch.bfloat16,)
+    out = [(fp8, "backend default", None),
+           (fp8, "alu 5 words+whole", dict(alu=5)),  # [127, 184]
+           (fp8, "alu 7 mma-layout words+whole", dict(alu=7)),  # [126, 193; no shared-memory conversion]
+           (fp8, "alu 6 mma-layout, no prefetch", dict(alu=6, loop=2)),  # [114, 150]
+           (fp8, "alu 7, two tiles ahead", dict(alu=7, loop=3)),  # [150, ~190]
+           (fp8, "alu 7, group = tokens", dict(alu=7, group="tokens"))]  # [1 token: 94 -> 5 blocks/SM]
+    for q in second:
+        out += [(q, "backend default", None), (q, "alu 5 words+whole", dict(alu=5))]  # [151, 511] -> [150, 397]
+    return out
+
+
+def _name(q_dtype, label):
+    return f"fp8 keys, {str(q_dtype).split('.')[-1]} q, {label}"
+
+
+def _runner(torch, q_dtype, changes, per_request):
+    """A function of (q, w, pages, table, req, pos, width, out) running this variant."""
+    from dsahal.backends.nvidia.config import indexer_config
+    from dsahal.backends.triton_kernels import indexer_decode
+    from dsahal.backends.triton_kernels.indexer import indexer_score, pick_dot, run_offsets
+
+    cfg = dict(indexer_config(HEADS, q_dtype, "fp8"))
+    if DEVICE == "cpu":  # 16-token blocks in the smoke run
+        cfg["block_tiles"] = dict(cfg["block_tiles"], block_n=16, tiles=2)
+    if changes is None:
+        return lambda q, w, pages, table, req, pos, width, out: indexer_score(
+            q, w, pages, table, req, pos, "fp8", width, out=out, **cfg)
+    tile = dict(cfg["block_tiles"])
+    kwargs = dict(dot=pick_dot(q_dtype, "fp8"), block_n=tile["block_n"], group=tile.get("tile_group", 5),
+                  tiles=tile["tiles"], loop=tile.get("tile_loop", 1), num_warps=tile["num_warps"],
+                  num_stages=tile["num_stages"], typed_keys=tile.get("typed_keys", False))
+    kwargs.update(changes)
+    if kwargs["group"] == "tokens":
+        kwargs["group"] = min(per_request, indexer_decode.MAX_GROUP)
+    return lambda q, w, pages, table, req, pos, width, out: indexer_decode.launch(
+        q, w, pages, table, req, pos, run_offsets(req), "fp8", width, out, **kwargs)
+
+
+def inputs(torch, requests, per_request, context, blocks, gen):
+    """Block table (each request its own random blocks), request ids, and the last ``per_request``
+    positions of a ``context``-key request."""
+    per_req_blocks = -(-context // BLOCK_TOKENS)
+    table = torch.randperm(blocks, device=DEVICE, generator=gen)[: requests * per_req_blocks]
+    table = table.view(requests, per_req_blocks).to(torch.int32)
+    req = torch.arange(requests, device=DEVICE, dtype=torch.int32).repeat_interleave(per_request)
+    pos = (context - per_request + torch.arange(per_request, device=DEVICE, dtype=torch.int32)).repeat(requests)
+    return table, req, pos
+
+
+def check(torch, chosen, failures):
+    """Every variant against the float64 reference on a small paged case -> the names that passed."""
+    from dsahal.reference.indexer import indexer_score as reference
+
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    requests, per_request, context = (3, 5, 1000) if DEVICE == "cuda" else (2, 5, 40)
+    blocks = 64 if DEVICE == "cuda" else 8
+    pages = cache_pools.index_pool(torch, "fp8", blocks, gen, DEVICE, BLOCK_TOKENS)
+    table, req, pos = inputs(torch, requests, per_request, context, blocks, gen)
+    table[0, table.shape[1] // 2] = -1  # an unmapped block
+    pos[per_request] = context // 2 + 3  # a shorter causal bound, mid-tile
+    q32 = torch.randn(requests * per_request, HEADS, 128, device=DEVICE, generator=gen)
+    w = torch.randn(requests * per_request, HEADS, device=DEVICE, generator=gen)
+    wants, passed = {}, set()
+    for q_dtype, label, changes in chosen:
+        name = _name(q_dtype, label)
+        q = q32.to(q_dtype)
+        try:
+            out = torch.full((q.shape[0], context), float("nan"), device=DEVICE)  # unwritten scores fail
+            got = _runner(torch, q_dtype, changes, per_request)(q, w, pages, table, req, pos, context, out).cpu()
+            if q_dtype not in wants:
+                wants[q_dtype] = reference(q.float().cpu(), w.cpu(), pages.cpu(), table.cpu(), req.cpu(), pos.cpu(),
+                                           "fp8", context)
+            want = wants[q_dtype]
+            finite = torch.isfinite(want)
+            err = float((got[finite].double() - want[finite].double()).norm() / want[finite].double().norm())
+            tol = TOL_FP8_MMA if q_dtype == torch.float8_e4m3fn else TOL
+            ok = torch.equal(torch.isfinite(got), finite) and bool(torch.isneginf(got[~finite]).all()) and err < tol
+            status = f"rel err {err:.2e}  {'ok' if ok else 'FAIL'}"
+        except Exception as exc:  # noqa: BLE001 - a variant that does not compile or run is a failure, listed
+            ok, status = False, f"{type(exc).__name__}: {str(exc)[:300]}"
+        print(f"  check {name:<58s} {status}", flush=True)
+        if ok:
+            passed.add(name)
+        else:
+            failures.append(f"{name}: {status}")
+    return passed
+
+
+def time_all(torch, chosen, passed, ceiling):
+    """[(shape, name, ms, key TB/s, % copy, ratio to the default)] for every passed variant."""
+    gen = torch.Generator(device=DEVICE).manual_seed(5)
+    blocks = max(r * -(-c // BLOCK_TOKENS) for _, r, _, c in shapes())
+    started = time.time()
+    pages = cache_pools.index_pool(torch, "fp8", blocks, gen, DEVICE, BLOCK_TOKENS)
+    print(f"  pool: {blocks} blocks of {BLOCK_TOKENS} keys ({time.time() - started:.1f} s)", flush=True)
+    rows = []
+    for shape, requests, per_request, context in shapes():
+        table, req, pos = inputs(torch, requests, per_request, context, blocks, gen)
+        tokens = requests * per_request
+        q32 = torch.randn(tokens, HEADS, 128, device=DEVICE, generator=gen)
+        w = torch.randn(tokens, HEADS, device=DEVICE, generator=gen)
+        out = torch.empty(tokens, context, device=DEVICE)
+        default_ms = {}
+        for q_dtype, label, changes in chosen:
+            name = _name(q_dtype, label)
+            if name not in passed:
+                continue
+            q = q32.to(q_dtype)
+            fn = _runner(torch, q_dtype, changes, per_request)
+            try:
+                ms = timing.bench_ms(lambda: fn(q, w, pages, table, req, pos, context, out), DEVICE, warmup=5,
+                                     rep=40)
+            except Exception as exc:  # noqa: BLE001 - reported in the table
+                rows.append((shape, name, None, None, None, f"{type(exc).__name__}: {str(exc)[:80]}"))
+                continue
+            if changes is None:
+                default_ms[q_dtype] = ms
+            tbps = requests * context * pages.shape[2] / (ms * 1e-3) / 1e12
+            ratio = default_ms.get(q_dtype, float("nan")) / ms
+            rows.append((shape, name, ms, tbps, 100 * tbps / ceiling, f"{ratio:.2f}x"))
+        print(f"  {shape} done ({time.time() - started:.0f} s)", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    global DEVICE, BLOCK_TOKENS
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="tiny shapes on the CPU under TRITON_INTERPRET=1: runs every step, times nothing")
+    args = parser.parse_args(argv)
+    if args.cpu_smoke:
+        import os
+
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+        DEVICE, BLOCK_TOKENS = "cpu", 16
+    import torch
+
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        raise CheckError("indexer_alu_sweep: needs a CUDA device, none is visible (or pass --cpu-smoke)")
+    import triton
+
+    started = time.time()
+    ceiling = timing.announce(torch, triton, DEVICE)
+    failures: list[str] = []
+    chosen = variants(torch)
+    print("\nchecks against the float64 reference")
+    passed = check(torch, chosen, failures)
+    print(f"\ntiming ({time.time() - started:.0f} s)", flush=True)
+    rows = time_all(torch, chosen, passed, ceiling)
+    print("\n| shape | variant | ms | key TB/s | % copy | vs default |\n|---|---|---|---|---|---|")
+    for shape, vname, ms, tbps, pct, ratio in rows:
+        if ms is None:
+            print(f"| {shape} | {vname} | - | - | - | failed: {ratio} |")
+        else:
+            print(f"| {shape} | {vname} | {ms:.3f} | {tbps:.2f} | {pct:.1f} | {ratio} |")
+    return finish("indexer_alu_sweep", failures, started, "check(s) failed")
+
+
+if __name__ == "__main__":
+    run("indexer_alu_sweep", main)
