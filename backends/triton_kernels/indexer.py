@@ -428,7 +428,9 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             default until the H200 sweep ``scripts/h200/indexer_sweep.py`` has timed it), take the general
             kernel.
             ``block_tiles`` may be a dict of the block-tile path's own parameters (``block_n``, ``group``,
-            ``tile_group``, ``tiles``, ``tile_loop``, ``pipeline``, ``num_warps``, ``num_stages``, ``typed_keys``),
+            ``tile_group``, ``tiles``, ``tile_loop``, ``pipeline``, ``num_warps``, ``num_stages``, ``typed_keys``,
+            ``mxfp4_mode``, ``alu``: :data:`.indexer_decode.ALU_FLAGS` for FP8 keys, flag 4 dropped where a key
+            tile is not one whole cache block),
             the other arguments then being the general kernel's, for the calls that fall back to it.
             There ``group`` (or ``tile_group``, <= 8) is the tokens per segment, ``tiles``, ``num_warps``,
             ``num_stages``, ``typed_keys``, ``mxfp4_dot_scaled`` / ``mxfp4_fast_math`` mean the same;
@@ -463,6 +465,11 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         # MXFP4 keys: one of indexer_decode.MXFP4_MODES (0: tl.dot_scaled or the per-element decode, as
         # mxfp4_dot_scaled says); a block-tile parameter only
         mxfp4_mode = tile.get("mxfp4_mode", 0) if mxfp4 else 0
+        # FP8 keys: indexer_decode.ALU_FLAGS, kept to what this call can take (a configuration names them once
+        # for every call): flags 1 and 2 for FP8 keys only, flag 4 only when a key tile is one whole cache block
+        alu = 0 if mxfp4 else tile.get("alu", 0)
+        if alu & 4 and index_pages.shape[1] != tile["block_n"]:
+            alu &= ~4
         return indexer_decode.launch(
             q, weights, index_pages, block_table, req_ids, positions, run_offsets(req_ids), index_fmt, max_context,
             out, dot=dot, block_n=tile["block_n"],
@@ -470,7 +477,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             loop=(2 if tile["pipeline"] else 0) if tile["tile_loop"] is None else tile["tile_loop"],
             num_warps=tile["num_warps"], num_stages=tile["num_stages"], typed_keys=tile["typed_keys"],
             scaled_dot=((2 if mxfp4_fast_math else 1) if mxfp4 and mxfp4_dot_scaled and not mxfp4_mode else 0),
-            mxfp4_mode=mxfp4_mode)
+            mxfp4_mode=mxfp4_mode, alu=alu)
     block_h, block_n, group, tiles = tile_shape(heads, dot, block_n, group, tiles)
     views = typed_views(index_pages)
     if typed_keys and aligned:

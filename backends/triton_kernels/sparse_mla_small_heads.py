@@ -47,6 +47,7 @@ from .sparse_mla_small_heads_raw import sparse_mla_small_heads_raw
 
 MAX_HEADS = 64  # the fp32 accumulator is 512 x BLOCK_H; 64 heads need 8 warps to hold it
 CHUNK = 128  # nope dims per chunk: one fp8_ds_mla tile, eight nvfp4 blocks
+RAW_MAX_HEADS = 16  # fp8_ds_mla heads the raw-e4m3 kernel serves by default (hopper_config: it spills above)
 
 SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")  # (zero: specialised as a multiple of 16)
 
@@ -215,9 +216,18 @@ def hopper_config(heads: int, kv_fmt: str = "fp8_ds_mla", q_dtype: torch.dtype =
     (4 splits at top-k 2048: 1280 programs at 320 tokens; the fp32 partials add 2 x 4 x 32 KB per
     token at 16 heads, about 20% on top of the gathered fp8_ds_mla bytes). fp32/fp16 queries take
     the exact fp32 dots, whose operands are twice as large: 16-slot steps.
+
+    fp8_ds_mla at <= 16 heads (bf16 queries) takes the raw-e4m3 kernel (:mod:`.sparse_mla_small_heads_raw`:
+    fp16 MMAs on the e4m3 codes, the tile scales after the logit MMA and folded into P), 64-slot steps, no
+    staging: on the H200 (2026-12-01, ``small_heads_sweep.py``, 320 tokens x 2048 slots) 0.457 ms at H = 16
+    and 0.451 at H = 12 against this kernel's 0.926 / 0.921. Above 16 heads it spills (sm_90 compile:
+    255 registers, 136-312 B of stack in every 32-head variant tried), so 17-32 heads stay here.
     """
     if q_dtype != torch.bfloat16:
         return dict(block_n=16, split_size=512, num_warps=4, num_stages=1, reuse=False, gather_first=False)
+    if kv_fmt == "fp8_ds_mla" and heads <= RAW_MAX_HEADS:
+        return dict(block_n=64, split_size=512, num_warps=4, num_stages=1, reuse=False, gather_first=False,
+                    raw_fp8=True)
     staged = kv_fmt != "fp8"
     return dict(block_n=32, split_size=512, num_warps=4 if heads <= 16 else 8, num_stages=2 if staged else 1,
                 reuse=False, gather_first=True)
