@@ -93,11 +93,38 @@ def _alu_cases(results):
                     results[f"{label}_b{block_tokens}_pad{pad}_alu{alu}_g{group}_l{loop}"] = _compare(got, expect)
 
 
+def _config_cases(results):
+    """Through ``indexer_score`` with a configuration naming ``alu=5`` for every call (as the nvidia backend's
+    does): flag 4 is dropped where a key tile is not one whole cache block (16-key tiles in 32-token blocks),
+    kept where it is, and MXFP4 keys take none of the flags; each result against the reference."""
+    import torch
+
+    from dsahal.backends.triton_kernels.indexer import indexer_score
+    from dsahal.formats import index_format
+    from dsahal.reference.indexer import indexer_score as reference
+
+    for block_tokens, fmt in ((32, "fp8"), (16, "fp8"), (16, "mxfp4")):
+        table, req, pos = _case(block_tokens)
+        table = torch.where(table >= 8, -1, table)
+        width = 4 * block_tokens - 3
+        if fmt == "fp8":
+            pages = _pages(block_tokens, 8)
+        else:
+            pages = index_format("mxfp4").pack(torch.randn(8 * block_tokens, 128) + 1e-3).view(8, block_tokens, -1)
+        q = (torch.randn(8, 4, 128) * 4).to(torch.float8_e4m3fn)
+        w = torch.randn(8, 4)
+        tiles = dict(block_n=16, tile_group=5, tiles=2, tile_loop=1, num_warps=4, num_stages=1, alu=5)
+        got = indexer_score(q, w, pages, table, req, pos, fmt, width, block_n=16, group=2, tiles=2,
+                            block_tiles=tiles, mxfp4_dot_scaled=True)
+        want = reference(q.float(), w, pages, table, req, pos, fmt, width)
+        results[f"cfg_{fmt}_b{block_tokens}"] = _compare(got, want)
+
+
 def _run_all() -> dict:
     import torch
 
     torch.manual_seed(0)
-    return run_groups((_alu_cases,))
+    return run_groups((_alu_cases, _config_cases))
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +133,16 @@ def interpreted():
 
 
 def test_every_alu_variant_matches_the_reference(interpreted):
-    checks = {k: v for k, v in interpreted.items() if not k.startswith("case_")}
+    checks = {k: v for k, v in interpreted.items() if not k.startswith(("case_", "cfg_"))}
     assert len(checks) == 2 * 2 * (9 + 9 + 3), sorted(checks)
     failed = sorted(k for k, v in checks.items() if not v)
     assert not failed, failed
+
+
+def test_a_configured_alu_is_kept_to_what_each_call_takes(interpreted):
+    configured = {k: v for k, v in interpreted.items() if k.startswith("cfg_")}
+    assert sorted(configured) == ["cfg_fp8_b16", "cfg_fp8_b32", "cfg_mxfp4_b16"], configured
+    assert all(configured.values()), configured
 
 
 def test_the_cases_hold_visible_and_masked_scores(interpreted):

@@ -108,12 +108,18 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     if index_fmt == "mxfp4" and q_dtype in (torch.bfloat16, torch.float8_e4m3fn):
         return dict(block_n=64, group=8, tiles=4, num_warps=8, num_stages=1, one_block_tiles=True,
                     mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES))
+    # FP8 keys, eighth session (scripts/h200/indexer_alu_sweep.py; Nsight Compute had the integer ALU the busiest
+    # pipe, 73%, and the sm_90 SASS ~200 of 420 instructions per one-token tile in byte unpacking and repacking):
+    # alu 5 (indexer_decode.ALU_FLAGS: the key bytes loaded as int32 words and split in-thread, no division per
+    # whole-block tile; 184 instructions) FP8 q 64x1 / 64x2 / 64x5 at 128K, 8x1 at 1M: 0.385 / 0.487 / 0.673 /
+    # 0.382 ms (68% / 54% / 39% / 69% of copy) against 0.485 / 0.559 / 0.797 / 0.485 in the same run (1.15-1.27x);
+    # bf16 q 0.605 / 0.741 / 1.134 / 0.599 against 0.676 / 0.824 / 1.256 / 0.670 (1.11-1.12x).
     if q_dtype == torch.float8_e4m3fn and index_fmt == "fp8":
         return dict(block_n=64, group=8, tiles=16, num_warps=8, num_stages=2, pipeline=True, typed_keys=True,
-                    one_block_tiles=False, block_tiles=dict(_BLOCK_TILES, typed_keys=False))
+                    one_block_tiles=False, block_tiles=dict(_BLOCK_TILES, typed_keys=False, alu=5))
     if q_dtype == torch.bfloat16 and index_fmt == "fp8":
         return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True,
-                    block_tiles=dict(_BLOCK_TILES, typed_keys=True))
+                    block_tiles=dict(_BLOCK_TILES, typed_keys=True, alu=5))
     # bf16 keys, and fp32/fp16 queries (exact dots): the general kernel only, unrolled x4 at 4 warps with
     # one-block tiles (bf16 q on bf16 keys 0.458 ms at 64x5 x 32K, 2026-11-29)
     return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True)
