@@ -103,7 +103,8 @@ def _config_cases(results):
     from dsahal.formats import index_format
     from dsahal.reference.indexer import indexer_score as reference
 
-    for block_tokens, fmt in ((32, "fp8"), (16, "fp8"), (16, "mxfp4")):
+    for block_tokens, fmt, per_request in ((32, "fp8", False), (16, "fp8", False), (16, "mxfp4", False),
+                                           (32, "fp8", True)):
         table, req, pos = _case(block_tokens)
         table = torch.where(table >= 8, -1, table)
         width = 4 * block_tokens - 3
@@ -113,11 +114,14 @@ def _config_cases(results):
             pages = index_format("mxfp4").pack(torch.randn(8 * block_tokens, 128) + 1e-3).view(8, block_tokens, -1)
         q = (torch.randn(8, 4, 128) * 4).to(torch.float8_e4m3fn)
         w = torch.randn(8, 4)
-        tiles = dict(block_n=16, tile_group=5, tiles=2, tile_loop=1, num_warps=4, num_stages=1, alu=5)
+        # group_per_request: 8 tokens over 3 block-table rows -> segments of at most 3, so request 0's run of 5
+        # is split in two segments
+        tiles = dict(block_n=16, tile_group=5, tiles=2, tile_loop=1, num_warps=4, num_stages=1, alu=5,
+                     group_per_request=per_request)
         got = indexer_score(q, w, pages, table, req, pos, fmt, width, block_n=16, group=2, tiles=2,
                             block_tiles=tiles, mxfp4_dot_scaled=True)
         want = reference(q.float(), w, pages, table, req, pos, fmt, width)
-        results[f"cfg_{fmt}_b{block_tokens}"] = _compare(got, want)
+        results[f"cfg_{fmt}_b{block_tokens}{'_per_request' if per_request else ''}"] = _compare(got, want)
 
 
 def _run_all() -> dict:
@@ -141,7 +145,8 @@ def test_every_alu_variant_matches_the_reference(interpreted):
 
 def test_a_configured_alu_is_kept_to_what_each_call_takes(interpreted):
     configured = {k: v for k, v in interpreted.items() if k.startswith("cfg_")}
-    assert sorted(configured) == ["cfg_fp8_b16", "cfg_fp8_b32", "cfg_mxfp4_b16"], configured
+    assert sorted(configured) == ["cfg_fp8_b16", "cfg_fp8_b32", "cfg_fp8_b32_per_request", "cfg_mxfp4_b16"], \
+        configured
     assert all(configured.values()), configured
 
 

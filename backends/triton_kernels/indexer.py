@@ -430,7 +430,8 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             ``block_tiles`` may be a dict of the block-tile path's own parameters (``block_n``, ``group``,
             ``tile_group``, ``tiles``, ``tile_loop``, ``pipeline``, ``num_warps``, ``num_stages``, ``typed_keys``,
             ``mxfp4_mode``, ``alu``: :data:`.indexer_decode.ALU_FLAGS` for FP8 keys, flag 4 dropped where a key
-            tile is not one whole cache block),
+            tile is not one whole cache block; ``group_per_request``: segments of at most ceil(T / B) tokens,
+            B the block table's rows),
             the other arguments then being the general kernel's, for the calls that fall back to it.
             There ``group`` (or ``tile_group``, <= 8) is the tokens per segment, ``tiles``, ``num_warps``,
             ``num_stages``, ``typed_keys``, ``mxfp4_dot_scaled`` / ``mxfp4_fast_math`` mean the same;
@@ -470,10 +471,16 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         alu = 0 if mxfp4 else tile.get("alu", 0)
         if alu & 4 and index_pages.shape[1] != tile["block_n"]:
             alu &= ~4
+        group = min(tile["tile_group"] or tile["group"], indexer_decode.MAX_GROUP)
+        if tile.get("group_per_request"):
+            # segments no longer than the call's tokens per request (a decode step's 1, 2 or 5; more block-table
+            # rows than requests only shortens them): the unused members' registers then go to more programs
+            # per SM. A segment's length changes no score's arithmetic (one MMA per token), only the grouping.
+            group = max(1, min(group, -(-tokens // max(1, block_table.shape[0]))))
         return indexer_decode.launch(
             q, weights, index_pages, block_table, req_ids, positions, run_offsets(req_ids), index_fmt, max_context,
             out, dot=dot, block_n=tile["block_n"],
-            group=min(tile["tile_group"] or tile["group"], indexer_decode.MAX_GROUP), tiles=tile["tiles"],
+            group=group, tiles=tile["tiles"],
             loop=(2 if tile["pipeline"] else 0) if tile["tile_loop"] is None else tile["tile_loop"],
             num_warps=tile["num_warps"], num_stages=tile["num_stages"], typed_keys=tile["typed_keys"],
             scaled_dot=((2 if mxfp4_fast_math else 1) if mxfp4 and mxfp4_dot_scaled and not mxfp4_mode else 0),
