@@ -113,14 +113,16 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     # alu 5 (indexer_decode.ALU_FLAGS: the key bytes loaded as int32 words and split in-thread, no division per
     # whole-block tile; 184 instructions) FP8 q 64x1 / 64x2 / 64x5 at 128K, 8x1 at 1M: 0.385 / 0.487 / 0.673 /
     # 0.382 ms (68% / 54% / 39% / 69% of copy) against 0.485 / 0.559 / 0.797 / 0.485 in the same run (1.15-1.27x);
-    # bf16 q 0.605 / 0.741 / 1.134 / 0.599 against 0.676 / 0.824 / 1.256 / 0.670 (1.11-1.12x).
+    # bf16 q 0.605 / 0.741 / 1.134 / 0.599 against 0.676 / 0.824 / 1.256 / 0.670 (1.11-1.12x). Certified in both
+    # modes (indexer_score, dsa_attention, 200 examples). block_tiles' group_per_request (segments of at most the
+    # call's tokens per request) is not on: its only H200 run (R8) gave times inconsistent with R6 on the same
+    # variants (up to 3x apart), so it is unmeasured.
     if q_dtype == torch.float8_e4m3fn and index_fmt == "fp8":
         return dict(block_n=64, group=8, tiles=16, num_warps=8, num_stages=2, pipeline=True, typed_keys=True,
-                    one_block_tiles=False, block_tiles=dict(_BLOCK_TILES, typed_keys=False, alu=5,
-                                                            group_per_request=True))
+                    one_block_tiles=False, block_tiles=dict(_BLOCK_TILES, typed_keys=False, alu=5))
     if q_dtype == torch.bfloat16 and index_fmt == "fp8":
         return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True,
-                    block_tiles=dict(_BLOCK_TILES, typed_keys=True, alu=5, group_per_request=True))
+                    block_tiles=dict(_BLOCK_TILES, typed_keys=True, alu=5))
     # bf16 keys, and fp32/fp16 queries (exact dots): the general kernel only, unrolled x4 at 4 warps with
     # one-block tiles (bf16 q on bf16 keys 0.458 ms at 64x5 x 32K, 2026-11-29)
     return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True)

@@ -58,8 +58,9 @@ def variants(torch):
     second = () if DEVICE == "cpu" else (torch.bfloat16,)
     # (the eighth session's first run timed alu 7, alu 6 without prefetch and alu 7 two tiles ahead too: slower
     # than alu 5 at every shape; alu 5 is the backend default since)
-    # (the backend default: alu 5 with segments of at most the call's tokens per request, group_per_request)
+    # (the backend default: alu 5 with 5-token segments, as "alu 5, 5-token segments" by the direct launch)
     out = [(fp8, "backend default", None),
+           (fp8, "alu 5, segments of the call's tokens per request", dict(alu=5, group="tokens")),
            (fp8, "alu 5, 5-token segments", dict(alu=5)),  # [127, 184]
            (fp8, "alu 0 (the seventh session's default)", dict(alu=0)),  # [134, 420]
            (fp8, "alu 7, group = tokens", dict(alu=7, group="tokens"))]  # [1 token: 94 -> 5 blocks/SM]
