@@ -45,10 +45,12 @@ def routes() -> dict[str, list[Route]]:
                   probe=f"{flashmla}:probe", description="FlashMLA SM90 sparse decode on fp8_ds_mla (V32) pages"),
             Route("flashmla_prefill", f"{flashmla}:sparse_mla_prefill", f"{flashmla}:prefill_accepts",
                   probe=f"{flashmla}:probe", description="FlashMLA SM90 sparse prefill on contiguous bf16 latents"),
-            # Before the general kernel where it measured faster (H <= 32, fp8_ds_mla and nvfp4 latents; behind
-            # FlashMLA, which is faster at fp8_ds_mla in default mode: 0.30 vs 0.90 ms at H = 16).
+            # Before the general kernel where it measured faster (H <= 32, fp8_ds_mla and nvfp4 latents; fp8_ds_mla
+            # at <= 16 heads on the raw-e4m3 kernel); behind FlashMLA, which is faster at fp8_ds_mla in default
+            # mode even with its heads padded: 0.297 vs 0.457 ms at H = 16 (H200, eighth session).
             Route("triton_small_heads", f"{PACKAGE}.ops:sparse_mla_small_heads", f"{PACKAGE}.verifiers:small_heads_accepts",
-                  description="every head of a token in one program, 128-dim chunks (H <= 32, fp8_ds_mla / nvfp4)"),
+                  description="every head of a token in one program (H <= 32, fp8_ds_mla / nvfp4; fp8_ds_mla at "
+                              "<= 16 heads on raw e4m3 codes)"),
             _triton("sparse_mla"),
         ],
         "lse_combine": [_triton("lse_combine")],
@@ -56,10 +58,10 @@ def routes() -> dict[str, list[Route]]:
         "kda_prefill": [
             Route("triton_short", f"{PACKAGE}.ops:kda_prefill", f"{PACKAGE}.verifiers:short_prefill_accepts",
                   description=f"the token-by-token kernel for calls of <= {SHORT_PREFILL_TOKENS} tokens (faster than fla there)"),
-            # Our chunked kernel in its mixed mode (fp32 pair products and qg, bf16 elsewhere), ahead of fla: on the
-            # H200 (BENCHMARKS.md, seventh session) as fast as fla's chunk_kda itself and 1.25-1.35x faster than the
-            # fla route (whose pool gather/scatter it does not need), and certified by the conformance suite at 200
-            # examples, which fla's chunk_kda is not (single rows beyond the bf16 bound).
+            # Our chunked kernel in its mixed mode (pair products as bf16x3, fp32 qg, bf16 elsewhere), ahead of fla:
+            # on the H200 (BENCHMARKS.md, eighth session) 1.16x / 1.09x fla's chunk_kda itself at 8 x 4096 / mixed
+            # lengths, faster still than the fla route (whose pool gather/scatter it does not need), and certified by
+            # the conformance suite at 200 examples, which fla's chunk_kda is not (single rows beyond the bf16 bound).
             Route("triton_chunk_mixed", f"{PACKAGE}.ops:kda_prefill_chunked_mixed",
                   f"{PACKAGE}.verifiers:chunk_mixed_accepts",
                   description="our chunked kernel (chunks of 16, two passes, no host sync), mixed precision"),

@@ -29,7 +29,8 @@ def small_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> 
     """The few-heads kernel serves up to :data:`config.SMALL_HEADS_MAX` heads of bf16 queries on the formats
     with per-tile scales, where it beat the general kernel on the H200 (2026-12-01, 320 tokens x 2048 slots,
     H = 16: fp8_ds_mla 0.90 vs 1.02 ms, nvfp4 0.86 vs 0.90 ms; ``scripts/h200/small_heads_sweep.py``); on
-    bf16 and per-tensor fp8 latents the general kernel was faster (0.47 / 0.45 vs 0.61 ms)."""
+    bf16 and per-tensor fp8 latents the general kernel was faster (0.47 / 0.45 vs 0.61 ms). fp8_ds_mla at <= 16
+    heads runs on the raw-e4m3 kernel since the eighth session (0.457 ms at H = 16: ``hopper_config``)."""
     if q.dim() == 3 and q.shape[1] > config.SMALL_HEADS_MAX:
         return False, f"{q.shape[1]} heads > {config.SMALL_HEADS_MAX}: the many-heads routes serve it"
     if kv_fmt not in SMALL_HEADS_FORMATS:
