@@ -43,7 +43,7 @@ from . import grid as launch_grid
 from .bytes import LATENT_BF16, LATENT_CODES, LATENT_FP8, typed_views, views_usable
 from .lse_combine import lse_combine
 from .sparse_mla import LOG2E, NOPE, decode_nope, decode_rope, load_nope_raw, load_rope_raw, record_rows
-from .sparse_mla_small_heads_raw import sparse_mla_small_heads_raw
+from .sparse_mla_small_heads_raw import sparse_mla_small_heads_raw, split_outputs
 
 MAX_HEADS = 64  # the fp32 accumulator is 512 x BLOCK_H; 64 heads need 8 warps to hold it
 CHUNK = 128  # nope dims per chunk: one fp8_ds_mla tile, eight nvfp4 blocks
@@ -280,13 +280,7 @@ def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, 
     as_bf16 = (q.dtype == torch.bfloat16) if exact_fp32 is None else not exact_fp32
     q = q if q.stride(-1) == 1 else q.contiguous()
     slots = slots if slots.stride(-1) == 1 else slots.contiguous()
-    if split_size is None or split_size >= k:
-        split_size, splits = max(k, 1), 1
-    else:
-        splits = triton.cdiv(k, split_size)
-    out_dtype = q.dtype if splits == 1 else torch.float32
-    o = torch.empty((splits, tokens, heads, NOPE), dtype=out_dtype, device=q.device)
-    lse = torch.empty((splits, tokens, heads), dtype=torch.float32, device=q.device)
+    split_size, splits, o, lse = split_outputs(q, k, split_size)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
     views = typed_views(kv_pages)

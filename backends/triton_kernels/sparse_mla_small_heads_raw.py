@@ -289,13 +289,7 @@ def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_sca
     k = slots.shape[1]
     q = q if q.stride(-1) == 1 else q.contiguous()
     slots = slots if slots.stride(-1) == 1 else slots.contiguous()
-    if split_size is None or split_size >= k:
-        split_size, splits = max(k, 1), 1
-    else:
-        splits = triton.cdiv(k, split_size)
-    out_dtype = q.dtype if splits == 1 else torch.float32
-    o = torch.empty((splits, tokens, heads, NOPE), dtype=out_dtype, device=q.device)
-    lse = torch.empty((splits, tokens, heads), dtype=torch.float32, device=q.device)
+    split_size, splits, o, lse = split_outputs(q, k, split_size)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
     block_tokens = kv_pages.shape[1]
@@ -311,6 +305,21 @@ def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_sca
     if splits == 1:
         return o[0], lse[0]
     return lse_combine(o, lse, out_dtype=q.dtype)
+
+
+def split_outputs(q: torch.Tensor, k: int, split_size):
+    """The few-heads kernels' split of ``k`` slots per token and their outputs: (slots per split, splits,
+    o ``[splits, T, H, 512]``, lse ``[splits, T, H]`` fp32). One split (``split_size`` None or >= k) writes o
+    in q's dtype, final; several write fp32 partials for :func:`lse_combine`."""
+    tokens, heads = q.shape[0], q.shape[1]
+    if split_size is None or split_size >= k:
+        split_size, splits = max(k, 1), 1
+    else:
+        splits = triton.cdiv(k, split_size)
+    out_dtype = q.dtype if splits == 1 else torch.float32
+    o = torch.empty((splits, tokens, heads, NOPE), dtype=out_dtype, device=q.device)
+    lse = torch.empty((splits, tokens, heads), dtype=torch.float32, device=q.device)
+    return split_size, splits, o, lse
 
 
 def _launch(q, kv_pages, slots, o, lse, splits, sizes, meta):

@@ -197,14 +197,8 @@ def build_pool(torch, fmt, blocks, gen):
 
 
 def decode_inputs(torch, requests, per_request, context, blocks, gen):
-    """Block table (each request its own random blocks), request ids and causal positions (the last
-    ``per_request`` positions of a ``context``-key request)."""
-    per_req_blocks = -(-context // BLOCK_TOKENS)
-    perm = torch.randperm(blocks, device=DEVICE, generator=gen)[: requests * per_req_blocks]
-    table = perm.view(requests, per_req_blocks).to(torch.int32)
-    req = torch.arange(requests, device=DEVICE, dtype=torch.int32).repeat_interleave(per_request)
-    pos = (context - per_request + torch.arange(per_request, device=DEVICE, dtype=torch.int32)).repeat(requests)
-    return table, req, pos
+    """:func:`pools.decode_batch` on this script's device and block size."""
+    return cache_pools.decode_batch(torch, requests, per_request, context, blocks, gen, DEVICE, BLOCK_TOKENS)
 
 
 def check_indexer(torch, variants, pools, failures):

@@ -26,12 +26,12 @@ listed and the script exits with one ``error:`` line (after timing what did pass
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
 import pools as cache_pools  # scripts/h200/pools.py
-from script_cli import CheckError, finish, run  # scripts/h200/script_cli.py
+from score_check import score_error  # scripts/h200/score_check.py
+from script_cli import finish, run, smoke_args, start  # scripts/h200/script_cli.py
 
 HEADS = 32
 BLOCK_TOKENS = 64
@@ -97,14 +97,8 @@ def _runner(torch, q_dtype, changes, per_request):
 
 
 def inputs(torch, requests, per_request, context, blocks, gen):
-    """Block table (each request its own random blocks), request ids, and the last ``per_request``
-    positions of a ``context``-key request."""
-    per_req_blocks = -(-context // BLOCK_TOKENS)
-    table = torch.randperm(blocks, device=DEVICE, generator=gen)[: requests * per_req_blocks]
-    table = table.view(requests, per_req_blocks).to(torch.int32)
-    req = torch.arange(requests, device=DEVICE, dtype=torch.int32).repeat_interleave(per_request)
-    pos = (context - per_request + torch.arange(per_request, device=DEVICE, dtype=torch.int32)).repeat(requests)
-    return table, req, pos
+    """:func:`pools.decode_batch` on this script's device and block size."""
+    return cache_pools.decode_batch(torch, requests, per_request, context, blocks, gen, DEVICE, BLOCK_TOKENS)
 
 
 def check(torch, chosen, failures):
@@ -131,10 +125,9 @@ def check(torch, chosen, failures):
                 wants[q_dtype] = reference(q.float().cpu(), w.cpu(), pages.cpu(), table.cpu(), req.cpu(), pos.cpu(),
                                            "fp8", context)
             want = wants[q_dtype]
-            finite = torch.isfinite(want)
-            err = float((got[finite].double() - want[finite].double()).norm() / want[finite].double().norm())
+            err, same = score_error(torch, got, want)
             tol = TOL_FP8_MMA if q_dtype == torch.float8_e4m3fn else TOL
-            ok = torch.equal(torch.isfinite(got), finite) and bool(torch.isneginf(got[~finite]).all()) and err < tol
+            ok = same and err < tol
             status = f"rel err {err:.2e}  {'ok' if ok else 'FAIL'}"
         except Exception as exc:  # noqa: BLE001 - a variant that does not compile or run is a failure, listed
             ok, status = False, f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -184,23 +177,9 @@ def time_all(torch, chosen, passed, ceiling):
 
 def main(argv=None) -> int:
     global DEVICE, BLOCK_TOKENS
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cpu-smoke", action="store_true",
-                        help="tiny shapes on the CPU under TRITON_INTERPRET=1: runs every step, times nothing")
-    args = parser.parse_args(argv)
-    if args.cpu_smoke:
-        import os
-
-        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+    if smoke_args(__doc__.splitlines()[0], argv).cpu_smoke:
         DEVICE, BLOCK_TOKENS = "cpu", 16
-    import torch
-
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        raise CheckError("indexer_alu_sweep: needs a CUDA device, none is visible (or pass --cpu-smoke)")
-    import triton
-
-    started = time.time()
-    ceiling = timing.announce(torch, triton, DEVICE)
+    torch, triton, started, ceiling = start("indexer_alu_sweep", DEVICE)
     failures: list[str] = []
     chosen = variants(torch)
     print("\nchecks against the float64 reference")

@@ -25,12 +25,12 @@ A failed check is listed and the script exits with one ``error:`` line (after ti
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
 import pools as cache_pools  # scripts/h200/pools.py
-from script_cli import CheckError, finish, keep_traceback, run  # scripts/h200/script_cli.py
+from score_check import score_error  # scripts/h200/score_check.py
+from script_cli import finish, keep_traceback, run, smoke_args, start  # scripts/h200/script_cli.py
 
 HEADS = 32
 BLOCK_TOKENS = 64
@@ -102,22 +102,8 @@ def build_pool(torch, fmt, blocks, gen):
 
 
 def inputs(torch, requests, per_request, context, blocks, gen):
-    """Block table (each request its own random blocks), request ids, and the last ``per_request``
-    positions of a ``context``-key request."""
-    per_req_blocks = -(-context // BLOCK_TOKENS)
-    table = torch.randperm(blocks, device=DEVICE, generator=gen)[: requests * per_req_blocks]
-    table = table.view(requests, per_req_blocks).to(torch.int32)
-    req = torch.arange(requests, device=DEVICE, dtype=torch.int32).repeat_interleave(per_request)
-    pos = (context - per_request + torch.arange(per_request, device=DEVICE, dtype=torch.int32)).repeat(requests)
-    return table, req, pos
-
-
-def _error(torch, got, want):
-    """(relative norm error on the finite scores, whether the -inf mask is the same)."""
-    finite = torch.isfinite(want)
-    same = torch.equal(torch.isfinite(got), finite) and bool(torch.isneginf(got[~finite]).all())
-    diff = (got[finite].double() - want[finite].double()).norm()
-    return float(diff / want[finite].double().norm().clamp_min(1e-300)), same
+    """:func:`pools.decode_batch` on this script's device and block size."""
+    return cache_pools.decode_batch(torch, requests, per_request, context, blocks, gen, DEVICE, BLOCK_TOKENS)
 
 
 def check_case(torch, chosen, case, label, rows, failures, passed):
@@ -138,7 +124,7 @@ def check_case(torch, chosen, case, label, rows, failures, passed):
             if key not in wants:
                 wants[key] = reference(q[rows].float(), w[rows], pools[fmt], table, req[rows], pos[rows], fmt,
                                        context)
-            err, same = _error(torch, got, wants[key])
+            err, same = score_error(torch, got, wants[key])
             tol = TOL_FP8_MMA if q_dtype == torch.float8_e4m3fn and "dot_scaled" not in vlabel else TOL
             ok = same and err < tol
             status = f"rel err {err:.2e}{'' if same else ', -inf mask differs'}  {'ok' if ok else 'FAIL'}"
@@ -226,23 +212,9 @@ def time_all(torch, chosen, passed, ceiling, big):
 
 def main(argv=None) -> int:
     global DEVICE, BLOCK_TOKENS
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cpu-smoke", action="store_true",
-                        help="tiny shapes on the CPU under TRITON_INTERPRET=1: runs every step, the times mean nothing")
-    args = parser.parse_args(argv)
-    if args.cpu_smoke:
-        import os
-
-        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+    if smoke_args(__doc__.splitlines()[0], argv).cpu_smoke:
         DEVICE, BLOCK_TOKENS = "cpu", 16
-    import torch
-
-    if DEVICE == "cuda" and not torch.cuda.is_available():
-        raise CheckError("mxfp4_indexer_sweep: needs a CUDA device, none is visible (or pass --cpu-smoke)")
-    import triton
-
-    started = time.time()
-    ceiling = timing.announce(torch, triton, DEVICE)
+    torch, triton, started, ceiling = start("mxfp4_indexer_sweep", DEVICE)
     failures: list[str] = []
     chosen = variants(torch)
     big = bench_pools(torch)

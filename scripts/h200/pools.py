@@ -37,3 +37,16 @@ def latent_pools(torch, formats, pool_tokens: int, device, block_tokens: int = B
             pages[start:start + rows] = spec.pack(torch.randn(rows, 576, device=device, generator=gen) + 1e-3, scale)
         pools[fmt] = (pages.view(blocks, block_tokens, spec.token_bytes), scale)
     return pools
+
+
+def decode_batch(torch, requests: int, per_request: int, context: int, blocks: int, gen, device,
+                 block_tokens: int = BLOCK_TOKENS):
+    """A paged decode batch over a pool of ``blocks`` blocks: (block table ``[requests, ceil(context /
+    block_tokens)]`` int32, each request its own random blocks; request ids ``[requests * per_request]``;
+    positions: the last ``per_request`` positions of a ``context``-key request)."""
+    per_req_blocks = -(-context // block_tokens)
+    table = torch.randperm(blocks, device=device, generator=gen)[: requests * per_req_blocks]
+    table = table.view(requests, per_req_blocks).to(torch.int32)
+    req = torch.arange(requests, device=device, dtype=torch.int32).repeat_interleave(per_request)
+    pos = (context - per_request + torch.arange(per_request, device=device, dtype=torch.int32)).repeat(requests)
+    return table, req, pos

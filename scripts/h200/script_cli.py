@@ -44,3 +44,33 @@ def keep_traceback(name: str) -> None:
     if folder and os.path.isdir(folder):
         with open(os.path.join(folder, f"traceback-{name}.txt"), "w") as f:
             traceback.print_exc(file=f)
+
+
+def smoke_args(description: str, argv=None):
+    """The parsed ``--cpu-smoke`` flag of a sweep script (tiny shapes on the CPU under TRITON_INTERPRET=1, which
+    is set here, before Triton is imported: every step runs, the times mean nothing)."""
+    import argparse
+    import os
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="tiny shapes on the CPU under TRITON_INTERPRET=1: runs every step, the times mean nothing")
+    args = parser.parse_args(argv)
+    if args.cpu_smoke:
+        os.environ["TRITON_INTERPRET"] = "1"
+    return args
+
+
+def start(name: str, device: str):
+    """After :func:`smoke_args`: torch and Triton imported, a CUDA device required when ``device`` is
+    ``"cuda"``, the device line and this run's copy ceiling printed -> (torch, triton, started, ceiling TB/s)."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CheckError(f"{name}: needs a CUDA device, none is visible (or pass --cpu-smoke)")
+    import triton
+
+    import timing  # scripts/h200/timing.py
+
+    started = time.time()
+    return torch, triton, started, timing.announce(torch, triton, device)
