@@ -21,6 +21,15 @@ def test_on_meta_skips_init_and_restores_it():
     assert not fresh.weight.is_meta and bool(fresh.weight.abs().sum() > 0)
 
 
+def test_on_meta_still_fills_real_tensors():
+    """The patch is process-wide: a real tensor filled meanwhile (another thread's module) gets its values."""
+    real = torch.zeros(64)
+    with on_meta():
+        torch.nn.init.normal_(real)
+        ones = torch.nn.init.ones_(torch.empty(3, device="cpu"))
+    assert bool(real.abs().sum() > 0) and torch.equal(ones, torch.ones(3))
+
+
 def test_materialize_keeps_shapes_dtypes_sharing_and_grad_flags():
     with on_meta():
         model = torch.nn.Sequential(torch.nn.Embedding(10, 6), torch.nn.Linear(6, 10, bias=False),

@@ -23,18 +23,22 @@ _FILLS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_"
 _lock = threading.Lock()  # the patch is process-wide: one builder at a time
 
 
-def _unchanged(tensor, *args, **kwargs):
-    return tensor
+def _skipped_on_meta(fill):
+    """``fill``, except that a meta tensor is returned untouched: the patch is process-wide, and another
+    thread initialising a real module meanwhile must still get its values."""
+    def fill_unless_meta(tensor, *args, **kwargs):
+        return tensor if tensor.is_meta else fill(tensor, *args, **kwargs)
+    return fill_unless_meta
 
 
 @contextlib.contextmanager
 def on_meta():
-    """``torch.device("meta")`` with torch.nn.init's fills skipped (module docstring)."""
+    """``torch.device("meta")`` with torch.nn.init's fills skipped on meta tensors (module docstring)."""
     with _lock:
         saved = {name: getattr(torch.nn.init, name) for name in _FILLS if hasattr(torch.nn.init, name)}
         try:
-            for name in saved:
-                setattr(torch.nn.init, name, _unchanged)
+            for name, fill in saved.items():
+                setattr(torch.nn.init, name, _skipped_on_meta(fill))
             with torch.device("meta"):
                 yield
         finally:
