@@ -19,6 +19,190 @@ def test_variants_cover_the_fast_and_the_exact_paths():
     assert any(n.startswith("top-k") for n in names) and any(n.startswith("KDA") for n in names)
     for variant in aot.variants():  # every non-constexpr argument gets a type the compiler accepts
         assert set(variant.signature()) == set(variant.kernel.arg_names)
+    assert len(set(names)) == len(names)  # --only picks by name
+
+
+def test_variants_include_the_kernels_the_backend_launches_by_default():
+    """The eighth session's defaults: block-tile indexer (alu 5, MXFP4 mode 4 / dot_scaled), the few-heads
+    sparse MLA (raw e4m3 at 16 heads, the chunked kernel for nvfp4 and 32 heads), the chunked KDA prefill's
+    two passes and the KDA decode step."""
+    by_name = {v.name: v for v in aot.variants()}
+    kernels = {name: v.kernel.__name__ for name, v in by_name.items()}
+    for wanted, kernel in (("indexer block tiles, fp8 keys, fp8 q", "indexer_tiles_kernel"),
+                           ("indexer block tiles, fp8 keys, bf16 q", "indexer_tiles_kernel"),
+                           ("indexer block tiles, mxfp4 keys, fp8 q", "indexer_tiles_kernel"),
+                           ("indexer block tiles, mxfp4 keys, bf16 q", "indexer_tiles_kernel"),
+                           ("sparse MLA few heads, raw e4m3, fp8_ds_mla, H=16", "sparse_mla_small_heads_raw_kernel"),
+                           ("sparse MLA few heads, chunked, nvfp4, H=16", "sparse_mla_small_heads_kernel"),
+                           ("sparse MLA few heads, chunked, fp8_ds_mla, H=32", "sparse_mla_small_heads_kernel"),
+                           ("KDA chunk pass A", "kda_chunk_prepare_kernel"),
+                           ("KDA chunk pass B", "kda_chunk_state_kernel"),
+                           ("KDA decode step", "kda_decode_step_kernel")):
+        assert [k for n, k in kernels.items() if n.startswith(wanted)] == [kernel], wanted
+    tiles = {n: v.constexprs for n, v in by_name.items() if n.startswith("indexer block tiles")}
+    assert [(cx["FMT"], cx["ALU"], cx["MX"], cx["SCALED_DOT"]) for cx in tiles.values()] == [
+        (1, 5, 0, 0), (1, 5, 0, 0), (2, 0, 4, 0), (2, 0, 0, 1)]
+    assert all(v.divisible == ("s8_b", "s32_b") for n, v in by_name.items() if n.startswith("indexer block tiles"))
+
+
+class _Recorder:
+    """Stands in for a ``@triton.jit`` kernel: ``kernel[grid](*args, **kwargs)`` records the call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((args, kwargs))
+
+
+def _assert_variant_is_the_launch(variant, args, kwargs):
+    """The variant compiles what this launch would: its constexprs, pointer element types, float scalars,
+    integers of value 1 as constexprs and the multiples of 16 among the specialised integers as facts."""
+    import torch
+
+    names = variant.kernel.arg_names
+    skip = {p.name for p in variant.kernel.params if p.do_not_specialize}
+    facts = {names[i] for (i,) in aot.run_time_alignment(variant)}
+    for name, value in zip(names, args):
+        if isinstance(value, torch.Tensor):
+            assert variant.pointers.get(name) == aot._triton_type(value.dtype), (variant.name, name)
+        elif isinstance(value, float):
+            assert name in variant.floats, (variant.name, name)
+        elif value == 1 and name not in skip:
+            assert variant.constexprs.get(name) == 1, (variant.name, name)
+        else:
+            assert (name in facts) == (value % 16 == 0 and name not in skip), (variant.name, name, value)
+    options = {"num_warps", "num_stages", "maxnreg"}
+    assert {k: v for k, v in kwargs.items() if k not in options} == \
+        {k: v for k, v in variant.constexprs.items() if k not in names[:len(args)]}, variant.name
+    assert (kwargs.get("num_warps", 4), kwargs.get("num_stages", aot._default_stages())) == \
+        (variant.num_warps, variant.num_stages), variant.name
+
+
+def test_the_new_variants_are_what_the_backend_launches(monkeypatch):
+    """Run the NVIDIA backend's own op functions on CPU tensors of the modelled shapes with the kernels
+    replaced by recorders, and compare each launch with its variant (catches a config or launcher change
+    the variant list did not follow)."""
+    import torch
+
+    from dsahal.backends.nvidia import ops
+    from dsahal.backends.triton_kernels import indexer_decode, kda, kda_chunk
+    from dsahal.backends.triton_kernels import sparse_mla_small_heads as small
+    from dsahal.backends.triton_kernels import sparse_mla_small_heads_raw as raw
+
+    by_name = {v.name: v for v in aot.variants()}  # (before the kernels are replaced)
+    recorders = {}
+    for module, name in ((indexer_decode, "indexer_tiles_kernel"), (small, "sparse_mla_small_heads_kernel"),
+                         (raw, "sparse_mla_small_heads_raw_kernel"), (kda_chunk, "kda_chunk_prepare_kernel"),
+                         (kda_chunk, "kda_chunk_state_kernel"), (kda, "kda_decode_step_kernel"),
+                         (kda, "kda_recurrent_kernel")):
+        recorders[name] = _Recorder()
+        monkeypatch.setattr(module, name, recorders[name])
+    for module in (small, raw):  # the split partials' merge: another kernel, not modelled here
+        monkeypatch.setattr(module, "lse_combine", lambda o, lse, out_dtype: (o[0], lse[0]))
+
+    def launches(prefix, kernel, call):
+        recorders[kernel].calls.clear()
+        call()
+        chosen = [v for n, v in by_name.items() if n.startswith(prefix)]
+        assert len(chosen) == 1 and len(recorders[kernel].calls) == 1, (prefix, len(recorders[kernel].calls))
+        _assert_variant_is_the_launch(chosen[0], *recorders[kernel].calls[0])
+
+    tokens, context, heads = 5, 1024, aot.INDEXER_HEADS
+    for fmt, q_dtype, label in (("fp8", torch.float8_e4m3fn, "fp8"), ("fp8", torch.bfloat16, "bf16"),
+                                ("mxfp4", torch.float8_e4m3fn, "fp8"), ("mxfp4", torch.bfloat16, "bf16")):
+        record = {"fp8": 132, "mxfp4": 68}[fmt]
+        args = (torch.zeros(tokens, heads, 128).to(q_dtype), torch.zeros(tokens, heads),
+                torch.zeros(4, aot.BLOCK_TOKENS, record, dtype=torch.uint8),
+                torch.zeros(1, context // aot.BLOCK_TOKENS, dtype=torch.int32), torch.zeros(tokens, dtype=torch.int32),
+                torch.arange(tokens, dtype=torch.int32), fmt, context)
+        launches(f"indexer block tiles, {fmt} keys, {label} q", "indexer_tiles_kernel",
+                 lambda: ops.indexer_score(*args))
+    for heads, fmt, prefix, kernel in ((16, "fp8_ds_mla", "sparse MLA few heads, raw e4m3",
+                                        "sparse_mla_small_heads_raw_kernel"),
+                                       (16, "nvfp4", "sparse MLA few heads, chunked", "sparse_mla_small_heads_kernel"),
+                                       (32, "fp8_ds_mla", "sparse MLA few heads, chunked",
+                                        "sparse_mla_small_heads_kernel")):
+        record = {"fp8_ds_mla": 656, "nvfp4": 352}[fmt]
+        args = (torch.zeros(4, heads, 576, dtype=torch.bfloat16), torch.zeros(3, aot.BLOCK_TOKENS, record,
+                                                                             dtype=torch.uint8),
+                torch.zeros(4, aot.TOPK, dtype=torch.int32), fmt, None, 0.1)
+        launches(f"{prefix}, {fmt}, H={heads}", kernel, lambda: ops.sparse_mla_small_heads(*args))
+    sequences, heads, dim = aot.KDA_SEQUENCES, aot.KDA_HEADS, aot.KDA_DIM
+    tokens = 16 * sequences
+    qkv = [torch.zeros(tokens, heads, dim, dtype=torch.bfloat16) for _ in range(3)]
+    gates = (torch.zeros(tokens, heads, dim), torch.zeros(tokens, heads))  # the model's fp32 g and beta
+    cu = torch.arange(0, tokens + 1, 16, dtype=torch.int32)
+    pool, ids = torch.zeros(3, heads, dim, dim), torch.zeros(sequences, dtype=torch.int32)
+    prefill = (*qkv, *gates, cu, pool, ids, 0.1, True)
+    launches("KDA chunk pass A", "kda_chunk_prepare_kernel", lambda: ops.kda_prefill_chunked_mixed(*prefill))
+    launches("KDA chunk pass B", "kda_chunk_state_kernel", lambda: ops.kda_prefill_chunked_mixed(*prefill))
+    launches("KDA recurrent step", "kda_recurrent_kernel", lambda: ops.kda_prefill(*prefill))
+    step = (*(x[:sequences] for x in (*qkv, *gates)), pool, ids, 0.1, True)
+    launches("KDA decode step", "kda_decode_step_kernel", lambda: ops.kda_decode(*step))
+
+
+# cuobjdump -sass lines (one instruction and its encoding line each); a loop 0x20..0xe0 with an inner loop
+# 0x90..0xa0, a forward branch and the tail BRA to itself
+_SASS = """
+	code for sm_90a
+		Function : toy_kernel
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                    /* 0x00000a00ff017b82 */
+                                                                             /* 0x000ff00000000800 */
+        /*0010*/                   S2R R0, SR_TID.X ;                        /* 0x0000000000007919 */
+        /*0020*/                   LDG.E.128 R4, desc[UR4][R2.64] ;          /* 0x0000000402047981 */
+        /*0030*/              @!P0 LDG.E.U8 R8, desc[UR4][R2.64+0x10] ;      /* 0x0000100402088981 */
+        /*0040*/                   STS.64 [R3], R4 ;                         /* 0x0000000403007388 */
+        /*0050*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;             /* 0x0000000000007b1d */
+        /*0060*/                   HGMMA.64x32x16.F32.BF16 R24, gdesc[UR8], R24 ;  /* 0x00e0000008187df0 */
+        /*0070*/                   F2FP.BF16.F32.PACK_AB R9, R5, R4 ;        /* 0x000000040509723e */
+        /*0080*/                   PRMT R10, R8, 0x7604, R9 ;                /* 0x00007604080a7816 */
+        /*0090*/                   IMAD.WIDE.U32 R2, R0, 0x4, R2 ;           /* 0x0000000400027825 */
+        /*00a0*/               @P2 BRA 0x90 ;                                /* 0xfffffffc00f02947 */
+        /*00b0*/                   UIADD3 UR4, UR4, 0x1, URZ ;               /* 0x0000000104047890 */
+        /*00c0*/                   FFMA R11, R4, R5, R6 ;                    /* 0x000000050b0b7223 */
+        /*00d0*/              @P3 BRA 0x100 ;                                /* 0x0000000000f03947 */
+        /*00e0*/                   MOV R12, R11 ;                            /* 0x0000000b000c7202 */
+        /*00f0*/               @P1 BRA 0x20 ;                                /* 0xffffffff00c01947 */
+        /*0100*/                   EXIT ;                                    /* 0x000000000000794d */
+        /*0110*/                   BRA 0x110;                                /* 0xfffffffc00fc7947 */
+"""
+
+
+def test_the_sass_profile_counts_the_largest_backward_branch_region_by_class():
+    profile = aot.loop_profile(_SASS)
+    assert (profile.first, profile.last, profile.kernel_instructions) == (0x20, 0xF0, 18)
+    assert {name: dict(counts) for name, counts in profile.classes.items()} == {
+        "global": {"LDG.128": 1, "LDG.8": 1}, "shared": {"STS.64": 1}, "barrier": {"BAR": 1}, "mma": {"HGMMA": 1},
+        "convert": {"F2FP": 1}, "permute": {"PRMT": 1}, "integer": {"IMAD": 1, "UIADD3": 1}, "float": {"FFMA": 1},
+        "move": {"MOV": 1}, "other": {"BRA": 3}}
+    assert profile.instructions == 14  # 0x20 .. 0xf0, the LDC / S2R before it and the EXIT after it left out
+    text = aot.format_profile(profile)
+    assert "main loop 0x20-0xf0: 14 of the kernel's 18 instructions" in text
+    assert "  global       2  LDG.128 1, LDG.8 1" in text and "  integer      2  IMAD 1, UIADD3 1" in text
+    straight = "\n".join(line for line in _SASS.splitlines() if "BRA" not in line)
+    assert aot.loop_profile(straight) is None and "straight-line" in aot.format_profile(None)
+
+
+@pytest.mark.parametrize("opcode, expected", [
+    ("STG.E.64", ("global", "STG.64")), ("LDG.E.U16.CONSTANT", ("global", "LDG.16")), ("LDG.E", ("global", "LDG.32")),
+    ("LDGSTS.E.BYPASS.LTC128B.128", ("global", "LDGSTS.128")), ("LDS.U8", ("shared", "LDS.8")),
+    ("LDSM.16.M88.4", ("shared", "LDSM")), ("LDGDEPBAR", ("barrier", "LDGDEPBAR")),
+    ("WARPGROUP.DEPBAR.LE", ("barrier", "WARPGROUP")), ("QGMMA.64x64x32.F32.E4M3.E4M3", ("mma", "QGMMA")),
+    ("IMMA.16816.S8.S8", ("mma", "IMMA")), ("HMMA.16816.F32.BF16", ("mma", "HMMA")),
+    ("I2F.F32.S32", ("convert", "I2F")), ("F2F.F16.F32", ("convert", "F2F")), ("PRMT", ("permute", "PRMT")),
+    ("LOP3.LUT", ("integer", "LOP3")), ("SHF.R.U32.HI", ("integer", "SHF")), ("ISETP.GE.AND", ("integer", "ISETP")),
+    ("ULOP3.LUT", ("integer", "ULOP3")), ("FMNMX", ("float", "FMNMX")), ("FSEL", ("float", "FSEL")),
+    ("MUFU.EX2", ("float", "MUFU")), ("UMOV", ("move", "UMOV")), ("SHFL.BFLY", ("move", "SHFL")),
+    ("BSSY", ("other", "BSSY"))])
+def test_opcodes_fall_in_their_classes(opcode, expected):
+    assert aot.classify(opcode) == expected
+
+
+def test_only_with_no_matching_variant_is_one_error_line(capsys):
+    assert aot.main(["--only", "no such kernel"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --only no such kernel: no variant name contains") and err.count("\n") == 1
 
 
 def test_a_variant_compiles_for_hopper_and_reports_its_resources():

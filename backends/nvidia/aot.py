@@ -1,7 +1,7 @@
 """Compile the shared Triton kernels for Hopper (sm_90) without a GPU: compile time and resources.
 
-``python -m dsahal.backends.nvidia.aot [--only NAME...]`` compiles the variants the NVIDIA backend launches —
-the tuned fast paths and the exact fp32 paths the conformance suite draws — through Triton's
+``python -m dsahal.backends.nvidia.aot [--only NAME...] [--sass]`` compiles the variants the NVIDIA backend
+launches — the tuned fast paths and the exact fp32 paths the conformance suite draws — through Triton's
 ahead-of-time API and the ``ptxas``/``cuobjdump`` that ship in Triton's wheel, and prints per
 variant the compile seconds, registers per thread, stack bytes (spills land there) and shared
 memory. It needs no device, so a developer on a CPU machine can see a variant that would keep
@@ -9,12 +9,18 @@ memory. It needs no device, so a developer on a CPU machine can see a variant th
 took 403 s to compile here (it unrolled a [64 keys, 8 tokens x 32 heads] FMA dot four times) and
 stalled the H200 conformance run of 2026-11-29.
 
+``--sass`` adds, per variant, the SASS opcode counts of the kernel's main loop (the largest region a
+backward branch closes) by class: global and shared-memory loads / stores with their widths, barriers,
+MMAs, conversions, byte permutes, integer ALU, float, moves, other. That is where the instruction-bound
+kernels spend their time (the indexer's block tiles were integer-ALU bound: ``indexer_decode.ALU_FLAGS``).
+
 Numbers come from the local Triton, which may be newer than a GPU machine's: read them as a guide,
 not as the device's (the GPU's own figures come from ``python -m dsahal.backends.nvidia.tune``).
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib.util
 import os
 import re
@@ -25,6 +31,13 @@ import time
 from dataclasses import dataclass, field
 
 HOPPER = ("cuda", 90, 32)  # backend, compute capability, warp size
+# The launches the variants model: the serving shapes the configs were tuned on.
+BLOCK_TOKENS = 64  # tokens per cache block (the packed cache's default, dsahal.cache.layout)
+INDEXER_HEADS = 32
+INDEXER_CONTEXT = 131072  # max_context of the 64-request decode sweeps (only the tile count depends on it)
+TOPK = 2048  # slots per row of the sparse MLA launches
+KDA_HEADS, KDA_DIM = 32, 128  # Kimi-Linear's KDA heads, K = V
+KDA_SEQUENCES = 8  # sequences of the chunked prefill launch (8 x 4096 tokens: the H200 runs of config.py)
 
 
 @dataclass(frozen=True)
@@ -33,6 +46,8 @@ class Variant:
 
     ``pointers``: element type per pointer argument (Triton names: ``fp32``, ``bf16``, ``fp8e4nv``,
     ``u8``, ``i32``...); every other non-constexpr argument is an ``i32`` scalar except ``floats``.
+    An integer a launch passes as 1 is a constexpr at run time (Triton specialises it): such arguments
+    belong in ``constexprs``.
     """
 
     name: str
@@ -69,6 +84,7 @@ class Compiled:
     stack_bytes: int | None
     shared_bytes: int | None
     error: str = ""
+    cubin: bytes = field(default=b"", repr=False)  # for --sass
 
 
 def run_time_alignment(variant: Variant) -> dict:
@@ -86,6 +102,12 @@ def run_time_alignment(variant: Variant) -> dict:
     return facts
 
 
+def multiples_of_16(**values: int) -> tuple:
+    """The names among ``values`` (a launch's integer arguments) that Triton specialises as multiples of 16:
+    0 included (``0 % 16 == 0``), as at run time."""
+    return tuple(name for name, value in values.items() if value % 16 == 0)
+
+
 def compile_variant(variant: Variant) -> Compiled:
     """Compile for sm_90 and read the resources from the cubin (no driver needed)."""
     import triton
@@ -101,28 +123,173 @@ def compile_variant(variant: Variant) -> Compiled:
     except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory at compile time: report, go on
         return Compiled(variant, time.perf_counter() - start, None, None, None, f"{type(exc).__name__}: {exc}"[:200])
     seconds = time.perf_counter() - start
-    registers, stack = _cubin_resources(kernel.asm["cubin"])
-    return Compiled(variant, seconds, registers, stack, int(kernel.metadata.shared))
+    cubin = kernel.asm["cubin"]
+    registers, stack = _cubin_resources(cubin)
+    return Compiled(variant, seconds, registers, stack, int(kernel.metadata.shared), cubin=cubin)
 
 
-def _cubin_resources(cubin: bytes) -> tuple[int | None, int | None]:
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    """``cuobjdump <flag>`` of ``cubin`` (the one in Triton's wheel: no CUDA toolkit needed)."""
     import triton
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
         handle.write(cubin)
         handle.flush()
-        out = subprocess.run([tool, "-res-usage", handle.name], capture_output=True, text=True).stdout
-    match = re.search(r"REG:(\d+) STACK:(\d+)", out)
+        proc = subprocess.run([tool, flag, handle.name], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"cuobjdump {flag} failed (exit {proc.returncode}): {proc.stderr.strip()[:200]}")
+    return proc.stdout
+
+
+def _cubin_resources(cubin: bytes) -> tuple[int | None, int | None]:
+    match = re.search(r"REG:(\d+) STACK:(\d+)", _cuobjdump(cubin, "-res-usage"))
     return (int(match.group(1)), int(match.group(2))) if match else (None, None)
 
 
+# --- SASS of the main loop -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Instruction:
+    """One SASS instruction (its predicate dropped)."""
+
+    address: int
+    opcode: str  # with its modifiers: "LDG.E.128", "IMAD.WIDE.U32"
+    operands: str
+
+
+# `        /*0d00*/              @!P4 BRA 0x3ef0 ;   /* 0x000000300078c947 */` (the encoding lines have no opcode)
+_SASS_LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P(?:T|\d)\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+
+
+def parse_sass(text: str) -> list[Instruction]:
+    """``cuobjdump -sass`` text -> its instructions in address order (one kernel per cubin)."""
+    out = []
+    for line in text.splitlines():
+        match = _SASS_LINE.match(line)
+        if match:
+            out.append(Instruction(int(match.group(1), 16), match.group(2), match.group(3).strip()))
+    return out
+
+
+def main_loop(instructions: list[Instruction]) -> tuple[int, int] | None:
+    """``(first, last)`` addresses of the largest region a backward branch closes (its target to the branch),
+    or None for straight-line code. Why the largest: the kernels' key / slot / chunk loops hold the MMAs and
+    loads; smaller backward branches are inner helper loops or the tail ``BRA`` to itself after ``EXIT``."""
+    best = None
+    for ins in instructions:
+        if not ins.opcode.startswith("BRA"):
+            continue
+        target = re.search(r"0x([0-9a-f]+)\s*$", ins.operands)
+        if target is None:
+            continue
+        first = int(target.group(1), 16)
+        if first < ins.address and (best is None or ins.address - first > best[1] - best[0]):
+            best = (first, ins.address)
+    return best
+
+
+_WIDTHS = {"U8": 8, "S8": 8, "U16": 16, "S16": 16, "64": 64, "128": 128}
+_INTEGER = {"IADD3", "IADD", "IADD32I", "IMAD", "IMUL", "LEA", "LOP3", "LOP", "SHF", "SHL", "SHR", "ISETP", "ICMP",
+            "SEL", "IMNMX", "VIADD", "VIMNMX", "VIADDMNMX", "IABS", "SGXT", "BMSK", "POPC", "FLO", "BREV", "PLOP3",
+            "P2R", "R2P", "IDP", "IDP4A"}
+_FLOAT = {"FFMA", "FMUL", "FADD", "FMNMX", "FSEL", "FSETP", "FSET", "FCHK", "MUFU", "FRND", "FSWZADD", "HFMA2",
+          "HMUL2", "HADD2", "HMNMX2", "HSETP2", "HSET2", "DFMA", "DMUL", "DADD"}
+_MOVES = {"MOV", "MOV32I", "CS2R", "S2R", "S2UR", "R2UR", "LDC", "ULDC"}
+_CONVERSIONS = {"F2F", "F2FP", "I2F", "F2I", "I2FP", "F2IP", "I2I", "I2IP"}
+# Sections of the profile in print order (the --sass block and LoopProfile.classes use these names).
+CLASSES = ("global", "shared", "barrier", "mma", "convert", "permute", "integer", "float", "move", "other")
+
+
+def _width(opcode: str) -> int:
+    """Bits a memory instruction moves per thread: ``LDG.E.128`` 128, ``LDG.E.U8`` 8, plain ``LDG.E`` 32."""
+    for part in opcode.split(".")[1:]:
+        if part in _WIDTHS:
+            return _WIDTHS[part]
+    return 32
+
+
+def classify(opcode: str) -> tuple[str, str]:
+    """``(class, label)`` of one opcode: the class one of :data:`CLASSES`; the label the base opcode, with the
+    width for memory instructions (``LDG.128``, ``STS.32``). Uniform-datapath integer ops (``UIADD3``...)
+    count as integer ALU under their own labels."""
+    base = opcode.split(".")[0]
+    if base in ("LDG", "STG", "LDGSTS", "ATOMG", "REDG", "RED", "ATOM"):
+        return "global", f"{base}.{_width(opcode)}"
+    if base in ("LDS", "STS", "LDSM", "STSM", "ATOMS"):
+        return "shared", f"{base}.{_width(opcode)}" if base in ("LDS", "STS") else base
+    if base in ("BAR", "DEPBAR", "LDGDEPBAR", "MEMBAR", "FENCE", "SYNCS", "WARPGROUP", "ARRIVES", "WARPSYNC",
+                "ERRBAR", "CCTL"):
+        return "barrier", base  # WARPGROUP: the wgmma fences and waits around each HGMMA
+    if base.endswith("MMA"):  # HMMA, IMMA, DMMA, HGMMA, QGMMA, IGMMA, BGMMA
+        return "mma", base
+    if base in _CONVERSIONS:
+        return "convert", base
+    if base in ("PRMT", "UPRMT"):
+        return "permute", base
+    if base in _INTEGER or (base.startswith("U") and base[1:] in _INTEGER):
+        return "integer", base
+    if base in _FLOAT:
+        return "float", base
+    if base in _MOVES or base in ("UMOV", "SHFL"):  # SHFL: a move between lanes
+        return "move", base
+    return "other", base
+
+
+@dataclass
+class LoopProfile:
+    """Opcode counts of one kernel's main loop. Subroutines the loop ``CALL``s (ptxas' division helpers) lie
+    outside the region and are not counted: the ``CALL`` under ``other`` says they run."""
+
+    first: int  # address of the loop's first instruction
+    last: int  # address of its closing backward branch
+    classes: dict  # class -> Counter(label -> count), classes in CLASSES order, empty ones left out
+    kernel_instructions: int  # the whole kernel's (a small loop in a big kernel, e.g. a search, shows as such)
+
+    @property
+    def instructions(self) -> int:
+        return sum(sum(counts.values()) for counts in self.classes.values())
+
+
+def loop_profile(sass: str) -> LoopProfile | None:
+    """Opcode counts of the main loop (:func:`main_loop`) of ``cuobjdump -sass`` text; None without a loop."""
+    instructions = parse_sass(sass)
+    bounds = main_loop(instructions)
+    if bounds is None:
+        return None
+    counts = {name: collections.Counter() for name in CLASSES}
+    for ins in instructions:
+        if bounds[0] <= ins.address <= bounds[1]:
+            kind, label = classify(ins.opcode)
+            counts[kind][label] += 1
+    return LoopProfile(bounds[0], bounds[1], {name: c for name, c in counts.items() if c}, len(instructions))
+
+
+def format_profile(profile: LoopProfile | None, indent: str = "    ") -> str:
+    """The --sass block: one line per class, its total then its opcodes by count."""
+    if profile is None:
+        return f"{indent}no backward branch: straight-line code"
+    lines = [f"{indent}main loop 0x{profile.first:x}-0x{profile.last:x}: {profile.instructions} of the kernel's "
+             f"{profile.kernel_instructions} instructions"]
+    for name, counts in profile.classes.items():
+        detail = ", ".join(f"{label} {n}" for label, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+        lines.append(f"{indent}  {name:<8} {sum(counts.values()):>5}  {detail}")
+    return "\n".join(lines)
+
+
+# --- the variants ----------------------------------------------------------------------------------------
+
 def variants() -> list[Variant]:
     """The launches of the NVIDIA backend worth watching, built from its own configuration code."""
+    return (_indexer_general_variants() + _indexer_block_tile_variants() + _sparse_mla_variants()
+            + _small_heads_variants() + _topk_variants() + _kda_variants())
+
+
+def _indexer_general_variants() -> list[Variant]:
+    """The general indexer kernel (``indexer.indexer_score_kernel``): FP8 keys, and the exact fp32 path."""
     import torch
 
-    from ..triton_kernels import indexer, kda, sparse_mla, topk, topk_split
-    from ..triton_kernels.bytes import LATENT_CODES
+    from ..triton_kernels import indexer
     from . import config
 
     out = []
@@ -131,30 +298,115 @@ def variants() -> list[Variant]:
     for label, q_type, dot, q_dtype in (("fp8 q", "fp8e4nv", indexer.DOT_FP8, torch.float8_e4m3fn),
                                         ("bf16 q", "bf16", indexer.DOT_BF16, torch.bfloat16),
                                         ("fp32 q (exact)", "fp32", indexer.DOT_FP32, torch.float32)):
-        cfg = dict(config.indexer_config(32, q_dtype, "fp8"))
-        block_h, cfg["block_n"], cfg["group"], cfg["tiles"] = indexer.tile_shape(32, dot, cfg["block_n"], cfg["group"],
-                                                                                 cfg["tiles"])
+        cfg = dict(config.indexer_config(INDEXER_HEADS, q_dtype, "fp8"))
+        block_h, cfg["block_n"], cfg["group"], cfg["tiles"] = indexer.tile_shape(INDEXER_HEADS, dot, cfg["block_n"],
+                                                                                 cfg["group"], cfg["tiles"])
         pipelined = [(cfg.get("pipeline", False), cfg["tiles"], cfg["num_stages"])]  # the backend's choice first
         if dot == indexer.DOT_FP8:  # the pipelined loop over fp8-typed keys, as the tune sweep runs it
             pipelined += [p for p in ((True, 16, 2), (True, 16, 3)) if p != pipelined[0]]
-        variants = [(p, False) for p in pipelined] + [(p, True) for p in pipelined if p[0]]
-        for (pipeline, tiles, stages), keys_as_b in variants:
+        runs = [(p, False) for p in pipelined] + [(p, True) for p in pipelined if p[0]]
+        for (pipeline, tiles, stages), keys_as_b in runs:
             pointers = dict(index_ptrs, q_ptr=q_type, pages_u8="fp8e4nv" if pipeline else "u8")
             out.append(Variant(
-                f"indexer fp8 keys, {label}, 32 heads" + (f", pipelined x{tiles}" if pipeline else "")
-                + (", keys as B" if keys_as_b else ""),
+                f"indexer fp8 keys, {label}, {INDEXER_HEADS} heads"
+                + (f", pipelined x{tiles}, {stages} stages" if pipeline else "") + (", keys as B" if keys_as_b else ""),
                 indexer.indexer_score_kernel,
                 dict(FMT=1, DOT=dot, TOKEN_BYTES=132, BLOCK_H=block_h, BLOCK_N=cfg["block_n"], GROUP=cfg["group"],
                      TILES=tiles, ALIGNED=True, PIPELINE=pipeline, KEYS_AS_B=keys_as_b,
                      ONE_BLOCK=cfg.get("one_block_tiles", True) and cfg["block_n"] == 64),
                 pointers, num_warps=cfg["num_warps"], num_stages=stages))
+    return out
+
+
+def block_tile_launch(q_dtype, index_fmt: str, heads: int = INDEXER_HEADS, block_tokens: int = BLOCK_TOKENS,
+                      max_context: int = INDEXER_CONTEXT) -> dict:
+    """What ``indexer.indexer_score`` -> ``indexer_decode.launch`` passes ``indexer_tiles_kernel`` under the
+    backend's ``indexer_config``, step by step as those two functions derive it: ``constexprs``, ``pointers``
+    (element types), ``divisible``, ``num_warps``, ``num_stages``. ``group_per_request`` is off in every config
+    (``config.indexer_config``); where it is on, a call with fewer tokens per request has shorter segments."""
+    import triton
+
+    from dsahal.formats import INDEX_FORMATS
+
+    from ..triton_kernels import grid, indexer, indexer_decode
+    from ..triton_kernels.bytes import INDEX_CODES
+    from . import config
+
+    cfg = config.indexer_config(heads, q_dtype, index_fmt)
+    # indexer_score: the general kernel's arguments, then the block_tiles dict on top of them
+    tile = dict(block_n=cfg["block_n"], group=cfg["group"], tiles=cfg["tiles"], pipeline=cfg.get("pipeline", False),
+                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], typed_keys=cfg.get("typed_keys", False),
+                tile_group=None, tile_loop=None)
+    tile.update(cfg["block_tiles"])
+    dot = indexer.pick_dot(q_dtype, index_fmt)
+    mxfp4 = index_fmt == "mxfp4"
+    mxfp4_mode = tile.get("mxfp4_mode", 0) if mxfp4 else 0
+    alu = 0 if mxfp4 else tile.get("alu", 0)
+    if alu & 4 and block_tokens != tile["block_n"]:  # flag 4 only where a key tile is one whole block
+        alu &= ~4
+    fast_math = cfg.get("mxfp4_fast_math", False)
+    scaled_dot = ((2 if fast_math else 1) if mxfp4 and cfg.get("mxfp4_dot_scaled", True) and not mxfp4_mode else 0)
+    loop = (2 if tile["pipeline"] else 0) if tile["tile_loop"] is None else tile["tile_loop"]
+    # indexer_decode.launch
+    block_n = indexer_decode.tile_keys(block_tokens, tile["block_n"])
+    tiles = max(tile["tiles"], triton.cdiv(max_context, block_n * grid.MAX_GRID_YZ))  # (grid axis 1's cap)
+    token_bytes = INDEX_FORMATS[index_fmt].token_bytes
+    typed = tile["typed_keys"] and index_fmt == "fp8" and dot == indexer_decode.DOT_FP8
+    s8_b = block_tokens * token_bytes  # standalone pages; the packed cache's rows are 256-byte multiples too
+    s32_b = s8_b // 4 if index_fmt == "fp8" else 0  # MXFP4: the fp32 view is never read (stride 0)
+    return dict(
+        constexprs=dict(H=heads, FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=token_bytes,
+                        BLOCK_H=max(16, triton.next_power_of_2(heads)), BLOCK_N=block_n,
+                        GROUP=min(tile["tile_group"] or tile["group"], indexer_decode.MAX_GROUP), TILES=tiles,
+                        LOOP=loop, SCALED_DOT=scaled_dot, MX=mxfp4_mode, ALU=alu),
+        pointers=dict(q_ptr=_triton_type(q_dtype), w_ptr="fp32", pages_u8="fp8e4nv" if typed else "u8",
+                      pages_f32="fp32" if index_fmt == "fp8" else "u8", block_table_ptr="i32", req_ptr="i32",
+                      pos_ptr="i32", off_ptr="i32", seg_ptr="i32", out_ptr="fp32"),
+        divisible=multiples_of_16(s8_b=s8_b, s32_b=s32_b),
+        num_warps=tile["num_warps"], num_stages=tile["num_stages"])
+
+
+def _indexer_block_tile_variants() -> list[Variant]:
+    """The block-tile indexer (``indexer_decode.indexer_tiles_kernel``), the default for FP8 and MXFP4 keys."""
+    import torch
+
+    from ..triton_kernels import indexer_decode
+
+    out = []
+    for index_fmt, q_dtype in (("fp8", torch.float8_e4m3fn), ("fp8", torch.bfloat16),
+                               ("mxfp4", torch.float8_e4m3fn), ("mxfp4", torch.bfloat16)):
+        launch = block_tile_launch(q_dtype, index_fmt)
+        cx = launch["constexprs"]
+        if cx["MX"]:
+            how = f"mxfp4_mode {cx['MX']}"
+        elif cx["SCALED_DOT"]:
+            how = "dot_scaled"
+        else:
+            how = f"alu {cx['ALU']}"
+        q_name = _triton_type(q_dtype).replace("fp8e4nv", "fp8")
+        out.append(Variant(
+            f"indexer block tiles, {index_fmt} keys, {q_name} q, {cx['H']} heads, {how}, {cx['GROUP']}-token segments",
+            indexer_decode.indexer_tiles_kernel, cx, launch["pointers"],
+            num_warps=launch["num_warps"], num_stages=launch["num_stages"], divisible=launch["divisible"]))
+    return out
+
+
+def _sparse_mla_variants() -> list[Variant]:
+    """The general sparse MLA kernel (``sparse_mla.sparse_mla_kernel``): 128 heads, and the exact paths."""
+    import torch
+
+    from ..triton_kernels import sparse_mla
+    from ..triton_kernels.bytes import LATENT_CODES
+    from . import config
+
+    out = []
     mla_ptrs = dict(pages_u8="u8", pages_u16="u16", pages_f32="fp32", slots_ptr="i32", kv_scale_ptr="fp32",
                     o_ptr="fp32", lse_ptr="fp32")
     for heads, fmt, q_dtype, v_split in ((128, "bf16", torch.bfloat16, 1), (128, "bf16", torch.bfloat16, 2),
                                          (128, "fp8", torch.bfloat16, 1), (128, "fp8", torch.bfloat16, 2),
                                          (16, "bf16", torch.bfloat16, 1), (128, "bf16", torch.float32, 1),
                                          (4, "fp8_ds_mla", torch.float32, 1)):
-        cfg = config.sparse_mla_config(320, heads, 2048, fmt, q_dtype)
+        cfg = config.sparse_mla_config(320, heads, TOPK, fmt, q_dtype)
         as_bf16 = q_dtype == torch.bfloat16
         pointers = dict(mla_ptrs, q_ptr="bf16" if as_bf16 else "fp32")
         if as_bf16 and fmt == "bf16":
@@ -166,6 +418,56 @@ def variants() -> list[Variant]:
             dict(FMT=LATENT_CODES[fmt], AS_BF16=as_bf16, BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], ALIGNED=True,
                  V_SPLIT=v_split),
             pointers, floats=("logit_scale",), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+    return out
+
+
+def _small_heads_variants() -> list[Variant]:
+    """The few-heads sparse MLA route as ``sparse_mla_small_heads.hopper_config`` picks it (bf16 queries, 64-token
+    blocks of standalone pages, top-k 2048 in 512-slot splits, so the outputs are fp32 partials). The page
+    facts (views, strides, record alignment) come from the launchers' own helpers on a meta tensor."""
+    import torch
+
+    from dsahal.formats import LATENT_FORMATS
+
+    from ..triton_kernels import sparse_mla_small_heads as small
+    from ..triton_kernels import sparse_mla_small_heads_raw as raw
+    from ..triton_kernels.bytes import LATENT_CODES, row_alignment, typed_views, views_usable
+
+    out = []
+    for heads, fmt in ((16, "fp8_ds_mla"), (16, "nvfp4"), (32, "fp8_ds_mla")):
+        cfg = small.hopper_config(heads, fmt, torch.bfloat16)
+        pages = torch.empty((2, BLOCK_TOKENS, LATENT_FORMATS[fmt].token_bytes), dtype=torch.uint8, device="meta")
+        o_type = "fp32" if -(-TOPK // cfg["split_size"]) > 1 else "bf16"  # split partials, else q's dtype
+        base = dict(BLOCK_H=small.block_heads(heads), BLOCK_N=cfg["block_n"], REUSE=cfg["reuse"],
+                    GATHER_FIRST=cfg["gather_first"])
+        if cfg.get("raw_fp8"):  # sparse_mla_small_heads_raw: one uint8 view, byte strides, shift-and-mask slots
+            out.append(Variant(
+                f"sparse MLA few heads, raw e4m3, {fmt}, H={heads}", raw.sparse_mla_small_heads_raw_kernel,
+                dict(base, ROPE_BF16=True, ROW_ALIGN=row_alignment(pages), BT_LOG2=BLOCK_TOKENS.bit_length() - 1),
+                dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr=o_type, lse_ptr="fp32"),
+                floats=("logit_scale",), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                divisible=multiples_of_16(s8_b=pages.stride(0), s8_t=pages.stride(1), zero=0)))
+            continue
+        # the chunked kernel: uint8 / uint16 / fp32 views of the pages, (block, token) strides in elements
+        views = typed_views(pages)
+        strides = {f"s{bits}_{axis}": stride for bits, (_, block, token) in zip((8, 16, 32), views)
+                   for axis, stride in (("b", block), ("t", token))}
+        out.append(Variant(
+            f"sparse MLA few heads, chunked, {fmt}, H={heads}", small.sparse_mla_small_heads_kernel,
+            dict(base, FMT=LATENT_CODES[fmt], AS_BF16=True, ALIGNED=views_usable(pages)),
+            dict(q_ptr="bf16", **{name: _triton_type(view.dtype) for name, (view, _, _)
+                                  in zip(("pages_u8", "pages_u16", "pages_f32"), views)},
+                 slots_ptr="i32", kv_scale_ptr="fp32", o_ptr=o_type, lse_ptr="fp32"),
+            floats=("logit_scale",), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            divisible=multiples_of_16(**strides, zero=0)))
+    return out
+
+
+def _topk_variants() -> list[Variant]:
+    from ..triton_kernels import topk, topk_split
+    from . import config
+
+    out = []
     cfg = config.topk_config(4096)  # the one-program radix kernel (short rows; see config.topk_config)
     for emit in (False, True):
         out.append(Variant(
@@ -182,13 +484,102 @@ def variants() -> list[Variant]:
             f"top-k split rows: {kernel.__name__}", kernel,
             dict(extra, ROW_LEVELS=cfg["row_levels"], CHUNK=cfg["chunk"]),
             {name: kind for name, kind in split_ptrs.items() if name in kernel.arg_names}, num_warps=cfg["num_warps"]))
-    cfg = config.kda_prefill_config(128)
-    out.append(Variant(
-        "KDA recurrent step (token-by-token prefill)", kda.kda_recurrent_kernel,
-        dict(BLOCK_K=128, BLOCK_V=cfg["block_v"], VARLEN=False, L2NORM=True, ZERO_PADDING_OUTPUT=True),
-        dict(q_ptr="bf16", k_ptr="bf16", v_ptr="bf16", g_ptr="fp32", beta_ptr="bf16", out_ptr="bf16",
-             state_ptr="fp32", ids_ptr="i32", cu_ptr="i32"), floats=("scale",), num_warps=cfg["num_warps"]))
     return out
+
+
+# KDA inputs as the model's layer passes them (dsahal.model.kda_layer): q, k, v bf16; g and beta fp32 from the
+# fused gate kernel (dsahal.model.fused.kda_gates); beta [T, H] contiguous, so its head stride is 1, which
+# Triton turns into a constexpr.
+_KDA_INPUTS = dict(q_ptr="bf16", k_ptr="bf16", v_ptr="bf16", g_ptr="fp32", beta_ptr="fp32")
+_KDA_UNIT_STRIDES = dict(stride_bh=1)
+
+
+def _kda_variants() -> list[Variant]:
+    """The KDA kernels: the token-by-token recurrence, the chunked prefill's two passes, the decode step."""
+    from ..triton_kernels import kda
+    from . import config
+
+    cfg = config.kda_prefill_config(KDA_DIM)
+    out = [Variant(
+        "KDA recurrent step (token-by-token prefill)", kda.kda_recurrent_kernel,
+        dict(_KDA_UNIT_STRIDES, BLOCK_K=KDA_DIM, BLOCK_V=cfg["block_v"], VARLEN=True, L2NORM=True,
+             ZERO_PADDING_OUTPUT=False),
+        dict(_KDA_INPUTS, out_ptr="bf16", state_ptr="fp32", ids_ptr="i32", cu_ptr="i32"), floats=("scale",),
+        num_warps=cfg["num_warps"], num_stages=_default_stages(),
+        divisible=multiples_of_16(H=KDA_HEADS, K=KDA_DIM, V=KDA_DIM))]
+    return out + _kda_chunk_variants() + [_kda_decode_variant()]
+
+
+def _kda_chunk_variants() -> list[Variant]:
+    """``kda_chunk.kda_prefill_chunked`` under ``config.kda_chunk_config(128, "mixed")``: pass A (``prepare``,
+    program = chunk x head) and pass B (``recur``, program = sequence x head x V slab), ``KDA_SEQUENCES``
+    sequences (the binary search then takes ``bit_length`` steps: no argument is 1)."""
+    import triton
+
+    from ..triton_kernels import kda_chunk
+    from . import config
+
+    cfg = config.kda_chunk_config(KDA_DIM, "mixed")
+    code, dtype, query_dtype = kda_chunk.OPERANDS[cfg["operands"]]
+    scratch, query, block = _triton_type(dtype), _triton_type(query_dtype), max(16, triton.next_power_of_2(KDA_DIM))
+    scratch_ptrs = dict(w_ptr=scratch, kg_ptr=scratch, qg_ptr=query, u_ptr=scratch, aqk_ptr=scratch, decay_ptr="fp32")
+    prepare = Variant(
+        f"KDA chunk pass A (prepare), {cfg['operands']}, pair {cfg['pair']}", kda_chunk.kda_chunk_prepare_kernel,
+        dict(_KDA_UNIT_STRIDES, BLOCK_K=block, BLOCK_V=block, C=kda_chunk.CHUNK, M=kda_chunk.MID,
+             GATE_LO=kda_chunk.GATE_MIN, L2NORM=True, OPERAND=code, PAIR=kda_chunk.PAIRS[cfg["pair"]]),
+        dict(_KDA_INPUTS, cu_ptr="i32", **scratch_ptrs), floats=("scale",),
+        num_warps=cfg["prepare_warps"], num_stages=_default_stages(),  # prepare() passes no num_stages
+        divisible=multiples_of_16(B=KDA_SEQUENCES, H=KDA_HEADS, K=KDA_DIM, V=KDA_DIM,
+                                  search_steps=max(1, KDA_SEQUENCES.bit_length())))
+    state = Variant(
+        f"KDA chunk pass B (state), {cfg['operands']}, V slab {cfg['block_v']}", kda_chunk.kda_chunk_state_kernel,
+        dict(BLOCK_K=block, BLOCK_V=min(cfg["block_v"], block), SCRATCH_V=block, C=kda_chunk.CHUNK, OPERAND=code),
+        dict(scratch_ptrs, out_ptr="bf16", state_ptr="fp32", ids_ptr="i32", cu_ptr="i32"),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        divisible=multiples_of_16(H=KDA_HEADS, K=KDA_DIM, V=KDA_DIM, seq0=0))  # seq0: one range of sequences
+    return [prepare, state]
+
+
+def _kda_decode_variant() -> Variant:
+    """``kda.kda_decode`` under ``config.kda_decode_config``: with ``scalar_row`` the one-step kernel
+    (``kda_decode_step_kernel``), num_stages 3 when unset, the pool's K stride a constexpr (V: a dense pool)."""
+    import triton
+
+    from ..triton_kernels import kda
+    from . import config
+
+    cfg = config.kda_decode_config(KDA_DIM)
+    if not cfg.get("scalar_row"):
+        raise ValueError(f"aot: kda_decode_config expected scalar_row=True (the one-step kernel), got {cfg}")
+    block_k = triton.next_power_of_2(KDA_DIM)
+    block_v = min(cfg["block_v"], triton.next_power_of_2(KDA_DIM))
+    options = [name for name in ("fused_output", "stream_state") if cfg.get(name)]
+    return Variant(
+        "KDA decode step (scalar row)" + "".join(f", {name}" for name in options), kda.kda_decode_step_kernel,
+        dict(_KDA_UNIT_STRIDES, STRIDE_K=KDA_DIM, BLOCK_K=block_k, BLOCK_V=block_v, L2NORM=True,
+             EVEN=block_k == KDA_DIM and KDA_DIM % block_v == 0, FUSED_OUTPUT=bool(cfg.get("fused_output")),
+             STREAM=bool(cfg.get("stream_state"))),
+        dict(_KDA_INPUTS, out_ptr="bf16", state_ptr="fp32", ids_ptr="i32"), floats=("scale",),
+        num_warps=cfg["num_warps"], num_stages=cfg.get("num_stages") or 3,
+        divisible=multiples_of_16(H=KDA_HEADS, K=KDA_DIM, V=KDA_DIM))
+
+
+def _triton_type(dtype) -> str:
+    """A torch dtype's name as a Triton pointer element type."""
+    import torch
+
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "fp8e4nv",
+             torch.uint8: "u8", torch.uint16: "u16", torch.int32: "i32"}
+    if dtype not in names:
+        raise ValueError(f"aot: no Triton pointer type for {dtype}; expected one of {sorted(map(str, names))}")
+    return names[dtype]
+
+
+def _default_stages() -> int:
+    """Triton's ``num_stages`` for a launch that passes none (the KDA prefill launchers)."""
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    return CUDAOptions.num_stages
 
 
 def main(argv=None) -> int:
@@ -196,20 +587,29 @@ def main(argv=None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", default=None, metavar="TEXT",
                         help="compile only variants whose name contains one of these")
+    parser.add_argument("--sass", action="store_true",
+                        help="also print the SASS opcode counts of each kernel's main loop, by class")
     args = parser.parse_args(argv)
     if importlib.util.find_spec("triton") is None:
         print("error: Triton is not installed (pip install 'dsahal[test]')", file=sys.stderr)
         return 2
     chosen = [v for v in variants() if not args.only or any(t in v.name for t in args.only)]
-    print(f"{'variant':<58} {'warps':>5} {'stages':>6} {'compile s':>9} {'regs':>5} {'stack B':>7} {'smem KB':>7}")
+    if not chosen:
+        print(f"error: --only {' '.join(args.only)}: no variant name contains any of these "
+              f"(python -m dsahal.backends.nvidia.aot lists them all)", file=sys.stderr)
+        return 2
+    width = max(58, *(len(v.name) for v in chosen))
+    print(f"{'variant':<{width}} {'warps':>5} {'stages':>6} {'compile s':>9} {'regs':>5} {'stack B':>7} {'smem KB':>7}")
     for variant in chosen:
         result = compile_variant(variant)
         if result.error:
-            print(f"{variant.name:<58} {variant.num_warps:>5} {variant.num_stages:>6} {result.seconds:>9.1f}  "
+            print(f"{variant.name:<{width}} {variant.num_warps:>5} {variant.num_stages:>6} {result.seconds:>9.1f}  "
                   f"{result.error}")
         else:
-            print(f"{variant.name:<58} {variant.num_warps:>5} {variant.num_stages:>6} {result.seconds:>9.1f} "
+            print(f"{variant.name:<{width}} {variant.num_warps:>5} {variant.num_stages:>6} {result.seconds:>9.1f} "
                   f"{result.registers:>5} {result.stack_bytes:>7} {result.shared_bytes / 1024:>7.1f}")
+            if args.sass:
+                print(format_profile(loop_profile(_cuobjdump(result.cubin, "-sass"))))
         sys.stdout.flush()
     return 0
 
