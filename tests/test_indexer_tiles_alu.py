@@ -167,8 +167,8 @@ def test_alu_flags_that_do_not_fit_are_refused():
     q8 = torch.zeros(8, 4, 128).to(torch.float8_e4m3fn)
     w = torch.zeros(8, 4)
     args = (q8, w, pages, table, req, pos, run_offsets(req), "fp8", 125, torch.empty(8, 125))
-    with pytest.raises(ValueError, match="alu must be an int in 0..7"):
-        d.launch(*args, dot=d.DOT_FP8, block_n=32, alu=8)
+    with pytest.raises(ValueError, match="alu must be an int in 0..31"):
+        d.launch(*args, dot=d.DOT_FP8, block_n=32, alu=32)
     with pytest.raises(ValueError, match="alu must be an int"):
         d.launch(*args, dot=d.DOT_FP8, block_n=32, alu=True)
     with pytest.raises(ValueError, match="16-key tiles in 32-token blocks"):

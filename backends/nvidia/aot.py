@@ -281,7 +281,8 @@ def format_profile(profile: LoopProfile | None, indent: str = "    ") -> str:
 
 def variants() -> list[Variant]:
     """The launches of the NVIDIA backend worth watching, built from its own configuration code."""
-    return (_indexer_general_variants() + _indexer_block_tile_variants() + _sparse_mla_variants()
+    return (_indexer_general_variants() + _indexer_block_tile_variants() + _indexer_mxfp4_word_variants()
+            + _sparse_mla_variants()
             + _small_heads_variants() + _topk_variants() + _kda_variants())
 
 
@@ -388,6 +389,35 @@ def _indexer_block_tile_variants() -> list[Variant]:
             f"indexer block tiles, {index_fmt} keys, {q_name} q, {cx['H']} heads, {how}, {cx['GROUP']}-token segments",
             indexer_decode.indexer_tiles_kernel, cx, launch["pointers"],
             num_warps=launch["num_warps"], num_stages=launch["num_stages"], divisible=launch["divisible"]))
+    return out
+
+
+# Candidates for the MXFP4 block tiles (not defaults): (mxfp4_mode, q dtype name, alu, tile loop), alu the sum of
+# indexer_decode.ALU_FLAGS 4 (no division), 8 (int32-word loads, word-wise decode), 16 (word-order dims); loop 1
+# prefetches one tile (the backend's), 3 two
+MXFP4_WORD_CANDIDATES = ((4, "fp8", 8, 1), (4, "fp8", 12, 1), (4, "fp8", 24, 1), (4, "fp8", 28, 1),
+                         (4, "fp8", 28, 3), (2, "bf16", 28, 1))
+
+
+def _indexer_mxfp4_word_variants() -> list[Variant]:
+    """The block-tile indexer on MXFP4 keys with the word decode of ``indexer_decode.ALU_FLAGS`` 8 / 16: the
+    backend's launch (:func:`block_tile_launch`) with ``MX`` and ``ALU`` set and the pages' int32 (fp32) view
+    the launcher passes for flag 8."""
+    import torch
+
+    from ..triton_kernels import indexer_decode
+
+    out = []
+    for mode, q_name, alu, loop in MXFP4_WORD_CANDIDATES:
+        q_dtype = torch.float8_e4m3fn if q_name == "fp8" else torch.bfloat16
+        launch = block_tile_launch(q_dtype, "mxfp4")
+        s8_b = BLOCK_TOKENS * 68
+        cx = dict(launch["constexprs"], MX=mode, ALU=alu, SCALED_DOT=0, DOT=indexer_decode.DOT_BF16, LOOP=loop)
+        out.append(Variant(
+            f"indexer mxfp4 keys word decode, {q_name} q, {cx['H']} heads, mxfp4_mode {mode}, alu {alu}, "
+            f"{cx['GROUP']}-token segments" + (", two tiles ahead" if loop == 3 else ""), indexer_decode.indexer_tiles_kernel, cx,
+            dict(launch["pointers"], pages_f32="fp32"), num_warps=launch["num_warps"],
+            num_stages=launch["num_stages"], divisible=multiples_of_16(s8_b=s8_b, s32_b=s8_b // 4)))
     return out
 
 

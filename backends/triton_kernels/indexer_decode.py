@@ -40,6 +40,15 @@ that back into the words); flag 2 lays the load out as ``[k_hi 8, m3 2, m_hi, m_
 coalescer distributes exactly like the FP8 wgmma A fragment (registers renamed, no shared-memory round
 trip); flag 4 (tile == cache block) drops the two integer divisions per tile.
 
+MXFP4 keys, ``ALU`` flags 8 and 16 (``mxfp4_mode`` 2-4; flag 4 applies as for FP8): the sm_90 SASS of mode 4
+spends about half of a tile's instructions on bytes (one-byte loads of the scales, ~190 byte permutes and ~160
+LOP3 extracting, decoding and repacking the 32 packed bytes a thread holds). Flag 8 loads each 32-dim block as
+4 int32 words per record and the 4 scale bytes as one word, and decodes whole words (:func:`_e4m3_words`:
+shifts and masks on 32-bit lanes give the 4 even-dim and the 4 odd-dim e4m3 bytes of 4 pairs at once); the
+words are then split into bytes in dim order. Flag 16 skips that interleave: the keys keep each word's even
+bytes then its odd bytes (dim ``8c + 2j + h`` at column ``8c + 4h + j``) and the queries are loaded in the
+same order (:func:`_word_order_dims`), so the MMA's dot product is the same sum, term for term.
+
 Grid: ``(T, key-tile chunks)``; axis 0 indexes a device-built list of segment starts (live segments
 first, the rest ``T``: those programs exit at once), so there is no host sync. Tile loops (``LOOP``):
 0 unrolled, 1 rolled with the next tile's bytes loaded into registers before this tile's MMAs (one
@@ -80,6 +89,10 @@ ALU_FLAGS = {
     1: "FP8 keys loaded as int32 words (the prefetched tile is 16 registers a thread; bytes split in-thread)",
     2: "FP8 keys loaded in the FP8 MMA's register layout (no shared-memory layout conversion; BLOCK_N % 16 == 0)",
     4: "a key tile is one whole cache block (block_tokens == BLOCK_N): no integer divisions per tile",
+    8: "MXFP4 keys (mxfp4_mode 2-4) loaded as int32 words (4 per 32-dim block, the 4 scale bytes as one): the "
+       "e2m1 -> e4m3 shift decode on whole words, 8 values per 7 ops",
+    16: "with flag 8: each 8-dim group of the decoded keys as its 4 even dims then its 4 odd dims (the words' own "
+        "order, no byte interleave), the queries loaded in that order",
 }
 
 SIZE_ARGS = ("T", "max_context", "num_blocks", "max_blocks", "block_tokens")
@@ -114,6 +127,24 @@ def _e2m1_as_e4m3(pairs):
 
 
 @triton.jit
+def _e4m3_words(words):
+    """:func:`_e2m1_as_e4m3` on int32 words of 4 packed pairs each (pair ``j`` in byte ``j``) -> (even, odd)
+    int32 words whose byte ``j`` is the e4m3 byte of pair ``j``'s even / odd dim. Every shift moves bits
+    within a byte or into bits the mask then clears, so the four bytes are decoded at once (the arithmetic
+    shift's sign bits are masked off too). ``-0x7F7F7F80`` is ``0x80808080`` as an int32 (the sign bits)."""
+    even = ((words << 2) & 0x1C1C1C1C) | ((words << 4) & -0x7F7F7F80)
+    odd = (words & -0x7F7F7F80) | ((words >> 2) & 0x1C1C1C1C)
+    return even, odd
+
+
+@triton.jit
+def _word_order_dims(cols):
+    """Dim of each column ``8c + 4h + j`` of the word-order keys (``ALU & 16``): ``8c + 2j + h`` (the even dim
+    of pair ``4c + j`` for ``h = 0``, its odd dim for ``h = 1``)."""
+    return (cols & 24) | ((cols & 3) << 1) | ((cols >> 2) & 1)
+
+
+@triton.jit
 def _mma_cast(x, DOT: tl.constexpr, MX: tl.constexpr):
     """An operand in the MMA type of the MXFP4 block modes: fp32 (exact dots, tests), fp16 (``MX == 3``),
     e4m3 as given (``MX == 4``: FP8 queries and keys), else bf16."""
@@ -140,15 +171,18 @@ def _member(req_ptr, pos_ptr, off_ptr, t0, g: tl.constexpr, T, req, off0):
 
 @triton.jit
 def _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t, ok, H, BLOCK_H: tl.constexpr, DOT: tl.constexpr,
-            SPLIT: tl.constexpr, MX: tl.constexpr):
+            SPLIT: tl.constexpr, MX: tl.constexpr, ALU: tl.constexpr):
     """Queries of token ``t`` as MMA operands (``[BLOCK_H, 128]``, or its even / odd dim halves
     ``[BLOCK_H, 64]`` each with ``SPLIT``, or its four 32-dim scale blocks ``[BLOCK_H, 32]`` each with
-    ``MX >= 2``; zero beyond ``H``) and a pointer to its head weights."""
+    ``MX >= 2``, their dims in the decoded keys' word order with ``ALU & 16``; zero beyond ``H``) and a pointer
+    to its head weights."""
     heads = tl.arange(0, BLOCK_H)
     row_ok = (heads < H) & _lanes(ok, heads)
     rows = q_ptr + tl.where(ok, t, 0).to(tl.int64) * stride_qt + heads[:, None] * stride_qh
     if MX >= 2:
         dims = tl.arange(0, 32)[None, :]
+        if (ALU & 16) != 0:
+            dims = _word_order_dims(dims)
         q = (_mma_cast(tl.load(rows + dims, mask=row_ok[:, None], other=0.0), DOT, MX),
              _mma_cast(tl.load(rows + 32 + dims, mask=row_ok[:, None], other=0.0), DOT, MX),
              _mma_cast(tl.load(rows + 64 + dims, mask=row_ok[:, None], other=0.0), DOT, MX),
@@ -285,6 +319,15 @@ def _tile_bytes(pages_u8, s8_b, pages_f32, s32_b, entry, tile, num_blocks, block
     elif FMT == 1:
         a = tl.load(rows + tl.arange(0, 128)[None, :])
         b = tl.load(pages_f32 + (block * s32_b + key0 * (TOKEN_BYTES // 4)) + keys_in_tile * (TOKEN_BYTES // 4) + 32)
+    elif MX >= 2 and (ALU & 8) != 0:
+        # int32 words (records are 4-byte aligned): per block 4 words of packed pairs, then the scale word
+        words = pages_f32 + (block * s32_b + key0 * (TOKEN_BYTES // 4)) + keys_in_tile * (TOKEN_BYTES // 4)
+        four = tl.arange(0, 4)[None, :]
+        a = (tl.load(words[:, None] + four).to(tl.int32, bitcast=True),
+             tl.load(words[:, None] + 4 + four).to(tl.int32, bitcast=True),
+             tl.load(words[:, None] + 8 + four).to(tl.int32, bitcast=True),
+             tl.load(words[:, None] + 12 + four).to(tl.int32, bitcast=True))
+        b = tl.load(words + 16).to(tl.int32, bitcast=True)
     elif MX >= 2:  # a 16-byte load per key and block (a Triton tensor cannot be sliced later)
         pairs = tl.arange(0, 16)[None, :]
         a = (tl.load(rows + pairs), tl.load(rows + 16 + pairs), tl.load(rows + 32 + pairs),
@@ -318,6 +361,14 @@ def _tile_operands(a, b, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.co
         # each block decoded once per tile and scaled once per tile: its values times the key's 2^(byte - 121)
         keys = (_scaled_block(a[0], b[0], DOT, MX), _scaled_block(a[1], b[1], DOT, MX),
                 _scaled_block(a[2], b[2], DOT, MX), _scaled_block(a[3], b[3], DOT, MX))
+        scale = tl.full([rows], 1.0, tl.float32)
+    elif FMT == 2 and MX >= 2 and (ALU & 8) != 0:
+        rows: tl.constexpr = a[0].shape[0]
+        # as below, decoded on whole words; the scale word's byte k is block k's ue8m0 scale
+        keys = ((_mma_block_words(a[0], DOT, MX, ALU), _mma_block_words(a[1], DOT, MX, ALU),
+                 _mma_block_words(a[2], DOT, MX, ALU), _mma_block_words(a[3], DOT, MX, ALU)),
+                (_block_factor(b & 0xFF), _block_factor((b >> 8) & 0xFF), _block_factor((b >> 16) & 0xFF),
+                 _block_factor((b >> 24) & 0xFF)))
         scale = tl.full([rows], 1.0, tl.float32)
     elif FMT == 2 and MX >= 2:
         rows: tl.constexpr = a[0].shape[0]
@@ -418,6 +469,19 @@ def _mma_block(pairs, DOT: tl.constexpr, MX: tl.constexpr):
 
 
 @triton.jit
+def _mma_block_words(words, DOT: tl.constexpr, MX: tl.constexpr, ALU: tl.constexpr):
+    """``[BLOCK_N, 4]`` int32 words of packed e2m1 pairs (one 32-dim block) -> ``[BLOCK_N, 32]`` keys times 2^-6
+    in the MMA type: dims in order, or with ``ALU & 16`` in word order (:func:`_word_order_dims`)."""
+    even, odd = _e4m3_words(words)
+    rows: tl.constexpr = words.shape[0]
+    if (ALU & 16) != 0:  # word c's even bytes, then its odd bytes: column 8c + 4h + j
+        block = _word_bytes(tl.reshape(tl.join(even, odd), [rows, 8]))
+    else:  # byte j of word c's even / odd word at column 8c + 2j + h (the join of the two byte splits)
+        block = tl.reshape(tl.join(_byte_pairs(even), _byte_pairs(odd)), [rows, 32])
+    return _mma_cast(block.to(tl.float8e4nv, bitcast=True), DOT, MX)
+
+
+@triton.jit
 def _scaled_block(pairs, scale_byte, DOT: tl.constexpr, MX: tl.constexpr):
     """``[BLOCK_N, 16]`` packed pairs and ``[BLOCK_N]`` ue8m0 bytes -> ``[BLOCK_N, 32]`` scaled keys (bf16, or
     fp32 with ``DOT == 2``), exact: the e4m3 value times 2^(byte - 121) is the e2m1 value times 2^(byte - 127).
@@ -451,7 +515,8 @@ def indexer_tiles_kernel(
         split: tl.constexpr = FMT == 2 and SCALED_DOT == 0 and MX < 2
         # the segment's members: explicit per-token operands (a Triton tensor cannot be sliced)
         ok0, pos0 = _member(req_ptr, pos_ptr, off_ptr, t0, 0, T, req, off0)
-        q0, w0 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0, ok0, H, BLOCK_H, DOT, split, MX)
+        q0, w0 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0, ok0, H, BLOCK_H, DOT, split, MX,
+                         ALU)
         reach = pos0
         # members the segment cannot have (g >= GROUP): placeholders, never used (ok_g False)
         q1, w1, ok1, pos1 = q0, w0, ok0 & (t0 < 0), pos0
@@ -463,31 +528,38 @@ def indexer_tiles_kernel(
         q7, w7, ok7, pos7 = q0, w0, ok1, pos0
         if GROUP > 1:
             ok1, pos1 = _member(req_ptr, pos_ptr, off_ptr, t0, 1, T, req, off0)
-            q1, w1 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 1, ok1, H, BLOCK_H, DOT, split, MX)
+            q1, w1 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 1, ok1, H, BLOCK_H, DOT, split, MX,
+                             ALU)
             reach = tl.maximum(reach, pos1)
         if GROUP > 2:
             ok2, pos2 = _member(req_ptr, pos_ptr, off_ptr, t0, 2, T, req, off0)
-            q2, w2 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 2, ok2, H, BLOCK_H, DOT, split, MX)
+            q2, w2 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 2, ok2, H, BLOCK_H, DOT, split, MX,
+                             ALU)
             reach = tl.maximum(reach, pos2)
         if GROUP > 3:
             ok3, pos3 = _member(req_ptr, pos_ptr, off_ptr, t0, 3, T, req, off0)
-            q3, w3 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 3, ok3, H, BLOCK_H, DOT, split, MX)
+            q3, w3 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 3, ok3, H, BLOCK_H, DOT, split, MX,
+                             ALU)
             reach = tl.maximum(reach, pos3)
         if GROUP > 4:
             ok4, pos4 = _member(req_ptr, pos_ptr, off_ptr, t0, 4, T, req, off0)
-            q4, w4 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 4, ok4, H, BLOCK_H, DOT, split, MX)
+            q4, w4 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 4, ok4, H, BLOCK_H, DOT, split, MX,
+                             ALU)
             reach = tl.maximum(reach, pos4)
         if GROUP > 5:
             ok5, pos5 = _member(req_ptr, pos_ptr, off_ptr, t0, 5, T, req, off0)
-            q5, w5 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 5, ok5, H, BLOCK_H, DOT, split, MX)
+            q5, w5 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 5, ok5, H, BLOCK_H, DOT, split, MX,
+                             ALU)
             reach = tl.maximum(reach, pos5)
         if GROUP > 6:
             ok6, pos6 = _member(req_ptr, pos_ptr, off_ptr, t0, 6, T, req, off0)
-            q6, w6 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 6, ok6, H, BLOCK_H, DOT, split, MX)
+            q6, w6 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 6, ok6, H, BLOCK_H, DOT, split, MX,
+                             ALU)
             reach = tl.maximum(reach, pos6)
         if GROUP > 7:
             ok7, pos7 = _member(req_ptr, pos_ptr, off_ptr, t0, 7, T, req, off0)
-            q7, w7 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 7, ok7, H, BLOCK_H, DOT, split, MX)
+            q7, w7 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 7, ok7, H, BLOCK_H, DOT, split, MX,
+                             ALU)
             reach = tl.maximum(reach, pos7)
         first = tl.program_id(1) * TILES
         # tiles holding a visible key (s <= reach, s < max_context) get loads and MMAs; the rest -inf only
@@ -692,7 +764,7 @@ def _check_mxfp4_mode(mode, q, index_fmt, scaled_dot) -> int:
     return mode
 
 
-def _check_alu(alu, index_fmt, block_n, block_tokens) -> None:
+def _check_alu(alu, index_fmt, block_n, block_tokens, mxfp4_mode=0) -> None:
     """A ValueError naming the flag of ``alu`` (:data:`ALU_FLAGS`) that does not fit the call."""
     known = sum(ALU_FLAGS)
     if not isinstance(alu, int) or isinstance(alu, bool) or not 0 <= alu <= known:
@@ -701,6 +773,12 @@ def _check_alu(alu, index_fmt, block_n, block_tokens) -> None:
     if alu & 3 and index_fmt != "fp8":
         raise ValueError(f"triton indexer_score: alu flags 1 and 2 change how FP8 keys are loaded, "
                          f"got alu={alu} with index_fmt={index_fmt!r}")
+    if alu & 24 and not (index_fmt == "mxfp4" and 2 <= mxfp4_mode <= 4):
+        raise ValueError(f"triton indexer_score: alu flags 8 and 16 change how MXFP4 keys are loaded and decoded in "
+                         f"mxfp4_mode 2..4, got alu={alu} with index_fmt={index_fmt!r}, mxfp4_mode={mxfp4_mode!r}")
+    if alu & 16 and not alu & 8:
+        raise ValueError(f"triton indexer_score: alu flag 16 ({ALU_FLAGS[16]}) orders the words of flag 8, "
+                         f"got alu={alu} without flag 8")
     if alu & 4 and block_n != block_tokens:
         raise ValueError(f"triton indexer_score: alu flag 4 ({ALU_FLAGS[4]}) needs key tiles of one whole "
                          f"block, got {block_n}-key tiles in {block_tokens}-token blocks")
@@ -726,11 +804,11 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
                          f"or two tiles) or 2 (rolled, software-pipelined), got {loop!r}")
     mx = _check_mxfp4_mode(mxfp4_mode, q, index_fmt, scaled_dot)
     block_n = tile_keys(index_pages.shape[1], block_n)
-    _check_alu(alu, index_fmt, block_n, index_pages.shape[1])
+    _check_alu(alu, index_fmt, block_n, index_pages.shape[1], mx)
     block_h = max(16, triton.next_power_of_2(heads))
     u8 = index_pages.view(torch.float8_e4m3fn) if typed_keys and index_fmt == "fp8" and dot == DOT_FP8 \
         else index_pages
-    if index_fmt == "fp8":
+    if index_fmt == "fp8" or alu & 8:  # (MXFP4 with alu flag 8: its word loads)
         f32, s32_b = index_pages.view(torch.float32), index_pages.stride(0) // 4
     else:
         f32, s32_b = index_pages, 0  # never read

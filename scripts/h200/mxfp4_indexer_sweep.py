@@ -1,6 +1,7 @@
 """MXFP4 (68 B) keys on the block-tile indexer (``backends/triton_kernels/indexer_decode.py``): the decode
-modes of ``indexer_decode.MXFP4_MODES`` against the backend default (``tl.dot_scaled``) and FP8 (132 B)
-keys, checked and timed in the same run.
+modes of ``indexer_decode.MXFP4_MODES`` and the word decode of its ``ALU_FLAGS`` 8 / 16 (with 4) against the
+backend defaults (``tl.dot_scaled`` for bf16 q, mode 4 for FP8 q) and FP8 (132 B) keys, checked and timed in
+the same run.
 
 Usage (on a CUDA machine, from the repository root with dsahal importable)::
 
@@ -39,6 +40,9 @@ TOL_FP8_MMA = 5e-4
 DEVICE = "cuda"  # --cpu-smoke: "cpu" under TRITON_INTERPRET=1
 # the block-tile launch the backend uses (backends/nvidia/config.py _BLOCK_TILES), for every new mode
 TILES = dict(block_n=64, group=5, tiles=16, loop=1, num_warps=4, num_stages=1)
+# indexer_decode.ALU_FLAGS sums for MXFP4 keys: 8 int32-word loads and word-wise decode, 16 word-order dims,
+# 4 no division (the tile is one cache block)
+WORD_ALU = (12, 24, 28)
 
 
 def shapes():
@@ -57,7 +61,8 @@ def variants(torch):
 
     bf16, fp8 = torch.bfloat16, torch.float8_e4m3fn
     # registers per thread in the sm_90 compile (local Triton 3.9, 4 warps, 5-token segments, one tile
-    # prefetched) in brackets: <= 168 keeps 3 programs on an SM, above that 2; none spills
+    # prefetched) in brackets: <= 168 keeps 3 programs on an SM, above that 2; none spills. Main-loop SASS
+    # instructions per 64-key tile (python -m dsahal.backends.nvidia.aot --only mxfp4 --sass) in braces
     if DEVICE == "cpu":  # interpreter: bf16 dots are wrong there; exact fp32 dots or FP8 queries instead
         small = dict(block_n=16, group=2, tiles=2)
         tiles = dict(small, block_tiles=True, group=8, tiles=2, tile_loop=1)
@@ -67,19 +72,27 @@ def variants(torch):
                 ("mxfp4", torch.float32, "mode 1", "mode", dict(tiny, mxfp4_mode=1, dot=exact)),
                 ("mxfp4", torch.float32, "mode 2", "mode", dict(tiny, mxfp4_mode=2, dot=exact)),
                 ("mxfp4", fp8, "mode 4", "mode", dict(tiny, mxfp4_mode=4, dot=indexer_decode.DOT_BF16)),
-                ("mxfp4", torch.float32, "mode 5", "mode", dict(tiny, mxfp4_mode=5, dot=exact))]
+                ("mxfp4", torch.float32, "mode 5", "mode", dict(tiny, mxfp4_mode=5, dot=exact))] + [
+                ("mxfp4", fp8, f"mode 4, alu {alu}", "mode",
+                 dict(tiny, mxfp4_mode=4, alu=alu, dot=indexer_decode.DOT_BF16)) for alu in WORD_ALU] + [
+                ("mxfp4", fp8, "mode 4, alu 28, two tiles ahead", "mode",
+                 dict(tiny, mxfp4_mode=4, alu=28, loop=3, dot=indexer_decode.DOT_BF16)),
+                ("mxfp4", torch.float32, "mode 2, alu 28", "mode", dict(tiny, mxfp4_mode=2, alu=28, dot=exact))]
     dot = indexer_decode.DOT_BF16
     return [("mxfp4", bf16, "backend default (dot_scaled)", "backend", dict(indexer_config(HEADS, bf16, "mxfp4"))),
             ("fp8", fp8, "FP8 keys, backend default", "backend", dict(indexer_config(HEADS, fp8, "fp8"))),
             ("fp8", bf16, "FP8 keys, backend default", "backend", dict(indexer_config(HEADS, bf16, "fp8"))),
-            ("mxfp4", bf16, "mode 1 shift decode, scaled values, even/odd MMAs", "mode",
-             dict(TILES, mxfp4_mode=1, dot=dot)),  # [168]
-            ("mxfp4", fp8, "dot_scaled (the FP8-q default before the sixth session)", "backend",
-             dict(indexer_config(HEADS, bf16, "mxfp4"))),
-            ("mxfp4", fp8, "mode 4 block FP8 MMAs, scale after", "mode", dict(TILES, mxfp4_mode=4, dot=dot)),  # [184]
+            # mode 4 (block FP8 MMAs, scale after) [184] {1327}; modes 1, 5 and dot_scaled on FP8 q were timed in
+            # the sixth session (BENCHMARKS.md), modes 2 and 6 slower
             ("mxfp4", fp8, "backend default (FP8 q)", "backend", dict(indexer_config(HEADS, fp8, "mxfp4"))),
-            ("mxfp4", bf16, "mode 5 scaled blocks fp32, chained MMAs", "mode",
-             dict(TILES, mxfp4_mode=5, dot=dot))]  # [151]; modes 2 and 6 measured slower (R3, sixth session)
+            ("mxfp4", fp8, "mode 4, alu 12 word decode, no division", "mode",
+             dict(TILES, mxfp4_mode=4, alu=12, dot=dot)),  # [154] {1005}
+            ("mxfp4", fp8, "mode 4, alu 24 word decode, word-order dims", "mode",
+             dict(TILES, mxfp4_mode=4, alu=24, dot=dot)),  # [168] {957}
+            ("mxfp4", fp8, "mode 4, alu 28 word decode, word-order dims, no division", "mode",
+             dict(TILES, mxfp4_mode=4, alu=28, dot=dot)),  # [167] {924}
+            ("mxfp4", fp8, "mode 4, alu 28, two tiles ahead", "mode",
+             dict(TILES, mxfp4_mode=4, alu=28, loop=3, dot=dot))]  # [?] {?}
 
 
 def _name(fmt, q_dtype, label):
