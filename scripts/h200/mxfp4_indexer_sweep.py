@@ -92,7 +92,7 @@ def variants(torch):
             ("mxfp4", fp8, "mode 4, alu 28 word decode, word-order dims, no division", "mode",
              dict(TILES, mxfp4_mode=4, alu=28, dot=dot)),  # [167] {924}
             ("mxfp4", fp8, "mode 4, alu 28, two tiles ahead", "mode",
-             dict(TILES, mxfp4_mode=4, alu=28, loop=3, dot=dot))]  # [?] {?}
+             dict(TILES, mxfp4_mode=4, alu=28, loop=3, dot=dot))]  # [168] {935}
 
 
 def _name(fmt, q_dtype, label):
