@@ -17,6 +17,7 @@ import json
 
 import pytest
 
+from indexer_cases import paged_case
 from interpreter_child import child_results, run_groups
 
 TOL = 1e-5  # relative (norm) error vs the float64 reference: exact keys, fp32 accumulation
@@ -29,17 +30,6 @@ def _pages(torch, blocks, block_tokens):
     pages[..., 64:] = torch.randint(100, 188, (blocks, block_tokens, 4), dtype=torch.uint8)
     pages[:, ::8, 65] = 0
     return pages
-
-
-def _case(torch, block_tokens):
-    """Three requests: request 0 a run of 5 tokens (positions ending mid-tile), request 1 one token, request 2
-    two tokens (one early: a shorter causal bound); an unmapped (-1) and an out-of-range (99) block."""
-    table = torch.tensor([[3, 1, -1, 0], [2, 4, 99, 5], [6, 0, 7, 1]], dtype=torch.int32)
-    b = block_tokens
-    req = torch.tensor([0, 0, 0, 0, 0, 1, 2, 2], dtype=torch.int32)
-    pos = torch.tensor([3 * b - 5, 3 * b - 4, 3 * b - 3, 3 * b - 2, 3 * b - 1, 4 * b - 2, b // 2 + 1, 4 * b - 3],
-                       dtype=torch.int32)
-    return table, req, pos
 
 
 def _error(torch, got, want):
@@ -58,7 +48,7 @@ def _word_cases(results):
     from dsahal.reference.indexer import indexer_score as reference
 
     for block_tokens in (16, 32, 64):
-        table, req, pos = _case(torch, block_tokens)
+        table, req, pos = paged_case(block_tokens)
         width = 4 * block_tokens - 3  # the last tile partly past the output
         offsets = run_offsets(req)
         pages = _pages(torch, 8, block_tokens)
@@ -128,7 +118,7 @@ def test_word_flags_that_do_not_fit_are_refused():
     from dsahal.backends.triton_kernels import indexer_decode as d
     from dsahal.backends.triton_kernels.indexer import run_offsets
 
-    table, req, pos = _case(torch, 32)
+    table, req, pos = paged_case(32)
     q8 = torch.zeros(8, 4, 128).to(torch.float8_e4m3fn)
     w = torch.zeros(8, 4)
 

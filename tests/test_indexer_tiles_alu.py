@@ -14,6 +14,7 @@ import json
 
 import pytest
 
+from indexer_cases import paged_case
 from interpreter_child import child_results, run_groups
 
 TOL = 1e-5  # relative (norm) error vs the float64 reference; exact keys, fp32 accumulation
@@ -45,20 +46,6 @@ def _pages(block_tokens, blocks, *, pad_tokens=0):
     return view
 
 
-def _case(block_tokens):
-    """Three requests: request 0 a run of 5 tokens (positions ending mid-tile), request 1 one token,
-    request 2 two tokens (one of them early: a shorter causal bound); an unmapped (-1) and an
-    out-of-range (99) block; 4 blocks per request."""
-    import torch
-
-    table = torch.tensor([[3, 1, -1, 0], [2, 4, 99, 5], [6, 0, 7, 1]], dtype=torch.int32)
-    b = block_tokens
-    req = torch.tensor([0, 0, 0, 0, 0, 1, 2, 2], dtype=torch.int32)
-    pos = torch.tensor([3 * b - 5, 3 * b - 4, 3 * b - 3, 3 * b - 2, 3 * b - 1, 4 * b - 2, b // 2 + 1, 4 * b - 3],
-                       dtype=torch.int32)
-    return table, req, pos
-
-
 def _alu_cases(results):
     import torch
 
@@ -67,7 +54,7 @@ def _alu_cases(results):
     from dsahal.reference.indexer import indexer_score as reference
 
     for block_tokens in (16, 32, 64):
-        table, req, pos = _case(block_tokens)
+        table, req, pos = paged_case(block_tokens)
         width = 4 * block_tokens - 3  # not a multiple of the tile: the last tile is partly past the output
         offsets = run_offsets(req)
         for pad in (0, 4):
@@ -105,7 +92,7 @@ def _config_cases(results):
 
     for block_tokens, fmt, per_request in ((32, "fp8", False), (16, "fp8", False), (16, "mxfp4", False),
                                            (32, "fp8", True)):
-        table, req, pos = _case(block_tokens)
+        table, req, pos = paged_case(block_tokens)
         table = torch.where(table >= 8, -1, table)
         width = 4 * block_tokens - 3
         if fmt == "fp8":
@@ -162,7 +149,7 @@ def test_alu_flags_that_do_not_fit_are_refused():
     from dsahal.backends.triton_kernels import indexer_decode as d
     from dsahal.backends.triton_kernels.indexer import run_offsets
 
-    table, req, pos = _case(32)
+    table, req, pos = paged_case(32)
     pages = torch.zeros(8, 32, 132, dtype=torch.uint8)
     q8 = torch.zeros(8, 4, 128).to(torch.float8_e4m3fn)
     w = torch.zeros(8, 4)
