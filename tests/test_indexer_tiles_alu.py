@@ -137,6 +137,21 @@ def test_a_configured_alu_is_kept_to_what_each_call_takes(interpreted):
     assert all(configured.values()), configured
 
 
+def test_fitting_alu_keeps_what_the_call_takes():
+    pytest.importorskip("triton")
+    from dsahal.backends.triton_kernels.indexer_decode import _check_alu, fitting_alu
+
+    cases = [  # (configured, fmt, block_n, block_tokens, mxfp4_mode) -> expected
+        ((5, "fp8", 64, 64, 0), 5), ((5, "fp8", 64, 128, 0), 1), ((7, "mxfp4", 64, 64, 0), 4),
+        ((28, "mxfp4", 64, 64, 4), 28), ((28, "mxfp4", 64, 64, 0), 4), ((28, "fp8", 64, 64, 0), 4),
+        ((16, "mxfp4", 64, 64, 4), 0), ((31, "mxfp4", 32, 64, 2), 24), ((0, "fp8", 64, 64, 0), 0),
+    ]
+    for (alu, fmt, block_n, block_tokens, mode), want in cases:
+        got = fitting_alu(alu, fmt, block_n, block_tokens, mode)
+        assert got == want, (alu, fmt, block_n, block_tokens, mode, got)
+        _check_alu(got, fmt, block_n, block_tokens, mode)  # what it keeps, the launcher accepts
+
+
 def test_the_cases_hold_visible_and_masked_scores(interpreted):
     cases = {k: v for k, v in interpreted.items() if k.startswith("case_")}
     assert len(cases) == 6 and all(cases.values()), cases

@@ -429,9 +429,9 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             kernel.
             ``block_tiles`` may be a dict of the block-tile path's own parameters (``block_n``, ``group``,
             ``tile_group``, ``tiles``, ``tile_loop``, ``pipeline``, ``num_warps``, ``num_stages``, ``typed_keys``,
-            ``mxfp4_mode``, ``alu``: :data:`.indexer_decode.ALU_FLAGS` for FP8 keys, flag 4 dropped where a key
-            tile is not one whole cache block; ``group_per_request``: segments of at most ceil(T / B) tokens,
-            B the block table's rows),
+            ``mxfp4_mode``, ``alu``: :data:`.indexer_decode.ALU_FLAGS`, each call taking the flags that fit it
+            (:func:`.indexer_decode.fitting_alu`); ``group_per_request``: segments of at most ceil(T / B)
+            tokens, B the block table's rows),
             the other arguments then being the general kernel's, for the calls that fall back to it.
             There ``group`` (or ``tile_group``, <= 8) is the tokens per segment, ``tiles``, ``num_warps``,
             ``num_stages``, ``typed_keys``, ``mxfp4_dot_scaled`` / ``mxfp4_fast_math`` mean the same;
@@ -466,11 +466,8 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         # MXFP4 keys: one of indexer_decode.MXFP4_MODES (0: tl.dot_scaled or the per-element decode, as
         # mxfp4_dot_scaled says); a block-tile parameter only
         mxfp4_mode = tile.get("mxfp4_mode", 0) if mxfp4 else 0
-        # FP8 keys: indexer_decode.ALU_FLAGS, kept to what this call can take (a configuration names them once
-        # for every call): flags 1 and 2 for FP8 keys only, flag 4 only when a key tile is one whole cache block
-        alu = 0 if mxfp4 else tile.get("alu", 0)
-        if alu & 4 and index_pages.shape[1] != tile["block_n"]:
-            alu &= ~4
+        alu = indexer_decode.fitting_alu(tile.get("alu", 0), index_fmt, tile["block_n"], index_pages.shape[1],
+                                         mxfp4_mode)
         group = min(tile["tile_group"] or tile["group"], indexer_decode.MAX_GROUP)
         if tile.get("group_per_request"):
             # segments no longer than the call's tokens per request (a decode step's 1, 2 or 5; more block-table

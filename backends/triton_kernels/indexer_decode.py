@@ -764,6 +764,21 @@ def _check_mxfp4_mode(mode, q, index_fmt, scaled_dot) -> int:
     return mode
 
 
+def fitting_alu(alu: int, index_fmt: str, block_n: int, block_tokens: int, mxfp4_mode: int = 0) -> int:
+    """The flags of a configured ``alu`` that fit this call (what :func:`_check_alu` accepts), the others
+    dropped: a backend configuration names its flags once for every call, and a call with other pages
+    (MXFP4 rather than FP8 keys, a block of another size) must take the path without them, not fail."""
+    if index_fmt != "fp8":
+        alu &= ~3
+    if not (index_fmt == "mxfp4" and 2 <= mxfp4_mode <= 4):
+        alu &= ~24
+    if not alu & 8:
+        alu &= ~16
+    if block_n != block_tokens:
+        alu &= ~4
+    return alu
+
+
 def _check_alu(alu, index_fmt, block_n, block_tokens, mxfp4_mode=0) -> None:
     """A ValueError naming the flag of ``alu`` (:data:`ALU_FLAGS`) that does not fit the call."""
     known = sum(ALU_FLAGS)
