@@ -15,7 +15,7 @@ CACHE_WRITE_FORMATS = frozenset({("latent", "bf16"), ("latent", "fp8"), ("latent
 LATENT_FORMATS = frozenset({"bf16", "fp8", "fp8_ds_mla", "nvfp4"})
 INDEX_FORMATS = frozenset({"bf16", "fp8", "mxfp4"})
 MAX_INDEX_HEADS = 128
-MAX_SMALL_MLA_HEADS = 64  # sparse_mla_small_heads.MAX_HEADS: its fp32 accumulator is 512 x heads
+MAX_SMALL_MLA_HEADS = 64  # the few-heads kernels' MAX_HEADS: their fp32 accumulator is 512 x heads (64 need 8 warps)
 SMALL_MLA_Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_KDA_KEY_DIM = 256
 # The dtypes the KDA kernels were tested with. The op also takes a float64 gate (its docs: any float

@@ -43,9 +43,9 @@ from . import grid as launch_grid
 from .bytes import LATENT_BF16, LATENT_CODES, LATENT_FP8, typed_views, views_usable
 from .lse_combine import lse_combine
 from .sparse_mla import LOG2E, NOPE, decode_nope, decode_rope, load_nope_raw, load_rope_raw, record_rows
-from .sparse_mla_small_heads_raw import sparse_mla_small_heads_raw, split_outputs
+from .sparse_mla_small_heads_raw import (MAX_HEADS, check_launch, sparse_mla_small_heads_raw,  # noqa: F401 (MAX_HEADS: public name kept)
+                                         split_outputs)
 
-MAX_HEADS = 64  # the fp32 accumulator is 512 x BLOCK_H; 64 heads need 8 warps to hold it
 CHUNK = 128  # nope dims per chunk: one fp8_ds_mla tile, eight nvfp4 blocks
 RAW_MAX_HEADS = 16  # fp8_ds_mla heads the raw-e4m3 kernel serves by default (hopper_config: it spills above)
 
@@ -269,12 +269,7 @@ def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, 
     if prefetch is not None:
         gather_first = bool(prefetch)
     tokens, heads, _ = q.shape
-    if heads > MAX_HEADS:
-        raise ValueError(f"triton sparse_mla_small_heads: q expected at most {MAX_HEADS} heads, got {heads}")
-    if block_n < 16 or block_n & (block_n - 1):
-        raise ValueError(f"triton sparse_mla_small_heads: block_n expected a power of two >= 16, got {block_n}")
-    if split_size is not None and split_size < 1:
-        raise ValueError(f"triton sparse_mla_small_heads: split_size expected None or >= 1, got {split_size}")
+    check_launch("triton sparse_mla_small_heads", heads, block_n, split_size)
     k = slots.shape[1]
     fmt = LATENT_CODES[kv_fmt]
     as_bf16 = (q.dtype == torch.bfloat16) if exact_fp32 is None else not exact_fp32

@@ -45,10 +45,11 @@ import triton.language as tl
 
 from . import grid as launch_grid
 from .bytes import load_f32_bytewise, load_u16_bytewise, row_alignment, widen_bf16
+from .limits import MAX_SMALL_MLA_HEADS
 from .lse_combine import lse_combine
 from .sparse_mla import LOG2E, NOPE
 
-MAX_HEADS = 64
+MAX_HEADS = MAX_SMALL_MLA_HEADS  # the fp32 accumulator is 512 x BLOCK_H (limits.py: the verifiers read it)
 SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")  # (zero: specialised as a multiple of 16)
 FP16_TOP = 14  # the per-head query scale puts max |q| in [2^FP16_TOP, 2^(FP16_TOP + 1)): fp16 max is 65504 < 2^16
 
@@ -280,12 +281,7 @@ def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_sca
         raise ValueError(f"{name}: kv_pages expected uint8 [num_blocks, block_tokens, 656], got {kv_pages.dtype} "
                          f"{list(kv_pages.shape)}")
     tokens, heads, _ = q.shape
-    if heads > MAX_HEADS:
-        raise ValueError(f"{name}: q expected at most {MAX_HEADS} heads, got {heads}")
-    if block_n < 16 or block_n & (block_n - 1):
-        raise ValueError(f"{name}: block_n expected a power of two >= 16, got {block_n}")
-    if split_size is not None and split_size < 1:
-        raise ValueError(f"{name}: split_size expected None or >= 1, got {split_size}")
+    check_launch(name, heads, block_n, split_size)
     k = slots.shape[1]
     q = q if q.stride(-1) == 1 else q.contiguous()
     slots = slots if slots.stride(-1) == 1 else slots.contiguous()
@@ -305,6 +301,16 @@ def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_sca
     if splits == 1:
         return o[0], lse[0]
     return lse_combine(o, lse, out_dtype=q.dtype)
+
+
+def check_launch(name: str, heads: int, block_n: int, split_size) -> None:
+    """The few-heads launchers' shared checks (ValueError naming ``name``, the argument, expected and got)."""
+    if heads > MAX_HEADS:
+        raise ValueError(f"{name}: q expected at most {MAX_HEADS} heads, got {heads}")
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"{name}: block_n expected a power of two >= 16, got {block_n}")
+    if split_size is not None and split_size < 1:
+        raise ValueError(f"{name}: split_size expected None or >= 1, got {split_size}")
 
 
 def split_outputs(q: torch.Tensor, k: int, split_size):
