@@ -43,8 +43,8 @@ from . import grid as launch_grid
 from .bytes import LATENT_BF16, LATENT_CODES, LATENT_FP8, typed_views, views_usable
 from .lse_combine import lse_combine
 from .sparse_mla import LOG2E, NOPE, decode_nope, decode_rope, load_nope_raw, load_rope_raw, record_rows
-from .sparse_mla_small_heads_raw import (MAX_HEADS, check_launch, sparse_mla_small_heads_raw,  # noqa: F401 (MAX_HEADS: public name kept)
-                                         split_outputs)
+# (MAX_HEADS: this module's public name, kept; the raw module holds it)
+from .sparse_mla_small_heads_raw import MAX_HEADS, check_launch, sparse_mla_small_heads_raw, split_outputs  # noqa: F401
 
 CHUNK = 128  # nope dims per chunk: one fp8_ds_mla tile, eight nvfp4 blocks
 RAW_MAX_HEADS = 16  # fp8_ds_mla heads the raw-e4m3 kernel serves by default (hopper_config: it spills above)
