@@ -290,7 +290,8 @@ def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_sca
         return o[0].to(q.dtype), lse[0]
     block_tokens = kv_pages.shape[1]
     meta = dict(ROPE_BF16=q.dtype == torch.bfloat16, BLOCK_H=block_heads(heads), BLOCK_N=block_n,
-                ROW_ALIGN=row_alignment(kv_pages), REUSE=bool(reuse), GATHER_FIRST=bool(gather_first), num_warps=num_warps, num_stages=num_stages,
+                ROW_ALIGN=row_alignment(kv_pages), REUSE=bool(reuse), GATHER_FIRST=bool(gather_first),
+                num_warps=num_warps, num_stages=num_stages,
                 BT_LOG2=block_tokens.bit_length() - 1 if block_tokens & (block_tokens - 1) == 0 else -1)
     sizes = (heads, k, kv_pages.shape[0] * kv_pages.shape[1], kv_pages.shape[1], split_size, softmax_scale * LOG2E)
     if tokens <= launch_grid.MAX_GRID_YZ:
