@@ -5,7 +5,8 @@
         python3 scripts/h200/hot_ncu.py indexer
 
 Cases (argv, default all): ``indexer`` (FP8 keys, FP8 queries, 64 requests x 1 token at 128K keys, the
-backend's block-tile configuration), ``indexer5`` (the same at 64 x 5), ``small_heads`` (sparse MLA, few-heads
+backend's block-tile configuration), ``indexer5`` (the same at 64 x 5), ``mxfp4`` / ``mxfp4_5`` (MXFP4 keys, FP8 queries, 64 x 1 / 64 x 5, the
+prepared word decode: ``mxfp4_mode`` 4 with ``alu`` 28 by the direct launch), ``small_heads`` (sparse MLA, few-heads
 kernel, fp8_ds_mla latents, H = 16, 64 x 5 tokens x 2048 slots into a 1M-token pool). Each case runs three
 calls (the first compiles); prints only the cases' order, so ncu's report is the output.
 """
@@ -39,6 +40,25 @@ def indexer(per_request):
         indexer_score(q, w, pages, table, req, pos, "fp8", context, **cfg)
 
 
+def mxfp4(per_request, alu=28):
+    from dsahal.backends.triton_kernels import indexer_decode
+    from dsahal.backends.triton_kernels.indexer import run_offsets
+
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    requests, context, block_tokens = 64, 128 * 1024, 64
+    blocks = requests * context // block_tokens + 64
+    pages = cache_pools.index_pool(torch, "mxfp4", blocks, gen, DEVICE, block_tokens)
+    table, req, pos = cache_pools.decode_batch(torch, requests, per_request, context, blocks, gen, DEVICE,
+                                               block_tokens)
+    q = torch.randn(req.shape[0], 32, 128, device=DEVICE, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn(req.shape[0], 32, device=DEVICE, generator=gen)
+    out = torch.empty(req.shape[0], context, device=DEVICE)
+    for _ in range(3):
+        indexer_decode.launch(q, w, pages, table, req, pos, run_offsets(req), "mxfp4", context, out,
+                              dot=indexer_decode.DOT_BF16, block_n=64, group=5, tiles=16, loop=1, num_warps=4,
+                              mxfp4_mode=4, alu=alu)
+
+
 def small_heads():
     from dsahal.backends.triton_kernels import sparse_mla_small_heads as chunked
 
@@ -52,7 +72,8 @@ def small_heads():
         chunked.sparse_mla_small_heads(q, pages, slots, "fp8_ds_mla", scale, 192**-0.5, **cfg)
 
 
-CASES = {"indexer": lambda: indexer(1), "indexer5": lambda: indexer(5), "small_heads": small_heads}
+CASES = {"indexer": lambda: indexer(1), "indexer5": lambda: indexer(5), "small_heads": small_heads,
+         "mxfp4": lambda: mxfp4(1), "mxfp4_5": lambda: mxfp4(5)}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or list(CASES):
