@@ -116,14 +116,13 @@ def test_word_flags_that_do_not_fit_are_refused():
     import torch
 
     from dsahal.backends.triton_kernels import indexer_decode as d
-    from dsahal.backends.triton_kernels.indexer import run_offsets
 
     table, req, pos = paged_case(32)
     q8 = torch.zeros(8, 4, 128).to(torch.float8_e4m3fn)
     w = torch.zeros(8, 4)
 
     def launch(fmt, record, **kwargs):
-        d.launch(q8, w, torch.zeros(8, 32, record, dtype=torch.uint8), table, req, pos, run_offsets(req), fmt, 125,
+        d.launch(q8, w, torch.zeros(8, 32, record, dtype=torch.uint8), table, req, pos, torch.zeros_like(req), fmt, 125,
                  torch.empty(8, 125), dot=d.DOT_BF16, block_n=32, **kwargs)
 
     with pytest.raises(ValueError, match=r"alu must be an int in 0\.\.31"):

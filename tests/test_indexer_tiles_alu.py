@@ -162,13 +162,12 @@ def test_alu_flags_that_do_not_fit_are_refused():
 
     pytest.importorskip("triton")
     from dsahal.backends.triton_kernels import indexer_decode as d
-    from dsahal.backends.triton_kernels.indexer import run_offsets
 
     table, req, pos = paged_case(32)
     pages = torch.zeros(8, 32, 132, dtype=torch.uint8)
     q8 = torch.zeros(8, 4, 128).to(torch.float8_e4m3fn)
     w = torch.zeros(8, 4)
-    args = (q8, w, pages, table, req, pos, run_offsets(req), "fp8", 125, torch.empty(8, 125))
+    args = (q8, w, pages, table, req, pos, torch.zeros_like(req), "fp8", 125, torch.empty(8, 125))
     with pytest.raises(ValueError, match="alu must be an int in 0..31"):
         d.launch(*args, dot=d.DOT_FP8, block_n=32, alu=32)
     with pytest.raises(ValueError, match="alu must be an int"):
@@ -177,7 +176,7 @@ def test_alu_flags_that_do_not_fit_are_refused():
         d.launch(*args, dot=d.DOT_FP8, block_n=16, alu=4)
     mx = torch.zeros(8, 32, 68, dtype=torch.uint8)
     with pytest.raises(ValueError, match="index_fmt='mxfp4'"):
-        d.launch(q8, w, mx, table, req, pos, run_offsets(req), "mxfp4", 125, torch.empty(8, 125),
+        d.launch(q8, w, mx, table, req, pos, torch.zeros_like(req), "mxfp4", 125, torch.empty(8, 125),
                  dot=d.DOT_BF16, block_n=32, alu=3)
 
 

@@ -352,14 +352,15 @@ def block_tile_launch(q_dtype, index_fmt: str, heads: int = INDEXER_HEADS, block
     token_bytes = INDEX_FORMATS[index_fmt].token_bytes
     typed = tile["typed_keys"] and index_fmt == "fp8" and dot == indexer_decode.DOT_FP8
     s8_b = block_tokens * token_bytes  # standalone pages; the packed cache's rows are 256-byte multiples too
-    s32_b = s8_b // 4 if index_fmt == "fp8" else 0  # MXFP4: the fp32 view is never read (stride 0)
+    words = index_fmt == "fp8" or bool(alu & 8)  # the launcher's int32 (fp32) view: FP8 keys, MXFP4 word loads
+    s32_b = s8_b // 4 if words else 0  # otherwise never read (stride 0)
     return dict(
         constexprs=dict(H=heads, FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=token_bytes,
                         BLOCK_H=max(16, triton.next_power_of_2(heads)), BLOCK_N=block_n,
                         GROUP=min(tile["tile_group"] or tile["group"], indexer_decode.MAX_GROUP), TILES=tiles,
                         LOOP=loop, SCALED_DOT=scaled_dot, MX=mxfp4_mode, ALU=alu),
         pointers=dict(q_ptr=_triton_type(q_dtype), w_ptr="fp32", pages_u8="fp8e4nv" if typed else "u8",
-                      pages_f32="fp32" if index_fmt == "fp8" else "u8", block_table_ptr="i32", req_ptr="i32",
+                      pages_f32="fp32" if words else "u8", block_table_ptr="i32", req_ptr="i32",
                       pos_ptr="i32", off_ptr="i32", seg_ptr="i32", out_ptr="fp32"),
         divisible=multiples_of_16(s8_b=s8_b, s32_b=s32_b),
         num_warps=tile["num_warps"], num_stages=tile["num_stages"])

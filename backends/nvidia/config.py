@@ -102,9 +102,13 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     # 1.239 ms at 64x1 / 64x5 (18.7% / 10.9% of copy on key bytes; tl.dot_scaled 1.05 / 1.54 in the fifth session).
     # Batch-invariant mode keeps tl.dot_scaled: with mode 4 a token's score differed in its last bit alone vs in
     # a batch of 7 (one of ~240 examples of the suite's property on the H200, R4 of the sixth session).
+    # Ninth session (R1 mxfp4_indexer_sweep.py, same run): mode 4 with alu 12 (indexer_decode.ALU_FLAGS 8 + 4:
+    # the packed pairs and scale bytes loaded as int32 words and decoded word-wise, no division per whole-block
+    # tile) 0.482 / 1.000 ms at 64x1 / 64x5 against mode 4 alone 0.722 / 1.226 (1.50x / 1.23x; 28.0% / 13.5% of
+    # copy); the word-order dims (flag 16: alu 24, 28) were slower at both (0.608-0.659 / 1.70-1.82).
     if index_fmt == "mxfp4" and q_dtype == torch.float8_e4m3fn and not batch_invariant():
         return dict(block_n=64, group=8, tiles=4, num_warps=8, num_stages=1, one_block_tiles=True,
-                    mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES, mxfp4_mode=4))
+                    mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES, mxfp4_mode=4, alu=12))
     if index_fmt == "mxfp4" and q_dtype in (torch.bfloat16, torch.float8_e4m3fn):
         return dict(block_n=64, group=8, tiles=4, num_warps=8, num_stages=1, one_block_tiles=True,
                     mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES))

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from . import grid as launch_grid
 from . import indexer_decode
+from .segments import run_offsets, segment_plan  # noqa: F401 (run_offsets: this module's name for it, kept)
 from .bytes import (INDEX_CODES, INDEX_MXFP4, e2m1_ue8m0_value, load_f32_bytewise, load_u16_bytewise, typed_views,
                     views_usable, widen_bf16)
 
@@ -386,16 +387,6 @@ def tile_shape(heads, dot, block_n, group, tiles):
     return block_h, block_n, group, tiles
 
 
-def run_offsets(req_ids):
-    """``[T]`` int32: each token's index within its run of equal consecutive ``req_ids`` (no host sync)."""
-    tokens = req_ids.shape[0]
-    index = torch.arange(tokens, device=req_ids.device, dtype=torch.int32)
-    starts = torch.ones(tokens, dtype=torch.bool, device=req_ids.device)
-    starts[1:] = req_ids[1:] != req_ids[:-1]
-    run_start = torch.cummax(torch.where(starts, index, 0), dim=0).values
-    return index - run_start
-
-
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,
                   block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, pipeline=False, typed_keys=False,
                   keys_as_b=False, one_block_tiles=True, mxfp4_dot_scaled=True, mxfp4_fast_math=False, dot=None,
@@ -474,9 +465,10 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             # rows than requests only shortens them): the unused members' registers then go to more programs
             # per SM. A segment's length changes no score's arithmetic (one MMA per token), only the grouping.
             group = max(1, min(group, -(-tokens // max(1, block_table.shape[0]))))
+        offsets, starts = segment_plan(req_ids, group)  # one launch
         return indexer_decode.launch(
-            q, weights, index_pages, block_table, req_ids, positions, run_offsets(req_ids), index_fmt, max_context,
-            out, dot=dot, block_n=tile["block_n"],
+            q, weights, index_pages, block_table, req_ids, positions, offsets, index_fmt, max_context,
+            out, starts=starts, dot=dot, block_n=tile["block_n"],
             group=group, tiles=tile["tiles"],
             loop=(2 if tile["pipeline"] else 0) if tile["tile_loop"] is None else tile["tile_loop"],
             num_warps=tile["num_warps"], num_stages=tile["num_stages"], typed_keys=tile["typed_keys"],

@@ -64,6 +64,7 @@ import triton.language as tl
 
 from . import grid as grid_limits
 from .bytes import INDEX_CODES, INDEX_FP8, INDEX_MXFP4, e2m1_ue8m0_value, views_usable
+from .segments import segment_starts
 
 DOT_BF16 = 0  # same codes as indexer.DOT_*
 DOT_FP8 = 1
@@ -734,17 +735,6 @@ def serves(q, index_pages, index_fmt, dot, block_n) -> bool:
     return tile_keys(index_pages.shape[1], block_n) > 0
 
 
-def segment_starts(run_offset, group):
-    """``[T]`` int32: first tokens of the segments (tokens with ``run_offset % group == 0``), in order,
-    then ``T`` (programs that exit). Sync-free: a cumulative count and a scatter."""
-    tokens = run_offset.shape[0]
-    is_start = run_offset % group == 0
-    slot = torch.where(is_start, torch.cumsum(is_start, 0, dtype=torch.int32) - 1, tokens)
-    starts = torch.full((tokens + 1,), tokens, dtype=torch.int32, device=run_offset.device)
-    starts.scatter_(0, slot.long(), torch.arange(tokens, dtype=torch.int32, device=run_offset.device))
-    return starts[:tokens]
-
-
 def _check_mxfp4_mode(mode, q, index_fmt, scaled_dot) -> int:
     """``mode`` as the kernel's ``MX`` constexpr, or a ValueError naming what does not fit."""
     if mode not in MXFP4_MODES:
@@ -801,7 +791,7 @@ def _check_alu(alu, index_fmt, block_n, block_tokens, mxfp4_mode=0) -> None:
 
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, index_fmt, max_context, out, *,
            dot, block_n=64, group=5, tiles=4, loop=0, num_warps=4, num_stages=1, scaled_dot=0,
-           typed_keys=False, mxfp4_mode=0, alu=0):
+           typed_keys=False, mxfp4_mode=0, alu=0, starts=None):
     """Run :func:`indexer_tiles_kernel` (the caller checked :func:`serves`). ``group`` tokens per
     segment (<= 8), ``tiles`` key tiles per program, ``loop``: 0 unrolled, 1 rolled with the next tile
     prefetched into registers (3: the next two), 2 rolled for the software pipeliner (``num_stages``); ``scaled_dot``:
@@ -809,7 +799,8 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     keys read through an e4m3 view for FP8 MMAs (the MMA then takes them from shared memory; through the
     uint8 view they reach it from registers); ``mxfp4_mode`` (MXFP4 keys, ``scaled_dot=0``): one of
     :data:`MXFP4_MODES` (0, the default, as before); ``alu``: a sum of :data:`ALU_FLAGS` (0, the default,
-    as before)."""
+    as before); ``starts``: the segment starts for ``group`` (:func:`segments.segment_plan`), computed from
+    ``run_offset`` when not given."""
     tokens, heads, _ = q.shape
     if not 1 <= group <= MAX_GROUP:
         raise ValueError(f"triton indexer_score: the block-tile path takes 1..{MAX_GROUP} tokens per segment "
@@ -827,7 +818,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         f32, s32_b = index_pages.view(torch.float32), index_pages.stride(0) // 4
     else:
         f32, s32_b = index_pages, 0  # never read
-    seg = segment_starts(run_offset, group)
+    seg = segment_starts(run_offset, group) if starts is None else starts
     # segments on axis 0 (no 65535 limit on prefill token counts; the programs of one key chunk run
     # together, so a prefill's segments share that chunk in L2), key chunks on axis 1
     # (axis 1 holds at most 65535: longer rows get more tiles per program; a score does not depend on it)

@@ -63,7 +63,13 @@ def variants(torch):
            (fp8, "alu 5, segments of the call's tokens per request", dict(alu=5, group="tokens")),
            (fp8, "alu 5, 5-token segments", dict(alu=5)),  # [127, 184]
            (fp8, "alu 0 (the seventh session's default)", dict(alu=0)),  # [134, 420]
-           (fp8, "alu 7, group = tokens", dict(alu=7, group="tokens"))]  # [1 token: 94 -> 5 blocks/SM]
+           (fp8, "alu 7, group = tokens", dict(alu=7, group="tokens")),  # [1 token: 94 -> 5 blocks/SM]
+           # ninth session: bytes in flight (R1 Nsight Compute at 64x1, alu 5: DRAM 70% of peak, 4 programs of 4
+           # warps per SM, one 8.4 KB tile prefetched each, ~34 KB per SM against the ~32 KB HBM needs)
+           (fp8, "alu 5, 32 tiles a program", dict(alu=5, tiles=32)),
+           (fp8, "alu 5, 64 tiles a program", dict(alu=5, tiles=64)),
+           (fp8, "alu 5, 8 warps", dict(alu=5, num_warps=8)),
+           (fp8, "alu 5, two tiles ahead", dict(alu=5, loop=3))]
     for q in second:
         out += [(q, "backend default", None), (q, "alu 5, 5-token segments", dict(alu=5))]
     return out

@@ -92,7 +92,13 @@ def variants(torch):
             ("mxfp4", fp8, "mode 4, alu 28 word decode, word-order dims, no division", "mode",
              dict(TILES, mxfp4_mode=4, alu=28, dot=dot)),  # [167] {924}
             ("mxfp4", fp8, "mode 4, alu 28, two tiles ahead", "mode",
-             dict(TILES, mxfp4_mode=4, alu=28, loop=3, dot=dot))]  # [168] {935}
+             dict(TILES, mxfp4_mode=4, alu=28, loop=3, dot=dot)),  # [168] {935}
+            # ninth session: the word decode for bf16 queries (bf16 / fp16 MMAs per 32-dim block, scale after)
+            ("mxfp4", bf16, "mode 2, alu 12 word decode, no division", "mode",
+             dict(TILES, mxfp4_mode=2, alu=12, dot=dot)),
+            ("mxfp4", bf16, "mode 3 (fp16 MMAs), alu 12", "mode", dict(TILES, mxfp4_mode=3, alu=12, dot=dot)),
+            ("mxfp4", fp8, "mode 4, alu 12, 32 tiles a program", "mode",
+             dict(TILES, mxfp4_mode=4, alu=12, tiles=32, dot=dot))]
 
 
 def _name(fmt, q_dtype, label):
