@@ -68,6 +68,22 @@ def _mode_cases(results):
             worst = max(worst, err)
         results[f"mode_{mode}_err"] = f"{worst:.3e}"
         results[f"mode_{mode}_mask"] = same
+    # mode 3 on bf16 queries of any magnitude: each token's rows at its own scale (2^±100 and 1e6 overflow fp16,
+    # 1e-6 is subnormal there), compared token by token (the scale of one would hide another's error)
+    magnitude = torch.tensor([1.0, 1e6, 1e-6, 2.0 ** 100, 2.0 ** -100, 3e4, 1.0, 1e-30, 7.0, 1e20]).view(10, 1, 1)
+    qb = (torch.randn(10, 4, 128) * magnitude).to(torch.bfloat16)
+    want = reference(qb.float(), w, pages, safe, req, pos, "mxfp4", width)
+    got = indexer_decode.launch(qb, w, pages, table, req, pos, offsets, "mxfp4", width, torch.full((10, width), 7.0),
+                                dot=indexer_decode.DOT_BF16, block_n=16, group=5, tiles=2, loop=1, mxfp4_mode=3)
+    finite = torch.isfinite(want)
+    worst = 0.0
+    for t in range(10):
+        row = finite[t]
+        if row.any():
+            ref = want[t, row].double()
+            worst = max(worst, float((got[t, row].double() - ref).norm() / ref.norm().clamp_min(1e-300)))
+    results["mode_3_bf16_magnitudes_mask"] = torch.equal(torch.isfinite(got), finite)
+    results["mode_3_bf16_magnitudes_err"] = f"{worst:.3e}"
     # batch invariance: request 0's rows alone equal its rows inside the batch, bit for bit
     q8 = torch.randn(10, 4, 128).to(torch.float8_e4m3fn)
     mine = torch.tensor([1, 2, 3, 4, 5])
@@ -96,6 +112,13 @@ def test_mxfp4_mode_matches_the_float64_reference(interpreted, mode):
     assert interpreted[f"case_has_both_{mode}"]
     assert interpreted[f"mode_{mode}_mask"], "the -inf mask (unmapped blocks, causal bound) differs"
     assert float(interpreted[f"mode_{mode}_err"]) < TOL, interpreted[f"mode_{mode}_err"]
+
+
+def test_fp16_mode_scales_bf16_queries_of_any_magnitude_into_range(interpreted):
+    """Mode 3 rounds the queries to fp16: without each row's power of two, 1e6 or 2^100 overflow to inf and
+    1e-6 loses bits to subnormals."""
+    assert interpreted["mode_3_bf16_magnitudes_mask"]
+    assert float(interpreted["mode_3_bf16_magnitudes_err"]) < TOL, interpreted["mode_3_bf16_magnitudes_err"]
 
 
 def test_mxfp4_mode_is_batch_invariant(interpreted):

@@ -40,8 +40,9 @@ def test_the_smoke_run_checks_counts_and_prints_one_table():
     # columns: part, layers, aten, of which launch, views, other, Triton, HAL calls, launches, in HAL, per layer
     step, kda, dsa = rows["step"], rows["kda"], rows["dsa"]
     assert (kda[1], dsa[1]) == ("3", "1")
-    # Triton: a KDA decode per KDA layer; the DSA layer's two cache writes, indexer, top-k and sparse MLA
-    assert (kda[6], dsa[6], step[6]) == ("3", "5", "8")
+    # Triton: a KDA decode per KDA layer; the DSA layer's two cache writes, the indexer's segment plan (one
+    # launch where 15 torch ops were), the indexer, top-k and sparse MLA
+    assert (kda[6], dsa[6], step[6]) == ("3", "6", "9")
     assert step[7] == "7"  # HAL calls: kda_decode x3, cache_write x2, dsa_attention and its nested sparse_mla
     launches, in_hal = int(step[8]), int(step[9])
     assert launches == sum(int(rows[p][8]) for p in ("embed", "kda", "dsa", "head"))

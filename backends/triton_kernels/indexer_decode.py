@@ -76,7 +76,7 @@ MXFP4_MODES = {
     0: "tl.dot_scaled (scaled_dot > 0) or the general per-element decode",
     1: "shift decode to e4m3, fp32 block scale per element, bf16 even/odd MMAs",
     2: "shift decode, bf16 MMA per 32-dim block, block scale on its result",
-    3: "as 2 with fp16 MMAs (queries rounded to fp16)",
+    3: "as 2 with fp16 MMAs (each head's query row scaled into fp16's range by a power of two, undone on its weight)",
     4: "as 2 with FP8 MMAs (FP8 queries)",
     5: "as 2, the block scale on the values instead (in fp32), the four bf16 MMAs chained",
     6: "as 5 with the scale multiply in bf16 (packed bf16x2)",
@@ -160,6 +160,21 @@ def _mma_cast(x, DOT: tl.constexpr, MX: tl.constexpr):
 
 
 @triton.jit
+def _fp16_row_scale(amax):
+    """Per-row powers of two (up, down = 1 / up) for rows of largest magnitude ``amax`` (fp32 ``[BLOCK_H]``):
+    ``amax * up`` lies in [2^14, 2^15), inside fp16's range (a bf16 query of any magnitude, rounded to fp16
+    unscaled, overflows past 65504 and loses its small values to subnormals); the MMA then sees the row's values
+    to fp16's 11 bits relative to its own maximum, and ``relu(up · x) · down = relu(x)`` exactly (a power of
+    two, positive), so ``down`` goes on the head's weight. Rows below 2^-112 (zero included) take up = 2^126,
+    whose ``down`` is still a normal fp32."""
+    biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # amax in [2^(biased-127), 2^(biased-126))
+    field = tl.minimum(268 - biased, 253)  # exponent field of 2^(141 - biased)
+    up = (field << 23).to(tl.float32, bitcast=True)
+    down = ((254 - field) << 23).to(tl.float32, bitcast=True)
+    return up, down
+
+
+@triton.jit
 def _member(req_ptr, pos_ptr, off_ptr, t0, g: tl.constexpr, T, req, off0):
     """Token ``t0 + g``: (whether it belongs to the segment, its position; -1 when not)."""
     t = t0 + g
@@ -180,7 +195,19 @@ def _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t, ok, H, BLOCK_H: tl
     heads = tl.arange(0, BLOCK_H)
     row_ok = (heads < H) & _lanes(ok, heads)
     rows = q_ptr + tl.where(ok, t, 0).to(tl.int64) * stride_qt + heads[:, None] * stride_qh
-    if MX >= 2:
+    if MX == 3:  # fp16 operands: each head's row times a power of two that fits fp16's range (undone after)
+        dims = tl.arange(0, 32)[None, :]
+        if (ALU & 16) != 0:
+            dims = _word_order_dims(dims)
+        b0 = tl.load(rows + dims, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        b1 = tl.load(rows + 32 + dims, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        b2 = tl.load(rows + 64 + dims, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        b3 = tl.load(rows + 96 + dims, mask=row_ok[:, None], other=0.0).to(tl.float32)
+        up, down = _fp16_row_scale(tl.maximum(tl.maximum(tl.max(tl.abs(b0), 1), tl.max(tl.abs(b1), 1)),
+                                              tl.maximum(tl.max(tl.abs(b2), 1), tl.max(tl.abs(b3), 1))))
+        q = (_mma_cast(b0 * up[:, None], DOT, MX), _mma_cast(b1 * up[:, None], DOT, MX),
+             _mma_cast(b2 * up[:, None], DOT, MX), _mma_cast(b3 * up[:, None], DOT, MX), down)
+    elif MX >= 2:
         dims = tl.arange(0, 32)[None, :]
         if (ALU & 16) != 0:
             dims = _word_order_dims(dims)
@@ -228,7 +255,11 @@ def _token_score(keys, scale, q, w, FMT: tl.constexpr, DOT: tl.constexpr, SCALED
         blocks, factors = keys  # no nested unpacking: Triton 3.6's dependency scan fails on it (see tests)
         k0, k1, k2, k3 = blocks
         f0, f1, f2, f3 = factors
-        q0, q1, q2, q3 = q
+        if MX == 3:  # the rows' powers of two (_fp16_row_scale) undone on the head weights
+            q0, q1, q2, q3, down = q
+            w = w * down
+        else:
+            q0, q1, q2, q3 = q
         if DOT == 2 and MX == 2:
             logits = tl.dot(k0, tl.trans(q0), input_precision="ieee") * f0[:, None]
             logits += tl.dot(k1, tl.trans(q1), input_precision="ieee") * f1[:, None]

@@ -79,7 +79,8 @@ def variants(torch):
                  dict(tiny, mxfp4_mode=4, alu=28, loop=3, dot=indexer_decode.DOT_BF16)),
                 ("mxfp4", torch.float32, "mode 2, alu 28", "mode", dict(tiny, mxfp4_mode=2, alu=28, dot=exact))]
     dot = indexer_decode.DOT_BF16
-    return [("mxfp4", bf16, "backend default (dot_scaled)", "backend", dict(indexer_config(HEADS, bf16, "mxfp4"))),
+    return [("mxfp4", bf16, "backend default (bf16 q)", "backend", dict(indexer_config(HEADS, bf16, "mxfp4"))),
+            ("mxfp4", bf16, "tl.dot_scaled (the bf16-q default before)", "mode", dict(TILES, scaled_dot=1, dot=dot)),
             ("fp8", fp8, "FP8 keys, backend default", "backend", dict(indexer_config(HEADS, fp8, "fp8"))),
             ("fp8", bf16, "FP8 keys, backend default", "backend", dict(indexer_config(HEADS, bf16, "fp8"))),
             # mode 4 (block FP8 MMAs, scale after) [184] {1327}; modes 1, 5 and dot_scaled on FP8 q were timed in
@@ -96,7 +97,8 @@ def variants(torch):
             # ninth session: the word decode for bf16 queries (bf16 / fp16 MMAs per 32-dim block, scale after)
             ("mxfp4", bf16, "mode 2, alu 12 word decode, no division", "mode",
              dict(TILES, mxfp4_mode=2, alu=12, dot=dot)),
-            ("mxfp4", bf16, "mode 3 (fp16 MMAs), alu 12", "mode", dict(TILES, mxfp4_mode=3, alu=12, dot=dot)),
+            ("mxfp4", bf16, "mode 3 (fp16 MMAs, rows scaled), alu 12", "mode",
+             dict(TILES, mxfp4_mode=3, alu=12, dot=dot)),
             ("mxfp4", fp8, "mode 4, alu 12, 32 tiles a program", "mode",
              dict(TILES, mxfp4_mode=4, alu=12, tiles=32, dot=dot))]
 
