@@ -78,6 +78,17 @@ def _alu_cases(results):
                     got = d.launch(query, w, pages, table, req, pos, offsets, "fp8", width, out, dot=dot,
                                    block_n=block_tokens, group=group, tiles=tiles, loop=loop, alu=alu)
                     results[f"{label}_b{block_tokens}_pad{pad}_alu{alu}_g{group}_l{loop}"] = _compare(got, expect)
+            # flag 32: bf16 queries as fp16 MMAs, every token at its own magnitude (1e6 and 2^100 overflow fp16
+            # unscaled, 1e-6 and 2^-100 fall to its subnormals), with the other flags; compared token by token
+            magnitude = torch.tensor([1.0, 1e6, 1e-6, 2.0 ** 100, 2.0 ** -100, 3e4, 7.0, 1e20]).view(8, 1, 1)
+            qb = (q * magnitude).to(torch.bfloat16)
+            want_b = reference(qb.float(), w, pages, safe, req, pos, "fp8", width)
+            for alu, group, loop, tiles in ((32, 5, 1, 2), (37, 5, 1, 2), (33, 2, 0, 3), (38, 1, 2, 2)):
+                out = torch.full((8, width), float("nan"))
+                got = d.launch(qb, w, pages, table, req, pos, offsets, "fp8", width, out, dot=d.DOT_BF16,
+                               block_n=block_tokens, group=group, tiles=tiles, loop=loop, alu=alu)
+                results[f"f16_b{block_tokens}_pad{pad}_alu{alu}"] = all(
+                    _compare(got[t:t + 1], want_b[t:t + 1]) for t in range(8))
 
 
 def _config_cases(results):
@@ -123,8 +134,15 @@ def interpreted():
     return child_results(__file__)
 
 
+def test_fp16_mmas_on_bf16_queries_of_any_magnitude_match_the_reference(interpreted):
+    checks = {k: v for k, v in interpreted.items() if k.startswith("f16_")}
+    assert len(checks) == 3 * 2 * 4, sorted(checks)
+    failed = sorted(k for k, v in checks.items() if not v)
+    assert not failed, failed
+
+
 def test_every_alu_variant_matches_the_reference(interpreted):
-    checks = {k: v for k, v in interpreted.items() if not k.startswith(("case_", "cfg_"))}
+    checks = {k: v for k, v in interpreted.items() if not k.startswith(("case_", "cfg_", "f16_"))}
     assert len(checks) == 2 * 2 * (9 + 9 + 3), sorted(checks)
     failed = sorted(k for k, v in checks.items() if not v)
     assert not failed, failed
@@ -139,17 +157,19 @@ def test_a_configured_alu_is_kept_to_what_each_call_takes(interpreted):
 
 def test_fitting_alu_keeps_what_the_call_takes():
     pytest.importorskip("triton")
-    from dsahal.backends.triton_kernels.indexer_decode import _check_alu, fitting_alu
+    from dsahal.backends.triton_kernels.indexer_decode import DOT_BF16, DOT_FP8, _check_alu, fitting_alu
 
-    cases = [  # (configured, fmt, block_n, block_tokens, mxfp4_mode) -> expected
-        ((5, "fp8", 64, 64, 0), 5), ((5, "fp8", 64, 128, 0), 1), ((7, "mxfp4", 64, 64, 0), 4),
-        ((28, "mxfp4", 64, 64, 4), 28), ((28, "mxfp4", 64, 64, 0), 4), ((28, "fp8", 64, 64, 0), 4),
-        ((16, "mxfp4", 64, 64, 4), 0), ((31, "mxfp4", 32, 64, 2), 24), ((0, "fp8", 64, 64, 0), 0),
+    bf16, fp8 = DOT_BF16, DOT_FP8
+    cases = [  # (configured, fmt, block_n, block_tokens, mxfp4_mode, dot) -> expected
+        ((5, "fp8", 64, 64, 0, fp8), 5), ((5, "fp8", 64, 128, 0, fp8), 1), ((7, "mxfp4", 64, 64, 0, bf16), 4),
+        ((28, "mxfp4", 64, 64, 4, bf16), 28), ((28, "mxfp4", 64, 64, 0, bf16), 4), ((28, "fp8", 64, 64, 0, fp8), 4),
+        ((16, "mxfp4", 64, 64, 4, bf16), 0), ((31, "mxfp4", 32, 64, 2, bf16), 24), ((0, "fp8", 64, 64, 0, fp8), 0),
+        ((37, "fp8", 64, 64, 0, bf16), 37), ((37, "fp8", 64, 64, 0, fp8), 5), ((44, "mxfp4", 64, 64, 3, bf16), 12),
     ]
-    for (alu, fmt, block_n, block_tokens, mode), want in cases:
-        got = fitting_alu(alu, fmt, block_n, block_tokens, mode)
-        assert got == want, (alu, fmt, block_n, block_tokens, mode, got)
-        _check_alu(got, fmt, block_n, block_tokens, mode)  # what it keeps, the launcher accepts
+    for (alu, fmt, block_n, block_tokens, mode, dot), want in cases:
+        got = fitting_alu(alu, fmt, block_n, block_tokens, mode, dot=dot)
+        assert got == want, (alu, fmt, block_n, block_tokens, mode, dot, got)
+        _check_alu(got, fmt, block_n, block_tokens, mode, dot)  # what it keeps, the launcher accepts
 
 
 def test_the_cases_hold_visible_and_masked_scores(interpreted):
@@ -168,7 +188,9 @@ def test_alu_flags_that_do_not_fit_are_refused():
     q8 = torch.zeros(8, 4, 128).to(torch.float8_e4m3fn)
     w = torch.zeros(8, 4)
     args = (q8, w, pages, table, req, pos, torch.zeros_like(req), "fp8", 125, torch.empty(8, 125))
-    with pytest.raises(ValueError, match="alu must be an int in 0..31"):
+    with pytest.raises(ValueError, match="alu must be an int in 0..63"):
+        d.launch(*args, dot=d.DOT_FP8, block_n=32, alu=64)
+    with pytest.raises(ValueError, match="alu flag 32 .* bf16 queries on FP8 keys .* got alu=32 with index_fmt='fp8', dot=1"):
         d.launch(*args, dot=d.DOT_FP8, block_n=32, alu=32)
     with pytest.raises(ValueError, match="alu must be an int"):
         d.launch(*args, dot=d.DOT_FP8, block_n=32, alu=True)

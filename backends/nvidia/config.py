@@ -130,9 +130,11 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     if q_dtype == torch.float8_e4m3fn and index_fmt == "fp8":
         return dict(block_n=64, group=8, tiles=16, num_warps=8, num_stages=2, pipeline=True, typed_keys=True,
                     one_block_tiles=False, block_tiles=dict(_BLOCK_TILES, typed_keys=False, alu=5))
+    # bf16 q, ninth session: alu 37 (flag 32: fp16 MMAs, each head's query row scaled into fp16's range by a
+    # power of two, the e4m3 keys widened to fp16 in one conversion per two values) outside batch-invariant mode.
     if q_dtype == torch.bfloat16 and index_fmt == "fp8":
         return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True,
-                    block_tiles=dict(_BLOCK_TILES, typed_keys=True, alu=5))
+                    block_tiles=dict(_BLOCK_TILES, typed_keys=True, alu=5 if batch_invariant() else 37))
     # bf16 keys, and fp32/fp16 queries (exact dots): the general kernel only, unrolled x4 at 4 warps with
     # one-block tiles (bf16 q on bf16 keys 0.458 ms at 64x5 x 32K, 2026-11-29)
     return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True)

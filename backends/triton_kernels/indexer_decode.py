@@ -94,6 +94,9 @@ ALU_FLAGS = {
        "e2m1 -> e4m3 shift decode on whole words, 8 values per 7 ops",
     16: "with flag 8: each 8-dim group of the decoded keys as its 4 even dims then its 4 odd dims (the words' own "
         "order, no byte interleave), the queries loaded in that order",
+    32: "bf16 queries on FP8 keys as fp16 MMAs: each head's query row scaled into fp16's range by a power of two "
+        "(undone on its weight), the keys widened e4m3 -> fp16 (one conversion per two values; to bf16 it takes "
+        "several)",
 }
 
 SIZE_ARGS = ("T", "max_context", "num_blocks", "max_blocks", "block_tokens")
@@ -223,6 +226,10 @@ def _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t, ok, H, BLOCK_H: tl
             q = (q_even.to(tl.float32), q_odd.to(tl.float32))
         else:
             q = (q_even.to(tl.bfloat16), q_odd.to(tl.bfloat16))
+    elif (ALU & 32) != 0:  # fp16 MMA on FP8 keys: the rows' powers of two, undone on the weights
+        q = tl.load(rows + tl.arange(0, 128)[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        up, down = _fp16_row_scale(tl.max(tl.abs(q), 1))
+        q = ((q * up[:, None]).to(tl.float16), down)
     else:
         q = tl.load(rows + tl.arange(0, 128)[None, :], mask=row_ok[:, None], other=0.0)
         if DOT == 0:
@@ -236,7 +243,7 @@ def _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t, ok, H, BLOCK_H: tl
 
 @triton.jit
 def _token_score(keys, scale, q, w, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.constexpr,
-                 MX: tl.constexpr):
+                 MX: tl.constexpr, ALU: tl.constexpr):
     """``Σ_h w[h] · relu(q[h] · k[s]) · scale[s]`` for the tile's keys: ``[BLOCK_N]`` fp32."""
     if FMT == 2 and MX >= 5:  # scaled blocks: one accumulator chained through the four K = 32 MMAs
         k0, k1, k2, k3 = keys
@@ -284,6 +291,10 @@ def _token_score(keys, scale, q, w, FMT: tl.constexpr, DOT: tl.constexpr, SCALED
                 logits = tl.dot(odd, tl.trans(q_odd), tl.dot(even, tl.trans(q_even)))
     elif DOT == 2:
         logits = tl.dot(keys, tl.trans(q), input_precision="ieee")  # [BLOCK_N, BLOCK_H]
+    elif FMT == 1 and (ALU & 32) != 0:  # fp16 MMA: the row scales (_fp16_row_scale) undone on the head weights
+        q16, down = q
+        logits = tl.dot(keys, tl.trans(q16))
+        w = w * down
     else:
         logits = tl.dot(keys, tl.trans(q))
     return tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1) * scale
@@ -436,7 +447,9 @@ def _tile_operands(a, b, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.co
         rows: tl.constexpr = a.shape[0]
         # a no-op on the e4m3-typed view (typed_keys), whose load then feeds the MMA directly
         keys = a.to(tl.float8e4nv, bitcast=True)
-        if DOT == 0:
+        if (ALU & 32) != 0:
+            keys = keys.to(tl.float16)
+        elif DOT == 0:
             keys = keys.to(tl.bfloat16)
         elif DOT == 2:
             keys = keys.to(tl.float32)
@@ -701,46 +714,46 @@ def _score_tile(tile, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, 
     s = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     seen = _lanes(mapped, s)
     _one(keys, scale, q0, w0, ok0, pos0, t0, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
-         FMT, DOT, SCALED_DOT, MX)
+         FMT, DOT, SCALED_DOT, MX, ALU)
     if GROUP > 1:
         if ok1:
             _one(keys, scale, q1, w1, ok1, pos1, t0 + 1, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
-                 FMT, DOT, SCALED_DOT, MX)
+                 FMT, DOT, SCALED_DOT, MX, ALU)
     if GROUP > 2:
         if ok2:
             _one(keys, scale, q2, w2, ok2, pos2, t0 + 2, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
-                 FMT, DOT, SCALED_DOT, MX)
+                 FMT, DOT, SCALED_DOT, MX, ALU)
     if GROUP > 3:
         if ok3:
             _one(keys, scale, q3, w3, ok3, pos3, t0 + 3, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
-                 FMT, DOT, SCALED_DOT, MX)
+                 FMT, DOT, SCALED_DOT, MX, ALU)
     if GROUP > 4:
         if ok4:
             _one(keys, scale, q4, w4, ok4, pos4, t0 + 4, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
-                 FMT, DOT, SCALED_DOT, MX)
+                 FMT, DOT, SCALED_DOT, MX, ALU)
     if GROUP > 5:
         if ok5:
             _one(keys, scale, q5, w5, ok5, pos5, t0 + 5, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
-                 FMT, DOT, SCALED_DOT, MX)
+                 FMT, DOT, SCALED_DOT, MX, ALU)
     if GROUP > 6:
         if ok6:
             _one(keys, scale, q6, w6, ok6, pos6, t0 + 6, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
-                 FMT, DOT, SCALED_DOT, MX)
+                 FMT, DOT, SCALED_DOT, MX, ALU)
     if GROUP > 7:
         if ok7:
             _one(keys, scale, q7, w7, ok7, pos7, t0 + 7, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
-                 FMT, DOT, SCALED_DOT, MX)
+                 FMT, DOT, SCALED_DOT, MX, ALU)
 
 
 @triton.jit
 def _one(keys, scale, q, w_row, ok, pos, t, s, seen, out_ptr, stride_ot, max_context, H: tl.constexpr,
          BLOCK_H: tl.constexpr, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.constexpr,
-         MX: tl.constexpr):
+         MX: tl.constexpr, ALU: tl.constexpr):
     """Token ``t``'s scores on this tile (``w_row``: its head weights, fp32 ``[H]``), stored with -inf
     where not ``seen`` (unmapped block) or past its position."""
     heads = tl.arange(0, BLOCK_H)
     w = tl.load(w_row + heads, mask=heads < H, other=0.0)
-    score = _token_score(keys, scale, q, w, FMT, DOT, SCALED_DOT, MX)
+    score = _token_score(keys, scale, q, w, FMT, DOT, SCALED_DOT, MX, ALU)
     _store(out_ptr, stride_ot, t, ok, s, score, seen & (s <= pos), max_context)
 
 
@@ -785,12 +798,16 @@ def _check_mxfp4_mode(mode, q, index_fmt, scaled_dot) -> int:
     return mode
 
 
-def fitting_alu(alu: int, index_fmt: str, block_n: int, block_tokens: int, mxfp4_mode: int = 0) -> int:
+def fitting_alu(alu: int, index_fmt: str, block_n: int, block_tokens: int, mxfp4_mode: int = 0, *,
+                dot: int) -> int:
     """The flags of a configured ``alu`` that fit this call (what :func:`_check_alu` accepts), the others
     dropped: a backend configuration names its flags once for every call, and a call with other pages
-    (MXFP4 rather than FP8 keys, a block of another size) must take the path without them, not fail."""
+    (MXFP4 rather than FP8 keys, a block of another size) or another MMA (``dot``) must take the path without
+    them, not fail."""
     if index_fmt != "fp8":
         alu &= ~3
+    if not (index_fmt == "fp8" and dot == DOT_BF16):
+        alu &= ~32
     if not (index_fmt == "mxfp4" and 2 <= mxfp4_mode <= 4):
         alu &= ~24
     if not alu & 8:
@@ -800,7 +817,7 @@ def fitting_alu(alu: int, index_fmt: str, block_n: int, block_tokens: int, mxfp4
     return alu
 
 
-def _check_alu(alu, index_fmt, block_n, block_tokens, mxfp4_mode=0) -> None:
+def _check_alu(alu, index_fmt, block_n, block_tokens, mxfp4_mode=0, dot=DOT_BF16) -> None:
     """A ValueError naming the flag of ``alu`` (:data:`ALU_FLAGS`) that does not fit the call."""
     known = sum(ALU_FLAGS)
     if not isinstance(alu, int) or isinstance(alu, bool) or not 0 <= alu <= known:
@@ -815,6 +832,9 @@ def _check_alu(alu, index_fmt, block_n, block_tokens, mxfp4_mode=0) -> None:
     if alu & 16 and not alu & 8:
         raise ValueError(f"triton indexer_score: alu flag 16 ({ALU_FLAGS[16]}) orders the words of flag 8, "
                          f"got alu={alu} without flag 8")
+    if alu & 32 and not (index_fmt == "fp8" and dot == DOT_BF16):
+        raise ValueError(f"triton indexer_score: alu flag 32 ({ALU_FLAGS[32]}) takes bf16 queries on FP8 keys "
+                         f"(dot=DOT_BF16), got alu={alu} with index_fmt={index_fmt!r}, dot={dot!r}")
     if alu & 4 and block_n != block_tokens:
         raise ValueError(f"triton indexer_score: alu flag 4 ({ALU_FLAGS[4]}) needs key tiles of one whole "
                          f"block, got {block_n}-key tiles in {block_tokens}-token blocks")
@@ -841,7 +861,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
                          f"or two tiles) or 2 (rolled, software-pipelined), got {loop!r}")
     mx = _check_mxfp4_mode(mxfp4_mode, q, index_fmt, scaled_dot)
     block_n = tile_keys(index_pages.shape[1], block_n)
-    _check_alu(alu, index_fmt, block_n, index_pages.shape[1], mx)
+    _check_alu(alu, index_fmt, block_n, index_pages.shape[1], mx, dot)
     block_h = max(16, triton.next_power_of_2(heads))
     u8 = index_pages.view(torch.float8_e4m3fn) if typed_keys and index_fmt == "fp8" and dot == DOT_FP8 \
         else index_pages

@@ -71,7 +71,10 @@ def variants(torch):
            (fp8, "alu 5, 8 warps", dict(alu=5, num_warps=8)),
            (fp8, "alu 5, two tiles ahead", dict(alu=5, loop=3))]
     for q in second:
-        out += [(q, "backend default", None), (q, "alu 5, 5-token segments", dict(alu=5))]
+        out += [(q, "backend default", None), (q, "alu 5, 5-token segments", dict(alu=5)),
+                # ninth session: flag 32, fp16 MMAs on bf16 queries (rows scaled into fp16's range)
+                (q, "alu 37 (fp16 MMAs), 5-token segments", dict(alu=37)),
+                (q, "alu 39 (fp16 MMAs, MMA-layout loads)", dict(alu=39))]
     return out
 
 
