@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-PLAN_BLOCK = 1024  # tokens per step of the walk
+PLAN_BLOCK = 4096  # tokens per step of the walk (a prefill of 32K tokens: 8 steps)
 
 
 @triton.jit
@@ -59,8 +59,9 @@ def _run(req_ids, offsets, group, from_req, write_starts):
     starts = torch.empty(tokens, dtype=torch.int32, device=offsets.device) if write_starts else offsets
     if tokens:
         block = min(PLAN_BLOCK, max(16, triton.next_power_of_2(tokens)))
+        warps = 8 if block >= 2048 else 4 if block >= 256 else 1
         _plan_kernel[(1,)](req_ids, offsets, starts, tokens, GROUP=group, FROM_REQ=from_req,
-                           WRITE_STARTS=write_starts, BLOCK=block, num_warps=4 if block >= 256 else 1)
+                           WRITE_STARTS=write_starts, BLOCK=block, num_warps=warps)
     return starts
 
 
