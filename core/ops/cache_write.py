@@ -8,6 +8,7 @@ import torch
 from ..formats import INDEX_FORMATS, LATENT_FORMATS, cache_format
 from ..registry.state import active_table
 from ._dispatch import tracing
+from ._layout import unit_last
 from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, INT32_MAX, ShapeBinder, can_read_values, positive_scale,
                         values_in_range)
 
@@ -77,6 +78,7 @@ def cache_write(
     """
     if check:
         validate_cache_write(values, slots, pages, kind, fmt, scale)
+    slots = unit_last(slots)  # a strided view would have the kernel write other rows (_layout)
     if tracing():
         torch.ops.dsahal.cache_write(values, slots, pages, kind, fmt, scale)
         return

@@ -8,6 +8,7 @@ import torch
 from ..formats import INDEX_DIM, LATENT_DIM, LATENT_NOPE_DIM
 from ..registry.state import active_table
 from ._dispatch import tracing
+from ._layout import unit_last
 from ._validate import INT32_MAX, ShapeBinder, values_in_range
 from .indexer import QUERY_DTYPES as INDEX_QUERY_DTYPES
 from .indexer import check_indexer_args
@@ -80,6 +81,7 @@ def dsa_attention(
             kv_scale, topk, max_context, float(softmax_scale))
     if check:
         validate_dsa_attention(*args)
+    args = (*args[:5], unit_last(block_table), unit_last(req_ids), unit_last(positions), *args[8:])
     if tracing():
         return torch.ops.dsahal.dsa_attention(*args)
     return active_table().dispatch[OP](*args)

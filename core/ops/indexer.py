@@ -6,6 +6,7 @@ import torch
 from ..formats import INDEX_DIM, INDEX_FORMATS, index_format
 from ..registry.state import active_table
 from ._dispatch import tracing
+from ._layout import unit_last
 from ._validate import INDEX_DTYPES, INT32_MAX, ShapeBinder, values_in_range
 
 OP = "indexer_score"
@@ -100,6 +101,7 @@ def indexer_score(
     """
     if check:
         validate_indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context)
+    block_table, req_ids, positions = unit_last(block_table), unit_last(req_ids), unit_last(positions)
     if tracing():
         return torch.ops.dsahal.indexer_score(q, weights, index_pages, block_table, req_ids, positions,
                                           index_fmt, max_context)

@@ -19,6 +19,7 @@ import torch
 
 from ..registry.state import active_table
 from ._dispatch import tracing
+from ._layout import unit_last
 from ._validate import (ANY_FLOAT_DTYPES, FLOAT_DTYPES, INDEX_DTYPES, INT32_MAX, ShapeBinder, can_read_values,
                         values_in_range)
 
@@ -119,6 +120,7 @@ def kda_decode(
     scale = _default_scale(q, scale)
     if check:
         validate_kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm)
+    state_ids = unit_last(state_ids)
     if tracing():
         return torch.ops.dsahal.kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, bool(use_qk_l2norm))
     return active_table().dispatch["kda_decode"](q, k, v, g, beta, state_pool, state_ids, scale, bool(use_qk_l2norm))
@@ -146,6 +148,7 @@ def kda_prefill(
     scale = _default_scale(q, scale)
     if check:
         validate_kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm)
+    cu_seqlens, state_ids = unit_last(cu_seqlens), unit_last(state_ids)
     if tracing():
         return torch.ops.dsahal.kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale,
                                         bool(use_qk_l2norm))

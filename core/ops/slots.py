@@ -5,6 +5,7 @@ import torch
 
 from ..registry.state import active_table
 from ._dispatch import tracing
+from ._layout import unit_last
 from ._validate import INDEX_DTYPES, INT32_MAX, ShapeBinder, values_in_range
 
 OP = "positions_to_slots"
@@ -63,6 +64,7 @@ def positions_to_slots(
     """
     if check:
         validate_positions_to_slots(positions, req_ids, block_table, block_tokens)
+    positions, req_ids, block_table = unit_last(positions), unit_last(req_ids), unit_last(block_table)
     if tracing():
         return torch.ops.dsahal.positions_to_slots(positions, req_ids, block_table, block_tokens)
     return active_table().dispatch[OP](positions, req_ids, block_table, block_tokens)

@@ -9,6 +9,7 @@ import torch
 from ..formats import LATENT_DIM, LATENT_FORMATS, LATENT_NOPE_DIM, latent_format
 from ..registry.state import active_table
 from ._dispatch import tracing
+from ._layout import unit_last
 from ._validate import INDEX_DTYPES, INT32_MAX, ShapeBinder, positive_scale, values_in_range
 
 OP = "sparse_mla"
@@ -88,6 +89,7 @@ def sparse_mla(
     """
     if check:
         validate_sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
+    slots = unit_last(slots)
     if tracing():
         return torch.ops.dsahal.sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, float(softmax_scale))
     return active_table().dispatch[OP](q, kv_pages, slots, kv_fmt, kv_scale, float(softmax_scale))

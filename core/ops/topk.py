@@ -5,6 +5,7 @@ import torch
 
 from ..registry.state import active_table
 from ._dispatch import tracing
+from ._layout import unit_last
 from ._validate import INDEX_DTYPES, ShapeBinder, values_in_range
 
 OP = "topk"
@@ -49,6 +50,7 @@ def topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, *, check: bool = T
     """
     if check:
         validate_topk(scores, lengths, k)
+    lengths = unit_last(lengths)
     if tracing():
         return torch.ops.dsahal.topk(scores, lengths, k)
     return active_table().dispatch[OP](scores, lengths, k)

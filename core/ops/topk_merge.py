@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..registry.state import active_table
+from ._layout import unit_last
 from ._validate import INDEX_DTYPES, ShapeBinder, values_in_range
 from .collectives import checked_rank_and_size
 
@@ -50,4 +51,5 @@ def topk_merge(
     """
     if check:
         validate_topk_merge(local_scores, local_lengths, k, group)
+    local_lengths = unit_last(local_lengths)
     return active_table().dispatch[OP](local_scores, local_lengths, k, group)
