@@ -15,7 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-PLAN_BLOCK = 4096  # tokens per step of the walk (a prefill of 32K tokens: 8 steps)
+# Tokens per step of the walk, whatever the batch: one compile serves every batch size (a block sized to the
+# batch would compile again at each new power of two of T, mid-serving); a 32K-token prefill takes 32 steps.
+PLAN_BLOCK = 1024
 
 
 @triton.jit
@@ -58,10 +60,8 @@ def _run(req_ids, offsets, group, from_req, write_starts):
     tokens = offsets.shape[0]
     starts = torch.empty(tokens, dtype=torch.int32, device=offsets.device) if write_starts else offsets
     if tokens:
-        block = min(PLAN_BLOCK, max(16, triton.next_power_of_2(tokens)))
-        warps = 8 if block >= 2048 else 4 if block >= 256 else 1
         _plan_kernel[(1,)](req_ids, offsets, starts, tokens, GROUP=group, FROM_REQ=from_req,
-                           WRITE_STARTS=write_starts, BLOCK=block, num_warps=warps)
+                           WRITE_STARTS=write_starts, BLOCK=PLAN_BLOCK, num_warps=4)
     return starts
 
 
