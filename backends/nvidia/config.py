@@ -109,9 +109,10 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     if index_fmt == "mxfp4" and q_dtype == torch.float8_e4m3fn and not batch_invariant():
         return dict(block_n=64, group=8, tiles=4, num_warps=8, num_stages=1, one_block_tiles=True,
                     mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES, mxfp4_mode=4, alu=12))
-    # bf16 q (R2 of the ninth session): mode 3 (fp16 MMAs per 32-dim block, scale after) with alu 12 0.656 / 1.501 ms
-    # at 64x1 / 64x5 against tl.dot_scaled 1.020 / 1.494 (mode 2, bf16 MMAs, 0.783 / 1.629); each head's query row
-    # is scaled into fp16's range by a power of two (indexer_decode._fp16_row_scale), so no bf16 value overflows.
+    # bf16 q (R3 of the ninth session): mode 3 (fp16 MMAs per 32-dim block, scale after) with alu 12, each head's
+    # query row scaled into fp16's range by a power of two (indexer_decode._fp16_row_scale: no bf16 value
+    # overflows), 0.680 / 1.586 ms at 64x1 / 64x5 against tl.dot_scaled 1.021 / 1.496 (1.50x at one token, 0.94x at
+    # five, the one-token decode being the common case); mode 2 (bf16 MMAs) 0.784 / 1.618.
     if index_fmt == "mxfp4" and q_dtype == torch.bfloat16 and not batch_invariant():
         return dict(block_n=64, group=8, tiles=4, num_warps=8, num_stages=1, one_block_tiles=True,
                     mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES, mxfp4_mode=3, alu=12))
