@@ -83,7 +83,8 @@ def _alu_cases(results):
             magnitude = torch.tensor([1.0, 1e6, 1e-6, 2.0 ** 100, 2.0 ** -100, 3e4, 7.0, 1e20]).view(8, 1, 1)
             qb = (q * magnitude).to(torch.bfloat16)
             want_b = reference(qb.float(), w, pages, safe, req, pos, "fp8", width)
-            for alu, group, loop, tiles in ((32, 5, 1, 2), (37, 5, 1, 2), (33, 2, 0, 3), (38, 1, 2, 2)):
+            f16_runs = ((32, 5, 1, 2), (37, 5, 1, 2), (33, 2, 0, 3), (38, 1, 2, 2))
+            for alu, group, loop, tiles in (f16_runs if block_tokens == 16 else f16_runs[1:2]):  # (interpreter time)
                 out = torch.full((8, width), float("nan"))
                 got = d.launch(qb, w, pages, table, req, pos, offsets, "fp8", width, out, dot=d.DOT_BF16,
                                block_n=block_tokens, group=group, tiles=tiles, loop=loop, alu=alu)
@@ -136,7 +137,7 @@ def interpreted():
 
 def test_fp16_mmas_on_bf16_queries_of_any_magnitude_match_the_reference(interpreted):
     checks = {k: v for k, v in interpreted.items() if k.startswith("f16_")}
-    assert len(checks) == 3 * 2 * 4, sorted(checks)
+    assert len(checks) == 2 * (4 + 1 + 1), sorted(checks)
     failed = sorted(k for k, v in checks.items() if not v)
     assert not failed, failed
 
