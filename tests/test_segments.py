@@ -43,7 +43,8 @@ def _plan_cases(results):
 
     from dsahal.backends.triton_kernels import segments
 
-    segments.PLAN_BLOCK = 16  # several steps of the walk on these small batches
+    # several steps of the walk on these small batches: 16-token steps up to 16 tokens, 32-token steps above
+    segments.SMALL_BLOCK, segments.PLAN_BLOCK = 16, 32
     for name, req in _cases().items():
         ids = torch.tensor(req, dtype=torch.int32)
         want_offsets, want_starts = _oracle(req)

@@ -15,8 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
-# Tokens per step of the walk, whatever the batch: one compile serves every batch size (a block sized to the
-# batch would compile again at each new power of two of T, mid-serving); a 32K-token prefill takes 32 steps.
+# Tokens per step of the walk: SMALL_BLOCK for batches that fit it (decode steps), else PLAN_BLOCK (a 32K-token
+# prefill takes 32 steps). Two fixed sizes, so two compiles serve every batch size, both made by the warm-up's
+# decode and prefill (a block sized to the batch would compile again at each new power of two of T,
+# mid-serving); the small one also keeps the Triton interpreter's scans short (~0.1 ms per element there).
+SMALL_BLOCK = 128
 PLAN_BLOCK = 1024
 
 
@@ -61,7 +64,8 @@ def _run(req_ids, offsets, group, from_req, write_starts):
     starts = torch.empty(tokens, dtype=torch.int32, device=offsets.device) if write_starts else offsets
     if tokens:
         _plan_kernel[(1,)](req_ids, offsets, starts, tokens, GROUP=group, FROM_REQ=from_req,
-                           WRITE_STARTS=write_starts, BLOCK=PLAN_BLOCK, num_warps=4)
+                           WRITE_STARTS=write_starts, BLOCK=SMALL_BLOCK if tokens <= SMALL_BLOCK else PLAN_BLOCK,
+                           num_warps=4)
     return starts
 
 
