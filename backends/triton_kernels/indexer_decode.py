@@ -198,26 +198,22 @@ def _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t, ok, H, BLOCK_H: tl
     heads = tl.arange(0, BLOCK_H)
     row_ok = (heads < H) & _lanes(ok, heads)
     rows = q_ptr + tl.where(ok, t, 0).to(tl.int64) * stride_qt + heads[:, None] * stride_qh
-    if MX == 3:  # fp16 operands: each head's row times a power of two that fits fp16's range (undone after)
+    if MX >= 2:
         dims = tl.arange(0, 32)[None, :]
         if (ALU & 16) != 0:
             dims = _word_order_dims(dims)
-        b0 = tl.load(rows + dims, mask=row_ok[:, None], other=0.0).to(tl.float32)
-        b1 = tl.load(rows + 32 + dims, mask=row_ok[:, None], other=0.0).to(tl.float32)
-        b2 = tl.load(rows + 64 + dims, mask=row_ok[:, None], other=0.0).to(tl.float32)
-        b3 = tl.load(rows + 96 + dims, mask=row_ok[:, None], other=0.0).to(tl.float32)
-        up, down = _fp16_row_scale(tl.maximum(tl.maximum(tl.max(tl.abs(b0), 1), tl.max(tl.abs(b1), 1)),
-                                              tl.maximum(tl.max(tl.abs(b2), 1), tl.max(tl.abs(b3), 1))))
-        q = (_mma_cast(b0 * up[:, None], DOT, MX), _mma_cast(b1 * up[:, None], DOT, MX),
-             _mma_cast(b2 * up[:, None], DOT, MX), _mma_cast(b3 * up[:, None], DOT, MX), down)
-    elif MX >= 2:
-        dims = tl.arange(0, 32)[None, :]
-        if (ALU & 16) != 0:
-            dims = _word_order_dims(dims)
-        q = (_mma_cast(tl.load(rows + dims, mask=row_ok[:, None], other=0.0), DOT, MX),
-             _mma_cast(tl.load(rows + 32 + dims, mask=row_ok[:, None], other=0.0), DOT, MX),
-             _mma_cast(tl.load(rows + 64 + dims, mask=row_ok[:, None], other=0.0), DOT, MX),
-             _mma_cast(tl.load(rows + 96 + dims, mask=row_ok[:, None], other=0.0), DOT, MX))
+        b0 = tl.load(rows + dims, mask=row_ok[:, None], other=0.0)
+        b1 = tl.load(rows + 32 + dims, mask=row_ok[:, None], other=0.0)
+        b2 = tl.load(rows + 64 + dims, mask=row_ok[:, None], other=0.0)
+        b3 = tl.load(rows + 96 + dims, mask=row_ok[:, None], other=0.0)
+        if MX == 3:  # fp16 operands: each head's row times a power of two that fits fp16's range (undone after)
+            b0, b1, b2, b3 = b0.to(tl.float32), b1.to(tl.float32), b2.to(tl.float32), b3.to(tl.float32)
+            up, down = _fp16_row_scale(tl.maximum(tl.maximum(tl.max(tl.abs(b0), 1), tl.max(tl.abs(b1), 1)),
+                                                  tl.maximum(tl.max(tl.abs(b2), 1), tl.max(tl.abs(b3), 1))))
+            q = (_mma_cast(b0 * up[:, None], DOT, MX), _mma_cast(b1 * up[:, None], DOT, MX),
+                 _mma_cast(b2 * up[:, None], DOT, MX), _mma_cast(b3 * up[:, None], DOT, MX), down)
+        else:
+            q = (_mma_cast(b0, DOT, MX), _mma_cast(b1, DOT, MX), _mma_cast(b2, DOT, MX), _mma_cast(b3, DOT, MX))
     elif SPLIT:
         half = tl.arange(0, 64)
         q_even = tl.load(rows + 2 * half[None, :], mask=row_ok[:, None], other=0.0)
