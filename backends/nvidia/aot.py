@@ -282,7 +282,7 @@ def format_profile(profile: LoopProfile | None, indent: str = "    ") -> str:
 def variants() -> list[Variant]:
     """The launches of the NVIDIA backend worth watching, built from its own configuration code."""
     return (_indexer_general_variants() + _indexer_block_tile_variants() + _indexer_mxfp4_word_variants()
-            + _sparse_mla_variants()
+            + _indexer_l2_variants() + _sparse_mla_variants()
             + _small_heads_variants() + _topk_variants() + _kda_variants())
 
 
@@ -320,10 +320,10 @@ def _indexer_general_variants() -> list[Variant]:
 
 
 def block_tile_launch(q_dtype, index_fmt: str, heads: int = INDEXER_HEADS, block_tokens: int = BLOCK_TOKENS,
-                      max_context: int = INDEXER_CONTEXT) -> dict:
+                      max_context: int = INDEXER_CONTEXT, l2_ahead: int | None = None) -> dict:
     """What ``indexer.indexer_score`` -> ``indexer_decode.launch`` passes ``indexer_tiles_kernel`` under the
     backend's ``indexer_config``, step by step as those two functions derive it: ``constexprs``, ``pointers``
-    (element types), ``divisible``, ``num_warps``, ``num_stages``. ``group_per_request`` is off in every config
+    (element types), ``divisible``, ``num_warps``, ``num_stages``; ``l2_ahead`` replaces the config's L2 hint. ``group_per_request`` is off in every config
     (``config.indexer_config``); where it is on, a call with fewer tokens per request has shorter segments."""
     import triton
 
@@ -351,6 +351,8 @@ def block_tile_launch(q_dtype, index_fmt: str, heads: int = INDEXER_HEADS, block
     block_n = indexer_decode.tile_keys(block_tokens, tile["block_n"])
     tiles = max(tile["tiles"], triton.cdiv(max_context, block_n * grid.MAX_GRID_YZ))  # (grid axis 1's cap)
     token_bytes = INDEX_FORMATS[index_fmt].token_bytes
+    l2_ahead = tile.get("l2_ahead", 0) if l2_ahead is None else l2_ahead
+    l2_lines = triton.next_power_of_2(triton.cdiv(block_n * token_bytes, 128) + 1) if l2_ahead else 0
     typed = tile["typed_keys"] and index_fmt == "fp8" and dot == indexer_decode.DOT_FP8
     s8_b = block_tokens * token_bytes  # standalone pages; the packed cache's rows are 256-byte multiples too
     words = index_fmt == "fp8" or bool(alu & 8)  # the launcher's int32 (fp32) view: FP8 keys, MXFP4 word loads
@@ -358,8 +360,9 @@ def block_tile_launch(q_dtype, index_fmt: str, heads: int = INDEXER_HEADS, block
     return dict(
         constexprs=dict(H=heads, FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=token_bytes,
                         BLOCK_H=max(16, triton.next_power_of_2(heads)), BLOCK_N=block_n,
-                        GROUP=min(tile["tile_group"] or tile["group"], indexer_decode.MAX_GROUP), TILES=tiles,
-                        LOOP=loop, SCALED_DOT=scaled_dot, MX=mxfp4_mode, ALU=alu),
+                        GROUP=min(tile["tile_group"] or tile["group"], indexer_decode.MAX_GROUP),
+                        TILES=tiles if loop == 0 else 0, LOOP=loop, SCALED_DOT=scaled_dot, MX=mxfp4_mode, ALU=alu,
+                        L2_AHEAD=l2_ahead, L2_LINES=l2_lines),
         pointers=dict(q_ptr=_triton_type(q_dtype), w_ptr="fp32", pages_u8="fp8e4nv" if typed else "u8",
                       pages_f32="fp32" if words else "u8", block_table_ptr="i32", req_ptr="i32",
                       pos_ptr="i32", off_ptr="i32", seg_ptr="i32", out_ptr="fp32"),
@@ -418,6 +421,29 @@ def _indexer_mxfp4_word_variants() -> list[Variant]:
             f"{cx['GROUP']}-token segments" + (", two tiles ahead" if loop == 3 else ""), indexer_decode.indexer_tiles_kernel, cx,
             dict(launch["pointers"], pages_f32="fp32"), num_warps=launch["num_warps"],
             num_stages=launch["num_stages"], divisible=multiples_of_16(s8_b=s8_b, s32_b=s8_b // 4)))
+    return out
+
+
+# Candidates for the block tiles' L2 hint (launcher ``l2_ahead``: the tile that many tiles ahead asked of L2 by
+# ``prefetch.global.L2``), on the backend's launches of FP8 keys (fp8 and bf16 q) and MXFP4 keys (fp8 q)
+L2_CANDIDATES = (("fp8", "fp8", 2), ("fp8", "fp8", 4), ("fp8", "bf16", 4), ("mxfp4", "fp8", 4))
+
+
+def _indexer_l2_variants() -> list[Variant]:
+    """The block-tile indexer with the L2 hint of ``indexer_decode.launch(l2_ahead=...)`` (rolled loop 1)."""
+    import torch
+
+    from ..triton_kernels import indexer_decode
+
+    out = []
+    for index_fmt, q_name, ahead in L2_CANDIDATES:
+        q_dtype = torch.float8_e4m3fn if q_name == "fp8" else torch.bfloat16
+        launch = block_tile_launch(q_dtype, index_fmt, l2_ahead=ahead)
+        cx = launch["constexprs"]
+        out.append(Variant(
+            f"indexer L2 hint {ahead} tiles ahead, {index_fmt} keys, {q_name} q, {cx['H']} heads",
+            indexer_decode.indexer_tiles_kernel, cx, launch["pointers"], num_warps=launch["num_warps"],
+            num_stages=launch["num_stages"], divisible=launch["divisible"]))
     return out
 
 

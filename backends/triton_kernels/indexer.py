@@ -422,7 +422,9 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             ``tile_group``, ``tiles``, ``tile_loop``, ``pipeline``, ``num_warps``, ``num_stages``, ``typed_keys``,
             ``mxfp4_mode``, ``alu``: :data:`.indexer_decode.ALU_FLAGS`, each call taking the flags that fit it
             (:func:`.indexer_decode.fitting_alu`); ``group_per_request``: segments of at most ceil(T / B)
-            tokens, B the block table's rows),
+            tokens, B the block table's rows; ``wide_tiles``: longer key chunks when the launch has programs
+            to spare, :func:`.indexer_decode.tiles_per_program`; ``l2_ahead``: the L2 hint of
+            :func:`.indexer_decode.launch`),
             the other arguments then being the general kernel's, for the calls that fall back to it.
             There ``group`` (or ``tile_group``, <= 8) is the tokens per segment, ``tiles``, ``num_warps``,
             ``num_stages``, ``typed_keys``, ``mxfp4_dot_scaled`` / ``mxfp4_fast_math`` mean the same;
@@ -473,7 +475,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             loop=(2 if tile["pipeline"] else 0) if tile["tile_loop"] is None else tile["tile_loop"],
             num_warps=tile["num_warps"], num_stages=tile["num_stages"], typed_keys=tile["typed_keys"],
             scaled_dot=((2 if mxfp4_fast_math else 1) if mxfp4 and mxfp4_dot_scaled and not mxfp4_mode else 0),
-            mxfp4_mode=mxfp4_mode, alu=alu)
+            mxfp4_mode=mxfp4_mode, alu=alu, wide_tiles=tile.get("wide_tiles"), l2_ahead=tile.get("l2_ahead", 0))
     block_h, block_n, group, tiles = tile_shape(heads, dot, block_n, group, tiles)
     views = typed_views(index_pages)
     if typed_keys and aligned:

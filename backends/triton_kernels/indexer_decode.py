@@ -99,7 +99,12 @@ ALU_FLAGS = {
         "bf16 MMAs, so off)",
 }
 
-SIZE_ARGS = ("T", "max_context", "num_blocks", "max_blocks", "block_tokens")
+SIZE_ARGS = ("T", "max_context", "num_blocks", "max_blocks", "block_tokens", "n_tiles")
+L2_AHEAD_MAX = 8  # l2_ahead: how far ahead (in key tiles) the rolled loop may ask L2 for a tile's lines
+
+# Programs a launch should have before its key chunks get longer (``wide_tiles``): 8 per SM of an H200's
+# 132, so the last wave is short next to the launch and short rows still spread over the GPU.
+WIDE_TILE_PROGRAMS = 1024
 
 
 @triton.jit
@@ -390,6 +395,27 @@ def _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req,
 
 
 @triton.jit
+def _l2_prefetch(pages_u8, s8_b, entry, tile, num_blocks, block_tokens, TOKEN_BYTES: tl.constexpr,
+                 BLOCK_N: tl.constexpr, ALU: tl.constexpr, L2_LINES: tl.constexpr):
+    """Ask L2 for the bytes of key tile ``tile`` (in cache block ``entry``; an unmapped tile names block 0,
+    as :func:`_tile_bytes` reads it): ``prefetch.global.L2`` on every 128-byte line of the tile, one line a
+    lane (``L2_LINES`` lanes, a power of two past the tile's lines; the extra lanes repeat its last byte). No
+    register waits on it and no value comes back, so bytes in flight grow without the registers a prefetched
+    tile costs; every address lies inside the tile, so the hint never reaches outside the pages."""
+    mapped = (entry >= 0) & (entry < num_blocks)
+    block = tl.where(mapped, entry, 0).to(tl.int64)
+    if (ALU & 4) != 0:
+        key0 = 0
+    else:
+        first = tile * BLOCK_N
+        key0 = first - (first // block_tokens) * block_tokens
+    tile_bytes: tl.constexpr = BLOCK_N * TOKEN_BYTES
+    lines = pages_u8 + (block * s8_b + key0 * TOKEN_BYTES) + tl.minimum(tl.arange(0, L2_LINES) * 128, tile_bytes - 1)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [lines.to(tl.int64)],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _tile_operands(a, b, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.constexpr, MX: tl.constexpr,
                    ALU: tl.constexpr):
     """Raw tile bytes -> (MMA operand(s), per-key scale ``[BLOCK_N]``): FP8 keys as e4m3 (FP8 MMA) or
@@ -544,10 +570,11 @@ def indexer_tiles_kernel(
     block_table_ptr, stride_bt,  # [B, max_blocks] int32, -1 unmapped
     req_ptr, pos_ptr, off_ptr, seg_ptr,  # [T] request, position, index in its request run; [T] segment starts
     out_ptr, stride_ot,  # [T, max_context] fp32
-    T, max_context, num_blocks, max_blocks, block_tokens,
+    T, max_context, num_blocks, max_blocks, block_tokens, n_tiles,
     H: tl.constexpr, FMT: tl.constexpr, DOT: tl.constexpr, TOKEN_BYTES: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, GROUP: tl.constexpr, TILES: tl.constexpr, LOOP: tl.constexpr,
-    SCALED_DOT: tl.constexpr, MX: tl.constexpr, ALU: tl.constexpr,
+    SCALED_DOT: tl.constexpr, MX: tl.constexpr, ALU: tl.constexpr, L2_AHEAD: tl.constexpr = 0,
+    L2_LINES: tl.constexpr = 0,
 ):
     t0 = tl.load(seg_ptr + tl.program_id(0))
     if t0 < T:
@@ -602,10 +629,16 @@ def indexer_tiles_kernel(
             q7, w7 = _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t0 + 7, ok7, H, BLOCK_H, DOT, split, MX,
                              ALU)
             reach = tl.maximum(reach, pos7)
-        first = tl.program_id(1) * TILES
+        # key tiles per program: unrolled, the compile-time TILES; rolled, the run-time n_tiles (one compile
+        # serves every chunk length the launcher picks)
+        if LOOP == 0:
+            count = TILES
+        else:
+            count = n_tiles
+        first = tl.program_id(1) * count
         # tiles holding a visible key (s <= reach, s < max_context) get loads and MMAs; the rest -inf only
         last = tl.minimum(reach, max_context - 1)
-        live = tl.minimum(tl.maximum(last // BLOCK_N + 1 - first, 0), TILES)
+        live = tl.minimum(tl.maximum(last // BLOCK_N + 1 - first, 0), count)
         req64 = req.to(tl.int64)
         if LOOP == 0:  # unrolled: ptxas may issue several tiles' loads ahead
             for i in tl.static_range(TILES):
@@ -625,6 +658,17 @@ def indexer_tiles_kernel(
                 # table entries one tile further ahead: a tile's key loads never wait on its table load
                 entry = _table_entry(block_table_ptr, stride_bt, req64, first + tl.minimum(1, live - 1), max_blocks,
                                      block_tokens, BLOCK_N, ALU)
+                # L2_AHEAD: tiles 2 .. L2_AHEAD - 1 asked of L2 now, tile i + L2_AHEAD in iteration i, each from a
+                # table entry loaded one iteration earlier (the hint never waits on its own table load)
+                pf_entry = entry
+                if L2_AHEAD > 0:
+                    for j in tl.static_range(2, L2_AHEAD):
+                        pf = first + tl.minimum(j, live - 1)
+                        _l2_prefetch(pages_u8, s8_b, _table_entry(block_table_ptr, stride_bt, req64, pf, max_blocks,
+                                                                  block_tokens, BLOCK_N, ALU),
+                                     pf, num_blocks, block_tokens, TOKEN_BYTES, BLOCK_N, ALU, L2_LINES)
+                    pf_entry = _table_entry(block_table_ptr, stride_bt, req64, first + tl.minimum(L2_AHEAD, live - 1),
+                                            max_blocks, block_tokens, BLOCK_N, ALU)
                 for i in range(live):
                     a, b, mapped = a_n, b_n, mapped_n
                     # the last live tile re-reads itself (a cache hit) rather than fetch a tile it never uses
@@ -633,6 +677,12 @@ def indexer_tiles_kernel(
                                                      FMT, TOKEN_BYTES, BLOCK_N, MX, ALU)
                     entry = _table_entry(block_table_ptr, stride_bt, req64, first + tl.minimum(i + 2, live - 1),
                                          max_blocks, block_tokens, BLOCK_N, ALU)
+                    if L2_AHEAD > 0:  # (past the last live tile the hint repeats it: a line already asked for)
+                        _l2_prefetch(pages_u8, s8_b, pf_entry, first + tl.minimum(i + L2_AHEAD, live - 1), num_blocks,
+                                     block_tokens, TOKEN_BYTES, BLOCK_N, ALU, L2_LINES)
+                        pf_entry = _table_entry(block_table_ptr, stride_bt, req64,
+                                                first + tl.minimum(i + L2_AHEAD + 1, live - 1), max_blocks,
+                                                block_tokens, BLOCK_N, ALU)
                     _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
                                 q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
                                 ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP,
@@ -669,7 +719,7 @@ def indexer_tiles_kernel(
                             ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP, SCALED_DOT,
                             MX, ALU)
         dead = tl.full([BLOCK_N], float("-inf"), tl.float32)
-        for i in range(live, TILES):
+        for i in range(live, count):
             s = (first + i) * BLOCK_N + tl.arange(0, BLOCK_N)
             _dead(out_ptr, stride_ot, t0, s, dead, max_context, ok0, ok1, ok2, ok3, ok4, ok5, ok6, ok7, GROUP)
 
@@ -838,7 +888,7 @@ def _check_alu(alu, index_fmt, block_n, block_tokens, mxfp4_mode=0, dot=DOT_BF16
 
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, index_fmt, max_context, out, *,
            dot, block_n=64, group=5, tiles=4, loop=0, num_warps=4, num_stages=1, scaled_dot=0,
-           typed_keys=False, mxfp4_mode=0, alu=0, starts=None):
+           typed_keys=False, mxfp4_mode=0, alu=0, starts=None, wide_tiles=None, l2_ahead=0):
     """Run :func:`indexer_tiles_kernel` (the caller checked :func:`serves`). ``group`` tokens per
     segment (<= 8), ``tiles`` key tiles per program, ``loop``: 0 unrolled, 1 rolled with the next tile
     prefetched into registers (3: the next two), 2 rolled for the software pipeliner (``num_stages``); ``scaled_dot``:
@@ -847,7 +897,10 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     uint8 view they reach it from registers); ``mxfp4_mode`` (MXFP4 keys, ``scaled_dot=0``): one of
     :data:`MXFP4_MODES` (0, the default, as before); ``alu``: a sum of :data:`ALU_FLAGS` (0, the default,
     as before); ``starts``: the segment starts for ``group`` (:func:`segments.segment_plan`), computed from
-    ``run_offset`` when not given."""
+    ``run_offset`` when not given; ``wide_tiles`` (rolled loops): longer key chunks for launches with programs
+    to spare (:func:`tiles_per_program`); ``l2_ahead`` (``loop`` 1): ask L2 for the lines of the tile that
+    many tiles ahead (0 off, 2..:data:`L2_AHEAD_MAX`; a hint: no score changes; CPU launches, which are the
+    interpreter's and cannot run PTX, skip it)."""
     tokens, heads, _ = q.shape
     if not 1 <= group <= MAX_GROUP:
         raise ValueError(f"triton indexer_score: the block-tile path takes 1..{MAX_GROUP} tokens per segment "
@@ -855,6 +908,13 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     if loop not in (0, 1, 2, 3):
         raise ValueError(f"triton indexer_score: tile_loop must be 0 (unrolled), 1 or 3 (rolled, prefetching one "
                          f"or two tiles) or 2 (rolled, software-pipelined), got {loop!r}")
+    if l2_ahead and not (loop == 1 and 2 <= l2_ahead <= L2_AHEAD_MAX):
+        raise ValueError(f"triton indexer_score: l2_ahead asks L2 for a tile 2..{L2_AHEAD_MAX} tiles ahead in the "
+                         f"rolled prefetch loop (tile_loop 1), got l2_ahead={l2_ahead!r} with tile_loop={loop!r}")
+    if wide_tiles is not None and (loop == 0 or wide_tiles < tiles):
+        raise ValueError(f"triton indexer_score: wide_tiles (key tiles per program when the launch has programs to "
+                         f"spare) needs a rolled loop (tile_loop 1..3) and at least tiles={tiles}, got "
+                         f"wide_tiles={wide_tiles!r} with tile_loop={loop!r}")
     mx = _check_mxfp4_mode(mxfp4_mode, q, index_fmt, scaled_dot)
     block_n = tile_keys(index_pages.shape[1], block_n)
     _check_alu(alu, index_fmt, block_n, index_pages.shape[1], mx, dot)
@@ -869,17 +929,45 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     # segments on axis 0 (no 65535 limit on prefill token counts; the programs of one key chunk run
     # together, so a prefill's segments share that chunk in L2), key chunks on axis 1
     # (axis 1 holds at most 65535: longer rows get more tiles per program; a score does not depend on it)
+    if wide_tiles is not None:
+        tiles = tiles_per_program(expected_segments(tokens, group, block_table.shape[0]), max_context, block_n,
+                                  tiles, wide_tiles)
     tiles = max(tiles, triton.cdiv(max_context, block_n * grid_limits.MAX_GRID_YZ))
     grid = (tokens, triton.cdiv(max_context, block_n * tiles))
+    token_bytes = index_pages.shape[-1]
+    if q.device.type != "cuda":
+        l2_ahead = 0  # (the interpreter runs no inline PTX; the hint changes no score)
+    l2_lines = triton.next_power_of_2(triton.cdiv(block_n * token_bytes, 128) + 1) if l2_ahead else 0
     indexer_tiles_kernel[grid](
         q, q.stride(0), q.stride(1), weights, weights.stride(0),
         u8, index_pages.stride(0), f32, s32_b,
         block_table, block_table.stride(0),
         req_ids, positions, run_offset, seg,
         out, out.stride(0),
-        tokens, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1],
-        H=heads, FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=index_pages.shape[-1], BLOCK_H=block_h,
-        BLOCK_N=block_n, GROUP=group, TILES=tiles, LOOP=loop, SCALED_DOT=scaled_dot, MX=mx, ALU=alu,
-        num_warps=num_warps, num_stages=num_stages,
+        tokens, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1], tiles,
+        H=heads, FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=token_bytes, BLOCK_H=block_h,
+        BLOCK_N=block_n, GROUP=group, TILES=tiles if loop == 0 else 0, LOOP=loop, SCALED_DOT=scaled_dot, MX=mx,
+        ALU=alu, L2_AHEAD=l2_ahead, L2_LINES=l2_lines, num_warps=num_warps, num_stages=num_stages,
     )
     return out
+
+
+def expected_segments(tokens: int, group: int, rows: int) -> int:
+    """The segments a launch of ``tokens`` in segments of at most ``group`` over a block table of ``rows``
+    requests has at least when every row has a token (a decode step's batch): ``ceil(tokens / group)``, and one
+    per request. Counted without a device sync; an over-count only costs speed (:func:`tiles_per_program`)."""
+    return max(-(-tokens // group), min(tokens, rows))
+
+
+def tiles_per_program(segments: int, max_context: int, block_n: int, tiles: int, wide_tiles: int) -> int:
+    """Key tiles per program for a launch of ``segments`` (:func:`expected_segments`): the largest of
+    ``wide_tiles``, ``wide_tiles / 2``, ... (down to ``tiles``) that still gives :data:`WIDE_TILE_PROGRAMS`
+    programs, else ``tiles``. Longer chunks cost fewer prologues and epilogues per key (the H200's 64-tile
+    chunks ran 4% faster than 16 at one token, 128K keys, ninth session); short rows keep short chunks so they
+    still fill the GPU. A score never depends on it."""
+    chunk = wide_tiles
+    while chunk > tiles:
+        if segments * triton.cdiv(max_context, block_n * chunk) >= WIDE_TILE_PROGRAMS:
+            return chunk
+        chunk //= 2
+    return tiles

@@ -59,22 +59,22 @@ def variants(torch):
     # (the eighth session's first run timed alu 7, alu 6 without prefetch and alu 7 two tiles ahead too: slower
     # than alu 5 at every shape; alu 5 is the backend default since)
     # (the backend default: alu 5 with 5-token segments, as "alu 5, 5-token segments" by the direct launch)
+    # (ninth session, BENCHMARKS.md: 32 / 64 tiles a program, 8 warps, two tiles ahead, alu 37 / 39 for bf16 q;
+    # 64 tiles was the fastest, 0.337 ms at 64x1, but a compile-time count then)
+    # tenth session: the tile count at run time (one compile), the launch's choice of 16..64 by its programs
+    # (indexer_decode.tiles_per_program), and the L2 hint (prefetch.global.L2 on the tile l2_ahead tiles ahead:
+    # more bytes in flight with no registers held; AOT [registers]: alu 5 114, with the hint 118)
     out = [(fp8, "backend default", None),
-           (fp8, "alu 5, segments of the call's tokens per request", dict(alu=5, group="tokens")),
-           (fp8, "alu 5, 5-token segments", dict(alu=5)),  # [127, 184]
-           (fp8, "alu 0 (the seventh session's default)", dict(alu=0)),  # [134, 420]
-           (fp8, "alu 7, group = tokens", dict(alu=7, group="tokens")),  # [1 token: 94 -> 5 blocks/SM]
-           # ninth session: bytes in flight (R1 Nsight Compute at 64x1, alu 5: DRAM 70% of peak, 4 programs of 4
-           # warps per SM, one 8.4 KB tile prefetched each, ~34 KB per SM against the ~32 KB HBM needs)
-           (fp8, "alu 5, 32 tiles a program", dict(alu=5, tiles=32)),
+           (fp8, "alu 5, 5-token segments", dict(alu=5)),
            (fp8, "alu 5, 64 tiles a program", dict(alu=5, tiles=64)),
-           (fp8, "alu 5, 8 warps", dict(alu=5, num_warps=8)),
-           (fp8, "alu 5, two tiles ahead", dict(alu=5, loop=3))]
+           (fp8, "alu 5, 16..64 tiles by programs", dict(alu=5, wide_tiles=64)),
+           (fp8, "alu 5, L2 hint 2 ahead", dict(alu=5, l2_ahead=2)),
+           (fp8, "alu 5, L2 hint 4 ahead", dict(alu=5, l2_ahead=4)),
+           (fp8, "alu 5, 16..64 tiles, L2 hint 4 ahead", dict(alu=5, wide_tiles=64, l2_ahead=4)),
+           (fp8, "alu 5, 16..64 tiles, L2 hint 8 ahead", dict(alu=5, wide_tiles=64, l2_ahead=8))]
     for q in second:
         out += [(q, "backend default", None), (q, "alu 5, 5-token segments", dict(alu=5)),
-                # ninth session: flag 32, fp16 MMAs on bf16 queries (rows scaled into fp16's range)
-                (q, "alu 37 (fp16 MMAs), 5-token segments", dict(alu=37)),
-                (q, "alu 39 (fp16 MMAs, MMA-layout loads)", dict(alu=39))]
+                (q, "alu 5, 16..64 tiles, L2 hint 4 ahead", dict(alu=5, wide_tiles=64, l2_ahead=4))]
     return out
 
 

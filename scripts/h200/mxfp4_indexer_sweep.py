@@ -80,27 +80,16 @@ def variants(torch):
                 ("mxfp4", torch.float32, "mode 2, alu 28", "mode", dict(tiny, mxfp4_mode=2, alu=28, dot=exact))]
     dot = indexer_decode.DOT_BF16
     return [("mxfp4", bf16, "backend default (bf16 q)", "backend", dict(indexer_config(HEADS, bf16, "mxfp4"))),
-            ("mxfp4", bf16, "tl.dot_scaled (the bf16-q default before)", "mode", dict(TILES, scaled_dot=1, dot=dot)),
             ("fp8", fp8, "FP8 keys, backend default", "backend", dict(indexer_config(HEADS, fp8, "fp8"))),
             ("fp8", bf16, "FP8 keys, backend default", "backend", dict(indexer_config(HEADS, bf16, "fp8"))),
-            # mode 4 (block FP8 MMAs, scale after) [184] {1327}; modes 1, 5 and dot_scaled on FP8 q were timed in
-            # the sixth session (BENCHMARKS.md), modes 2 and 6 slower
             ("mxfp4", fp8, "backend default (FP8 q)", "backend", dict(indexer_config(HEADS, fp8, "mxfp4"))),
-            ("mxfp4", fp8, "mode 4, alu 12 word decode, no division", "mode",
-             dict(TILES, mxfp4_mode=4, alu=12, dot=dot)),  # [154] {1005}
-            ("mxfp4", fp8, "mode 4, alu 24 word decode, word-order dims", "mode",
-             dict(TILES, mxfp4_mode=4, alu=24, dot=dot)),  # [168] {957}
-            ("mxfp4", fp8, "mode 4, alu 28 word decode, word-order dims, no division", "mode",
-             dict(TILES, mxfp4_mode=4, alu=28, dot=dot)),  # [167] {924}
-            ("mxfp4", fp8, "mode 4, alu 28, two tiles ahead", "mode",
-             dict(TILES, mxfp4_mode=4, alu=28, loop=3, dot=dot)),  # [168] {935}
-            # ninth session: the word decode for bf16 queries (bf16 / fp16 MMAs per 32-dim block, scale after)
-            ("mxfp4", bf16, "mode 2, alu 12 word decode, no division", "mode",
-             dict(TILES, mxfp4_mode=2, alu=12, dot=dot)),
-            ("mxfp4", bf16, "mode 3 (fp16 MMAs, rows scaled), alu 12", "mode",
-             dict(TILES, mxfp4_mode=3, alu=12, dot=dot)),
-            ("mxfp4", fp8, "mode 4, alu 12, 32 tiles a program", "mode",
-             dict(TILES, mxfp4_mode=4, alu=12, tiles=32, dot=dot))]
+            # (tl.dot_scaled, modes 2 / 4 with alu 12 / 24 / 28, two tiles ahead, 32 tiles: timed in the ninth
+            # session, BENCHMARKS.md; the defaults are mode 4 + alu 12 for FP8 q and mode 3 + alu 12 for bf16 q)
+            # tenth session: the launch's 16..64 tiles by programs and the L2 hint (prefetch.global.L2, 4 tiles ahead)
+            ("mxfp4", fp8, "mode 4, alu 12, 16..64 tiles, L2 hint 4 ahead", "mode",
+             dict(TILES, mxfp4_mode=4, alu=12, wide_tiles=64, l2_ahead=4, dot=dot)),  # [146]
+            ("mxfp4", bf16, "mode 3, alu 12, 16..64 tiles, L2 hint 4 ahead", "mode",
+             dict(TILES, mxfp4_mode=3, alu=12, wide_tiles=64, l2_ahead=4, dot=dot))]
 
 
 def _name(fmt, q_dtype, label):

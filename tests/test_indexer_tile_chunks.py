@@ -1,0 +1,165 @@
+"""The block-tile indexer's key chunks: the run-time tile count, the launch's choice of chunk length
+(``indexer_decode.tiles_per_program``, launcher ``wide_tiles``) and the L2 hint's checks (``l2_ahead``).
+
+A chunk's length only decides which program scores which key tiles, never a score's arithmetic: with the
+program threshold lowered so a tiny launch takes long chunks, the scores under the interpreter must equal the
+short-chunk launch's bit for bit and the float64 reference within the fp32 tolerance, on a paged batch with an
+unmapped and an out-of-range block and causal bounds mid-tile. The L2 hint is inline PTX (``prefetch.global.L2``):
+the interpreter cannot run it, so CPU launches skip it (its compile is checked by ``python -m
+dsahal.backends.nvidia.aot --only "L2 hint"``, its effect on the H200 by ``scripts/h200/indexer_alu_sweep.py``).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from indexer_cases import paged_case
+from interpreter_child import child_results, run_groups
+
+TOL = 1e-5
+
+
+def test_chunk_length_follows_the_programs_a_launch_has():
+    from dsahal.backends.triton_kernels import indexer_decode as d
+
+    programs = d.WIDE_TILE_PROGRAMS
+    # 64 one-token requests at 128K keys in 64-key tiles: 2048 tiles a row, 32 chunks of 64 -> 2048 programs
+    assert d.tiles_per_program(64, 128 * 1024, 64, 16, 64) == 64
+    # 64 requests at 4K: 64 tiles a row; even 16-tile chunks give 256 programs: the short chunk stays
+    assert d.tiles_per_program(64, 4096, 64, 16, 64) == 16
+    assert d.tiles_per_program(64, 16 * 1024, 64, 16, 64) == 16  # 256 tiles a row: 512 programs at 32
+    assert d.tiles_per_program(64, 32 * 1024, 64, 16, 64) == 32  # 512 tiles: 1024 at 32, 512 at 64
+    assert d.tiles_per_program(64, 64 * 1024, 64, 16, 64) == 64  # 1024 tiles: 1024 programs at 64
+    # exactly at the threshold counts; one program short halves the chunk
+    rows = programs // 4
+    assert d.tiles_per_program(rows, 4 * 64 * 64, 64, 16, 64) == 64
+    assert d.tiles_per_program(rows - 1, 4 * 64 * 64, 64, 16, 64) == 32
+    # wide_tiles equal to tiles: nothing to choose
+    assert d.tiles_per_program(10 ** 6, 10 ** 7, 64, 16, 16) == 16
+
+
+def test_segments_are_counted_from_tokens_group_and_rows():
+    from dsahal.backends.triton_kernels import indexer_decode as d
+
+    assert d.expected_segments(64, 8, 64) == 64  # a one-token decode: one segment a request
+    assert d.expected_segments(320, 5, 64) == 64  # five tokens a request, 5-token segments
+    assert d.expected_segments(320, 5, 2) == 64  # two long runs: ceil(320 / 5)
+    assert d.expected_segments(4096, 5, 8) == 820  # a prefill of 8 requests
+    assert d.expected_segments(3, 8, 64) == 3  # fewer tokens than rows: not more segments than tokens
+
+
+def _launch_args(tokens=3, width=64):
+    import torch
+
+    from dsahal.backends.triton_kernels import indexer_decode as d
+
+    ids = torch.zeros(tokens, dtype=torch.int32)
+    return (torch.zeros(tokens, 4, 128, dtype=torch.bfloat16), torch.zeros(tokens, 4),
+            torch.zeros(2, 16, 132, dtype=torch.uint8), torch.zeros(1, 4, dtype=torch.int32), ids, ids, ids,
+            "fp8", width, torch.empty(0)), dict(dot=d.DOT_BF16, block_n=16, group=2,
+                                                starts=torch.arange(tokens, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("changes, needle", [
+    (dict(loop=0, l2_ahead=2), "tile_loop=0"),
+    (dict(loop=3, l2_ahead=4), "tile_loop=3"),
+    (dict(loop=1, l2_ahead=1), "l2_ahead=1"),
+    (dict(loop=1, l2_ahead=9), "l2_ahead=9"),
+    (dict(loop=0, tiles=4, wide_tiles=16), "tile_loop=0"),
+    (dict(loop=1, tiles=8, wide_tiles=4), "wide_tiles=4"),
+])
+def test_chunk_options_outside_their_loop_are_named_errors(changes, needle):
+    from dsahal.backends.triton_kernels import indexer_decode as d
+
+    args, kwargs = _launch_args()
+    with pytest.raises(ValueError, match="triton indexer_score") as info:
+        d.launch(*args, **dict(kwargs, **changes))
+    assert needle in str(info.value)
+
+
+def test_rolled_loops_get_the_chosen_count_at_run_time(monkeypatch):
+    """The rolled loops compile once whatever the count (``TILES`` 0, the count a run-time argument);
+    the unrolled loop keeps its compile-time count."""
+    from dsahal.backends.triton_kernels import indexer_decode as d
+
+    launched = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **meta: launched.append((grid, args, meta))
+
+    monkeypatch.setattr(d, "indexer_tiles_kernel", Recorder())
+    monkeypatch.setattr(d, "WIDE_TILE_PROGRAMS", 6)
+    args, kwargs = _launch_args(tokens=3, width=16 * 16)  # 16 tiles a row; 3 one-token segments
+    d.launch(*args, **dict(kwargs, group=1, loop=1, tiles=2, wide_tiles=8))  # 3 x 2 chunks of 8 = 6 programs
+    d.launch(*args, **dict(kwargs, group=1, loop=1, tiles=2))
+    d.launch(*args, **dict(kwargs, group=1, loop=0, tiles=4))
+    (g_wide, a_wide, m_wide), (g_two, a_two, m_two), (g_unrolled, a_unrolled, m_unrolled) = launched
+    n_tiles = d.SIZE_ARGS.index("n_tiles")  # (its place among the sizes)
+    sizes = lambda a: a[-len(d.SIZE_ARGS):]  # noqa: E731 - the size arguments close the positional list
+    assert (g_wide, sizes(a_wide)[n_tiles], m_wide["TILES"]) == ((3, 2), 8, 0)
+    assert (g_two, sizes(a_two)[n_tiles], m_two["TILES"]) == ((3, 8), 2, 0)
+    assert (g_unrolled, sizes(a_unrolled)[n_tiles], m_unrolled["TILES"]) == ((3, 4), 4, 4)
+    assert m_wide["L2_AHEAD"] == 0 and m_wide["L2_LINES"] == 0
+
+
+def _chunk_cases(results):
+    import torch
+
+    from dsahal.backends.triton_kernels import indexer_decode as d
+    from dsahal.backends.triton_kernels.indexer import run_offsets
+    from dsahal.formats import index_format
+    from dsahal.reference.indexer import indexer_score as reference
+
+    block_tokens = 16
+    table, req, pos = paged_case(block_tokens)
+    width = 4 * block_tokens - 3
+    dense = torch.randn(8 * block_tokens, 128) * (torch.rand(8 * block_tokens, 1) * 3 + 0.1)
+    pages = index_format("fp8").pack(dense).view(8, block_tokens, -1)
+    q = torch.randn(8, 4, 128)
+    w = torch.randn(8, 4)
+    want = reference(q, w, pages, torch.where(table >= 8, -1, table), req, pos, "fp8", width)
+    offsets = run_offsets(req)
+    runs = {}
+    d.WIDE_TILE_PROGRAMS = 1  # every launch has programs to spare: the longest chunk is taken
+    for label, changes in (("short", dict(tiles=1)), ("wide", dict(tiles=1, wide_tiles=4)),
+                           ("wide_l2", dict(tiles=1, wide_tiles=4, l2_ahead=2)),
+                           ("wide_group5", dict(tiles=1, wide_tiles=2, group=5))):
+        out = torch.full((8, width), float("nan"))  # an unwritten score stays NaN and fails
+        runs[label] = d.launch(q, w, pages, table, req, pos, offsets, "fp8", width, out, dot=d.DOT_FP32,
+                               block_n=block_tokens, **dict(dict(group=2, loop=1), **changes))
+    finite = torch.isfinite(want)
+    for label, got in runs.items():
+        same_mask = torch.equal(torch.isfinite(got), finite) and bool(torch.isneginf(got[~finite]).all())
+        a, b = got[finite].double(), want[finite].double()
+        results[f"ref_{label}"] = same_mask and float((a - b).norm() / b.norm()) < TOL
+        if label != "short":
+            results[f"bits_{label}"] = torch.equal(got, runs["short"])
+
+
+def _run_all() -> dict:
+    import torch
+
+    torch.manual_seed(0)
+    return run_groups((_chunk_cases,))
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    return child_results(__file__)
+
+
+def test_short_chunks_match_the_reference(interpreted):
+    assert interpreted["ref_short"]
+
+
+@pytest.mark.parametrize("label", ["wide", "wide_l2", "wide_group5"])
+def test_long_chunks_give_the_short_chunks_scores(interpreted, label):
+    assert interpreted[f"ref_{label}"], label
+    assert interpreted[f"bits_{label}"], label
+
+
+if __name__ == "__main__":
+    # Child process: TRITON_INTERPRET=1 is already in the environment, before triton's import.
+    print(json.dumps(_run_all()))
