@@ -99,6 +99,7 @@ def test_the_new_variants_are_what_the_backend_launches(monkeypatch):
         recorders[name] = _Recorder()
         monkeypatch.setattr(module, name, recorders[name])
     monkeypatch.setattr(segments, "_plan_kernel", _Recorder())  # the segment plan: not modelled here
+    monkeypatch.setattr(indexer_decode, "runs_ptx", lambda device: True)  # as a CUDA launch (the L2 hint on)
     for module in (small, raw):  # the split partials' merge: another kernel, not modelled here
         monkeypatch.setattr(module, "lse_combine", lambda o, lse, out_dtype: (o[0], lse[0]))
 

@@ -82,9 +82,17 @@ def sparse_mla_config(tokens: int, heads: int, k: int, kv_fmt: str = "bf16",
     return cfg
 
 
-# Block tiles (indexer_decode): one table lookup per 64-key tile, a rolled loop of 16 tiles prefetching the
-# next tile's bytes, one MMA per query token of a segment of <= 5 tokens (the seed's 1 + 4 speculative).
-_BLOCK_TILES = dict(block_n=64, tile_group=5, tiles=16, tile_loop=1, num_warps=4, num_stages=1)
+# Block tiles (indexer_decode): one table lookup per 64-key tile, a rolled loop of 16 to 64 tiles (the launch's
+# choice by its programs, indexer_decode.tiles_per_program) prefetching the next tile's bytes into registers and
+# asking L2 for the tile four ahead, one MMA per query token of a segment of <= 5 tokens (the seed's 1 + 4
+# speculative). Tenth session (R1 scripts/h200/indexer_alu_sweep.py, FP8 keys, same run): FP8 q 64x1 / 64x2 /
+# 64x5 at 128K, 8x1 at 1M 0.324 / 0.379 / 0.631 / 0.323 ms (81.0% / 69.2% / 41.6% / 81.2% of copy) against
+# 16 tiles without the hint 0.345 / 0.390 / 0.647 / 0.343; the hint 2 tiles ahead was slower (0.348 / 0.439 /
+# 0.758 / 0.344 without the longer chunks), 8 ahead much slower (0.470 at 64x1); bf16 q 0.532 / 0.678 / 1.095 /
+# 0.536 against 0.553 / 0.691 / 1.102 / 0.555. MXFP4 keys (R1 mxfp4_indexer_sweep.py) 64x1 / 64x5: FP8 q 0.441 /
+# 0.975 against 0.450 / 1.035, bf16 q 0.653 / 1.541 against 0.662 / 1.682. Neither changes a score's arithmetic.
+_BLOCK_TILES = dict(block_n=64, tile_group=5, tiles=16, wide_tiles=64, l2_ahead=4, tile_loop=1, num_warps=4,
+                    num_stages=1)
 
 
 @functools.lru_cache(maxsize=64)

@@ -935,8 +935,8 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     tiles = max(tiles, triton.cdiv(max_context, block_n * grid_limits.MAX_GRID_YZ))
     grid = (tokens, triton.cdiv(max_context, block_n * tiles))
     token_bytes = index_pages.shape[-1]
-    if q.device.type != "cuda":
-        l2_ahead = 0  # (the interpreter runs no inline PTX; the hint changes no score)
+    if not runs_ptx(q.device):
+        l2_ahead = 0  # (the hint changes no score)
     l2_lines = triton.next_power_of_2(triton.cdiv(block_n * token_bytes, 128) + 1) if l2_ahead else 0
     indexer_tiles_kernel[grid](
         q, q.stride(0), q.stride(1), weights, weights.stride(0),
@@ -950,6 +950,12 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         ALU=alu, L2_AHEAD=l2_ahead, L2_LINES=l2_lines, num_warps=num_warps, num_stages=num_stages,
     )
     return out
+
+
+def runs_ptx(device: torch.device) -> bool:
+    """Whether launches on ``device`` run inline PTX (the L2 hint): CUDA devices; the interpreter's CPU
+    launches cannot."""
+    return device.type == "cuda"
 
 
 def expected_segments(tokens: int, group: int, rows: int) -> int:

@@ -13,7 +13,8 @@ is measured) is called through each layer in turn, and each layer's median per-c
 - ``torch.empty_like``: one plain torch op, for scale.
 
 Calls are timed in batches with a host clock and the device synchronised after each batch (so a full
-launch queue cannot hide host time). ``python -m dsahal.bench.dispatch`` prints the table; it runs on
+launch queue cannot hide host time), one batch of every layer per round (so drift in the host's speed
+shifts all layers alike), the median of the rounds reported. ``python -m dsahal.bench.dispatch`` prints the table; it runs on
 the CPU too (the reference backend: no kernel layer).
 """
 from __future__ import annotations
@@ -29,19 +30,24 @@ SHAPE = (2, 4, 16, 512)  # W, T, H, D: a few microseconds of GPU work
 CPU_SHAPE = (2, 1, 2, 16)  # on the CPU the reference computes in float64: keep its compute negligible
 
 
-def _per_call_us(fn: Callable[[], object], device: torch.device, calls: int, repeats: int) -> float:
+def _per_call_us(fns: list[Callable[[], object]], device: torch.device, calls: int, repeats: int) -> list[float]:
+    """Median per-call host time of each of ``fns``, the layers' batches interleaved (one batch of each
+    layer per round): a host whose speed drifts during the run (clocks, a neighbour's load) shifts every
+    layer alike instead of whichever layer it happened to be measuring."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(max(calls // 10, 5)):
-        fn()
-    sync()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
+    for fn in fns:
+        for _ in range(max(calls // 10, 5)):
             fn()
-        sync()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(samples)
+    sync()
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, out in zip(fns, samples):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            sync()
+            out.append((time.perf_counter() - start) / calls * 1e6)
+    return [statistics.median(out) for out in samples]
 
 
 def _bare_launch(route_fn, o_parts, lse_parts, *, allocate=False) -> Optional[Callable[[], object]]:
@@ -53,7 +59,7 @@ def _bare_launch(route_fn, o_parts, lse_parts, *, allocate=False) -> Optional[Ca
     return None if prepare is None else prepare(o_parts, lse_parts, allocate=allocate)
 
 
-def measure(device: torch.device, *, calls: int = 2000, repeats: int = 7, shape=None) -> list[dict]:
+def measure(device: torch.device, *, calls: int = 500, repeats: int = 21, shape=None) -> list[dict]:
     """One row per layer: ``{"layer", "us", "over_route_us"}`` for the active backend on ``device``."""
     from dsahal import ops
     from dsahal.registry import active_table
@@ -82,8 +88,8 @@ def measure(device: torch.device, *, calls: int = 2000, repeats: int = 7, shape=
         layers.append(("bare launch + output allocation", _bare_launch(route_fn, o_parts, lse_parts, allocate=True)))
         layers.append(("bare kernel[grid](...) launch", bare))
     layers.append(("torch.empty_like (a plain torch op)", lambda: torch.empty_like(o_parts)))
-    rows = [{"layer": name, "us": _per_call_us(fn, device, calls, repeats), "shape": list(shape)}
-            for name, fn in layers]
+    times = _per_call_us([fn for _, fn in layers], device, calls, repeats)
+    rows = [{"layer": name, "us": us, "shape": list(shape)} for (name, _), us in zip(layers, times)]
     route_us = next(r["us"] for r in rows if r["layer"].startswith("route "))
     for row in rows:
         row["over_route_us"] = row["us"] - route_us
@@ -106,7 +112,7 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m dsahal.bench.dispatch", description=__doc__.splitlines()[0])
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--calls", type=int, default=500, help="calls per batch (21 rounds)")
     args = parser.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     rows = measure(device, calls=args.calls)
