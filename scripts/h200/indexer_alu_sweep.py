@@ -46,7 +46,7 @@ def shapes():
         return [("2x1 @48", 2, 1, 48), ("2x5 @48", 2, 5, 48)]
     k = 1024
     return [("64x1 @128K", 64, 1, 128 * k), ("64x2 @128K", 64, 2, 128 * k), ("64x5 @128K", 64, 5, 128 * k),
-            ("8x1 @1M", 8, 1, 1024 * k)]
+            ("8x1 @1M", 8, 1, 1024 * k), ("1x4096 @32K", 1, 4096, 32 * k)]  # (the last: a chunked prefill, MMA-bound)
 
 
 def variants(torch):
