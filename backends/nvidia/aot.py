@@ -499,8 +499,7 @@ def _small_heads_variants() -> list[Variant]:
         if cfg.get("raw_fp8"):  # sparse_mla_small_heads_raw: one uint8 view, byte strides, shift-and-mask slots
             out.append(Variant(
                 f"sparse MLA few heads, raw e4m3, {fmt}, H={heads}", raw.sparse_mla_small_heads_raw_kernel,
-                dict(base, ROPE_BF16=True, ROW_ALIGN=row_alignment(pages), BT_LOG2=BLOCK_TOKENS.bit_length() - 1,
-                     L2_AHEAD=cfg.get("l2_ahead", 0)),
+                dict(base, ROPE_BF16=True, ROW_ALIGN=row_alignment(pages), BT_LOG2=BLOCK_TOKENS.bit_length() - 1),
                 dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr=o_type, lse_ptr="fp32"),
                 floats=("logit_scale",), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
                 divisible=multiples_of_16(s8_b=pages.stride(0), s8_t=pages.stride(1), zero=0)))

@@ -235,7 +235,7 @@ def hopper_config(heads: int, kv_fmt: str = "fp8_ds_mla", q_dtype: torch.dtype =
 
 def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=32, split_size=512,
                            num_warps=4, num_stages=1, reuse=False, gather_first=True, exact_fp32=None,
-                           prefetch=None, raw_fp8=False, l2_ahead=0):
+                           prefetch=None, raw_fp8=False):
     """Launch :func:`sparse_mla_small_heads_kernel`.
 
     Args:
@@ -258,7 +258,6 @@ def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, 
         raw_fp8: fp8_ds_mla only: run :mod:`.sparse_mla_small_heads_raw` instead (e4m3 codes fed raw to
             fp16 MMAs, tile scales applied after them; ``block_n``, ``split_size``, ``num_warps``,
             ``num_stages``, ``reuse`` and ``gather_first`` carry over, ``exact_fp32``/``prefetch`` do not apply).
-        l2_ahead: raw_fp8 only: the steps ahead whose records the raw kernel asks L2 for (0 = off).
 
     Returns:
         ``(o [T, H, 512] in q's dtype, lse [T, H] fp32)``.
@@ -266,10 +265,7 @@ def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, 
     if raw_fp8:
         return sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, block_n=block_n,
                                           split_size=split_size, num_warps=num_warps, num_stages=num_stages,
-                                          reuse=reuse, gather_first=gather_first, l2_ahead=l2_ahead)
-    if l2_ahead:
-        raise ValueError(f"triton sparse_mla_small_heads: l2_ahead applies to the raw-e4m3 kernel only (raw_fp8=True), "
-                         f"got l2_ahead={l2_ahead!r} with raw_fp8=False")
+                                          reuse=reuse, gather_first=gather_first)
     if prefetch is not None:
         gather_first = bool(prefetch)
     tokens, heads, _ = q.shape

@@ -36,14 +36,6 @@ One program = (one split of the slot list, one token), all heads padded to ``BLO
 split size is a fixed slot count, so a row's result does not depend on the batch). ``REUSE``: the fp16
 code tile of the logit MMA also feeds the value MMA (else the codes are read again, L1 hits, and
 converted again: fewer live registers, one more conversion per value).
-
-``L2_AHEAD`` (``l2_ahead`` steps, 0 = off): while step ``i`` computes, every lane asks L2 for lines of
-the records of step ``i + l2_ahead`` (``prefetch.global.L2``, inline PTX, on the 128-byte lines of each
-656-byte record; the step's slots were loaded one iteration earlier, so the hint waits on nothing).
-Nothing waits on a prefetch and no value comes back: the bytes in flight grow without registers (the
-kernel is latency-bound at two programs per SM; the codes of a step live in registers), so the next
-step's gather finds its lines in L2. A hint changes no result; every address lies in a record of the
-pages (an invalid slot names record 0, as the gather's masked rows do).
 """
 from __future__ import annotations
 
@@ -59,7 +51,6 @@ from .sparse_mla import LOG2E, NOPE
 
 MAX_HEADS = MAX_SMALL_MLA_HEADS  # the fp32 accumulator is 512 x BLOCK_H (limits.py: the verifiers read it)
 SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")  # (zero: specialised as a multiple of 16)
-L2_AHEAD_MAX = 4  # l2_ahead: at most this many steps ahead (each step hints BLOCK_N x 8 lines)
 FP16_TOP = 14  # the per-head query scale puts max |q| in [2^FP16_TOP, 2^(FP16_TOP + 1)): fp16 max is 65504 < 2^16
 
 
@@ -107,19 +98,6 @@ def _record_bytes(slot, block_tokens, s8_b, s8_t, ROW_ALIGN: tl.constexpr, BT_LO
 
 
 @triton.jit
-def _l2_records(pages_u8, slot, num_slots, block_tokens, s8_b, s8_t, ROW_ALIGN: tl.constexpr, BT_LOG2: tl.constexpr):
-    """Ask L2 for the 656-byte records of ``slot [BLOCK_N]``: ``prefetch.global.L2`` on 8 points of each record
-    (bytes 0, 128, .., 640 and 655: consecutive points at most 128 bytes apart, so every 128-byte line the
-    record touches holds one). Invalid slots name record 0. No register waits on it; nothing comes back."""
-    ok = (slot >= 0) & (slot < num_slots)
-    row8 = _record_bytes(tl.where(ok, slot, 0).to(tl.int32), block_tokens, s8_b, s8_t, ROW_ALIGN, BT_LOG2)
-    points = tl.minimum(tl.arange(0, 8) * 128, 655)
-    lines = pages_u8 + row8[:, None] + points[None, :]
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [lines.to(tl.int64)],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _tile_scale(pages_u8, row8, valid, tile, ROW_ALIGN: tl.constexpr):
     """fp32 scale of tile ``tile`` of each record: ``[BLOCK_N]``, invalid rows 0."""
     if ROW_ALIGN >= 4:
@@ -155,7 +133,6 @@ def sparse_mla_small_heads_raw_kernel(
     BT_LOG2: tl.constexpr,  # log2(block_tokens) when it is a power of two (shift and mask), else -1 (division)
     REUSE: tl.constexpr,
     GATHER_FIRST: tl.constexpr,  # all four tiles' loads issued before the first MMA (more bytes in flight)
-    L2_AHEAD: tl.constexpr = 0,  # steps ahead whose records are prefetched into L2 (0 = off; GPU launches only)
 ):
     split = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
@@ -195,23 +172,11 @@ def sparse_mla_small_heads_raw_kernel(
 
     start = split * split_size
     end = tl.minimum(start + split_size, K)
-    lanes = tl.arange(0, BLOCK_N)
-    if L2_AHEAD > 0:  # steps 1 .. L2_AHEAD - 1 hinted now; the slots of step L2_AHEAD loaded for the loop's first hint
-        for d in tl.static_range(1, L2_AHEAD):
-            n_pf = start + d * BLOCK_N + lanes
-            _l2_records(pages_u8, tl.load(slot_row + n_pf, mask=n_pf < end, other=-1), num_slots, block_tokens,
-                        s8_b, s8_t, ROW_ALIGN, BT_LOG2)
-        n_pf = start + L2_AHEAD * BLOCK_N + lanes
-        slot_pf = tl.load(slot_row + n_pf, mask=n_pf < end, other=-1)
     for n0 in range(start, end, BLOCK_N):
-        n = n0 + lanes
+        n = n0 + tl.arange(0, BLOCK_N)
         slot = tl.load(slot_row + n, mask=n < end, other=-1)
         valid = (slot >= 0) & (slot < num_slots)
         row8 = _record_bytes(tl.where(valid, slot, 0).to(tl.int32), block_tokens, s8_b, s8_t, ROW_ALIGN, BT_LOG2)
-        if L2_AHEAD > 0:  # hint step i + L2_AHEAD (slots loaded last iteration), load the slots of the one after
-            _l2_records(pages_u8, slot_pf, num_slots, block_tokens, s8_b, s8_t, ROW_ALIGN, BT_LOG2)
-            n_pf = n0 + (L2_AHEAD + 1) * BLOCK_N + lanes
-            slot_pf = tl.load(slot_row + n_pf, mask=n_pf < end, other=-1)
         if GATHER_FIRST:  # the whole step's gather issued before the first MMA waits on it
             c0 = _codes(pages_u8, row8, valid, 0)
             c1 = _codes(pages_u8, row8, valid, 128)
@@ -289,7 +254,7 @@ def block_heads(heads: int) -> int:
 
 
 def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=64, split_size=512,
-                               num_warps=4, num_stages=1, reuse=False, gather_first=True, l2_ahead=0):
+                               num_warps=4, num_stages=1, reuse=False, gather_first=True):
     """Launch :func:`sparse_mla_small_heads_raw_kernel`.
 
     Args:
@@ -305,9 +270,6 @@ def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_sca
         num_warps, num_stages: as Triton's.
         reuse: the fp16 code tile of the logit MMA also feeds the value MMA (else read and converted again).
         gather_first: issue all four tiles' loads of a step before its first MMA.
-        l2_ahead: 0 (off) or the steps ahead (1..L2_AHEAD_MAX) whose records each step asks L2 for; a hint
-            only (no result depends on it), so CPU launches (the interpreter has no inline PTX) and empty
-            pages leave it off.
 
     Returns:
         ``(o [T, H, 512] in q's dtype, lse [T, H] fp32)``.
@@ -320,8 +282,6 @@ def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_sca
                          f"{list(kv_pages.shape)}")
     tokens, heads, _ = q.shape
     check_launch(name, heads, block_n, split_size)
-    if not (isinstance(l2_ahead, int) and 0 <= l2_ahead <= L2_AHEAD_MAX):
-        raise ValueError(f"{name}: l2_ahead expected an int in 0..{L2_AHEAD_MAX} (steps ahead), got {l2_ahead!r}")
     k = slots.shape[1]
     q = q if q.stride(-1) == 1 else q.contiguous()
     slots = slots if slots.stride(-1) == 1 else slots.contiguous()
@@ -329,10 +289,8 @@ def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_sca
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
     block_tokens = kv_pages.shape[1]
-    if q.device.type != "cuda" or kv_pages.numel() == 0:
-        l2_ahead = 0  # no inline PTX off the GPU; no record to name in empty pages
     meta = dict(ROPE_BF16=q.dtype == torch.bfloat16, BLOCK_H=block_heads(heads), BLOCK_N=block_n,
-                ROW_ALIGN=row_alignment(kv_pages), REUSE=bool(reuse), GATHER_FIRST=bool(gather_first), L2_AHEAD=l2_ahead,
+                ROW_ALIGN=row_alignment(kv_pages), REUSE=bool(reuse), GATHER_FIRST=bool(gather_first),
                 num_warps=num_warps, num_stages=num_stages,
                 BT_LOG2=block_tokens.bit_length() - 1 if block_tokens & (block_tokens - 1) == 0 else -1)
     sizes = (heads, k, kv_pages.shape[0] * kv_pages.shape[1], kv_pages.shape[1], split_size, softmax_scale * LOG2E)
