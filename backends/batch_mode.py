@@ -4,11 +4,11 @@ The mode is the process's (one variable, whichever backend serves), so the backe
 :mod:`dsahal.backends.triton_kernels.compile_budget` all read it here: a second parser could disagree."""
 from __future__ import annotations
 
-import os
-
-ENV = "DSAHAL_BATCH_INVARIANT"
+from dsahal.registry.settings import BATCH_INVARIANT as ENV
+from dsahal.registry.settings import env_flag
 
 
 def invariant_requested() -> bool:
-    """``DSAHAL_BATCH_INVARIANT`` set (not empty, not ``0``)."""
-    return os.environ.get(ENV, "0") not in ("", "0")
+    """``DSAHAL_BATCH_INVARIANT`` on (``1/true/yes/on``; unset, empty or ``0/false/no/off`` is off; any other
+    value raises :class:`dsahal.registry.settings.SettingError`)."""
+    return env_flag(ENV)

@@ -20,6 +20,7 @@ import os
 import torch
 
 from dsahal.backends.triton_kernels import limits
+from dsahal.registry.settings import PPU_TRITON, env_flag
 
 # The Triton launchers take device tensors of this type (the PPU is a CUDA device to torch).
 KERNEL_DEVICE_TYPE = "cuda"
@@ -28,8 +29,8 @@ TAKES = (True, "")
 
 
 def triton_enabled() -> tuple[bool, str]:
-    if os.environ.get("DSAHAL_PPU_TRITON", "1").strip() in ("0", "false", "no", "off"):
-        return False, "DSAHAL_PPU_TRITON=0"
+    if not env_flag(PPU_TRITON, default=True):
+        return False, f"{PPU_TRITON}={os.environ.get(PPU_TRITON)}"
     if importlib.util.find_spec("triton") is None:
         return False, "triton is not installed"
     return TAKES

@@ -119,7 +119,11 @@ def run(args) -> int:
     rows = describe(reg, with_routes=args.json or args.verbose)
     selected, error = None, None
     try:
-        selected = select(reg).backend.name
+        record = select(reg)
+        selected = record.backend.name
+        # the table the ops would use: DSAHAL_ROUTES must name routes of the selected backend (an op call
+        # would raise this at its first call; the listing says it now, verbose or not)
+        OpTable(record, reg.records["reference"], OP_NAMES, COMPOSITE_OPS)
     except RegistryError as exc:
         error = str(exc)
     if args.json:

@@ -108,6 +108,7 @@ def run_quick(args) -> int:
 
     from ..bench.quick import SECTIONS, quick_header, quick_row_line, run_quick as run_sections, tiny_op_cases
     from ..registry import RegistryError, active_table, use_backend
+    from ..registry.settings import SettingError
 
     if args.plot or args.reduced or args.no_graphs:
         flag = "--plot" if args.plot else "--reduced" if args.reduced else "--no-graphs"
@@ -125,6 +126,8 @@ def run_quick(args) -> int:
     try:
         with use_backend(name):
             backend = active_table().name  # an unknown or unavailable name fails here, with the registry's reason
+    except SettingError as exc:  # a mistyped environment flag: not the argument's fault
+        return _error(f"dsahal bench --quick: {exc}")
     except RegistryError as exc:  # its message goes on to list every backend and why each is unavailable
         return _error(f"dsahal bench --quick: argument '--backend': {exc}")
     print("\n".join(quick_header(backend)), flush=True)

@@ -7,7 +7,7 @@ import contextvars
 import os
 import threading
 
-from . import overrides
+from . import overrides, settings
 from .discovery import Registry, discover
 from .table import OpTable, select
 
@@ -20,9 +20,12 @@ _override: contextvars.ContextVar[OpTable | None] = contextvars.ContextVar("dsah
 
 
 def registry() -> Registry:
+    """The process's registry, discovered on first use, after the environment's settings are checked
+    (:func:`settings.check_environment`: a mistyped flag or ``DSAHAL_ROUTES`` raises here, once)."""
     global _registry
     with _lock:
         if _registry is None:
+            settings.check_environment()
             _registry = discover()
         return _registry
 

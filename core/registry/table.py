@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from . import observers, overrides
+from . import observers, overrides, settings
 from .backend import Route
 from .discovery import BackendRecord, Registry, RegistryError
 from .backend import resolve_lazy
@@ -128,7 +128,7 @@ class OpTable:
     def __init__(self, record: BackendRecord, reference: BackendRecord, op_names, composite_ops, strict=None,
                  route_overrides: overrides.RouteOverrides | None = None, overrides_apply_to_all: bool = True):
         self.record = record
-        self.strict = os.environ.get("DSAHAL_STRICT", "0") not in ("", "0") if strict is None else strict
+        self.strict = settings.env_flag(settings.STRICT) if strict is None else strict
         self.overrides = route_overrides if route_overrides is not None else \
             overrides.parse(os.environ.get(overrides.ENV))
         self.reference = {op: resolve_lazy(reference.backend.routes(op)[0].fn) for op in op_names}
