@@ -7,9 +7,12 @@ tensor *contents* (that would synchronise a GPU): only metadata.
 """
 from __future__ import annotations
 
+import operator
 from typing import Iterable, Sequence
 
 import torch
+
+from ._dispatch import tracing
 
 _Tensor = torch.Tensor
 _dtype = torch.dtype
@@ -219,6 +222,35 @@ class ShapeBinder:
         if True:
             listing = ", ".join(f"{k} on {v.device}" for k, v in present.items())
             raise ValueError(f"dsahal.{self.op}: expected all tensors on one device, got {listing}")
+
+    def has_data(self, name: str, value: torch.Tensor) -> None:
+        """``value`` (every tensor of the call: :meth:`same_device` passed) has storage, for an op whose
+        result depends on the values it reads (slots, ids, lengths): on the ``meta`` device its reference
+        would fail deep inside (``Tensor.item() cannot be called on meta tensors``) and a kernel would read
+        nothing. Skipped while tracing or compiling, where tensors stand in for shapes by design."""
+        if value.device.type == "meta" and not tracing():
+            raise ValueError(
+                f"dsahal.{self.op}: argument '{name}' expected a tensor with data (this op reads values), got a "
+                f"tensor on the meta device (shapes only: materialise it, or trace the op with fake tensors)"
+            )
+
+    def split_sizes(self, name: str, value: object, world: int) -> list[int] | None:
+        """A sequence of ``world`` non-negative ints (None passes through). Each entry must be an int
+        (``operator.index``: Python and NumPy ints, integer 0-d tensors), not a bool, float or string:
+        ``int(4.5)`` would silently move 4 rows."""
+        if value is None:
+            return None
+        try:
+            sizes = [operator.index(s) for s in value if not isinstance(s, bool)]
+            complete = len(sizes) == len(value)
+        except TypeError:
+            complete = False
+        if not complete:
+            raise TypeError(f"dsahal.{self.op}: argument '{name}' expected a sequence of {world} ints, "
+                            f"got {type(value).__name__} {value!r}")
+        if len(sizes) != world or any(s < 0 for s in sizes):
+            raise ValueError(f"dsahal.{self.op}: argument '{name}' expected {world} non-negative sizes, got {sizes}")
+        return sizes
 
     def fail(self, message: str, *, type_error: bool = False) -> None:
         raise (TypeError if type_error else ValueError)(f"dsahal.{self.op}: {message}")

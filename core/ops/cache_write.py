@@ -41,6 +41,7 @@ def validate_cache_write(values, slots, pages, kind, fmt, scale) -> None:
     elif scale is not None:
         v.fail(f"argument 'scale' expected None for format {kind}:{fmt} (it has no tensor scale), got a tensor")
     v.same_device(values=values, slots=slots, pages=pages, scale=scale)
+    v.has_data("slots", slots)
     if spec.needs_tensor_scale:
         positive_scale(OP, "scale", scale)
     values_in_range(OP, "slots", slots, -1, num_slots - 1, what=" (-1 skips a token)")

@@ -44,9 +44,8 @@ def validate_all_to_all(x, output_split_sizes, input_split_sizes, group) -> None
     if not isinstance(x, torch.Tensor) or x.dim() == 0:
         v.fail(f"argument 'x' expected a tensor of at least one dim, got {type(x).__name__}", type_error=True)
     rank, world = checked_rank_and_size(v, group)
-    for name, sizes in (("input_split_sizes", input_split_sizes), ("output_split_sizes", output_split_sizes)):
-        if sizes is not None and (len(sizes) != world or any(int(s) < 0 for s in sizes)):
-            v.fail(f"argument '{name}' expected {world} non-negative sizes, got {list(sizes)}")
+    input_split_sizes = v.split_sizes("input_split_sizes", input_split_sizes, world)
+    output_split_sizes = v.split_sizes("output_split_sizes", output_split_sizes, world)
     if input_split_sizes is not None and sum(input_split_sizes) != x.shape[0]:
         v.fail(f"argument 'input_split_sizes' expected sizes summing to x.shape[0]={x.shape[0]}, "
                f"got {list(input_split_sizes)}")
@@ -55,9 +54,8 @@ def validate_all_to_all(x, output_split_sizes, input_split_sizes, group) -> None
     if output_split_sizes is None and x.shape[0] % world:  # None receives x.shape[0] / W rows from each rank
         v.fail(f"argument 'output_split_sizes' expected sizes, or None with x.shape[0] divisible by the world size "
                f"{world}, got None with x.shape[0]={x.shape[0]}")
-    sends = [int(s) for s in input_split_sizes] if input_split_sizes is not None else [x.shape[0] // world] * world
-    receives = ([int(s) for s in output_split_sizes] if output_split_sizes is not None
-                else [x.shape[0] // world] * world)
+    sends = input_split_sizes if input_split_sizes is not None else [x.shape[0] // world] * world
+    receives = output_split_sizes if output_split_sizes is not None else [x.shape[0] // world] * world
     if world == 1:
         if receives != sends:
             v.fail(f"argument 'output_split_sizes' expected the rows this single rank sends itself {sends}, "

@@ -77,11 +77,11 @@ def dsa_attention(
     Returns:
         ``o`` ``[T, H, 512]`` in q's dtype and ``lse`` ``[T, H]`` fp32.
     """
-    args = (q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions, index_fmt, kv_fmt,
-            kv_scale, topk, max_context, float(softmax_scale))
-    if check:
-        validate_dsa_attention(*args)
-    args = (*args[:5], unit_last(block_table), unit_last(req_ids), unit_last(positions), *args[8:])
+    if check:  # the caller's own softmax_scale: a float() first would let a tensor, bool or string through
+        validate_dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions,
+                               index_fmt, kv_fmt, kv_scale, topk, max_context, softmax_scale)
+    args = (q_index, index_weights, index_pages, q, kv_pages, unit_last(block_table), unit_last(req_ids),
+            unit_last(positions), index_fmt, kv_fmt, kv_scale, topk, max_context, float(softmax_scale))
     if tracing():
         return torch.ops.dsahal.dsa_attention(*args)
     return active_table().dispatch[OP](*args)

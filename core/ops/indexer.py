@@ -58,6 +58,7 @@ def check_indexer_args(v: ShapeBinder, q, weights, index_pages, block_table, req
     values_in_range(v.op, "block_table", block_table, -1, index_pages.shape[0] - 1, what=" (-1: unmapped)")
     v.same_device(**{q_name: q, weights_name: weights, "index_pages": index_pages, "block_table": block_table,
                      "req_ids": req_ids, "positions": positions})
+    v.has_data("positions", positions)
 
 
 def validate_indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context):

@@ -66,9 +66,14 @@ def _validate_common(v: ShapeBinder, q, k, val, g, beta, state_pool, state_ids, 
     v.disjoint("state_pool", state_pool, "states (or two elements of one)")
     v.at_most("state_pool", state_pool.shape[0], INT32_MAX + 1, "a pool size (state ids are int32)")
     v.tensor("state_ids", state_ids, ["B"], INDEX_DTYPES)
-    v.positive_float("scale", scale)
+    # The caller's own scale, checked before any float(): a tensor, bool or string is a wrong call, not 0.1.
+    if scale is not None:
+        v.positive_float("scale", scale)
+    elif v.sizes["K"] == 0:
+        v.fail("argument 'q' expected a key dim K >= 1 (the default scale is K^-0.5), got K=0 with scale=None")
     v.flag("use_qk_l2norm", use_qk_l2norm)
     v.same_device(q=q, k=k, v=val, g=g, beta=beta, state_pool=state_pool, state_ids=state_ids)
+    v.has_data("q", q)  # state_ids and cu_seqlens are read to update the pool
     values_in_range(v.op, "state_ids", state_ids, -1, state_pool.shape[0] - 1, what=" (-1: padding request)")
     if can_read_values(state_ids):
         used = state_ids[state_ids >= 0]
@@ -85,6 +90,7 @@ def validate_kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, sc
     binder = ShapeBinder("kda_prefill")
     _validate_common(binder, q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm, "T")
     binder.tensor("cu_seqlens", cu_seqlens, [binder.sizes["B"] + 1], INDEX_DTYPES)
+    binder.same_device(q=q, cu_seqlens=cu_seqlens)  # (q's device is every other tensor's: checked above)
     if can_read_values(cu_seqlens):
         steps = cu_seqlens[1:] - cu_seqlens[:-1]
         if int(cu_seqlens[0]) != 0 or int(cu_seqlens[-1]) != binder.sizes["T"] or bool((steps < 0).any()):
@@ -93,6 +99,8 @@ def validate_kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, sc
 
 
 def _default_scale(q: torch.Tensor, scale: Optional[float]) -> float:
+    """``K^-0.5`` for ``scale=None``; called after validation, which sees the caller's own ``scale`` (a
+    ``float()`` first would let a tensor, bool or string through and fail on a non-tensor ``q``)."""
     return float(q.shape[-1]) ** -0.5 if scale is None else float(scale)
 
 
@@ -111,15 +119,15 @@ def kda_decode(
         state_pool: ``[P, H, K, V]`` fp32, updated in place at ``state_ids``; may be a strided view (the
             packed cache's rows), but no two states may share memory.
         state_ids: ``[B]`` int32 distinct pool rows; -1 for padding requests.
-        scale: query scale, default ``K^-0.5``.
+        scale: query scale, a finite float > 0 (a tensor or bool is a TypeError); default ``K^-0.5``.
         use_qk_l2norm: L2-normalise q and k first (a bool: ``"no"`` is a TypeError, not true).
 
     Returns:
         ``[B, H, V]`` in q's dtype (zeros for padding requests).
     """
-    scale = _default_scale(q, scale)
     if check:
         validate_kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm)
+    scale = _default_scale(q, scale)
     state_ids = unit_last(state_ids)
     if tracing():
         return torch.ops.dsahal.kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, bool(use_qk_l2norm))
@@ -145,9 +153,9 @@ def kda_prefill(
     Returns:
         ``[T, H, V]`` in q's dtype.
     """
-    scale = _default_scale(q, scale)
     if check:
         validate_kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm)
+    scale = _default_scale(q, scale)
     cu_seqlens, state_ids = unit_last(cu_seqlens), unit_last(state_ids)
     if tracing():
         return torch.ops.dsahal.kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale,

@@ -33,6 +33,11 @@ def validate_positions_to_slots(positions, req_ids, block_table, block_tokens) -
     v.at_most("block_table", block_table.shape[1] * block_tokens, INT32_MAX + 1,
               "max_blocks * block_tokens (positions are int32)")
     v.same_device(positions=positions, req_ids=req_ids, block_table=block_table)
+    if block_table.shape[1] == 0 and positions.numel():
+        # Every position must then be -1, and routes that gather the block before masking (the reference's
+        # gather, XLA's, the portable one) index column 0 of an empty row: a table of no blocks is no table.
+        v.fail(f"argument 'block_table' expected at least one block per row when there are positions to "
+               f"translate, got shape {list(block_table.shape)}")
     values_in_range(OP, "req_ids", req_ids, 0, v.sizes["B"] - 1)
     # A slot is block * block_tokens + offset in int32: the largest block id whose last slot still fits.
     max_block = (INT32_MAX + 1) // block_tokens - 1

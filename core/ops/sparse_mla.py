@@ -49,6 +49,7 @@ def check_sparse_mla_args(v: ShapeBinder, q, kv_pages, slots, kv_fmt, kv_scale, 
         v.fail(f"argument 'kv_scale' expected None for latent format {kv_fmt!r}, got a tensor")
     v.positive_float("softmax_scale", softmax_scale)
     v.same_device(q=q, kv_pages=kv_pages, slots=slots, kv_scale=kv_scale)
+    v.has_data("q", q)
     if spec.needs_tensor_scale:  # read even when every row is empty: a zero scale is a wrong call, used or not
         positive_scale(v.op, "kv_scale", kv_scale)
     if slots is not None:

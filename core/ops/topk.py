@@ -6,7 +6,7 @@ import torch
 from ..registry.state import active_table
 from ._dispatch import tracing
 from ._layout import unit_last
-from ._validate import INDEX_DTYPES, ShapeBinder, values_in_range
+from ._validate import INDEX_DTYPES, INT32_MAX, ShapeBinder, values_in_range
 
 OP = "topk"
 
@@ -26,6 +26,9 @@ def validate_topk(scores, lengths, k) -> None:
     v.tensor("scores", scores, ["T", "N"], torch.float32)
     v.tensor("lengths", lengths, ["T"], INDEX_DTYPES)
     v.positive_int("k", k)
+    # The output is [T, k] int32 (-1 padded past the row): a k past int32 is no row width, only an allocation
+    # failure deep inside a route (dsa_attention bounds its topk the same way).
+    v.at_most("k", k, INT32_MAX, "a count")
     v.same_device(scores=scores, lengths=lengths)
     values_in_range(OP, "lengths", lengths, 0, scores.shape[1], what=" (at most the scores' width)")
 

@@ -5,7 +5,7 @@ import torch
 
 from ..registry.state import active_table
 from ._layout import unit_last
-from ._validate import INDEX_DTYPES, ShapeBinder, values_in_range
+from ._validate import INDEX_DTYPES, INT32_MAX, ShapeBinder, values_in_range
 from .collectives import checked_rank_and_size
 
 OP = "topk_merge"
@@ -16,6 +16,9 @@ def validate_topk_merge(local_scores, local_lengths, k, group) -> None:
     v.tensor("local_scores", local_scores, ["T", "N"], torch.float32)
     v.tensor("local_lengths", local_lengths, ["T"], INDEX_DTYPES)
     v.positive_int("k", k)
+    # The output is [T, k] int32 (-1 padded past the row): a k past int32 is no row width, only an allocation
+    # failure deep inside a route (dsa_attention bounds its topk the same way).
+    v.at_most("k", k, INT32_MAX, "a count")
     v.same_device(local_scores=local_scores, local_lengths=local_lengths)
     values_in_range(OP, "local_lengths", local_lengths, 0, local_scores.shape[1])
     checked_rank_and_size(v, group)
