@@ -83,7 +83,10 @@ def kda_recurrent_kernel(
     sid = tl.load(ids_ptr + seq + 0 * vs).to(tl.int64)
     live = (sid >= 0) & (sid < P)
     slab_ok = slab_ok & live[None, :]
-    slab = state_ptr + tl.where(live, sid, 0)[None, :] * stride_sp + h * stride_sh + ks[:, None] * stride_sk \
+    # h as int64 (as the one-step kernel): a strided pool's head stride can be large (a heads-major cache of 8192
+    # states of 128 x 128: 2^27 elements, head 16 at 2^31), and h * stride_sh then wraps in int32
+    slab = state_ptr + tl.where(live, sid, 0)[None, :] * stride_sp + h.to(tl.int64) * stride_sh \
+        + ks[:, None] * stride_sk \
         + vs[None, :]
     state = tl.load(slab, mask=slab_ok, other=0.0)
 

@@ -258,7 +258,9 @@ def kda_chunk_state_kernel(
     sid = tl.load(ids_ptr + seq + 0 * vs).to(tl.int64)
     live = (sid >= 0) & (sid < P)
     slab_ok = v_ok[:, None] & k_ok[None, :] & live[:, None]
-    slab = state_ptr + tl.where(live, sid, 0)[:, None] * stride_sp + h * stride_sh + ks[None, :] * stride_sk \
+    # h as int64: a strided pool's head stride can be large (kda.py's recurrent kernel: h * stride_sh wraps int32)
+    slab = state_ptr + tl.where(live, sid, 0)[:, None] * stride_sp + h.to(tl.int64) * stride_sh \
+        + ks[None, :] * stride_sk \
         + vs[:, None]
     state_t = tl.load(slab, mask=slab_ok, other=0.0)  # Sᵀ [BLOCK_V, BLOCK_K] fp32
     start = tl.load(cu_ptr + seq).to(tl.int64)

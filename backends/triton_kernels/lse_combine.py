@@ -41,10 +41,15 @@ def lse_combine_kernel(
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
         acc = tl.zeros([BLOCK_D], tl.float32)
+        # Part w's row is reached by stepping the pointer one part stride at a time, never as w * stride_ow:
+        # both are int32, and sparse MLA's partials [S, T, H, 512] put part 2 at 2^31 elements already at 16K
+        # tokens x 128 heads (stride 2^30), where the product wraps negative.
+        o_w_ptr = o_ptr + t * stride_ot + h * stride_oh + cols
         for w in range(0, W):
             w_weight = tl.sum(tl.where(parts == w, weight, 0.0), axis=0)
-            o_w = tl.load(o_ptr + w * stride_ow + t * stride_ot + h * stride_oh + cols, mask=cols < D, other=0.0)
+            o_w = tl.load(o_w_ptr, mask=cols < D, other=0.0)
             acc += tl.where(w_weight > 0.0, w_weight * o_w.to(tl.float32), 0.0)
+            o_w_ptr += stride_ow
         tl.store(out_ptr + row.to(tl.int64) * D + cols, acc.to(out_ptr.dtype.element_ty), mask=cols < D)
 
 

@@ -250,7 +250,9 @@ def sparse_mla_kernel(
     o = acc * (value_scale / tl.where(has_any, l_i, 1.0))[:, None]
     m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
     lse = tl.where(has_any, (m_safe + tl.log2(tl.where(has_any, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
-    o_rows = o_ptr + split * stride_os + t * stride_ot + heads[:, None] * stride_oh + v_cols[None, :]
+    # split as int64: the fp32 partials [S, T, H, 512] put split 2 at 2^31 elements already at 16K tokens x 128
+    # heads (the batch-invariant mode's 512-slot splits of top-k 2048), where split * stride_os wraps in int32
+    o_rows = o_ptr + split.to(tl.int64) * stride_os + t * stride_ot + heads[:, None] * stride_oh + v_cols[None, :]
     tl.store(o_rows, o.to(o_ptr.dtype.element_ty), mask=head_ok[:, None])
     # every value part computed the same lse; the first writes it (lane vector: see the KDA kernel)
     tl.store(lse_ptr + split * stride_ls + t * stride_lt + heads, lse, mask=head_ok & ((heads * 0 + v_part) == 0))

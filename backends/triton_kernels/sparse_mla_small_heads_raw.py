@@ -239,7 +239,9 @@ def sparse_mla_small_heads_raw_kernel(
     m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
     lse = tl.where(has_any, (m_safe + tl.log2(tl.where(has_any, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
     dims = tl.arange(0, 128)[:, None]
-    o_cols = o_ptr + split * stride_os + t * stride_ot + heads[None, :] * stride_oh + dims
+    # split as int64: split * stride_os (T · H · 512) wraps int32 from split 3 of a 44K-token call at 32 heads
+    # (top-k 2048 in 512-slot splits) or split 2 of a 64K-token one
+    o_cols = o_ptr + split.to(tl.int64) * stride_os + t * stride_ot + heads[None, :] * stride_oh + dims
     out_ty = o_ptr.dtype.element_ty
     tl.store(o_cols, (acc0 * (norm * big0)).to(out_ty), mask=head_ok[None, :])
     tl.store(o_cols + 128, (acc1 * (norm * big1)).to(out_ty), mask=head_ok[None, :])
