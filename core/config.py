@@ -6,6 +6,7 @@ Only the quantities the attention ops, the cache and the planner need are first-
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
@@ -72,7 +73,9 @@ class ModelConfig:
         bad = [k for k in self.layer_kinds if k not in LAYER_KINDS]
         if bad:
             raise ValueError(f"ModelConfig {self.name!r}: layer_kinds expected only {LAYER_KINDS}, got {bad}")
-        if self.kv_lora_rank + self.qk_rope_dim != 576 or self.index_dim != 128:
+        # The split as well as the sum: sparse_mla returns the latent's first 512 dims (the V of MLA's
+        # absorbed attention), so 448 + 128 would pass the cache and fail inside the model's einsum.
+        if self.kv_lora_rank != 512 or self.qk_rope_dim != 64 or self.index_dim != 128:
             raise ValueError(
                 f"ModelConfig {self.name!r}: the cache formats hold a 576-dim latent (512 + 64) and 128-dim "
                 f"index keys; got kv_lora_rank={self.kv_lora_rank}, qk_rope_dim={self.qk_rope_dim}, "
@@ -82,6 +85,9 @@ class ModelConfig:
                      "kda_head_dim"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ModelConfig {self.name!r}: {name} expected > 0, got {getattr(self, name)}")
+        if self.kda_heads < 0:  # 0 means num_heads; a negative count made tensors of negative size
+            raise ValueError(f"ModelConfig {self.name!r}: kda_heads expected >= 0 (0: same as num_heads), "
+                             f"got {self.kda_heads}")
         self._check_moe()
 
     def _check_moe(self) -> None:
@@ -94,7 +100,16 @@ class ModelConfig:
                 fail(name, ">= 0")
         experts = self.n_routed_experts
         if experts == 0:
+            # Without routed experts every MLP is dense: shared experts or a routing width would be silently
+            # dropped (the shared experts live inside the MoE layers), so a config asking for them is refused.
+            for name in ("n_shared_experts", "num_experts_per_tok"):
+                if getattr(self, name) != 0:
+                    fail(name, "0 when n_routed_experts is 0 (no MoE layer: every MLP is the dense "
+                               "intermediate_size one)")
             return
+        if self.first_k_dense_replace >= self.num_layers:
+            fail("first_k_dense_replace", f"< num_layers ({self.num_layers}): with n_routed_experts {experts} at "
+                                          f"least one layer routes its experts")
         if not 1 <= self.num_experts_per_tok <= experts:
             fail("num_experts_per_tok", f"between 1 and n_routed_experts ({experts})")
         if self.moe_intermediate_size <= 0:
@@ -166,7 +181,15 @@ class ModelConfig:
             missing.append("num_layers (or layer_kinds)")
         if missing:
             raise ValueError(f"model config {data.get('name', '<unnamed>')!r}: missing required keys {missing}")
-        if "layer_kinds" not in data:
+        if "layer_kinds" in data:  # the layers spelt out: a num_layers or layer_pattern beside them was ignored
+            if "layer_pattern" in data:
+                raise ValueError(f"model config: expected either layer_kinds or layer_pattern, got both "
+                                 f"(layer_pattern {data['layer_pattern']!r})")
+            kinds = data["layer_kinds"]
+            if "num_layers" in data and isinstance(kinds, (list, tuple)) and data["num_layers"] != len(kinds):
+                raise ValueError(f"model config: num_layers expected {len(kinds)} (the length of layer_kinds), "
+                                 f"got {data['num_layers']!r}")
+        else:
             num_layers = data.pop("num_layers")
             if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
                 raise ValueError(f"model config: num_layers expected an int >= 1, got {num_layers!r}")
@@ -199,7 +222,7 @@ def hybrid_pattern(num_layers: int, pattern: str = "kkkd") -> tuple[str, ...]:
     """Repeat a pattern of ``k`` (KDA) and ``d`` (DSA) letters over ``num_layers`` layers
     (a pattern as long as the model spells every layer out)."""
     letters = {"k": "kda", "d": "dsa"}
-    if not pattern or set(pattern) - set(letters):
+    if not isinstance(pattern, str) or not pattern or set(pattern) - set(letters):  # JSON may give a number or list
         raise ValueError(f"model config: layer_pattern expected letters 'k' and 'd', got {pattern!r}")
     return tuple(letters[pattern[i % len(pattern)]] for i in range(num_layers))
 
@@ -209,19 +232,42 @@ def list_presets() -> list[str]:
     return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
 
 
+def _no_duplicate_keys(pairs: list) -> dict:
+    """``json.loads``' object hook: a key given twice is an error (json keeps the last one silently)."""
+    keys = [key for key, _ in pairs]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise ValueError(f"keys given more than once {repeated}")
+    return dict(pairs)
+
+
 def load_config(name_or_path: str) -> ModelConfig:
-    """A preset by name (``tiny``, ``k31-pro-slice``, ``k31-pro``) or a JSON file path."""
+    """A preset by name (``tiny``, ``k31-pro-slice``, ``k31-pro``) or a JSON file path.
+
+    A ``.json`` path, or any existing file that is not a preset's name, is read as a file; a directory or a
+    ``.json`` path that does not exist is a ``ValueError`` saying so (not "unknown preset")."""
     path = Path(name_or_path)
-    if path.suffix == ".json" and path.exists():
-        text = path.read_text()
+    preset = resources.files("dsahal") / "presets" / f"{name_or_path}.json"
+    is_json_path = path.suffix.lower() == ".json"
+    if path.is_dir() and (is_json_path or not preset.is_file()):  # a folder named like a preset: the preset
+        raise ValueError(f"model config {name_or_path!r} expected a JSON file or one of the presets "
+                         f"{list_presets()}, got a directory")
+    if path.is_file() and (is_json_path or not preset.is_file()):
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"model config {name_or_path!r}: cannot read the file ({exc})") from None
+    elif is_json_path or (os.sep in name_or_path and not preset.is_file()):
+        raise ValueError(f"model config {name_or_path!r}: no such file (the presets are {list_presets()})")
     else:
-        preset = resources.files("dsahal") / "presets" / f"{name_or_path}.json"
         if not preset.is_file():
             raise ValueError(f"unknown model config {name_or_path!r}: not a JSON file and not one of the presets "
                              f"{list_presets()}")
         text = preset.read_text()
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise ValueError(f"model config {name_or_path!r} is not valid JSON: {exc}") from None
+    except ValueError as exc:  # a duplicate key (_no_duplicate_keys): which of the two was meant?
+        raise ValueError(f"model config {name_or_path!r}: expected each key once, got {exc}") from None
     return ModelConfig.from_dict(data)

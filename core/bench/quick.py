@@ -95,12 +95,15 @@ def ops_section(backend: str, ops: Optional[list[str]] = None, on_row: OnRow = N
     return rows
 
 
+DISPATCH_OP = "lse_combine"  # the op the dispatch section calls through each layer
+
+
 def dispatch_section(backend: str, ops: Optional[list[str]] = None, on_row: OnRow = None) -> list[Row]:
     """The cost of one op call in each layer above its implementation (:mod:`.dispatch`), one row per
     layer; the check is that every layer returned (the numbers are host time on this CPU)."""
     from .dispatch import measure
 
-    if ops and "lse_combine" not in ops:
+    if ops and DISPATCH_OP not in ops:
         return []
     with use_backend(backend):
         layers = measure(DEVICE, calls=200, repeats=3)
@@ -117,6 +120,11 @@ def dispatch_section(backend: str, ops: Optional[list[str]] = None, on_row: OnRo
 
 # name -> section function, in the order they run.
 SECTIONS: dict[str, Callable[..., list[Row]]] = {"ops": ops_section, "dispatch": dispatch_section}
+
+
+def section_ops() -> dict[str, set[str]]:
+    """The ops each section has rows for (what ``--op`` can select in it)."""
+    return {"ops": {case.op for case in tiny_op_cases()}, "dispatch": {DISPATCH_OP}}
 
 
 def run_quick(backend: str, sections: Optional[list[str]] = None, ops: Optional[list[str]] = None,

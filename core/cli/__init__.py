@@ -67,6 +67,20 @@ def _plain_help(parser: argparse.ArgumentParser) -> None:
                 _plain_help(sub)
 
 
+def check_output_path(path: str) -> None:
+    """``ValueError`` unless a file can be written at ``path`` (its folder exists and is writable, and it is
+    not a folder): the commands check their ``--json`` file before a run whose report it would hold."""
+    import os
+
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        raise ValueError(f"expected a file to write, got the directory {path!r}")
+    if not os.path.isdir(folder):
+        raise ValueError(f"expected a file in an existing directory, got {path!r} (no directory {folder!r})")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"expected a writable file, got {path!r} (permission denied)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -35,6 +35,7 @@ from ..engine.progress import PhaseProgress, process_age, say
 from ..engine.prefill_sharding import (DEFAULT_MIN_TOKENS, MODES, check_sharding_args, prefill_sharding_line,
                                       prefill_sharding_report, start_tp)
 from ..engine.report import peak_memory, print_header, print_results
+from . import check_output_path
 
 EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_FAILED = 1, 2, 3
 
@@ -71,6 +72,9 @@ def resolve_device(args) -> torch.device:
         except RuntimeError as exc:
             raise ValueError(f"dsahal run: argument '--device' expected a torch device such as cpu, cuda or "
                              f"cuda:1, got {args.device!r} ({exc})") from None
+        if device.type == "meta":  # shapes only: the first op that reads values failed, naming its own 'q'
+            raise ValueError(f"dsahal run: argument '--device {args.device}' expected a device that holds data "
+                             f"(cpu, cuda, ...): the run computes real tokens")
         if device.type == "cuda":
             if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
                 raise ValueError(f"dsahal run: argument '--device {args.device}': this torch ({torch.__version__}) "
@@ -201,6 +205,15 @@ def run(args) -> int:
             return _error(f"--{name.replace('_', '-')} expected an int >= 1, got {getattr(args, name)}", EXIT_USAGE)
     if args.check_tolerance is not None and not 0 < args.check_tolerance < float("inf"):
         return _error(f"--check-tolerance expected a number > 0, got {args.check_tolerance}", EXIT_USAGE)
+    if not 0 <= args.temperature < float("inf"):  # before the header and the weights, not at the first request
+        return _error(f"--temperature expected a finite number >= 0 (0: greedy), got {args.temperature}", EXIT_USAGE)
+    if not 0 < args.dcp_timeout < float("inf"):  # 0, < 0, nan or inf became a torch traceback at the store
+        return _error(f"--dcp-timeout expected a finite number of seconds > 0, got {args.dcp_timeout}", EXIT_USAGE)
+    if args.json and first_rank:  # the report is written after the whole run: a bad path must not cost the run
+        try:
+            check_output_path(args.json)
+        except ValueError as exc:
+            return _error(f"dsahal run: argument '--json': {exc}", EXIT_USAGE)
     from ..distributed import DistributedFault
 
     try:
@@ -369,8 +382,12 @@ def _report(args, config, attention, device, *, rank: int, world: int, replay_at
     if prefill_sharding_line(report):
         print(prefill_sharding_line(report))
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(report, handle, indent=2)
+        try:
+            with open(args.json, "w") as handle:
+                json.dump(report, handle, indent=2)
+        except OSError as exc:  # checked before the run; the path changed since (removed, filled up)
+            return _error(f"dsahal run: argument '--json': cannot write {args.json!r} ({exc.strerror or exc})",
+                          EXIT_FAILED)
     if args.check and not report["check"]["passed"]:
         check = report["check"]
         return _error(f"dsahal run --check: backend {table.name!r} differs from the reference by "

@@ -5,6 +5,7 @@ It never imports a backend: attention runs through :mod:`dsahal.ops` (via the la
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -36,10 +37,14 @@ def validate_model_config(config) -> None:
         fail("qk_rope_dim", "an even number (RoPE rotates pairs)")
     if config.index_dim < INDEX_ROPE_DIM:
         fail("index_dim", f">= {INDEX_ROPE_DIM} (the indexer's RoPE dims)")
-    if not config.rope_theta > 0:
-        fail("rope_theta", "> 0")
-    if not config.rms_norm_eps > 0:
-        fail("rms_norm_eps", "> 0")
+    # Finite as well as positive: rope_theta = inf ran with every rotation but the first pair's frozen, and
+    # mscale 0 / nan reached dsa_attention as a bad softmax_scale (a negative one was squared away silently).
+    if not 0 < config.rope_theta < math.inf:
+        fail("rope_theta", "a finite number > 0")
+    if not 0 < config.rms_norm_eps < math.inf:
+        fail("rms_norm_eps", "a finite number > 0")
+    if not 0 < config.mscale < math.inf:
+        fail("mscale", "a finite number > 0 (the softmax scale's factor is mscale squared)")
 
 
 def make_mlp(config, index: int) -> nn.Module:

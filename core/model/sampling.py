@@ -21,8 +21,8 @@ class SamplingParams:
     seed: Optional[int] = None
 
     def __post_init__(self):
-        if not self.temperature >= 0.0:
-            raise ValueError(f"SamplingParams: temperature expected >= 0, got {self.temperature}")
+        if not 0.0 <= self.temperature < float("inf"):  # inf divided every logit to 0: uniform, not sampling
+            raise ValueError(f"SamplingParams: temperature expected a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"SamplingParams: top_k expected >= 0, got {self.top_k}")
         if self.temperature > 0.0 and self.seed is None:
@@ -42,7 +42,11 @@ def sample_one(logits: torch.Tensor, params: SamplingParams, generator: Optional
     """One token from logits ``[vocab]`` (fp32). ``generator`` is the request's CPU generator."""
     if params.greedy:
         return int(torch.argmax(logits))
-    scaled = logits.float().cpu() / params.temperature
+    shifted = logits.float().cpu()
+    shifted = shifted - shifted.max()
+    # Shifted by the maximum before dividing, and the maxima kept at 0: a tiny temperature (1e-300, 0 in fp32)
+    # made logits / T inf and 0 / T NaN, and softmax NaN; this way the rest are <= 0 (-inf at worst).
+    scaled = torch.where(shifted == 0, shifted, shifted / params.temperature)
     if params.top_k:
         kth = torch.topk(scaled, min(params.top_k, scaled.numel())).values[-1]
         scaled = torch.where(scaled < kth, torch.full_like(scaled, float("-inf")), scaled)
