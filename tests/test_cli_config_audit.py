@@ -125,3 +125,22 @@ def test_bench_quick_options_that_select_nothing_or_cannot_be_written(tmp_path, 
         one_error_line(capsys)
     assert main(["bench", "--quick", "--section", "dispatch", "--json", str(tmp_path)]) == 2  # after the run
     assert "argument '--json': expected a file to write, got the directory" in one_error_line(capsys)
+
+
+def test_token_sharded_prefill_without_tp_is_an_error_not_ignored():
+    from dsahal.engine.prefill_sharding import check_sharding_args
+
+    with pytest.raises(ValueError, match=r"'--prefill-sharding tokens' expected --tp > 1 .* got --tp 1"):
+        check_sharding_args("tokens", 100, 1, 1)
+    check_sharding_args("auto", 100, 1, 1)  # the default: nothing to shard on one rank, and it says nothing
+
+
+def test_the_check_line_says_when_the_reference_was_checked_against_itself():
+    from dsahal.engine.check import describe_check
+
+    check = dict(passed=True, max_abs_logit_diff=0.0, relative_logit_diff=0.0, max_abs_logit=3.0, tolerance=1e-3,
+                 prompt_positions=7, prompt_max_abs_logit_diff=0.0, positions=2, sampled_max_abs_logit_diff=0.0,
+                 greedy_agree=2, greedy_agreement=1.0)
+    assert "against itself" in describe_check(dict(check, backend_under_test=None))
+    assert "against itself" not in describe_check(dict(check, backend_under_test="nvidia"))
+    assert "against itself" not in describe_check(check)  # a report from before the field

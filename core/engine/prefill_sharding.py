@@ -43,6 +43,9 @@ def check_sharding_args(mode: str, min_tokens: int, tp: int, dcp: int) -> None:
         raise ValueError(f"dsahal run: argument '--prefill-sharding' expected one of {list(MODES)}, got {mode!r}")
     if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 1:
         raise ValueError(f"dsahal run: argument '--prefill-shard-min-tokens' expected an int >= 1, got {min_tokens!r}")
+    if mode == "tokens" and tp == 1:  # (auto, the default, simply has nothing to shard on one rank)
+        raise ValueError(f"dsahal run: argument '--prefill-sharding tokens' expected --tp > 1 (it splits a prefill "
+                         f"step's tokens over the TP ranks), got --tp {tp}")
     if tp > 1 and dcp > 1:
         raise ValueError(f"dsahal run: arguments '--tp {tp}' and '--dcp {dcp}' expected one of them to be 1: DCP "
                          f"shards the cache by position, token-sharded prefill needs every rank to hold it whole")
