@@ -10,8 +10,22 @@ nothing; freeing a row that is not owned (or is owned by the other kind) is an e
 from __future__ import annotations
 
 import heapq
+import operator
 
 FREE, BLOCK, STATE = 0, 1, 2
+
+
+def as_int(where: str, name: str, value: object) -> int:
+    """``value`` as a Python int. Ids come from block tables and state-id tensors, so NumPy integers and
+    one-element integer tensors count as well as ints (``operator.index``); bool, float and str do not (a float
+    id would silently name another row once truncated). ``TypeError`` naming the argument otherwise."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    shown = f"{type(value).__name__} {value!r}" if not hasattr(value, "dtype") else f"{value!r}"
+    raise TypeError(f"{where}: argument '{name}' expected an int, got {shown}")
 
 
 class CacheFullError(RuntimeError):
@@ -22,6 +36,8 @@ class RowAllocator:
     """Ownership of ``num_rows`` rows, in units of single rows (blocks) and aligned slots (states)."""
 
     def __init__(self, num_rows: int, rows_per_state: int):
+        num_rows = as_int("dsahal.cache.RowAllocator", "num_rows", num_rows)
+        rows_per_state = as_int("dsahal.cache.RowAllocator", "rows_per_state", rows_per_state)
         if num_rows < 1 or rows_per_state < 0:
             raise ValueError(f"dsahal.cache.RowAllocator: expected num_rows >= 1 and rows_per_state >= 0, "
                              f"got {num_rows} and {rows_per_state}")
@@ -56,7 +72,8 @@ class RowAllocator:
 
     # -- blocks ------------------------------------------------------------------------------------
     def allocate_blocks(self, count: int) -> list[int]:
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        count = as_int("dsahal.cache.allocate_blocks", "n", count)
+        if count < 0:
             raise ValueError(f"dsahal.cache.allocate_blocks: argument 'n' expected an int >= 0, got {count!r}")
         if count > self._free_rows:
             raise CacheFullError(f"dsahal.cache.allocate_blocks: asked for {count} blocks, only {self._free_rows} "
@@ -71,6 +88,9 @@ class RowAllocator:
         return rows
 
     def free_blocks(self, rows) -> None:
+        if isinstance(rows, (str, bytes)) or not hasattr(rows, "__iter__"):
+            raise TypeError(f"dsahal.cache.free_blocks: argument 'ids' expected an iterable of block ids, "
+                            f"got {type(rows).__name__} {rows!r}")
         rows = [self._check_row("free_blocks", row) for row in rows]
         if len(set(rows)) != len(rows):
             raise ValueError(f"dsahal.cache.free_blocks: argument 'ids' expected distinct block ids, got {rows}")
@@ -103,7 +123,8 @@ class RowAllocator:
             f"nothing was allocated")
 
     def free_state(self, slot: int) -> None:
-        if isinstance(slot, bool) or not isinstance(slot, int) or slot not in self._states:
+        slot = as_int("dsahal.cache.free_state", "state_id", slot)
+        if slot not in self._states:
             raise ValueError(f"dsahal.cache.free_state: argument 'state_id' expected an allocated state id "
                              f"(one of {self.state_slots}), got {slot!r}")
         self._states.remove(slot)
@@ -115,9 +136,8 @@ class RowAllocator:
 
     # -- internals ---------------------------------------------------------------------------------
     def _check_row(self, method: str, row: object) -> int:
-        if hasattr(row, "item") and getattr(row, "numel", lambda: 0)() == 1:
-            row = row.item()
-        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < self.num_rows:
+        row = as_int(f"dsahal.cache.{method}", "ids", row)
+        if not 0 <= row < self.num_rows:
             raise ValueError(f"dsahal.cache.{method}: argument 'ids' expected block ids in [0, {self.num_rows}), "
                              f"got {row!r}")
         return row

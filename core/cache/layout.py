@@ -37,6 +37,7 @@ FP32_BYTES = 4
 KDA_CONV_KERNEL = 4  # fla's KDA short convolution (conv_size); a config's ``kda_conv_size`` overrides it
 KDA_CONV_PROJECTIONS = 3  # q, k and v each have their own convolution
 ROW_ROUNDINGS = ("page", "pow2")
+MAX_SLOTS = 2**31  # slots (block * block_tokens + offset) are int32 in every op and kernel
 DEFAULT_ROW_ROUNDING = "page"  # pow2 padded rows by 29-48% for the seed's formats (docs/cache.md, issue 20)
 
 
@@ -131,6 +132,8 @@ class CacheLayout:
         return tuple(s.layer for s in self.states)
 
     def page(self, layer: int, kind: str) -> PageSpec:
+        if kind not in ("latent", "index"):  # else the search finds no page and blames the layer
+            raise ValueError(f"dsahal.cache: argument 'kind' expected 'latent' or 'index', got {kind!r}")
         return self._find((p for p in self.pages if p.kind == kind), layer, "DSA", self.dsa_layers)
 
     def state(self, layer: int) -> StateSpec:
@@ -143,7 +146,7 @@ class CacheLayout:
         for spec in specs:
             if spec.layer == layer:
                 return spec
-        raise ValueError(f"dsahal.cache: layer {layer} is not a {what} layer of {self.model!r}; "
+        raise ValueError(f"dsahal.cache: layer {layer!r} is not a {what} layer of {self.model!r}; "
                          f"{what} layers are {list(layers)}")
 
     # -- derived sizes (the planner's byte accounting is dsahal.cli.capacity.layout_report) -----------
@@ -214,6 +217,9 @@ def plan_layout(
         raise TypeError(f"{where}: argument 'config' expected a ModelConfig, got {type(config).__name__}")
     block_tokens, tp, dcp = (_positive_int(n, v) for n, v in (("block_tokens", block_tokens), ("tp", tp),
                                                               ("dcp", dcp)))
+    if block_tokens > MAX_SLOTS:  # one block's slots must already be int32 ids
+        raise ValueError(f"{where}: argument 'block_tokens' expected an int <= {MAX_SLOTS} (slots are int32), "
+                         f"got {block_tokens}")
     try:
         latent, index = latent_format(latent_fmt), index_format(index_fmt)
     except ValueError as exc:

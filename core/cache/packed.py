@@ -4,8 +4,10 @@ from __future__ import annotations
 import torch
 
 from ..formats import latent_format
-from .allocator import CacheFullError, RowAllocator
-from .layout import FP32_BYTES, CacheLayout
+from ..ops._validate import can_read_values
+from ..formats.base import scale_limit_text
+from .allocator import CacheFullError, RowAllocator, as_int
+from .layout import FP32_BYTES, MAX_SLOTS, CacheLayout
 
 
 class PackedKVCache:
@@ -31,8 +33,24 @@ class PackedKVCache:
                             f"got {type(layout).__name__}")
         if isinstance(num_rows, bool) or not isinstance(num_rows, int) or num_rows < 1:
             raise ValueError(f"dsahal.cache.PackedKVCache: argument 'num_rows' expected an int >= 1, got {num_rows!r}")
+        # Slots (block * block_tokens + offset) are int32 in every op and kernel: a pool with more slots could
+        # not be addressed (cache_write and sparse_mla refuse its page views). Checked before allocating.
+        if num_rows * layout.block_tokens > MAX_SLOTS:
+            raise ValueError(f"dsahal.cache.PackedKVCache: argument 'num_rows' expected at most "
+                             f"{MAX_SLOTS // layout.block_tokens} (num_rows * block_tokens={layout.block_tokens} slots "
+                             f"must fit an int32 slot id), got {num_rows}")
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"dsahal.cache.PackedKVCache: argument 'device' expected a torch device, got {device!r}: "
+                             f"{exc}") from None
         self.layout = layout
-        self.pool = torch.zeros((num_rows, layout.row_bytes), dtype=torch.uint8, device=device)
+        try:
+            self.pool = torch.zeros((num_rows, layout.row_bytes), dtype=torch.uint8, device=device)
+        except (RuntimeError, MemoryError) as exc:  # out of memory (torch.OutOfMemoryError is a RuntimeError)
+            raise type(exc)(f"dsahal.cache.PackedKVCache: argument 'num_rows' expected a pool that fits on device "
+                            f"{device!s}, got {num_rows} rows x {layout.row_bytes} B = {num_rows * layout.row_bytes} "
+                            f"bytes: {exc}") from exc
         self._pool_fp32 = self.pool.view(-1).view(torch.float32)  # row_bytes is a multiple of 256
         self.allocator = RowAllocator(num_rows, layout.rows_per_state if layout.states else 0)
         self._latent_spec = latent_format(layout.latent_fmt)
@@ -43,6 +61,9 @@ class PackedKVCache:
     @classmethod
     def from_budget(cls, layout: CacheLayout, budget_bytes: int, device: str | torch.device = "cpu"):
         """As many rows as fit in ``budget_bytes``."""
+        if not isinstance(layout, CacheLayout):
+            raise TypeError(f"dsahal.cache.PackedKVCache.from_budget: argument 'layout' expected a CacheLayout, "
+                            f"got {type(layout).__name__}")
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int):
             raise TypeError(f"dsahal.cache.PackedKVCache.from_budget: argument 'budget_bytes' expected an int, "
                             f"got {type(budget_bytes).__name__}")
@@ -50,6 +71,11 @@ class PackedKVCache:
         if rows < 1:
             raise ValueError(f"dsahal.cache.PackedKVCache.from_budget: argument 'budget_bytes' expected at least one "
                              f"row ({layout.row_bytes} bytes), got {budget_bytes}")
+        if rows * layout.block_tokens > MAX_SLOTS:
+            max_bytes = (MAX_SLOTS // layout.block_tokens + 1) * layout.row_bytes - 1
+            raise ValueError(f"dsahal.cache.PackedKVCache.from_budget: argument 'budget_bytes' expected at most "
+                             f"{max_bytes} ({MAX_SLOTS // layout.block_tokens} rows: slots must fit an int32 slot id), "
+                             f"got {budget_bytes}")
         return cls(layout, rows, device)
 
     # -- sizes -------------------------------------------------------------------------------------
@@ -103,10 +129,19 @@ class PackedKVCache:
         if scale is None:
             raise ValueError(f"dsahal.cache.set_latent_scale: latent format {self.layout.latent_fmt!r} has no "
                              f"per-tensor scale")
-        if not (0.0 < float(value) < float("inf")):
-            raise ValueError(f"dsahal.cache.set_latent_scale: argument 'value' expected a finite float > 0, "
-                             f"got {value}")
-        scale.fill_(float(value))
+        try:  # a float, a NumPy float or a one-element tensor (an amax / 448 computed on the device)
+            number = None if isinstance(value, (bool, str, bytes)) else float(value)
+        except (TypeError, ValueError, RuntimeError):
+            number = None
+        if number is None:
+            raise TypeError(f"dsahal.cache.set_latent_scale: argument 'value' expected a float, "
+                            f"got {type(value).__name__} {value!r}")
+        # Checked as the fp32 the cache stores: 1e-50 would become 0 and 1e39 Inf in the scale tensor.
+        stored = float(torch.tensor(number, dtype=torch.float64).float())
+        if not (0.0 < stored <= self._latent_spec.max_tensor_scale):
+            raise ValueError(f"dsahal.cache.set_latent_scale: argument 'value' expected a finite float > 0 that stays "
+                             f"> 0 in fp32{scale_limit_text(self._latent_spec)}, got {value}")
+        scale.fill_(stored)
 
     def kda_states(self, layer: int) -> torch.Tensor:
         """``[num_state_slots, H_local, K, V]`` fp32 view of KDA layer ``layer``'s states; row ``i`` is
@@ -133,15 +168,31 @@ class PackedKVCache:
 
     def block_bytes(self, block_id: int) -> torch.Tensor:
         """``[row_bytes]`` uint8 contiguous view of block ``block_id``'s row (all its DSA pages)."""
-        if isinstance(block_id, bool) or not isinstance(block_id, int) or not 0 <= block_id < self.num_rows:
+        block_id = as_int("dsahal.cache.block_bytes", "block_id", block_id)
+        if not 0 <= block_id < self.num_rows:
             raise ValueError(f"dsahal.cache.block_bytes: argument 'block_id' expected an int in [0, {self.num_rows}), "
                              f"got {block_id!r}")
         return self.pool[block_id]
 
     def slot_byte_offsets(self, layer: int, kind: str, slots: torch.Tensor) -> torch.Tensor:
         """Byte offset into :attr:`pool` of each token record at ``slots`` (int64, same shape; -1 stays -1):
-        ``block * row_bytes + page offset + (slot % block_tokens) * token_bytes``."""
+        ``block * row_bytes + page offset + (slot % block_tokens) * token_bytes``.
+
+        ``slots`` is an int32/int64 tensor with values in ``[-1, num_rows * block_tokens)``: an offset is an
+        address someone copies to or from, so a slot past the pool (or a float truncated to one) must not
+        become an address outside it."""
+        where = "dsahal.cache.slot_byte_offsets"
         spec = self.layout.page(layer, kind)
+        if not isinstance(slots, torch.Tensor) or slots.dtype not in (torch.int32, torch.int64):
+            got = f"dtype {str(slots.dtype).replace('torch.', '')}" if isinstance(slots, torch.Tensor) else \
+                type(slots).__name__
+            raise TypeError(f"{where}: argument 'slots' expected an int32 or int64 tensor, got {got}")
+        num_slots = self.num_rows * self.block_tokens
+        if slots.numel() and can_read_values(slots):  # (a device sync: skipped while tracing or capturing)
+            low, high = int(slots.min()), int(slots.max())
+            if low < -1 or high >= num_slots:
+                raise ValueError(f"{where}: argument 'slots' expected values in [-1, {num_slots - 1}] (-1 stays -1), "
+                                 f"got {low if low < -1 else high}")
         slots = slots.long()
         block, within = torch.div(slots, self.block_tokens, rounding_mode="floor"), slots % self.block_tokens
         offsets = block * self.row_bytes + spec.offset + within * spec.token_bytes
@@ -153,7 +204,8 @@ class PackedKVCache:
         return self.allocator.allocate_blocks(n)
 
     def free_blocks(self, ids) -> None:
-        self.allocator.free_blocks(list(ids))
+        """Give back block ids (an iterable: list, tensor); a bad, free or repeated id frees nothing."""
+        self.allocator.free_blocks(ids)
 
     def allocate_state(self) -> int:
         """A state id whose KDA state (every KDA layer, recurrent and conv) is zeroed; :class:`CacheFullError` if no aligned run.

@@ -17,9 +17,13 @@ Shared rules of every format:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
+
+from .numerics import FP32_MAX
 
 FLOAT_INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -39,6 +43,8 @@ class CacheFormat:
     dim: int
     token_bytes: int
     needs_tensor_scale: bool = False
+    # Largest tensor scale the format accepts (formats with ``needs_tensor_scale``): ops and the cache check it.
+    max_tensor_scale: ClassVar[float] = math.inf
 
     # -- public, validated -------------------------------------------------------------------------
     def pack(self, values: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -54,10 +60,14 @@ class CacheFormat:
         return self.decode(records, scale)
 
     def error_bound(self, values: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-        """``[N, dim]`` fp32 with ``|unpack(pack(x)) - x| <= bound`` elementwise, for any finite x."""
+        """``[N, dim]`` fp32 with ``|unpack(pack(x)) - x| <= bound`` elementwise, for any finite x; always finite.
+
+        The per-format terms (rounding + saturation excess + division slack) can sum past the fp32 range for
+        ``|x|`` near fp32's largest value; the cap is still a bound: ``unpack(pack(x))`` is finite and has x's
+        sign (or is zero), so the error is at most ``max(|x|, |unpack(pack(x))|) <= FP32_MAX``."""
         self._check_values("error_bound", values)
         self._check_scale("error_bound", scale)
-        return self.bound(values, scale)
+        return self.bound(values, scale).clamp_max(FP32_MAX)
 
     # -- per format --------------------------------------------------------------------------------
     def encode(self, values: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
@@ -116,11 +126,19 @@ class CacheFormat:
             raise TypeError(f"{where}: argument 'scale' expected a float32 tensor of one element, "
                             f"got {scale.dtype} of shape {list(scale.shape)}")
         value = float(scale)
-        if not (0.0 < value < float("inf")):
-            raise ValueError(f"{where}: argument 'scale' expected a finite value > 0, got {value}")
+        if not (0.0 < value <= self.max_tensor_scale):
+            raise ValueError(f"{where}: argument 'scale' expected a finite value > 0{scale_limit_text(self)}, "
+                             f"got {value}")
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.name}"
+
+
+def scale_limit_text(fmt: CacheFormat) -> str:
+    """`` and at most <limit> (...)`` for messages about a tensor scale with a finite upper limit, else ``""``."""
+    if math.isinf(fmt.max_tensor_scale):
+        return ""
+    return f" and at most {fmt.max_tensor_scale:.6g} (format {fmt} holds up to 448 * scale, which must be a finite fp32)"
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -129,8 +147,14 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def from_bytes(records: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Inverse of :func:`as_bytes`: ``[N, b]`` uint8 -> ``[N, b/itemsize]`` of ``dtype``."""
-    return records.contiguous().view(dtype)
+    """Inverse of :func:`as_bytes`: ``[N, b]`` uint8 -> ``[N, b/itemsize]`` of ``dtype``.
+
+    Reinterpreting bytes needs the first byte at a multiple of the item size; records cut from a byte buffer
+    (a transfer blob, a slice at an odd offset) need not be, so those are copied to fresh storage first."""
+    records = records.contiguous()
+    if records.storage_offset() % dtype.itemsize:
+        records = records.clone()  # fresh storage, offset 0
+    return records.view(dtype)
 
 
 def saturation_excess(values: torch.Tensor, limit: torch.Tensor | float) -> torch.Tensor:

@@ -19,6 +19,10 @@ FP32_MIN_NORMAL = 2.0**-126
 # Largest magnitude the power-of-two-scaled formats (fp8 index, fp8_ds_mla nope, mxfp4) accept before
 # saturating: above it, rounding to the grid could reach 2^128 (Inf) after scaling, e.g. 256 * 2^120.
 SCALED_FORMAT_MAX = 1.5 * 2.0**127
+FP32_MAX = 3.4028234663852886e38  # largest finite float32
+# Largest per-tensor scale of the fp8 latent: its records hold up to 448 * scale, which must stay a finite fp32
+# (a larger scale would decode a saturated record to Inf). Compared in float64, where 448 * an fp32 is exact.
+FP8_TENSOR_SCALE_MAX = FP32_MAX / FP8_MAX  # ~7.6e35
 UE8M0_BIAS = 127
 UE8M0_MIN_EXP = -127  # byte 0x00; byte 0xFF is NaN, so the largest scale is 2^127
 UE8M0_MAX_EXP = 127

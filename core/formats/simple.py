@@ -3,6 +3,7 @@ FP8 with a per-token fp32 scale (index keys, DeepSeek-V3.2's 132-byte layout).""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -12,6 +13,7 @@ from .numerics import (
     BF16_MIN_SUBNORMAL,
     FP8_MAX,
     FP8_MIN_SUBNORMAL,
+    FP8_TENSOR_SCALE_MAX,
     SCALED_FORMAT_MAX,
     e4m3_half_ulp,
     pow2_scale_at_least,
@@ -74,7 +76,11 @@ class Fp8TensorScaleFormat(CacheFormat):
     magnitudes beyond ``448 * scale`` saturate to ±448 (the caller calibrates the scale, so
     saturation is the caller's choice, and it is clamped rather than turned into NaN).
     Bound: half an e4m3 ulp of ``|x|/scale`` times scale (relative 2^-4, absolute 2^-10·scale below
-    2^-6·scale) + 2^-22·|x| for the division + the saturation excess."""
+    2^-6·scale) + 2^-22·|x| for the division + the saturation excess. The scale is at most
+    :data:`~dsahal.formats.numerics.FP8_TENSOR_SCALE_MAX` (~7.6e35): above it ``448 * scale`` is not a finite
+    fp32, so a saturated record would decode to Inf."""
+
+    max_tensor_scale: ClassVar[float] = FP8_TENSOR_SCALE_MAX
 
     def encode(self, values, scale=None):
         q = (values.float() / scale.float().reshape(())).clamp(-FP8_MAX, FP8_MAX)
@@ -87,6 +93,7 @@ class Fp8TensorScaleFormat(CacheFormat):
         return fp8_scaled_bound(values, scale.reshape(()), exact_division=False)
 
     def max_abs(self, scale=None):
+        self._check_scale("max_abs", scale)  # the limit depends on it: None would fail inside float()
         return torch.full((self.dim,), FP8_MAX * float(scale), dtype=torch.float32)
 
 

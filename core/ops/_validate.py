@@ -12,6 +12,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from ..formats.base import CacheFormat, scale_limit_text
 from ._dispatch import tracing
 
 _Tensor = torch.Tensor
@@ -297,11 +298,15 @@ def values_in_range(op: str, name: str, t: torch.Tensor, low: int, high: int, *,
         )
 
 
-def positive_scale(op: str, name: str, t: torch.Tensor) -> None:
-    """A per-tensor scale (``[]`` fp32, shape checked already) is finite and > 0; skipped where contents
-    cannot be read. Checked even when nothing would read it (every row empty): it is the call's argument."""
+def positive_scale(op: str, name: str, t: torch.Tensor, fmt: CacheFormat | None = None) -> None:
+    """A per-tensor scale (``[]`` fp32, shape checked already) is finite and > 0, and at most the largest
+    scale of ``fmt`` (the fp8 latent's ``448 * scale`` must be a finite fp32, or saturated records decode to
+    Inf); skipped where contents cannot be read. Checked even when nothing would read it (every row empty):
+    it is the call's argument."""
     if not can_read_values(t):
         return
     value = float(t)
-    if not (0.0 < value < float("inf")):
-        raise ValueError(f"dsahal.{op}: argument '{name}' expected a finite value > 0, got {value}")
+    high = float("inf") if fmt is None else fmt.max_tensor_scale
+    if not (0.0 < value < float("inf") and value <= high):
+        limit = "" if fmt is None else scale_limit_text(fmt)
+        raise ValueError(f"dsahal.{op}: argument '{name}' expected a finite value > 0{limit}, got {value}")

@@ -43,7 +43,7 @@ def validate_cache_write(values, slots, pages, kind, fmt, scale) -> None:
     v.same_device(values=values, slots=slots, pages=pages, scale=scale)
     v.has_data("slots", slots)
     if spec.needs_tensor_scale:
-        positive_scale(OP, "scale", scale)
+        positive_scale(OP, "scale", scale, spec)
     values_in_range(OP, "slots", slots, -1, num_slots - 1, what=" (-1 skips a token)")
     if can_read_values(slots):
         written = slots[slots >= 0]

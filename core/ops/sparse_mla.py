@@ -51,7 +51,7 @@ def check_sparse_mla_args(v: ShapeBinder, q, kv_pages, slots, kv_fmt, kv_scale, 
     v.same_device(q=q, kv_pages=kv_pages, slots=slots, kv_scale=kv_scale)
     v.has_data("q", q)
     if spec.needs_tensor_scale:  # read even when every row is empty: a zero scale is a wrong call, used or not
-        positive_scale(v.op, "kv_scale", kv_scale)
+        positive_scale(v.op, "kv_scale", kv_scale, spec)
     if slots is not None:
         values_in_range(v.op, "slots", slots, -1, num_slots - 1, what=" (-1 is skipped)")
 

@@ -17,7 +17,10 @@ def cache_write(values, slots, pages, kind, fmt, scale) -> None:
     keep = slots >= 0
     if not bool(keep.any()):
         return
-    records = cache_format(kind, fmt).pack(values[keep], scale)
+    try:
+        records = cache_format(kind, fmt).pack(values[keep], scale)
+    except ValueError as exc:  # NaN/Inf in a written token: the format names itself, the caller called cache_write
+        raise ValueError(f"dsahal.cache_write: {exc}") from None
     block, offset = split_slots(slots[keep], pages.shape[1])
     pages[block, offset] = records  # advanced-index assignment writes through a strided view
 
