@@ -27,6 +27,11 @@ def _where(index: tuple) -> str:
 def assert_shape_dtype(run, name: str, got, shape, dtypes) -> None:
     if not isinstance(got, torch.Tensor):
         run.fail(f"'{name}' expected a tensor, got {type(got).__name__}")
+    # the inputs live on the run's device, so must the output: checked here, before a comparison copies it to
+    # the CPU (a meta tensor would fail there as "Cannot copy out of meta tensor", naming no output)
+    device = getattr(run, "device", None)
+    if device is not None and got.device.type != device.type:
+        run.fail(f"'{name}' expected on the inputs' device {device.type!r}, got a tensor on {str(got.device)!r}")
     allowed = (dtypes,) if isinstance(dtypes, torch.dtype) else tuple(dtypes)
     if list(got.shape) != list(shape) or got.dtype not in allowed:
         run.fail(f"'{name}' expected shape {list(shape)} dtype {[str(d) for d in allowed]}, "

@@ -40,6 +40,14 @@ def check_name(name: str, taken: frozenset[str] = BUILTIN_BACKENDS) -> None:
         raise NewBackendError(
             f"dsahal new-backend: argument 'NAME' expected lower-case letters, digits, '-' or '_', starting "
             f"with a letter, at most 40 characters, got {name!r}")
+    # `acme-x` and `acme_x` are two backend names but one package: both become the import package dsahal_acme_x
+    # and, by PEP 503 normalisation, the distribution dsahal-acme-x, so installing one replaces the other.
+    twins = sorted(t for t in taken if t != name and t.replace("-", "_") == name.replace("-", "_"))
+    if twins:
+        raise NewBackendError(
+            f"dsahal new-backend: argument 'NAME' expected a name no installed backend uses, got {name!r}, whose "
+            f"package dsahal_{name.replace('-', '_')} is the one of backend {twins[0]!r} ('-' and '_' name one "
+            f"package)")
     if name in taken:
         raise NewBackendError(
             f"dsahal new-backend: argument 'NAME' expected a name no installed backend uses, got {name!r} "
@@ -104,19 +112,27 @@ def generate(name: str, directory: Path | str | None = None, *, tags: list[str] 
     """
     check_name(name, taken)
     target = Path(directory) if directory is not None else Path(f"dsahal-{name}")
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+    if target.exists() and not target.is_dir():
+        raise NewBackendError(f"dsahal new-backend: argument '--dir' expected a new or empty directory, "
+                              f"got {str(target)!r}, which is a file")
+    if target.exists() and any(target.iterdir()):
         raise NewBackendError(f"dsahal new-backend: argument '--dir' expected a new or empty directory, "
                               f"got {str(target)!r}, which is not empty")
     values = template_values(name, tags or [name], device_types or list(DEFAULT_DEVICE_TYPES),
                              runner_labels or ["self-hosted", name], priority)
     root = resources.files("dsahal").joinpath(*TEMPLATE_ROOT)
     written = []
-    for template_path, source in _template_files(root):
-        destination = target / output_path(template_path, values)
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        destination.write_text(render(source.read_text(encoding="utf-8"), values, str(template_path)),
-                               encoding="utf-8")
-        written.append(destination)
+    try:
+        for template_path, source in _template_files(root):
+            destination = target / output_path(template_path, values)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            destination.write_text(render(source.read_text(encoding="utf-8"), values, str(template_path)),
+                                   encoding="utf-8")
+            written.append(destination)
+    except OSError as exc:  # a parent that is a file, no permission, a full disk: the CLI's one error line
+        raise NewBackendError(f"dsahal new-backend: argument '--dir' expected a directory that can be created and "
+                              f"written, got {str(target)!r}: {exc.strerror or exc} ({exc.filename or target})"
+                              f"{'; ' + str(len(written)) + ' files were written before' if written else ''}") from None
     if not written:
         raise NewBackendError(f"dsahal new-backend: no templates found under {root} (a broken install?)")
     return written

@@ -65,6 +65,13 @@ class Route:
             raise ValueError(f"Route name must be a non-empty identifier (letters, digits, _ - .), got {self.name!r}")
         if self.name == "reference":
             raise ValueError("Route name 'reference' is reserved for the fallback every op has")
+        # A "module:attr" typo (a dot for the colon, a non-callable) would otherwise surface only when the
+        # backend is selected, as a route that is quietly off: say so where the route is declared.
+        for role, value, required in (("implementation", self.fn, True), ("verifier", self.verifier, False),
+                                      ("probe", self.probe, False)):
+            problem = lazy_problem(value, required)
+            if problem:
+                raise ValueError(f"Route {self.name!r}: {role} {problem}")
 
 
 OpDeclaration = Union[Lazy, Route, Sequence[Route]]
@@ -103,8 +110,16 @@ class Backend:
         unknown = set(self.verifiers) - set(self.ops)
         if unknown:
             raise ValueError(f"backend {self.name!r}: verifiers for ops it does not implement: {sorted(unknown)}")
-        for op in self.ops:
-            routes = self.routes(op)
+        for op, declared in self.ops.items():
+            # Anything but a Route, an implementation or a sequence of Routes (None, a number, a dict) would
+            # fail in routes() with a bare TypeError that names neither the backend nor the op.
+            if not (isinstance(declared, (Route, list, tuple)) or _is_implementation(declared)):
+                raise ValueError(f"backend {self.name!r}: op {op!r} expected an implementation (callable or "
+                                 f"'module:attr'), a dsahal.Route or a list of them, got {type(declared).__name__}")
+            try:
+                routes = self.routes(op)
+            except ValueError as exc:  # the shorthand's Route refused its implementation or verifier
+                raise ValueError(f"backend {self.name!r}: op {op!r}: {exc}") from None
             strays = [type(r).__name__ for r in routes if not isinstance(r, Route)]
             if strays:
                 raise ValueError(f"backend {self.name!r}: op {op!r} expected an implementation or a list of "
@@ -132,6 +147,21 @@ class Backend:
 
 def _is_implementation(value) -> bool:
     return callable(value) or isinstance(value, str)
+
+
+def lazy_problem(value, required: bool = True) -> str:
+    """What is wrong with ``value`` as a :data:`Lazy` (a callable or ``"module:attr"``), or ``""``.
+    Checks the form only: nothing is imported."""
+    if value is None:
+        return "is missing" if required else ""
+    if callable(value):
+        return ""
+    if not isinstance(value, str):
+        return f"expected a callable or a 'package.module:attribute' string, got {type(value).__name__}"
+    module, sep, attr = value.partition(":")
+    if not (sep and module and attr and all(p.isidentifier() for p in module.split(".") + attr.split("."))):
+        return f"{value!r} expected a callable or a 'package.module:attribute' string"
+    return ""
 
 
 def package_versions(*distributions: str) -> dict[str, str]:

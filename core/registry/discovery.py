@@ -33,6 +33,7 @@ from .backend import Backend
 log = logging.getLogger("dsahal")
 
 REFERENCE_PLUGIN = "dsahal.reference.plugin"
+_REGISTRY_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Seconds a backend's probe may take before the backend is reported unavailable (the probe keeps running in
 # its daemon thread; its late answer is ignored). Probes are meant to be cheap: a driver query, an import check.
 PROBE_TIMEOUT_S = 2.0
@@ -189,6 +190,11 @@ def unknown_entry_text(entry: str, known: list[str]) -> str:
 
 def _summarise(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
+    # The plugin's line, not the registry's: a declaration dsahal refuses (Backend/Route validation) raises in
+    # this package (through the __init__ dataclasses generate, "<string>"), which would point the vendor at
+    # dsahal's source instead of the line to fix.
+    outside = [f for f in frames if not f.filename.startswith(_REGISTRY_DIR) and f.filename != "<string>"]
+    frames = outside or frames
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
     return f"{type(exc).__name__}: {exc}{where}"
 
@@ -251,6 +257,10 @@ def _unknown_ops(backend: Backend) -> Optional[str]:
             f"are served; the ops are: {', '.join(OP_NAMES)}")
 
 
+class _HookReturn(TypeError):
+    """A plugin's dsahal_backends returned something other than a list of backends."""
+
+
 def _collect(manager, candidate: _Candidate, registry: Registry) -> list[Backend]:
     """Load and register one plugin; its backends (none, with the cause recorded, when it fails)."""
     try:
@@ -266,9 +276,20 @@ def _collect(manager, candidate: _Candidate, registry: Registry) -> list[Backend
         if not impls:
             registry.failures.append(PluginFailure(candidate.name, "register", _nothing_registered(plugin)))
             return []
-        backends = [b for impl in impls for b in (impl.function() or [])]
+        backends = []
+        for impl in impls:
+            returned = impl.function() or []
+            # `return backend` for `return [backend]` would fail below as "TypeError: 'Backend' object is not
+            # iterable at discovery.py", naming neither the hook nor what it should return
+            if isinstance(returned, (Backend, str, bytes)) or not hasattr(returned, "__iter__"):
+                raise _HookReturn(f"its dsahal_backends returned {type(returned).__name__}, expected a list of "
+                                  f"dsahal.Backend (return [backend])")
+            backends.extend(returned)
     except KeyboardInterrupt:
         raise
+    except _HookReturn as exc:
+        registry.failures.append(PluginFailure(candidate.name, "register", str(exc)))
+        return []
     except BaseException as exc:  # noqa: BLE001
         registry.failures.append(PluginFailure(candidate.name, "register", _summarise(exc)))
         return []

@@ -10,6 +10,7 @@ No pluggy call, environment read or allocation happens per call; with no observe
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import threading
@@ -90,15 +91,62 @@ def _summary(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+# Seconds a route's probe may take before the route is off for the process (the probe keeps running in its
+# daemon thread; its late answer is ignored). Far above the backend's PROBE_TIMEOUT_S: a route probe may load a
+# kernel library or initialise the device (FlashMLA's reads the GPU's capability), which a cold process pays
+# once; only a probe that blocks (a hung driver query) reaches it, and without a bound it would hang every
+# process that selects the backend, and `dsahal backends --verbose`, which resolves every available backend.
+ROUTE_PROBE_TIMEOUT_S = 30.0
+
+
+def _probe_route(backend: str, op: str, route: Route) -> tuple[bool, str]:
+    """``(ok, reason)`` of a route's probe, run in a daemon thread for at most :data:`ROUTE_PROBE_TIMEOUT_S`;
+    a probe that raises (``SystemExit`` from a vendor library's import included), blocks or answers anything
+    but ``(ok, reason)`` says no, with the reason."""
+    answer: dict = {}
+    context = contextvars.copy_context()  # the caller's use_backend/use_routes state, as an inline call saw it
+
+    def run():
+        try:
+            answer["result"] = context.run(lambda: resolve_lazy(route.probe)())
+        except BaseException as exc:  # noqa: BLE001 - reported as the route's reason, never fatal
+            answer["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"dsahal-route-probe-{backend}-{op}-{route.name}", daemon=True)
+    thread.start()
+    thread.join(ROUTE_PROBE_TIMEOUT_S)
+    if "error" in answer:
+        return False, f"probe raised {_summary(answer['error'])}"
+    if "result" not in answer:
+        return False, (f"probe did not answer within {ROUTE_PROBE_TIMEOUT_S:g} s "
+                       f"(dsahal.registry.table.ROUTE_PROBE_TIMEOUT_S)")
+    result = answer["result"]
+    if not (isinstance(result, tuple) and len(result) == 2):
+        return False, f"probe returned {_short(result)}, expected (ok, reason)"
+    return bool(result[0]), str(result[1])
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _verdict(answer: Any) -> tuple[bool, str]:
+    """A verifier's answer as ``(ok, reason)``. Anything but a 2-tuple declines, saying what came back: read
+    as before, ``True`` or ``None`` declined as "verifier raised TypeError: cannot unpack..." and a string
+    (``"no"``) or a longer tuple was taken as a yes on the fast path."""
+    if isinstance(answer, tuple) and len(answer) == 2:
+        ok, why = bool(answer[0]), "" if answer[1] is None else str(answer[1])
+        return ok, why or ("" if ok else "declined (no reason given)")
+    return False, f"verifier returned {_short(answer)}, expected (ok, reason)"
+
+
 def _resolve_route(backend: str, op: str, route: Route) -> ResolvedRoute:
     """Probe, import and signature-check one route; any failure makes it unavailable, never fatal."""
     if route.probe is not None:
-        try:
-            ok, why = resolve_lazy(route.probe)()
-        except Exception as exc:  # noqa: BLE001 - a broken probe is a declined route, not a crash
-            return ResolvedRoute(route.name, None, None, False, f"probe raised {_summary(exc)}")
+        ok, why = _probe_route(backend, op, route)
         if not ok:
-            return ResolvedRoute(route.name, None, None, False, str(why))
+            return ResolvedRoute(route.name, None, None, False, why)
     parts = {}
     for role, lazy in (("implementation", route.fn), ("verifier", route.verifier)):
         if lazy is None:
@@ -108,7 +156,10 @@ def _resolve_route(backend: str, op: str, route: Route) -> ResolvedRoute:
             parts[role] = adapt_to_spec(op, resolve_lazy(lazy), f"backend {backend!r} route {route.name!r} {role}")
         except SignatureMismatch as exc:
             return ResolvedRoute(route.name, None, None, False, str(exc))
-        except Exception as exc:  # noqa: BLE001 - an import failure disables this route only
+        except KeyboardInterrupt:  # the user's interrupt is not the route's failure
+            raise
+        except BaseException as exc:  # noqa: BLE001 - an import failure (sys.exit in a vendor library's
+            # import included) disables this route only, never the process nor `dsahal backends`
             where = lazy if isinstance(lazy, str) else getattr(lazy, "__qualname__", repr(lazy))
             return ResolvedRoute(route.name, None, None, False,
                                  f"cannot load the {role} {where!r} of backend {backend!r} op {op!r}: {_summary(exc)}")
@@ -248,7 +299,9 @@ class OpTable:
                     if verifier is None:
                         return fn(*args)
                     try:
-                        ok = verifier(*args)[0]
+                        answer = verifier(*args)
+                        # only an (ok, reason) pair accepts: the slow path below names any other answer
+                        ok = answer[0] if isinstance(answer, tuple) and len(answer) == 2 else False
                     except Exception:  # noqa: BLE001 - the slow path below names and logs it
                         ok = False
                     if ok:
@@ -272,10 +325,14 @@ class OpTable:
             if route.verifier is None:
                 return route.name, declined
             try:
-                ok, why = route.verifier(*args)
+                answer = route.verifier(*args)
             except Exception as exc:  # noqa: BLE001 - a raising verifier declines, named and logged once
                 ok, why = False, f"verifier raised {_summary(exc)}"
                 self._log_once(op, f"backend {self.name!r} op {op} route {route.name!r}: {why}")
+            else:
+                ok, why = _verdict(answer)
+                if not ok and why.startswith("verifier returned "):  # a broken verifier, not a refusal
+                    self._log_once(op, f"backend {self.name!r} op {op} route {route.name!r}: {why}")
             if ok:
                 return route.name, declined
             declined.append((route.name, str(why)))
