@@ -20,7 +20,6 @@ chunked kernel's state pass formed ``h * stride_sh`` in int32. Same virtual-buff
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -38,38 +37,29 @@ def _rel(a, b) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-@contextlib.contextmanager
 def _wide_partials(module):
     """``torch.empty`` inside ``module`` returns the split partials (4-d fp32 of three or more splits) as views
     whose splits are :data:`WIDE` elements apart, inside one virtual allocation."""
     import torch
 
-    class _Torch:
-        def __getattr__(self, name):
-            return getattr(torch, name)
+    from interpreter_child import patched_empty
 
-        @staticmethod
-        def empty(shape, *args, dtype=None, **kwargs):
-            shape = tuple(shape)
-            if dtype != torch.float32 or len(shape) != 4 or shape[0] < SPLITS:
-                return torch.empty(shape, *args, dtype=dtype, **kwargs)
-            inner = 1
-            for size in shape[1:]:
-                inner *= size
-            base = torch.empty((shape[0] - 1) * WIDE + inner, dtype=dtype)  # virtual: pages untouched
-            strides = [WIDE] + [0] * (len(shape) - 1)
-            step = 1
-            for dim in range(len(shape) - 1, 0, -1):
-                strides[dim] = step
-                step *= shape[dim]
-            return base.as_strided(shape, strides)
+    def empty(shape, *args, dtype=None, **kwargs):
+        shape = tuple(shape)
+        if dtype != torch.float32 or len(shape) != 4 or shape[0] < SPLITS:
+            return torch.empty(shape, *args, dtype=dtype, **kwargs)
+        inner = 1
+        for size in shape[1:]:
+            inner *= size
+        base = torch.empty((shape[0] - 1) * WIDE + inner, dtype=dtype)  # virtual: pages untouched
+        strides = [WIDE] + [0] * (len(shape) - 1)
+        step = 1
+        for dim in range(len(shape) - 1, 0, -1):
+            strides[dim] = step
+            step *= shape[dim]
+        return base.as_strided(shape, strides)
 
-    real = module.torch
-    module.torch = _Torch()
-    try:
-        yield
-    finally:
-        module.torch = real
+    return patched_empty(module, empty)
 
 
 def _sparse_mla_case(kernel: str) -> dict:
