@@ -18,12 +18,20 @@ class ControlEntry:
     matched: int = 0
 
 
+class ControlFileError(ValueError):
+    """A control file that exists but cannot be read as text (a usage error, like a missing one)."""
+
+
 def read_control_file(path: str | Path) -> list[ControlEntry]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"dsahal conformance: control file {str(path)!r} does not exist")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ControlFileError(f"dsahal conformance: control file {str(path)!r} cannot be read as text: {exc}") from None
     entries = []
-    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+    for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue

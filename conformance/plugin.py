@@ -158,7 +158,7 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     try:
         state.skips = controls.read_control_file(CONFIG.skips_file) if CONFIG.skips_file else []
         state.xfails = controls.read_control_file(CONFIG.xfails_file) if CONFIG.xfails_file else []
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, controls.ControlFileError) as exc:
         raise pytest.UsageError(str(exc)) from None
     wanted = _read_test_ids(config.option.dsahal_tests, suite_items) if config.option.dsahal_tests else None
     listing = bool(config.option.dsahal_list_tests)

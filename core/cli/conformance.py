@@ -1,7 +1,9 @@
 """``dsahal conformance``: run the conformance suite against one backend and write its reports.
 
 Exit status: 0 when every property passed (skips and fallbacks are reported, not failures),
-1 on any failure, 2 on a usage error (unknown backend or op, missing control file) and when the backend
+1 on any failure, 2 on a usage error (unknown or unavailable backend, unknown op, missing or unreadable
+control file, a device torch cannot place tensors on, a report folder that cannot be written, --seed with
+--derandomize) and when the backend
 under test cannot serve any op it declares because its routes fail to load (a ``"module:attr"`` that does
 not import, a signature the op's spec cannot call): one ``error:`` line naming each op and path, and no
 run, since every property would only certify the reference. Routes that fail to load on a backend that
@@ -101,24 +103,98 @@ def unloadable_routes(backend: str | None) -> tuple[str | None, list[str]]:
     return None, warnings
 
 
+def device_error(device: str | None) -> str | None:
+    """Why op arguments cannot be placed on ``device`` (None when they can, or no device was given): a name
+    torch does not know, a CUDA device this machine lacks, or one a tensor cannot be read back from (``meta``)
+    would fail every property at its set-up and publish the backend's failures. No CUDA context or XLA
+    runtime is started here: a parent of ``--jobs`` children must not hold the device."""
+    if not device:
+        return None
+    import torch
+
+    try:
+        where = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        return f"--device: {device!r} is not a torch device ({' '.join(str(exc).split())})"
+    if where.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (where.index or 0) >= count:
+            return f"--device: {device!r}: this machine has {count} CUDA device(s) visible to torch {torch.__version__}"
+        return None
+    if where.type == "xla":  # torch_xla registers the device; the backend's own set-up reports it missing
+        return None
+    try:
+        torch.zeros(1, device=where).add(1).cpu()
+    except Exception as exc:  # noqa: BLE001 - whatever the device refuses is the reason given
+        return f"--device: cannot place op arguments on {device!r} ({' '.join(str(exc).split())})"
+    return None
+
+
+def report_dir_error(report_dir: str) -> str | None:
+    """Why the reports cannot be written to ``report_dir`` (None when they can; the folder is created): a
+    path under a file, a file in its place, an unwritable folder, a report name taken by a folder. Checked
+    before the run, whose reports would otherwise be lost to a traceback at its end."""
+    from . import check_output_path
+
+    folder = Path(report_dir)
+    if folder.exists() and not folder.is_dir():
+        return f"--report-dir: {report_dir!r} is a file, not a directory"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"--report-dir: cannot create the directory {report_dir!r} ({exc.strerror or exc})"
+    for name in ("junit.xml", "conformance.json", "conformance.md"):
+        try:
+            check_output_path(str(folder / name))
+        except ValueError as exc:
+            return f"--report-dir: {exc}"
+    return None
+
+
 def run(args) -> int:
     import pytest
+
+    from dsahal.conformance import controls
 
     if args.jobs < 1:
         print(f"error: --jobs: expected a positive number, got {args.jobs}", file=sys.stderr)
         return 2
+    if args.max_examples is not None and args.max_examples < 1:
+        print(f"error: --max-examples: expected a positive number, got {args.max_examples}", file=sys.stderr)
+        return 2
     if args.min_examples is not None and args.min_examples < 0:
         print(f"error: --min-examples: expected 0 or a positive number, got {args.min_examples}", file=sys.stderr)
+        return 2
+    if args.seed is not None and args.derandomize:
+        print(f"error: --seed: {args.seed} cannot be combined with --derandomize, which derives each test's seed "
+              f"from the test (the seed would be ignored)", file=sys.stderr)
         return 2
     unknown = [op for op in (args.ops or []) if op not in OP_NAMES]
     if unknown:
         print(f"error: --ops: unknown op(s) {unknown}; expected some of {list(OP_NAMES)}", file=sys.stderr)
         return 2
+    if args.ops:  # an op named twice is one family (reports and --jobs parts list each once)
+        args.ops = list(dict.fromkeys(args.ops))
     for name in ("skips", "xfails", "tests"):
         path = getattr(args, name)
         if path and not Path(path).is_file():
             print(f"error: --{name}: no such file {path!r}", file=sys.stderr)
             return 2
+    for name in ("skips", "xfails"):
+        path = getattr(args, name)
+        try:
+            if path:
+                controls.read_control_file(path)
+        except controls.ControlFileError as exc:
+            print(f"error: --{name}: {exc}", file=sys.stderr)
+            return 2
+    from dsahal.registry import RegistryError, registry, select
+
+    try:  # an unknown or unavailable backend is a usage error here, before any test process starts
+        select(registry(), args.backend)
+    except RegistryError as exc:
+        print(f"error: {'--backend: ' if args.backend else ''}{exc}", file=sys.stderr)
+        return 2
     if args.routes:
         from dsahal.registry.overrides import ENV, RouteOverrideError, parse
 
@@ -148,7 +224,10 @@ def run(args) -> int:
     # Bounded Triton compiles: the drawn strides would otherwise recompile nearly every example
     # (dsahal.backends.triton_kernels.compile_budget); read when a backend is built, here and in job processes.
     os.environ["DSAHAL_TRITON_COMPILE_BUDGET"] = str(args.compile_budget)
-    Path(args.report_dir).mkdir(parents=True, exist_ok=True)
+    for problem in (device_error(args.device), report_dir_error(args.report_dir)):
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
     if args.jobs > 1:
         from dsahal.conformance.jobs import run_jobs
 
