@@ -138,7 +138,7 @@ class PackedKVCache:
                             f"got {type(value).__name__} {value!r}")
         # Checked as the fp32 the cache stores: 1e-50 would become 0 and 1e39 Inf in the scale tensor.
         stored = float(torch.tensor(number, dtype=torch.float64).float())
-        if not (0.0 < stored <= self._latent_spec.max_tensor_scale):
+        if not self._latent_spec.accepts_scale(stored):
             raise ValueError(f"dsahal.cache.set_latent_scale: argument 'value' expected a finite float > 0 that stays "
                              f"> 0 in fp32{scale_limit_text(self._latent_spec)}, got {value}")
         scale.fill_(stored)

@@ -74,6 +74,11 @@ def _error(message: str) -> int:
 
 
 def run(args) -> int:
+    if args.json:  # the report is written after the run: a bad path must not cost it (GPU bench and --quick)
+        try:
+            check_output_path(args.json)
+        except ValueError as exc:
+            return _error(f"dsahal bench: argument '--json': {exc}")
     if args.quick:
         return run_quick(args)
     if args.section:
@@ -93,11 +98,6 @@ def run(args) -> int:
     cases = select_cases(all_cases(quick=args.reduced), args.op)
     if not cases:
         return _error(f"dsahal bench: argument '--op' expected op names with a bench case, got {args.op}")
-    if args.json:  # written after every case has run: a bad path must not cost the run
-        try:
-            check_output_path(args.json)
-        except ValueError as exc:
-            return _error(f"dsahal bench: argument '--json': {exc}")
     ceilings, rows = run_bench(cases, backend, graphs=not args.no_graphs, on_row=RowPrinter())
     print("\nall cases:", flush=True)
     print(table(ceilings, rows))
@@ -113,8 +113,7 @@ def run_quick(args) -> int:
     """``--quick``: :mod:`dsahal.bench.quick`'s sections on the CPU; rows print as they finish."""
     import json
 
-    from ..bench.quick import (SECTIONS, quick_header, quick_row_line, run_quick as run_sections, section_ops,
-                              tiny_op_cases)
+    from ..bench.quick import SECTIONS, quick_header, quick_row_line, run_quick as run_sections, section_ops
     from ..registry import RegistryError, active_table, use_backend
     from ..registry.settings import SettingError
 
@@ -125,22 +124,18 @@ def run_quick(args) -> int:
     if unknown:
         return _error(f"dsahal bench: argument '--section' expected one of {', '.join(SECTIONS)}, "
                       f"got {', '.join(unknown)}")
-    quick_ops = {case.op for case in tiny_op_cases()}
+    covered = section_ops()
+    quick_ops = covered["ops"]
     bad_ops = sorted(set(args.op or ()) - quick_ops)
     if bad_ops:
         return _error(f"dsahal bench: argument '--op' expected ops with a --quick case "
                       f"({', '.join(sorted(quick_ops))}), got {', '.join(bad_ops)}")
     if args.op:  # e.g. --section dispatch --op kda_decode ran nothing and reported "0 of 0 checks passed"
         sections = args.section or list(SECTIONS)
-        if not any(set(args.op) & section_ops()[s] for s in sections):
-            covered = "; ".join(f"{s}: {', '.join(sorted(section_ops()[s]))}" for s in sections)
+        if not any(set(args.op) & covered[s] for s in sections):
+            listing = "; ".join(f"{s}: {', '.join(sorted(covered[s]))}" for s in sections)
             return _error(f"dsahal bench: arguments '--section {' '.join(sections)}' and '--op {' '.join(args.op)}' "
-                          f"expected to select at least one case, got none (the sections' ops: {covered})")
-    if args.json:  # written after the run: a bad path must not cost it
-        try:
-            check_output_path(args.json)
-        except ValueError as exc:
-            return _error(f"dsahal bench: argument '--json': {exc}")
+                          f"expected to select at least one case, got none (the sections' ops: {listing})")
     name = args.backend or "reference"
     try:
         with use_backend(name):

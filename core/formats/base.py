@@ -126,9 +126,14 @@ class CacheFormat:
             raise TypeError(f"{where}: argument 'scale' expected a float32 tensor of one element, "
                             f"got {scale.dtype} of shape {list(scale.shape)}")
         value = float(scale)
-        if not (0.0 < value <= self.max_tensor_scale):
+        if not self.accepts_scale(value):
             raise ValueError(f"{where}: argument 'scale' expected a finite value > 0{scale_limit_text(self)}, "
                              f"got {value}")
+
+    def accepts_scale(self, value: float) -> bool:
+        """A tensor scale this format takes: finite, > 0 and at most :attr:`max_tensor_scale` (the one rule
+        the format's own methods, the ops' validation and the cache's ``set_latent_scale`` apply)."""
+        return 0.0 < value < math.inf and value <= self.max_tensor_scale
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.name}"

@@ -298,7 +298,7 @@ def values_in_range(op: str, name: str, t: torch.Tensor, low: int, high: int, *,
         )
 
 
-def positive_scale(op: str, name: str, t: torch.Tensor, fmt: CacheFormat | None = None) -> None:
+def positive_scale(op: str, name: str, t: torch.Tensor, fmt: CacheFormat) -> None:
     """A per-tensor scale (``[]`` fp32, shape checked already) is finite and > 0, and at most the largest
     scale of ``fmt`` (the fp8 latent's ``448 * scale`` must be a finite fp32, or saturated records decode to
     Inf); skipped where contents cannot be read. Checked even when nothing would read it (every row empty):
@@ -306,7 +306,6 @@ def positive_scale(op: str, name: str, t: torch.Tensor, fmt: CacheFormat | None 
     if not can_read_values(t):
         return
     value = float(t)
-    high = float("inf") if fmt is None else fmt.max_tensor_scale
-    if not (0.0 < value < float("inf") and value <= high):
-        limit = "" if fmt is None else scale_limit_text(fmt)
-        raise ValueError(f"dsahal.{op}: argument '{name}' expected a finite value > 0{limit}, got {value}")
+    if not fmt.accepts_scale(value):
+        raise ValueError(f"dsahal.{op}: argument '{name}' expected a finite value > 0{scale_limit_text(fmt)}, "
+                         f"got {value}")
