@@ -68,8 +68,9 @@ def pytest_args(args) -> list[str]:
 
 def unloadable_routes(backend: str | None) -> tuple[str | None, list[str]]:
     """(an error when no op the backend declares has a usable route and some route failed to load, else
-    None; one warning per route that failed to load). An unknown or unavailable backend is left to the
-    suite's own set-up, which reports it as a usage error."""
+    None; one warning per route that failed to load). :func:`run` has refused an unknown or unavailable
+    backend already; a table that still cannot be built (a ``DSAHAL_ROUTES`` naming a route the backend lacks)
+    is left to the suite's own set-up, which reports it as a usage error."""
     from dsahal.ops.catalog import COMPOSITE_OPS
     from dsahal.registry import OpTable, RegistryError, registry, resolve_lazy, select
     from dsahal.registry.signature import adapt_to_spec
