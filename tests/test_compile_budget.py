@@ -11,6 +11,19 @@ import triton.language as tl
 
 from dsahal.backends.triton_kernels import compile_budget
 from dsahal.backends.triton_kernels.compile_budget import BudgetedKernel, budget_from_env
+from dsahal.backends.triton_kernels.launcher import LaunchedKernel
+
+
+@pytest.fixture
+def plain_kernels():
+    """Take the budget wrappers off again: other tests expect each kernel behind its launch cache only."""
+    import importlib
+
+    yield
+    for key, wrapper in compile_budget._installed.items():
+        module, name = key.split(":")
+        setattr(importlib.import_module(module), name, wrapper.kernel)
+    compile_budget._installed.clear()
 
 
 @triton.jit(do_not_specialize=("n",))
@@ -79,19 +92,21 @@ def test_budget_from_the_environment(monkeypatch):
             budget_from_env()
 
 
-def test_nothing_is_installed_without_a_budget_or_under_the_interpreter(monkeypatch):
+def test_no_budget_wrapper_without_a_budget_and_nothing_under_the_interpreter(monkeypatch, plain_kernels):
     from dsahal.backends.triton_kernels import sparse_mla
 
     monkeypatch.delenv(compile_budget.ENV, raising=False)
-    before = sparse_mla.sparse_mla_kernel
-    compile_budget.install()
-    assert sparse_mla.sparse_mla_kernel is before
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    before = sparse_mla.sparse_mla_kernel
     compile_budget.install(4)
     assert sparse_mla.sparse_mla_kernel is before
+    monkeypatch.delenv("TRITON_INTERPRET")
+    compile_budget.install()
+    # only the launch cache's wrapper, put there when the module was imported (every launch goes through it)
+    assert sparse_mla.sparse_mla_kernel is before and isinstance(before, LaunchedKernel)
 
 
-def test_install_wraps_the_launched_kernels_only(monkeypatch):
+def test_install_wraps_the_launched_kernels_only(monkeypatch, plain_kernels):
     """Every module-level ``*_kernel`` is wrapped (and launching code finds the wrapper by its global
     name); device helpers are left alone, since kernels call them while compiling."""
     from triton.runtime.jit import JITFunction
@@ -99,20 +114,12 @@ def test_install_wraps_the_launched_kernels_only(monkeypatch):
     from dsahal.backends.triton_kernels import indexer, sparse_mla
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    try:
-        wrapped = compile_budget.install(4)
-        assert isinstance(sparse_mla.sparse_mla_kernel, BudgetedKernel)
-        assert isinstance(indexer.indexer_score_kernel, BudgetedKernel)
-        assert f"{sparse_mla.__name__}:sparse_mla_kernel" in wrapped
-        assert isinstance(indexer._score_tile, JITFunction)  # a device helper
-        assert compile_budget.install(4).keys() == wrapped.keys()  # idempotent
-    finally:  # put every wrapped kernel back (other tests launch the plain ones)
-        import importlib
-
-        for key, wrapper in compile_budget._installed.items():
-            module, name = key.split(":")
-            setattr(importlib.import_module(module), name, wrapper.kernel)
-        compile_budget._installed.clear()
+    wrapped = compile_budget.install(4)
+    assert isinstance(sparse_mla.sparse_mla_kernel, BudgetedKernel)
+    assert isinstance(indexer.indexer_score_kernel, BudgetedKernel)
+    assert f"{sparse_mla.__name__}:sparse_mla_kernel" in wrapped
+    assert isinstance(indexer._score_tile, JITFunction)  # a device helper
+    assert compile_budget.install(4).keys() == wrapped.keys()  # idempotent
 
 
 def test_a_budget_of_zero_sends_every_call_to_the_twin_and_none_passes_through():
@@ -126,46 +133,30 @@ def test_a_budget_of_zero_sends_every_call_to_the_twin_and_none_passes_through()
     assert len(wrapper.kernel.calls) == 1
 
 
-def test_batch_invariant_mode_installs_alignment_free_launches(monkeypatch):
-    import importlib
-
+def test_batch_invariant_mode_installs_alignment_free_launches(monkeypatch, plain_kernels):
     from dsahal.backends.triton_kernels import sparse_mla
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv(compile_budget.ENV, raising=False)
-    try:
-        compile_budget.install(invariant=True)
-        assert isinstance(sparse_mla.sparse_mla_kernel, BudgetedKernel) and sparse_mla.sparse_mla_kernel.budget == 0
-        compile_budget.install()  # default mode again, no budget asked: the wrappers pass calls through
-        assert sparse_mla.sparse_mla_kernel.budget is None
-    finally:
-        for key, wrapper in compile_budget._installed.items():
-            module, name = key.split(":")
-            setattr(importlib.import_module(module), name, wrapper.kernel)
-        compile_budget._installed.clear()
+    compile_budget.install(invariant=True)
+    assert isinstance(sparse_mla.sparse_mla_kernel, BudgetedKernel) and sparse_mla.sparse_mla_kernel.budget == 0
+    compile_budget.install()  # default mode again, no budget asked: the wrappers pass calls through
+    assert sparse_mla.sparse_mla_kernel.budget is None
 
 
-def test_a_plugin_that_does_not_name_the_mode_keeps_batch_invariant_launches(monkeypatch):
+def test_a_plugin_that_does_not_name_the_mode_keeps_batch_invariant_launches(monkeypatch, plain_kernels):
     """Every plugin's declaration installs the budget; the mode is the process's, so a declaration that does
     not pass it (the PPU plugin's, built after nvidia's in one registry) must not reset the budget of 0 to the
     suite's 4 (seen on the H200: kda_decode rows depended on the batch again)."""
-    import importlib
-
     from dsahal.backends.triton_kernels import kda
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv(compile_budget.ENV, "4")
     monkeypatch.setenv("DSAHAL_BATCH_INVARIANT", "1")
-    try:
-        compile_budget.install(invariant=True)
-        compile_budget.install()  # another plugin's declaration, mode not named
-        assert isinstance(kda.kda_decode_step_kernel, BudgetedKernel)
-        assert all(w.budget == 0 for w in compile_budget._installed.values())
-        monkeypatch.setenv("DSAHAL_BATCH_INVARIANT", "0")
-        compile_budget.install()  # default mode: the suite's budget again
-        assert all(w.budget == 4 for w in compile_budget._installed.values())
-    finally:
-        for key, wrapper in compile_budget._installed.items():
-            module, name = key.split(":")
-            setattr(importlib.import_module(module), name, wrapper.kernel)
-        compile_budget._installed.clear()
+    compile_budget.install(invariant=True)
+    compile_budget.install()  # another plugin's declaration, mode not named
+    assert isinstance(kda.kda_decode_step_kernel, BudgetedKernel)
+    assert all(w.budget == 0 for w in compile_budget._installed.values())
+    monkeypatch.setenv("DSAHAL_BATCH_INVARIANT", "0")
+    compile_budget.install()  # default mode: the suite's budget again
+    assert all(w.budget == 4 for w in compile_budget._installed.values())

@@ -114,7 +114,9 @@ def compile_variant(variant: Variant) -> Compiled:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    source = ASTSource(fn=variant.kernel, signature=variant.signature(), constexprs=variant.constexprs,
+    from dsahal.backends.triton_kernels.launcher import triton_launch
+
+    source = ASTSource(fn=triton_launch(variant.kernel), signature=variant.signature(), constexprs=variant.constexprs,
                        attrs=run_time_alignment(variant))
     start = time.perf_counter()
     try:

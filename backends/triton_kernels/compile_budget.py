@@ -23,22 +23,21 @@ sliced out of a batch at an odd offset then gave other bits than the same reques
 2026-12-01, ``kda_decode``, 1 of 179 examples at 200). With one alignment-free compile per configuration,
 a row's result cannot depend on where its tensors start.
 
-Without either variable nothing is installed: launches are plain ``kernel[grid](...)`` with no added
-cost. Under ``TRITON_INTERPRET=1`` nothing is compiled and nothing is installed.
+Without either variable nothing is installed: launches are the launch cache's (:mod:`.launcher`) with no
+added cost. Under ``TRITON_INTERPRET=1`` nothing is compiled and nothing is installed.
 """
 from __future__ import annotations
 
-import importlib
 import os
-import pkgutil
 from typing import Any
 
 import torch
 
 from ..batch_mode import invariant_requested
+from . import launcher
 
 ENV = "DSAHAL_TRITON_COMPILE_BUDGET"
-LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+LAUNCH_OPTIONS = launcher.LAUNCH_OPTIONS
 
 _installed: dict[str, "BudgetedKernel"] = {}
 
@@ -68,6 +67,8 @@ class BudgetedKernel:
     def __init__(self, kernel, budget: int):
         import triton
 
+        if not isinstance(kernel, launcher.LaunchedKernel):
+            kernel = launcher.LaunchedKernel(kernel, launcher.fast_launch_requested())
         self.kernel = kernel
         self.budget = budget
         self.params = list(kernel.params)
@@ -76,9 +77,10 @@ class BudgetedKernel:
         self.unspecialised = {p.name for p in self.params if p.do_not_specialize}
         runtime = [p.name for p in self.params if not p.is_constexpr]
         try:
-            self.twin = triton.jit(kernel.fn, do_not_specialize=runtime, do_not_specialize_on_alignment=runtime)
+            twin = triton.jit(kernel.fn, do_not_specialize=runtime, do_not_specialize_on_alignment=runtime)
         except TypeError:  # a Triton without alignment control: do_not_specialize covers both there
-            self.twin = triton.jit(kernel.fn, do_not_specialize=runtime)
+            twin = triton.jit(kernel.fn, do_not_specialize=runtime)
+        self.twin = launcher.LaunchedKernel(twin, kernel.enabled)
         self.seen: dict[tuple, set] = {}
         self.decided: dict[tuple, bool] = {}  # (config, pattern) -> specialised?
         self.generic_calls = 0
@@ -133,40 +135,29 @@ class BudgetedKernel:
         return {"specialised_patterns": sum(len(p) for p in self.seen.values()), "generic_calls": self.generic_calls}
 
 
-def launched_kernels(module) -> dict[str, Any]:
-    """Module-level ``*_kernel`` Triton functions of ``module`` (the launched ones, by this package's naming)."""
-    from triton.runtime.jit import JITFunction
-
-    return {name: value for name, value in vars(module).items()
-            if name.endswith("_kernel") and isinstance(value, JITFunction)}
-
-
 def install(budget: int | None = None, *, invariant: bool = False) -> dict[str, BudgetedKernel]:
-    """Wrap every launched kernel of this package in a :class:`BudgetedKernel`, or set the budget of the
-    wrappers already installed (a registry rebuilt in another mode).
+    """Wrap every launched kernel of this package (each already behind its launch cache,
+    :mod:`.launcher`) in a :class:`BudgetedKernel`, or set the budget of the wrappers already installed (a
+    registry rebuilt in another mode).
 
     ``budget`` defaults to :func:`budget_from_env`; ``invariant`` (batch-invariant mode, also taken from
-    ``DSAHAL_BATCH_INVARIANT`` whoever calls) makes it 0: every launch on the alignment-free twin. With no budget and not invariant, nothing new is installed and
-    installed wrappers pass every call through. Nothing under ``TRITON_INTERPRET=1``. Returns the
-    installed wrappers by ``module:name``.
+    ``DSAHAL_BATCH_INVARIANT`` whoever calls) makes it 0: every launch on the alignment-free twin. With no
+    budget and not invariant, no budget wrapper is added and installed ones pass every call through.
+    Nothing under ``TRITON_INTERPRET=1``. Returns the budget wrappers by ``module:name``.
     """
     # The mode is the process's (one variable for every backend): a plugin that installs without naming it
     # must not undo another's budget of 0 (the PPU plugin's declaration, built after nvidia's, reset it to
     # the suite's 4 on the H200, 2026-12-01: kda_decode rows then depended on the batch again).
     invariant = invariant or invariant_requested()
     budget = 0 if invariant else (budget_from_env() if budget is None else budget)
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if launcher.interpreted():
         return dict(_installed)
     for wrapper in _installed.values():
         wrapper.budget = budget or (0 if invariant else None)
     if budget is None or (budget == 0 and not invariant):
         return dict(_installed)
-    package = importlib.import_module(__package__)
-    for info in pkgutil.iter_modules(package.__path__):
-        if info.name == __name__.rsplit(".", 1)[-1]:
-            continue
-        module = importlib.import_module(f"{__package__}.{info.name}")
-        for name, kernel in launched_kernels(module).items():
+    for module in launcher.kernel_modules():
+        for name, kernel in launcher.launched_kernels(module).items():
             wrapper = BudgetedKernel(kernel, budget)
             setattr(module, name, wrapper)
             _installed[f"{module.__name__}:{name}"] = wrapper

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from . import grid
+from .launcher import wrap_launched
 
 
 @triton.jit
@@ -290,3 +291,7 @@ def kda_prefill_recurrent(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, s
     and independent of fla; slower than a chunked kernel on long sequences."""
     return _launch(q, k, v, g, beta, state_pool, state_ids, cu_seqlens, scale, use_qk_l2norm, block_v,
                    num_warps, False)
+
+
+# Last: every launched kernel above goes through the launch cache (launcher module docstring).
+wrap_launched(globals())

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launcher import triton_launch, wrap_launched
+
 
 # Counts and sizes that vary from call to call are not specialised on (Triton would compile a
 # variant per value pattern: ==1, multiple of 16); strides stay specialised for wide loads.
@@ -73,10 +75,13 @@ def _launch_args(o_parts, lse_parts, out, lse):
                                parts, heads, dim)
 
 
-def prepare_bare_launch(o_parts, lse_parts, *, allocate=False, block_d=512, num_warps=4):
-    """``launch()``: exactly the kernel launch :func:`lse_combine` makes, outputs preallocated (the
-    dispatch bench's floor for this op); ``allocate=True``: each launch first allocates its two outputs
-    as :func:`lse_combine` does, so the bench can tell allocation from the wrapper's own work."""
+def prepare_bare_launch(o_parts, lse_parts, *, allocate=False, cached=False, block_d=512, num_warps=4):
+    """``launch()``: the kernel launch :func:`lse_combine` makes, outputs preallocated, through Triton's own
+    ``kernel[grid](...)`` (the dispatch bench's floor for this op, as issue 16 defines it; the route itself
+    launches through :mod:`.launcher`'s cache); ``allocate=True``: each launch first allocates its two
+    outputs as :func:`lse_combine` does, so the bench can tell allocation from the wrapper's own work;
+    ``cached=True``: the launch the route makes (the cache's, where installed)."""
+    kernel = lse_combine_kernel if cached else triton_launch(lse_combine_kernel)
     parts, tokens, heads, dim = o_parts.shape
     out = torch.empty((tokens, heads, dim), dtype=o_parts.dtype, device=o_parts.device)
     lse = torch.empty((tokens, heads), dtype=torch.float32, device=o_parts.device)
@@ -86,12 +91,12 @@ def prepare_bare_launch(o_parts, lse_parts, *, allocate=False, block_d=512, num_
     out_shape, lse_shape, fp32 = (tokens, heads, dim), (tokens, heads), torch.float32
 
     def launch():
-        lse_combine_kernel[grid](*args, BLOCK_W=block_w, BLOCK_D=block, num_warps=num_warps)
+        kernel[grid](*args, BLOCK_W=block_w, BLOCK_D=block, num_warps=num_warps)
         return out, lse
 
     def allocate_and_launch():
         new_out, new_lse = o_parts.new_empty(out_shape), o_parts.new_empty(lse_shape, dtype=fp32)
-        lse_combine_kernel[grid](*head, new_out, new_lse, *tail, BLOCK_W=block_w, BLOCK_D=block,
+        kernel[grid](*head, new_out, new_lse, *tail, BLOCK_W=block_w, BLOCK_D=block,
                                  num_warps=num_warps)
         return new_out, new_lse
 
@@ -127,3 +132,7 @@ def lse_combine(o_parts, lse_parts, *, out_dtype=None, block_d=512, num_warps=4)
                                 parts, heads, dim, BLOCK_W=_block_w(parts), BLOCK_D=_block_d(dim, block_d),
                                 num_warps=num_warps)
     return out, lse
+
+
+# Last: every launched kernel above goes through the launch cache (launcher module docstring).
+wrap_launched(globals())

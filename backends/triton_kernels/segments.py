@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from .launcher import wrap_launched
 
 # Tokens per step of the walk: SMALL_BLOCK for batches that fit it (decode steps), else PLAN_BLOCK (a 32K-token
 # prefill takes 32 steps). Two fixed sizes, so two compiles serve every batch size, both made by the warm-up's
@@ -86,3 +87,7 @@ def segment_starts(offsets: torch.Tensor, group: int) -> torch.Tensor:
     """Run offsets ``[T]`` int32 -> ``[T]`` int32: the tokens with ``offset % group == 0`` in order, then
     ``T``."""
     return _run(offsets, offsets, group, False, True)
+
+
+# Last: every launched kernel above goes through the launch cache (launcher module docstring).
+wrap_launched(globals())

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from . import grid as launch_grid
+from .launcher import wrap_launched
 
 
 # Counts and sizes that vary from call to call are not specialised on (Triton would compile a
@@ -64,3 +65,7 @@ def _launch(positions, req_ids, block_table, block_tokens, out, block, num_warps
         positions, positions.stride(0), req_ids, block_table, block_table.stride(0), out, out.stride(0),
         width, block_table.shape[0], block_table.shape[1], block_tokens, BLOCK=block, num_warps=num_warps,
     )
+
+
+# Last: every launched kernel above goes through the launch cache (launcher module docstring).
+wrap_launched(globals())

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from .topk_bound import BOUND_LEVELS, _keep, _row_length, _scratch, bound_finish_kernel, bound_threshold_kernel
 from .topk_common import _sort_key
+from .launcher import wrap_launched
 
 SIZE_ARGS = ("N", "seg_len")
 
@@ -147,3 +148,7 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
     if stats is not None:
         stats["survivors"] = counts.sum(dim=1, dtype=torch.int32)
     return out
+
+
+# Last: every launched kernel above goes through the launch cache (launcher module docstring).
+wrap_launched(globals())

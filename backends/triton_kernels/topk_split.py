@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .topk_common import _digit_histogram, _emit, _matches, _pad, _resolve_candidates, _sort_key, _threshold
+from .launcher import wrap_launched
 
 SIZE_ARGS = ("max_blocks", "block_tokens", "N", "k", "seg_len", "segments")
 
@@ -210,3 +211,7 @@ def topk_split(scores, lengths, k, out, scratch, emit, req_ids, block_table, blo
                                    scratch.stride(0), *emit_args, *sizes, EMIT_SLOTS=emit, ROW_LEVELS=row_levels,
                                    CHUNK=chunk, num_warps=num_warps)
     return out
+
+
+# Last: every launched kernel above goes through the launch cache (launcher module docstring).
+wrap_launched(globals())

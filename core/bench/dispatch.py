@@ -9,7 +9,9 @@ is measured) is called through each layer in turn, and each layer's median per-c
 - ``active_table().dispatch["lse_combine"](...)``: the table's route choice;
 - the chosen route's function itself;
 - the bare kernel launch with its outputs allocated per call, then with them preallocated, where the
-  route offers one (``prepare_bare_launch``: the Triton routes' ``kernel[grid](...)``);
+  route offers one (``prepare_bare_launch``: Triton's own ``kernel[grid](...)``), then the same launch
+  through the route's launch path (the Triton routes' launch cache,
+  :mod:`dsahal.backends.triton_kernels.launcher`);
 - ``torch.empty_like``: one plain torch op, for scale.
 
 Calls are timed in batches with a host clock and the device synchronised after each batch (so a full
@@ -50,13 +52,14 @@ def _per_call_us(fns: list[Callable[[], object]], device: torch.device, calls: i
     return [statistics.median(out) for out in samples]
 
 
-def _bare_launch(route_fn, o_parts, lse_parts, *, allocate=False) -> Optional[Callable[[], object]]:
+def _bare_launch(route_fn, o_parts, lse_parts, **how) -> Optional[Callable[[], object]]:
     """The route's bare kernel launch, where the route offers one: a route function may carry
-    ``prepare_bare_launch(*args, allocate=False) -> launch()`` (the kernel launch with every output
-    preallocated; ``allocate=True``: outputs allocated per launch as the route does). Routes without it
-    are left out of those layers, never guessed."""
+    ``prepare_bare_launch(*args, allocate=False, cached=False) -> launch()`` (Triton's own
+    ``kernel[grid](...)`` with every output preallocated; ``allocate=True``: outputs allocated per launch
+    as the route does; ``cached=True``: the route's own launch path, the package's launch cache). Routes
+    without it are left out of those layers, never guessed."""
     prepare = getattr(route_fn, "prepare_bare_launch", None)
-    return None if prepare is None else prepare(o_parts, lse_parts, allocate=allocate)
+    return None if prepare is None else prepare(o_parts, lse_parts, **how)
 
 
 def measure(device: torch.device, *, calls: int = 500, repeats: int = 21, shape=None) -> list[dict]:
@@ -87,6 +90,8 @@ def measure(device: torch.device, *, calls: int = 500, repeats: int = 21, shape=
         # once, up front) plus its own Python: the middle layer tells the two apart.
         layers.append(("bare launch + output allocation", _bare_launch(route_fn, o_parts, lse_parts, allocate=True)))
         layers.append(("bare kernel[grid](...) launch", bare))
+        layers.append(("the route's cached launch, no allocation", _bare_launch(route_fn, o_parts, lse_parts,
+                                                                               cached=True)))
     layers.append(("torch.empty_like (a plain torch op)", lambda: torch.empty_like(o_parts)))
     times = _per_call_us([fn for _, fn in layers], device, calls, repeats)
     rows = [{"layer": name, "us": us, "shape": list(shape)} for (name, _), us in zip(layers, times)]

@@ -1,7 +1,7 @@
 """The on/off environment variables that change how dsahal dispatches, read by one parser.
 
 ``DSAHAL_STRICT`` (a fallback to the reference raises), ``DSAHAL_BATCH_INVARIANT`` (batch-invariant kernels)
-and the backends' own switches (``DSAHAL_PPU_TRITON``) are flags. Each was read as "set and not ``0``", so
+and the backends' own switches (``DSAHAL_PPU_TRITON``, ``DSAHAL_FAST_LAUNCH``) are flags. Each was read as "set and not ``0``", so
 ``DSAHAL_BATCH_INVARIANT=false`` turned the mode *on* and ``DSAHAL_STRICT=off`` made every fallback an error.
 Here a flag is ``1/true/yes/on`` or ``0/false/no/off`` (any case, surrounding blanks ignored); unset or empty
 keeps the default; anything else is a :class:`SettingError` naming the variable, what it takes and what it got.
@@ -22,8 +22,9 @@ OFF = ("0", "false", "no", "off")
 STRICT = "DSAHAL_STRICT"
 BATCH_INVARIANT = "DSAHAL_BATCH_INVARIANT"
 PPU_TRITON = "DSAHAL_PPU_TRITON"
+FAST_LAUNCH = "DSAHAL_FAST_LAUNCH"  # the Triton routes' launch cache (dsahal.backends.triton_kernels.launcher)
 # every flag dsahal reads, with its default (a vendor plugin reading its own flag calls env_flag directly)
-FLAGS = {STRICT: False, BATCH_INVARIANT: False, PPU_TRITON: True}
+FLAGS = {STRICT: False, BATCH_INVARIANT: False, PPU_TRITON: True, FAST_LAUNCH: True}
 
 
 class SettingError(RegistryError, ValueError):

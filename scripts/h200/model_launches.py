@@ -132,8 +132,8 @@ def counting(torch, counter: StepCounter, model, device: str):
         def after(self, call):
             counter.in_hal -= 1
 
-    def wrap(cls):
-        original = cls.run
+    def wrap(cls, attr):
+        original = getattr(cls, attr)
 
         def run_counted(self, *args, **kwargs):
             if not kwargs.get("warmup", False) and not counter.in_launch:
@@ -149,8 +149,11 @@ def counting(torch, counter: StepCounter, model, device: str):
     def block():
         from triton.runtime import interpreter, jit
 
-        classes = [jit.JITFunction, interpreter.InterpretedFunction]
-        patched = [(cls, *wrap(cls)) for cls in classes]
+        from dsahal.backends.triton_kernels.launcher import LaunchedKernel
+
+        # the package's launch cache serves repeated launches without JITFunction.run: count both
+        classes = [(jit.JITFunction, "run"), (interpreter.InterpretedFunction, "run"), (LaunchedKernel, "launch")]
+        patched = [(cls, attr, *wrap(cls, attr)) for cls, attr in classes]
         hooks = [model.embed.register_forward_pre_hook(lambda *_: setattr(counter, "section", "embed")),
                  model.final_norm.register_forward_pre_hook(lambda *_: setattr(counter, "section", "head"))]
         for block_ in model.blocks:
@@ -158,8 +161,8 @@ def counting(torch, counter: StepCounter, model, device: str):
                 lambda module, _args: setattr(counter, "section", module.kind)))
         depth = hal_dispatch._dispatch_mode_depth
         hal_dispatch._dispatch_mode_depth = lambda: depth() - 1  # the counter is no tracer: keep the eager path
-        for cls, _, counted in patched:
-            cls.run = counted
+        for cls, attr, _, counted in patched:
+            setattr(cls, attr, counted)
         try:
             with contextlib.ExitStack() as stack:
                 if device != "cuda":
@@ -169,8 +172,8 @@ def counting(torch, counter: StepCounter, model, device: str):
                 yield counter
         finally:
             hal_dispatch._dispatch_mode_depth = depth
-            for cls, original, _ in patched:
-                cls.run = original
+            for cls, attr, original, _ in patched:
+                setattr(cls, attr, original)
             for hook in hooks:
                 hook.remove()
 
