@@ -24,12 +24,14 @@ def _where(index: tuple) -> str:
     return "[" + ", ".join(str(i) for i in index) + "]"
 
 
-def assert_shape_dtype(run, name: str, got, shape, dtypes) -> None:
+def assert_shape_dtype(run, name: str, got, shape, dtypes, device=None) -> None:
+    """``got`` is a tensor of ``shape`` and one of ``dtypes``, on ``device`` (default: the run's device, where
+    the property placed the op's inputs; the distributed properties' gloo ranks compute on the CPU)."""
     if not isinstance(got, torch.Tensor):
         run.fail(f"'{name}' expected a tensor, got {type(got).__name__}")
     # the inputs live on the run's device, so must the output: checked here, before a comparison copies it to
     # the CPU (a meta tensor would fail there as "Cannot copy out of meta tensor", naming no output)
-    device = getattr(run, "device", None)
+    device = device if device is not None else getattr(run, "device", None)
     if device is not None and got.device.type != device.type:
         run.fail(f"'{name}' expected on the inputs' device {device.type!r}, got a tensor on {str(got.device)!r}")
     allowed = (dtypes,) if isinstance(dtypes, torch.dtype) else tuple(dtypes)
@@ -141,7 +143,7 @@ def assert_topk_rows(run, got: torch.Tensor, scores: torch.Tensor, lengths: torc
     """A valid top-k per row: valid ids first then -1 padding, distinct, inside the row's length,
     never a -inf score, as many as the reference, and the reference's score multiset. With
     ``exact_set``: exactly the reference's id set (the tie rule: smaller index wins)."""
-    assert_shape_dtype(run, what, got, (scores.shape[0], k), (torch.int32, torch.int64))
+    assert_shape_dtype(run, what, got, (scores.shape[0], k), (torch.int32, torch.int64), device=scores.device)
     got, scores, lengths, expected = _cpu(got, scores, lengths, expected)
     for t in range(scores.shape[0]):
         row, ref = got[t].long(), expected[t].long()

@@ -150,3 +150,24 @@ def test_the_suite_names_an_output_on_the_wrong_device():
 
     with pytest.raises(AssertionError, match="'o' expected on the inputs' device 'cpu', got a tensor on 'meta'"):
         assertions.assert_shape_dtype(Run(), "o", torch.empty(3, 2, device="meta"), (3, 2), torch.float32)
+
+
+def test_a_top_k_is_expected_where_its_scores_are_not_on_the_runs_device():
+    """The distributed properties build their cases on the CPU (gloo ranks compute there) while the run's
+    device is the GPU: the H200 run of 2026-12-02 failed every topk_merge example on 'got a tensor on cpu'
+    until the expected device became the scores' own."""
+    from dsahal.conformance import assertions
+
+    class Run:
+        device = torch.device("cuda")
+
+        def fail(self, detail):
+            raise AssertionError(detail)
+
+    scores = torch.tensor([[3.0, 1.0, 2.0]])
+    lengths = torch.tensor([3], dtype=torch.int32)
+    got = torch.tensor([[0, 2]], dtype=torch.int32)
+    assertions.assert_topk_rows(Run(), got, scores, lengths, 2, got.clone(), exact_set=True)
+    with pytest.raises(AssertionError, match="expected on the inputs' device 'cpu', got a tensor on 'meta'"):
+        assertions.assert_topk_rows(Run(), torch.empty(1, 2, dtype=torch.int32, device="meta"), scores, lengths, 2,
+                                    got, exact_set=True)
