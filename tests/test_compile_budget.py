@@ -11,7 +11,7 @@ import triton.language as tl
 
 from dsahal.backends.triton_kernels import compile_budget
 from dsahal.backends.triton_kernels.compile_budget import BudgetedKernel, budget_from_env
-from dsahal.backends.triton_kernels.launcher import LaunchedKernel
+from dsahal.kernel_launch import LaunchedKernel
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The launch cache (:mod:`dsahal.backends.triton_kernels.launcher`): which calls reuse a compiled kernel,
+"""The launch cache (:mod:`dsahal.kernel_launch`): which calls reuse a compiled kernel,
 which go through Triton's own launch, and the arguments a cached launch hands the compiled kernel.
 
 No GPU here: Triton's launch is replaced by a recorder that returns a stand-in compiled kernel (the wrapper
@@ -9,8 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dsahal.backends.triton_kernels import launcher
-from dsahal.backends.triton_kernels.launcher import LaunchedKernel, triton_launch
+from dsahal import kernel_launch as launcher
+from dsahal.kernel_launch import LaunchedKernel, triton_launch
 
 
 @triton.jit(do_not_specialize=("n",))

@@ -114,7 +114,7 @@ def compile_variant(variant: Variant) -> Compiled:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from dsahal.backends.triton_kernels.launcher import triton_launch
+    from dsahal.kernel_launch import triton_launch
 
     source = ASTSource(fn=triton_launch(variant.kernel), signature=variant.signature(), constexprs=variant.constexprs,
                        attrs=run_time_alignment(variant))

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .bytes import (e2m1_code, e2m1_code_pow2, e4m3_bits, e4m3_normal_value, store_bf16, store_f32, store_fp8,
                     ue8m0_exponent)
-from .launcher import wrap_launched
+from dsahal.kernel_launch import wrap_launched
 
 FP8_MAX = 448.0
 BF16_MAX: tl.constexpr = tl.constexpr(3.3895313892515355e38)  # largest finite bf16: bf16 writes saturate here

@@ -23,18 +23,20 @@ sliced out of a batch at an odd offset then gave other bits than the same reques
 2026-12-01, ``kda_decode``, 1 of 179 examples at 200). With one alignment-free compile per configuration,
 a row's result cannot depend on where its tensors start.
 
-Without either variable nothing is installed: launches are the launch cache's (:mod:`.launcher`) with no
+Without either variable nothing is installed: launches are the launch cache's (:mod:`dsahal.kernel_launch`) with no
 added cost. Under ``TRITON_INTERPRET=1`` nothing is compiled and nothing is installed.
 """
 from __future__ import annotations
 
+import importlib
 import os
+import pkgutil
 from typing import Any
 
 import torch
 
 from ..batch_mode import invariant_requested
-from . import launcher
+from dsahal import kernel_launch as launcher
 
 ENV = "DSAHAL_TRITON_COMPILE_BUDGET"
 LAUNCH_OPTIONS = launcher.LAUNCH_OPTIONS
@@ -135,9 +137,17 @@ class BudgetedKernel:
         return {"specialised_patterns": sum(len(p) for p in self.seen.values()), "generic_calls": self.generic_calls}
 
 
+def kernel_modules():
+    """This package's kernel modules, each imported (the budget wraps the kernels of all of them)."""
+    package = importlib.import_module(__package__)
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name != __name__.rsplit(".", 1)[-1]:
+            yield importlib.import_module(f"{__package__}.{info.name}")
+
+
 def install(budget: int | None = None, *, invariant: bool = False) -> dict[str, BudgetedKernel]:
     """Wrap every launched kernel of this package (each already behind its launch cache,
-    :mod:`.launcher`) in a :class:`BudgetedKernel`, or set the budget of the wrappers already installed (a
+    :mod:`dsahal.kernel_launch`) in a :class:`BudgetedKernel`, or set the budget of the wrappers already installed (a
     registry rebuilt in another mode).
 
     ``budget`` defaults to :func:`budget_from_env`; ``invariant`` (batch-invariant mode, also taken from
@@ -156,7 +166,7 @@ def install(budget: int | None = None, *, invariant: bool = False) -> dict[str, 
         wrapper.budget = budget or (0 if invariant else None)
     if budget is None or (budget == 0 and not invariant):
         return dict(_installed)
-    for module in launcher.kernel_modules():
+    for module in kernel_modules():
         for name, kernel in launcher.launched_kernels(module).items():
             wrapper = BudgetedKernel(kernel, budget)
             setattr(module, name, wrapper)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from .launcher import wrap_launched
+from dsahal.kernel_launch import wrap_launched
 
 
 @triton.jit(do_not_specialize=("K", "WIDTH", "NUM_SLOTS"))

@@ -35,7 +35,7 @@ from . import indexer_decode
 from .segments import run_offsets, segment_plan  # noqa: F401 (run_offsets: this module's name for it, kept)
 from .bytes import (INDEX_CODES, INDEX_MXFP4, e2m1_ue8m0_value, load_f32_bytewise, load_u16_bytewise, typed_views,
                     views_usable, widen_bf16)
-from .launcher import wrap_launched
+from dsahal.kernel_launch import wrap_launched
 
 DOT_BF16 = 0
 DOT_FP8 = 1

@@ -65,7 +65,7 @@ import triton.language as tl
 from . import grid as grid_limits
 from .bytes import INDEX_CODES, INDEX_FP8, INDEX_MXFP4, e2m1_ue8m0_value, views_usable
 from .segments import segment_starts
-from .launcher import wrap_launched
+from dsahal.kernel_launch import wrap_launched
 
 DOT_BF16 = 0  # same codes as indexer.DOT_*
 DOT_FP8 = 1

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from . import grid
-from .launcher import wrap_launched
+from dsahal.kernel_launch import wrap_launched
 
 
 @triton.jit

@@ -84,7 +84,7 @@ import triton
 import triton.language as tl
 
 from .kda import _check_state_pool, sequence_ranges
-from .launcher import wrap_launched
+from dsahal.kernel_launch import wrap_launched
 
 CHUNK = 16
 MID = 8  # the token whose cumulative gate the chunk's decay factors are relative to (see the docstring)

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launcher import triton_launch, wrap_launched
+from dsahal.kernel_launch import triton_launch, wrap_launched
 
 
 # Counts and sizes that vary from call to call are not specialised on (Triton would compile a

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from .launcher import wrap_launched
+from dsahal.kernel_launch import wrap_launched
 
 # Tokens per step of the walk: SMALL_BLOCK for batches that fit it (decode steps), else PLAN_BLOCK (a 32K-token
 # prefill takes 32 steps). Two fixed sizes, so two compiles serve every batch size, both made by the warm-up's

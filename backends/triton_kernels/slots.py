@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from . import grid as launch_grid
-from .launcher import wrap_launched
+from dsahal.kernel_launch import wrap_launched
 
 
 # Counts and sizes that vary from call to call are not specialised on (Triton would compile a

@@ -25,7 +25,7 @@ from . import grid as launch_grid
 from .bytes import (LATENT_BF16, LATENT_CODES, LATENT_FP8, load_f32_bytewise, load_u16_bytewise, typed_views,
                     views_usable, widen_bf16)
 from .lse_combine import lse_combine
-from .launcher import wrap_launched
+from dsahal.kernel_launch import wrap_launched
 
 NOPE = 512
 ROPE = 64

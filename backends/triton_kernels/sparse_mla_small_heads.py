@@ -45,7 +45,7 @@ from .lse_combine import lse_combine
 from .sparse_mla import LOG2E, NOPE, decode_nope, decode_rope, load_nope_raw, load_rope_raw, record_rows
 # (MAX_HEADS: this module's public name, kept; the raw module holds it)
 from .sparse_mla_small_heads_raw import MAX_HEADS, check_launch, sparse_mla_small_heads_raw, split_outputs  # noqa: F401
-from .launcher import wrap_launched
+from dsahal.kernel_launch import wrap_launched
 
 CHUNK = 128  # nope dims per chunk: one fp8_ds_mla tile, eight nvfp4 blocks
 RAW_MAX_HEADS = 16  # fp8_ds_mla heads the raw-e4m3 kernel serves by default (hopper_config: it spills above)

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .topk_common import _digit_histogram, _emit, _matches, _pad, _resolve_candidates, _sort_key, _threshold
-from .launcher import wrap_launched
+from dsahal.kernel_launch import wrap_launched
 
 # Counts and sizes that vary from call to call are not specialised on (Triton would compile a
 # variant per value pattern: ==1, multiple of 16); strides stay specialised for wide loads.

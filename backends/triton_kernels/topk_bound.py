@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .topk_common import _digit_histogram, _emit, _matches, _pad, _sort_key, _threshold
-from .launcher import wrap_launched
+from dsahal.kernel_launch import wrap_launched
 
 SIZE_ARGS = ("max_blocks", "block_tokens", "N", "k", "seg_len", "segments")
 BOUND_LEVELS = 2  # 8-bit digits of the k-th largest lane maximum kept in L (16 bits: 1/128 octave)

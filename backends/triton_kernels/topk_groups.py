@@ -25,7 +25,7 @@ import triton.language as tl
 
 from .topk_bound import BOUND_LEVELS, _keep, _row_length, _scratch, bound_finish_kernel, bound_threshold_kernel
 from .topk_common import _sort_key
-from .launcher import wrap_launched
+from dsahal.kernel_launch import wrap_launched
 
 SIZE_ARGS = ("N", "seg_len")
 

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .topk_common import _digit_histogram, _emit, _matches, _pad, _resolve_candidates, _sort_key, _threshold
-from .launcher import wrap_launched
+from dsahal.kernel_launch import wrap_launched
 
 SIZE_ARGS = ("max_blocks", "block_tokens", "N", "k", "seg_len", "segments")
 

@@ -11,7 +11,7 @@ is measured) is called through each layer in turn, and each layer's median per-c
 - the bare kernel launch with its outputs allocated per call, then with them preallocated, where the
   route offers one (``prepare_bare_launch``: Triton's own ``kernel[grid](...)``), then the same launch
   through the route's launch path (the Triton routes' launch cache,
-  :mod:`dsahal.backends.triton_kernels.launcher`);
+  :mod:`dsahal.kernel_launch`);
 - ``torch.empty_like``: one plain torch op, for scale.
 
 Calls are timed in batches with a host clock and the device synchronised after each batch (so a full

@@ -22,7 +22,7 @@ OFF = ("0", "false", "no", "off")
 STRICT = "DSAHAL_STRICT"
 BATCH_INVARIANT = "DSAHAL_BATCH_INVARIANT"
 PPU_TRITON = "DSAHAL_PPU_TRITON"
-FAST_LAUNCH = "DSAHAL_FAST_LAUNCH"  # the Triton routes' launch cache (dsahal.backends.triton_kernels.launcher)
+FAST_LAUNCH = "DSAHAL_FAST_LAUNCH"  # the Triton routes' launch cache (dsahal.kernel_launch)
 # every flag dsahal reads, with its default (a vendor plugin reading its own flag calls env_flag directly)
 FLAGS = {STRICT: False, BATCH_INVARIANT: False, PPU_TRITON: True, FAST_LAUNCH: True}
 

@@ -7,7 +7,7 @@ Usage (on the H200, from the repository with dsahal importable)::
 One tiny ``lse_combine`` launch (``[2, 4, 16, 512]``: the GPU work is a few microseconds), per-call host time
 (batches of calls, the device synchronised after each batch, rounds interleaved, medians) of:
 
-- Triton's own ``kernel[grid](...)`` and the launch cache's (:mod:`dsahal.backends.triton_kernels.launcher`),
+- Triton's own ``kernel[grid](...)`` and the launch cache's (:mod:`dsahal.kernel_launch`),
   after checking that both write the same bits on fresh random inputs;
 - the pieces: the cache's key, Triton's binder (3.6: ``device_caches[device][4]``), the compiled kernel's
   launcher called directly, torch's current device and stream, one ``torch.empty``;
@@ -48,7 +48,7 @@ def main() -> int:
     import triton
 
     from dsahal import ops
-    from dsahal.backends.triton_kernels import launcher
+    from dsahal import kernel_launch as launcher
     from dsahal.backends.triton_kernels import lse_combine as module
 
     assert torch.cuda.is_available(), "needs a GPU"

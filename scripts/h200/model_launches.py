@@ -149,7 +149,7 @@ def counting(torch, counter: StepCounter, model, device: str):
     def block():
         from triton.runtime import interpreter, jit
 
-        from dsahal.backends.triton_kernels.launcher import LaunchedKernel
+        from dsahal.kernel_launch import LaunchedKernel
 
         # the package's launch cache serves repeated launches without JITFunction.run: count both
         classes = [(jit.JITFunction, "run"), (interpreter.InterpretedFunction, "run"), (LaunchedKernel, "launch")]

@@ -1,4 +1,7 @@
-"""One way to launch this package's Triton kernels: ``kernel[grid](...)`` through a cache of compiled kernels.
+"""One way to launch dsahal's Triton kernels: ``kernel[grid](...)`` through a cache of compiled kernels.
+
+The backends' shared kernels (:mod:`dsahal.backends.triton_kernels`) and the model's fused elementwise kernels
+(:mod:`dsahal.model.fused`) wrap theirs with :func:`wrap_launched` as their modules' last statement.
 
 Why. Triton's own launch (``JITFunction.run``, Triton 3.6 on the H200) redoes per call what a serving
 process never changes: it binds the arguments, builds a cache key that prints the options dict, reads the
@@ -32,9 +35,7 @@ runs through it, and the dispatch bench times it beside Triton's own launch.
 """
 from __future__ import annotations
 
-import importlib
 import os
-import pkgutil
 from typing import Any
 
 import torch
@@ -276,15 +277,6 @@ def launched_kernels(module) -> dict[str, Any]:
 
     return {name: value for name, value in vars(module).items()
             if name.endswith("_kernel") and isinstance(value, (JITFunction, LaunchedKernel))}
-
-
-def kernel_modules():
-    """This package's kernel modules (each imported: for the compile budget, which wraps them all)."""
-    package = importlib.import_module(__package__)
-    skip = {"launcher", "compile_budget"}
-    for info in pkgutil.iter_modules(package.__path__):
-        if info.name not in skip:
-            yield importlib.import_module(f"{__package__}.{info.name}")
 
 
 def installed() -> dict[str, LaunchedKernel]:
