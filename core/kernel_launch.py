@@ -55,12 +55,43 @@ class _Unkeyed(Exception):
     """A call this wrapper does not key: it takes Triton's own launch."""
 
 
+def _launch_hooks():
+    """Triton's two launch-hook slots (``triton.knobs.runtime``: Triton 3.4 and later), or ``None`` where this
+    Triton keeps them elsewhere (then :func:`supported` is false and nothing takes the cached path)."""
+    try:
+        from triton import knobs
+
+        runtime = knobs.runtime
+        runtime.launch_enter_hook, runtime.launch_exit_hook  # noqa: B018 - both must exist
+        return runtime
+    except (ImportError, AttributeError):
+        return None
+
+
+_HOOKS = None  # set by supported()
+
+
+def supported() -> bool:
+    """Whether this Triton offers what the cached path relies on: launch hooks in ``triton.knobs.runtime``,
+    and ``pre_run_hooks`` on its JIT functions (Triton 3.6 on the H200). Else every wrapper passes its calls
+    to Triton, whatever ``DSAHAL_FAST_LAUNCH`` says."""
+    global _HOOKS
+    if _HOOKS is None:
+        _HOOKS = _launch_hooks() or False
+    if _HOOKS is False:
+        return False
+    from triton.runtime.jit import JITFunction
+
+    return hasattr(JITFunction, "run") and "pre_run_hooks" in JITFunction.__init__.__code__.co_names
+
+
 def _hooks_active() -> bool:
     """Whether anyone installed a Triton launch hook (then every launch goes through Triton, which calls it).
-    Triton 3.6 keeps hooks in a chain object (never ``None``); older ones in a plain attribute."""
-    from triton import knobs
-
-    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+    Triton 3.6 keeps hooks in a chain object (never ``None``: active when it holds a call). A Triton whose
+    hooks live elsewhere counts as hooked: its launches stay Triton's own."""
+    if not _HOOKS and not supported():
+        return True
+    for hook in (_HOOKS.launch_enter_hook, _HOOKS.launch_exit_hook):
         if hook is not None and getattr(hook, "calls", True):
             return True
     return False
@@ -173,7 +204,7 @@ class LaunchedKernel:
     def launch(self, grid, args: tuple, kwargs: dict):
         """Launch on the current device's current stream (as Triton does)."""
         jit = self.jit
-        if not self.enabled or grid.__class__ is not tuple or jit.pre_run_hooks or _hooks_active():
+        if not self.enabled or grid.__class__ is not tuple or getattr(jit, "pre_run_hooks", None) or _hooks_active():
             self.triton_calls += 1
             return jit[grid](*args, **kwargs)
         try:
@@ -246,6 +277,11 @@ def fast_launch_requested() -> bool:
     return env_flag(ENV, default=True)
 
 
+def cache_enabled() -> bool:
+    """Whether new wrappers take the cached path: asked for (``DSAHAL_FAST_LAUNCH``) and :func:`supported`."""
+    return fast_launch_requested() and supported()
+
+
 def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -263,7 +299,7 @@ def wrap_launched(namespace: dict) -> None:
         return
     from triton.runtime.jit import JITFunction
 
-    enabled = fast_launch_requested()
+    enabled = cache_enabled()
     for name, value in list(namespace.items()):
         if name.endswith("_kernel") and isinstance(value, JITFunction):
             wrapper = LaunchedKernel(value, enabled)

@@ -215,3 +215,19 @@ def test_the_environment_switch_is_read_by_the_packages_flag_parser(monkeypatch)
     monkeypatch.setenv(launcher.ENV, "maybe")
     with pytest.raises(ValueError, match=launcher.ENV):
         launcher.fast_launch_requested()
+
+
+def test_a_triton_without_the_hook_slots_keeps_tritons_own_launch(monkeypatch):
+    """Another Triton (launch hooks not in ``triton.knobs.runtime``): new wrappers pass every call through."""
+    monkeypatch.setattr(launcher, "_HOOKS", None)
+    monkeypatch.setattr(launcher, "_launch_hooks", lambda: None)
+    monkeypatch.delenv(launcher.ENV, raising=False)
+    assert not launcher.supported() and not launcher.cache_enabled()
+    namespace = {"__name__": "example2", "copy_kernel": copy_kernel}
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    try:
+        launcher.wrap_launched(namespace)
+        assert not namespace["copy_kernel"].enabled
+    finally:
+        launcher._installed.pop("example2:copy_kernel", None)
+    assert launcher._hooks_active()  # so a wrapper enabled by hand still takes Triton's launch

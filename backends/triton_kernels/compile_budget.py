@@ -70,7 +70,7 @@ class BudgetedKernel:
         import triton
 
         if not isinstance(kernel, launcher.LaunchedKernel):
-            kernel = launcher.LaunchedKernel(kernel, launcher.fast_launch_requested())
+            kernel = launcher.LaunchedKernel(kernel, launcher.cache_enabled())
         self.kernel = kernel
         self.budget = budget
         self.params = list(kernel.params)
