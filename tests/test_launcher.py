@@ -183,12 +183,17 @@ def test_kernel_modules_wrap_their_launched_kernels_at_import():
     from triton.runtime.jit import JITFunction
 
     from dsahal.backends.triton_kernels import indexer, lse_combine, topk_bound, topk_groups
+    from dsahal.backends.triton_kernels.compile_budget import BudgetedKernel
 
-    assert isinstance(lse_combine.lse_combine_kernel, LaunchedKernel)
-    assert isinstance(triton_launch(lse_combine.lse_combine_kernel), JITFunction)
+    def launched(kernel):  # under a compile budget an earlier test of this process may have installed
+        return kernel.kernel if isinstance(kernel, BudgetedKernel) else kernel
+
+    wrapper = launched(lse_combine.lse_combine_kernel)
+    assert isinstance(wrapper, LaunchedKernel)
+    assert isinstance(triton_launch(wrapper), JITFunction)
     assert isinstance(indexer._score_tile, JITFunction)
-    assert topk_groups.bound_finish_kernel is topk_bound.bound_finish_kernel
-    assert launcher.installed()[f"{lse_combine.__name__}:lse_combine_kernel"] is lse_combine.lse_combine_kernel
+    assert launched(topk_groups.bound_finish_kernel) is launched(topk_bound.bound_finish_kernel)
+    assert launcher.installed()[f"{lse_combine.__name__}:lse_combine_kernel"] is wrapper
 
 
 def test_wrap_launched_does_nothing_under_the_interpreter_and_honours_the_switch(monkeypatch):
