@@ -282,6 +282,21 @@ def cache_enabled() -> bool:
     return fast_launch_requested() and supported()
 
 
+def describe() -> str:
+    """How dsahal's Triton kernels launch in this process, and why (for ``dsahal backends -v``)."""
+    if interpreted():
+        return "Triton interpreter (TRITON_INTERPRET=1): nothing compiled, no cache"
+    try:
+        ok = supported()
+    except ImportError:
+        return "triton is not installed"
+    if not fast_launch_requested():
+        return f"Triton's own kernel[grid](...): {ENV}=0"
+    if not ok:
+        return "Triton's own kernel[grid](...): this Triton keeps its launch hooks outside triton.knobs.runtime"
+    return f"launch cache (dsahal.kernel_launch; {ENV}=0 turns it off)"
+
+
 def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 

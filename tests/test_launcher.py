@@ -236,3 +236,17 @@ def test_a_triton_without_the_hook_slots_keeps_tritons_own_launch(monkeypatch):
     finally:
         launcher._installed.pop("example2:copy_kernel", None)
     assert launcher._hooks_active()  # so a wrapper enabled by hand still takes Triton's launch
+
+
+def test_dsahal_backends_says_how_kernels_launch(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv(launcher.ENV, raising=False)
+    assert launcher.describe().startswith("launch cache")
+    monkeypatch.setenv(launcher.ENV, "0")
+    assert launcher.describe() == "Triton's own kernel[grid](...): DSAHAL_FAST_LAUNCH=0"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert launcher.describe().startswith("Triton interpreter")
+    from dsahal.backends.nvidia.plugin import versions
+
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert versions()["path triton launch"].endswith("DSAHAL_FAST_LAUNCH=0")

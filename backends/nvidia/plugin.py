@@ -127,7 +127,9 @@ def probe() -> tuple[bool, str]:
 
 
 def versions() -> dict[str, str]:
-    return package_versions("torch", "triton", "fla-core", "sgl-flash-mla")
+    from dsahal.kernel_launch import describe
+
+    return {**package_versions("torch", "triton", "fla-core", "sgl-flash-mla"), "path triton launch": describe()}
 
 
 def nvidia_backend() -> Backend:
