@@ -35,7 +35,9 @@ runs through it, and the dispatch bench times it beside Triton's own launch.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from typing import Any
 
 import torch
@@ -283,16 +285,15 @@ def cache_enabled() -> bool:
 
 
 def describe() -> str:
-    """How dsahal's Triton kernels launch in this process, and why (for ``dsahal backends -v``)."""
+    """How dsahal's Triton kernels launch in this process, and why (for ``dsahal backends -v``). Imports
+    nothing: where no kernel module has loaded Triton yet, this Triton's support is checked when one does."""
     if interpreted():
         return "Triton interpreter (TRITON_INTERPRET=1): nothing compiled, no cache"
-    try:
-        ok = supported()
-    except ImportError:
+    if "triton" not in sys.modules and importlib.util.find_spec("triton") is None:
         return "triton is not installed"
     if not fast_launch_requested():
         return f"Triton's own kernel[grid](...): {ENV}=0"
-    if not ok:
+    if "triton" in sys.modules and not supported():
         return "Triton's own kernel[grid](...): this Triton keeps its launch hooks outside triton.knobs.runtime"
     return f"launch cache (dsahal.kernel_launch; {ENV}=0 turns it off)"
 
