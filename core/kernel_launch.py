@@ -6,9 +6,9 @@ The backends' shared kernels (:mod:`dsahal.backends.triton_kernels`) and the mod
 Why. Triton's own launch (``JITFunction.run``, Triton 3.6 on the H200) redoes per call what a serving
 process never changes: it binds the arguments, builds a cache key that prints the options dict, reads the
 current device, checks the kernel's globals, builds a launch-metadata dict for hooks nobody installed, and
-its launcher asks the driver about every tensor's address. On the H200's host that cost 17.6-27.8 µs per
-launch (BENCHMARKS.md, dispatch bench) against ~5 µs of real work (two dict lookups and ``cuLaunchKernelEx``),
-and a decode step makes dozens of launches.
+hands its C launcher two empty hook chains to call. On the H200's hosts a launch cost 14-24 µs, of which the
+C launch itself (argument parsing, the driver's check of each tensor's address, ``cuLaunchKernelEx``) is
+4.4-7.0 µs (BENCHMARKS.md, twelfth session), and a decode step makes dozens of launches.
 
 What. :class:`LaunchedKernel` wraps a ``triton.jit`` kernel. Each call computes a key from exactly what
 Triton specialises a compile on (and a little more, never less), so two calls with one key always run the
@@ -100,8 +100,8 @@ def _hooks_active() -> bool:
 
 
 class _Compiled:
-    """What a cache hit needs of one compiled kernel (``launch`` is the direct path, ``None`` when this
-    Triton's launcher does not offer it)."""
+    """What a cache hit needs of one compiled kernel (``direct``: the C launch function, ``None`` when this
+    Triton's launcher does not offer it or has scratch memory to allocate per launch)."""
 
     __slots__ = ("kernel", "run", "function", "metadata", "tail", "direct", "cooperative", "pdl")
 
@@ -152,7 +152,10 @@ class LaunchedKernel:
         self.triton_calls = 0
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["jit"], name)
+        jit = self.__dict__.get("jit")  # absent while copy/pickle rebuild the object: no recursion
+        if jit is None:
+            raise AttributeError(name)
+        return getattr(jit, name)
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
