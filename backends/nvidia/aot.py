@@ -116,8 +116,8 @@ def compile_variant(variant: Variant) -> Compiled:
 
     from dsahal.kernel_launch import triton_launch
 
-    source = ASTSource(fn=triton_launch(variant.kernel), signature=variant.signature(), constexprs=variant.constexprs,
-                       attrs=run_time_alignment(variant))
+    source = ASTSource(fn=triton_launch(variant.kernel), signature=variant.signature(),
+                       constexprs=variant.constexprs, attrs=run_time_alignment(variant))
     start = time.perf_counter()
     try:
         kernel = triton.compile(source, target=GPUTarget(*HOPPER),

@@ -23,8 +23,8 @@ sliced out of a batch at an odd offset then gave other bits than the same reques
 2026-12-01, ``kda_decode``, 1 of 179 examples at 200). With one alignment-free compile per configuration,
 a row's result cannot depend on where its tensors start.
 
-Without either variable nothing is installed: launches are the launch cache's (:mod:`dsahal.kernel_launch`) with no
-added cost. Under ``TRITON_INTERPRET=1`` nothing is compiled and nothing is installed.
+Without either variable nothing is installed: launches are the launch cache's (:mod:`dsahal.kernel_launch`)
+with no added cost. Under ``TRITON_INTERPRET=1`` nothing is compiled and nothing is installed.
 """
 from __future__ import annotations
 
@@ -35,8 +35,9 @@ from typing import Any
 
 import torch
 
-from ..batch_mode import invariant_requested
 from dsahal import kernel_launch as launcher
+
+from ..batch_mode import invariant_requested
 
 ENV = "DSAHAL_TRITON_COMPILE_BUDGET"
 LAUNCH_OPTIONS = launcher.LAUNCH_OPTIONS
@@ -147,8 +148,8 @@ def kernel_modules():
 
 def install(budget: int | None = None, *, invariant: bool = False) -> dict[str, BudgetedKernel]:
     """Wrap every launched kernel of this package (each already behind its launch cache,
-    :mod:`dsahal.kernel_launch`) in a :class:`BudgetedKernel`, or set the budget of the wrappers already installed (a
-    registry rebuilt in another mode).
+    :mod:`dsahal.kernel_launch`) in a :class:`BudgetedKernel`, or set the budget of the wrappers already
+    installed (a registry rebuilt in another mode).
 
     ``budget`` defaults to :func:`budget_from_env`; ``invariant`` (batch-invariant mode, also taken from
     ``DSAHAL_BATCH_INVARIANT`` whoever calls) makes it 0: every launch on the alignment-free twin. With no

@@ -692,10 +692,8 @@ def indexer_inputs_ok(q, index_k, raw_weights, cos) -> bool:
             and cos.is_contiguous() and cos.dtype == torch.float32)
 
 
-
-
 # Last: every launched kernel above goes through the launch cache (dsahal.kernel_launch: Triton's own launch
-# costs a decode step ~6 us of host time per kernel more).
+# costs 3-6 us more host time per kernel, 18% of the eager decode step on the H200; BENCHMARKS.md).
 if triton is not None:
     from ..kernel_launch import wrap_launched
 
