@@ -194,6 +194,12 @@ def test_kernel_modules_wrap_their_launched_kernels_at_import():
     assert isinstance(indexer._score_tile, JITFunction)
     assert launched(topk_groups.bound_finish_kernel) is launched(topk_bound.bound_finish_kernel)
     assert launcher.installed()[f"{lse_combine.__name__}:lse_combine_kernel"] is wrapper
+    # the model's fused kernels and the KDA state gather/scatter: every Triton kernel dsahal launches
+    from dsahal.backends.nvidia import kda_state_rows
+    from dsahal.model import fused
+
+    assert isinstance(fused._rms_norm_kernel, LaunchedKernel)
+    assert isinstance(kda_state_rows._scatter_kernel, LaunchedKernel)
 
 
 def test_wrap_launched_does_nothing_under_the_interpreter_and_honours_the_switch(monkeypatch):
