@@ -364,10 +364,10 @@ def block_tile_launch(q_dtype, index_fmt: str, heads: int = INDEXER_HEADS, block
                         BLOCK_H=max(16, triton.next_power_of_2(heads)), BLOCK_N=block_n,
                         GROUP=min(tile["tile_group"] or tile["group"], indexer_decode.MAX_GROUP),
                         TILES=tiles if loop == 0 else 0, LOOP=loop, SCALED_DOT=scaled_dot, MX=mxfp4_mode, ALU=alu,
-                        L2_AHEAD=l2_ahead, L2_LINES=l2_lines, GMAX=0),
+                        L2_AHEAD=l2_ahead, L2_LINES=l2_lines),
         pointers=dict(q_ptr=_triton_type(q_dtype), w_ptr="fp32", pages_u8="fp8e4nv" if typed else "u8",
                       pages_f32="fp32" if words else "u8", block_table_ptr="i32", req_ptr="i32",
-                      pos_ptr="i32", off_ptr="i32", seg_ptr="i32", out_ptr="fp32", gmax_ptr="i32"),
+                      pos_ptr="i32", off_ptr="i32", seg_ptr="i32", out_ptr="fp32"),
         divisible=multiples_of_16(s8_b=s8_b, s32_b=s32_b),
         num_warps=tile["num_warps"], num_stages=tile["num_stages"])
 

@@ -15,7 +15,6 @@ from dsahal.backends.triton_kernels import slots as _slots
 from dsahal.backends.triton_kernels import sparse_mla as _mla
 from dsahal.backends.triton_kernels import sparse_mla_small_heads as _mla_small
 from dsahal.backends.triton_kernels import topk as _topk
-from dsahal.backends.triton_kernels.topk_groups import group_layout
 
 from . import config
 
@@ -62,35 +61,16 @@ def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table,
                   kv_fmt, kv_scale, topk, max_context, softmax_scale):
     """Indexer -> top-k with the slot translation fused into its output write -> sparse MLA on the best
     route the table has for these arguments (FlashMLA where it serves them), so the layer is never slower
-    than its sparse-MLA stage run alone.
-
-    Where the top-k is the groups method (long rows, outside batch-invariant mode), the indexer writes the
-    group maxima from its registers as it scores (:func:`_topk.topk`'s ``group_maxima``): the top-k then reads
-    back only the live groups' scores, never the whole ``[T, max_context]`` matrix."""
-    topk_cfg = config.topk_config(max_context)
-    maxima = None
-    if topk_cfg.get("method") == "groups" and q_index.shape[0] > 0:
-        layout = group_layout(max_context, topk, **{name: topk_cfg[name] for name in _LAYOUT_ARGS if name in topk_cfg})
-        maxima = torch.empty((q_index.shape[0], layout.columns), dtype=torch.int32, device=q_index.device)
-        filled = -(-max_context // layout.size)
-        if filled < layout.columns:  # groups past the row's width: no valid entry
-            maxima[:, filled:].zero_()
-        scores = _indexer.indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions,
-                                        index_fmt, max_context, group_maxima=(maxima, layout.size),
-                                        **config.indexer_config(q_index.shape[1], q_index.dtype, index_fmt))
-    else:
-        scores = indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt,
-                               max_context)
+    than its sparse-MLA stage run alone."""
+    scores = indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt,
+                           max_context)
     lengths = torch.clamp(positions.to(torch.int32) + 1, max=max_context)
     slots = _topk.topk(scores, lengths, topk, emit_slots=(req_ids, block_table, index_pages.shape[1]),
-                       group_maxima=maxima, **topk_cfg)
+                       **config.topk_config(scores.shape[1]))
     from dsahal import ops  # (the public op: its table picks the route and observers see the stage)
 
     return ops.sparse_mla(q, kv_pages, slots, kv_fmt=kv_fmt, kv_scale=kv_scale, softmax_scale=softmax_scale,
                           check=False)
-
-
-_LAYOUT_ARGS = ("chunk", "steps", "group_size", "batch")  # the top-k config's entries that place the group maxima
 
 
 def kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm):

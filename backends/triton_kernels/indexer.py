@@ -391,7 +391,7 @@ def tile_shape(heads, dot, block_n, group, tiles):
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,
                   block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, pipeline=False, typed_keys=False,
                   keys_as_b=False, one_block_tiles=True, mxfp4_dot_scaled=True, mxfp4_fast_math=False, dot=None,
-                  block_tiles: bool | dict = False, tile_group=None, tile_loop=None, out=None, group_maxima=None):
+                  block_tiles: bool | dict = False, tile_group=None, tile_loop=None, out=None):
     """Launch :func:`indexer_score_kernel`.
 
     Args:
@@ -432,11 +432,6 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             ``tile_loop``: 0 unrolled tiles, 1 a rolled loop prefetching the next tile into registers, 2 a
             rolled loop for the software pipeliner (default: 2 with ``pipeline``, else 0).
         out: optional ``[T, max_context]`` fp32 buffer (unit stride in the last dim).
-        group_maxima: ``(maxima [T, >= cdiv(max_context, size)] int32, size)``: also fill, per token, the top-k
-            key of the max of every ``size`` consecutive scores (0 where none is visible), the first pass of
-            :mod:`.topk_groups`: the block tiles compute them in their epilogue, from the scores in registers
-            (the fused indexer -> top-k); the general kernel's calls get them from one pass over the stored
-            scores. Columns from ``cdiv(max_context, size)`` on are left as they are.
 
     Returns:
         ``[T, max_context]`` fp32 scores, -inf where not visible.
@@ -447,15 +442,6 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
     if out is None:
         out = torch.empty((tokens, max_context), dtype=torch.float32, device=q.device)
     if tokens == 0:
-        return out
-    if group_maxima is not None and not _fits_tile(group_maxima[1], block_tiles, block_n):
-        # (a group must lie inside one key tile of the block-tile path: else the pass over the stored scores)
-        _score_then_maxima(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, out,
-                           group_maxima, block_n=block_n, group=group, tiles=tiles, num_warps=num_warps,
-                           num_stages=num_stages, pipeline=pipeline, typed_keys=typed_keys, keys_as_b=keys_as_b,
-                           one_block_tiles=one_block_tiles, mxfp4_dot_scaled=mxfp4_dot_scaled,
-                           mxfp4_fast_math=mxfp4_fast_math, dot=dot, block_tiles=block_tiles, tile_group=tile_group,
-                           tile_loop=tile_loop)
         return out
     aligned = views_usable(index_pages)
     packed_bytes = index_pages.shape[-1] if index_pages.stride(1) == index_pages.shape[-1] else 0
@@ -490,15 +476,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             loop=(2 if tile["pipeline"] else 0) if tile["tile_loop"] is None else tile["tile_loop"],
             num_warps=tile["num_warps"], num_stages=tile["num_stages"], typed_keys=tile["typed_keys"],
             scaled_dot=((2 if mxfp4_fast_math else 1) if mxfp4 and mxfp4_dot_scaled and not mxfp4_mode else 0),
-            mxfp4_mode=mxfp4_mode, alu=alu, wide_tiles=tile.get("wide_tiles"), l2_ahead=tile.get("l2_ahead", 0),
-            group_maxima=group_maxima)
-    if group_maxima is not None:  # the general kernel: its scores, then one pass over them
-        return _score_then_maxima(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context,
-                                  out, group_maxima, block_n=block_n, group=group, tiles=tiles, num_warps=num_warps,
-                                  num_stages=num_stages, pipeline=pipeline, typed_keys=typed_keys,
-                                  keys_as_b=keys_as_b, one_block_tiles=one_block_tiles,
-                                  mxfp4_dot_scaled=mxfp4_dot_scaled, mxfp4_fast_math=mxfp4_fast_math, dot=dot,
-                                  block_tiles=False, tile_group=tile_group, tile_loop=tile_loop)
+            mxfp4_mode=mxfp4_mode, alu=alu, wide_tiles=tile.get("wide_tiles"), l2_ahead=tile.get("l2_ahead", 0))
     block_h, block_n, group, tiles = tile_shape(heads, dot, block_n, group, tiles)
     views = typed_views(index_pages)
     if typed_keys and aligned:
@@ -525,41 +503,6 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         for start, stop in launch_grid.ranges(tokens):
             _launch(chunks, stop - start, q[start:], weights[start:], views, block_table, req_ids[start:],
                     positions[start:], offsets[start:], out[start:], sizes, meta)
-    return out
-
-
-def _fits_tile(size, block_tiles, block_n: int) -> bool:
-    """Whether groups of ``size`` scores lie inside the block-tile path's key tiles (a power of two dividing the
-    tile's ``block_n``; the path then computes them in its epilogue)."""
-    tile_n = block_tiles.get("block_n", block_n) if isinstance(block_tiles, dict) else block_n
-    return isinstance(size, int) and 0 < size <= tile_n and tile_n % size == 0 and size & (size - 1) == 0
-
-
-def _score_then_maxima(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, out,
-                       group_maxima, **options):
-    """The scores into ``out`` (``indexer_score`` with ``options``), then the group maxima from one pass over
-    them (:func:`.topk_groups.group_max_kernel`; its own segment layout, copied into the caller's columns)."""
-    from .topk_groups import group_max_kernel
-
-    maxima, size = group_maxima
-    groups = triton.cdiv(max_context, size)
-    if (not isinstance(maxima, torch.Tensor) or maxima.dtype != torch.int32 or maxima.dim() != 2
-            or maxima.shape[0] != out.shape[0] or maxima.shape[1] < groups or not 0 < size <= 1024
-            or size & (size - 1)):
-        raise ValueError(f"triton indexer_score: argument 'group_maxima' expected (an int32 [{out.shape[0]}, >= "
-                         f"{groups}] tensor, a power-of-two group size <= 1024), got "
-                         f"{tuple(getattr(maxima, 'shape', ()))} {getattr(maxima, 'dtype', type(maxima).__name__)}, "
-                         f"{size!r}")
-    indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, out=out,
-                  **options)
-    lengths = torch.clamp(positions.to(torch.int32) + 1, min=0, max=max_context)
-    rows = max(1, 1024 // size)
-    seg_len = rows * size
-    filled = torch.empty((out.shape[0], triton.cdiv(max_context, seg_len) * rows), dtype=torch.int32,
-                         device=out.device)
-    group_max_kernel[(out.shape[0], filled.shape[1] // rows)](out, out.stride(0), lengths, filled, filled.stride(0),
-                                                              max_context, seg_len, ROWS=rows, G=size)
-    maxima[:, :groups].copy_(filled[:, :groups])
     return out
 
 

@@ -65,7 +65,6 @@ import triton.language as tl
 from . import grid as grid_limits
 from .bytes import INDEX_CODES, INDEX_FP8, INDEX_MXFP4, e2m1_ue8m0_value, views_usable
 from .segments import segment_starts
-from .topk_common import _sort_key
 from dsahal.kernel_launch import wrap_launched
 
 DOT_BF16 = 0  # same codes as indexer.DOT_*
@@ -572,12 +571,11 @@ def indexer_tiles_kernel(
     block_table_ptr, stride_bt,  # [B, max_blocks] int32, -1 unmapped
     req_ptr, pos_ptr, off_ptr, seg_ptr,  # [T] request, position, index in its request run; [T] segment starts
     out_ptr, stride_ot,  # [T, max_context] fp32
-    gmax_ptr, stride_gt,  # GMAX > 0: [T, >= cdiv(max_context, GMAX)] int32 group maxima (top-k keys); else unused
     T, max_context, num_blocks, max_blocks, block_tokens, n_tiles,
     H: tl.constexpr, FMT: tl.constexpr, DOT: tl.constexpr, TOKEN_BYTES: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, GROUP: tl.constexpr, TILES: tl.constexpr, LOOP: tl.constexpr,
     SCALED_DOT: tl.constexpr, MX: tl.constexpr, ALU: tl.constexpr, L2_AHEAD: tl.constexpr = 0,
-    L2_LINES: tl.constexpr = 0, GMAX: tl.constexpr = 0,
+    L2_LINES: tl.constexpr = 0,
 ):
     t0 = tl.load(seg_ptr + tl.program_id(0))
     if t0 < T:
@@ -651,8 +649,8 @@ def indexer_tiles_kernel(
                                              BLOCK_N, MX, ALU)
                     _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
                                 q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
-                                ok7, pos7, t0, out_ptr, stride_ot, gmax_ptr, stride_gt, max_context, H, BLOCK_H, FMT, DOT, GROUP, SCALED_DOT,
-                                MX, ALU, GMAX)
+                                ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP, SCALED_DOT,
+                                MX, ALU)
         elif LOOP == 1:  # rolled, the next tile's bytes loaded into registers before this tile's MMAs
             if live > 0:  # (a chunk past the segment's reach prefetches nothing)
                 a_n, b_n, mapped_n = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
@@ -688,8 +686,8 @@ def indexer_tiles_kernel(
                                                 block_tokens, BLOCK_N, ALU)
                     _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
                                 q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
-                                ok7, pos7, t0, out_ptr, stride_ot, gmax_ptr, stride_gt, max_context, H, BLOCK_H, FMT, DOT, GROUP,
-                                SCALED_DOT, MX, ALU, GMAX)
+                                ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP,
+                                SCALED_DOT, MX, ALU)
         elif LOOP == 3:  # as 1, two tiles ahead
             if live > 0:
                 a_n, b_n, mapped_n = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
@@ -710,8 +708,8 @@ def indexer_tiles_kernel(
                                          max_blocks, block_tokens, BLOCK_N, ALU)
                     _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
                                 q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
-                                ok7, pos7, t0, out_ptr, stride_ot, gmax_ptr, stride_gt, max_context, H, BLOCK_H, FMT, DOT, GROUP,
-                                SCALED_DOT, MX, ALU, GMAX)
+                                ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP,
+                                SCALED_DOT, MX, ALU)
         else:  # rolled, left to the software pipeliner (num_stages)
             for i in range(live):
                 a, b, mapped = _tile_raw(pages_u8, s8_b, pages_f32, s32_b, block_table_ptr, stride_bt, req64,
@@ -719,15 +717,12 @@ def indexer_tiles_kernel(
                                          ALU)
                 _score_tile(first + i, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6,
                             q7, w7, ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6,
-                            ok7, pos7, t0, out_ptr, stride_ot, gmax_ptr, stride_gt, max_context, H, BLOCK_H, FMT, DOT, GROUP, SCALED_DOT,
-                            MX, ALU, GMAX)
+                            ok7, pos7, t0, out_ptr, stride_ot, max_context, H, BLOCK_H, FMT, DOT, GROUP, SCALED_DOT,
+                            MX, ALU)
         dead = tl.full([BLOCK_N], float("-inf"), tl.float32)
         for i in range(live, count):
             s = (first + i) * BLOCK_N + tl.arange(0, BLOCK_N)
             _dead(out_ptr, stride_ot, t0, s, dead, max_context, ok0, ok1, ok2, ok3, ok4, ok5, ok6, ok7, GROUP)
-            if GMAX > 0:  # every member's group maxima on a dead tile: no valid entry (key 0)
-                _dead_maxima(gmax_ptr, stride_gt, t0, first + i, max_context, ok0, ok1, ok2, ok3, ok4, ok5, ok6, ok7,
-                             BLOCK_N, GROUP, GMAX)
 
 
 @triton.jit
@@ -754,99 +749,59 @@ def _dead(out_ptr, stride_ot, t0, s, dead, max_context, ok0, ok1, ok2, ok3, ok4,
 
 
 @triton.jit
-def _group_store(gmax_ptr, stride_gt, t, ok, tile, key, max_context, BLOCK_N: tl.constexpr, GMAX: tl.constexpr):
-    """Token ``t``'s group maxima keys ``[BLOCK_N / GMAX]`` of key tile ``tile`` (groups starting past the row's
-    width are not stored: the caller's buffer ends there or zeroes them)."""
-    groups = tile * (BLOCK_N // GMAX) + tl.arange(0, BLOCK_N // GMAX)
-    tl.store(gmax_ptr + t.to(tl.int64) * stride_gt + groups, key.to(tl.int32, bitcast=True),
-             mask=(groups * GMAX < max_context) & _lanes(ok, groups))
-
-
-@triton.jit
-def _dead_maxima(gmax_ptr, stride_gt, t0, tile, max_context, ok0, ok1, ok2, ok3, ok4, ok5, ok6, ok7,
-                 BLOCK_N: tl.constexpr, GROUP: tl.constexpr, GMAX: tl.constexpr):
-    """Key 0 (no valid entry) for every group of a tile past the segment's furthest position, per member."""
-    zero = tl.zeros([BLOCK_N // GMAX], tl.uint32)
-    _group_store(gmax_ptr, stride_gt, t0, ok0, tile, zero, max_context, BLOCK_N, GMAX)
-    if GROUP > 1:
-        _group_store(gmax_ptr, stride_gt, t0 + 1, ok1, tile, zero, max_context, BLOCK_N, GMAX)
-    if GROUP > 2:
-        _group_store(gmax_ptr, stride_gt, t0 + 2, ok2, tile, zero, max_context, BLOCK_N, GMAX)
-    if GROUP > 3:
-        _group_store(gmax_ptr, stride_gt, t0 + 3, ok3, tile, zero, max_context, BLOCK_N, GMAX)
-    if GROUP > 4:
-        _group_store(gmax_ptr, stride_gt, t0 + 4, ok4, tile, zero, max_context, BLOCK_N, GMAX)
-    if GROUP > 5:
-        _group_store(gmax_ptr, stride_gt, t0 + 5, ok5, tile, zero, max_context, BLOCK_N, GMAX)
-    if GROUP > 6:
-        _group_store(gmax_ptr, stride_gt, t0 + 6, ok6, tile, zero, max_context, BLOCK_N, GMAX)
-    if GROUP > 7:
-        _group_store(gmax_ptr, stride_gt, t0 + 7, ok7, tile, zero, max_context, BLOCK_N, GMAX)
-
-
-@triton.jit
 def _score_tile(tile, a, b, mapped, q0, w0, q1, w1, q2, w2, q3, w3, q4, w4, q5, w5, q6, w6, q7, w7,
                 ok0, pos0, ok1, pos1, ok2, pos2, ok3, pos3, ok4, pos4, ok5, pos5, ok6, pos6, ok7, pos7, t0,
-                out_ptr, stride_ot, gmax_ptr, stride_gt, max_context, H: tl.constexpr, BLOCK_H: tl.constexpr,
-                FMT: tl.constexpr, DOT: tl.constexpr, GROUP: tl.constexpr, SCALED_DOT: tl.constexpr,
-                MX: tl.constexpr, ALU: tl.constexpr, GMAX: tl.constexpr):
+                out_ptr, stride_ot, max_context, H: tl.constexpr, BLOCK_H: tl.constexpr, FMT: tl.constexpr,
+                DOT: tl.constexpr, GROUP: tl.constexpr, SCALED_DOT: tl.constexpr, MX: tl.constexpr,
+                ALU: tl.constexpr):
     """Scores of key tile ``tile`` (its raw bytes ``a``, ``b``) for every member token of the segment:
     one MMA (two for explicitly decoded MXFP4) per member; absent members skip theirs."""
     keys, scale = _tile_operands(a, b, FMT, DOT, SCALED_DOT, MX, ALU)
     BLOCK_N: tl.constexpr = scale.shape[0]
     s = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     seen = _lanes(mapped, s)
-    _one(keys, scale, q0, w0, ok0, pos0, t0, s, tile, seen, out_ptr, stride_ot, gmax_ptr, stride_gt, max_context, H,
-         BLOCK_H, FMT, DOT, SCALED_DOT, MX, ALU, GMAX)
+    _one(keys, scale, q0, w0, ok0, pos0, t0, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
+         FMT, DOT, SCALED_DOT, MX, ALU)
     if GROUP > 1:
         if ok1:
-            _one(keys, scale, q1, w1, ok1, pos1, t0 + 1, s, tile, seen, out_ptr, stride_ot, gmax_ptr, stride_gt, max_context,
-                 H, BLOCK_H, FMT, DOT, SCALED_DOT, MX, ALU, GMAX)
+            _one(keys, scale, q1, w1, ok1, pos1, t0 + 1, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
+                 FMT, DOT, SCALED_DOT, MX, ALU)
     if GROUP > 2:
         if ok2:
-            _one(keys, scale, q2, w2, ok2, pos2, t0 + 2, s, tile, seen, out_ptr, stride_ot, gmax_ptr, stride_gt, max_context,
-                 H, BLOCK_H, FMT, DOT, SCALED_DOT, MX, ALU, GMAX)
+            _one(keys, scale, q2, w2, ok2, pos2, t0 + 2, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
+                 FMT, DOT, SCALED_DOT, MX, ALU)
     if GROUP > 3:
         if ok3:
-            _one(keys, scale, q3, w3, ok3, pos3, t0 + 3, s, tile, seen, out_ptr, stride_ot, gmax_ptr, stride_gt, max_context,
-                 H, BLOCK_H, FMT, DOT, SCALED_DOT, MX, ALU, GMAX)
+            _one(keys, scale, q3, w3, ok3, pos3, t0 + 3, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
+                 FMT, DOT, SCALED_DOT, MX, ALU)
     if GROUP > 4:
         if ok4:
-            _one(keys, scale, q4, w4, ok4, pos4, t0 + 4, s, tile, seen, out_ptr, stride_ot, gmax_ptr, stride_gt, max_context,
-                 H, BLOCK_H, FMT, DOT, SCALED_DOT, MX, ALU, GMAX)
+            _one(keys, scale, q4, w4, ok4, pos4, t0 + 4, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
+                 FMT, DOT, SCALED_DOT, MX, ALU)
     if GROUP > 5:
         if ok5:
-            _one(keys, scale, q5, w5, ok5, pos5, t0 + 5, s, tile, seen, out_ptr, stride_ot, gmax_ptr, stride_gt, max_context,
-                 H, BLOCK_H, FMT, DOT, SCALED_DOT, MX, ALU, GMAX)
+            _one(keys, scale, q5, w5, ok5, pos5, t0 + 5, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
+                 FMT, DOT, SCALED_DOT, MX, ALU)
     if GROUP > 6:
         if ok6:
-            _one(keys, scale, q6, w6, ok6, pos6, t0 + 6, s, tile, seen, out_ptr, stride_ot, gmax_ptr, stride_gt, max_context,
-                 H, BLOCK_H, FMT, DOT, SCALED_DOT, MX, ALU, GMAX)
+            _one(keys, scale, q6, w6, ok6, pos6, t0 + 6, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
+                 FMT, DOT, SCALED_DOT, MX, ALU)
     if GROUP > 7:
         if ok7:
-            _one(keys, scale, q7, w7, ok7, pos7, t0 + 7, s, tile, seen, out_ptr, stride_ot, gmax_ptr, stride_gt, max_context,
-                 H, BLOCK_H, FMT, DOT, SCALED_DOT, MX, ALU, GMAX)
+            _one(keys, scale, q7, w7, ok7, pos7, t0 + 7, s, seen, out_ptr, stride_ot, max_context, H, BLOCK_H,
+                 FMT, DOT, SCALED_DOT, MX, ALU)
 
 
 @triton.jit
-def _one(keys, scale, q, w_row, ok, pos, t, s, tile, seen, out_ptr, stride_ot, gmax_ptr, stride_gt, max_context,
-         H: tl.constexpr, BLOCK_H: tl.constexpr, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.constexpr,
-         MX: tl.constexpr, ALU: tl.constexpr, GMAX: tl.constexpr):
+def _one(keys, scale, q, w_row, ok, pos, t, s, seen, out_ptr, stride_ot, max_context, H: tl.constexpr,
+         BLOCK_H: tl.constexpr, FMT: tl.constexpr, DOT: tl.constexpr, SCALED_DOT: tl.constexpr,
+         MX: tl.constexpr, ALU: tl.constexpr):
     """Token ``t``'s scores on this tile (``w_row``: its head weights, fp32 ``[H]``), stored with -inf
-    where not ``seen`` (unmapped block) or past its position; with ``GMAX``, also the max of every ``GMAX``
-    consecutive stored scores as a top-k key (:func:`.topk_common._sort_key`; 0 where all are -inf), which is
-    what :func:`.topk_groups.group_max_kernel` would compute from the stored row."""
+    where not ``seen`` (unmapped block) or past its position."""
     heads = tl.arange(0, BLOCK_H)
     w = tl.load(w_row + heads, mask=heads < H, other=0.0)
     score = _token_score(keys, scale, q, w, FMT, DOT, SCALED_DOT, MX, ALU)
-    visible = seen & (s <= pos)
-    _store(out_ptr, stride_ot, t, ok, s, score, visible, max_context)
-    if GMAX > 0:
-        BLOCK_N: tl.constexpr = s.shape[0]
-        kept = tl.where(visible & (s < max_context), score, float("-inf"))
-        best = tl.max(tl.reshape(kept, [BLOCK_N // GMAX, GMAX]), axis=1)
-        key = tl.where(best == float("-inf"), tl.zeros([BLOCK_N // GMAX], tl.uint32), _sort_key(best))
-        _group_store(gmax_ptr, stride_gt, t, ok, tile, key, max_context, BLOCK_N, GMAX)
+    _store(out_ptr, stride_ot, t, ok, s, score, seen & (s <= pos), max_context)
 
 
 def tile_keys(block_tokens: int, block_n: int) -> int:
@@ -934,7 +889,7 @@ def _check_alu(alu, index_fmt, block_n, block_tokens, mxfp4_mode=0, dot=DOT_BF16
 
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, index_fmt, max_context, out, *,
            dot, block_n=64, group=5, tiles=4, loop=0, num_warps=4, num_stages=1, scaled_dot=0,
-           typed_keys=False, mxfp4_mode=0, alu=0, starts=None, wide_tiles=None, l2_ahead=0, group_maxima=None):
+           typed_keys=False, mxfp4_mode=0, alu=0, starts=None, wide_tiles=None, l2_ahead=0):
     """Run :func:`indexer_tiles_kernel` (the caller checked :func:`serves`). ``group`` tokens per
     segment (<= 8), ``tiles`` key tiles per program, ``loop``: 0 unrolled, 1 rolled with the next tile
     prefetched into registers (3: the next two), 2 rolled for the software pipeliner (``num_stages``); ``scaled_dot``:
@@ -946,10 +901,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     ``run_offset`` when not given; ``wide_tiles`` (rolled loops): longer key chunks for launches with programs
     to spare (:func:`tiles_per_program`); ``l2_ahead`` (``loop`` 1): ask L2 for the lines of the tile that
     many tiles ahead (0 off, 2..:data:`L2_AHEAD_MAX`; a hint: no score changes; CPU launches, which are the
-    interpreter's and cannot run PTX, skip it); ``group_maxima`` ``(maxima, size)``: also write, for every token,
-    the top-k key of the max of each ``size`` consecutive scores (0 where none is visible) to ``maxima [T, >=
-    cdiv(max_context, size)]`` int32 (:func:`.topk_groups.group_layout`'s groups: the fused indexer -> top-k).
-    Columns from ``cdiv(max_context, size)`` on are not written."""
+    interpreter's and cannot run PTX, skip it)."""
     tokens, heads, _ = q.shape
     if not 1 <= group <= MAX_GROUP:
         raise ValueError(f"triton indexer_score: the block-tile path takes 1..{MAX_GROUP} tokens per segment "
@@ -975,7 +927,6 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     else:
         f32, s32_b = index_pages, 0  # never read
     seg = segment_starts(run_offset, group) if starts is None else starts
-    gmax, gmax_stride, gmax_size = _group_maxima_args(group_maxima, tokens, max_context, block_n, q.device, seg)
     # segments on axis 0 (no 65535 limit on prefill token counts; the programs of one key chunk run
     # together, so a prefill's segments share that chunk in L2), key chunks on axis 1
     # (axis 1 holds at most 65535: longer rows get more tiles per program; a score does not depend on it)
@@ -993,33 +944,13 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         u8, index_pages.stride(0), f32, s32_b,
         block_table, block_table.stride(0),
         req_ids, positions, run_offset, seg,
-        out, out.stride(0), gmax, gmax_stride,
+        out, out.stride(0),
         tokens, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1], tiles,
         H=heads, FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=token_bytes, BLOCK_H=block_h,
         BLOCK_N=block_n, GROUP=group, TILES=tiles if loop == 0 else 0, LOOP=loop, SCALED_DOT=scaled_dot, MX=mx,
-        ALU=alu, L2_AHEAD=l2_ahead, L2_LINES=l2_lines, GMAX=gmax_size, num_warps=num_warps, num_stages=num_stages,
+        ALU=alu, L2_AHEAD=l2_ahead, L2_LINES=l2_lines, num_warps=num_warps, num_stages=num_stages,
     )
     return out
-
-
-def _group_maxima_args(group_maxima, tokens: int, max_context: int, block_n: int, device, placeholder):
-    """``(pointer, row stride, GMAX)`` for the kernel: the checked ``(maxima, size)`` of :func:`launch`, or an
-    int32 placeholder that is never read (the same argument type either way: one signature per GMAX)."""
-    if group_maxima is None:
-        return placeholder, 0, 0
-    maxima, size = group_maxima
-    groups = -(-max_context // size) if size > 0 else 0
-    if not (isinstance(size, int) and 0 < size <= block_n and block_n % size == 0 and size & (size - 1) == 0):
-        raise ValueError(f"triton indexer_score: group maxima need a power-of-two group size dividing the "
-                         f"{block_n}-key tile, got {size!r}")
-    if (not isinstance(maxima, torch.Tensor) or maxima.dtype != torch.int32 or maxima.dim() != 2
-            or maxima.shape[0] != tokens or maxima.shape[1] < groups or maxima.stride(1) != 1
-            or maxima.device != device):
-        got = (f"{tuple(maxima.shape)} {maxima.dtype} strides {tuple(maxima.stride())} on {maxima.device}"
-               if isinstance(maxima, torch.Tensor) else type(maxima).__name__)
-        raise ValueError(f"triton indexer_score: argument 'group_maxima' expected an int32 [{tokens}, >= {groups}] "
-                         f"tensor with unit column stride on {device}, got {got}")
-    return maxima, maxima.stride(0), size
 
 
 def runs_ptx(device: torch.device) -> bool:

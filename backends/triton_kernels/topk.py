@@ -106,7 +106,7 @@ METHODS = ("radix", "bound", "groups")
 
 def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slots=None, scratch=None,
          segments=1, method="radix", group=None, finish_chunk=512, finish_warps=4, steps=16, group_size=None,
-         batch=64, group_maxima=None):
+         batch=64):
     """Launch :func:`topk_kernel` (or, with ``segments > 1``, :mod:`.topk_split`'s passes; or, with
     ``method="bound"``, :mod:`.topk_bound`'s max-bound filter).
 
@@ -127,18 +127,12 @@ def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slot
             or ``"groups"`` (:func:`.topk_groups.topk_groups`: the bound from groups of consecutive entries, the
             second pass reads only the live groups; uses ``chunk``, ``steps``, ``group_size``, ``batch``,
             ``num_warps``, ``finish_chunk``, ``finish_warps``; the same output as ``"bound"``).
-        group_maxima: ``"groups"`` only: the rows' group maxima computed by the scores' producer (the indexer's
-            epilogue in the fused indexer -> top-k; layout :func:`.topk_groups.group_layout`), so the pass that
-            would read every score to find them is skipped.
 
     Returns:
         ``[T, k]`` int32 indices (or slots), -1 padding last.
     """
     if method not in METHODS:
         raise ValueError(f"dsahal.topk (triton): argument 'method' expected one of {METHODS}, got {method!r}")
-    if group_maxima is not None and method != "groups":
-        raise ValueError(f"dsahal.topk (triton): argument 'group_maxima' is read by method 'groups' only, got "
-                         f"method {method!r}")
     tokens, width = scores.shape
     scores = scores if scores.stride(-1) == 1 else scores.contiguous()
     out = torch.empty((tokens, k), dtype=torch.int32, device=scores.device)
@@ -163,7 +157,7 @@ def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slot
 
         return topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_tokens, chunk=chunk,
                            steps=steps, group_size=group_size, batch=batch, finish_chunk=finish_chunk,
-                           num_warps=num_warps, finish_warps=finish_warps, scratch=scratch, maxima=group_maxima)
+                           num_warps=num_warps, finish_warps=finish_warps, scratch=scratch)
     if segments > 1 and width > chunk:  # (a row of one chunk has nothing to split)
         from .topk_split import topk_split
 

@@ -19,8 +19,6 @@ is looser and more groups are live (still exact). Four launches, no atomics, no 
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -66,7 +64,7 @@ def group_max_kernel(
 @triton.jit(do_not_specialize=SIZE_ARGS)
 def group_compact_kernel(
     scores_ptr, stride_st, lengths_ptr, bound_ptr,
-    maxima_ptr, live_ptr, stride_mt,  # [T, S * GROUPS] int32, both contiguous: group maxima; the live group list
+    maxima_ptr, live_ptr, stride_mt,  # [T, S * GROUPS] int32: group maxima; scratch for the live group list
     cand_idx_ptr, cand_key_ptr, stride_ct, counts_ptr,  # as in bound_compact_kernel
     N, seg_len, segments,
     GROUPS: tl.constexpr, G: tl.constexpr, BATCH: tl.constexpr,  # GROUPS = seg_len / G; BATCH groups per step
@@ -107,36 +105,8 @@ def auto_group_size(width: int, k: int) -> int:
     return size
 
 
-class GroupLayout(NamedTuple):
-    """Where a row's group maxima live: ``segments`` segments of ``seg_len`` entries, ``per_segment`` groups of
-    ``size`` consecutive entries each; the maxima tensor is ``[T, columns]`` int32, ``columns = segments *
-    per_segment`` (groups past the row's width hold key 0)."""
-
-    size: int
-    seg_len: int
-    segments: int
-    per_segment: int
-
-    @property
-    def columns(self) -> int:
-        return self.segments * self.per_segment
-
-
-def group_layout(width: int, k: int, *, chunk=1024, steps=16, group_size=None, batch=64) -> GroupLayout:
-    """The layout :func:`topk_groups` uses for rows of ``width`` scores (arguments as there): what a producer of
-    the scores must fill when it computes the group maxima itself (the indexer's epilogue, :mod:`.indexer_decode`)."""
-    size = auto_group_size(width, k) if group_size is None else group_size
-    if chunk % size or chunk & (chunk - 1) or steps & (steps - 1) or batch & (batch - 1) or size & (size - 1):
-        raise ValueError(f"dsahal.topk (triton groups): chunk {chunk}, steps {steps}, batch {batch} and the group "
-                         f"size {size} expected powers of two with chunk a multiple of the group size")
-    steps = min(steps, max(1, 2048 * size // chunk))  # at most 2048 groups per segment (one tensor of them)
-    seg_len = chunk * steps
-    return GroupLayout(size, seg_len, triton.cdiv(max(width, 1), seg_len), seg_len // size)
-
-
 def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_tokens, *, chunk=1024, steps=16,
-                group_size=None, batch=64, finish_chunk=512, num_warps=4, finish_warps=4, scratch=None, stats=None,
-                maxima=None):
+                group_size=None, batch=64, finish_chunk=512, num_warps=4, finish_warps=4, scratch=None, stats=None):
     """Launch the four kernels for ``scores [T, N]`` into ``out [T, k]`` (arguments as :func:`.topk.topk`).
 
     Args:
@@ -145,34 +115,31 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
         group_size: ``G`` (power of two; None: :func:`auto_group_size`). batch: live groups per step of
             the compaction (power of two). finish_chunk, finish_warps, scratch, stats: as
             :func:`.topk_bound.topk_bound`.
-        maxima: the group maxima ``[T, group_layout(...).columns]`` int32, already computed by the scores'
-            producer (the fused indexer -> top-k of ``dsa_attention``): step 1 is skipped. They must be what
-            step 1 would write (the max key of each group's entries below the row's length, 0 for none).
     """
     tokens, width = scores.shape
-    layout = group_layout(width, k, chunk=chunk, steps=steps, group_size=group_size, batch=batch)
-    size, seg_len, segments, per_segment = layout
+    size = auto_group_size(width, k) if group_size is None else group_size
+    if chunk % size or chunk & (chunk - 1) or steps & (steps - 1) or batch & (batch - 1):
+        raise ValueError(f"dsahal.topk (triton groups): chunk {chunk}, steps {steps} and batch {batch} expected "
+                         f"powers of two with chunk a multiple of the group size {size}")
+    steps = min(steps, max(1, 2048 * size // chunk))  # at most 2048 groups per segment (one tensor of them)
+    seg_len = chunk * steps
+    segments = triton.cdiv(max(width, 1), seg_len)
+    per_segment = seg_len // size
     device = scores.device
-    if maxima is None:
-        maxima = torch.empty((tokens, layout.columns), dtype=torch.int32, device=device)
-        group_max_kernel[(tokens, segments)](scores, scores.stride(0), lengths, maxima, maxima.stride(0), width,
-                                             seg_len, ROWS=chunk // size, G=size, num_warps=num_warps)
-    elif (maxima.dtype != torch.int32 or tuple(maxima.shape) != (tokens, layout.columns)
-          or not maxima.is_contiguous() or maxima.device != device):
-        raise ValueError(f"dsahal.topk (triton groups): argument 'maxima' expected a contiguous [{tokens}, "
-                         f"{layout.columns}] int32 tensor on {device}, got {tuple(maxima.shape)} {maxima.dtype} "
-                         f"strides {tuple(maxima.stride())} on {maxima.device}")
-    live = torch.empty((tokens, layout.columns), dtype=torch.int32, device=device)
+    maxima = torch.empty((tokens, segments * per_segment), dtype=torch.int32, device=device)
+    live = torch.empty_like(maxima)
     bound = torch.empty((tokens,), dtype=torch.int32, device=device)
     counts = torch.empty((tokens, segments), dtype=torch.int32, device=device)
     # segment s's survivors fill at most columns s * seg_len .. N - 1 of the scratch rows
     cand_idx = _scratch(scratch, tokens, width, device)
     cand_key = torch.empty_like(cand_idx)
     grid = (tokens, segments)
+    group_max_kernel[grid](scores, scores.stride(0), lengths, maxima, maxima.stride(0), width, seg_len,
+                           ROWS=chunk // size, G=size, num_warps=num_warps)
     step = min(2048, per_segment)
     bound_threshold_kernel[(tokens,)](maxima, bound, k, maxima.shape[1] // step, CHUNK=step, LEVELS=BOUND_LEVELS,
                                       num_warps=num_warps)
-    group_compact_kernel[grid](scores, scores.stride(0), lengths, bound, maxima, live, live.stride(0), cand_idx,
+    group_compact_kernel[grid](scores, scores.stride(0), lengths, bound, maxima, live, maxima.stride(0), cand_idx,
                                cand_key, cand_idx.stride(0), counts, width, seg_len, segments, GROUPS=per_segment,
                                G=size, BATCH=batch, num_warps=num_warps)
     bound_finish_kernel[(tokens,)](cand_idx, cand_key, cand_idx.stride(0), counts, bound, out, out.stride(0), req_ids,
