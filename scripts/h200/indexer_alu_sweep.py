@@ -64,17 +64,21 @@ def variants(torch):
     # tenth session: the tile count at run time (one compile), the launch's choice of 16..64 by its programs
     # (indexer_decode.tiles_per_program), and the L2 hint (prefetch.global.L2 on the tile l2_ahead tiles ahead:
     # more bytes in flight with no registers held; AOT [registers]: alu 5 114, with the hint 118)
+    # thirteenth session: segments of the call's tokens per request (the launcher's group_per_request) instead of
+    # 5: a compile per segment length, fewer registers at 1-2 tokens (sm_90 AOT, Triton 3.9: FP8 q 104 / 120 / 118
+    # registers at 1 / 2 / 5 tokens, so 4 programs per SM either way; bf16 q 123 / 127 / 142, so 4 programs per SM
+    # at 1-2 tokens instead of 3)
+    default = dict(alu=5, wide_tiles=64, l2_ahead=4)
     out = [(fp8, "backend default", None),
-           (fp8, "alu 5, 5-token segments", dict(alu=5)),
-           (fp8, "alu 5, 64 tiles a program", dict(alu=5, tiles=64)),
-           (fp8, "alu 5, 16..64 tiles by programs", dict(alu=5, wide_tiles=64)),
-           (fp8, "alu 5, L2 hint 2 ahead", dict(alu=5, l2_ahead=2)),
-           (fp8, "alu 5, L2 hint 4 ahead", dict(alu=5, l2_ahead=4)),
-           (fp8, "alu 5, 16..64 tiles, L2 hint 4 ahead", dict(alu=5, wide_tiles=64, l2_ahead=4)),
-           (fp8, "alu 5, 16..64 tiles, L2 hint 8 ahead", dict(alu=5, wide_tiles=64, l2_ahead=8))]
+           (fp8, "alu 5, 16..64 tiles, L2 hint 4 ahead", default),
+           (fp8, "as default, segments of the request's tokens", dict(default, group="tokens")),
+           (fp8, "as default, L2 hint 6 ahead", dict(default, l2_ahead=6)),
+           (fp8, "as default, 3 ahead", dict(default, l2_ahead=3))]
     for q in second:
-        out += [(q, "backend default", None), (q, "alu 5, 5-token segments", dict(alu=5)),
-                (q, "alu 5, 16..64 tiles, L2 hint 4 ahead", dict(alu=5, wide_tiles=64, l2_ahead=4))]
+        out += [(q, "backend default", None),
+                (q, "as default, segments of the request's tokens", dict(default, group="tokens")),
+                (q, "as default, segments of the request's tokens, 8 warps", dict(default, group="tokens",
+                                                                                  num_warps=8))]
     return out
 
 

@@ -53,6 +53,15 @@ VARIANTS = (
     ("groups c2048w8 b64", dict(method="groups", chunk=2048, batch=64, num_warps=8, finish_chunk=512, finish_warps=4)),
     ("groups c1024s32 f1024", dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4, finish_chunk=1024,
                                    finish_warps=8)),
+    # thirteenth session: the groups default's neighbours (the top-k is ~15% of the DSA layer at 64x5 x 128K)
+    ("groups c1024s32 b128 f1024", dict(method="groups", chunk=1024, steps=32, batch=128, num_warps=4,
+                                        finish_chunk=1024, finish_warps=8)),
+    ("groups G8 c1024s32 f1024", dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4, group_size=8,
+                                      finish_chunk=1024, finish_warps=8)),
+    ("groups c1024s32 f2048w16", dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4,
+                                      finish_chunk=2048, finish_warps=16)),
+    ("groups c2048s16w8 f1024", dict(method="groups", chunk=2048, steps=16, batch=64, num_warps=8,
+                                     finish_chunk=1024, finish_warps=8)),
 )
 
 
