@@ -99,6 +99,11 @@ def list_tests(args, suite_dir: Path, out: Path) -> list[Listed] | int:
     if proc.returncode in (0, 5) and out.is_file():  # 5: nothing left selected, as the listing wants
         lines = [line for line in out.read_text().splitlines() if line.strip()]
         return [Listed.from_json(line, i) for i, line in enumerate(lines)]
+    usage = [line[len("ERROR: "):].strip() for line in proc.stdout.splitlines() if line.startswith("ERROR: ")]
+    if proc.returncode == 4 and usage:  # pytest's usage error: its own message lines, as ours (not the log)
+        for line in usage:
+            print(f"error: {line}", file=sys.stderr)
+        return 2
     print("\n".join(proc.stdout.splitlines()[-LOG_TAIL_LINES:]), flush=True)
     print(f"error: listing the conformance tests failed (pytest exit status {proc.returncode}; "
           f"{' '.join(command)}; log {log})", file=sys.stderr)

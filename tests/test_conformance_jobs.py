@@ -4,6 +4,7 @@ failing its unreported tests; a stopped part's unreported tests are incomplete."
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -320,11 +321,29 @@ def test_child_command_passes_every_option_through():
         in listing_command and listing_command.endswith("--dsahal-skips s.txt --dsahal-xfails x.txt -k mla")
 
 
-def test_a_listed_test_that_is_not_collected_is_a_usage_error(tmp_path):
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_listed_test_that_is_not_collected_is_one_error_line(tmp_path, jobs):
     tests = tmp_path / "tests.txt"
     tests.write_text("test_lse_combine.py::test_lse_combine_matches_reference\ntest_lse_combine.py::no_such_test\n")
-    proc, _ = run_suite(tmp_path, "reference", "--tests", str(tests), "--max-examples", "1")
+    proc, report = run_suite(tmp_path, "reference", "--tests", str(tests), "--max-examples", "1", "--jobs", jobs)
     assert proc.returncode == 2, (proc.stdout + proc.stderr)[-3000:]
+    assert proc.stdout == "" and not report  # nothing ran
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --tests: {tests}: 1 listed test id(s) name no test of "
+                                                   f"the conformance suite: test_lse_combine.py::no_such_test ("), lines
+
+
+def test_the_suites_own_option_rejects_a_test_it_did_not_collect(tmp_path):
+    """Run as plain pytest (a vendor's CI): ``--dsahal-tests`` with an unknown id is pytest's usage error."""
+    tests = tmp_path / "tests.txt"
+    tests.write_text("test_lse_combine.py::no_such_test\n")
+    suite = conformance_dir()
+    command = [sys.executable, "-m", "pytest", str(suite), "--rootdir", str(suite), "-p", "no:cacheprovider", "-q",
+               "--collect-only", "--dsahal-tests", str(tests)]
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):  # (as the CLI's own command adds it)
+        command += ["-p", "dsahal.conformance.plugin"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 4, (proc.stdout + proc.stderr)[-3000:]
     assert "1 listed test(s) not collected: test_lse_combine.py::no_such_test" in proc.stdout + proc.stderr
 
 

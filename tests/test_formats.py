@@ -56,6 +56,30 @@ def test_an_empty_batch_packs_and_unpacks_to_empty(fmt):
 
 
 @pytest.mark.parametrize("fmt", ALL, ids=IDS)
+def test_meta_tensors_give_the_shapes_without_values(fmt):
+    """Shape inference (fake tensors, ``torch.device("meta")``): pack / unpack / error_bound return empty meta
+    tensors of the contract's shapes and dtypes; shapes and dtypes are still checked; a scale must be on the
+    meta device exactly when the data is."""
+    scale = None if tensor_scale(fmt) is None else tensor_scale(fmt).to("meta")
+    values = torch.empty(7, fmt.dim, device="meta", dtype=torch.bfloat16)
+    records = fmt.pack(values, scale)
+    assert (records.device.type, records.dtype, tuple(records.shape)) == ("meta", torch.uint8, (7, fmt.token_bytes))
+    out = fmt.unpack(records, scale)
+    assert (out.device.type, out.dtype, tuple(out.shape)) == ("meta", torch.float32, (7, fmt.dim))
+    bound = fmt.error_bound(values, scale)
+    assert (bound.device.type, bound.dtype, tuple(bound.shape)) == ("meta", torch.float32, (7, fmt.dim))
+    with pytest.raises(ValueError, match=rf"{fmt.kind}:{fmt.name}\.pack: argument 'values' expected shape"):
+        fmt.pack(torch.empty(7, fmt.dim + 1, device="meta"), scale)
+    with pytest.raises(TypeError, match="argument 'records' expected dtype uint8"):
+        fmt.unpack(torch.empty(7, fmt.token_bytes, device="meta", dtype=torch.int32), scale)
+    if scale is not None:
+        with pytest.raises(ValueError, match="argument 'scale' expected on the meta device exactly when"):
+            fmt.pack(torch.randn(2, fmt.dim), scale)
+        with pytest.raises(ValueError, match="argument 'scale' expected on the meta device exactly when"):
+            fmt.pack(values, tensor_scale(fmt))
+
+
+@pytest.mark.parametrize("fmt", ALL, ids=IDS)
 @FAST
 @given(seed=st.integers(0, 2**31 - 1), log_scale=st.floats(-30, 30), spread=st.floats(0, 12))
 def test_round_trip_is_within_the_documented_bound(fmt, seed, log_scale, spread):

@@ -152,6 +152,39 @@ def report_dir_error(report_dir: str) -> str | None:
     return None
 
 
+def tests_file_error(args) -> str | None:
+    """Why ``--tests`` cannot select its tests (None when it can, or none was given): ids that name no test of
+    the suite. Checked by listing the suite in a child process (``pytest --collect-only``, a few seconds) before
+    the run, so the answer is one ``error:`` line, not the suite's own usage error (pytest's ``ERROR:`` line
+    naming its ``--dsahal-tests`` option, or with ``--jobs`` the listing's whole log)."""
+    if not args.tests:
+        return None
+    import argparse
+    import tempfile
+
+    from dsahal.conformance import controls
+    from dsahal.conformance.jobs_plan import list_tests
+
+    try:
+        lines = Path(args.tests).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"--tests: cannot read {args.tests!r} ({exc})"
+    listed_ids = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+    whole_suite = argparse.Namespace(**{**vars(args), "tests": None, "ops": None, "k": None})
+    with tempfile.TemporaryDirectory(prefix="dsahal-tests-") as folder:
+        listed = list_tests(whole_suite, conformance_dir(), Path(folder) / "tests.jsonl")
+    if isinstance(listed, int):
+        return "--tests: listing the suite's tests failed (pytest output above)"
+    known = {t.nodeid for t in listed} | {controls.canonical_id(t.nodeid) for t in listed}
+    missing = [test for test in listed_ids if test not in known]
+    if not missing:
+        return None
+    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    example = controls.canonical_id(listed[0].nodeid) if listed else "test_<op>.py::test_<property>[<case>]"
+    return (f"--tests: {args.tests}: {len(missing)} listed test id(s) name no test of the conformance suite: {shown} "
+            f"(expected pytest node ids of the suite, e.g. {example})")
+
+
 def run(args) -> int:
     import pytest
 
@@ -225,7 +258,7 @@ def run(args) -> int:
     # Bounded Triton compiles: the drawn strides would otherwise recompile nearly every example
     # (dsahal.backends.triton_kernels.compile_budget); read when a backend is built, here and in job processes.
     os.environ["DSAHAL_TRITON_COMPILE_BUDGET"] = str(args.compile_budget)
-    for problem in (device_error(args.device), report_dir_error(args.report_dir)):
+    for problem in (device_error(args.device), report_dir_error(args.report_dir), tests_file_error(args)):
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return 2

@@ -48,15 +48,20 @@ class CacheFormat:
 
     # -- public, validated -------------------------------------------------------------------------
     def pack(self, values: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-        """values ``[N, dim]`` (fp32/fp16/bf16/fp64, finite) -> records ``[N, token_bytes]`` uint8."""
+        """values ``[N, dim]`` (fp32/fp16/bf16/fp64, finite) -> records ``[N, token_bytes]`` uint8 (on the meta
+        device: an empty meta tensor of that shape, for shape inference; the values' dtype and shape still checked)."""
         self._check_values("pack", values)
         self._check_scale("pack", scale)
+        if self._meta("pack", values, scale):  # shape inference (fake tensors): the records' shape, no bytes
+            return torch.empty((values.shape[0], self.token_bytes), dtype=torch.uint8, device="meta")
         return self.encode(values, scale)
 
     def unpack(self, records: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
         """records ``[N, token_bytes]`` uint8 -> values ``[N, dim]`` float32."""
         self._check_records(records)
         self._check_scale("unpack", scale)
+        if self._meta("unpack", records, scale):
+            return torch.empty((records.shape[0], self.dim), dtype=torch.float32, device="meta")
         return self.decode(records, scale)
 
     def error_bound(self, values: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -67,6 +72,8 @@ class CacheFormat:
         sign (or is zero), so the error is at most ``max(|x|, |unpack(pack(x))|) <= FP32_MAX``."""
         self._check_values("error_bound", values)
         self._check_scale("error_bound", scale)
+        if self._meta("error_bound", values, scale):
+            return torch.empty((values.shape[0], self.dim), dtype=torch.float32, device="meta")
         return self.bound(values, scale).clamp_max(FP32_MAX)
 
     # -- per format --------------------------------------------------------------------------------
@@ -96,6 +103,8 @@ class CacheFormat:
                             f"got {values.dtype}")
         if values.dim() != 2 or values.shape[1] != self.dim:
             raise ValueError(f"{where}: argument 'values' expected shape [N, {self.dim}], got {list(values.shape)}")
+        if values.device.type == "meta":  # no values to check: shape inference only
+            return
         finite = torch.isfinite(values)
         if not bool(finite.all()):
             bad = int((~finite).sum())
@@ -125,10 +134,21 @@ class CacheFormat:
         if scale.dtype != torch.float32 or scale.numel() != 1:
             raise TypeError(f"{where}: argument 'scale' expected a float32 tensor of one element, "
                             f"got {scale.dtype} of shape {list(scale.shape)}")
+        if scale.device.type == "meta":  # no value to check: shape inference only
+            return
         value = float(scale)
         if not self.accepts_scale(value):
             raise ValueError(f"{where}: argument 'scale' expected a finite value > 0{scale_limit_text(self)}, "
                              f"got {value}")
+
+    def _meta(self, method: str, data: torch.Tensor, scale: torch.Tensor | None) -> bool:
+        """Whether this call is shape inference (``data`` on the meta device); a scale must then be meta too,
+        and real when the data is."""
+        meta = data.device.type == "meta"
+        if scale is not None and (scale.device.type == "meta") != meta:
+            raise ValueError(f"{self._where(method)}: argument 'scale' expected on the meta device exactly when the "
+                             f"data is (shape inference), got scale on {scale.device} and data on {data.device}")
+        return meta
 
     def accepts_scale(self, value: float) -> bool:
         """A tensor scale this format takes: finite, > 0 and at most :attr:`max_tensor_scale` (the one rule
