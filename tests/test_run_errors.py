@@ -89,6 +89,17 @@ def test_torchrun_without_dcp_is_refused_once(monkeypatch, capsys):
     assert capsys.readouterr().err == ""  # only rank 0 says it
 
 
+@pytest.mark.parametrize("bad", [["--batch", "0"], ["--draft-tokens", "9"], ["--temperature", "-1"],
+                                 ["--config", "no-such-config"]])
+def test_an_argument_error_under_torchrun_is_printed_by_the_first_rank_only(monkeypatch, capsys, bad):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, lines in (("0", 1), ("1", 0)):
+        monkeypatch.setenv("RANK", rank)
+        assert main(SMALL + ["--dcp", "2"] + bad) == 2  # every rank exits with the usage status
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == lines and (not lines or err.startswith("error: ")), (rank, err)
+
+
 def test_a_dcp_peer_dying_is_an_error_line_with_exit_3(monkeypatch, capsys):
     message = ("dsahal.distributed: topk_merge first round failed on rank 0 of 2: a peer rank died or did not "
                "answer within the process group's timeout (120 s). Underlying error: Connection reset by peer")

@@ -183,37 +183,43 @@ def run(args) -> int:
     args.clock = {"origin": entered - age if age is not None else entered,
                   "origin_is": "process start" if age is not None else "the start of dsahal run", "run": entered}
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    # Argument errors are the same on every rank of a torchrun job: the first rank alone prints them (every rank
+    # exits with the status). Errors of the run itself may be one rank's own and are printed where they happen.
     first_rank = os.environ.get("RANK", "0") in ("", "0")
+
+    def usage(message: str) -> int:
+        return _error(message, EXIT_USAGE, show=first_rank)
+
     if args.dcp == 1 and args.tp == 1 and world > 1:
         # Decision (README): W copies of one single-device job would print W reports of the same run.
-        return _error(f"dsahal run: started as {world} processes (WORLD_SIZE={world}, e.g. by torchrun) without "
-                      f"--dcp: each would run the whole job alone; pass --dcp {world} to share the context over the "
-                      f"{world} processes, --tp {world} to share prefill attention, or start one process without "
-                      f"torchrun", EXIT_USAGE, show=first_rank)
+        return usage(f"dsahal run: started as {world} processes (WORLD_SIZE={world}, e.g. by torchrun) without "
+                     f"--dcp: each would run the whole job alone; pass --dcp {world} to share the context over the "
+                     f"{world} processes, --tp {world} to share prefill attention, or start one process without "
+                     f"torchrun")
     try:
         config = load_config(args.config)
     except ValueError as exc:
-        return _error(str(exc), EXIT_USAGE)
+        return usage(str(exc))
     if args.threads is not None:
         if args.threads < 1:
-            return _error(f"--threads expected an int >= 1, got {args.threads}", EXIT_USAGE)
+            return usage(f"--threads expected an int >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     if not 0 <= args.draft_tokens <= 7:
-        return _error(f"--draft-tokens expected an int in [0, 7], got {args.draft_tokens}", EXIT_USAGE)
+        return usage(f"--draft-tokens expected an int in [0, 7], got {args.draft_tokens}")
     for name in ("batch", "prompt_len", "decode", "chunk", "block_tokens", "dcp", "tp"):
         if getattr(args, name) < 1:
-            return _error(f"--{name.replace('_', '-')} expected an int >= 1, got {getattr(args, name)}", EXIT_USAGE)
+            return usage(f"--{name.replace('_', '-')} expected an int >= 1, got {getattr(args, name)}")
     if args.check_tolerance is not None and not 0 < args.check_tolerance < float("inf"):
-        return _error(f"--check-tolerance expected a number > 0, got {args.check_tolerance}", EXIT_USAGE)
+        return usage(f"--check-tolerance expected a number > 0, got {args.check_tolerance}")
     if not 0 <= args.temperature < float("inf"):  # before the header and the weights, not at the first request
-        return _error(f"--temperature expected a finite number >= 0 (0: greedy), got {args.temperature}", EXIT_USAGE)
+        return usage(f"--temperature expected a finite number >= 0 (0: greedy), got {args.temperature}")
     if not 0 < args.dcp_timeout < float("inf"):  # 0, < 0, nan or inf became a torch traceback at the store
-        return _error(f"--dcp-timeout expected a finite number of seconds > 0, got {args.dcp_timeout}", EXIT_USAGE)
+        return usage(f"--dcp-timeout expected a finite number of seconds > 0, got {args.dcp_timeout}")
     if args.json and first_rank:  # the report is written after the whole run: a bad path must not cost the run
         try:
             check_output_path(args.json)
         except ValueError as exc:
-            return _error(f"dsahal run: argument '--json': {exc}", EXIT_USAGE)
+            return usage(f"dsahal run: argument '--json': {exc}")
     from ..distributed import DistributedFault
 
     try:
