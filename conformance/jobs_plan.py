@@ -52,6 +52,7 @@ DEFAULT_WEIGHT = 5.0
 # they stay in one group so that only one child pays for it, and the group carries that cost.
 RANK_POOL_STARTUP_WEIGHT = 3.0
 VENDOR_SKIP_WEIGHT = 0.01  # a test the skip file skips: set-up only
+PART_ENV = "DSAHAL_CONFORMANCE_PART"  # set in the children of --jobs (child_env)
 LOG_TAIL_LINES = 300  # lines of a child's output printed when it failed
 
 
@@ -243,6 +244,7 @@ def child_env(jobs: int) -> dict:
     are added: threads shared between the children rather than each taking every core, unbuffered
     output and the fault handler so that a child that dies still leaves its last lines in its log."""
     env = dict(os.environ)
+    env[PART_ENV] = "1"  # the child's --tests file is the listing's own: the child need not list the suite again
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("PYTHONFAULTHANDLER", "1")

@@ -157,13 +157,14 @@ def tests_file_error(args) -> str | None:
     the suite. Checked by listing the suite in a child process (``pytest --collect-only``, a few seconds) before
     the run, so the answer is one ``error:`` line, not the suite's own usage error (pytest's ``ERROR:`` line
     naming its ``--dsahal-tests`` option, or with ``--jobs`` the listing's whole log)."""
-    if not args.tests:
+    from dsahal.conformance.jobs_plan import PART_ENV, list_tests
+
+    if not args.tests or os.environ.get(PART_ENV):  # (a part of --jobs: its file is the parent's listing)
         return None
     import argparse
     import tempfile
 
     from dsahal.conformance import controls
-    from dsahal.conformance.jobs_plan import list_tests
 
     try:
         lines = Path(args.tests).read_text().splitlines()
