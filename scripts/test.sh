@@ -7,15 +7,25 @@
 # Without arguments both parts run. Arguments are pytest arguments for part 1 (`-k registry`,
 # `tests/test_plan.py`) and select tests of tests/ only, so part 2 is then skipped with a line saying
 # so: run `scripts/test-tpu.sh [pytest arguments for tests_tpu/]` for it. DSAHAL_SKIP_TPU=1 always
-# skips part 2; DSAHAL_WITH_TPU=1 runs it even with arguments.
+# skips part 2; DSAHAL_WITH_TPU=1 runs it even with arguments. DSAHAL_TEST_WORKERS: part 1's processes.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$ROOT"
 # One thread per process: the suite spawns gloo ranks and helper processes on a 2-core machine.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 start=$SECONDS
-echo "== part 1/2: pytest tests/ in .venv${*:+ (arguments: $*)}"
-python -m pytest -q "$@" || { rc=$?; echo "== part 1/2 failed (pytest exit status $rc)"; exit "$rc"; }
+# Part 1 in DSAHAL_TEST_WORKERS processes (default 2, the CI machine's cores; 1: one process), whole files to a
+# worker (their module fixtures, the Triton interpreter children, run once): most of part 1 is single-threaded
+# interpreter children, so two workers take about half the time on two cores.
+workers="${DSAHAL_TEST_WORKERS:-2}"
+parallel=()
+if [ "$workers" -gt 1 ] && python -c "import xdist" 2>/dev/null; then
+    parallel=(-n "$workers" --dist loadfile)
+elif [ "$workers" -gt 1 ]; then
+    echo "== pytest-xdist is not installed: part 1 runs in one process"
+fi
+echo "== part 1/2: pytest tests/ in .venv${parallel:+ (${workers} workers)}${*:+ (arguments: $*)}"
+python -m pytest -q "${parallel[@]}" "$@" || { rc=$?; echo "== part 1/2 failed (pytest exit status $rc)"; exit "$rc"; }
 echo "== part 1/2 passed in $((SECONDS - start)) s"
 if [ "${DSAHAL_SKIP_TPU:-0}" = "1" ]; then
     echo "== part 2/2 (TPU backend job) skipped: DSAHAL_SKIP_TPU=1"

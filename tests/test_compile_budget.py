@@ -14,16 +14,23 @@ from dsahal.backends.triton_kernels.compile_budget import BudgetedKernel, budget
 from dsahal.kernel_launch import LaunchedKernel
 
 
-@pytest.fixture
-def plain_kernels():
-    """Take the budget wrappers off again: other tests expect each kernel behind its launch cache only."""
+def _take_budget_wrappers_off():
     import importlib
 
-    yield
     for key, wrapper in compile_budget._installed.items():
         module, name = key.split(":")
         setattr(importlib.import_module(module), name, wrapper.kernel)
     compile_budget._installed.clear()
+
+
+@pytest.fixture
+def plain_kernels():
+    """Each kernel behind its launch cache only, before and after the test: an earlier test of the same process
+    (a backend built with a compile budget: the conformance suite run in-process) may have installed wrappers,
+    and later tests expect none."""
+    _take_budget_wrappers_off()
+    yield
+    _take_budget_wrappers_off()
 
 
 @triton.jit(do_not_specialize=("n",))
