@@ -111,6 +111,23 @@ def test_bench_checks_pass_on_the_reference_backend():
     assert check_lse_combine(torch.device("cpu"), "reference")[0]
 
 
+def test_the_indexer_takes_queries_and_weights_of_any_stride():
+    """A strided q or weights (a transposed or sliced projection output) is copied by the launcher, a few KB: the
+    verifier must not send the call to the float64 reference over every key. Only the device is checked."""
+    q = torch.randn(3, 8, 256)[..., ::2]  # [3, 8, 128] with stride 2 in its last dim
+    weights = torch.randn(8, 3).t()  # [3, 8] with stride 3 in its last dim
+    pages = torch.zeros(4, 16, 132, dtype=torch.uint8)
+    table = torch.zeros(2, 4, dtype=torch.int32)
+    ids = torch.zeros(3, dtype=torch.int32)
+    anywhere = lambda **tensors: (True, "")  # noqa: E731 - the CPU stands in for the device here
+    assert limits.indexer_score(q, weights, pages, table, ids, ids, "fp8", 64, device_check=anywhere) == (True, "")
+    ok, reason = limits.indexer_score(q, weights, pages, table, ids, ids, "fp8", 64)
+    assert not ok and "cuda" in reason.lower()  # the device rule still applies
+    ok, reason = limits.indexer_score(torch.randn(3, 129, 128), torch.randn(3, 129), pages, table, ids, ids, "fp8", 64,
+                                      device_check=anywhere)
+    assert not ok and "at most 128 heads" in reason
+
+
 def test_kda_verifiers_decline_a_gate_without_unit_channel_stride():
     """The Triton KDA kernel steps through g's channels one element at a time; a strided g (which a
     caller skipping validation could pass) must go to the reference, not be misread."""

@@ -60,8 +60,9 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         return False, f"the Triton indexer reads {sorted(INDEX_FORMATS)} keys, not {index_fmt!r}"
     if q.shape[1] > MAX_INDEX_HEADS:
         return False, f"the Triton indexer holds at most {MAX_INDEX_HEADS} heads, got {q.shape[1]}"
-    return _all(lambda: unit_stride(q=q, weights=weights, block_table=block_table),
-                lambda: device_check(q=q, weights=weights, index_pages=index_pages, block_table=block_table))
+    # (any strides: the launcher copies a q, weights or block table whose last dim is strided, a few KB to a few
+    # MB, where the reference fallback would cost a float64 pass over every key)
+    return device_check(q=q, weights=weights, index_pages=index_pages, block_table=block_table)
 
 
 def topk(scores, lengths, k, *, device_check=on_gpu):
@@ -69,8 +70,7 @@ def topk(scores, lengths, k, *, device_check=on_gpu):
 
 
 def positions_to_slots(positions, req_ids, block_table, block_tokens, *, device_check=on_gpu):
-    return _all(lambda: unit_stride(block_table=block_table),
-                lambda: device_check(positions=positions, req_ids=req_ids, block_table=block_table))
+    return device_check(positions=positions, req_ids=req_ids, block_table=block_table)  # (any strides: copied)
 
 
 def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, device_check=on_gpu):
