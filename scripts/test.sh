@@ -18,6 +18,10 @@ start=$SECONDS
 # worker (their module fixtures, the Triton interpreter children, run once): most of part 1 is single-threaded
 # interpreter children, so two workers take about half the time on two cores.
 workers="${DSAHAL_TEST_WORKERS:-2}"
+if ! [[ "$workers" =~ ^[1-9][0-9]*$ ]]; then
+    echo "error: DSAHAL_TEST_WORKERS expected a positive number of processes, got '$workers'" >&2
+    exit 2
+fi
 parallel=()
 if [ "$workers" -gt 1 ] && python -c "import xdist" 2>/dev/null; then
     parallel=(-n "$workers" --dist loadfile)
