@@ -259,7 +259,9 @@ def run(args) -> int:
     # Bounded Triton compiles: the drawn strides would otherwise recompile nearly every example
     # (dsahal.backends.triton_kernels.compile_budget); read when a backend is built, here and in job processes.
     os.environ["DSAHAL_TRITON_COMPILE_BUDGET"] = str(args.compile_budget)
-    for problem in (device_error(args.device), report_dir_error(args.report_dir), tests_file_error(args)):
+    for check in (lambda: device_error(args.device), lambda: report_dir_error(args.report_dir),
+                  lambda: tests_file_error(args)):  # in order; the listing (a child process) only when the rest hold
+        problem = check()
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return 2
