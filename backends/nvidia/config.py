@@ -159,6 +159,13 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
 _TOPK_SHORT = dict(chunk=2048, row_levels=2, num_warps=8, segments=1)
 _TOPK_BOUND = dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, finish_warps=4)
 _TOPK_GROUPS = dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4, finish_chunk=1024, finish_warps=8)
+# Rows of >= 1M scores (H200, 2026-12-03, scripts/h200/topk_wide_sweep.py, R4 of the thirteenth session, real
+# indexer scores): 64-entry groups and 64K-entry segments, 16K group maxima a row instead of 64K for the per-row
+# threshold and finish passes: 8 x 1M 0.183 ms against 0.325 with 16-entry groups (1.78x; torch.topk 0.190), 8 x 2
+# tokens 0.196 against 0.343 (torch.topk 0.303). At 128K the same groups leave every group live (G k = N) and ran
+# 0.36-0.41x the 16-entry default, so it starts where it was measured, at 1M.
+_TOPK_GROUPS_WIDE = dict(_TOPK_GROUPS, group_size=64, steps=64)
+WIDE_TOPK_ROWS = 1 << 20
 
 
 @functools.lru_cache(maxsize=64)
@@ -170,6 +177,8 @@ def topk_config(width: int) -> dict:
         return _TOPK_BOUND
     if width <= 8192:
         return _TOPK_SHORT
+    if width >= WIDE_TOPK_ROWS:
+        return _TOPK_GROUPS_WIDE
     return _TOPK_GROUPS if width >= 65536 else _TOPK_BOUND
 
 

@@ -85,6 +85,17 @@ def test_group_bound_topk_matches_reference(width, k, size, steps):
     assert not bad, f"rows {bad} differ from the reference (width {width}, k {k}, group size {size}, steps {steps})"
 
 
+def test_wide_group_bound_topk_matches_reference():
+    """The shape of the backend's choice for rows of >= 1M scores (``config._TOPK_GROUPS_WIDE``: 64-entry groups,
+    segments of 64 steps), in miniature: 64-entry groups, 8 segments, k small against the row."""
+    gen = torch.Generator().manual_seed(1024 * 7 + 5)
+    scores, lengths = hard_rows(gen, 1024, 5)
+    got = topk(scores, lengths, 5, **dict(GROUPS, chunk=64, group_size=64, steps=2, batch=2))
+    want = expected(scores, lengths, 5)
+    bad = (got != want).any(dim=1).nonzero().flatten().tolist()
+    assert not bad, f"rows {bad} differ from the reference (64-entry groups)"
+
+
 def test_bound_topk_int64_lengths_and_chunking_invariance():
     gen = torch.Generator().manual_seed(7)
     scores, lengths = hard_rows(gen, 96, 12)
