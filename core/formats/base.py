@@ -57,7 +57,7 @@ class CacheFormat:
         return self.encode(values, scale)
 
     def unpack(self, records: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-        """records ``[N, token_bytes]`` uint8 -> values ``[N, dim]`` float32."""
+        """records ``[N, token_bytes]`` uint8 -> values ``[N, dim]`` float32 (meta records: an empty meta tensor)."""
         self._check_records(records)
         self._check_scale("unpack", scale)
         if self._meta("unpack", records, scale):
