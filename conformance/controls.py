@@ -40,6 +40,27 @@ def read_control_file(path: str | Path) -> list[ControlEntry]:
     return entries
 
 
+def read_test_ids(path: str | Path) -> list[str]:
+    """The node ids a ``--tests`` file lists: one a line, blank lines and ``#`` comments ignored (``OSError`` or
+    ``UnicodeDecodeError`` when it cannot be read)."""
+    lines = Path(path).read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+
+
+def match_test_ids(listed: list[str], nodeids) -> tuple[dict[str, str], list[str]]:
+    """``listed`` ids against the suite's collected ``nodeids`` (full or :func:`canonical_id` form) -> (each
+    id found mapped to its collected node id, the ids that name no collected test)."""
+    known = {}
+    for nodeid in nodeids:
+        known[nodeid] = known[canonical_id(nodeid)] = nodeid
+    return {test: known[test] for test in listed if test in known}, [test for test in listed if test not in known]
+
+
+def shown_ids(ids: list[str], most: int = 5) -> str:
+    """``a, b, c and N more``: the first ``most`` of ``ids`` for an error line."""
+    return ", ".join(ids[:most]) + (f" and {len(ids) - most} more" if len(ids) > most else "")
+
+
 def canonical_id(nodeid: str) -> str:
     """``some/dir/test_topk.py::test_x[p]`` -> ``test_topk.py::test_x[p]`` (stable across installs)."""
     path, sep, rest = nodeid.partition("::")

@@ -131,21 +131,17 @@ class SuiteLister:
 
 
 def _read_test_ids(path: str, suite_items: list) -> set[str]:
-    """The node ids ``--dsahal-tests`` lists (one a line, blank lines and ``#`` comments ignored),
-    each as collected here; any that names no collected test is a usage error."""
+    """The node ids ``--dsahal-tests`` lists (:func:`.controls.read_test_ids`), each as collected here; any that
+    names no collected test is a usage error."""
     try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
+        listed = controls.read_test_ids(path)
+    except (OSError, UnicodeDecodeError) as exc:
         raise pytest.UsageError(f"--dsahal-tests: cannot read {path!r}: {exc}") from None
-    listed = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
-    known = {}
-    for item in suite_items:
-        known[item.nodeid] = known[controls.canonical_id(item.nodeid)] = item.nodeid
-    missing = [test for test in listed if test not in known]
+    found, missing = controls.match_test_ids(listed, [item.nodeid for item in suite_items])
     if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise pytest.UsageError(f"--dsahal-tests {path}: {len(missing)} listed test(s) not collected: {shown}")
-    return {known[test] for test in listed}
+        raise pytest.UsageError(f"--dsahal-tests {path}: {len(missing)} listed test(s) not collected: "
+                                f"{controls.shown_ids(missing)}")
+    return set(found.values())
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k/-m deselect, so control entries are matched against every test

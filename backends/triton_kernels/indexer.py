@@ -439,7 +439,6 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
     tokens, heads, _ = q.shape
     q = q if q.stride(-1) == 1 else q.contiguous()
     weights = weights if weights.stride(-1) == 1 else weights.contiguous()
-    block_table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()  # (rows read unit-stride)
     if out is None:
         out = torch.empty((tokens, max_context), dtype=torch.float32, device=q.device)
     if tokens == 0:

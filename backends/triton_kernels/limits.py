@@ -60,8 +60,9 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         return False, f"the Triton indexer reads {sorted(INDEX_FORMATS)} keys, not {index_fmt!r}"
     if q.shape[1] > MAX_INDEX_HEADS:
         return False, f"the Triton indexer holds at most {MAX_INDEX_HEADS} heads, got {q.shape[1]}"
-    # (any strides: the launcher copies a q, weights or block table whose last dim is strided, a few KB to a few
-    # MB, where the reference fallback would cost a float64 pass over every key)
+    # (any strides: the launcher copies a q or weights whose last dim is strided, a few KB to a few MB, where the
+    # reference fallback would cost a float64 pass over every key; block tables arrive with unit stride from the
+    # public ops, dsahal.ops._layout)
     return device_check(q=q, weights=weights, index_pages=index_pages, block_table=block_table)
 
 
@@ -70,7 +71,8 @@ def topk(scores, lengths, k, *, device_check=on_gpu):
 
 
 def positions_to_slots(positions, req_ids, block_table, block_tokens, *, device_check=on_gpu):
-    return device_check(positions=positions, req_ids=req_ids, block_table=block_table)  # (any strides: copied)
+    # (the public ops hand this route unit-stride metadata: dsahal.ops._layout)
+    return device_check(positions=positions, req_ids=req_ids, block_table=block_table)
 
 
 def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, device_check=on_gpu):

@@ -43,7 +43,6 @@ def positions_to_slots(positions, req_ids, block_table, block_tokens, *, block=1
     block_table ``[B, max_blocks]`` -> ``[T, K]`` int32 slots."""
     tokens, width = positions.shape
     positions = positions if positions.stride(-1) == 1 else positions.contiguous()
-    block_table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()  # (rows read unit-stride)
     out = torch.empty((tokens, width), dtype=torch.int32, device=positions.device)
     if tokens * width == 0:
         return out

@@ -167,22 +167,20 @@ def tests_file_error(args) -> str | None:
     from dsahal.conformance import controls
 
     try:
-        lines = Path(args.tests).read_text().splitlines()
+        listed_ids = controls.read_test_ids(args.tests)
     except (OSError, UnicodeDecodeError) as exc:
         return f"--tests: cannot read {args.tests!r} ({exc})"
-    listed_ids = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
     whole_suite = argparse.Namespace(**{**vars(args), "tests": None, "ops": None, "k": None})
     with tempfile.TemporaryDirectory(prefix="dsahal-tests-") as folder:
         listed = list_tests(whole_suite, conformance_dir(), Path(folder) / "tests.jsonl")
     if isinstance(listed, int):
         return "--tests: listing the suite's tests failed (pytest output above)"
-    known = {t.nodeid for t in listed} | {controls.canonical_id(t.nodeid) for t in listed}
-    missing = [test for test in listed_ids if test not in known]
+    _, missing = controls.match_test_ids(listed_ids, [t.nodeid for t in listed])
     if not missing:
         return None
-    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
     example = controls.canonical_id(listed[0].nodeid) if listed else "test_<op>.py::test_<property>[<case>]"
-    return (f"--tests: {args.tests}: {len(missing)} listed test id(s) name no test of the conformance suite: {shown} "
+    return (f"--tests: {args.tests}: {len(missing)} listed test id(s) name no test of the conformance suite: "
+            f"{controls.shown_ids(missing)} "
             f"(expected pytest node ids of the suite, e.g. {example})")
 
 
