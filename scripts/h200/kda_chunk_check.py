@@ -16,7 +16,7 @@ Steps, in order, each printed:
    token-by-token Triton kernel (``kda_prefill_recurrent``, fp32 state: the float64 reference is too slow
    on the CPU at this size), outputs and final states;
 4. timing (``triton.testing.do_bench`` median) at 8 x 4096 and at mixed lengths (128 ... 8192): the variants,
-   pass A and pass B of the default variant alone, fla's chunk_kda (a contiguous copy of the live rows as
+   pass A and pass B alone for the default and for bf16 operands throughout, fla's chunk_kda (a contiguous copy of the live rows as
    its ``initial_state``, one ``cu_seqlens`` tensor reused and the host copy given: its best case), and the
    nvidia backend's fla route (``kda_fla.kda_prefill_fla``: gather, fla, scatter); one table: ms,
    essential bytes / time (q, k, v, g, beta read, o written, states read and written) in TB/s, % of the
@@ -43,17 +43,19 @@ CHECK_IDS = [5, 2, -1, 0, 7, 9, 11]  # sequence 2 a padding request; pool rows 1
 SCALE_LENGTHS = [4096] * 8
 TIMED = [("8 x 4096", [4096] * 8),
          ("mixed 128..8192", [128, 8192, 1000, 4096, 300, 2048, 512, 8192, 640, 3000])]
-# (name, launcher options): the default first (pass A / pass B alone are timed for it)
-VARIANTS = [("chunked mixed tf32x3 pairs s3 (default)", dict(operands="mixed", pair="tf32x3", block_v=64,
-                                                              num_warps=4, num_stages=3)),
-            ("chunked mixed bf16x3 pairs s3", dict(operands="mixed", pair="bf16x3", block_v=64, num_warps=4,
-                                                   num_stages=3)),
-            ("chunked mixed bf16x3 pairs s2", dict(operands="mixed", pair="bf16x3", block_v=64, num_warps=4,
-                                                   num_stages=2)),
-            ("chunked tf32 bf16x3 pairs s2", dict(operands="tf32", pair="bf16x3", block_v=64, num_warps=4,
-                                                  num_stages=2)),
-            ("chunked bf16 s3 (below the suite's bound on small rows)",
+# (name, launcher options): the default first. Thirteenth session: pass B's shape in the mixed mode (its slab of V
+# columns, warps, stages: 32 columns = twice the programs on mma.sync, 8 warps, 4 stages), never timed before.
+_DEFAULT = dict(operands="mixed", pair="bf16x3", block_v=64, num_warps=4, num_stages=3, prepare_warps=4)
+VARIANTS = [("chunked mixed bf16x3 s3 (default)", _DEFAULT),
+            ("mixed, pass B 32 columns", dict(_DEFAULT, block_v=32)),
+            ("mixed, pass B 32 columns, 2 warps", dict(_DEFAULT, block_v=32, num_warps=2)),
+            ("mixed, pass B 8 warps", dict(_DEFAULT, num_warps=8)),
+            ("mixed, pass B 128 columns, 8 warps", dict(_DEFAULT, block_v=128, num_warps=8)),
+            ("mixed, pass B 4 stages", dict(_DEFAULT, num_stages=4)),
+            ("chunked mixed tf32x3 pairs s3", dict(_DEFAULT, pair="tf32x3")),
+            ("bf16 operands throughout (below the suite's bound)",
              dict(operands="bf16", block_v=64, num_warps=4, num_stages=3))]
+PASSES_TIMED = {VARIANTS[0][0], VARIANTS[-1][0]}  # pass A and pass B alone: the default and bf16 throughout
 RTOL = 2.0 ** -6  # bf16 operands / outputs: the conformance suite's normwise tolerance
 FP32_RTOL = 1e-5  # the fp32-operand path on fp32 inputs, normwise
 DEVICE = "cuda"  # --cpu-smoke: "cpu" under TRITON_INTERPRET=1
@@ -200,16 +202,18 @@ def time_case(torch, kda_chunk, chunk_kda, route, label, lengths, ceiling, passe
         options = _options(options)
         variants.append((name, name, lambda options=options: kda_chunk.kda_prefill_chunked(
             q, k, v, g, beta, cu, pool, ids, scale, True, **options)))
-        if n == 0:  # the default's two passes alone (pass B on one filled scratch)
+        if name in PASSES_TIMED:  # the two passes alone (pass B on one filled scratch)
             operands = options.get("operands", "tf32")
-            pass_a = lambda: kda_chunk.prepare(q, k, v, g, beta, cu, len(lengths), scale, True, operands=operands,
-                                               pair=options.get("pair", "ieee"))
+            pass_a = (lambda operands=operands, options=options: kda_chunk.prepare(
+                q, k, v, g, beta, cu, len(lengths), scale, True, operands=operands, pair=options.get("pair", "ieee"),
+                num_warps=options.get("prepare_warps", 4)))
             scratch = pass_a()
             out = torch.empty(v.shape, dtype=q.dtype, device=DEVICE)
             recur_options = {key: options[key] for key in ("block_v", "num_warps", "num_stages") if key in options}
-            variants.append((name, "  pass A alone (default)", pass_a))
-            variants.append((name, "  pass B alone (default)", lambda: kda_chunk.recur(
-                scratch, out, cu, pool, ids, operands=operands, **recur_options)))
+            variants.append((name, f"  pass A alone ({operands})", pass_a))
+            variants.append((name, f"  pass B alone ({operands})", lambda scratch=scratch, out=out, operands=operands,
+                             recur_options=recur_options: kda_chunk.recur(scratch, out, cu, pool, ids,
+                                                                          operands=operands, **recur_options)))
     total = essential_bytes(lengths)
     out_rows, peer_ms = [], None
     for checked, name, fn in variants:
