@@ -153,6 +153,26 @@ def _mm_fp32(a, b):
 
 
 @triton.jit
+def _mm_inverse(a, b, INV: tl.constexpr):
+    """One product of the Neumann-series inverse (16 x 16 fp32 tiles): FMA dots (``INV`` 0, ``ieee``), three
+    tf32 MMAs on a hi/lo split (1, ``tf32x3``), three bf16 MMAs on a hi/lo split (2, ~16 bits: w and u are
+    written in the scratch dtype, bf16 in the mixed mode, so T needs no more), one tf32 MMA (3)."""
+    if INV == 1:
+        out = tl.dot(a, b, input_precision="tf32x3")
+    elif INV == 2:
+        a_hi = a.to(tl.bfloat16)
+        b_hi = b.to(tl.bfloat16)
+        a_lo = (a - a_hi.to(tl.float32)).to(tl.bfloat16)
+        b_lo = (b - b_hi.to(tl.float32)).to(tl.bfloat16)
+        out = tl.dot(a_hi, b_hi, tl.dot(a_lo, b_hi, tl.dot(a_hi, b_lo)))
+    elif INV == 3:
+        out = tl.dot(a, b, input_precision="tf32")
+    else:
+        out = tl.dot(a, b, input_precision="ieee")
+    return out
+
+
+@triton.jit
 def kda_chunk_prepare_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,  # q, k, g [T, H, K]; v [T, H, V]; beta [T, H] (token-major)
     stride_qn, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_gn, stride_gh, stride_bn, stride_bh,
@@ -163,9 +183,14 @@ def kda_chunk_prepare_kernel(
     decay_ptr,  # scratch [S, H, BLOCK_K] fp32: e^{G_C}
     B, H, K, V, scale, search_steps,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, C: tl.constexpr, M: tl.constexpr, GATE_LO: tl.constexpr,
-    L2NORM: tl.constexpr, OPERAND: tl.constexpr, PAIR: tl.constexpr,
+    L2NORM: tl.constexpr, OPERAND: tl.constexpr, PAIR: tl.constexpr, INV: tl.constexpr = 0,
+    SCAN: tl.constexpr = 0, ORDER: tl.constexpr = 0,
 ):
-    """Pass A: grid ``(T // C + B, H)``; program (slot, head). ``search_steps`` >= log2(B) + 1."""
+    """Pass A: grid ``(T // C + B, H)``; program (slot, head). ``search_steps`` >= log2(B) + 1. ``INV``: how the
+    inverse's products are formed (:func:`_mm_inverse`); ``SCAN`` 1: the in-chunk cumulative gate as one MMA
+    of the inclusive lower-triangular ones by the clamped gates (exact: the gates are values of their own
+    16-bit input dtype, the accumulation fp32), else ``tl.cumsum``; ``ORDER`` 1: each output stored as soon as
+    it is formed and v loaded last (fewer ``[16, K]`` tiles live at once), 0: all formed, then stored."""
     slot = tl.program_id(0)
     h = tl.program_id(1)
     # The sequence b owning this slot: the largest b with cu[b] // C + b <= slot (strictly increasing in b).
@@ -192,12 +217,22 @@ def kda_chunk_prepare_kernel(
         q = tl.load(q_ptr + tok[:, None] * stride_qn + h * stride_qh + ks[None, :], mask=km, other=0.0).to(tl.float32)
         k = tl.load(k_ptr + tok[:, None] * stride_kn + h * stride_kh + ks[None, :], mask=km, other=0.0).to(tl.float32)
         g = tl.load(g_ptr + tok[:, None] * stride_gn + h * stride_gh + ks[None, :], mask=km, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + tok[:, None] * stride_vn + h * stride_vh + vs[None, :], mask=vm, other=0.0).to(tl.float32)
+        if ORDER == 0:
+            v = tl.load(v_ptr + tok[:, None] * stride_vn + h * stride_vh + vs[None, :], mask=vm, other=0.0).to(
+                tl.float32)
         beta = tl.load(beta_ptr + tok * stride_bn + h * stride_bh, mask=t_ok, other=0.0).to(tl.float32)
         if L2NORM:
             q = q / tl.sqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
             k = k / tl.sqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
-        gate = tl.cumsum(tl.maximum(g, GATE_LO), axis=0)  # G [C, BLOCK_K]; missing tokens add 0
+        if SCAN == 1:  # G = L · g with L the inclusive lower-triangular ones: exact products, fp32 sums
+            tri = tl.where(ts[:, None] >= ts[None, :], 1.0, 0.0)
+            g_type = g_ptr.dtype.element_ty
+            if g_type == tl.float32:
+                gate = tl.dot(tri, tl.maximum(g, GATE_LO), input_precision="ieee")
+            else:
+                gate = tl.dot(tri.to(g_type), tl.maximum(g, GATE_LO).to(g_type))
+        else:
+            gate = tl.cumsum(tl.maximum(g, GATE_LO), axis=0)  # G [C, BLOCK_K]; missing tokens add 0
         g_mid = tl.sum(tl.where((ts == M)[:, None], gate, 0.0), axis=0)  # G_M [BLOCK_K]
         g_last = tl.sum(tl.where((ts == C - 1)[:, None], gate, 0.0), axis=0)  # G_C (= the last real token's)
         rel = gate - g_mid[None, :]
@@ -205,32 +240,67 @@ def kda_chunk_prepare_kernel(
         shrink = tl.exp(-rel)  # e^{G_M − G_j}: column factor; their product is e^{G_i − G_j}
         k_col = k * shrink
         lower = ts[:, None] > ts[None, :]
-        # the upper triangle's products may overflow (e^{G_i − G_j} > 1 for j > i): selected away, never scaled
-        a = tl.where(lower, _mm_pair(k * grow, tl.trans(k_col), OPERAND, PAIR) * beta[:, None], 0.0)
-        a_qk = tl.where(lower | (ts[:, None] == ts[None, :]), _mm_pair(q * grow, tl.trans(k_col), OPERAND, PAIR) * scale,
-                        0.0)
-        # T = (I + A)⁻¹ = (I − A)(I + A²)(I + A⁴)(I + A⁸), exact since A is strictly lower (A¹⁶ = 0); fp32
-        eye = tl.where(ts[:, None] == ts[None, :], 1.0, 0.0)
-        a2 = _mm_fp32(a, a)
-        a4 = _mm_fp32(a2, a2)
-        a8 = _mm_fp32(a4, a4)
-        inv = _mm_fp32(eye - a, eye + a2)
-        inv = _mm_fp32(inv, eye + a4)
-        inv = _mm_fp32(inv, eye + a8)
-        decayed = tl.exp(gate)  # e^{G_i} <= 1
-        w = _mm(inv, k * (decayed * beta[:, None]), OPERAND)
-        u = _mm(inv, v * beta[:, None], OPERAND)
-        kg = k * tl.exp(g_last[None, :] - gate)
-        qg = q * (decayed * scale)
         base = slot.to(tl.int64) * H + h
-        tile = base * (C * BLOCK_K) + ts[:, None] * BLOCK_K + ks[None, :]
-        # Whole tiles, unmasked: missing tokens' rows and padded channels are zeros by construction.
-        tl.store(w_ptr + tile, w.to(w_ptr.dtype.element_ty))
-        tl.store(kg_ptr + tile, kg.to(kg_ptr.dtype.element_ty))
-        tl.store(qg_ptr + tile, qg.to(qg_ptr.dtype.element_ty))
-        tl.store(u_ptr + base * (BLOCK_V * C) + vs[None, :] * C + ts[:, None], u.to(u_ptr.dtype.element_ty))
-        tl.store(aqk_ptr + base * (C * C) + ts[None, :] * C + ts[:, None], a_qk.to(aqk_ptr.dtype.element_ty))
-        tl.store(decay_ptr + base * BLOCK_K + ks, tl.exp(g_last))
+        # a slot's [C, BLOCK_K] tile: its int64 start (a scalar) plus int32 offsets in it (not an int64 tile,
+        # which holds two registers an element for the whole pass)
+        slot_off = base * (C * BLOCK_K)
+        tile = ts[:, None] * BLOCK_K + ks[None, :]
+        if ORDER == 1:  # each output stored as soon as it is formed, v loaded last: fewer [16, K] tiles live at once
+            decayed = tl.exp(gate)  # e^{G_i} <= 1
+            tl.store(kg_ptr + slot_off + tile, (k * tl.exp(g_last[None, :] - gate)).to(kg_ptr.dtype.element_ty))
+            tl.store(decay_ptr + base * BLOCK_K + ks, tl.exp(g_last))
+            a_qk = tl.where(lower | (ts[:, None] == ts[None, :]),
+                            _mm_pair(q * grow, tl.trans(k_col), OPERAND, PAIR) * scale, 0.0)
+            tl.store(aqk_ptr + base * (C * C) + ts[None, :] * C + ts[:, None], a_qk.to(aqk_ptr.dtype.element_ty))
+            tl.store(qg_ptr + slot_off + tile, (q * (decayed * scale)).to(qg_ptr.dtype.element_ty))
+            a = tl.where(lower, _mm_pair(k * grow, tl.trans(k_col), OPERAND, PAIR) * beta[:, None], 0.0)
+            k_beta = k * (decayed * beta[:, None])
+            eye = tl.where(ts[:, None] == ts[None, :], 1.0, 0.0)
+            a2 = _mm_inverse(a, a, INV)
+            a4 = _mm_inverse(a2, a2, INV)
+            a8 = _mm_inverse(a4, a4, INV)
+            inv = _mm_inverse(eye - a, eye + a2, INV)
+            inv = _mm_inverse(inv, eye + a4, INV)
+            inv = _mm_inverse(inv, eye + a8, INV)
+            tl.store(w_ptr + slot_off + tile, _mm(inv, k_beta, OPERAND).to(w_ptr.dtype.element_ty))
+            v = tl.load(v_ptr + tok[:, None] * stride_vn + h * stride_vh + vs[None, :], mask=vm, other=0.0).to(
+                tl.float32)
+            u = _mm(inv, v * beta[:, None], OPERAND)
+            tl.store(u_ptr + base * (BLOCK_V * C) + vs[None, :] * C + ts[:, None], u.to(u_ptr.dtype.element_ty))
+        else:
+            _prepare_rest(q, k, v, beta, gate, g_last, grow, k_col, lower, ts, ks, vs, base, slot_off, tile, scale,
+                          w_ptr, kg_ptr, qg_ptr, u_ptr, aqk_ptr, decay_ptr, C, BLOCK_K, BLOCK_V, OPERAND, PAIR, INV)
+
+
+@triton.jit
+def _prepare_rest(q, k, v, beta, gate, g_last, grow, k_col, lower, ts, ks, vs, base, slot_off, tile, scale,
+                  w_ptr, kg_ptr, qg_ptr, u_ptr, aqk_ptr, decay_ptr, C: tl.constexpr, BLOCK_K: tl.constexpr,
+                  BLOCK_V: tl.constexpr, OPERAND: tl.constexpr, PAIR: tl.constexpr, INV: tl.constexpr):
+    """Pass A after the decay factors, every output formed first and stored at the end (``ORDER`` 0)."""
+    # the upper triangle's products may overflow (e^{G_i − G_j} > 1 for j > i): selected away, never scaled
+    a = tl.where(lower, _mm_pair(k * grow, tl.trans(k_col), OPERAND, PAIR) * beta[:, None], 0.0)
+    a_qk = tl.where(lower | (ts[:, None] == ts[None, :]), _mm_pair(q * grow, tl.trans(k_col), OPERAND, PAIR) * scale,
+                    0.0)
+    # T = (I + A)⁻¹ = (I − A)(I + A²)(I + A⁴)(I + A⁸), exact since A is strictly lower (A¹⁶ = 0); fp32
+    eye = tl.where(ts[:, None] == ts[None, :], 1.0, 0.0)
+    a2 = _mm_inverse(a, a, INV)
+    a4 = _mm_inverse(a2, a2, INV)
+    a8 = _mm_inverse(a4, a4, INV)
+    inv = _mm_inverse(eye - a, eye + a2, INV)
+    inv = _mm_inverse(inv, eye + a4, INV)
+    inv = _mm_inverse(inv, eye + a8, INV)
+    decayed = tl.exp(gate)  # e^{G_i} <= 1
+    w = _mm(inv, k * (decayed * beta[:, None]), OPERAND)
+    u = _mm(inv, v * beta[:, None], OPERAND)
+    kg = k * tl.exp(g_last[None, :] - gate)
+    qg = q * (decayed * scale)
+    # Whole tiles, unmasked: missing tokens' rows and padded channels are zeros by construction.
+    tl.store(w_ptr + slot_off + tile, w.to(w_ptr.dtype.element_ty))
+    tl.store(kg_ptr + slot_off + tile, kg.to(kg_ptr.dtype.element_ty))
+    tl.store(qg_ptr + slot_off + tile, qg.to(qg_ptr.dtype.element_ty))
+    tl.store(u_ptr + base * (BLOCK_V * C) + vs[None, :] * C + ts[:, None], u.to(u_ptr.dtype.element_ty))
+    tl.store(aqk_ptr + base * (C * C) + ts[None, :] * C + ts[:, None], a_qk.to(aqk_ptr.dtype.element_ty))
+    tl.store(decay_ptr + base * BLOCK_K + ks, tl.exp(g_last))
 
 
 @triton.jit
@@ -323,8 +393,11 @@ def _options(operands, key_dim, value_dim, block_v):
         raise ValueError(f"triton kda_prefill_chunked: block_v expected a power of two >= 16, got {block_v}")
 
 
+INVERSES = {"ieee": 0, "tf32x3": 1, "bf16x3": 2, "tf32": 3}  # how the inverse's products are formed (_mm_inverse)
+
+
 def prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, *, operands="tf32", pair="ieee",
-            num_warps=4):
+            num_warps=4, inverse="ieee", scan_mma=False, store_early=False, maxnreg=None):
     """Pass A alone: allocates the scratch and fills it; returns its views ``(w, kg, qg, uᵀ, A_qkᵀ, e^{G_C})``.
     (The launcher's first half; separate so that a benchmark can time the passes one by one.)"""
     heads, key_dim, value_dim, tokens = q.shape[1], q.shape[2], v.shape[2], q.shape[0]
@@ -337,7 +410,8 @@ def prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, *, op
         cu_seqlens, *scratch,
         sequences, heads, key_dim, value_dim, float(scale), max(1, sequences.bit_length()),
         BLOCK_K=_block(key_dim), BLOCK_V=_block(value_dim), C=CHUNK, M=MID, GATE_LO=GATE_MIN,
-        L2NORM=bool(use_qk_l2norm), OPERAND=code, PAIR=PAIRS[pair], num_warps=num_warps,
+        L2NORM=bool(use_qk_l2norm), OPERAND=code, PAIR=PAIRS[pair], INV=INVERSES[inverse], SCAN=int(bool(scan_mma)),
+        ORDER=int(bool(store_early)), num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return scratch
 
@@ -366,7 +440,8 @@ def recur(scratch, out, cu_seqlens, state_pool, state_ids, *, operands="tf32", b
 
 
 def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm, *,
-                        block_v=64, num_warps=4, num_stages=2, prepare_warps=4, operands="tf32", pair="ieee"):
+                        block_v=64, num_warps=4, num_stages=2, prepare_warps=4, operands="tf32", pair="ieee",
+                        inverse="ieee", scan_mma=False, store_early=False, prepare_maxnreg=None):
     """Chunked prefill of packed sequences: q, k, g ``[T, H, K]``, v ``[T, H, V]``, beta ``[T, H]``,
     ``cu_seqlens [B + 1]``, ``state_pool [P, H, K, V]`` fp32 updated in place at ``state_ids [B]``.
     Returns ``[T, H, V]`` in q's dtype. Two launches, no host sync (see the module docstring).
@@ -374,18 +449,24 @@ def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, sca
     ``block_v``: pass B's V slab (a power of two >= 16; capped at V rounded up); ``num_warps`` /
     ``num_stages``: pass B's; ``prepare_warps``: pass A's; ``operands``: ``"tf32"``, ``"mixed"``, ``"bf16"``,
     ``"fp32"`` or ``"fp16"`` (module docstring); ``pair``: ``"ieee"``, ``"tf32x3"`` or ``"bf16x3"``, how those two modes
-    form A and A_qk (:func:`_mm_pair`)."""
+    form A and A_qk (:func:`_mm_pair`); ``inverse``: ``"ieee"``, ``"tf32x3"``, ``"bf16x3"`` or ``"tf32"``, how the
+    inverse's products are formed (:func:`_mm_inverse`); ``scan_mma``: the cumulative gate as one MMA;
+    ``store_early``: pass A stores each output as soon as it is formed and loads v last (``ORDER`` 1);
+    ``prepare_maxnreg``: pass A's register cap (ptxas ``maxnreg``; None: ptxas's choice)."""
     heads, key_dim, value_dim = q.shape[1], q.shape[2], v.shape[2]
     _options(operands, key_dim, value_dim, block_v)
     if pair not in PAIRS:
         raise ValueError(f"triton kda_prefill_chunked: pair expected one of {sorted(PAIRS)}, got {pair!r}")
+    if inverse not in INVERSES:
+        raise ValueError(f"triton kda_prefill_chunked: inverse expected one of {sorted(INVERSES)}, got {inverse!r}")
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     sequences = state_ids.shape[0]
     if out.numel() == 0 or sequences == 0 or key_dim == 0:
         return out.zero_()
     _check_state_pool(state_pool)
     scratch = prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, operands=operands, pair=pair,
-                      num_warps=prepare_warps)
+                      num_warps=prepare_warps, inverse=inverse, scan_mma=scan_mma, store_early=store_early,
+                      maxnreg=prepare_maxnreg)
     return recur(scratch, out, cu_seqlens, state_pool, state_ids, operands=operands, block_v=block_v,
                  num_warps=num_warps, num_stages=num_stages)
 
