@@ -58,6 +58,15 @@ REFERENCE_CASES = (
     # "mixed" modes have bf16 dots, which the interpreter gets wrong (1e11 relative error on this case, a
     # numpy matmul that overflows): scripts/h200/kda_chunk_check.py checks them on a GPU
     ("tf32_mode_nol2norm_k16_v32_bv16_float16", 16, 32, 16, "float16", False, "tf32"),
+    # pass A's options (the nvidia default's): outputs stored as formed with v loaded last, every gate-derived tile
+    # as an MMA (fp32 gates: tf32x3, run in fp32 here; fp16 gates: one fp16 MMA), the cumulative gate alone as
+    # an MMA, the inverse's products as tf32x3 / tf32 (fp32 here), a register cap (ignored here)
+    ("early_gate_mmas_k16_v32_bv16_float32", 16, 32, 16, "float32", True, "fp32",
+     dict(store_early=True, scan_mma=2, prepare_maxnreg=168)),
+    ("early_gate_mmas_masked_k12_v24_bv16_float16", 12, 24, 16, "float16", True, "tf32",
+     dict(store_early=True, scan_mma=2, inverse="tf32x3")),
+    ("early_gate_scan_nol2norm_k16_v32_bv32_float16", 16, 32, 32, "float16", False, "tf32",
+     dict(store_early=True, scan_mma=1, inverse="tf32")),
 )
 # operands -> (output, state) tolerance where the mode's roundings, not the input dtype's, bound the error
 OPERAND_TOL = {"fp16": (FP16_OPERAND_TOL, FP16_OPERAND_TOL)}
@@ -104,10 +113,10 @@ def _reference(tensors, cu, pool, ids, scale, l2norm):
 
 
 def _against_reference(label, tensors, key_dim, value_dim, block_v, l2norm, operands, seed, results,
-                       reference_gates=None, kernel_ids=None):
+                       reference_gates=None, kernel_ids=None, options=None):
     """The mixed-length call on a strided pool: output / state errors vs the reference and whether every
     byte outside the live slabs is unchanged. ``reference_gates``: the gates the reference is given;
-    ``kernel_ids``: the ids the kernel is given (the reference gets ``IDS``)."""
+    ``kernel_ids``: the ids the kernel is given (the reference gets ``IDS``); ``options``: more launcher options."""
     from dsahal.backends.triton_kernels.kda_chunk import kda_prefill_chunked
 
     cu, ids = _cu(LENGTHS), torch.tensor(IDS, dtype=torch.int32)
@@ -120,7 +129,8 @@ def _against_reference(label, tensors, key_dim, value_dim, block_v, l2norm, oper
     scale = key_dim**-0.5
     want = _reference(ref_tensors, cu, want_pool, ids, scale, l2norm)
     with _poisoned():
-        got = kda_prefill_chunked(*tensors, cu, pool, given, scale, l2norm, block_v=block_v, operands=operands)
+        got = kda_prefill_chunked(*tensors, cu, pool, given, scale, l2norm, block_v=block_v, operands=operands,
+                                  **(options or {}))
     live = ids[ids >= 0].long()
     inside = pool_mask(buffer, POOL_ROWS, value_dim, live)
     bits, old_bits = buffer.view(torch.int32), before.view(torch.int32)
@@ -131,9 +141,10 @@ def _against_reference(label, tensors, key_dim, value_dim, block_v, l2norm, oper
 
 
 def _reference_cases(results):
-    for n, (label, key_dim, value_dim, block_v, dname, l2norm, operands) in enumerate(REFERENCE_CASES):
+    for n, (label, key_dim, value_dim, block_v, dname, l2norm, operands, *options) in enumerate(REFERENCE_CASES):
         tensors = _inputs(sum(LENGTHS), key_dim, value_dim, getattr(torch, dname), 100 + 10 * n, l2norm)
-        _against_reference(label, tensors, key_dim, value_dim, block_v, l2norm, operands, 101 + 10 * n, results)
+        _against_reference(label, tensors, key_dim, value_dim, block_v, l2norm, operands, 101 + 10 * n, results,
+                           options=options[0] if options else None)
     # an id one past the pool is a padding request too (the kernel's rule, as kda.py's; the op's contract has
     # only -1, so the reference is given -1): no write lands on the guard row after the pool
     tensors = _inputs(sum(LENGTHS), 16, 32, torch.float32, 190, True)
@@ -261,7 +272,7 @@ def _check_reference_entry(key, entry, o_tol, state_tol, dtype):
 
 @pytest.mark.parametrize("case", REFERENCE_CASES, ids=[c[0] for c in REFERENCE_CASES])
 def test_chunked_prefill_matches_the_float64_reference(interpreted, case):
-    label, _, _, _, dtype, _, operands = case
+    label, _, _, _, dtype, _, operands, *_ = case
     o_tol, state_tol = OPERAND_TOL.get(operands, (TOL[dtype], STATE_TOL))
     _check_reference_entry(label, interpreted[label], o_tol, state_tol, dtype)
 
@@ -306,6 +317,9 @@ def test_empty_calls_return_the_shape_and_leave_the_pool(interpreted, label, sha
     (dict(key_dim=160), ["K", "160"]),
     (dict(value_dim=256), ["V", "256"]),
     (dict(pool_v_stride=2), ["state_pool", "unit stride"]),
+    (dict(scan_mma=2), ["scan_mma", "store_early"]),
+    (dict(scan_mma=3, store_early=True), ["scan_mma", "3"]),
+    (dict(inverse="fp8"), ["inverse", "'fp8'"]),
 ])
 def test_bad_arguments_are_refused_before_any_launch(change, words):
     """No launch happens before these checks, so this runs in the test process (no interpreter needed)."""
@@ -316,7 +330,8 @@ def test_bad_arguments_are_refused_before_any_launch(change, words):
     tensors = _inputs(5, key_dim, value_dim, torch.float32, 7, True)
     pool = torch.randn(2, HEADS, key_dim, value_dim * change.get("pool_v_stride", 1))[..., ::change.get("pool_v_stride", 1)]
     before = pool.clone()
-    options = {name: value for name, value in change.items() if name in ("operands", "block_v")}
+    options = {name: value for name, value in change.items()
+               if name in ("operands", "block_v", "scan_mma", "store_early", "inverse")}
     with pytest.raises(ValueError) as info:
         kda_prefill_chunked(*tensors, _cu([5]), pool, torch.tensor([1], dtype=torch.int32), 0.25, True, **options)
     message = str(info.value)
