@@ -75,8 +75,8 @@ def _assert_variant_is_the_launch(variant, args, kwargs):
     options = {"num_warps", "num_stages", "maxnreg"}
     assert {k: v for k, v in kwargs.items() if k not in options} == \
         {k: v for k, v in variant.constexprs.items() if k not in names[:len(args)]}, variant.name
-    assert (kwargs.get("num_warps", 4), kwargs.get("num_stages", aot._default_stages())) == \
-        (variant.num_warps, variant.num_stages), variant.name
+    assert (kwargs.get("num_warps", 4), kwargs.get("num_stages", aot._default_stages()), kwargs.get("maxnreg")) == \
+        (variant.num_warps, variant.num_stages, variant.maxnreg), variant.name
 
 
 def test_the_new_variants_are_what_the_backend_launches(monkeypatch):

@@ -58,15 +58,14 @@ REFERENCE_CASES = (
     # "mixed" modes have bf16 dots, which the interpreter gets wrong (1e11 relative error on this case, a
     # numpy matmul that overflows): scripts/h200/kda_chunk_check.py checks them on a GPU
     ("tf32_mode_nol2norm_k16_v32_bv16_float16", 16, 32, 16, "float16", False, "tf32"),
-    # pass A's options (the nvidia default's): outputs stored as formed with v loaded last, every gate-derived tile
-    # as an MMA (fp32 gates: tf32x3, run in fp32 here; fp16 gates: one fp16 MMA), the cumulative gate alone as
-    # an MMA, the inverse's products as tf32x3 / tf32 (fp32 here), a register cap (ignored here)
-    ("early_gate_mmas_k16_v32_bv16_float32", 16, 32, 16, "float32", True, "fp32",
-     dict(store_early=True, scan_mma=2, prepare_maxnreg=168)),
-    ("early_gate_mmas_masked_k12_v24_bv16_float16", 12, 24, 16, "float16", True, "tf32",
-     dict(store_early=True, scan_mma=2, inverse="tf32x3")),
-    ("early_gate_scan_nol2norm_k16_v32_bv32_float16", 16, 32, 32, "float16", False, "tf32",
-     dict(store_early=True, scan_mma=1, inverse="tf32")),
+    # pass A's options (the nvidia default's): outputs stored as formed with v loaded last, the cumulative gate as an
+    # MMA (fp32 gates: tf32x3, run in fp32 here; fp16 gates: one fp16 MMA), the inverse's products as tf32 / tf32x3
+    # (fp32 here), a register cap (ignored here)
+    ("early_gate_scan_k16_v32_bv16_float32", 16, 32, 16, "float32", True, "fp32",
+     dict(store_early=True, scan_mma=True, inverse="tf32", prepare_maxnreg=168)),
+    ("early_gate_scan_masked_k12_v24_bv16_float16", 12, 24, 16, "float16", True, "tf32",
+     dict(store_early=True, scan_mma=True, inverse="tf32x3")),
+    ("early_nol2norm_k16_v32_bv32_float16", 16, 32, 32, "float16", False, "tf32", dict(store_early=True)),
 )
 # operands -> (output, state) tolerance where the mode's roundings, not the input dtype's, bound the error
 OPERAND_TOL = {"fp16": (FP16_OPERAND_TOL, FP16_OPERAND_TOL)}
@@ -317,8 +316,6 @@ def test_empty_calls_return_the_shape_and_leave_the_pool(interpreted, label, sha
     (dict(key_dim=160), ["K", "160"]),
     (dict(value_dim=256), ["V", "256"]),
     (dict(pool_v_stride=2), ["state_pool", "unit stride"]),
-    (dict(scan_mma=2), ["scan_mma", "store_early"]),
-    (dict(scan_mma=3, store_early=True), ["scan_mma", "3"]),
     (dict(inverse="fp8"), ["inverse", "'fp8'"]),
 ])
 def test_bad_arguments_are_refused_before_any_launch(change, words):
@@ -331,7 +328,7 @@ def test_bad_arguments_are_refused_before_any_launch(change, words):
     pool = torch.randn(2, HEADS, key_dim, value_dim * change.get("pool_v_stride", 1))[..., ::change.get("pool_v_stride", 1)]
     before = pool.clone()
     options = {name: value for name, value in change.items()
-               if name in ("operands", "block_v", "scan_mma", "store_early", "inverse")}
+               if name in ("operands", "block_v", "inverse")}
     with pytest.raises(ValueError) as info:
         kda_prefill_chunked(*tensors, _cu([5]), pool, torch.tensor([1], dtype=torch.int32), 0.25, True, **options)
     message = str(info.value)

@@ -58,6 +58,7 @@ class Variant:
     num_warps: int = 4
     num_stages: int = 1
     notes: str = field(default="", compare=False)
+    maxnreg: int | None = None  # the launch's register cap (ptxas), where it sets one
     # Integer arguments a launch passes as multiples of 16, beyond the default (every pointer, and every
     # ``stride*`` argument the kernel specialises): what Triton's run-time specialisation tells the compiler.
     divisible: tuple = ()
@@ -121,7 +122,8 @@ def compile_variant(variant: Variant) -> Compiled:
     start = time.perf_counter()
     try:
         kernel = triton.compile(source, target=GPUTarget(*HOPPER),
-                                options=dict(num_warps=variant.num_warps, num_stages=variant.num_stages))
+                                options=dict(num_warps=variant.num_warps, num_stages=variant.num_stages,
+                                             **({"maxnreg": variant.maxnreg} if variant.maxnreg else {})))
     except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory at compile time: report, go on
         return Compiled(variant, time.perf_counter() - start, None, None, None, f"{type(exc).__name__}: {exc}"[:200])
     seconds = time.perf_counter() - start
@@ -584,9 +586,12 @@ def _kda_chunk_variants() -> list[Variant]:
     prepare = Variant(
         f"KDA chunk pass A (prepare), {cfg['operands']}, pair {cfg['pair']}", kda_chunk.kda_chunk_prepare_kernel,
         dict(_KDA_UNIT_STRIDES, BLOCK_K=block, BLOCK_V=block, C=kda_chunk.CHUNK, M=kda_chunk.MID,
-             GATE_LO=kda_chunk.GATE_MIN, L2NORM=True, OPERAND=code, PAIR=kda_chunk.PAIRS[cfg["pair"]]),
+             GATE_LO=kda_chunk.GATE_MIN, L2NORM=True, OPERAND=code, PAIR=kda_chunk.PAIRS[cfg["pair"]],
+             INV=kda_chunk.INVERSES[cfg.get("inverse", "ieee")], SCAN=int(bool(cfg.get("scan_mma"))),
+             ORDER=int(bool(cfg.get("store_early")))),
         dict(_KDA_INPUTS, cu_ptr="i32", **scratch_ptrs), floats=("scale",),
         num_warps=cfg["prepare_warps"], num_stages=_default_stages(),  # prepare() passes no num_stages
+        maxnreg=cfg.get("prepare_maxnreg"),
         divisible=multiples_of_16(B=KDA_SEQUENCES, H=KDA_HEADS, K=KDA_DIM, V=KDA_DIM,
                                   search_steps=max(1, KDA_SEQUENCES.bit_length())))
     state = Variant(

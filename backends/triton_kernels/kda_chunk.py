@@ -189,8 +189,7 @@ def kda_chunk_prepare_kernel(
     """Pass A: grid ``(T // C + B, H)``; program (slot, head). ``search_steps`` >= log2(B) + 1. ``INV``: how the
     inverse's products are formed (:func:`_mm_inverse`); ``SCAN`` 1: the in-chunk cumulative gate as one MMA
     of the inclusive lower-triangular ones by the clamped gates (exact: the gates are values of their own
-    16-bit input dtype, the accumulation fp32), 2: every gate-derived tile (``G``, ``G − G_M``, ``G_C − G``,
-    ``G_C``) as such an MMA (no reduction over the chunk's tokens; needs ``ORDER`` 1), else ``tl.cumsum``; ``ORDER`` 1: each output stored as soon as
+    16-bit input dtype, the accumulation fp32), else ``tl.cumsum``; ``ORDER`` 1: each output stored as soon as
     it is formed and v loaded last (fewer ``[16, K]`` tiles live at once), 0: all formed, then stored."""
     slot = tl.program_id(0)
     h = tl.program_id(1)
@@ -226,22 +225,13 @@ def kda_chunk_prepare_kernel(
             q = q / tl.sqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
             k = k / tl.sqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
         gc = tl.maximum(g, GATE_LO)  # missing tokens add 0
-        if SCAN == 2:  # every gate-derived tile as an MMA of a 0 / ±1 matrix by the gates: no reduction over tokens
-            rows = ts[:, None]
-            cols = ts[None, :]
-            gate = _gate_mix(tl.where(cols <= rows, 1.0, 0.0), gc, g_ptr)  # G_i
-            rel = _gate_mix(tl.where(cols <= rows, 1.0, 0.0) - tl.where(cols <= M, 1.0, 0.0), gc, g_ptr)  # G_i − G_M
-            tail = _gate_mix(tl.where(cols > rows, 1.0, 0.0), gc, g_ptr)  # G_C − G_i
-            last = _gate_mix(tl.where(cols >= 0, 1.0, 0.0), gc, g_ptr)  # G_C on every row
+        if SCAN == 1:  # G = L · g with L the inclusive lower-triangular ones (a scan across warps costs more)
+            gate = _gate_mix(tl.where(ts[:, None] >= ts[None, :], 1.0, 0.0), gc, g_ptr)
         else:
-            if SCAN == 1:  # G = L · g with L the inclusive lower-triangular ones
-                gate = _gate_mix(tl.where(ts[:, None] >= ts[None, :], 1.0, 0.0), gc, g_ptr)
-            else:
-                gate = tl.cumsum(gc, axis=0)  # G [C, BLOCK_K]
-            g_mid = tl.sum(tl.where((ts == M)[:, None], gate, 0.0), axis=0)  # G_M [BLOCK_K]
-            g_last = tl.sum(tl.where((ts == C - 1)[:, None], gate, 0.0), axis=0)  # G_C (= the last real token's)
-            rel = gate - g_mid[None, :]
-            tail = g_last[None, :] - gate
+            gate = tl.cumsum(gc, axis=0)  # G [C, BLOCK_K]
+        g_mid = tl.sum(tl.where((ts == M)[:, None], gate, 0.0), axis=0)  # G_M [BLOCK_K]
+        g_last = tl.sum(tl.where((ts == C - 1)[:, None], gate, 0.0), axis=0)  # G_C (= the last real token's)
+        rel = gate - g_mid[None, :]
         grow = tl.exp(rel)  # e^{G_i − G_M}: row factor
         shrink = tl.exp(-rel)  # e^{G_M − G_j}: column factor; their product is e^{G_i − G_j}
         k_col = k * shrink
@@ -253,12 +243,8 @@ def kda_chunk_prepare_kernel(
         tile = ts[:, None] * BLOCK_K + ks[None, :]
         if ORDER == 1:  # each output stored as soon as it is formed, v loaded last: fewer [16, K] tiles live at once
             decayed = tl.exp(gate)  # e^{G_i} <= 1
-            tl.store(kg_ptr + slot_off + tile, (k * tl.exp(tail)).to(kg_ptr.dtype.element_ty))
-            if SCAN == 2:  # e^{G_C} from the tile's first row (every row holds it)
-                tl.store(decay_ptr + base * BLOCK_K + ks[None, :] + 0 * ts[:, None], tl.exp(last),
-                         mask=(ts == 0)[:, None] & (ks >= 0)[None, :])
-            else:
-                tl.store(decay_ptr + base * BLOCK_K + ks, tl.exp(g_last))
+            tl.store(kg_ptr + slot_off + tile, (k * tl.exp(g_last[None, :] - gate)).to(kg_ptr.dtype.element_ty))
+            tl.store(decay_ptr + base * BLOCK_K + ks, tl.exp(g_last))
             a_qk = tl.where(lower | (ts[:, None] == ts[None, :]),
                             _mm_pair(q * grow, tl.trans(k_col), OPERAND, PAIR) * scale, 0.0)
             tl.store(aqk_ptr + base * (C * C) + ts[None, :] * C + ts[:, None], a_qk.to(aqk_ptr.dtype.element_ty))
@@ -433,7 +419,7 @@ def prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, *, op
         cu_seqlens, *scratch,
         sequences, heads, key_dim, value_dim, float(scale), max(1, sequences.bit_length()),
         BLOCK_K=_block(key_dim), BLOCK_V=_block(value_dim), C=CHUNK, M=MID, GATE_LO=GATE_MIN,
-        L2NORM=bool(use_qk_l2norm), OPERAND=code, PAIR=PAIRS[pair], INV=INVERSES[inverse], SCAN=int(scan_mma),
+        L2NORM=bool(use_qk_l2norm), OPERAND=code, PAIR=PAIRS[pair], INV=INVERSES[inverse], SCAN=int(bool(scan_mma)),
         ORDER=int(bool(store_early)), num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return scratch
@@ -480,10 +466,6 @@ def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, sca
     _options(operands, key_dim, value_dim, block_v)
     if pair not in PAIRS:
         raise ValueError(f"triton kda_prefill_chunked: pair expected one of {sorted(PAIRS)}, got {pair!r}")
-    if scan_mma not in (False, True, 0, 1, 2) or (scan_mma == 2 and not store_early):
-        raise ValueError(f"triton kda_prefill_chunked: scan_mma expected 0 / False (tl.cumsum), 1 / True (the cumulative "
-                         f"gate as an MMA) or 2 (every gate-derived tile as an MMA, with store_early=True), got "
-                         f"scan_mma={scan_mma!r}, store_early={store_early!r}")
     if inverse not in INVERSES:
         raise ValueError(f"triton kda_prefill_chunked: inverse expected one of {sorted(INVERSES)}, got {inverse!r}")
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
