@@ -66,6 +66,8 @@ REFERENCE_CASES = (
     ("early_gate_scan_masked_k12_v24_bv16_float16", 12, 24, 16, "float16", True, "tf32",
      dict(store_early=True, scan_mma=True, inverse="tf32x3")),
     ("early_nol2norm_k16_v32_bv32_float16", 16, 32, 32, "float16", False, "tf32", dict(store_early=True)),
+    # pass B's programs in the order longest sequence first (a permutation of the sequences; padding id included)
+    ("longest_first_k16_v32_bv16_float32", 16, 32, 16, "float32", True, "fp32", dict(longest_first=True)),
 )
 # operands -> (output, state) tolerance where the mode's roundings, not the input dtype's, bound the error
 OPERAND_TOL = {"fp16": (FP16_OPERAND_TOL, FP16_OPERAND_TOL)}

@@ -596,8 +596,9 @@ def _kda_chunk_variants() -> list[Variant]:
                                   search_steps=max(1, KDA_SEQUENCES.bit_length())))
     state = Variant(
         f"KDA chunk pass B (state), {cfg['operands']}, V slab {cfg['block_v']}", kda_chunk.kda_chunk_state_kernel,
-        dict(BLOCK_K=block, BLOCK_V=min(cfg["block_v"], block), SCRATCH_V=block, C=kda_chunk.CHUNK, OPERAND=code),
-        dict(scratch_ptrs, out_ptr="bf16", state_ptr="fp32", ids_ptr="i32", cu_ptr="i32"),
+        dict(BLOCK_K=block, BLOCK_V=min(cfg["block_v"], block), SCRATCH_V=block, C=kda_chunk.CHUNK, OPERAND=code,
+             LONGEST_FIRST=bool(cfg.get("longest_first"))),
+        dict(scratch_ptrs, out_ptr="bf16", state_ptr="fp32", ids_ptr="i32", cu_ptr="i32", order_ptr="i32"),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         divisible=multiples_of_16(H=KDA_HEADS, K=KDA_DIM, V=KDA_DIM, seq0=0))  # seq0: one range of sequences
     return [prepare, state]

@@ -226,7 +226,7 @@ def kda_chunk_config(value_dim: int, mode: str = "tf32") -> dict:
     float64 check at 0.44-0.61 of the suite's per-row bound (bf16 operands throughout: 1.5-4.6x over it)."""
     if mode == "mixed":
         return dict(operands="mixed", pair="bf16x3", block_v=64, num_warps=4, num_stages=3, prepare_warps=4,
-                    store_early=True, scan_mma=True, inverse="tf32", prepare_maxnreg=168)
+                    store_early=True, scan_mma=True, inverse="tf32", prepare_maxnreg=168, longest_first=True)
     return dict(operands="tf32", pair="tf32x3", block_v=64, num_warps=4, num_stages=2, prepare_warps=4)
 
 

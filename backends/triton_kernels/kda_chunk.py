@@ -319,14 +319,17 @@ def kda_chunk_state_kernel(
     state_ptr, stride_sp, stride_sh, stride_sk,  # state pool [P, H, K, V] fp32 (unit stride in V)
     ids_ptr,  # [B] state ids
     cu_ptr,  # [B + 1] token offsets
+    order_ptr,  # [B] int32: the sequences in the order their programs start (LONGEST_FIRST), else unused
     H, K, V, P, seq0,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, SCRATCH_V: tl.constexpr, C: tl.constexpr,
-    OPERAND: tl.constexpr,
+    OPERAND: tl.constexpr, LONGEST_FIRST: tl.constexpr = False,
 ):
     """Pass B: grid ``(cdiv(V, BLOCK_V), B' * H)`` for sequences ``seq0 .. seq0 + B' - 1`` (B' = B unless
     B x H passes grid axis 1's cap); program (V slab, sequence x head)."""
     pid_v = tl.program_id(0)
     seq = seq0 + tl.program_id(1) // H
+    if LONGEST_FIRST:  # programs start in grid order: the longest chains of steps first, not last
+        seq = tl.load(order_ptr + seq)
     h = tl.program_id(1) % H
     ks = tl.arange(0, BLOCK_K)
     vs = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)  # < SCRATCH_V: both powers of two, BLOCK_V <= SCRATCH_V
@@ -426,9 +429,11 @@ def prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, *, op
 
 
 def recur(scratch, out, cu_seqlens, state_pool, state_ids, *, operands="tf32", block_v=64, num_warps=4,
-          num_stages=2):
+          num_stages=2, longest_first=False):
     """Pass B alone: the recurrence over ``scratch`` (from :func:`prepare` with the same ``operands``),
-    writing ``out [T, H, V]`` and the pool rows in place."""
+    writing ``out [T, H, V]`` and the pool rows in place. ``longest_first``: the sequences' programs start
+    longest first (a device-side argsort of the lengths, no host sync): a call's time is at least its longest
+    sequence's chain of steps, which otherwise may start only when earlier programs leave the GPU."""
     heads, key_dim, value_dim = out.shape[1], state_pool.shape[2], out.shape[2]
     scratch_v = _block(value_dim)
     block_v = min(block_v, scratch_v)
@@ -436,21 +441,26 @@ def recur(scratch, out, cu_seqlens, state_pool, state_ids, *, operands="tf32", b
     if (scratch[0].dtype, scratch[2].dtype) != (dtype, query_dtype):
         raise ValueError(f"triton kda_prefill_chunked: a scratch of {scratch[0].dtype} / {scratch[2].dtype} (w / qg) "
                          f"is not the {operands!r} mode's {dtype} / {query_dtype}")
-    for first, last in sequence_ranges(state_ids.shape[0], heads):  # one range unless B x H passes axis 1's cap
+    sequences = state_ids.shape[0]
+    order = state_ids  # (never read without LONGEST_FIRST)
+    longest_first = bool(longest_first) and sequences > 1
+    if longest_first:
+        order = torch.argsort(cu_seqlens[1:] - cu_seqlens[:-1], descending=True, stable=True).to(torch.int32)
+    for first, last in sequence_ranges(sequences, heads):  # one range unless B x H passes axis 1's cap
         kda_chunk_state_kernel[(triton.cdiv(value_dim, block_v), (last - first) * heads)](
             *scratch,
             out, out.stride(0), out.stride(1),
             state_pool, state_pool.stride(0), state_pool.stride(1), state_pool.stride(2),
-            state_ids, cu_seqlens, heads, key_dim, value_dim, state_pool.shape[0], first,
+            state_ids, cu_seqlens, order, heads, key_dim, value_dim, state_pool.shape[0], first,
             BLOCK_K=_block(key_dim), BLOCK_V=block_v, SCRATCH_V=scratch_v, C=CHUNK, OPERAND=code,
-            num_warps=num_warps, num_stages=num_stages,
+            LONGEST_FIRST=longest_first, num_warps=num_warps, num_stages=num_stages,
         )
     return out
 
 
 def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm, *,
                         block_v=64, num_warps=4, num_stages=2, prepare_warps=4, operands="tf32", pair="ieee",
-                        inverse="ieee", scan_mma=False, store_early=False, prepare_maxnreg=None):
+                        inverse="ieee", scan_mma=False, store_early=False, prepare_maxnreg=None, longest_first=False):
     """Chunked prefill of packed sequences: q, k, g ``[T, H, K]``, v ``[T, H, V]``, beta ``[T, H]``,
     ``cu_seqlens [B + 1]``, ``state_pool [P, H, K, V]`` fp32 updated in place at ``state_ids [B]``.
     Returns ``[T, H, V]`` in q's dtype. Two launches, no host sync (see the module docstring).
@@ -461,7 +471,8 @@ def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, sca
     form A and A_qk (:func:`_mm_pair`); ``inverse``: ``"ieee"``, ``"tf32x3"``, ``"bf16x3"`` or ``"tf32"``, how the
     inverse's products are formed (:func:`_mm_inverse`); ``scan_mma``: the cumulative gate as one MMA;
     ``store_early``: pass A stores each output as soon as it is formed and loads v last (``ORDER`` 1);
-    ``prepare_maxnreg``: pass A's register cap (ptxas ``maxnreg``; None: ptxas's choice)."""
+    ``prepare_maxnreg``: pass A's register cap (ptxas ``maxnreg``; None: ptxas's choice); ``longest_first``: pass B's
+    programs start with the longest sequences' (:func:`recur`)."""
     heads, key_dim, value_dim = q.shape[1], q.shape[2], v.shape[2]
     _options(operands, key_dim, value_dim, block_v)
     if pair not in PAIRS:
@@ -477,7 +488,7 @@ def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, sca
                       num_warps=prepare_warps, inverse=inverse, scan_mma=scan_mma, store_early=store_early,
                       maxnreg=prepare_maxnreg)
     return recur(scratch, out, cu_seqlens, state_pool, state_ids, operands=operands, block_v=block_v,
-                 num_warps=num_warps, num_stages=num_stages)
+                 num_warps=num_warps, num_stages=num_stages, longest_first=longest_first)
 
 
 # Last: every launched kernel above goes through the launch cache (launcher module docstring).

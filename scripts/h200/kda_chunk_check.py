@@ -54,9 +54,11 @@ TIMED = [("8 x 4096", [4096] * 8, "bf16"),
 _BEFORE = dict(operands="mixed", pair="bf16x3", block_v=64, num_warps=4, num_stages=3, prepare_warps=4)
 _EARLY = dict(_BEFORE, store_early=True, prepare_maxnreg=168, scan_mma=True)
 # Third run: every gate-derived tile as an MMA (no reduction over the chunk's tokens) was no faster than the
-# cumulative gate alone (slower with fp32 gates); removed. Fourth: the new default against its neighbours.
+# cumulative gate alone (slower with fp32 gates); removed. Fourth: the new default against its neighbours. Fifth: pass
+# B's programs longest sequence first (mixed lengths: a call lasts at least its longest sequence's chain of steps).
 VARIANTS = [("chunked mixed (default: A early, 168 regs, gate scan MMA, inverse tf32)", None),
             ("mixed before (pass A as in the eighth session)", _BEFORE),
+            ("default, pass B in sequence order", None),
             ("mixed, A early, 168 regs, gate scan MMA, inverse ieee", _EARLY),
             ("mixed, A early, 168 regs, gate scan MMA, inverse bf16x3", dict(_EARLY, inverse="bf16x3")),
             ("mixed, A early, 168 regs, gate scan MMA, inverse tf32x3", dict(_EARLY, inverse="tf32x3")),
@@ -243,7 +245,8 @@ def time_case(torch, kda_chunk, chunk_kda, route, label, lengths, ceiling, passe
                 q, k, v, g, beta, cu, len(lengths), scale, True, operands=operands, **a_options))
             scratch = pass_a()
             out = torch.empty(v.shape, dtype=q.dtype, device=DEVICE)
-            recur_options = {key: options[key] for key in ("block_v", "num_warps", "num_stages") if key in options}
+            recur_options = {key: options[key] for key in ("block_v", "num_warps", "num_stages", "longest_first")
+                             if key in options}
             variants.append((name, f"  pass A alone ({operands})", pass_a))
             if name in PASS_B_TIMED:
                 variants.append((name, f"  pass B alone ({operands})", lambda scratch=scratch, out=out, operands=operands,
@@ -298,7 +301,9 @@ def main(argv=None) -> int:
     from dsahal.backends.nvidia import config
     from dsahal.backends.triton_kernels import kda_chunk
 
-    VARIANTS[0] = (VARIANTS[0][0], dict(config.kda_chunk_config(VALUE_DIM, "mixed")))  # the backend's default
+    default = dict(config.kda_chunk_config(VALUE_DIM, "mixed"))
+    VARIANTS[0] = (VARIANTS[0][0], default)  # the backend's default
+    VARIANTS[2] = (VARIANTS[2][0], dict(default, longest_first=False))
 
     chunk_kda = fla_peer(torch, triton, DEVICE, "fp32 operands in every variant, ")
     ceiling = timing.copy_ceiling_tbps(torch, DEVICE)
