@@ -59,9 +59,10 @@ def routes() -> dict[str, list[Route]]:
             Route("triton_short", f"{PACKAGE}.ops:kda_prefill", f"{PACKAGE}.verifiers:short_prefill_accepts",
                   description=f"the token-by-token kernel for calls of <= {SHORT_PREFILL_TOKENS} tokens (faster than fla there)"),
             # Our chunked kernel in its mixed mode (pair products as bf16x3, fp32 qg, bf16 elsewhere), ahead of fla:
-            # on the H200 (BENCHMARKS.md, eighth session) 1.16x / 1.09x fla's chunk_kda itself at 8 x 4096 / mixed
-            # lengths, faster still than the fla route (whose pool gather/scatter it does not need), and certified by
-            # the conformance suite at 200 examples, which fla's chunk_kda is not (single rows beyond the bf16 bound).
+            # on the H200 (BENCHMARKS.md, fourteenth session) 1.58-1.63x / 1.54-1.59x fla's chunk_kda itself at
+            # 8 x 4096 / mixed lengths, faster still than the fla route (whose pool gather/scatter it does not need),
+            # and certified by the conformance suite at 200 examples, which fla's chunk_kda is not (single rows
+            # beyond the bf16 bound).
             Route("triton_chunk_mixed", f"{PACKAGE}.ops:kda_prefill_chunked_mixed",
                   f"{PACKAGE}.verifiers:chunk_mixed_accepts",
                   description="our chunked kernel (chunks of 16, two passes, no host sync), mixed precision"),

@@ -64,6 +64,13 @@ products are fp32 (``ieee``). ``operands`` sets the other MMAs' operand dtype an
   reduced-precision code path (the casts, a 16-bit scratch); overflows where a decay factor exceeds 65504
   (spans beyond 11 in log space), so it is not for serving.
 
+**Schedule options** (none changes a result beyond the rounding each names; the ``nvidia`` mixed default turns all
+on, BENCHMARKS.md "Fourteenth session"): ``store_early`` (pass A stores each output as soon as it is formed and loads
+v last: 247 -> 180 registers) with ``prepare_maxnreg`` (ptxas's cap: 168 gives three programs a SM); ``scan_mma``
+(the cumulative gate as one MMA of the lower-triangular ones by the gates instead of ``tl.cumsum`` across warps:
+exact for 16-bit gates, ``tf32x3`` for fp32 ones); ``inverse`` (the inverse's six products as ``ieee`` FMA dots,
+``tf32``, ``tf32x3`` or ``bf16x3`` MMAs); ``longest_first`` (pass B's programs start with the longest sequences').
+
 **Scratch** (one ``torch.uint8`` buffer per call, ``S = T // 16 + B`` slots x ``H`` heads, ``BK`` / ``BV``
 = K / V rounded up to a power of two, at least 16, ``e`` = the scratch dtype's size, ``e_q`` = qg's: 4 in
 ``"mixed"``, else ``e``)::
