@@ -238,7 +238,7 @@ def hopper_config(heads: int, kv_fmt: str = "fp8_ds_mla", q_dtype: torch.dtype =
 
 def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=32, split_size=512,
                            num_warps=4, num_stages=1, reuse=False, gather_first=True, exact_fp32=None,
-                           prefetch=None, raw_fp8=False):
+                           prefetch=None, raw_fp8=False, maxnreg=None):
     """Launch :func:`sparse_mla_small_heads_kernel`.
 
     Args:
@@ -261,6 +261,7 @@ def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, 
         raw_fp8: fp8_ds_mla only: run :mod:`.sparse_mla_small_heads_raw` instead (e4m3 codes fed raw to
             fp16 MMAs, tile scales applied after them; ``block_n``, ``split_size``, ``num_warps``,
             ``num_stages``, ``reuse`` and ``gather_first`` carry over, ``exact_fp32``/``prefetch`` do not apply).
+        maxnreg: the raw kernel's register cap (ptxas; None: its own choice); not taken by the chunked kernel.
 
     Returns:
         ``(o [T, H, 512] in q's dtype, lse [T, H] fp32)``.
@@ -268,7 +269,10 @@ def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, 
     if raw_fp8:
         return sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, block_n=block_n,
                                           split_size=split_size, num_warps=num_warps, num_stages=num_stages,
-                                          reuse=reuse, gather_first=gather_first)
+                                          reuse=reuse, gather_first=gather_first, maxnreg=maxnreg)
+    if maxnreg is not None:
+        raise ValueError(f"triton sparse_mla_small_heads: maxnreg caps the raw e4m3 kernel's registers (raw_fp8=True), "
+                         f"got maxnreg={maxnreg!r} with raw_fp8=False")
     if prefetch is not None:
         gather_first = bool(prefetch)
     tokens, heads, _ = q.shape

@@ -257,7 +257,7 @@ def block_heads(heads: int) -> int:
 
 
 def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=64, split_size=512,
-                               num_warps=4, num_stages=1, reuse=False, gather_first=True):
+                               num_warps=4, num_stages=1, reuse=False, gather_first=True, maxnreg=None):
     """Launch :func:`sparse_mla_small_heads_raw_kernel`.
 
     Args:
@@ -273,6 +273,7 @@ def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_sca
         num_warps, num_stages: as Triton's.
         reuse: the fp16 code tile of the logit MMA also feeds the value MMA (else read and converted again).
         gather_first: issue all four tiles' loads of a step before its first MMA.
+        maxnreg: ptxas's register cap (None: its own choice; 220 registers at 64-slot steps, 2 programs a SM).
 
     Returns:
         ``(o [T, H, 512] in q's dtype, lse [T, H] fp32)``.
@@ -294,7 +295,7 @@ def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_sca
     block_tokens = kv_pages.shape[1]
     meta = dict(ROPE_BF16=q.dtype == torch.bfloat16, BLOCK_H=block_heads(heads), BLOCK_N=block_n,
                 ROW_ALIGN=row_alignment(kv_pages), REUSE=bool(reuse), GATHER_FIRST=bool(gather_first),
-                num_warps=num_warps, num_stages=num_stages,
+                num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}),
                 BT_LOG2=block_tokens.bit_length() - 1 if block_tokens & (block_tokens - 1) == 0 else -1)
     sizes = (heads, k, kv_pages.shape[0] * kv_pages.shape[1], kv_pages.shape[1], split_size, softmax_scale * LOG2E)
     if tokens <= launch_grid.MAX_GRID_YZ:
