@@ -258,13 +258,7 @@ def kda_chunk_prepare_kernel(
             tl.store(qg_ptr + slot_off + tile, (q * (decayed * scale)).to(qg_ptr.dtype.element_ty))
             a = tl.where(lower, _mm_pair(k * grow, tl.trans(k_col), OPERAND, PAIR) * beta[:, None], 0.0)
             k_beta = k * (decayed * beta[:, None])
-            eye = tl.where(ts[:, None] == ts[None, :], 1.0, 0.0)
-            a2 = _mm_inverse(a, a, INV)
-            a4 = _mm_inverse(a2, a2, INV)
-            a8 = _mm_inverse(a4, a4, INV)
-            inv = _mm_inverse(eye - a, eye + a2, INV)
-            inv = _mm_inverse(inv, eye + a4, INV)
-            inv = _mm_inverse(inv, eye + a8, INV)
+            inv = _unit_lower_inverse(a, ts, INV)
             tl.store(w_ptr + slot_off + tile, _mm(inv, k_beta, OPERAND).to(w_ptr.dtype.element_ty))
             v = tl.load(v_ptr + tok[:, None] * stride_vn + h * stride_vh + vs[None, :], mask=vm, other=0.0).to(
                 tl.float32)
@@ -273,6 +267,19 @@ def kda_chunk_prepare_kernel(
         else:
             _prepare_rest(q, k, v, beta, gate, g_last, grow, k_col, lower, ts, ks, vs, base, slot_off, tile, scale,
                           w_ptr, kg_ptr, qg_ptr, u_ptr, aqk_ptr, decay_ptr, C, BLOCK_K, BLOCK_V, OPERAND, PAIR, INV)
+
+
+@triton.jit
+def _unit_lower_inverse(a, ts, INV: tl.constexpr):
+    """T = (I + A)⁻¹ = (I − A)(I + A²)(I + A⁴)(I + A⁸) for a strictly lower-triangular ``A [C, C]`` fp32 (exact:
+    A¹⁶ = 0), its products as :func:`_mm_inverse` forms them."""
+    eye = tl.where(ts[:, None] == ts[None, :], 1.0, 0.0)
+    a2 = _mm_inverse(a, a, INV)
+    a4 = _mm_inverse(a2, a2, INV)
+    a8 = _mm_inverse(a4, a4, INV)
+    inv = _mm_inverse(eye - a, eye + a2, INV)
+    inv = _mm_inverse(inv, eye + a4, INV)
+    return _mm_inverse(inv, eye + a8, INV)
 
 
 @triton.jit
@@ -297,14 +304,7 @@ def _prepare_rest(q, k, v, beta, gate, g_last, grow, k_col, lower, ts, ks, vs, b
     a = tl.where(lower, _mm_pair(k * grow, tl.trans(k_col), OPERAND, PAIR) * beta[:, None], 0.0)
     a_qk = tl.where(lower | (ts[:, None] == ts[None, :]), _mm_pair(q * grow, tl.trans(k_col), OPERAND, PAIR) * scale,
                     0.0)
-    # T = (I + A)⁻¹ = (I − A)(I + A²)(I + A⁴)(I + A⁸), exact since A is strictly lower (A¹⁶ = 0); fp32
-    eye = tl.where(ts[:, None] == ts[None, :], 1.0, 0.0)
-    a2 = _mm_inverse(a, a, INV)
-    a4 = _mm_inverse(a2, a2, INV)
-    a8 = _mm_inverse(a4, a4, INV)
-    inv = _mm_inverse(eye - a, eye + a2, INV)
-    inv = _mm_inverse(inv, eye + a4, INV)
-    inv = _mm_inverse(inv, eye + a8, INV)
+    inv = _unit_lower_inverse(a, ts, INV)
     decayed = tl.exp(gate)  # e^{G_i} <= 1
     w = _mm(inv, k * (decayed * beta[:, None]), OPERAND)
     u = _mm(inv, v * beta[:, None], OPERAND)
