@@ -216,14 +216,16 @@ def kda_chunk_config(value_dim: int, mode: str = "tf32") -> dict:
     Eighth session (same script, fla 3.81 / 3.37 ms): mixed with **bf16x3** pair products (three bf16 MMAs on a
     hi/lo split: half tf32's operand bytes in pass A's bound shared memory), 3 stages **3.27 / 3.11 ms** (1.16x /
     1.09x fla; tf32x3 3.64 / 3.41 in the same run; 2 stages 3.37 / 3.17), tf32 mode with bf16x3 4.40 / 4.42.
-    Thirteenth session (same script, three H200 runs, fla 3.80-3.87 / 3.36-3.43 ms): pass A was 69% of the time
+    Fourteenth session (same script, five H200 runs, fla 3.80-3.87 / 3.36-3.43 ms): pass A was 69% of the time
     (2.24 of 3.25 ms) at 247 registers (2 programs a SM); pass B's slab / warps / stages all slower or equal. Pass A
     with its outputs stored as formed and v loaded last (``store_early``: 180 registers) under a cap of 168 (3
     programs a SM) 2.87 ms; with the cumulative gate as one MMA (``scan_mma``: ``tl.cumsum`` across warps was the
     costliest step) **2.38 / 2.53 ms with bf16 / fp32 gates (1.60x / 1.53x fla)**, mixed lengths 2.36 / 2.48
     (1.43x / 1.38x); the inverse's products as one tf32 MMA each instead of FMA dots a further ~0.06 ms
     (``inverse="tf32"``; T's rounding stays below the bf16 rounding of w and u it feeds). Every variant passed the
-    float64 check at 0.44-0.61 of the suite's per-row bound (bf16 operands throughout: 1.5-4.6x over it)."""
+    float64 check at 0.44-0.61 of the suite's per-row bound (bf16 operands throughout: 1.5-4.6x over it). Pass B's
+    programs longest sequence first (``longest_first``): mixed lengths 2.29 -> 2.12 / 2.38 -> 2.22 ms. The default
+    (R5): 8 x 4096 2.334 / 2.447 ms (1.63x / 1.58x fla), mixed lengths 2.124 / 2.220 (1.59x / 1.54x)."""
     if mode == "mixed":
         return dict(operands="mixed", pair="bf16x3", block_v=64, num_warps=4, num_stages=3, prepare_warps=4,
                     store_early=True, scan_mma=True, inverse="tf32", prepare_maxnreg=168, longest_first=True)

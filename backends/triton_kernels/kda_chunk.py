@@ -155,11 +155,6 @@ def _mm_state_query(a, b, OPERAND: tl.constexpr):
 
 
 @triton.jit
-def _mm_fp32(a, b):
-    return tl.dot(a, b, input_precision="ieee")
-
-
-@triton.jit
 def _mm_inverse(a, b, INV: tl.constexpr):
     """One product of the Neumann-series inverse (16 x 16 fp32 tiles): FMA dots (``INV`` 0, ``ieee``), three
     tf32 MMAs on a hi/lo split (1, ``tf32x3``), three bf16 MMAs on a hi/lo split (2, ~16 bits: w and u are
@@ -285,7 +280,7 @@ def _unit_lower_inverse(a, ts, INV: tl.constexpr):
 @triton.jit
 def _gate_mix(coefficients, gates, g_ptr):
     """``coefficients [C, C] @ gates [C, BLOCK_K]`` in fp32: for 16-bit gates one MMA in their own dtype (the
-    coefficients 0 / ±1 and the clamped gates are exact there, the sums fp32); fp32 gates (the model's) as three
+    coefficients 0 / 1 and the clamped gates are exact there, the sums fp32); fp32 gates (the model's) as three
     tf32 MMAs on a hi/lo split (``tf32x3``: each gate to ~22 of its 24 bits, ~2^-22 relative, the sums fp32)."""
     g_type = g_ptr.dtype.element_ty
     if g_type == tl.float32:
