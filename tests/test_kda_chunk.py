@@ -66,6 +66,9 @@ REFERENCE_CASES = (
     ("early_gate_scan_masked_k12_v24_bv16_float16", 12, 24, 16, "float16", True, "tf32",
      dict(store_early=True, scan_mma=True, inverse="tf32x3")),
     ("early_nol2norm_k16_v32_bv32_float16", 16, 32, 32, "float16", False, "tf32", dict(store_early=True)),
+    # fp64 gates (the op takes any float dtype for g and uses it in fp32): the gate scan takes the fp32 path
+    ("early_gate_scan_fp64_gates_k16_v32_bv16_float16", 16, 32, 16, "float16", True, "tf32",
+     dict(store_early=True, scan_mma=True, gate_dtype="float64")),
     # pass B's programs in the order longest sequence first (a permutation of the sequences; padding id included)
     ("longest_first_k16_v32_bv16_float32", 16, 32, 16, "float32", True, "fp32", dict(longest_first=True)),
 )
@@ -144,8 +147,11 @@ def _against_reference(label, tensors, key_dim, value_dim, block_v, l2norm, oper
 def _reference_cases(results):
     for n, (label, key_dim, value_dim, block_v, dname, l2norm, operands, *options) in enumerate(REFERENCE_CASES):
         tensors = _inputs(sum(LENGTHS), key_dim, value_dim, getattr(torch, dname), 100 + 10 * n, l2norm)
+        options = dict(options[0]) if options else {}
+        if "gate_dtype" in options:  # the gates in another dtype than the other inputs
+            tensors[3] = tensors[3].to(getattr(torch, options.pop("gate_dtype")))
         _against_reference(label, tensors, key_dim, value_dim, block_v, l2norm, operands, 101 + 10 * n, results,
-                           options=options[0] if options else None)
+                           options=options)
     # an id one past the pool is a padding request too (the kernel's rule, as kda.py's; the op's contract has
     # only -1, so the reference is given -1): no write lands on the guard row after the pool
     tensors = _inputs(sum(LENGTHS), 16, 32, torch.float32, 190, True)

@@ -279,14 +279,15 @@ def _unit_lower_inverse(a, ts, INV: tl.constexpr):
 
 @triton.jit
 def _gate_mix(coefficients, gates, g_ptr):
-    """``coefficients [C, C] @ gates [C, BLOCK_K]`` in fp32: for 16-bit gates one MMA in their own dtype (the
-    coefficients 0 / 1 and the clamped gates are exact there, the sums fp32); fp32 gates (the model's) as three
-    tf32 MMAs on a hi/lo split (``tf32x3``: each gate to ~22 of its 24 bits, ~2^-22 relative, the sums fp32)."""
+    """``coefficients [C, C] @ gates [C, BLOCK_K]`` in fp32 (``gates``: the clamped gates as fp32 values): for 16-bit
+    gates one MMA in their own dtype (the coefficients 0 / 1 and the gates are exact there, the sums fp32); fp32
+    gates (the model's) and fp64 ones (loaded as fp32, as everywhere in this kernel) as three tf32 MMAs on a hi/lo
+    split (``tf32x3``: each gate to ~22 of its 24 bits, ~2^-22 relative, the sums fp32)."""
     g_type = g_ptr.dtype.element_ty
-    if g_type == tl.float32:
-        out = tl.dot(coefficients, gates, input_precision="tf32x3")
-    else:
+    if g_type == tl.float16 or g_type == tl.bfloat16:
         out = tl.dot(coefficients.to(g_type), gates.to(g_type))
+    else:
+        out = tl.dot(coefficients, gates, input_precision="tf32x3")
     return out
 
 
