@@ -8,10 +8,10 @@
 # scripts/tpu-env.sh) is built beside part 1, its output kept in reports/tpu-env.log (printed if it fails):
 # the download waits on the network, not on the two cores part 1 keeps busy. The whole of part 2 beside part
 # 1 was no faster (fourteenth session: 14:29 against 13:53 one after the other on this 2-core machine, the cores
-# being the limit). DSAHAL_TPU_AFTER=1 builds the environment after part 1 too. Arguments are pytest arguments for part 1 (`-k registry`,
-# `tests/test_plan.py`) and select tests of tests/ only, so part 2 is then skipped with a line saying
-# so: run `scripts/test-tpu.sh [pytest arguments for tests_tpu/]` for it. DSAHAL_SKIP_TPU=1 always
-# skips part 2; DSAHAL_WITH_TPU=1 runs it even with arguments. DSAHAL_TEST_WORKERS: part 1's processes.
+# being the limit). DSAHAL_TPU_AFTER=1 builds the environment after part 1 too. Arguments are pytest arguments
+# for part 1 (`-k registry`, `tests/test_plan.py`) and select tests of tests/ only, so part 2 is then skipped
+# with a line saying so: run `scripts/test-tpu.sh [pytest arguments for tests_tpu/]` for it. DSAHAL_SKIP_TPU=1
+# always skips part 2; DSAHAL_WITH_TPU=1 runs it even with arguments. DSAHAL_TEST_WORKERS: part 1's processes.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$ROOT"

@@ -266,8 +266,8 @@ def kda_chunk_prepare_kernel(
 
 @triton.jit
 def _unit_lower_inverse(a, ts, INV: tl.constexpr):
-    """T = (I + A)⁻¹ = (I − A)(I + A²)(I + A⁴)(I + A⁸) for a strictly lower-triangular ``A [C, C]`` fp32 (exact:
-    A¹⁶ = 0), its products as :func:`_mm_inverse` forms them."""
+    """T = (I + A)⁻¹ = (I − A)(I + A²)(I + A⁴)(I + A⁸) for a strictly lower-triangular ``A [C, C]`` fp32
+    (exact: A¹⁶ = 0), its products as :func:`_mm_inverse` forms them."""
     eye = tl.where(ts[:, None] == ts[None, :], 1.0, 0.0)
     a2 = _mm_inverse(a, a, INV)
     a4 = _mm_inverse(a2, a2, INV)

@@ -15,8 +15,9 @@ Steps, in order, each printed:
 3. correctness at 8 x 4096 tokens, bf16 inputs: each variant, fla's chunk_kda and the fla route against dsahal's exact
    token-by-token Triton kernel (``kda_prefill_recurrent``, fp32 state: the float64 reference is too slow
    on the CPU at this size), outputs and final states;
-4. timing (``triton.testing.do_bench`` median) at 8 x 4096 and at mixed lengths (128 ... 8192): the variants,
-   pass A and pass B alone for the default and for bf16 operands throughout, fla's chunk_kda (a contiguous copy of the live rows as
+4. timing (``triton.testing.do_bench`` median) at 8 x 4096 and at mixed lengths (128 ... 8192), with bf16 and
+   with fp32 gates: the variants, pass A alone for each, pass B alone for the default and for bf16 operands
+   throughout, fla's chunk_kda (a contiguous copy of the live rows as
    its ``initial_state``, one ``cu_seqlens`` tensor reused and the host copy given: its best case), and the
    nvidia backend's fla route (``kda_fla.kda_prefill_fla``: gather, fla, scatter); one table: ms,
    essential bytes / time (q, k, v, g, beta read, o written, states read and written) in TB/s, % of the
@@ -46,7 +47,7 @@ TIMED = [("8 x 4096", [4096] * 8, "bf16"),
          ("8 x 4096, fp32 g", [4096] * 8, "fp32"),
          ("mixed 128..8192", [128, 8192, 1000, 4096, 300, 2048, 512, 8192, 640, 3000], "bf16"),
          ("mixed 128..8192, fp32 g", [128, 8192, 1000, 4096, 300, 2048, 512, 8192, 640, 3000], "fp32")]
-# (name, launcher options): the default first. Thirteenth session, first run: pass B's slab / warps / stages in
+# (name, launcher options): the default first. Fourteenth session, first run: pass B's slab / warps / stages in
 # the mixed mode were all slower or equal (BENCHMARKS.md); pass A is 69% of the default's time, at 247 registers
 # (2 programs a SM). Second run: pass A with its outputs stored as formed and v loaded last (180 registers), under
 # a register cap (168: 3 programs a SM, 24 B of spills in the local sm_90 compile), the inverse's products on the
@@ -152,7 +153,8 @@ def check_small(torch, chunked, failures) -> set:
         ok = out_err < tol and state_err < tol and untouched and got.dtype == q.dtype and got.shape == v.shape
         passed |= {name} if ok else set()
         failed |= set() if ok else {name}
-        print(f"  check {name:<38s} g {str(gates)[6:]:<8s} out rel err {out_err:.2e} (worst row at {row_ratio:.2f} of the suite's bound), "
+        print(f"  check {name:<38s} g {str(gates)[6:]:<8s} out rel err {out_err:.2e} "
+              f"(worst row at {row_ratio:.2f} of the suite's bound), "
               f"states {state_err:.2e} (tol {tol:.1e}), other rows "
               f"{'unchanged' if untouched else 'CHANGED'}  {'ok' if ok else 'FAIL'}", flush=True)
         if not ok:
@@ -249,9 +251,10 @@ def time_case(torch, kda_chunk, chunk_kda, route, label, lengths, ceiling, passe
                              if key in options}
             variants.append((name, f"  pass A alone ({operands})", pass_a))
             if name in PASS_B_TIMED:
-                variants.append((name, f"  pass B alone ({operands})", lambda scratch=scratch, out=out, operands=operands,
-                                 recur_options=recur_options: kda_chunk.recur(scratch, out, cu, pool, ids,
-                                                                              operands=operands, **recur_options)))
+                def pass_b(scratch=scratch, out=out, operands=operands, recur_options=recur_options):
+                    return kda_chunk.recur(scratch, out, cu, pool, ids, operands=operands, **recur_options)
+
+                variants.append((name, f"  pass B alone ({operands})", pass_b))
     total = essential_bytes(lengths)
     out_rows, peer_ms = [], None
     for checked, name, fn in variants:
