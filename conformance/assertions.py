@@ -83,17 +83,24 @@ def assert_rows_close(run, name: str, got: torch.Tensor, expected: torch.Tensor,
         index = tuple(int(i) for i in (torch.isinf(got64) != torch.isinf(exp64)).nonzero()[0])
         run.fail(f"'{name}' is infinite where the reference is not (or vice versa) at {_where(index)}: "
                  f"got {float(got[index])}, expected {float(expected[index])}")
-    lead = got64.shape[: got64.dim() - row_dims]
-    diff = (got64 - exp64).reshape(*lead, -1).norm(dim=-1)
-    scale = exp64.reshape(*lead, -1).norm(dim=-1)
-    floor = 1e-3 * float(scale.max()) if scale.numel() else 0.0
-    bound = rtol * (scale + floor) + 1e-30
-    ratio = diff / bound
+    ratio, diff, scale = row_error_ratios(got64, exp64, rtol, row_dims)
     if ratio.numel() and float(ratio.max()) > 1.0:
         worst = tuple(int(i) for i in (ratio == ratio.max()).nonzero()[0])
         rel = float(diff[worst] / max(float(scale[worst]), 1e-300))
         run.fail(f"'{name}' differs from the reference beyond tolerance at row {_where(worst)}: relative error "
                  f"{rel:.3e} (normwise) > rtol {rtol:.3e}; {int((ratio > 1).sum())} of {ratio.numel()} rows fail")
+
+
+def row_error_ratios(got: torch.Tensor, expected: torch.Tensor, rtol: float, row_dims: int = 1):
+    """Each row's error norm over its bound in :func:`assert_rows_close` (> 1 fails): ``(ratio, error norm, row
+    norm)``, each shaped as the tensors' leading dims; the bound is ``rtol * (row norm + 1e-3 * max row norm)``.
+    Finite float tensors of one shape (the caller handles infinities and NaN)."""
+    got64, exp64 = got.double(), expected.double()
+    lead = got64.shape[: got64.dim() - row_dims]
+    diff = (got64 - exp64).reshape(*lead, -1).norm(dim=-1)
+    scale = exp64.reshape(*lead, -1).norm(dim=-1)
+    floor = 1e-3 * float(scale.max()) if scale.numel() else 0.0
+    return diff / (rtol * (scale + floor) + 1e-30), diff, scale
 
 
 def assert_lse_close(run, name: str, got: torch.Tensor, expected: torch.Tensor, rtol: float) -> None:

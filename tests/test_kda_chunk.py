@@ -58,17 +58,16 @@ REFERENCE_CASES = (
     # "mixed" modes have bf16 dots, which the interpreter gets wrong (1e11 relative error on this case, a
     # numpy matmul that overflows): scripts/h200/kda_chunk_check.py checks them on a GPU
     ("tf32_mode_nol2norm_k16_v32_bv16_float16", 16, 32, 16, "float16", False, "tf32"),
-    # pass A's options (the nvidia default's): outputs stored as formed with v loaded last, the cumulative gate as an
-    # MMA (fp32 gates: tf32x3, run in fp32 here; fp16 gates: one fp16 MMA), the inverse's products as tf32 / tf32x3
+    # pass A's options (the nvidia default's): the cumulative gate as an MMA (fp32 gates: tf32x3, run in fp32 here; fp16 gates: one fp16 MMA), the inverse's products as tf32 / tf32x3
     # (fp32 here), a register cap (ignored here)
-    ("early_gate_scan_k16_v32_bv16_float32", 16, 32, 16, "float32", True, "fp32",
-     dict(store_early=True, scan_mma=True, inverse="tf32", prepare_maxnreg=168)),
-    ("early_gate_scan_masked_k12_v24_bv16_float16", 12, 24, 16, "float16", True, "tf32",
-     dict(store_early=True, scan_mma=True, inverse="tf32x3")),
-    ("early_nol2norm_k16_v32_bv32_float16", 16, 32, 32, "float16", False, "tf32", dict(store_early=True)),
+    ("gate_scan_capped_k16_v32_bv16_float32", 16, 32, 16, "float32", True, "fp32",
+     dict(scan_mma=True, inverse="tf32", prepare_maxnreg=168)),
+    ("gate_scan_masked_k12_v24_bv16_float16", 12, 24, 16, "float16", True, "tf32",
+     dict(scan_mma=True, inverse="tf32x3")),
+    ("nol2norm_k16_v32_bv32_float16", 16, 32, 32, "float16", False, "tf32"),
     # fp64 gates (the op takes any float dtype for g and uses it in fp32): the gate scan takes the fp32 path
-    ("early_gate_scan_fp64_gates_k16_v32_bv16_float16", 16, 32, 16, "float16", True, "tf32",
-     dict(store_early=True, scan_mma=True, gate_dtype="float64")),
+    ("gate_scan_fp64_gates_k16_v32_bv16_float16", 16, 32, 16, "float16", True, "tf32",
+     dict(scan_mma=True, gate_dtype="float64")),
     # pass B's programs in the order longest sequence first (a permutation of the sequences; padding id included)
     ("longest_first_k16_v32_bv16_float32", 16, 32, 16, "float32", True, "fp32", dict(longest_first=True)),
 )

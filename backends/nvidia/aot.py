@@ -587,8 +587,7 @@ def _kda_chunk_variants() -> list[Variant]:
         f"KDA chunk pass A (prepare), {cfg['operands']}, pair {cfg['pair']}", kda_chunk.kda_chunk_prepare_kernel,
         dict(_KDA_UNIT_STRIDES, BLOCK_K=block, BLOCK_V=block, C=kda_chunk.CHUNK, M=kda_chunk.MID,
              GATE_LO=kda_chunk.GATE_MIN, L2NORM=True, OPERAND=code, PAIR=kda_chunk.PAIRS[cfg["pair"]],
-             INV=kda_chunk.INVERSES[cfg.get("inverse", "ieee")], SCAN=int(bool(cfg.get("scan_mma"))),
-             ORDER=int(bool(cfg.get("store_early")))),
+             INV=kda_chunk.INVERSES[cfg.get("inverse", "ieee")], SCAN=int(bool(cfg.get("scan_mma")))),
         dict(_KDA_INPUTS, cu_ptr="i32", **scratch_ptrs), floats=("scale",),
         num_warps=cfg["prepare_warps"], num_stages=_default_stages(),  # prepare() passes no num_stages
         maxnreg=cfg.get("prepare_maxnreg"),

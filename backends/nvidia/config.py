@@ -218,7 +218,7 @@ def kda_chunk_config(value_dim: int, mode: str = "tf32") -> dict:
     1.09x fla; tf32x3 3.64 / 3.41 in the same run; 2 stages 3.37 / 3.17), tf32 mode with bf16x3 4.40 / 4.42.
     Fourteenth session (same script, five H200 runs, fla 3.80-3.87 / 3.36-3.43 ms): pass A was 69% of the time
     (2.24 of 3.25 ms) at 247 registers (2 programs a SM); pass B's slab / warps / stages all slower or equal. Pass A
-    with its outputs stored as formed and v loaded last (``store_early``: 180 registers) under a cap of 168 (3
+    with its outputs stored as formed and v loaded last (now its only order: 180 registers) under a cap of 168 (3
     programs a SM) 2.87 ms; with the cumulative gate as one MMA (``scan_mma``: ``tl.cumsum`` across warps was the
     costliest step) **2.38 / 2.53 ms with bf16 / fp32 gates (1.60x / 1.53x fla)**, mixed lengths 2.36 / 2.48
     (1.43x / 1.38x); the inverse's products as one tf32 MMA each instead of FMA dots a further ~0.06 ms
@@ -228,7 +228,7 @@ def kda_chunk_config(value_dim: int, mode: str = "tf32") -> dict:
     (R5): 8 x 4096 2.334 / 2.447 ms (1.63x / 1.58x fla), mixed lengths 2.124 / 2.220 (1.59x / 1.54x)."""
     if mode == "mixed":
         return dict(operands="mixed", pair="bf16x3", block_v=64, num_warps=4, num_stages=3, prepare_warps=4,
-                    store_early=True, scan_mma=True, inverse="tf32", prepare_maxnreg=168, longest_first=True)
+                    scan_mma=True, inverse="tf32", prepare_maxnreg=168, longest_first=True)
     return dict(operands="tf32", pair="tf32x3", block_v=64, num_warps=4, num_stages=2, prepare_warps=4)
 
 

@@ -65,8 +65,8 @@ products are fp32 (``ieee``). ``operands`` sets the other MMAs' operand dtype an
   (spans beyond 11 in log space), so it is not for serving.
 
 **Schedule options** (none changes a result beyond the rounding each names; the ``nvidia`` mixed default turns all
-on, BENCHMARKS.md "Fourteenth session"): ``store_early`` (pass A stores each output as soon as it is formed and loads
-v last: 247 -> 180 registers) with ``prepare_maxnreg`` (ptxas's cap: 168 gives three programs a SM); ``scan_mma``
+on, BENCHMARKS.md "Fourteenth session"; pass A always stores each output as soon as it is formed and loads v
+last, 247 -> 180 registers): ``prepare_maxnreg`` (ptxas's cap: 168 gives three programs a SM); ``scan_mma``
 (the cumulative gate as one MMA of the lower-triangular ones by the gates instead of ``tl.cumsum`` across warps:
 exact for 16-bit gates, ``tf32x3`` for fp32 ones); ``inverse`` (the inverse's six products as ``ieee`` FMA dots,
 ``tf32``, ``tf32x3`` or ``bf16x3`` MMAs); ``longest_first`` (pass B's programs start with the longest sequences').
@@ -186,13 +186,13 @@ def kda_chunk_prepare_kernel(
     B, H, K, V, scale, search_steps,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, C: tl.constexpr, M: tl.constexpr, GATE_LO: tl.constexpr,
     L2NORM: tl.constexpr, OPERAND: tl.constexpr, PAIR: tl.constexpr, INV: tl.constexpr = 0,
-    SCAN: tl.constexpr = 0, ORDER: tl.constexpr = 0,
+    SCAN: tl.constexpr = 0,
 ):
     """Pass A: grid ``(T // C + B, H)``; program (slot, head). ``search_steps`` >= log2(B) + 1. ``INV``: how the
     inverse's products are formed (:func:`_mm_inverse`); ``SCAN`` 1: the in-chunk cumulative gate as one MMA
     of the inclusive lower-triangular ones by the clamped gates (exact: the gates are values of their own
-    16-bit input dtype, the accumulation fp32), else ``tl.cumsum``; ``ORDER`` 1: each output stored as soon as
-    it is formed and v loaded last (fewer ``[16, K]`` tiles live at once), 0: all formed, then stored."""
+    16-bit input dtype, the accumulation fp32), else ``tl.cumsum``. Each output is stored as soon as it is formed
+    and v is loaded last: fewer ``[16, K]`` tiles live at once (247 -> 180 registers in the mixed mode)."""
     slot = tl.program_id(0)
     h = tl.program_id(1)
     # The sequence b owning this slot: the largest b with cu[b] // C + b <= slot (strictly increasing in b).
@@ -219,9 +219,6 @@ def kda_chunk_prepare_kernel(
         q = tl.load(q_ptr + tok[:, None] * stride_qn + h * stride_qh + ks[None, :], mask=km, other=0.0).to(tl.float32)
         k = tl.load(k_ptr + tok[:, None] * stride_kn + h * stride_kh + ks[None, :], mask=km, other=0.0).to(tl.float32)
         g = tl.load(g_ptr + tok[:, None] * stride_gn + h * stride_gh + ks[None, :], mask=km, other=0.0).to(tl.float32)
-        if ORDER == 0:
-            v = tl.load(v_ptr + tok[:, None] * stride_vn + h * stride_vh + vs[None, :], mask=vm, other=0.0).to(
-                tl.float32)
         beta = tl.load(beta_ptr + tok * stride_bn + h * stride_bh, mask=t_ok, other=0.0).to(tl.float32)
         if L2NORM:
             q = q / tl.sqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
@@ -243,25 +240,24 @@ def kda_chunk_prepare_kernel(
         # which holds two registers an element for the whole pass)
         slot_off = base * (C * BLOCK_K)
         tile = ts[:, None] * BLOCK_K + ks[None, :]
-        if ORDER == 1:  # each output stored as soon as it is formed, v loaded last: fewer [16, K] tiles live at once
-            decayed = tl.exp(gate)  # e^{G_i} <= 1
-            tl.store(kg_ptr + slot_off + tile, (k * tl.exp(g_last[None, :] - gate)).to(kg_ptr.dtype.element_ty))
-            tl.store(decay_ptr + base * BLOCK_K + ks, tl.exp(g_last))
-            a_qk = tl.where(lower | (ts[:, None] == ts[None, :]),
-                            _mm_pair(q * grow, tl.trans(k_col), OPERAND, PAIR) * scale, 0.0)
-            tl.store(aqk_ptr + base * (C * C) + ts[None, :] * C + ts[:, None], a_qk.to(aqk_ptr.dtype.element_ty))
-            tl.store(qg_ptr + slot_off + tile, (q * (decayed * scale)).to(qg_ptr.dtype.element_ty))
-            a = tl.where(lower, _mm_pair(k * grow, tl.trans(k_col), OPERAND, PAIR) * beta[:, None], 0.0)
-            k_beta = k * (decayed * beta[:, None])
-            inv = _unit_lower_inverse(a, ts, INV)
-            tl.store(w_ptr + slot_off + tile, _mm(inv, k_beta, OPERAND).to(w_ptr.dtype.element_ty))
-            v = tl.load(v_ptr + tok[:, None] * stride_vn + h * stride_vh + vs[None, :], mask=vm, other=0.0).to(
-                tl.float32)
-            u = _mm(inv, v * beta[:, None], OPERAND)
-            tl.store(u_ptr + base * (BLOCK_V * C) + vs[None, :] * C + ts[:, None], u.to(u_ptr.dtype.element_ty))
-        else:
-            _prepare_rest(q, k, v, beta, gate, g_last, grow, k_col, lower, ts, ks, vs, base, slot_off, tile, scale,
-                          w_ptr, kg_ptr, qg_ptr, u_ptr, aqk_ptr, decay_ptr, C, BLOCK_K, BLOCK_V, OPERAND, PAIR, INV)
+        # Each output stored as soon as it is formed, v loaded last (fewer tiles live). Whole tiles, unmasked:
+        # missing tokens' rows and padded channels are zeros by construction. The upper triangle's pair products
+        # may overflow (e^{G_i − G_j} > 1 for j > i): selected away, never scaled.
+        decayed = tl.exp(gate)  # e^{G_i} <= 1
+        tl.store(kg_ptr + slot_off + tile, (k * tl.exp(g_last[None, :] - gate)).to(kg_ptr.dtype.element_ty))
+        tl.store(decay_ptr + base * BLOCK_K + ks, tl.exp(g_last))
+        a_qk = tl.where(lower | (ts[:, None] == ts[None, :]),
+                        _mm_pair(q * grow, tl.trans(k_col), OPERAND, PAIR) * scale, 0.0)
+        tl.store(aqk_ptr + base * (C * C) + ts[None, :] * C + ts[:, None], a_qk.to(aqk_ptr.dtype.element_ty))
+        tl.store(qg_ptr + slot_off + tile, (q * (decayed * scale)).to(qg_ptr.dtype.element_ty))
+        a = tl.where(lower, _mm_pair(k * grow, tl.trans(k_col), OPERAND, PAIR) * beta[:, None], 0.0)
+        k_beta = k * (decayed * beta[:, None])
+        inv = _unit_lower_inverse(a, ts, INV)
+        tl.store(w_ptr + slot_off + tile, _mm(inv, k_beta, OPERAND).to(w_ptr.dtype.element_ty))
+        v = tl.load(v_ptr + tok[:, None] * stride_vn + h * stride_vh + vs[None, :], mask=vm, other=0.0).to(
+            tl.float32)
+        u = _mm(inv, v * beta[:, None], OPERAND)
+        tl.store(u_ptr + base * (BLOCK_V * C) + vs[None, :] * C + ts[:, None], u.to(u_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -289,30 +285,6 @@ def _gate_mix(coefficients, gates, g_ptr):
     else:
         out = tl.dot(coefficients, gates, input_precision="tf32x3")
     return out
-
-
-@triton.jit
-def _prepare_rest(q, k, v, beta, gate, g_last, grow, k_col, lower, ts, ks, vs, base, slot_off, tile, scale,
-                  w_ptr, kg_ptr, qg_ptr, u_ptr, aqk_ptr, decay_ptr, C: tl.constexpr, BLOCK_K: tl.constexpr,
-                  BLOCK_V: tl.constexpr, OPERAND: tl.constexpr, PAIR: tl.constexpr, INV: tl.constexpr):
-    """Pass A after the decay factors, every output formed first and stored at the end (``ORDER`` 0)."""
-    # the upper triangle's products may overflow (e^{G_i − G_j} > 1 for j > i): selected away, never scaled
-    a = tl.where(lower, _mm_pair(k * grow, tl.trans(k_col), OPERAND, PAIR) * beta[:, None], 0.0)
-    a_qk = tl.where(lower | (ts[:, None] == ts[None, :]), _mm_pair(q * grow, tl.trans(k_col), OPERAND, PAIR) * scale,
-                    0.0)
-    inv = _unit_lower_inverse(a, ts, INV)
-    decayed = tl.exp(gate)  # e^{G_i} <= 1
-    w = _mm(inv, k * (decayed * beta[:, None]), OPERAND)
-    u = _mm(inv, v * beta[:, None], OPERAND)
-    kg = k * tl.exp(g_last[None, :] - gate)
-    qg = q * (decayed * scale)
-    # Whole tiles, unmasked: missing tokens' rows and padded channels are zeros by construction.
-    tl.store(w_ptr + slot_off + tile, w.to(w_ptr.dtype.element_ty))
-    tl.store(kg_ptr + slot_off + tile, kg.to(kg_ptr.dtype.element_ty))
-    tl.store(qg_ptr + slot_off + tile, qg.to(qg_ptr.dtype.element_ty))
-    tl.store(u_ptr + base * (BLOCK_V * C) + vs[None, :] * C + ts[:, None], u.to(u_ptr.dtype.element_ty))
-    tl.store(aqk_ptr + base * (C * C) + ts[None, :] * C + ts[:, None], a_qk.to(aqk_ptr.dtype.element_ty))
-    tl.store(decay_ptr + base * BLOCK_K + ks, tl.exp(g_last))
 
 
 @triton.jit
@@ -412,7 +384,7 @@ INVERSES = {"ieee": 0, "tf32x3": 1, "bf16x3": 2, "tf32": 3}  # how the inverse's
 
 
 def prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, *, operands="tf32", pair="ieee",
-            num_warps=4, inverse="ieee", scan_mma=False, store_early=False, maxnreg=None):
+            num_warps=4, inverse="ieee", scan_mma=False, maxnreg=None):
     """Pass A alone: allocates the scratch and fills it; returns its views ``(w, kg, qg, uᵀ, A_qkᵀ, e^{G_C})``.
     (The launcher's first half; separate so that a benchmark can time the passes one by one.)"""
     heads, key_dim, value_dim, tokens = q.shape[1], q.shape[2], v.shape[2], q.shape[0]
@@ -426,7 +398,7 @@ def prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, *, op
         sequences, heads, key_dim, value_dim, float(scale), max(1, sequences.bit_length()),
         BLOCK_K=_block(key_dim), BLOCK_V=_block(value_dim), C=CHUNK, M=MID, GATE_LO=GATE_MIN,
         L2NORM=bool(use_qk_l2norm), OPERAND=code, PAIR=PAIRS[pair], INV=INVERSES[inverse], SCAN=int(bool(scan_mma)),
-        ORDER=int(bool(store_early)), num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}),
+        num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return scratch
 
@@ -463,7 +435,7 @@ def recur(scratch, out, cu_seqlens, state_pool, state_ids, *, operands="tf32", b
 
 def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm, *,
                         block_v=64, num_warps=4, num_stages=2, prepare_warps=4, operands="tf32", pair="ieee",
-                        inverse="ieee", scan_mma=False, store_early=False, prepare_maxnreg=None, longest_first=False):
+                        inverse="ieee", scan_mma=False, prepare_maxnreg=None, longest_first=False):
     """Chunked prefill of packed sequences: q, k, g ``[T, H, K]``, v ``[T, H, V]``, beta ``[T, H]``,
     ``cu_seqlens [B + 1]``, ``state_pool [P, H, K, V]`` fp32 updated in place at ``state_ids [B]``.
     Returns ``[T, H, V]`` in q's dtype. Two launches, no host sync (see the module docstring).
@@ -473,7 +445,6 @@ def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, sca
     ``"fp32"`` or ``"fp16"`` (module docstring); ``pair``: ``"ieee"``, ``"tf32x3"`` or ``"bf16x3"``, how those two modes
     form A and A_qk (:func:`_mm_pair`); ``inverse``: ``"ieee"``, ``"tf32x3"``, ``"bf16x3"`` or ``"tf32"``, how the
     inverse's products are formed (:func:`_mm_inverse`); ``scan_mma``: the cumulative gate as one MMA;
-    ``store_early``: pass A stores each output as soon as it is formed and loads v last (``ORDER`` 1);
     ``prepare_maxnreg``: pass A's register cap (ptxas ``maxnreg``; None: ptxas's choice); ``longest_first``: pass B's
     programs start with the longest sequences' (:func:`recur`)."""
     heads, key_dim, value_dim = q.shape[1], q.shape[2], v.shape[2]
@@ -488,7 +459,7 @@ def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, sca
         return out.zero_()
     _check_state_pool(state_pool)
     scratch = prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, operands=operands, pair=pair,
-                      num_warps=prepare_warps, inverse=inverse, scan_mma=scan_mma, store_early=store_early,
+                      num_warps=prepare_warps, inverse=inverse, scan_mma=scan_mma,
                       maxnreg=prepare_maxnreg)
     return recur(scratch, out, cu_seqlens, state_pool, state_ids, operands=operands, block_v=block_v,
                  num_warps=num_warps, num_stages=num_stages, longest_first=longest_first)
