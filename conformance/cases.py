@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "float8_e4m3fn": torch.float8_e4m3fn}
+          "float8_e4m3fn": torch.float8_e4m3fn, "float64": torch.float64}
 # Index tensors (slots, lengths, ids, block tables): every op accepts both; a kernel that reads an
 # int64 buffer as int32 words passes every int32 case.
 INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
@@ -331,6 +331,7 @@ class KdaCase(Case):
     index_dtype: str = "int32"  # of state_ids and cu_seqlens
     pool_layout: str = "dense"
     fused: bool = False
+    gate_dtype: str = "float32"  # g's dtype: the op takes any float dtype and uses it in fp32 (models pass fp32)
     CALL = ("dsahal.ops.kda_prefill(args.q, args.k, args.v, args.g, args.beta, args.cu_seqlens, "
                            "args.state_pool, args.state_ids, scale=args.scale, use_qk_l2norm=args.use_qk_l2norm)")
 
@@ -344,7 +345,7 @@ class KdaCase(Case):
             q, k = q / math.sqrt(kd), k / math.sqrt(kd)
         v = randn(gen, tokens, h, vd)
         strength = {"none": 0.0, "mild": 0.1, "strong": 5.0}[self.decay]
-        g = -strength * rand(gen, tokens, h, kd)
+        g = (-strength * rand(gen, tokens, h, kd)).to(DTYPES[self.gate_dtype])
         beta = torch.sigmoid(randn(gen, tokens, h))
         pool_size = len(self.seqlens) + self.spare_states
         state_pool = 0.3 * randn(gen, pool_size, h, kd, vd)

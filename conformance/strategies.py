@@ -131,14 +131,18 @@ def kda_cases(draw, min_sequences: int = 1, max_len: int = 24) -> KdaCase:
     kind = draw(st.integers(0, 9))  # now and then sequences crossing 64-token chunks or ending on one
     lengths = st.integers(65, 80) if kind == 0 else KDA_CHUNK_LENGTHS if kind == 1 else st.integers(0, max_len)
     seqlens = tuple(draw(st.lists(lengths, min_size=count, max_size=count)))
-    dims = st.sampled_from([16, 32, 64, 128])
+    # now and then a dim that is not a power of two (kernels pad and mask it)
+    dims = mostly(st.sampled_from([16, 32, 64, 128]), st.sampled_from([24, 48, 96]), 5)
     return KdaCase(seqlens=seqlens, heads=draw(st.integers(1, 3)), key_dim=draw(dims), value_dim=draw(dims),
                    dtype=draw(st.sampled_from(["float32", "bfloat16"])), use_qk_l2norm=draw(st.booleans()),
                    scale=draw(st.sampled_from([None, 0.5])), decay=draw(st.sampled_from(["none", "mild", "strong"])),
                    padded=tuple(draw(st.lists(st.integers(0, 4).map(lambda x: x == 0), min_size=count,
                                               max_size=count))),
                    spare_states=draw(st.integers(0, 2)), seed=draw(seeds), index_dtype=draw(index_dtypes),
-                   pool_layout=draw(st.sampled_from(["dense", "packed"])), fused=draw(st.booleans()))
+                   pool_layout=draw(st.sampled_from(["dense", "packed"])), fused=draw(st.booleans()),
+                   # g: any float dtype, used in fp32 (the model's is fp32; bf16 gates are common elsewhere)
+                   gate_dtype=draw(mostly(st.just("float32"), st.sampled_from(["bfloat16", "float16", "float64"]),
+                                          3)))
 
 
 @st.composite
@@ -168,7 +172,8 @@ def requests(draw, max_requests: int = 3, max_length: int = 160, around: int | N
 
 @st.composite
 def indexer_cases(draw) -> IndexerCase:
-    heads = draw(mostly(st.sampled_from([1, 2, 4]), st.sampled_from([32, 64]), 3))
+    # the model's 32 and 64 index heads, and TP slices of them (16, 24 = 3/4 of 32: padded to a power of two)
+    heads = draw(mostly(st.sampled_from([1, 2, 4]), st.sampled_from([16, 24, 32, 32, 64]), 3))
     return IndexerCase(fmt=None, requests=draw(requests()), heads=heads,
                        q_dtype=draw(st.sampled_from(["bfloat16", "float32", "float8_e4m3fn"])),
                        block_tokens=draw(block_tokens), spare_blocks=draw(st.integers(0, 3)),
@@ -186,7 +191,8 @@ def sparse_mla_cases(draw, min_rows: int = 1, max_topk: int = 48) -> SparseMlaCa
     factor = draw(st.sampled_from([0.5, 1.0, 2.0]))
     num_blocks = max(1, math.ceil(topk * factor / bt))
     empty = tuple(sorted(draw(st.sets(st.integers(0, rows - 1), max_size=1))))
-    heads = draw(mostly(st.sampled_from([1, 2, 3, 16]), st.sampled_from([64, 128])))
+    # TP slices of 128 heads (12 and 16 at TP 8-10, 32 at TP 4) and head counts a route pads (20, 48, 96)
+    heads = draw(mostly(st.sampled_from([1, 2, 3, 12, 16]), st.sampled_from([20, 32, 48, 64, 64, 96, 128, 128])))
     return SparseMlaCase(fmt=None, rows=rows, heads=heads,
                          topk=topk,
                          num_blocks=num_blocks, block_tokens=bt,
@@ -202,7 +208,7 @@ def sparse_mla_cases(draw, min_rows: int = 1, max_topk: int = 48) -> SparseMlaCa
 def dsa_cases(draw) -> DsaCase:
     topk = draw(st.sampled_from([1, 4, 16, 64]))
     return DsaCase(latent_fmt=None, index_fmt=None, requests=draw(requests(max_length=96, around=topk)),
-                   index_heads=draw(st.sampled_from([1, 4, 32])), heads=draw(st.sampled_from([1, 4, 16])),
+                   index_heads=draw(st.sampled_from([1, 4, 24, 32])), heads=draw(st.sampled_from([1, 4, 12, 16])),
                    topk=topk, block_tokens=draw(st.sampled_from([1, 4, 16, 64])),
                    q_dtype=draw(st.sampled_from(["bfloat16", "float32"])), seed=draw(seeds),
                    layout=draw(page_layouts))
