@@ -16,7 +16,8 @@ script says by how much and where. Cases: ``sparse_mla`` on fp8_ds_mla latents (
   launch queue never fills (the Python and launch cost alone);
 - FlashMLA's bare call on the same bytes (sparse_mla cases), eager, for the gap a user sees;
 
-then a cProfile of 300 eager calls of the H = 16, 64 x 1 sparse_mla case: the top functions by own time.
+then a cProfile of 300 eager calls of the H = 16, 64 x 1 sparse_mla and dsa_attention cases: the top functions
+by own and by cumulative time.
 """
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ def main() -> int:
              ("sparse_mla 64x5 H=16", lambda: sparse_mla_case(torch, 320, 16)),
              ("dsa_attention 64x1 @4K H=16", lambda: dsa_case(torch, 64, 16))]
     print("| case | check | GPU (graph) us | eager us | host us | FlashMLA bare eager us |\n|---|---|---:|---:|---:|---:|")
-    profiled = None
+    profiled = {}
     for name, build in cases:
         call, bare, check = build()
         gpu = graph_us(torch, call)
@@ -125,18 +126,20 @@ def main() -> int:
         sync()
         bare_us = f"{per_call_us(bare, sync):.1f}" if bare is not None else "-"
         print(f"| {name} | {check} | {gpu:.1f} | {eager:.1f} | {host:.1f} | {bare_us} |", flush=True)
-        if name == "sparse_mla 64x1 H=16":
-            profiled = call
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(300):
-        profiled()
-    sync()
-    profile.disable()
-    text = io.StringIO()
-    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(25)
-    print("\ncProfile, 300 eager calls of sparse_mla 64x1 H=16 (top 25 by own time):")
-    print(text.getvalue()[:6000])
+        if name in ("sparse_mla 64x1 H=16", "dsa_attention 64x1 @4K H=16"):
+            profiled[name] = call
+    for name, fn in profiled.items():
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(300):
+            fn()
+        sync()
+        profile.disable()
+        for order in ("tottime", "cumulative"):
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats(order).print_stats(30)
+            print(f"\ncProfile, 300 eager calls of {name} (top 30 by {order}):")
+            print(text.getvalue()[:7000])
     return 0
 
 

@@ -3,7 +3,7 @@ kernels (``dsahal.backends.triton_kernels.topk_bound`` / ``topk_groups``), on re
 
 Usage (on a CUDA machine, from the repository with dsahal importable)::
 
-    python scripts/h200/topk_sweep.py [--cpu-smoke]
+    python scripts/h200/topk_sweep.py [--cpu-smoke] [--prefill]
 
 Steps, in order, each printed:
 
@@ -12,7 +12,7 @@ Steps, in order, each printed:
    tuned config) for 64 requests x 5 decode tokens at 128K context (-inf past each token's position).
    Three cases are cut from them: ``decode 320x128K`` (as they are), ``decode 320x4K`` (the first 4096
    columns: early decode) and ``prefill 4096x32K`` (the first 32768 columns tiled to 4096 rows, causal
-   lengths ``8 (t + 1)``: rows of 8 .. 32768 entries, a quarter of them shorter than k);
+   lengths ``8 (t + 1)``: rows of 8 .. 32768 entries, 1/16 of them shorter than k, a quarter shorter than 8K);
 3. every variant checked before it is timed, on every row: the chosen set equals the set torch.topk implies
    under the tie rule (everything above the k-th value, then the first entries equal to it in index
    order; no -inf), no duplicates, -1 padding last, and on 8 rows per case the float64 reference's set
@@ -21,8 +21,18 @@ Steps, in order, each printed:
 4. ``triton.testing.do_bench`` medians; one table: case, variant, ms, (scores + output bytes) / time,
    % of the copy ceiling, torch.topk ms / variant ms, and the bound kernels' survivors per row (mean / max).
 
+``--prefill`` (where does the top-k spend its time on prefill rows and short rows?): the cases are
+``prefill 4096x32K`` (causal, as above), ``decode 320x4K`` and two more cut from the same scores,
+``decode 320x16K`` and ``decode 320x32K`` (the first 16384 / 32768 columns; every row full length, since each
+token's position is near 128K); the variants are :data:`PREFILL_VARIANTS` (one program per row at larger chunks
+and more warps, bound and groups at other chunk / finish sizes, split rows) instead of :data:`VARIANTS`; no CUDA
+graph check. Then a second table: the NVIDIA default at 32K (the bound method: four launches) split into its
+launches, each timed alone at ``prefill 4096x32K`` and ``decode 320x32K`` (:func:`phase_times`), with one line
+of its survivors per row by row length (quarters of the width).
+
 A failed check is listed and the script exits with one ``error:`` line (after timing what did pass).
-Runs in about a minute on an H200, most of it Triton compiles and the indexer.
+Runs in about a minute on an H200 (``--prefill``: 1-1.5 minutes, ~30 Triton compiles), most of it Triton
+compiles and the indexer.
 """
 from __future__ import annotations
 
@@ -42,9 +52,10 @@ REFERENCE_ROWS = 8
 DEVICE = "cuda"  # --cpu-smoke: "cpu" under TRITON_INTERPRET=1
 SMOKE_DIVISOR = 1  # --cpu-smoke: chunk sizes divided by this (tiny rows)
 
-# (name, kwargs of dsahal.backends.triton_kernels.topk.topk); "default" is the NVIDIA config's
+# (name, kwargs of dsahal.backends.triton_kernels.topk.topk); "default" (None) is the NVIDIA config's for the
+# case's width, labelled with its method
 VARIANTS = (
-    ("radix default", None),
+    ("default", None),
     ("radix 1 prog/row", dict(chunk=2048, row_levels=2, num_warps=8, segments=1)),
     ("bound c1024 f512", dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, finish_warps=4)),
     ("bound c2048w8 f512", dict(method="bound", chunk=2048, num_warps=8, finish_chunk=512, finish_warps=4)),
@@ -64,13 +75,47 @@ VARIANTS = (
                                      finish_chunk=1024, finish_warps=8)),
 )
 
+# --prefill: rows of 4K-32K entries, many rows. The defaults there are one program per row (<= 8K: chunk 2048, 8
+# warps) and bound (8K-64K: chunk 1024, 4 warps, finish 512 at 4 warps); these are their neighbours. Larger radix
+# chunks halve or quarter the loop trips of the two whole-row histogram passes (and row_levels 1 drops one of
+# them, for a longer candidate list); bound's chunk sets the row passes' width, its finish_chunk / finish_warps
+# the per-row finish (one program per row: a latency chain of small histograms), group 8 halves the lane maxima
+# the per-row threshold pass bins (8192 a row at 32K with the automatic group 4); split rows (topk_split) spread
+# 320 rows of 16K-32K over more programs. 17 variants: ~70 s on an H200 with compiles.
+PREFILL_VARIANTS = (
+    ("default", None),
+    ("radix c2048w8", dict(chunk=2048, row_levels=2, num_warps=8, segments=1)),
+    ("radix c2048w8 L1", dict(chunk=2048, row_levels=1, num_warps=8, segments=1)),
+    ("radix c4096w8", dict(chunk=4096, row_levels=2, num_warps=8, segments=1)),
+    ("radix c4096w16", dict(chunk=4096, row_levels=2, num_warps=16, segments=1)),
+    ("radix c4096w16 L1", dict(chunk=4096, row_levels=1, num_warps=16, segments=1)),
+    ("radix c8192w16", dict(chunk=8192, row_levels=2, num_warps=16, segments=1)),
+    ("radix c8192w32", dict(chunk=8192, row_levels=2, num_warps=32, segments=1)),
+    ("bound c1024w4 f1024w8", dict(method="bound", chunk=1024, num_warps=4, finish_chunk=1024, finish_warps=8)),
+    ("bound c1024w4 g8 f1024w8", dict(method="bound", chunk=1024, group=8, num_warps=4, finish_chunk=1024,
+                                      finish_warps=8)),
+    ("bound c2048w8 f512w4", dict(method="bound", chunk=2048, num_warps=8, finish_chunk=512, finish_warps=4)),
+    ("bound c2048w8 f1024w8", dict(method="bound", chunk=2048, num_warps=8, finish_chunk=1024, finish_warps=8)),
+    ("bound c4096w8 f2048w8", dict(method="bound", chunk=4096, num_warps=8, finish_chunk=2048, finish_warps=8)),
+    ("groups c1024s8 f1024w8", dict(method="groups", chunk=1024, steps=8, batch=64, num_warps=4, finish_chunk=1024,
+                                    finish_warps=8)),
+    ("groups c1024s16 f1024w8", dict(method="groups", chunk=1024, steps=16, batch=64, num_warps=4,
+                                     finish_chunk=1024, finish_warps=8)),
+    ("radix c2048w8 2 seg", dict(chunk=2048, row_levels=2, num_warps=8, segments=2)),
+    ("radix c2048w8 4 seg", dict(chunk=2048, row_levels=2, num_warps=8, segments=4)),
+    ("radix c2048w8 8 seg", dict(chunk=2048, row_levels=2, num_warps=8, segments=8)),
+)
+MID_WIDTHS = (16384, 32768)  # --prefill: the 320-row cases besides 4K
+PHASE_WIDTH = 32768  # --prefill: the launches of the NVIDIA default at this width are timed one by one
+
 
 
 def _bench(fn):
     return timing.bench_ms(fn, DEVICE, warmup=10, rep=60)
 
 
-def _kwargs(kw, width=1 << 17):
+def _kwargs(kw, width):
+    """``kw`` (None: the NVIDIA config for rows of ``width``) with the chunk sizes cut for --cpu-smoke."""
     from dsahal.backends.nvidia.config import topk_config
 
     kw = dict(topk_config(width)) if kw is None else dict(kw)
@@ -108,6 +153,15 @@ def build_cases(torch, scores, lengths):
         (f"decode {short.shape[0]}x{_width(SHORT)}", short, torch.clamp(lengths, max=SHORT)),
         (f"prefill {PREFILL_ROWS}x{_width(PREFILL_WIDTH)}", tiled, causal),
     ]
+
+
+def build_prefill_cases(torch, scores, lengths):
+    """--prefill: ``prefill 4096x32K`` (causal), ``decode 320x4K``, then the first 16K and 32K columns of the
+    decode scores (every row full length: each token's position is near the 128K context)."""
+    _, short, prefill = build_cases(torch, scores, lengths)
+    mid = [(f"decode {scores.shape[0]}x{_width(width)}", scores[:, :width].contiguous(),
+            torch.clamp(lengths, max=width)) for width in MID_WIDTHS]
+    return [prefill, short, *mid]
 
 
 def _width(n: int) -> str:
@@ -177,10 +231,21 @@ def check_graph(torch, scores, lengths, kw, failures):
         failures.append(f"{kw['method']} kernel: a CUDA graph replay on new scores differs from an eager call")
 
 
-def run_case(torch, case, rows, failures):
-    from dsahal.backends.triton_kernels.topk import topk
+def survivors_per_row(torch, scores, lengths, kw):
+    """``[T]`` int32: entries at or above each row's bound for a bound / groups ``kw`` (one more call)."""
     from dsahal.backends.triton_kernels.topk_bound import topk_bound
     from dsahal.backends.triton_kernels.topk_groups import topk_groups
+
+    stats = {}
+    out = torch.empty(scores.shape[0], K, dtype=torch.int32, device=DEVICE)
+    direct = topk_bound if kw["method"] == "bound" else topk_groups
+    direct(scores, lengths, K, out, False, lengths, lengths.view(1, -1), 1, stats=stats,
+           **{key: value for key, value in kw.items() if key != "method"})
+    return stats["survivors"]
+
+
+def run_case(torch, case, variants, rows, failures):
+    from dsahal.backends.triton_kernels.topk import topk
 
     name, scores, lengths = case
     tokens, width = scores.shape
@@ -188,38 +253,129 @@ def run_case(torch, case, rows, failures):
     want_mask = expected_mask(torch, scores, lengths, K)
     peer_ms = _bench(lambda: torch.topk(scores, min(K, width), dim=1))
     rows.append((name, "torch.topk", peer_ms, nbytes / (peer_ms * 1e-3) / 1e9, 1.0, ""))
-    for variant, raw in VARIANTS:
-        kw = _kwargs(raw)
+    for variant, raw in variants:
+        kw = _kwargs(raw, width)
+        if raw is None:
+            variant = f"{variant} ({kw.get('method', 'radix')})"
         try:
             got = topk(scores, lengths, K, **kw)
             problem = check(torch, variant, got, scores, lengths, K, want_mask, kw.get("method") in ("bound", "groups"))
         except Exception as exc:  # noqa: BLE001 - a variant that fails to compile or run is listed
             problem = f"{variant}: {type(exc).__name__}: {str(exc)[:200]}"
-        print(f"  check {name:<18s} {variant:<18s} {problem or 'ok'}", flush=True)
+        print(f"  check {name:<18s} {variant:<24s} {problem or 'ok'}", flush=True)
         if problem:
             failures.append(f"{name}: {problem}")
             continue
         survivors = ""
         if kw.get("method") in ("bound", "groups"):
-            stats = {}
-            out = torch.empty(tokens, K, dtype=torch.int32, device=DEVICE)
-            direct = topk_bound if kw["method"] == "bound" else topk_groups
-            direct(scores, lengths, K, out, False, lengths, lengths.view(1, -1), 1, stats=stats,
-                   **{key: value for key, value in kw.items() if key != "method"})
-            count = stats["survivors"].float()
+            count = survivors_per_row(torch, scores, lengths, kw).float()
             survivors = f"{count.mean().item():.0f} / {count.max().item():.0f}"
         ms = _bench(lambda: topk(scores, lengths, K, **kw))
         rows.append((name, variant, ms, nbytes / (ms * 1e-3) / 1e9, peer_ms / ms, survivors))
     del want_mask
 
 
+class _Recorder:
+    """Stands in for one module-level ``*_kernel`` while a top-k call runs: each ``kernel[grid](...)`` is
+    appended to ``launches`` as ``(name, kernel, grid, args, kwargs)`` and then launched as usual."""
+
+    def __init__(self, name, kernel, launches):
+        self.name, self.kernel, self.launches = name, kernel, launches
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append((self.name, self.kernel, grid, args, kwargs))
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def recorded_launches(torch, scores, lengths, kw):
+    """One ``topk(scores [T, N], lengths [T], K, **kw)`` call -> (out [T, K] int32, its launches in order).
+
+    The launchers (``topk_bound.topk_bound`` and the others) find their kernels by module global at each call,
+    so swapping those for :class:`_Recorder` while the call runs records each launch with its real grid and
+    arguments (the scratch buffers the call allocated stay alive in them) and changes nothing else."""
+    from triton.runtime.jit import KernelInterface  # JITFunction, and InterpretedFunction under the interpreter
+
+    from dsahal.backends.triton_kernels import topk as topk_module, topk_bound, topk_groups, topk_split
+    from dsahal.kernel_launch import LaunchedKernel
+
+    launches, saved = [], []
+    try:
+        for module in (topk_module, topk_bound, topk_groups, topk_split):
+            for name, kernel in list(vars(module).items()):
+                if not (name.endswith("_kernel") and isinstance(kernel, (KernelInterface, LaunchedKernel))):
+                    continue
+                saved.append((module, name, kernel))
+                setattr(module, name, _Recorder(name, kernel, launches))
+        out = topk_module.topk(scores, lengths, K, **kw)
+    finally:
+        for module, name, kernel in saved:
+            setattr(module, name, kernel)
+    return out, launches
+
+
+def phase_times(torch, case, kw, phase_rows, failures):
+    """Each launch of one ``topk`` call at ``case`` timed alone (the rows of the phase table).
+
+    One recorded call first, checked like every variant, so the scratch buffers its launches share (lane
+    maxima, bounds, survivor lists and counts for the bound method) hold the real intermediate data; then each
+    launch is replayed with the same grid and arguments under ``do_bench``. Each rewrites what it wrote before,
+    the same values (checked afterwards: the output is unchanged). ``do_bench`` empties L2 before each run, so
+    a phase that in the whole call reads what the previous launch just left in L2 is timed from HBM here; the
+    phases may add up to more than the whole call."""
+    name, scores, lengths = case
+    method = kw.get("method", "radix")
+    want_mask = expected_mask(torch, scores, lengths, K)
+    try:
+        out, launches = recorded_launches(torch, scores, lengths, kw)
+        first = out.clone()
+        problem = check(torch, f"phases {method}", out, scores, lengths, K, want_mask, method in ("bound", "groups"))
+    except Exception as exc:  # noqa: BLE001 - listed like a variant's failure
+        problem = f"phases {method}: {type(exc).__name__}: {str(exc)[:200]}"
+    del want_mask
+    print(f"  check {name:<18s} {'phases ' + method:<24s} {problem or 'ok'}", flush=True)
+    if problem:
+        failures.append(f"{name}: {problem}")
+        return
+    if method in ("bound", "groups"):
+        # The bound is tight when group * k <= length / 4, but the group is chosen from the width: short causal
+        # rows get a loose bound (below ~8K entries at 32K: fewer than k lane maxima, everything survives) and
+        # the per-row finish bins all their survivors. Survivors by row length show how much of the finish that is.
+        count, width = survivors_per_row(torch, scores, lengths, kw).float(), scores.shape[1]
+        parts = []
+        for quarter in range(4):
+            rows = (lengths > quarter * width // 4) & (lengths <= (quarter + 1) * width // 4)
+            if bool(rows.any()):
+                parts.append(f"length {quarter * width // 4}-{(quarter + 1) * width // 4}: "
+                             f"{int(rows.sum())} rows, survivors mean {count[rows].mean().item():.0f} "
+                             f"max {count[rows].max().item():.0f}")
+        print(f"  survivors {name}: " + "; ".join(parts), flush=True)
+    from dsahal.backends.triton_kernels.topk import topk
+
+    whole = _bench(lambda: topk(scores, lengths, K, **kw))
+    timed = []
+    for kernel_name, kernel, grid, args, kwargs in launches:
+        timed.append((kernel_name, grid, _bench(lambda: kernel[grid](*args, **kwargs))))
+    if not torch.equal(out, first):
+        failures.append(f"{name}: phases {method}: the replayed launches changed the output")
+    label = f"{method} {' '.join(f'{key}={value}' for key, value in kw.items() if key != 'method')}"
+    for kernel_name, grid, ms in timed:
+        phase_rows.append((name, label, kernel_name, "x".join(str(g) for g in grid), ms, 100 * ms / whole))
+    total = sum(ms for _, _, ms in timed)
+    phase_rows.append((name, label, "sum of the launches", "", total, 100 * total / whole))
+    phase_rows.append((name, label, "whole topk call", "", whole, 100.0))
+
+
 def _smoke_mode() -> None:
     import os
 
     global DEVICE, K, REQUESTS, PER_REQUEST, CONTEXT, SHORT, PREFILL_ROWS, PREFILL_WIDTH, SMOKE_DIVISOR, BLOCK_TOKENS
+    global MID_WIDTHS
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
     DEVICE, K, REQUESTS, PER_REQUEST, CONTEXT, BLOCK_TOKENS = "cpu", 16, 2, 2, 512, 16
-    SHORT, PREFILL_ROWS, PREFILL_WIDTH, SMOKE_DIVISOR = 64, 16, 128, 64
+    SHORT, PREFILL_ROWS, PREFILL_WIDTH, SMOKE_DIVISOR, MID_WIDTHS = 64, 16, 128, 64, (128, 256)
 
 
 def main(argv=None) -> int:
@@ -227,6 +383,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="tiny shapes on the CPU under TRITON_INTERPRET=1 (fp32 queries): runs every step of "
                              "the script, times nothing meaningful")
+    parser.add_argument("--prefill", action="store_true",
+                        help="prefill 4096x32K and decode 320 x 4K/16K/32K only, the PREFILL_VARIANTS, then the "
+                             "NVIDIA default at 32K (bound) timed launch by launch")
     args = parser.parse_args(argv)
     if args.cpu_smoke:
         _smoke_mode()
@@ -244,17 +403,26 @@ def main(argv=None) -> int:
     print(f"indexer scores {tuple(scores.shape)}: finite min {finite.min().item():.3g} max {finite.max().item():.3g}, "
           f"{100 * (finite == 0).float().mean().item():.1f}% zeros ({time.time() - started:.0f} s)", flush=True)
     del finite
-    rows, failures = [], []
-    for case in build_cases(torch, scores, lengths):
-        run_case(torch, case, rows, failures)
-    if DEVICE == "cuda":
+    rows, failures, phase_rows = [], [], []
+    cases = build_prefill_cases(torch, scores, lengths) if args.prefill else build_cases(torch, scores, lengths)
+    for case in cases:
+        run_case(torch, case, PREFILL_VARIANTS if args.prefill else VARIANTS, rows, failures)
+    if args.prefill:
+        # the prefill case and the 320-row case of the same width (cases[0] and cases[-1])
+        for case in (cases[0], cases[-1]):
+            phase_times(torch, case, _kwargs(None, PHASE_WIDTH), phase_rows, failures)
+    elif DEVICE == "cuda":
         for variant in (VARIANTS[2], VARIANTS[4]):
-            check_graph(torch, scores, lengths, _kwargs(variant[1]), failures)
+            check_graph(torch, scores, lengths, _kwargs(variant[1], scores.shape[1]), failures)
     print(f"\n| case | variant | ms | GB/s | % copy | torch.topk / variant | survivors mean / max |")
     print("|---|---|---:|---:|---:|---:|---|")
     for case, variant, ms, gbps, ratio, survivors in rows:
         print(f"| {case} | {variant} | {ms:.4f} | {gbps:.0f} | {100 * gbps / (ceiling * 1e3):.1f} | {ratio:.2f} | "
               f"{survivors} |")
+    if phase_rows:
+        print("\n| case | call | launch | grid | ms | % of the whole call |\n|---|---|---|---|---:|---:|")
+        for case, label, launch, grid, ms, share in phase_rows:
+            print(f"| {case} | {label} | {launch} | {grid} | {ms:.4f} | {share:.1f} |")
     return finish("topk_sweep", failures, started, "check(s) failed")
 
 
