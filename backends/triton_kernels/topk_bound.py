@@ -10,7 +10,8 @@ fraction of the row. Rows are split over ``T x S`` programs (one per row and seg
    in its segment -> ``maxima[T, S * CHUNK]`` (order-preserving keys, 0 for a lane with no valid
    entry). One float max per entry: the pass runs at the speed of the read.
 2. ``bound_threshold_kernel`` (``T``): ``L`` = the top 16 bits of the k-th largest lane maximum
-   (two 256-bin histograms over ``S * CHUNK`` maxima, ``1/group`` of the row), low bits zero. The
+   (two 256-bin histograms over the maxima of the segments the row reaches, ``1/group`` of its
+   entries; none for a row of fewer than k entries), low bits zero. The
    k largest maxima are k distinct entries ``>= L``, so the row's k-th largest key ``τ >= L``.
    Fewer than k non-empty lanes: ``L = 1`` (below every valid key: everything survives).
 3. ``bound_compact_kernel`` (``T x S``): every valid entry with key ``>= L`` (a superset of the
@@ -75,18 +76,24 @@ def bound_max_kernel(
 @triton.jit(do_not_specialize=SIZE_ARGS)
 def bound_threshold_kernel(
     maxima_ptr, bound_ptr,  # maxima [T, S * CHUNK] int32 keys; bound [T] int32 (key bits of L)
-    k, segments,
+    lengths_ptr,  # [T]
+    N, k, seg_len, segments,
     CHUNK: tl.constexpr, LEVELS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     base = maxima_ptr + row * segments * CHUNK
     lanes = tl.arange(0, CHUNK)
+    # Only the segments the row reaches hold non-empty lanes (bound_max_kernel leaves the others all 0,
+    # which no histogram counts): a causal prefill's rows reach half the segments on average. A row of
+    # fewer than k entries cannot have k non-empty lanes: no histogram at all.
+    length = _row_length(lengths_ptr, row, N)
+    live = tl.where(length >= k, (length + seg_len - 1) // seg_len, 0)
     prefix = tl.full([], 0, tl.uint32)
     need = k
     nonempty = 0
     for level in tl.static_range(LEVELS):
         hist = tl.zeros([256], tl.int32)
-        for c0 in range(0, segments * CHUNK, CHUNK):
+        for c0 in range(0, live * CHUNK, CHUNK):
             key = tl.load(base + c0 + lanes).to(tl.uint32, bitcast=True)
             hist += _digit_histogram(key, (key != 0) & _matches(key, prefix, level), level)
         if level == 0:
@@ -201,10 +208,13 @@ def bound_finish_kernel(
     if survivors > k:
         # The top 16 bits of tau in one pass: survivors sit at or just above L (about 100 steps of the
         # top 16 bits on indexer scores), so bins of "steps above L", the last one open-ended, pin them.
-        base = tl.load(bound_ptr + row).to(tl.uint32, bitcast=True) >> 16
-        chosen, above = _threshold(_relative_histogram(key_row, counts_row, segments, seg_len, base, lanes), k)
-        prefix = (base + chosen.to(tl.uint32)) << 16
-        need = k - above
+        bound = tl.load(bound_ptr + row).to(tl.uint32, bitcast=True)
+        base = bound >> 16
+        chosen = tl.full([], 255, tl.int32)
+        if bound != 1:  # L = 1 (no bound: every valid entry survived) puts every key 128+ steps up: skip the pass
+            chosen, above = _threshold(_relative_histogram(key_row, counts_row, segments, seg_len, base, lanes), k)
+            prefix = (base + chosen.to(tl.uint32)) << 16
+            need = k - above
         if chosen == 255:  # tau is 255 or more steps above L (a weak bound, e.g. L = 1): two digits instead
             prefix = tl.full([], 0, tl.uint32)
             need = k
@@ -283,8 +293,8 @@ def topk_bound(scores, lengths, k, out, emit, req_ids, block_table, block_tokens
     grid = (tokens, segments)
     bound_max_kernel[grid](scores, scores.stride(0), lengths, maxima, width, seg_len, segments, CHUNK=chunk,
                            num_warps=num_warps)
-    bound_threshold_kernel[(tokens,)](maxima, bound, k, segments, CHUNK=chunk, LEVELS=BOUND_LEVELS,
-                                      num_warps=num_warps)
+    bound_threshold_kernel[(tokens,)](maxima, bound, lengths, width, k, seg_len, segments, CHUNK=chunk,
+                                      LEVELS=BOUND_LEVELS, num_warps=num_warps)
     bound_compact_kernel[grid](scores, scores.stride(0), lengths, bound, cand_idx, cand_key, cand_idx.stride(0),
                                counts, width, seg_len, segments, CHUNK=chunk, num_warps=num_warps)
     bound_finish_kernel[(tokens,)](cand_idx, cand_key, cand_idx.stride(0), counts, bound, out, out.stride(0), req_ids,

@@ -137,8 +137,9 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
     group_max_kernel[grid](scores, scores.stride(0), lengths, maxima, maxima.stride(0), width, seg_len,
                            ROWS=chunk // size, G=size, num_warps=num_warps)
     step = min(2048, per_segment)
-    bound_threshold_kernel[(tokens,)](maxima, bound, k, maxima.shape[1] // step, CHUNK=step, LEVELS=BOUND_LEVELS,
-                                      num_warps=num_warps)
+    # a threshold step of `step` group maxima covers step * size entries of the row
+    bound_threshold_kernel[(tokens,)](maxima, bound, lengths, width, k, step * size, maxima.shape[1] // step,
+                                      CHUNK=step, LEVELS=BOUND_LEVELS, num_warps=num_warps)
     group_compact_kernel[grid](scores, scores.stride(0), lengths, bound, maxima, live, maxima.stride(0), cand_idx,
                                cand_key, cand_idx.stride(0), counts, width, seg_len, segments, GROUPS=per_segment,
                                G=size, BATCH=batch, num_warps=num_warps)

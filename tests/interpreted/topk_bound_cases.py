@@ -150,3 +150,55 @@ def test_bound_topk_uses_a_given_scratch_and_rejects_a_bad_one():
 def test_groups_rejects_a_chunk_that_is_not_whole_groups():
     with pytest.raises(ValueError, match="powers of two with chunk a multiple of the group size"):
         topk(torch.zeros(1, 64), torch.ones(1, dtype=torch.int32), 2, **dict(GROUPS, chunk=24, group_size=16))
+
+
+def _keys(x):
+    """fp32 -> the kernels' order-preserving uint32 keys as int64 (-0.0 as +0.0); -inf entries count as empty."""
+    bits = torch.where(x == 0, torch.zeros_like(x), x).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return torch.where(bits >= 1 << 31, bits ^ 0xFFFFFFFF, bits | 1 << 31)
+
+
+def _survivors_by_definition(scores, lengths, k, unit_max):
+    """Per row: the valid entries with key >= L, where L = the top 16 bits of the k-th largest non-empty unit
+    maximum over the WHOLE row (units from ``unit_max``), or 1 when fewer than k units are non-empty."""
+    counts = []
+    for row, length in zip(scores, lengths.tolist()):
+        x = row.clone()
+        x[length:] = float("-inf")
+        maxima = unit_max(x)
+        live = maxima[maxima != float("-inf")]
+        bound = 1
+        if live.numel() >= k:
+            bound = int(_keys(live).sort(descending=True).values[k - 1]) >> 16 << 16
+        valid = x != float("-inf")
+        counts.append(int((valid & (_keys(x) >= bound)).sum()))
+    return counts
+
+
+@pytest.mark.parametrize("method", ["bound", "groups"])
+def test_bound_on_causal_rows_is_as_tight_as_over_the_whole_row(method):
+    """Rows shorter than the width (a causal prefill) reach only their first segments; the threshold reads
+    only those. It must find the same bound as over every segment (so the same survivors), and the same set."""
+    from dsahal.backends.triton_kernels import topk_bound, topk_groups
+
+    gen = torch.Generator().manual_seed(11)
+    width, k, chunk, group = 256, 5, 16, 2
+    lengths = torch.tensor([0, 3, 4, 5, 9, 31, 32, 33, 63, 70, 100, 129, 200, 255, 256], dtype=torch.int32)
+    scores = torch.randn(lengths.numel(), width, generator=gen)
+    common = dict(chunk=chunk, finish_chunk=16, num_warps=1, finish_warps=1)
+    if method == "bound":  # lane j of a segment: entries j, j + chunk, ... (group of them)
+        launch, kw = topk_bound.topk_bound, dict(common, group=group)
+
+        def unit_max(x):
+            return x.view(-1, group, chunk).amax(dim=1).flatten()
+    else:  # groups of `group` consecutive entries
+        launch, kw = topk_groups.topk_groups, dict(common, group_size=group, steps=2, batch=4)
+
+        def unit_max(x):
+            return x.view(-1, group).amax(dim=1)
+    stats = {}
+    out = torch.empty(lengths.numel(), k, dtype=torch.int32)
+    got = launch(scores, lengths, k, out, False, lengths, lengths.view(1, -1), 1, stats=stats, **kw)
+    assert torch.equal(got, expected(scores, lengths, k)), "the set differs from the reference"
+    want = _survivors_by_definition(scores, lengths, k, unit_max)
+    assert stats["survivors"].tolist() == want, f"survivors {stats['survivors'].tolist()} against {want}"
