@@ -315,7 +315,8 @@ class KdaCase(Case):
     backend must leave them untouched. ``pool_layout``: ``"dense"`` (a contiguous ``[P, H, K, V]``
     pool) or ``"packed"`` (the packed cache's strided state view, :func:`packed_state_pool`;
     ``state_base`` is then the buffer around it, whose other floats must not change). ``fused``:
-    q, k, v are slices of one fused projection output and g a slice of a wider gate output."""
+    q, k, v are slices of one fused projection output and g a slice of a wider gate output.
+    ``gate_dtype``: g's dtype (the op takes any float dtype and computes with it in fp32)."""
 
     seqlens: tuple
     heads: int
