@@ -187,3 +187,34 @@ def test_all_to_all_split_sizes_must_be_ints(arg, output, inputs):
     rejects(lambda: ops.all_to_all(x, output, inputs), TypeError, "all_to_all", arg, "sequence of 1 ints")
     # integer types that are ints are still sizes
     assert torch.equal(ops.all_to_all(torch.arange(4.0), [np.int64(4)], torch.tensor([4])), torch.arange(4.0))
+
+
+# ---------------------------------------------------------------------------- a tensor argument given as None
+
+def _none_cases():
+    """(op, argument, call with that argument None) for every tensor argument of the paged ops."""
+    dsa = dsa_args()
+    mla = dict(q=torch.randn(3, 4, 576), kv_pages=pages(), slots=torch.zeros(3, 2, dtype=I32))
+    idx = {name: dsa[name] for name in ("block_table", "req_ids", "positions")}
+    idx.update(q=dsa["q_index"], weights=dsa["index_weights"], index_pages=dsa["index_pages"])
+    cases = []
+    for name in mla:
+        a = dict(mla, **{name: None})
+        cases.append(("sparse_mla", name, lambda a=a: ops.sparse_mla(a["q"], a["kv_pages"], a["slots"], kv_fmt="bf16",
+                                                                     softmax_scale=0.1)))
+    for name in idx:
+        a = dict(idx, **{name: None})
+        cases.append(("indexer_score", name, lambda a=a: ops.indexer_score(
+            a["q"], a["weights"], a["index_pages"], a["block_table"], a["req_ids"], a["positions"], index_fmt="fp8",
+            max_context=8)))
+    for name in ("q_index", "index_weights", "index_pages", "q", "kv_pages", "block_table", "req_ids", "positions"):
+        a = dict(dsa, **{name: None})
+        cases.append(("dsa_attention", name, lambda a=a: ops.dsa_attention(**a)))
+    return cases
+
+
+@pytest.mark.parametrize("op,arg,call", _none_cases(), ids=lambda x: x if isinstance(x, str) else "")
+def test_a_tensor_argument_given_none_is_a_type_error_naming_it(op, arg, call):
+    """sparse_mla once passed ``slots=None`` through its checks (None is how the DSA composite's own check skips
+    the slots it computes) and failed in a layout helper with an AttributeError."""
+    rejects(call, TypeError, op, arg, "got None")

@@ -57,7 +57,10 @@ def check_sparse_mla_args(v: ShapeBinder, q, kv_pages, slots, kv_fmt, kv_scale, 
 
 
 def validate_sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> None:
-    check_sparse_mla_args(ShapeBinder(OP), q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
+    v = ShapeBinder(OP)
+    if slots is None:  # the op itself always takes slots (only a composite's stage checks the rest without them)
+        v.tensor("slots", slots, ["T", "K"], INDEX_DTYPES)
+    check_sparse_mla_args(v, q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
 
 
 def sparse_mla(
