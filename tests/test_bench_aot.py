@@ -23,7 +23,7 @@ def test_variants_cover_the_fast_and_the_exact_paths():
 
 
 def test_variants_include_the_kernels_the_backend_launches_by_default():
-    """The ninth session's defaults: block-tile indexer (alu 5; MXFP4 mode 4 / 3 with alu 12), the few-heads
+    """The defaults: block-tile indexer (FP8 keys alu 69 since the fifteenth session; MXFP4 mode 4 / 3 with alu 12), the few-heads
     sparse MLA (raw e4m3 at 16 heads, the chunked kernel for nvfp4 and 32 heads), the chunked KDA prefill's
     two passes and the KDA decode step."""
     by_name = {v.name: v for v in aot.variants()}
@@ -41,7 +41,7 @@ def test_variants_include_the_kernels_the_backend_launches_by_default():
         assert [k for n, k in kernels.items() if n.startswith(wanted)] == [kernel], wanted
     tiles = {n: v.constexprs for n, v in by_name.items() if n.startswith("indexer block tiles")}
     assert [(cx["FMT"], cx["ALU"], cx["MX"], cx["SCALED_DOT"]) for cx in tiles.values()] == [
-        (1, 5, 0, 0), (1, 5, 0, 0), (2, 12, 4, 0), (2, 12, 3, 0)]
+        (1, 69, 0, 0), (1, 69, 0, 0), (2, 12, 4, 0), (2, 12, 3, 0)]
     assert all(v.divisible == ("s8_b", "s32_b") for n, v in by_name.items() if n.startswith("indexer block tiles"))
 
 

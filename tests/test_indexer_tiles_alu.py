@@ -189,8 +189,8 @@ def test_alu_flags_that_do_not_fit_are_refused():
     q8 = torch.zeros(8, 4, 128).to(torch.float8_e4m3fn)
     w = torch.zeros(8, 4)
     args = (q8, w, pages, table, req, pos, torch.zeros_like(req), "fp8", 125, torch.empty(8, 125))
-    with pytest.raises(ValueError, match="alu must be an int in 0..63"):
-        d.launch(*args, dot=d.DOT_FP8, block_n=32, alu=64)
+    with pytest.raises(ValueError, match="alu must be an int in 0..127"):
+        d.launch(*args, dot=d.DOT_FP8, block_n=32, alu=128)
     with pytest.raises(ValueError, match="alu flag 32 .* bf16 queries on FP8 keys .* got alu=32 with index_fmt='fp8', dot=1"):
         d.launch(*args, dot=d.DOT_FP8, block_n=32, alu=32)
     with pytest.raises(ValueError, match="alu must be an int"):

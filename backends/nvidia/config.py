@@ -93,6 +93,11 @@ def sparse_mla_config(tokens: int, heads: int, k: int, kv_fmt: str = "bf16",
 # 0.975 against 0.450 / 1.035, bf16 q 0.653 / 1.541 against 0.662 / 1.682. Neither changes a score's arithmetic.
 _BLOCK_TILES = dict(block_n=64, tile_group=5, tiles=16, wide_tiles=64, l2_ahead=4, tile_loop=1, num_warps=4,
                     num_stages=1)
+# FP8 keys' ALU flags (indexer_decode.ALU_FLAGS): 1 + 4 (eighth session, below) and 64 (fifteenth session: each
+# token's scores stored by PTX from the head sum's own register layout; Nsight Compute had shared-memory waits and
+# barriers as the largest stalls, and the local sm_90 SASS of the 5-token kernel goes from 12 to 2 barriers and 10
+# to 0 shared-memory accesses a tile, registers 118 -> 114, the same instruction count)
+_FP8_KEYS_ALU = 69
 
 
 @functools.lru_cache(maxsize=64)
@@ -138,13 +143,13 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     # variants (up to 3x apart), so it is unmeasured.
     if q_dtype == torch.float8_e4m3fn and index_fmt == "fp8":
         return dict(block_n=64, group=8, tiles=16, num_warps=8, num_stages=2, pipeline=True, typed_keys=True,
-                    one_block_tiles=False, block_tiles=dict(_BLOCK_TILES, typed_keys=False, alu=5))
+                    one_block_tiles=False, block_tiles=dict(_BLOCK_TILES, typed_keys=False, alu=_FP8_KEYS_ALU))
     # bf16 q: alu 5. Ninth session (R4 indexer_alu_sweep.py): alu 37 (flag 32, fp16 MMAs on row-scaled queries)
     # was slower everywhere, 0.636 / 0.843 / 1.454 / 0.641 ms at 64x1 / 64x2 / 64x5 / 8x1 against alu 5's 0.562 /
     # 0.700 / 1.090 / 0.567.
     if q_dtype == torch.bfloat16 and index_fmt == "fp8":
         return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True,
-                    block_tiles=dict(_BLOCK_TILES, typed_keys=True, alu=5))
+                    block_tiles=dict(_BLOCK_TILES, typed_keys=True, alu=_FP8_KEYS_ALU))
     # bf16 keys, and fp32/fp16 queries (exact dots): the general kernel only, unrolled x4 at 4 warps with
     # one-block tiles (bf16 q on bf16 keys 0.458 ms at 64x5 x 32K, 2026-11-29)
     return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True)

@@ -98,6 +98,8 @@ ALU_FLAGS = {
     32: "bf16 queries on FP8 keys as fp16 MMAs: each head's query row scaled into fp16's range by a power of two "
         "(undone on its weight), the keys widened e4m3 -> fp16 (H200, ninth session: 1.13-1.33x slower than the "
         "bf16 MMAs, so off)",
+    64: "each token's scores stored from the MMA's own register layout by inline PTX (no conversion to the store's "
+        "layout through shared memory and two barriers; not under the interpreter)",
 }
 
 SIZE_ARGS = ("T", "max_context", "num_blocks", "max_blocks", "block_tokens", "n_tiles")
@@ -303,9 +305,21 @@ def _token_score(keys, scale, q, w, FMT: tl.constexpr, DOT: tl.constexpr, SCALED
 
 
 @triton.jit
-def _store(out_ptr, stride_ot, t, ok, s, score, visible, max_context):
-    tl.store(out_ptr + t.to(tl.int64) * stride_ot + s, tl.where(visible, score, float("-inf")),
-             mask=(s < max_context) & _lanes(ok, s))
+def _store(out_ptr, stride_ot, t, ok, s, score, visible, max_context, ALU: tl.constexpr = 0):
+    ptrs = out_ptr + t.to(tl.int64) * stride_ot + s
+    value = tl.where(visible, score, float("-inf"))
+    mask = (s < max_context) & _lanes(ok, s)
+    if (ALU & 64) != 0:
+        # tl.store would first move the scores from the head sum's layout (a row's value in the four lanes of
+        # a quad) to a coalesced one, through shared memory and two barriers a token (the largest stalls under
+        # Nsight Compute); an elementwise PTX store takes them where they are (the quad's four equal stores to
+        # one address merge in the load/store unit)
+        tl.inline_asm_elementwise("{\n\t.reg .pred p;\n\tsetp.ne.s32 p, $3, 0;\n\t@p st.global.f32 [$1], $2;"
+                                  "\n\tmov.u32 $0, 0;\n\t}", "=r,l,f,r",
+                                  [ptrs.to(tl.int64), value, mask.to(tl.int32)], dtype=tl.int32, is_pure=False,
+                                  pack=1)
+    else:
+        tl.store(ptrs, value, mask=mask)
 
 
 @triton.jit
@@ -801,7 +815,7 @@ def _one(keys, scale, q, w_row, ok, pos, t, s, seen, out_ptr, stride_ot, max_con
     heads = tl.arange(0, BLOCK_H)
     w = tl.load(w_row + heads, mask=heads < H, other=0.0)
     score = _token_score(keys, scale, q, w, FMT, DOT, SCALED_DOT, MX, ALU)
-    _store(out_ptr, stride_ot, t, ok, s, score, seen & (s <= pos), max_context)
+    _store(out_ptr, stride_ot, t, ok, s, score, seen & (s <= pos), max_context, ALU)
 
 
 def tile_keys(block_tokens: int, block_n: int) -> int:
@@ -901,7 +915,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     ``run_offset`` when not given; ``wide_tiles`` (rolled loops): longer key chunks for launches with programs
     to spare (:func:`tiles_per_program`); ``l2_ahead`` (``loop`` 1): ask L2 for the lines of the tile that
     many tiles ahead (0 off, 2..:data:`L2_AHEAD_MAX`; a hint: no score changes; CPU launches, which are the
-    interpreter's and cannot run PTX, skip it)."""
+    interpreter's and cannot run PTX, skip it, as they skip ``alu`` flag 64's PTX stores)."""
     tokens, heads, _ = q.shape
     if not 1 <= group <= MAX_GROUP:
         raise ValueError(f"triton indexer_score: the block-tile path takes 1..{MAX_GROUP} tokens per segment "
@@ -938,6 +952,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     token_bytes = index_pages.shape[-1]
     if not runs_ptx(q.device):
         l2_ahead = 0  # (the hint changes no score)
+        alu &= ~64  # tl.store writes the same values from a coalesced layout
     l2_lines = triton.next_power_of_2(triton.cdiv(block_n * token_bytes, 128) + 1) if l2_ahead else 0
     indexer_tiles_kernel[grid](
         q, q.stride(0), q.stride(1), weights, weights.stride(0),
