@@ -96,7 +96,11 @@ _BLOCK_TILES = dict(block_n=64, tile_group=5, tiles=16, wide_tiles=64, l2_ahead=
 # FP8 keys' ALU flags (indexer_decode.ALU_FLAGS): 1 + 4 (eighth session, below) and 64 (fifteenth session: each
 # token's scores stored by PTX from the head sum's own register layout; Nsight Compute had shared-memory waits and
 # barriers as the largest stalls, and the local sm_90 SASS of the 5-token kernel goes from 12 to 2 barriers and 10
-# to 0 shared-memory accesses a tile, registers 118 -> 114, the same instruction count)
+# to 0 shared-memory accesses a tile, registers 118 -> 114, the same instruction count). H200, R6 of the fifteenth
+# session (scripts/h200/indexer_alu_sweep.py, same run, alu 69 against 5): FP8 q 64x1 / 64x2 / 64x5 at 128K, 8x1
+# at 1M, 1x4096 at 32K 0.323 / 0.375 / 0.616 / 0.323 / 1.786 ms against 0.322 / 0.384 / 0.617 / 0.323 / 1.805
+# (1.00-1.02x); bf16 q 0.515 / 0.653 / 1.046 / 0.516 / 2.941 against 0.530 / 0.669 / 1.089 / 0.531 / 3.089
+# (1.02-1.05x). Certified in both modes (indexer_score, dsa_attention, 30 examples).
 _FP8_KEYS_ALU = 69
 
 
