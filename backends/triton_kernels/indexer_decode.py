@@ -40,6 +40,13 @@ that back into the words); flag 2 lays the load out as ``[k_hi 8, m3 2, m_hi, m_
 coalescer distributes exactly like the FP8 wgmma A fragment (registers renamed, no shared-memory round
 trip); flag 4 (tile == cache block) drops the two integer divisions per tile.
 
+Every format, ``ALU`` flag 64: each token's ``[BLOCK_N]`` scores leave the head sum in the MMA's row layout (a
+row's value in the four lanes of a quad); ``tl.store`` converts them to a coalesced layout through shared memory
+and two barriers per token, the largest stalls under Nsight Compute (fifteenth session). With the flag they are
+stored where they are, by a predicated PTX ``st.global.f32`` per element (the quad's four equal stores to one
+address merge): 12 -> 2 barriers a tile in the sm_90 SASS. CPU launches (the interpreter runs no PTX) keep
+``tl.store``; the values are the same.
+
 MXFP4 keys, ``ALU`` flags 8 and 16 (``mxfp4_mode`` 2-4; flag 4 applies as for FP8): the sm_90 SASS of mode 4
 spends about half of a tile's instructions on bytes (one-byte loads of the scales, ~190 byte permutes and ~160
 LOP3 extracting, decoding and repacking the 32 packed bytes a thread holds). Flag 8 loads each 32-dim block as
