@@ -203,5 +203,19 @@ def test_alu_flags_that_do_not_fit_are_refused():
                  dot=d.DOT_BF16, block_n=32, alu=3)
 
 
+def test_inline_ptx_runs_on_nvidia_cuda_devices_only(monkeypatch):
+    """The L2 hint and alu flag 64's stores are PTX: CPU launches (the interpreter) and ROCm builds, whose devices
+    torch also calls ``cuda``, must take the plain paths."""
+    import torch
+
+    pytest.importorskip("triton")
+    from dsahal.backends.triton_kernels import indexer_decode as d
+
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert d.runs_ptx(torch.device("cuda", 0)) and not d.runs_ptx(torch.device("cpu"))
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133")
+    assert not d.runs_ptx(torch.device("cuda", 0))
+
+
 if __name__ == "__main__":
     print(json.dumps(_run_all()))

@@ -976,9 +976,9 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
 
 
 def runs_ptx(device: torch.device) -> bool:
-    """Whether launches on ``device`` run inline PTX (the L2 hint): CUDA devices; the interpreter's CPU
-    launches cannot."""
-    return device.type == "cuda"
+    """Whether launches on ``device`` run inline PTX (the L2 hint, ``ALU`` flag 64's stores): NVIDIA CUDA devices;
+    the interpreter's CPU launches cannot, nor can a ROCm build (its devices are also ``cuda`` to torch)."""
+    return device.type == "cuda" and torch.version.hip is None
 
 
 def expected_segments(tokens: int, group: int, rows: int) -> int:
