@@ -125,8 +125,8 @@ def test_word_flags_that_do_not_fit_are_refused():
         d.launch(q8, w, torch.zeros(8, 32, record, dtype=torch.uint8), table, req, pos, torch.zeros_like(req), fmt, 125,
                  torch.empty(8, 125), dot=d.DOT_BF16, block_n=32, **kwargs)
 
-    with pytest.raises(ValueError, match=r"alu must be an int in 0\.\.63"):
-        launch("mxfp4", 68, mxfp4_mode=4, alu=64)
+    with pytest.raises(ValueError, match=r"alu must be an int in 0\.\.127"):
+        launch("mxfp4", 68, mxfp4_mode=4, alu=128)
     with pytest.raises(ValueError, match=r"alu flags 8 and 16 .* mxfp4_mode 2\.\.4, got alu=8 with index_fmt='fp8'"):
         launch("fp8", 132, alu=8)
     for mode in (0, 1, 5):
