@@ -148,9 +148,9 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     if q_dtype == torch.float8_e4m3fn and index_fmt == "fp8":
         return dict(block_n=64, group=8, tiles=16, num_warps=8, num_stages=2, pipeline=True, typed_keys=True,
                     one_block_tiles=False, block_tiles=dict(_BLOCK_TILES, typed_keys=False, alu=_FP8_KEYS_ALU))
-    # bf16 q: alu 5 + 64 (_FP8_KEYS_ALU). Ninth session (R4 indexer_alu_sweep.py): alu 37 (flag 32, fp16 MMAs on row-scaled queries)
-    # was slower everywhere, 0.636 / 0.843 / 1.454 / 0.641 ms at 64x1 / 64x2 / 64x5 / 8x1 against alu 5's 0.562 /
-    # 0.700 / 1.090 / 0.567.
+    # bf16 q: alu 5 + 64 (_FP8_KEYS_ALU). Ninth session (R4 indexer_alu_sweep.py): alu 37 (flag 32, fp16 MMAs on
+    # row-scaled queries) was slower everywhere, 0.636 / 0.843 / 1.454 / 0.641 ms at 64x1 / 64x2 / 64x5 / 8x1
+    # against alu 5's 0.562 / 0.700 / 1.090 / 0.567.
     if q_dtype == torch.bfloat16 and index_fmt == "fp8":
         return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True,
                     block_tiles=dict(_BLOCK_TILES, typed_keys=True, alu=_FP8_KEYS_ALU))

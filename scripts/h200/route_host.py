@@ -116,7 +116,8 @@ def main() -> int:
              ("sparse_mla 64x1 H=16", lambda: sparse_mla_case(torch, 64, 16)),
              ("sparse_mla 64x5 H=16", lambda: sparse_mla_case(torch, 320, 16)),
              ("dsa_attention 64x1 @4K H=16", lambda: dsa_case(torch, 64, 16))]
-    print("| case | check | GPU (graph) us | eager us | host us | FlashMLA bare eager us |\n|---|---|---:|---:|---:|---:|")
+    print("| case | check | GPU (graph) us | eager us | host us | FlashMLA bare eager us |")
+    print("|---|---|---:|---:|---:|---:|")
     profiled = {}
     for name, build in cases:
         call, bare, check = build()
