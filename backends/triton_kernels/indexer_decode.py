@@ -312,7 +312,7 @@ def _token_score(keys, scale, q, w, FMT: tl.constexpr, DOT: tl.constexpr, SCALED
 
 
 @triton.jit
-def _store(out_ptr, stride_ot, t, ok, s, score, visible, max_context, ALU: tl.constexpr = 0):
+def _store(out_ptr, stride_ot, t, ok, s, score, visible, max_context, ALU: tl.constexpr):
     ptrs = out_ptr + t.to(tl.int64) * stride_ot + s
     value = tl.where(visible, score, float("-inf"))
     mask = (s < max_context) & _lanes(ok, s)

@@ -5,8 +5,8 @@
         python3 scripts/h200/hot_ncu.py indexer
 
 Cases (argv, default all): ``indexer`` (FP8 keys, FP8 queries, 64 requests x 1 token at 128K keys, the
-backend's block-tile configuration), ``indexer5`` (the same at 64 x 5), ``prefill`` (one request's 4096 tokens at positions 28K..32K, the chunked
-prefill shape), ``mxfp4`` / ``mxfp4_5`` (MXFP4 keys, FP8 queries, 64 x 1 / 64 x 5, the
+backend's block-tile configuration), ``indexer5`` (the same at 64 x 5), ``prefill`` (one request's 4096 tokens at
+positions 28K..32K, the chunked prefill shape), ``mxfp4`` / ``mxfp4_5`` (MXFP4 keys, FP8 queries, 64 x 1 / 64 x 5, the
 prepared word decode: ``mxfp4_mode`` 4 with ``alu`` 28 by the direct launch), ``small_heads`` (sparse MLA, few-heads
 kernel, fp8_ds_mla latents, H = 16, 64 x 5 tokens x 2048 slots into a 1M-token pool). Each case runs three
 calls (the first compiles); prints only the cases' order, so ncu's report is the output.
@@ -20,12 +20,14 @@ import pools as cache_pools  # scripts/h200/pools.py
 DEVICE = "cuda"
 
 
-def indexer(per_request):
+def indexer(per_request, requests=64, context=128 * 1024):
+    """``requests`` requests of ``per_request`` query tokens each at the end of a ``context``-token sequence
+    (decode; one request of 4096 tokens at 32K is the chunked-prefill shape)."""
     from dsahal.backends.nvidia.config import indexer_config
     from dsahal.backends.triton_kernels.indexer import indexer_score
 
     gen = torch.Generator(device=DEVICE).manual_seed(0)
-    requests, context, block_tokens = 64, 128 * 1024, 64
+    block_tokens = 64
     per_req_blocks = context // block_tokens
     blocks = requests * per_req_blocks + 64
     pages = cache_pools.index_pool(torch, "fp8", blocks, gen, DEVICE, block_tokens)
@@ -34,25 +36,6 @@ def indexer(per_request):
     req = torch.arange(requests, device=DEVICE, dtype=torch.int32).repeat_interleave(per_request)
     pos = (context - per_request + torch.arange(per_request, device=DEVICE, dtype=torch.int32)).repeat(requests)
     tokens = requests * per_request
-    q = torch.randn(tokens, 32, 128, device=DEVICE, generator=gen).to(torch.float8_e4m3fn)
-    w = torch.randn(tokens, 32, device=DEVICE, generator=gen)
-    cfg = dict(indexer_config(32, q.dtype, "fp8"))
-    for _ in range(3):
-        indexer_score(q, w, pages, table, req, pos, "fp8", context, **cfg)
-
-
-def indexer_prefill(tokens=4096, context=32 * 1024):
-    """One request's ``tokens`` query tokens at the end of a ``context``-token sequence (causal prefill)."""
-    from dsahal.backends.nvidia.config import indexer_config
-    from dsahal.backends.triton_kernels.indexer import indexer_score
-
-    gen = torch.Generator(device=DEVICE).manual_seed(0)
-    block_tokens = 64
-    blocks = context // block_tokens + 64
-    pages = cache_pools.index_pool(torch, "fp8", blocks, gen, DEVICE, block_tokens)
-    table = torch.randperm(blocks, device=DEVICE, generator=gen)[: context // block_tokens].view(1, -1).to(torch.int32)
-    req = torch.zeros(tokens, device=DEVICE, dtype=torch.int32)
-    pos = (context - tokens + torch.arange(tokens, device=DEVICE, dtype=torch.int32))
     q = torch.randn(tokens, 32, 128, device=DEVICE, generator=gen).to(torch.float8_e4m3fn)
     w = torch.randn(tokens, 32, device=DEVICE, generator=gen)
     cfg = dict(indexer_config(32, q.dtype, "fp8"))
@@ -92,7 +75,8 @@ def small_heads():
         chunked.sparse_mla_small_heads(q, pages, slots, "fp8_ds_mla", scale, 192**-0.5, **cfg)
 
 
-CASES = {"indexer": lambda: indexer(1), "indexer5": lambda: indexer(5), "prefill": indexer_prefill, "small_heads": small_heads,
+CASES = {"indexer": lambda: indexer(1), "indexer5": lambda: indexer(5),
+         "prefill": lambda: indexer(4096, requests=1, context=32 * 1024), "small_heads": small_heads,
          "mxfp4": lambda: mxfp4(1), "mxfp4_5": lambda: mxfp4(5)}
 
 if __name__ == "__main__":

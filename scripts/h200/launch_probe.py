@@ -20,27 +20,10 @@ from __future__ import annotations
 import cProfile
 import io
 import pstats
-import statistics
 import sys
-import time
 
 from script_cli import CheckError, run  # scripts/h200/script_cli.py
-
-
-def per_call_us(fns: dict, sync, calls: int = 2000, rounds: int = 15) -> dict:
-    for fn in fns.values():
-        for _ in range(200):
-            fn()
-    sync()
-    samples = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            sync()
-            samples[name].append((time.perf_counter() - start) / calls * 1e6)
-    return {name: statistics.median(values) for name, values in samples.items()}
+from timing import per_call_us  # scripts/h200/timing.py
 
 
 def main() -> int:

@@ -24,27 +24,16 @@ from __future__ import annotations
 import cProfile
 import io
 import pstats
-import statistics
-import time
 
+import timing  # scripts/h200/timing.py
 from script_cli import CheckError, run  # scripts/h200/script_cli.py
 
 SCALE = 192 ** -0.5
 
 
 def per_call_us(fn, sync, calls: int = 200, rounds: int = 9) -> float:
-    """Median over ``rounds`` of (``calls`` calls, then ``sync``) per call, in microseconds."""
-    for _ in range(20):
-        fn()
-    sync()
-    samples = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(samples)
+    """:func:`timing.per_call_us` of one function (20 warm-up calls)."""
+    return timing.per_call_us({"fn": fn}, sync, calls=calls, rounds=rounds, warmup=20)["fn"]
 
 
 def graph_us(torch, fn, replays: int = 50, rounds: int = 9) -> float:

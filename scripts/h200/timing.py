@@ -1,7 +1,27 @@
 """Timing shared by the H200 scripts of this folder: a median over CUDA events, and the copy ceiling
 measured in the same run. On ``device="cpu"`` (the scripts' ``--cpu-smoke`` runs under the Triton
 interpreter) one call is timed by the wall clock: the run exercises the script and measures nothing."""
+import statistics
 import time
+
+
+def per_call_us(fns: dict, sync, calls: int = 2000, rounds: int = 15, warmup: int = 200) -> dict:
+    """Per call host-and-launch time of each of ``fns`` (name -> function), in microseconds: the median over
+    ``rounds`` interleaved rounds of ``calls`` back-to-back calls, then ``sync`` (``torch.cuda.synchronize``, or a
+    no-op to time the Python and launch cost alone while the launch queue has room)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    sync()
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            sync()
+            samples[name].append((time.perf_counter() - start) / calls * 1e6)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def bench_ms(fn, device: str, *, warmup: int = 10, rep: int = 60) -> float:
