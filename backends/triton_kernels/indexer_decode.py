@@ -910,7 +910,7 @@ def _check_alu(alu, index_fmt, block_n, block_tokens, mxfp4_mode=0, dot=DOT_BF16
 
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, index_fmt, max_context, out, *,
            dot, block_n=64, group=5, tiles=4, loop=0, num_warps=4, num_stages=1, scaled_dot=0,
-           typed_keys=False, mxfp4_mode=0, alu=0, starts=None, wide_tiles=None, l2_ahead=0):
+           typed_keys=False, mxfp4_mode=0, alu=0, starts=None, wide_tiles=None, l2_ahead=0, maxnreg=None):
     """Run :func:`indexer_tiles_kernel` (the caller checked :func:`serves`). ``group`` tokens per
     segment (<= 8), ``tiles`` key tiles per program, ``loop``: 0 unrolled, 1 rolled with the next tile
     prefetched into registers (3: the next two), 2 rolled for the software pipeliner (``num_stages``); ``scaled_dot``:
@@ -922,7 +922,8 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     ``run_offset`` when not given; ``wide_tiles`` (rolled loops): longer key chunks for launches with programs
     to spare (:func:`tiles_per_program`); ``l2_ahead`` (``loop`` 1): ask L2 for the lines of the tile that
     many tiles ahead (0 off, 2..:data:`L2_AHEAD_MAX`; a hint: no score changes; CPU launches, which are the
-    interpreter's and cannot run PTX, skip it, as they skip ``alu`` flag 64's PTX stores)."""
+    interpreter's and cannot run PTX, skip it, as they skip ``alu`` flag 64's PTX stores); ``maxnreg``: ptxas's
+    register cap (None: its own choice; a lower cap fits more programs on a SM, spills permitting)."""
     tokens, heads, _ = q.shape
     if not 1 <= group <= MAX_GROUP:
         raise ValueError(f"triton indexer_score: the block-tile path takes 1..{MAX_GROUP} tokens per segment "
@@ -971,6 +972,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         H=heads, FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=token_bytes, BLOCK_H=block_h,
         BLOCK_N=block_n, GROUP=group, TILES=tiles if loop == 0 else 0, LOOP=loop, SCALED_DOT=scaled_dot, MX=mx,
         ALU=alu, L2_AHEAD=l2_ahead, L2_LINES=l2_lines, num_warps=num_warps, num_stages=num_stages,
+        **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return out
 

@@ -71,12 +71,16 @@ def variants(torch):
     # fifteenth session: alu flag 64 (each token's scores stored by PTX from the head sum's register layout, no
     # shared-memory conversion and its two barriers; sm_90 AOT, 5-token FP8 q: 12 -> 2 barriers a tile, 118 -> 114
     # registers) is in the backend default; "alu 5" is the default before it, by the direct launch
-    before = dict(alu=5, wide_tiles=64, l2_ahead=4)
-    out = [(fp8, "backend default", None),
-           (fp8, "alu 5 (scores stored by tl.store: the default before)", before)]
-    for q in second:
+    # sixteenth session: ptxas's register cap (maxnreg 96: 5 programs of 4 warps a SM instead of 4; sm_90 AOT, Triton
+    # 3.6, FP8 q: 2-token segments 106 -> 94 registers, no spill, 256 -> 278 loop instructions; 5-token 116 -> 96 with
+    # 64 B of spills) and segments of the call's tokens per request (group "tokens": a compile per length)
+    now = dict(alu=69, wide_tiles=64, l2_ahead=4)
+    out = []
+    for q in (fp8, *second):
         out += [(q, "backend default", None),
-                (q, "alu 5 (scores stored by tl.store: the default before)", before)]
+                (q, "segments of the request's tokens", dict(now, group="tokens")),
+                (q, "segments of the request's tokens, maxnreg 96", dict(now, group="tokens", maxnreg=96)),
+                (q, "maxnreg 96", dict(now, maxnreg=96))]
     return out
 
 

@@ -89,7 +89,12 @@ def variants(torch):
             ("mxfp4", fp8, "mode 4, alu 12, 16..64 tiles, L2 hint 4 ahead", "mode",
              dict(TILES, mxfp4_mode=4, alu=12, wide_tiles=64, l2_ahead=4, dot=dot)),  # [146]
             ("mxfp4", bf16, "mode 3, alu 12, 16..64 tiles, L2 hint 4 ahead", "mode",
-             dict(TILES, mxfp4_mode=3, alu=12, wide_tiles=64, l2_ahead=4, dot=dot))]
+             dict(TILES, mxfp4_mode=3, alu=12, wide_tiles=64, l2_ahead=4, dot=dot)),
+            # sixteenth session: alu flag 64 (scores stored by PTX from the head sum's layout: FP8 keys 1.00-1.05x)
+            ("mxfp4", fp8, "mode 4, alu 76, 16..64 tiles, L2 hint 4 ahead", "mode",
+             dict(TILES, mxfp4_mode=4, alu=76, wide_tiles=64, l2_ahead=4, dot=dot)),
+            ("mxfp4", bf16, "mode 3, alu 76, 16..64 tiles, L2 hint 4 ahead", "mode",
+             dict(TILES, mxfp4_mode=3, alu=76, wide_tiles=64, l2_ahead=4, dot=dot))]
 
 
 def _name(fmt, q_dtype, label):
