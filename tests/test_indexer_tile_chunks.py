@@ -163,3 +163,34 @@ def test_long_chunks_give_the_short_chunks_scores(interpreted, label):
 if __name__ == "__main__":
     # Child process: TRITON_INTERPRET=1 is already in the environment, before triton's import.
     print(json.dumps(_run_all()))
+
+
+def test_segments_follow_the_tokens_per_request_from_the_configured_count():
+    """``group_per_request`` (``indexer._request_group``): True shortens segments to the call's tokens per
+    request; an int shortens them only from that many tokens a request on (the H200 config of FP8 queries: 2,
+    where 1-token calls measured slower with 1-token segments); never longer than the configured group."""
+    from dsahal.backends.triton_kernels.indexer import _request_group
+
+    assert _request_group(5, 64, 64, False) == 5
+    assert _request_group(5, 64, 64, None) == 5
+    assert _request_group(5, 64, 64, True) == 1  # a decode step of one token per request
+    assert _request_group(5, 128, 64, True) == 2
+    assert _request_group(5, 64, 64, 2) == 5  # FP8 q: 1-token calls keep the configured segments
+    assert _request_group(5, 128, 64, 2) == 2  # 2 tokens a request: 2-token segments
+    assert _request_group(5, 127, 64, 2) == 2  # ceil(127 / 64)
+    assert _request_group(5, 320, 64, 2) == 5
+    assert _request_group(5, 4096, 1, 2) == 5  # a prefill: never past the configured group
+    assert _request_group(5, 10, 0, True) == 5  # an empty block table counts as one row
+    assert _request_group(5, 3, 64, True) == 1
+
+
+def test_backend_configs_take_the_measured_segment_policy():
+    """The nvidia configs: FP8 keys shorten segments from 2 tokens a request with FP8 queries, always with bf16
+    queries (sixteenth session, H200: BENCHMARKS.md); MXFP4 keys keep the configured segments."""
+    import torch
+
+    from dsahal.backends.nvidia.config import indexer_config
+
+    assert indexer_config(32, torch.float8_e4m3fn, "fp8")["block_tiles"]["group_per_request"] == 2
+    assert indexer_config(32, torch.bfloat16, "fp8")["block_tiles"]["group_per_request"] is True
+    assert not indexer_config(32, torch.float8_e4m3fn, "mxfp4")["block_tiles"].get("group_per_request")

@@ -143,17 +143,23 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     # 0.382 ms (68% / 54% / 39% / 69% of copy) against 0.485 / 0.559 / 0.797 / 0.485 in the same run (1.15-1.27x);
     # bf16 q 0.605 / 0.741 / 1.134 / 0.599 against 0.676 / 0.824 / 1.256 / 0.670 (1.11-1.12x). Certified in both
     # modes (indexer_score, dsa_attention, 200 examples). block_tiles' group_per_request (segments of at most the
-    # call's tokens per request) is not on: its only H200 run (R8) gave times inconsistent with R6 on the same
-    # variants (up to 3x apart), so it is unmeasured.
+    # call's tokens per request, a compile per length), sixteenth session R1 (scripts/h200/indexer_alu_sweep.py, same
+    # run, against 5-token segments): FP8 q 64x2 at 128K 0.361 vs 0.378 ms (1.05x; 72.2% of copy) but 1-token
+    # calls slower (64x1 0.345 vs 0.324, 8x1 at 1M 0.345 vs 0.326), so from 2 tokens a request on; bf16 q faster at
+    # 1 and 2 tokens (64x1 0.483 vs 0.512, 64x2 0.566 vs 0.667 (1.18x), 8x1 0.484 vs 0.521), so always. 5-token calls
+    # and prefill keep 5-token segments either way. (Before: one run, R8 of the thirteenth session, had given times
+    # inconsistent with its other runs; ptxas's cap of 96 registers for 5 programs a SM: 1.00-1.02x at 1-2 tokens
+    # with bf16 q, spills and 0.48-0.85x at 5 tokens and prefill, not used.)
     if q_dtype == torch.float8_e4m3fn and index_fmt == "fp8":
         return dict(block_n=64, group=8, tiles=16, num_warps=8, num_stages=2, pipeline=True, typed_keys=True,
-                    one_block_tiles=False, block_tiles=dict(_BLOCK_TILES, typed_keys=False, alu=_FP8_KEYS_ALU))
+                    one_block_tiles=False, block_tiles=dict(_BLOCK_TILES, typed_keys=False, alu=_FP8_KEYS_ALU,
+                                                            group_per_request=2))
     # bf16 q: alu 5 + 64 (_FP8_KEYS_ALU). Ninth session (R4 indexer_alu_sweep.py): alu 37 (flag 32, fp16 MMAs on
     # row-scaled queries) was slower everywhere, 0.636 / 0.843 / 1.454 / 0.641 ms at 64x1 / 64x2 / 64x5 / 8x1
     # against alu 5's 0.562 / 0.700 / 1.090 / 0.567.
     if q_dtype == torch.bfloat16 and index_fmt == "fp8":
         return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True,
-                    block_tiles=dict(_BLOCK_TILES, typed_keys=True, alu=_FP8_KEYS_ALU))
+                    block_tiles=dict(_BLOCK_TILES, typed_keys=True, alu=_FP8_KEYS_ALU, group_per_request=True))
     # bf16 keys, and fp32/fp16 queries (exact dots): the general kernel only, unrolled x4 at 4 warps with
     # one-block tiles (bf16 q on bf16 keys 0.458 ms at 64x5 x 32K, 2026-11-29)
     return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True)

@@ -388,6 +388,20 @@ def tile_shape(heads, dot, block_n, group, tiles):
     return block_h, block_n, group, tiles
 
 
+
+def _request_group(group: int, tokens: int, rows: int, per_request) -> int:
+    """Tokens per block-tile segment: ``group``, or with ``per_request`` (True, or the fewest tokens per request
+    it applies from) no more than the call's tokens per request ``ceil(tokens / rows)`` (a decode step's 1, 2 or 5;
+    more block-table rows than requests only shortens them), so a compile for that length serves the call and the
+    absent members' registers go to more programs per SM. A segment's length changes no score's arithmetic (one MMA
+    per token), only which tokens share a key tile's loads."""
+    if per_request is False or per_request is None:
+        return group
+    per_call = -(-tokens // max(1, rows))
+    if per_call < int(per_request):
+        return group
+    return max(1, min(group, per_call))
+
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,
                   block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, pipeline=False, typed_keys=False,
                   keys_as_b=False, one_block_tiles=True, mxfp4_dot_scaled=True, mxfp4_fast_math=False, dot=None,
@@ -423,7 +437,8 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             ``tile_group``, ``tiles``, ``tile_loop``, ``pipeline``, ``num_warps``, ``num_stages``, ``typed_keys``,
             ``mxfp4_mode``, ``alu``: :data:`.indexer_decode.ALU_FLAGS`, each call taking the flags that fit it
             (:func:`.indexer_decode.fitting_alu`); ``group_per_request``: segments of at most ceil(T / B)
-            tokens, B the block table's rows; ``wide_tiles``: longer key chunks when the launch has programs
+            tokens, B the block table's rows (True), or only when ceil(T / B) is at least that int
+            (:func:`_request_group`); ``wide_tiles``: longer key chunks when the launch has programs
             to spare, :func:`.indexer_decode.tiles_per_program`; ``l2_ahead``: the L2 hint of
             :func:`.indexer_decode.launch`),
             the other arguments then being the general kernel's, for the calls that fall back to it.
@@ -463,11 +478,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         alu = indexer_decode.fitting_alu(tile.get("alu", 0), index_fmt, tile["block_n"], index_pages.shape[1],
                                          mxfp4_mode, dot=dot)
         group = min(tile["tile_group"] or tile["group"], indexer_decode.MAX_GROUP)
-        if tile.get("group_per_request"):
-            # segments no longer than the call's tokens per request (a decode step's 1, 2 or 5; more block-table
-            # rows than requests only shortens them): the unused members' registers then go to more programs
-            # per SM. A segment's length changes no score's arithmetic (one MMA per token), only the grouping.
-            group = max(1, min(group, -(-tokens // max(1, block_table.shape[0]))))
+        group = _request_group(group, tokens, block_table.shape[0], tile.get("group_per_request", False))
         offsets, starts = segment_plan(req_ids, group)  # one launch
         return indexer_decode.launch(
             q, weights, index_pages, block_table, req_ids, positions, offsets, index_fmt, max_context,

@@ -53,11 +53,6 @@ RAW = (dict(block_n=64, gather_first=False),  # 220 regs, 2160 per 64 slots, wgm
        # from it); local sm_90 compile: 168 regs with 280 B of spills (92 / 88 local loads / stores a kernel)
        dict(block_n=64, gather_first=False, maxnreg=168),
        dict(block_n=32, gather_first=True, maxnreg=168))  # 224 B of spills
-# sixteenth session: sparse_mla_chunk_warps (the four 128-dim tiles as the batch of 3-D mma.sync MMAs, one warp a
-# tile; sm_90 compile of Triton 3.6: 32-slot steps 212 registers, 84 KB shared, 967 loop instructions a step; 64-slot
-# 255 + 128 B of spills, 1825; 2 stages: cp.async for the codes, 254 registers, 105 KB)
-CHUNK_WARPS = (dict(block_n=32), dict(block_n=32, num_stages=2), dict(block_n=64), dict(block_n=32, split_size=1024),
-               dict(block_n=32, split_size=256))
 
 
 
@@ -125,13 +120,9 @@ def variants(fmt, heads, tokens, extra, raw=False):
         for i, cfg in enumerate(EXTRA):
             out.append((f"chunked x{i + 1}", chunked.sparse_mla_small_heads, dict(default, **cfg)))
     if raw:
-        from dsahal.backends.triton_kernels.sparse_mla_chunk_warps import sparse_mla_chunk_warps
-
         for i, cfg in enumerate(RAW):
             out.append((f"raw e4m3 r{i + 1}", chunked.sparse_mla_small_heads,
                         dict(dict(split_size=512, num_warps=4, num_stages=1, reuse=False), raw_fp8=True, **cfg)))
-        for i, cfg in enumerate(CHUNK_WARPS):
-            out.append((f"chunk warps c{i + 1}", sparse_mla_chunk_warps, dict(dict(split_size=512), **cfg)))
     return out
 
 
@@ -177,12 +168,11 @@ def run_case(torch, pools, fmt, heads, requests, per_request, extra, ceiling, ro
 def _smoke_mode(args):
     import os
 
-    global DEVICE, Q_DTYPE, TOPK, BLOCK_TOKENS, EXTRA, RAW, CHUNK_WARPS
+    global DEVICE, Q_DTYPE, TOPK, BLOCK_TOKENS, EXTRA, RAW
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
     DEVICE, Q_DTYPE, TOPK, BLOCK_TOKENS = "cpu", "float32", 32, 16
     EXTRA = EXTRA[:2]
     RAW = tuple(dict(cfg, block_n=16) for cfg in (*RAW[2:4], RAW[-1]))  # 16-slot steps: the interpreter is slow
-    CHUNK_WARPS = (dict(block_n=16), dict(block_n=16, split_size=16))
     args.pool_tokens = min(args.pool_tokens, 256)
 
 
@@ -194,12 +184,7 @@ def main(argv=None) -> int:
                              "times nothing meaningful")
     parser.add_argument("--raw-only", action="store_true",
                         help="fp8_ds_mla at 64 x 5, H = 16 and 12 only (FlashMLA, the defaults and the raw variants)")
-    parser.add_argument("--chunk-warps", action="store_true",
-                        help="with --raw-only: the raw kernel's default variant only, beside the chunk-warps variants")
     args = parser.parse_args(argv)
-    if args.chunk_warps:
-        global RAW
-        RAW = RAW[:1]
     if args.cpu_smoke:
         _smoke_mode(args)
     if args.pool_tokens < BLOCK_TOKENS:
