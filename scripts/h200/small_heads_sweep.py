@@ -53,6 +53,12 @@ RAW = (dict(block_n=64, gather_first=False),  # 220 regs, 2160 per 64 slots, wgm
        # from it); local sm_90 compile: 168 regs with 280 B of spills (92 / 88 local loads / stores a kernel)
        dict(block_n=64, gather_first=False, maxnreg=168),
        dict(block_n=32, gather_first=True, maxnreg=168))  # 224 B of spills
+# sixteenth session: the Gluon kernel (sparse_mla_gluon: cp.async gather STAGES - 1 steps ahead, one warp per 128-dim
+# tile, mma.sync); sm_90 compile of Triton 3.6, 32-slot steps, 3 stages: 240 registers, 104 KB shared, 816 loop
+# instructions a step (the tl kernels: raw 2,160 a 64-slot step; the same split in tl 967 a 32-slot step)
+GLUON = (dict(block_n=32, stages=3), dict(block_n=32, stages=2), dict(block_n=32, stages=4),
+         dict(block_n=32, stages=3, split_size=1024), dict(block_n=32, stages=3, split_size=256),
+         dict(block_n=64, stages=2), dict(block_n=16, stages=4))
 
 
 
@@ -123,6 +129,11 @@ def variants(fmt, heads, tokens, extra, raw=False):
         for i, cfg in enumerate(RAW):
             out.append((f"raw e4m3 r{i + 1}", chunked.sparse_mla_small_heads,
                         dict(dict(split_size=512, num_warps=4, num_stages=1, reuse=False), raw_fp8=True, **cfg)))
+        if DEVICE == "cuda":  # (Gluon has no interpreter)
+            from dsahal.backends.triton_kernels.sparse_mla_gluon import sparse_mla_gluon
+
+            for i, cfg in enumerate(GLUON):
+                out.append((f"gluon g{i + 1}", sparse_mla_gluon, dict(dict(split_size=512), **cfg)))
     return out
 
 
@@ -184,7 +195,12 @@ def main(argv=None) -> int:
                              "times nothing meaningful")
     parser.add_argument("--raw-only", action="store_true",
                         help="fp8_ds_mla at 64 x 5, H = 16 and 12 only (FlashMLA, the defaults and the raw variants)")
+    parser.add_argument("--gluon", action="store_true",
+                        help="with --raw-only: of the raw kernel's variants only its default, beside the Gluon ones")
     args = parser.parse_args(argv)
+    if args.gluon:
+        global RAW
+        RAW = RAW[:1]
     if args.cpu_smoke:
         _smoke_mode(args)
     if args.pool_tokens < BLOCK_TOKENS:

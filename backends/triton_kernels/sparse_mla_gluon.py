@@ -1,0 +1,307 @@
+"""Few-heads sparse MLA on fp8_ds_mla latents in Gluon: the gather staged by ``cp.async``, one warp per 128-dim tile.
+
+Same op and arithmetic as :mod:`.sparse_mla_small_heads_raw` (``o[t, h] = softmax_s(scale · q[t, h] · kv[s]) ·
+kv[s, :512]``, ``lse`` natural log, -1 and out-of-range slots skipped, a row with no valid slot gives ``o = 0``,
+``lse = -inf``; e4m3 codes widened to fp16 exactly, each 128-dim tile's scale ``σ[s, c]`` applied after the logit
+MMA and folded into ``P`` for the value MMA as ``P_c = p · σ_c / M_c``, ``M_c`` the running largest tile-c scale;
+the queries scaled per head by a power of two into fp16's range), for bf16 queries on H200-class GPUs.
+
+Why Gluon. The Triton kernels of this op wait: the raw kernel issues ~2,160 instructions a warp per 64-slot step at
+two programs of four warps a SM, ~10 cycles apart (the H200 measured 0.457 ms at 64 x 5 tokens, H = 16, against
+FlashMLA's 0.297 with its heads padded to 64), and a rewrite in ``tl`` with the four tiles as the batch of 3-D MMAs
+(sixteenth session) gave the same time: each step's gather is loaded into registers and waited on before any MMA.
+Here the schedule is explicit:
+
+- the gather of step ``i + STAGES - 1`` (each record's 512 code bytes, 4 tile scales and 64 RoPE words, 16-byte
+  ``cp.async`` copies, zero-filled for skipped slots) is in flight while step ``i`` computes;
+- warp ``c`` owns tile ``c``: it widens its own copied codes (the same thread layout as the copy, so no barrier
+  between them), stores the fp16 tile once and reads it back as both MMA operands by ``ldmatrix`` (``.trans`` for
+  the values); its queries stay in registers;
+- the logits are ``mma.sync`` products of 16 heads by ``BLOCK_N`` slots per tile, summed over the four warps; the
+  RoPE dims are split 16 a warp the same way.
+
+One program = (one split of the slot list, one token), heads padded to 16; ``splits > 1`` writes fp32 partials that
+:func:`.lse_combine.lse_combine` merges in split order (a fixed slot count per split: a row's result does not depend
+on the batch). Gluon has no interpreter: CPU runs cannot execute this kernel; its sm_90 compile is checked on any
+machine (``python -m dsahal.backends.nvidia.aot``), its results on the H200 (``scripts/h200/small_heads_sweep.py``,
+the conformance suite).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+
+from . import grid as launch_grid
+from .bytes import row_alignment
+from .lse_combine import lse_combine
+from .sparse_mla import LOG2E
+from .sparse_mla_small_heads_raw import check_launch, split_outputs
+
+# Triton 3.6 (the H200's) names the copy async_copy_global_to_shared; later releases renamed it async_load
+_async_copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # (renamed barrier the same way)
+
+SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")
+MAX_HEADS = 16  # the heads are the MMAs' M side: one m16 tile
+WARPS = 4  # one per 128-dim tile
+BLOCK_H = gl.constexpr(16)  # heads padded to one m16 MMA tile
+
+# Layouts. The MMAs are batched over the four tiles, one warp each: [tile, head, slot or dim].
+_MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8]))
+_DOT_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_MMA.value, k_width=2))
+_DOT_B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=_MMA.value, k_width=2))
+# The copies: lane l of warp c copies slot l's bytes of tile c (one slot index and one record address a lane, its
+# 16-byte pieces at immediate offsets), and widens exactly the bytes it copied (no barrier between the two).
+# codes [tile, slot, byte]: 8 pieces of 16 bytes a lane
+_CODES = gl.constexpr(gl.BlockedLayout([1, 1, 16], [1, 32, 1], [4, 1, 1], [2, 1, 0]))
+# RoPE words [tile, slot, dim]: warp c's 16 of the 64 dims, 2 pieces a lane
+_ROPE = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 32, 1], [4, 1, 1], [2, 1, 0]))
+# tile scales [slot, tile]: one piece a lane (the four warps copy the same 512 bytes a step)
+_SCALES = gl.constexpr(gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0]))
+# queries [tile, head, dim] as loaded
+_QUERY = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 2, 16], [4, 1, 1], [2, 1, 0]))
+# (a staged buffer's layout is its one stage's: the leading stage dimension is outside it)
+# (lanes write and read 16-byte pieces of rows 128 bytes apart: the XOR swizzle spreads a warp's over the banks)
+_RAW_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[2, 1, 0]))
+_F16_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[2, 1, 0]))
+_ROPE_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[2, 1, 0]))
+_QROPE = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 16, 2], [4, 1, 1], [2, 1, 0]))  # RoPE queries [tile, head, dim]
+_SCALE_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=1, order=[1, 0]))
+
+
+@gluon.jit
+def _rows(slot_row, n0, end, num_slots, s8_b, s8_t, block_tokens, layout: gl.constexpr, BLOCK_N: gl.constexpr,
+          FLAT: gl.constexpr, OFF32: gl.constexpr):
+    """Slots ``n0 .. n0 + BLOCK_N`` of the token's list in ``layout``: (record byte offsets (int64, 16-byte
+    aligned, int32 with ``OFF32``; 0 for a skipped slot), whether each is a valid slot)."""
+    n = n0 + gl.arange(0, BLOCK_N, layout)
+    slot = gl.load(slot_row + n, mask=n < end, other=-1)
+    ok = (slot >= 0) & (slot < num_slots)
+    safe = gl.where(ok, slot, 0)
+    if OFF32:  # the pool spans < 2 GiB: 32-bit byte offsets
+        if FLAT:  # blocks back to back: one multiply
+            row = safe * s8_t
+        else:
+            row = (safe // block_tokens) * s8_b + (safe % block_tokens) * s8_t
+    elif FLAT:
+        row = safe.to(gl.int64) * s8_t
+    else:
+        row = (safe // block_tokens).to(gl.int64) * s8_b + (safe % block_tokens).to(gl.int64) * s8_t
+    return gl.multiple_of(row, 16), ok
+
+
+@gluon.jit
+def _issue(pages_u8, slot_row, n0, end, num_slots, s8_b, s8_t, block_tokens, codes, rope, scales,
+           BLOCK_N: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr):
+    """Start the copies of one step's records into one stage (``codes [4, BLOCK_N, 128]`` uint8, ``rope [4,
+    BLOCK_N, 16]`` bf16, ``scales [BLOCK_N, 4]`` fp32 views); skipped slots are zero-filled."""
+    row, ok = _rows(slot_row, n0, end, num_slots, s8_b, s8_t, block_tokens,
+                    gl.SliceLayout(0, gl.SliceLayout(2, _CODES)), BLOCK_N, FLAT, OFF32)
+    tile = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _CODES)))
+    byte = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, _CODES)))
+    base = pages_u8 + row[None, :, None]
+    _async_copy(codes, base + (tile * 128)[:, None, None] + byte[None, None, :],
+                                           mask=ok[None, :, None])
+    # (the same lanes hold the same slots in the other two layouts: these conversions move nothing)
+    row_r = gl.convert_layout(row, gl.SliceLayout(0, gl.SliceLayout(2, _ROPE)))
+    ok_r = gl.convert_layout(ok, gl.SliceLayout(0, gl.SliceLayout(2, _ROPE)))
+    tile = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _ROPE)))
+    dim = gl.arange(0, 16, gl.SliceLayout(0, gl.SliceLayout(1, _ROPE)))
+    words = (pages_u8 + row_r[None, :, None]).to(gl.pointer_type(gl.bfloat16), bitcast=True)  # (rows 16-B aligned)
+    _async_copy(rope, words + 264 + (tile * 16)[:, None, None] + dim[None, None, :],
+                                           mask=ok_r[None, :, None])  # RoPE at byte 528
+    row_s = gl.convert_layout(row, gl.SliceLayout(1, _SCALES))
+    ok_s = gl.convert_layout(ok, gl.SliceLayout(1, _SCALES))
+    tile = gl.arange(0, 4, gl.SliceLayout(0, _SCALES))
+    ptr = (pages_u8 + row_s[:, None]).to(gl.pointer_type(gl.float32), bitcast=True) + 128 + tile[None, :]  # byte 512
+    _async_copy(scales, ptr, mask=ok_s[:, None])
+
+
+@gluon.jit
+def _as_f16(codes):
+    """e4m3 bytes -> fp16, exact: one ``cvt.rn.f16x2.e4m3x2`` per two values."""
+    return gl.inline_asm_elementwise(
+        "{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, $2;\n\tcvt.rn.f16x2.e4m3x2 $0, lo;"
+        "\n\tcvt.rn.f16x2.e4m3x2 $1, hi;\n\t}", "=r,=r,r", [codes], dtype=gl.float16, is_pure=True, pack=4)
+
+
+@gluon.jit(do_not_specialize=SIZE_ARGS)
+def sparse_mla_gluon_kernel(
+    q_ptr, stride_qt, stride_qh,  # q [T, H, 576] bf16
+    pages_u8, s8_b, s8_t,  # latent pages [num_blocks, block_tokens, 656] uint8, strides in bytes (multiples of 16)
+    slots_ptr, stride_st,  # slots [T, K] int32/int64
+    o_ptr, stride_os, stride_ot, stride_oh,  # o [splits, T, H, 512] (fp32 partials or bf16)
+    lse_ptr, stride_ls, stride_lt,  # lse [splits, T, H] fp32
+    H, K, num_slots, block_tokens, split_size,
+    logit_scale,  # softmax_scale · log2(e)
+    BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    FLAT: gl.constexpr,  # record s at byte s * s8_t (blocks back to back)
+    OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
+):
+    split = gl.program_id(0)
+    t = gl.program_id(1).to(gl.int64)
+
+    # queries of tile c: [4, 16, 128], each head scaled by 2^e into fp16's range (exact for bf16 values)
+    qt = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _QUERY)))
+    qh = gl.arange(0, BLOCK_H, gl.SliceLayout(0, gl.SliceLayout(2, _QUERY)))
+    qd = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, _QUERY)))
+    q_rows = q_ptr + t * stride_qt + qh[None, :, None] * stride_qh
+    q_ok = (qh < H)[None, :, None]
+    qf = gl.load(q_rows + (qt * 128)[:, None, None] + qd[None, None, :], mask=q_ok, other=0.0).to(gl.float32)
+    amax = gl.max(gl.max(gl.abs(qf), axis=2), axis=0)
+    biased = (amax.to(gl.int32, bitcast=True) >> 23) & 0xFF
+    biased = gl.minimum(gl.maximum(biased, 15), 254)
+    q_up = ((2 * 127 + 14 - biased) << 23).to(gl.float32, bitcast=True)  # 2^(14 - (biased - 127))
+    q_down = ((biased - 14) << 23).to(gl.float32, bitcast=True)
+    q16 = gl.convert_layout((qf * q_up[None, :, None]).to(gl.float16), _DOT_A)
+    # the RoPE queries [4, 16, 16]: warp c's 16 of the 64 dims, bf16 as stored
+    rt = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _QROPE)))
+    rh = gl.arange(0, BLOCK_H, gl.SliceLayout(0, gl.SliceLayout(2, _QROPE)))
+    rd = gl.arange(0, 16, gl.SliceLayout(0, gl.SliceLayout(1, _QROPE)))
+    qr = gl.load(q_ptr + t * stride_qt + rh[None, :, None] * stride_qh + 512 + (rt * 16)[:, None, None]
+                 + rd[None, None, :], mask=(rh < H)[None, :, None], other=0.0)
+    qr16 = gl.convert_layout(qr, _DOT_A)
+    head_scale = gl.convert_layout(logit_scale * q_down, gl.SliceLayout(0, gl.SliceLayout(2, _MMA)))
+
+    codes_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 4, BLOCK_N, 128], _RAW_SMEM)
+    rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 4, BLOCK_N, 16], _ROPE_SMEM)
+    scale_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], _SCALE_SMEM)
+    f16_s = gl.allocate_shared_memory(gl.float16, [4, BLOCK_N, 128], _F16_SMEM)
+
+    slot_row = slots_ptr + t * stride_st
+    start = split * split_size
+    end = gl.minimum(start + split_size, K)
+    steps = gl.cdiv(end - start, BLOCK_N)
+    for j in gl.static_range(STAGES - 1):
+        if j < steps:
+            _issue(pages_u8, slot_row, start + j * BLOCK_N, end, num_slots, s8_b, s8_t, block_tokens,
+                   codes_s.index(j), rope_s.index(j), scale_s.index(j), BLOCK_N, FLAT, OFF32)
+        async_copy.commit_group()
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, gl.SliceLayout(0, _MMA)))
+    l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, gl.SliceLayout(0, _MMA)))
+    big = gl.zeros([4], gl.float32, gl.SliceLayout(1, gl.SliceLayout(1, _MMA)))
+    acc = gl.zeros([4, BLOCK_H, 128], gl.float32, _MMA)
+    for i in range(steps):
+        stage = i % STAGES
+        async_copy.wait_group(STAGES - 2)  # this thread's copies of step i have landed
+        _barrier()  # everyone's have; and every warp is done with step i - 1's stage
+        ahead = i + STAGES - 1
+        if ahead < steps:
+            nxt = ahead % STAGES
+            _issue(pages_u8, slot_row, start + ahead * BLOCK_N, end, num_slots, s8_b, s8_t, block_tokens,
+                   codes_s.index(nxt), rope_s.index(nxt), scale_s.index(nxt), BLOCK_N, FLAT, OFF32)
+        async_copy.commit_group()
+
+        # warp c widens its own tile's codes (the bytes its lanes copied) and stores them once as fp16
+        f16_s.store(_as_f16(codes_s.index(stage).load(_CODES)))
+        _barrier()  # (ldmatrix reads other lanes' stores)
+        keys_t = f16_s.permute((0, 2, 1)).load(_DOT_B)  # [4, 128, BLOCK_N]
+        rope_t = rope_s.index(stage).permute((0, 2, 1)).load(_DOT_B)  # [4, 16, BLOCK_N]
+        sigma = scale_s.index(stage).permute((1, 0)).load(gl.SliceLayout(1, _MMA))  # [4, BLOCK_N]
+        zeros = gl.zeros([4, BLOCK_H, BLOCK_N], gl.float32, _MMA)
+        s_nope = mma_v2(q16, keys_t, zeros)
+        s_rope = mma_v2(qr16, rope_t, zeros)
+        s3 = s_nope * sigma[:, None, :] * head_scale[None, :, None] + s_rope * logit_scale
+        s = gl.sum(s3, axis=0)  # [16, BLOCK_N]: the four tiles' partial logits
+        n = start + i * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, gl.SliceLayout(0, _MMA)))
+        slot = gl.load(slot_row + n, mask=n < end, other=-1)
+        s = gl.where(((slot >= 0) & (slot < num_slots))[None, :], s, float("-inf"))
+
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # an all-skipped head stays at p = 0
+        p = gl.exp2(s - m_safe[:, None])
+        alpha = gl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        big_new = gl.maximum(big, gl.max(sigma, axis=1))
+        big_div = gl.where(big_new > 0.0, big_new, 1.0)  # no valid slot with a nonzero scale yet: p · 0 = 0
+        ratio = gl.convert_layout(sigma / big_div[:, None], gl.SliceLayout(1, _MMA))
+        p16 = gl.convert_layout((gl.expand_dims(p, 0) * ratio[:, None, :]).to(gl.float16), _DOT_A)
+        values = f16_s.load(_DOT_B)  # [4, BLOCK_N, 128]
+        keep = gl.convert_layout(alpha, gl.SliceLayout(0, gl.SliceLayout(2, _MMA)))
+        grow = gl.convert_layout(big / big_div, gl.SliceLayout(1, gl.SliceLayout(2, _MMA)))
+        acc = mma_v2(p16, values, acc * (keep[None, :, None] * grow[:, None, None]))
+        big = big_new
+        m_i = m_new
+    async_copy.wait_group(0)
+
+    has_any = l_i > 0.0
+    m_safe = gl.where(m_i == float("-inf"), 0.0, m_i)
+    lse = gl.where(has_any, (m_safe + gl.log2(gl.where(has_any, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
+    norm = gl.convert_layout(1.0 / gl.where(has_any, l_i, 1.0), gl.SliceLayout(0, gl.SliceLayout(2, _MMA)))
+    big_o = gl.convert_layout(big, gl.SliceLayout(1, gl.SliceLayout(2, _MMA)))
+    out = acc * (norm[None, :, None] * big_o[:, None, None])
+    ot = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _MMA)))
+    oh = gl.arange(0, BLOCK_H, gl.SliceLayout(0, gl.SliceLayout(2, _MMA)))
+    od = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, _MMA)))
+    o_rows = o_ptr + split.to(gl.int64) * stride_os + t * stride_ot + oh[None, :, None] * stride_oh
+    gl.store(o_rows + (ot * 128)[:, None, None] + od[None, None, :], out.to(o_ptr.dtype.element_ty),
+             mask=(oh < H)[None, :, None])
+    lh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, gl.SliceLayout(0, _MMA)))
+    gl.store(lse_ptr + split * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
+
+
+def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
+    """Whether this kernel takes the call: bf16 queries of at most 16 heads on an NVIDIA GPU, fp8_ds_mla pages whose
+    records start 16-byte aligned (the ``cp.async`` pieces)."""
+    return (kv_fmt == "fp8_ds_mla" and q.device.type == "cuda" and torch.version.hip is None
+            and q.dtype == torch.bfloat16 and q.dim() == 3 and q.shape[1] <= MAX_HEADS
+            and kv_pages.dtype == torch.uint8 and kv_pages.dim() == 3 and kv_pages.shape[2] == 656
+            and row_alignment(kv_pages) >= 16)
+
+
+def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=32, stages=3, split_size=512):
+    """Launch :func:`sparse_mla_gluon_kernel` (the caller checked :func:`serves`; a call it does not serve raises).
+
+    Args:
+        q: ``[T, H, 576]`` bf16 on a CUDA device, ``H <= MAX_HEADS``.
+        kv_pages: ``[num_blocks, block_tokens, 656]`` uint8 fp8_ds_mla pages, records 16-byte aligned (any strides
+            that keep them so: a view into a packed cache is read in place).
+        slots: ``[T, K]`` int32/int64 physical slots; -1 or out of range = skipped.
+        kv_fmt: must be ``"fp8_ds_mla"``.
+        kv_scale: unused by the format (None).
+        softmax_scale: float.
+        block_n: slots per step (16, 32 or 64).
+        stages: steps whose gathers are in flight at once (2..4).
+        split_size: slots per split, a fixed count (batch invariance); None = one split.
+
+    Returns:
+        ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
+    """
+    name = "triton sparse_mla_gluon"
+    if not serves(q, kv_pages, kv_fmt):
+        raise ValueError(f"{name}: expected bf16 q [T, <= {MAX_HEADS}, 576] on an NVIDIA GPU and fp8_ds_mla uint8 "
+                         f"pages [num_blocks, block_tokens, 656] with 16-byte aligned records, got q {q.dtype} "
+                         f"{list(q.shape)} on {q.device}, kv_fmt {kv_fmt!r}, pages {kv_pages.dtype} "
+                         f"{list(kv_pages.shape)} aligned to {row_alignment(kv_pages)} byte(s)")
+    tokens, heads, _ = q.shape
+    check_launch(name, heads, block_n, split_size)
+    if block_n not in (16, 32, 64):
+        raise ValueError(f"{name}: block_n expected 16, 32 or 64, got {block_n}")
+    if not 2 <= stages <= 4:
+        raise ValueError(f"{name}: stages expected 2..4, got {stages}")
+    k = slots.shape[1]
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    slots = slots if slots.stride(-1) == 1 else slots.contiguous()
+    split_size, splits, o, lse = split_outputs(q, k, split_size)
+    if tokens == 0 or heads == 0:
+        return o[0].to(q.dtype), lse[0]
+    blocks, block_tokens = kv_pages.shape[0], kv_pages.shape[1]
+    s8_b, s8_t = kv_pages.stride(0), kv_pages.stride(1)
+    last = (blocks - 1) * s8_b + (block_tokens - 1) * s8_t + 656  # one past the furthest record's last byte
+    meta = dict(BLOCK_N=block_n, STAGES=stages, FLAT=s8_b == block_tokens * s8_t, OFF32=last < 2**31, num_warps=WARPS)
+    sizes = (heads, k, blocks * block_tokens, block_tokens, split_size, softmax_scale * LOG2E)
+    for first, stop in launch_grid.ranges(tokens):  # tokens on grid axis 1 (CUDA: <= 65535 programs a launch)
+        sparse_mla_gluon_kernel[(splits, stop - first)](
+            q[first:stop], q.stride(0), q.stride(1),
+            kv_pages, s8_b, s8_t,
+            slots[first:stop], slots.stride(0),
+            o[:, first:stop], o.stride(0), o.stride(1), o.stride(2),
+            lse[:, first:stop], lse.stride(0), lse.stride(1),
+            *sizes, **meta)
+    if splits == 1:
+        return o[0], lse[0]
+    return lse_combine(o, lse, out_dtype=q.dtype)
