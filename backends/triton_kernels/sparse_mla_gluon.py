@@ -62,6 +62,7 @@ _ROPE = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 32, 1], [4, 1, 1], [2, 1, 0
 # tile scales [slot, tile]: one piece a lane (the four warps copy the same 512 bytes a step)
 _SCALES = gl.constexpr(gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0]))
 # queries [tile, head, dim] as loaded
+_SLOTS = gl.constexpr(gl.SliceLayout(0, gl.SliceLayout(2, _CODES.value)))  # a step's slots: lane l holds slot l
 _QUERY = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 2, 16], [4, 1, 1], [2, 1, 0]))
 # (a staged buffer's layout is its one stage's: the leading stage dimension is outside it)
 # (lanes write and read 16-byte pieces of rows 128 bytes apart: the XOR swizzle spreads a warp's over the banks)
@@ -73,12 +74,16 @@ _SCALE_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase
 
 
 @gluon.jit
-def _rows(slot_row, n0, end, num_slots, s8_b, s8_t, block_tokens, layout: gl.constexpr, BLOCK_N: gl.constexpr,
-          FLAT: gl.constexpr, OFF32: gl.constexpr):
-    """Slots ``n0 .. n0 + BLOCK_N`` of the token's list in ``layout``: (record byte offsets (int64, 16-byte
-    aligned, int32 with ``OFF32``; 0 for a skipped slot), whether each is a valid slot)."""
+def _slots(slot_row, n0, end, layout: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Slots ``n0 .. n0 + BLOCK_N`` of the token's list in ``layout`` (-1 past the split's end)."""
     n = n0 + gl.arange(0, BLOCK_N, layout)
-    slot = gl.load(slot_row + n, mask=n < end, other=-1)
+    return gl.load(slot_row + n, mask=n < end, other=-1)
+
+
+@gluon.jit
+def _rows(slot, num_slots, s8_b, s8_t, block_tokens, FLAT: gl.constexpr, OFF32: gl.constexpr):
+    """Physical slots -> (record byte offsets, 16-byte aligned (int32 with ``OFF32``, else int64; 0 for a skipped
+    slot), whether each is a valid slot)."""
     ok = (slot >= 0) & (slot < num_slots)
     safe = gl.where(ok, slot, 0)
     if OFF32:  # the pool spans < 2 GiB: 32-bit byte offsets
@@ -94,12 +99,12 @@ def _rows(slot_row, n0, end, num_slots, s8_b, s8_t, block_tokens, layout: gl.con
 
 
 @gluon.jit
-def _issue(pages_u8, slot_row, n0, end, num_slots, s8_b, s8_t, block_tokens, codes, rope, scales,
-           BLOCK_N: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr):
-    """Start the copies of one step's records into one stage (``codes [4, BLOCK_N, 128]`` uint8, ``rope [4,
-    BLOCK_N, 16]`` bf16, ``scales [BLOCK_N, 4]`` fp32 views); skipped slots are zero-filled."""
-    row, ok = _rows(slot_row, n0, end, num_slots, s8_b, s8_t, block_tokens,
-                    gl.SliceLayout(0, gl.SliceLayout(2, _CODES)), BLOCK_N, FLAT, OFF32)
+def _issue(pages_u8, slot, num_slots, s8_b, s8_t, block_tokens, codes, rope, scales, FLAT: gl.constexpr,
+           OFF32: gl.constexpr):
+    """Start the copies of one step's records (``slot [BLOCK_N]``, loaded in :data:`_SLOTS`) into one stage
+    (``codes [4, BLOCK_N, 128]`` uint8, ``rope [4, BLOCK_N, 16]`` bf16, ``scales [BLOCK_N, 4]`` fp32 views);
+    skipped slots are zero-filled."""
+    row, ok = _rows(slot, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
     tile = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _CODES)))
     byte = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, _CODES)))
     base = pages_u8 + row[None, :, None]
@@ -140,6 +145,7 @@ def sparse_mla_gluon_kernel(
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     FLAT: gl.constexpr,  # record s at byte s * s8_t (blocks back to back)
     OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
+    LAZY: gl.constexpr,  # rescale the accumulator only when a kept maximum must move (else every step)
 ):
     split = gl.program_id(0)
     t = gl.program_id(1).to(gl.int64)
@@ -177,9 +183,11 @@ def sparse_mla_gluon_kernel(
     steps = gl.cdiv(end - start, BLOCK_N)
     for j in gl.static_range(STAGES - 1):
         if j < steps:
-            _issue(pages_u8, slot_row, start + j * BLOCK_N, end, num_slots, s8_b, s8_t, block_tokens,
-                   codes_s.index(j), rope_s.index(j), scale_s.index(j), BLOCK_N, FLAT, OFF32)
+            _issue(pages_u8, _slots(slot_row, start + j * BLOCK_N, end, _SLOTS, BLOCK_N), num_slots, s8_b, s8_t,
+                   block_tokens, codes_s.index(j), rope_s.index(j), scale_s.index(j), FLAT, OFF32)
         async_copy.commit_group()
+    # the slot indices one issue ahead: a step's copies never wait on the load of its indices
+    ahead_slots = _slots(slot_row, start + (STAGES - 1) * BLOCK_N, end, _SLOTS, BLOCK_N)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, gl.SliceLayout(0, _MMA)))
     l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, gl.SliceLayout(0, _MMA)))
@@ -192,9 +200,10 @@ def sparse_mla_gluon_kernel(
         ahead = i + STAGES - 1
         if ahead < steps:
             nxt = ahead % STAGES
-            _issue(pages_u8, slot_row, start + ahead * BLOCK_N, end, num_slots, s8_b, s8_t, block_tokens,
-                   codes_s.index(nxt), rope_s.index(nxt), scale_s.index(nxt), BLOCK_N, FLAT, OFF32)
+            _issue(pages_u8, ahead_slots, num_slots, s8_b, s8_t, block_tokens, codes_s.index(nxt),
+                   rope_s.index(nxt), scale_s.index(nxt), FLAT, OFF32)
         async_copy.commit_group()
+        ahead_slots = _slots(slot_row, start + (ahead + 1) * BLOCK_N, end, _SLOTS, BLOCK_N)
 
         # warp c widens its own tile's codes (the bytes its lanes copied) and stores them once as fp16
         f16_s.store(_as_f16(codes_s.index(stage).load(_CODES)))
@@ -211,21 +220,48 @@ def sparse_mla_gluon_kernel(
         slot = gl.load(slot_row + n, mask=n < end, other=-1)
         s = gl.where(((slot >= 0) & (slot < num_slots))[None, :], s, float("-inf"))
 
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # an all-skipped head stays at p = 0
-        p = gl.exp2(s - m_safe[:, None])
-        alpha = gl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        big_new = gl.maximum(big, gl.max(sigma, axis=1))
-        big_div = gl.where(big_new > 0.0, big_new, 1.0)  # no valid slot with a nonzero scale yet: p · 0 = 0
-        ratio = gl.convert_layout(sigma / big_div[:, None], gl.SliceLayout(1, _MMA))
-        p16 = gl.convert_layout((gl.expand_dims(p, 0) * ratio[:, None, :]).to(gl.float16), _DOT_A)
-        values = f16_s.load(_DOT_B)  # [4, BLOCK_N, 128]
-        keep = gl.convert_layout(alpha, gl.SliceLayout(0, gl.SliceLayout(2, _MMA)))
-        grow = gl.convert_layout(big / big_div, gl.SliceLayout(1, gl.SliceLayout(2, _MMA)))
-        acc = mma_v2(p16, values, acc * (keep[None, :, None] * grow[:, None, None]))
-        big = big_new
-        m_i = m_new
+        m_blk = gl.max(s, axis=1)
+        sig_blk = gl.max(sigma, axis=1)
+        if LAZY:
+            # the kept maxima move only when a head's logit passes its kept maximum by 2^8 or a tile's scale passes
+            # 2^7 times its kept one: p = 2^(s - m) <= 2^8 and P_c = p · σ / M_c <= 2^15 stay inside fp16, and the
+            # 64-register accumulator is rescaled on those steps only (softmax and output are the same sums)
+            grow_m = gl.max(m_blk - m_i, axis=0)  # NaN while every head is still empty: no move
+            grow_s = gl.max(sig_blk - big * 128.0, axis=0)
+            if (grow_m > 8.0) | (grow_s > 0.0):
+                m_new = gl.maximum(m_i, m_blk)
+                alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
+                big_new = gl.maximum(big, sig_blk)
+                keep = gl.convert_layout(alpha, gl.SliceLayout(0, gl.SliceLayout(2, _MMA)))
+                grow = gl.convert_layout(big / gl.where(big_new > 0.0, big_new, 1.0),
+                                         gl.SliceLayout(1, gl.SliceLayout(2, _MMA)))
+                acc = acc * (keep[None, :, None] * grow[:, None, None])
+                l_i = l_i * alpha
+                m_i = m_new
+                big = big_new
+            m_safe = gl.where(m_i == float("-inf"), 0.0, m_i)  # an all-skipped head stays at p = 0
+            p = gl.exp2(s - m_safe[:, None])
+            l_i = l_i + gl.sum(p, axis=1)
+            big_div = gl.where(big > 0.0, big, 1.0)  # no valid slot with a nonzero scale yet: p · 0 = 0
+            ratio = gl.convert_layout(sigma / big_div[:, None], gl.SliceLayout(1, _MMA))
+            p16 = gl.convert_layout((gl.expand_dims(p, 0) * ratio[:, None, :]).to(gl.float16), _DOT_A)
+            acc = mma_v2(p16, f16_s.load(_DOT_B), acc)
+        else:
+            m_new = gl.maximum(m_i, m_blk)
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # an all-skipped head stays at p = 0
+            p = gl.exp2(s - m_safe[:, None])
+            alpha = gl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            big_new = gl.maximum(big, sig_blk)
+            big_div = gl.where(big_new > 0.0, big_new, 1.0)  # no valid slot with a nonzero scale yet: p · 0 = 0
+            ratio = gl.convert_layout(sigma / big_div[:, None], gl.SliceLayout(1, _MMA))
+            p16 = gl.convert_layout((gl.expand_dims(p, 0) * ratio[:, None, :]).to(gl.float16), _DOT_A)
+            values = f16_s.load(_DOT_B)  # [4, BLOCK_N, 128]
+            keep = gl.convert_layout(alpha, gl.SliceLayout(0, gl.SliceLayout(2, _MMA)))
+            grow = gl.convert_layout(big / big_div, gl.SliceLayout(1, gl.SliceLayout(2, _MMA)))
+            acc = mma_v2(p16, values, acc * (keep[None, :, None] * grow[:, None, None]))
+            big = big_new
+            m_i = m_new
     async_copy.wait_group(0)
 
     has_any = l_i > 0.0
@@ -253,7 +289,8 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
             and row_alignment(kv_pages) >= 16)
 
 
-def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=32, stages=3, split_size=512):
+def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=32, stages=3, split_size=512,
+                     maxnreg=None, lazy=True):
     """Launch :func:`sparse_mla_gluon_kernel` (the caller checked :func:`serves`; a call it does not serve raises).
 
     Args:
@@ -267,6 +304,8 @@ def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, blo
         block_n: slots per step (16, 32 or 64).
         stages: steps whose gathers are in flight at once (2..4).
         split_size: slots per split, a fixed count (batch invariance); None = one split.
+        maxnreg: ptxas's register cap (None: its own choice; a lower cap fits more programs on a SM).
+        lazy: move the kept softmax maximum and tile-scale maxima only past 2^8 / 2^7 of the kept ones.
 
     Returns:
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
@@ -292,7 +331,9 @@ def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, blo
     blocks, block_tokens = kv_pages.shape[0], kv_pages.shape[1]
     s8_b, s8_t = kv_pages.stride(0), kv_pages.stride(1)
     last = (blocks - 1) * s8_b + (block_tokens - 1) * s8_t + 656  # one past the furthest record's last byte
-    meta = dict(BLOCK_N=block_n, STAGES=stages, FLAT=s8_b == block_tokens * s8_t, OFF32=last < 2**31, num_warps=WARPS)
+    meta = dict(BLOCK_N=block_n, STAGES=stages, FLAT=s8_b == block_tokens * s8_t, OFF32=last < 2**31, LAZY=bool(lazy),
+                num_warps=WARPS,
+                **({"maxnreg": maxnreg} if maxnreg else {}))
     sizes = (heads, k, blocks * block_tokens, block_tokens, split_size, softmax_scale * LOG2E)
     for first, stop in launch_grid.ranges(tokens):  # tokens on grid axis 1 (CUDA: <= 65535 programs a launch)
         sparse_mla_gluon_kernel[(splits, stop - first)](

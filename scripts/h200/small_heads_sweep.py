@@ -56,9 +56,13 @@ RAW = (dict(block_n=64, gather_first=False),  # 220 regs, 2160 per 64 slots, wgm
 # sixteenth session: the Gluon kernel (sparse_mla_gluon: cp.async gather STAGES - 1 steps ahead, one warp per 128-dim
 # tile, mma.sync); sm_90 compile of Triton 3.6, 32-slot steps, 3 stages: 240 registers, 104 KB shared, 816 loop
 # instructions a step (the tl kernels: raw 2,160 a 64-slot step; the same split in tl 967 a 32-slot step)
-GLUON = (dict(block_n=32, stages=3), dict(block_n=32, stages=2), dict(block_n=32, stages=4),
-         dict(block_n=32, stages=3, split_size=1024), dict(block_n=32, stages=3, split_size=256),
-         dict(block_n=64, stages=2), dict(block_n=16, stages=4))
+# (R3 of the sixteenth session, every variant checked first: 0.57-0.64 ms at 32-slot steps, 0.497 at 16-slot steps and 4
+# stages, against the raw kernel's 0.460: latency-bound at two programs a SM, 206-240 registers.) R4: the slot
+# indices loaded one issue ahead, the accumulator rescaled only when a kept maximum moves (lazy), ptxas's cap of 168
+# registers for three programs a SM (local compile: 72-264 B of spills)
+GLUON = (dict(block_n=16, stages=4), dict(block_n=16, stages=4, lazy=False), dict(block_n=16, stages=4, maxnreg=168),
+         dict(block_n=16, stages=3, maxnreg=168), dict(block_n=32, stages=2), dict(block_n=32, stages=2, maxnreg=168),
+         dict(block_n=32, stages=3, maxnreg=168), dict(block_n=16, stages=4, maxnreg=168, split_size=1024))
 
 
 
