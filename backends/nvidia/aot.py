@@ -62,6 +62,7 @@ class Variant:
     # Integer arguments a launch passes as multiples of 16, beyond the default (every pointer, and every
     # ``stride*`` argument the kernel specialises): what Triton's run-time specialisation tells the compiler.
     divisible: tuple = ()
+    gluon: bool = False  # a ``gluon.jit`` kernel (compiled from its Gluon source)
 
     def signature(self) -> dict:
         sig = {}
@@ -117,8 +118,12 @@ def compile_variant(variant: Variant) -> Compiled:
 
     from dsahal.kernel_launch import triton_launch
 
-    source = ASTSource(fn=triton_launch(variant.kernel), signature=variant.signature(),
-                       constexprs=variant.constexprs, attrs=run_time_alignment(variant))
+    if variant.gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource as source_type
+    else:
+        source_type = ASTSource
+    source = source_type(fn=triton_launch(variant.kernel), signature=variant.signature(),
+                         constexprs=variant.constexprs, attrs=run_time_alignment(variant))
     start = time.perf_counter()
     try:
         kernel = triton.compile(source, target=GPUTarget(*HOPPER),
@@ -287,7 +292,7 @@ def variants() -> list[Variant]:
     """The launches of the NVIDIA backend worth watching, built from its own configuration code."""
     return (_indexer_general_variants() + _indexer_block_tile_variants() + _indexer_mxfp4_word_variants()
             + _indexer_l2_variants() + _sparse_mla_variants()
-            + _small_heads_variants() + _topk_variants() + _kda_variants())
+            + _small_heads_variants() + _gluon_variants() + _topk_variants() + _kda_variants())
 
 
 def _indexer_general_variants() -> list[Variant]:
@@ -522,6 +527,19 @@ def _small_heads_variants() -> list[Variant]:
             floats=("logit_scale",), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             divisible=multiples_of_16(**strides, zero=0)))
     return out
+
+
+def _gluon_variants() -> list[Variant]:
+    """The Gluon few-heads kernel (``sparse_mla_gluon``) at its launcher's defaults: bf16 queries, fp8_ds_mla pages of
+    back-to-back 64-token blocks under 2 GiB (flat, 32-bit offsets), 512-slot splits (fp32 partials)."""
+    from ..triton_kernels import sparse_mla_gluon as gluon_mla
+
+    block_n, stages = gluon_mla.DEFAULT_BLOCK_N, gluon_mla.DEFAULT_STAGES
+    return [Variant(
+        f"sparse MLA few heads, Gluon, fp8_ds_mla, H=16, {block_n}-slot steps, {stages} stages",
+        gluon_mla.sparse_mla_gluon_kernel, dict(BLOCK_N=block_n, STAGES=stages, FLAT=True, OFF32=True, LAZY=True),
+        dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32"), floats=("logit_scale",),
+        num_warps=gluon_mla.WARPS, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * 656, s8_t=656), gluon=True)]
 
 
 def _topk_variants() -> list[Variant]:

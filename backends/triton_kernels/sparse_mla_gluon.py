@@ -48,6 +48,7 @@ SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")
 MAX_HEADS = 16  # the heads are the MMAs' M side: one m16 tile
 WARPS = 4  # one per 128-dim tile
 BLOCK_H = gl.constexpr(16)  # heads padded to one m16 MMA tile
+DEFAULT_BLOCK_N, DEFAULT_STAGES = 16, 4  # the launcher's defaults
 
 # Layouts. The MMAs are batched over the four tiles, one warp each: [tile, head, slot or dim].
 _MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8]))
@@ -289,8 +290,8 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
             and row_alignment(kv_pages) >= 16)
 
 
-def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=32, stages=3, split_size=512,
-                     maxnreg=None, lazy=True):
+def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=DEFAULT_BLOCK_N,
+                     stages=DEFAULT_STAGES, split_size=512, maxnreg=None, lazy=True):
     """Launch :func:`sparse_mla_gluon_kernel` (the caller checked :func:`serves`; a call it does not serve raises).
 
     Args:
