@@ -147,6 +147,7 @@ def sparse_mla_gluon_kernel(
     FLAT: gl.constexpr,  # record s at byte s * s8_t (blocks back to back)
     OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
     LAZY: gl.constexpr,  # rescale the accumulator only when a kept maximum must move (else every step)
+    Q_SMEM: gl.constexpr = False,  # the fp16 queries in shared memory, not registers
 ):
     split = gl.program_id(0)
     t = gl.program_id(1).to(gl.int64)
@@ -163,7 +164,11 @@ def sparse_mla_gluon_kernel(
     biased = gl.minimum(gl.maximum(biased, 15), 254)
     q_up = ((2 * 127 + 14 - biased) << 23).to(gl.float32, bitcast=True)  # 2^(14 - (biased - 127))
     q_down = ((biased - 14) << 23).to(gl.float32, bitcast=True)
-    q16 = gl.convert_layout((qf * q_up[None, :, None]).to(gl.float16), _DOT_A)
+    q16 = (qf * q_up[None, :, None]).to(gl.float16)
+    if Q_SMEM:  # kept in shared memory and read by ldmatrix each step: 32 registers a thread fewer
+        q_s = gl.allocate_shared_memory(gl.float16, [4, BLOCK_H, 128], _F16_SMEM, q16)
+    else:
+        q16 = gl.convert_layout(q16, _DOT_A)
     # the RoPE queries [4, 16, 16]: warp c's 16 of the 64 dims, bf16 as stored
     rt = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _QROPE)))
     rh = gl.arange(0, BLOCK_H, gl.SliceLayout(0, gl.SliceLayout(2, _QROPE)))
@@ -213,7 +218,10 @@ def sparse_mla_gluon_kernel(
         rope_t = rope_s.index(stage).permute((0, 2, 1)).load(_DOT_B)  # [4, 16, BLOCK_N]
         sigma = scale_s.index(stage).permute((1, 0)).load(gl.SliceLayout(1, _MMA))  # [4, BLOCK_N]
         zeros = gl.zeros([4, BLOCK_H, BLOCK_N], gl.float32, _MMA)
-        s_nope = mma_v2(q16, keys_t, zeros)
+        if Q_SMEM:
+            s_nope = mma_v2(q_s.load(_DOT_A), keys_t, zeros)
+        else:
+            s_nope = mma_v2(q16, keys_t, zeros)
         s_rope = mma_v2(qr16, rope_t, zeros)
         s3 = s_nope * sigma[:, None, :] * head_scale[None, :, None] + s_rope * logit_scale
         s = gl.sum(s3, axis=0)  # [16, BLOCK_N]: the four tiles' partial logits
@@ -291,7 +299,7 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
 
 
 def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=DEFAULT_BLOCK_N,
-                     stages=DEFAULT_STAGES, split_size=512, maxnreg=None, lazy=True):
+                     stages=DEFAULT_STAGES, split_size=512, maxnreg=None, lazy=True, q_smem=False):
     """Launch :func:`sparse_mla_gluon_kernel` (the caller checked :func:`serves`; a call it does not serve raises).
 
     Args:
@@ -307,6 +315,7 @@ def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, blo
         split_size: slots per split, a fixed count (batch invariance); None = one split.
         maxnreg: ptxas's register cap (None: its own choice; a lower cap fits more programs on a SM).
         lazy: move the kept softmax maximum and tile-scale maxima only past 2^8 / 2^7 of the kept ones.
+        q_smem: keep the fp16 queries in shared memory (read each step) rather than in registers.
 
     Returns:
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
@@ -333,7 +342,7 @@ def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, blo
     s8_b, s8_t = kv_pages.stride(0), kv_pages.stride(1)
     last = (blocks - 1) * s8_b + (block_tokens - 1) * s8_t + 656  # one past the furthest record's last byte
     meta = dict(BLOCK_N=block_n, STAGES=stages, FLAT=s8_b == block_tokens * s8_t, OFF32=last < 2**31, LAZY=bool(lazy),
-                num_warps=WARPS,
+                Q_SMEM=bool(q_smem), num_warps=WARPS,
                 **({"maxnreg": maxnreg} if maxnreg else {}))
     sizes = (heads, k, blocks * block_tokens, block_tokens, split_size, softmax_scale * LOG2E)
     for first, stop in launch_grid.ranges(tokens):  # tokens on grid axis 1 (CUDA: <= 65535 programs a launch)
