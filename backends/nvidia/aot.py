@@ -537,7 +537,7 @@ def _gluon_variants() -> list[Variant]:
     block_n, stages = gluon_mla.DEFAULT_BLOCK_N, gluon_mla.DEFAULT_STAGES
     return [Variant(
         f"sparse MLA few heads, Gluon, fp8_ds_mla, H=16, {block_n}-slot steps, {stages} stages",
-        gluon_mla.sparse_mla_gluon_kernel, dict(BLOCK_N=block_n, STAGES=stages, FLAT=True, OFF32=True, LAZY=True),
+        gluon_mla.sparse_mla_gluon_kernel, dict(BLOCK_N=block_n, STAGES=stages, FLAT=True, OFF32=True, LAZY=True, Q_SMEM=False),
         dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32"), floats=("logit_scale",),
         num_warps=gluon_mla.WARPS, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * 656, s8_t=656), gluon=True)]
 
