@@ -534,12 +534,13 @@ def _gluon_variants() -> list[Variant]:
     back-to-back 64-token blocks under 2 GiB (flat, 32-bit offsets), 512-slot splits (fp32 partials)."""
     from ..triton_kernels import sparse_mla_gluon as gluon_mla
 
-    block_n, stages = gluon_mla.DEFAULT_BLOCK_N, gluon_mla.DEFAULT_STAGES
+    block_n, stages, split = gluon_mla.DEFAULT_BLOCK_N, gluon_mla.DEFAULT_STAGES, gluon_mla.DEFAULT_SPLIT
     return [Variant(
-        f"sparse MLA few heads, Gluon, fp8_ds_mla, H=16, {block_n}-slot steps, {stages} stages",
-        gluon_mla.sparse_mla_gluon_kernel, dict(BLOCK_N=block_n, STAGES=stages, FLAT=True, OFF32=True, LAZY=True, Q_SMEM=False),
+        f"sparse MLA few heads, Gluon, fp8_ds_mla, H=16, {block_n}-slot steps, {stages} stages, {4 * split} warps",
+        gluon_mla.sparse_mla_gluon_kernel, dict(BLOCK_N=block_n, STAGES=stages, FLAT=True, OFF32=True, LAZY=True,
+                                                Q_SMEM=False, SPLIT=split),
         dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32"), floats=("logit_scale",),
-        num_warps=gluon_mla.WARPS, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * 656, s8_t=656), gluon=True)]
+        num_warps=4 * split, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * 656, s8_t=656), gluon=True)]
 
 
 def _topk_variants() -> list[Variant]:

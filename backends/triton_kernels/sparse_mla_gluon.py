@@ -46,32 +46,45 @@ _barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # (renamed barrier
 
 SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")
 MAX_HEADS = 16  # the heads are the MMAs' M side: one m16 tile
-WARPS = 4  # one per 128-dim tile
 BLOCK_H = gl.constexpr(16)  # heads padded to one m16 MMA tile
-DEFAULT_BLOCK_N, DEFAULT_STAGES = 16, 4  # the launcher's defaults
+DEFAULT_BLOCK_N, DEFAULT_STAGES, DEFAULT_SPLIT = 16, 4, 1  # the launcher's defaults
 
-# Layouts. The MMAs are batched over the four tiles, one warp each: [tile, head, slot or dim].
-_MMA = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8]))
-_DOT_A = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_MMA.value, k_width=2))
-_DOT_B = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=_MMA.value, k_width=2))
-# The copies: lane l of warp c copies slot l's bytes of tile c (one slot index and one record address a lane, its
-# 16-byte pieces at immediate offsets), and widens exactly the bytes it copied (no barrier between the two).
-# codes [tile, slot, byte]: 8 pieces of 16 bytes a lane
-_CODES = gl.constexpr(gl.BlockedLayout([1, 1, 16], [1, 32, 1], [4, 1, 1], [2, 1, 0]))
-# RoPE words [tile, slot, dim]: warp c's 16 of the 64 dims, 2 pieces a lane
-_ROPE = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 32, 1], [4, 1, 1], [2, 1, 0]))
-# tile scales [slot, tile]: one piece a lane (the four warps copy the same 512 bytes a step)
-_SCALES = gl.constexpr(gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0]))
-# queries [tile, head, dim] as loaded
-_SLOTS = gl.constexpr(gl.SliceLayout(0, gl.SliceLayout(2, _CODES.value)))  # a step's slots: lane l holds slot l
-_QUERY = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 2, 16], [4, 1, 1], [2, 1, 0]))
-# (a staged buffer's layout is its one stage's: the leading stage dimension is outside it)
-# (lanes write and read 16-byte pieces of rows 128 bytes apart: the XOR swizzle spreads a warp's over the banks)
+# Layouts, built per (SPLIT, BLOCK_N): the MMAs are batched over B = 4 * SPLIT parts of the 512 nope dims, one warp
+# each (part w: dims w * D .. w * D + D - 1, D = 128 / SPLIT, inside tile w // SPLIT): [part, head, slot or dim].
 _RAW_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[2, 1, 0]))
 _F16_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[2, 1, 0]))
 _ROPE_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[2, 1, 0]))
-_QROPE = gl.constexpr(gl.BlockedLayout([1, 1, 8], [1, 16, 2], [4, 1, 1], [2, 1, 0]))  # RoPE queries [tile, head, dim]
 _SCALE_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=1, order=[1, 0]))
+# (a staged buffer's layout is its one stage's: the leading stage dimension is outside it; lanes write and read
+# 16-byte pieces of rows 64-128 bytes apart: the XOR swizzle spreads a warp's over the banks)
+
+
+@gluon.constexpr_function
+def _mma(parts):
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[parts, 1, 1], instr_shape=[1, 16, 8])
+
+
+@gluon.constexpr_function
+def _pieces(parts, block_n, width):
+    """A copy's layout for ``[part, slot, element]`` tiles of 16-byte pieces of ``width`` elements: lane l of warp w
+    holds slot ``l % block_n``'s pieces of part w (one slot index and one record address a lane; with fewer slots
+    than lanes, a slot's pieces shared by 32 / block_n lanes). A lane widens exactly the bytes it copied."""
+    rows = min(32, block_n)
+    return gl.BlockedLayout([1, 1, width], [1, rows, 32 // rows], [parts, 1, 1], [2, 1, 0])
+
+
+@gluon.constexpr_function
+def _scales(parts, block_n):
+    """Tile scales ``[slot, part]`` (part w's tile's scale; at 4 parts one 16-byte piece a slot), spread over the
+    warps' lanes (a small tensor: lanes and warps beyond its elements copy the same bytes again)."""
+    rows = min(32, block_n)
+    return gl.BlockedLayout([1, 4], [rows, 32 // rows], [1, parts], [1, 0])
+
+
+@gluon.constexpr_function
+def _queries(parts, dims):
+    """Queries ``[part, head, dim]`` as loaded: 8 values a lane."""
+    return gl.BlockedLayout([1, 1, 8], [1, 256 // dims, dims // 8], [parts, 1, 1], [2, 1, 0])
 
 
 @gluon.jit
@@ -101,29 +114,33 @@ def _rows(slot, num_slots, s8_b, s8_t, block_tokens, FLAT: gl.constexpr, OFF32: 
 
 @gluon.jit
 def _issue(pages_u8, slot, num_slots, s8_b, s8_t, block_tokens, codes, rope, scales, FLAT: gl.constexpr,
-           OFF32: gl.constexpr):
-    """Start the copies of one step's records (``slot [BLOCK_N]``, loaded in :data:`_SLOTS`) into one stage
-    (``codes [4, BLOCK_N, 128]`` uint8, ``rope [4, BLOCK_N, 16]`` bf16, ``scales [BLOCK_N, 4]`` fp32 views);
-    skipped slots are zero-filled."""
+           OFF32: gl.constexpr, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Start the copies of one step's records (``slot [BLOCK_N]``, in the codes layout's slot slice) into one stage
+    (``codes [B, BLOCK_N, D]`` uint8, ``rope [B, BLOCK_N, 16]`` bf16 (parts >= 4 hold no RoPE dims), ``scales
+    [BLOCK_N, B]`` fp32 (part w's tile scale) views); skipped slots are zero-filled."""
+    B: gl.constexpr = 4 * SPLIT
+    D: gl.constexpr = 128 // SPLIT
+    CODES: gl.constexpr = _pieces(B, BLOCK_N, 16)
+    ROPE: gl.constexpr = _pieces(B, BLOCK_N, 8)
+    SCALES: gl.constexpr = _scales(B, BLOCK_N)
     row, ok = _rows(slot, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
-    tile = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _CODES)))
-    byte = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, _CODES)))
-    base = pages_u8 + row[None, :, None]
-    _async_copy(codes, base + (tile * 128)[:, None, None] + byte[None, None, :],
-                                           mask=ok[None, :, None])
+    part = gl.arange(0, B, gl.SliceLayout(1, gl.SliceLayout(2, CODES)))
+    byte = gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, CODES)))
+    _async_copy(codes, pages_u8 + row[None, :, None] + (part * D)[:, None, None] + byte[None, None, :],
+                mask=ok[None, :, None])
     # (the same lanes hold the same slots in the other two layouts: these conversions move nothing)
-    row_r = gl.convert_layout(row, gl.SliceLayout(0, gl.SliceLayout(2, _ROPE)))
-    ok_r = gl.convert_layout(ok, gl.SliceLayout(0, gl.SliceLayout(2, _ROPE)))
-    tile = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _ROPE)))
-    dim = gl.arange(0, 16, gl.SliceLayout(0, gl.SliceLayout(1, _ROPE)))
+    row_r = gl.convert_layout(row, gl.SliceLayout(0, gl.SliceLayout(2, ROPE)))
+    ok_r = gl.convert_layout(ok, gl.SliceLayout(0, gl.SliceLayout(2, ROPE)))
+    part = gl.arange(0, B, gl.SliceLayout(1, gl.SliceLayout(2, ROPE)))
+    dim = gl.arange(0, 16, gl.SliceLayout(0, gl.SliceLayout(1, ROPE)))
     words = (pages_u8 + row_r[None, :, None]).to(gl.pointer_type(gl.bfloat16), bitcast=True)  # (rows 16-B aligned)
-    _async_copy(rope, words + 264 + (tile * 16)[:, None, None] + dim[None, None, :],
-                                           mask=ok_r[None, :, None])  # RoPE at byte 528
-    row_s = gl.convert_layout(row, gl.SliceLayout(1, _SCALES))
-    ok_s = gl.convert_layout(ok, gl.SliceLayout(1, _SCALES))
-    tile = gl.arange(0, 4, gl.SliceLayout(0, _SCALES))
-    ptr = (pages_u8 + row_s[:, None]).to(gl.pointer_type(gl.float32), bitcast=True) + 128 + tile[None, :]  # byte 512
-    _async_copy(scales, ptr, mask=ok_s[:, None])
+    _async_copy(rope, words + 264 + (part * 16)[:, None, None] + dim[None, None, :],  # RoPE at byte 528
+                mask=ok_r[None, :, None] & (part < 4)[:, None, None])
+    row_s = gl.convert_layout(row, gl.SliceLayout(1, SCALES))
+    ok_s = gl.convert_layout(ok, gl.SliceLayout(1, SCALES))
+    part = gl.arange(0, B, gl.SliceLayout(0, SCALES))
+    ptr = (pages_u8 + row_s[:, None]).to(gl.pointer_type(gl.float32), bitcast=True) + 128 + (part // SPLIT)[None, :]
+    _async_copy(scales, ptr, mask=ok_s[:, None])  # (the tile scales at byte 512: part w's is tile w // SPLIT's)
 
 
 @gluon.jit
@@ -148,40 +165,52 @@ def sparse_mla_gluon_kernel(
     OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
     LAZY: gl.constexpr,  # rescale the accumulator only when a kept maximum must move (else every step)
     Q_SMEM: gl.constexpr = False,  # the fp16 queries in shared memory, not registers
+    SPLIT: gl.constexpr = 1,  # warps per 128-dim tile (num_warps = 4 * SPLIT)
 ):
+    B: gl.constexpr = 4 * SPLIT  # parts of the nope dims, one warp each
+    D: gl.constexpr = 128 // SPLIT  # dims a part
+    MMA: gl.constexpr = _mma(B)
+    DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    DOT_B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    CODES: gl.constexpr = _pieces(B, BLOCK_N, 16)
+    SLOTS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, CODES))  # a step's slots as the copies hold them
+    QUERY: gl.constexpr = _queries(B, D)
+    QROPE: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 16, 2], [B, 1, 1], [2, 1, 0])
+    HEADS: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(0, MMA))  # [16] per-head state (m, l)
+    PART_ROWS: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(1, MMA))  # [B] per-part state (M_c)
     split = gl.program_id(0)
     t = gl.program_id(1).to(gl.int64)
 
-    # queries of tile c: [4, 16, 128], each head scaled by 2^e into fp16's range (exact for bf16 values)
-    qt = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _QUERY)))
-    qh = gl.arange(0, BLOCK_H, gl.SliceLayout(0, gl.SliceLayout(2, _QUERY)))
-    qd = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, _QUERY)))
+    # queries of part w: [B, 16, D], each head scaled by 2^e into fp16's range (exact for bf16 values)
+    qp = gl.arange(0, B, gl.SliceLayout(1, gl.SliceLayout(2, QUERY)))
+    qh = gl.arange(0, BLOCK_H, gl.SliceLayout(0, gl.SliceLayout(2, QUERY)))
+    qd = gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, QUERY)))
     q_rows = q_ptr + t * stride_qt + qh[None, :, None] * stride_qh
-    q_ok = (qh < H)[None, :, None]
-    qf = gl.load(q_rows + (qt * 128)[:, None, None] + qd[None, None, :], mask=q_ok, other=0.0).to(gl.float32)
+    qf = gl.load(q_rows + (qp * D)[:, None, None] + qd[None, None, :], mask=(qh < H)[None, :, None],
+                 other=0.0).to(gl.float32)
     amax = gl.max(gl.max(gl.abs(qf), axis=2), axis=0)
     biased = (amax.to(gl.int32, bitcast=True) >> 23) & 0xFF
     biased = gl.minimum(gl.maximum(biased, 15), 254)
     q_up = ((2 * 127 + 14 - biased) << 23).to(gl.float32, bitcast=True)  # 2^(14 - (biased - 127))
     q_down = ((biased - 14) << 23).to(gl.float32, bitcast=True)
     q16 = (qf * q_up[None, :, None]).to(gl.float16)
-    if Q_SMEM:  # kept in shared memory and read by ldmatrix each step: 32 registers a thread fewer
-        q_s = gl.allocate_shared_memory(gl.float16, [4, BLOCK_H, 128], _F16_SMEM, q16)
+    if Q_SMEM:  # kept in shared memory and read by ldmatrix each step: fewer registers
+        q_s = gl.allocate_shared_memory(gl.float16, [B, BLOCK_H, D], _F16_SMEM, q16)
     else:
-        q16 = gl.convert_layout(q16, _DOT_A)
-    # the RoPE queries [4, 16, 16]: warp c's 16 of the 64 dims, bf16 as stored
-    rt = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _QROPE)))
-    rh = gl.arange(0, BLOCK_H, gl.SliceLayout(0, gl.SliceLayout(2, _QROPE)))
-    rd = gl.arange(0, 16, gl.SliceLayout(0, gl.SliceLayout(1, _QROPE)))
-    qr = gl.load(q_ptr + t * stride_qt + rh[None, :, None] * stride_qh + 512 + (rt * 16)[:, None, None]
-                 + rd[None, None, :], mask=(rh < H)[None, :, None], other=0.0)
-    qr16 = gl.convert_layout(qr, _DOT_A)
-    head_scale = gl.convert_layout(logit_scale * q_down, gl.SliceLayout(0, gl.SliceLayout(2, _MMA)))
+        q16 = gl.convert_layout(q16, DOT_A)
+    # the RoPE queries [B, 16, 16]: part w < 4 holds dims 16w .. 16w + 15 of the 64, parts >= 4 none (zeros)
+    rp = gl.arange(0, B, gl.SliceLayout(1, gl.SliceLayout(2, QROPE)))
+    rh = gl.arange(0, BLOCK_H, gl.SliceLayout(0, gl.SliceLayout(2, QROPE)))
+    rd = gl.arange(0, 16, gl.SliceLayout(0, gl.SliceLayout(1, QROPE)))
+    qr = gl.load(q_ptr + t * stride_qt + rh[None, :, None] * stride_qh + 512 + (rp * 16)[:, None, None]
+                 + rd[None, None, :], mask=(rh < H)[None, :, None] & (rp < 4)[:, None, None], other=0.0)
+    qr16 = gl.convert_layout(qr, DOT_A)
+    head_scale = gl.convert_layout(logit_scale * q_down, gl.SliceLayout(0, gl.SliceLayout(2, MMA)))
 
-    codes_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 4, BLOCK_N, 128], _RAW_SMEM)
-    rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 4, BLOCK_N, 16], _ROPE_SMEM)
-    scale_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], _SCALE_SMEM)
-    f16_s = gl.allocate_shared_memory(gl.float16, [4, BLOCK_N, 128], _F16_SMEM)
+    codes_s = gl.allocate_shared_memory(gl.uint8, [STAGES, B, BLOCK_N, D], _RAW_SMEM)
+    rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, B, BLOCK_N, 16], _ROPE_SMEM)
+    scale_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, B], _SCALE_SMEM)
+    f16_s = gl.allocate_shared_memory(gl.float16, [B, BLOCK_N, D], _F16_SMEM)
 
     slot_row = slots_ptr + t * stride_st
     start = split * split_size
@@ -189,16 +218,16 @@ def sparse_mla_gluon_kernel(
     steps = gl.cdiv(end - start, BLOCK_N)
     for j in gl.static_range(STAGES - 1):
         if j < steps:
-            _issue(pages_u8, _slots(slot_row, start + j * BLOCK_N, end, _SLOTS, BLOCK_N), num_slots, s8_b, s8_t,
-                   block_tokens, codes_s.index(j), rope_s.index(j), scale_s.index(j), FLAT, OFF32)
+            _issue(pages_u8, _slots(slot_row, start + j * BLOCK_N, end, SLOTS, BLOCK_N), num_slots, s8_b, s8_t,
+                   block_tokens, codes_s.index(j), rope_s.index(j), scale_s.index(j), FLAT, OFF32, SPLIT, BLOCK_N)
         async_copy.commit_group()
     # the slot indices one issue ahead: a step's copies never wait on the load of its indices
-    ahead_slots = _slots(slot_row, start + (STAGES - 1) * BLOCK_N, end, _SLOTS, BLOCK_N)
+    ahead_slots = _slots(slot_row, start + (STAGES - 1) * BLOCK_N, end, SLOTS, BLOCK_N)
 
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, gl.SliceLayout(0, _MMA)))
-    l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, gl.SliceLayout(0, _MMA)))
-    big = gl.zeros([4], gl.float32, gl.SliceLayout(1, gl.SliceLayout(1, _MMA)))
-    acc = gl.zeros([4, BLOCK_H, 128], gl.float32, _MMA)
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS)
+    l_i = gl.zeros([BLOCK_H], gl.float32, HEADS)
+    big = gl.zeros([B], gl.float32, PART_ROWS)
+    acc = gl.zeros([B, BLOCK_H, D], gl.float32, MMA)
     for i in range(steps):
         stage = i % STAGES
         async_copy.wait_group(STAGES - 2)  # this thread's copies of step i have landed
@@ -207,25 +236,25 @@ def sparse_mla_gluon_kernel(
         if ahead < steps:
             nxt = ahead % STAGES
             _issue(pages_u8, ahead_slots, num_slots, s8_b, s8_t, block_tokens, codes_s.index(nxt),
-                   rope_s.index(nxt), scale_s.index(nxt), FLAT, OFF32)
+                   rope_s.index(nxt), scale_s.index(nxt), FLAT, OFF32, SPLIT, BLOCK_N)
         async_copy.commit_group()
-        ahead_slots = _slots(slot_row, start + (ahead + 1) * BLOCK_N, end, _SLOTS, BLOCK_N)
+        ahead_slots = _slots(slot_row, start + (ahead + 1) * BLOCK_N, end, SLOTS, BLOCK_N)
 
-        # warp c widens its own tile's codes (the bytes its lanes copied) and stores them once as fp16
-        f16_s.store(_as_f16(codes_s.index(stage).load(_CODES)))
+        # warp w widens its own part's codes (the bytes its lanes copied) and stores them once as fp16
+        f16_s.store(_as_f16(codes_s.index(stage).load(CODES)))
         _barrier()  # (ldmatrix reads other lanes' stores)
-        keys_t = f16_s.permute((0, 2, 1)).load(_DOT_B)  # [4, 128, BLOCK_N]
-        rope_t = rope_s.index(stage).permute((0, 2, 1)).load(_DOT_B)  # [4, 16, BLOCK_N]
-        sigma = scale_s.index(stage).permute((1, 0)).load(gl.SliceLayout(1, _MMA))  # [4, BLOCK_N]
-        zeros = gl.zeros([4, BLOCK_H, BLOCK_N], gl.float32, _MMA)
+        keys_t = f16_s.permute((0, 2, 1)).load(DOT_B)  # [B, D, BLOCK_N]
+        rope_t = rope_s.index(stage).permute((0, 2, 1)).load(DOT_B)  # [B, 16, BLOCK_N]
+        sigma = scale_s.index(stage).permute((1, 0)).load(gl.SliceLayout(1, MMA))  # [B, BLOCK_N]: part w's tile's
+        zeros = gl.zeros([B, BLOCK_H, BLOCK_N], gl.float32, MMA)
         if Q_SMEM:
-            s_nope = mma_v2(q_s.load(_DOT_A), keys_t, zeros)
+            s_nope = mma_v2(q_s.load(DOT_A), keys_t, zeros)
         else:
             s_nope = mma_v2(q16, keys_t, zeros)
         s_rope = mma_v2(qr16, rope_t, zeros)
         s3 = s_nope * sigma[:, None, :] * head_scale[None, :, None] + s_rope * logit_scale
-        s = gl.sum(s3, axis=0)  # [16, BLOCK_N]: the four tiles' partial logits
-        n = start + i * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, gl.SliceLayout(0, _MMA)))
+        s = gl.sum(s3, axis=0)  # [16, BLOCK_N]: the parts' partial logits
+        n = start + i * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, gl.SliceLayout(0, MMA)))
         slot = gl.load(slot_row + n, mask=n < end, other=-1)
         s = gl.where(((slot >= 0) & (slot < num_slots))[None, :], s, float("-inf"))
 
@@ -234,16 +263,16 @@ def sparse_mla_gluon_kernel(
         if LAZY:
             # the kept maxima move only when a head's logit passes its kept maximum by 2^8 or a tile's scale passes
             # 2^7 times its kept one: p = 2^(s - m) <= 2^8 and P_c = p · σ / M_c <= 2^15 stay inside fp16, and the
-            # 64-register accumulator is rescaled on those steps only (softmax and output are the same sums)
+            # accumulator is rescaled on those steps only (softmax and output are the same sums)
             grow_m = gl.max(m_blk - m_i, axis=0)  # NaN while every head is still empty: no move
             grow_s = gl.max(sig_blk - big * 128.0, axis=0)
             if (grow_m > 8.0) | (grow_s > 0.0):
                 m_new = gl.maximum(m_i, m_blk)
                 alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
                 big_new = gl.maximum(big, sig_blk)
-                keep = gl.convert_layout(alpha, gl.SliceLayout(0, gl.SliceLayout(2, _MMA)))
+                keep = gl.convert_layout(alpha, gl.SliceLayout(0, gl.SliceLayout(2, MMA)))
                 grow = gl.convert_layout(big / gl.where(big_new > 0.0, big_new, 1.0),
-                                         gl.SliceLayout(1, gl.SliceLayout(2, _MMA)))
+                                         gl.SliceLayout(1, gl.SliceLayout(2, MMA)))
                 acc = acc * (keep[None, :, None] * grow[:, None, None])
                 l_i = l_i * alpha
                 m_i = m_new
@@ -252,9 +281,6 @@ def sparse_mla_gluon_kernel(
             p = gl.exp2(s - m_safe[:, None])
             l_i = l_i + gl.sum(p, axis=1)
             big_div = gl.where(big > 0.0, big, 1.0)  # no valid slot with a nonzero scale yet: p · 0 = 0
-            ratio = gl.convert_layout(sigma / big_div[:, None], gl.SliceLayout(1, _MMA))
-            p16 = gl.convert_layout((gl.expand_dims(p, 0) * ratio[:, None, :]).to(gl.float16), _DOT_A)
-            acc = mma_v2(p16, f16_s.load(_DOT_B), acc)
         else:
             m_new = gl.maximum(m_i, m_blk)
             m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # an all-skipped head stays at p = 0
@@ -263,31 +289,30 @@ def sparse_mla_gluon_kernel(
             l_i = l_i * alpha + gl.sum(p, axis=1)
             big_new = gl.maximum(big, sig_blk)
             big_div = gl.where(big_new > 0.0, big_new, 1.0)  # no valid slot with a nonzero scale yet: p · 0 = 0
-            ratio = gl.convert_layout(sigma / big_div[:, None], gl.SliceLayout(1, _MMA))
-            p16 = gl.convert_layout((gl.expand_dims(p, 0) * ratio[:, None, :]).to(gl.float16), _DOT_A)
-            values = f16_s.load(_DOT_B)  # [4, BLOCK_N, 128]
-            keep = gl.convert_layout(alpha, gl.SliceLayout(0, gl.SliceLayout(2, _MMA)))
-            grow = gl.convert_layout(big / big_div, gl.SliceLayout(1, gl.SliceLayout(2, _MMA)))
-            acc = mma_v2(p16, values, acc * (keep[None, :, None] * grow[:, None, None]))
+            keep = gl.convert_layout(alpha, gl.SliceLayout(0, gl.SliceLayout(2, MMA)))
+            grow = gl.convert_layout(big / big_div, gl.SliceLayout(1, gl.SliceLayout(2, MMA)))
+            acc = acc * (keep[None, :, None] * grow[:, None, None])
             big = big_new
             m_i = m_new
+        ratio = gl.convert_layout(sigma / big_div[:, None], gl.SliceLayout(1, MMA))
+        p16 = gl.convert_layout((gl.expand_dims(p, 0) * ratio[:, None, :]).to(gl.float16), DOT_A)
+        acc = mma_v2(p16, f16_s.load(DOT_B), acc)  # values [B, BLOCK_N, D]
     async_copy.wait_group(0)
 
     has_any = l_i > 0.0
     m_safe = gl.where(m_i == float("-inf"), 0.0, m_i)
     lse = gl.where(has_any, (m_safe + gl.log2(gl.where(has_any, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
-    norm = gl.convert_layout(1.0 / gl.where(has_any, l_i, 1.0), gl.SliceLayout(0, gl.SliceLayout(2, _MMA)))
-    big_o = gl.convert_layout(big, gl.SliceLayout(1, gl.SliceLayout(2, _MMA)))
+    norm = gl.convert_layout(1.0 / gl.where(has_any, l_i, 1.0), gl.SliceLayout(0, gl.SliceLayout(2, MMA)))
+    big_o = gl.convert_layout(big, gl.SliceLayout(1, gl.SliceLayout(2, MMA)))
     out = acc * (norm[None, :, None] * big_o[:, None, None])
-    ot = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _MMA)))
-    oh = gl.arange(0, BLOCK_H, gl.SliceLayout(0, gl.SliceLayout(2, _MMA)))
-    od = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, _MMA)))
+    op = gl.arange(0, B, gl.SliceLayout(1, gl.SliceLayout(2, MMA)))
+    oh = gl.arange(0, BLOCK_H, gl.SliceLayout(0, gl.SliceLayout(2, MMA)))
+    od = gl.arange(0, D, gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
     o_rows = o_ptr + split.to(gl.int64) * stride_os + t * stride_ot + oh[None, :, None] * stride_oh
-    gl.store(o_rows + (ot * 128)[:, None, None] + od[None, None, :], out.to(o_ptr.dtype.element_ty),
+    gl.store(o_rows + (op * D)[:, None, None] + od[None, None, :], out.to(o_ptr.dtype.element_ty),
              mask=(oh < H)[None, :, None])
-    lh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, gl.SliceLayout(0, _MMA)))
+    lh = gl.arange(0, BLOCK_H, HEADS)
     gl.store(lse_ptr + split * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
-
 
 def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
     """Whether this kernel takes the call: bf16 queries of at most 16 heads on an NVIDIA GPU, fp8_ds_mla pages whose
@@ -299,7 +324,8 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
 
 
 def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=DEFAULT_BLOCK_N,
-                     stages=DEFAULT_STAGES, split_size=512, maxnreg=None, lazy=True, q_smem=False):
+                     stages=DEFAULT_STAGES, split_size=512, maxnreg=None, lazy=True, q_smem=False,
+                     warps_per_tile=DEFAULT_SPLIT):
     """Launch :func:`sparse_mla_gluon_kernel` (the caller checked :func:`serves`; a call it does not serve raises).
 
     Args:
@@ -316,6 +342,7 @@ def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, blo
         maxnreg: ptxas's register cap (None: its own choice; a lower cap fits more programs on a SM).
         lazy: move the kept softmax maximum and tile-scale maxima only past 2^8 / 2^7 of the kept ones.
         q_smem: keep the fp16 queries in shared memory (read each step) rather than in registers.
+        warps_per_tile: 1 or 2 warps per 128-dim tile (4 or 8 warps a program; 2 halves each warp's accumulator).
 
     Returns:
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
@@ -332,6 +359,8 @@ def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, blo
         raise ValueError(f"{name}: block_n expected 16, 32 or 64, got {block_n}")
     if not 2 <= stages <= 4:
         raise ValueError(f"{name}: stages expected 2..4, got {stages}")
+    if warps_per_tile not in (1, 2):
+        raise ValueError(f"{name}: warps_per_tile expected 1 or 2, got {warps_per_tile}")
     k = slots.shape[1]
     q = q if q.stride(-1) == 1 else q.contiguous()
     slots = slots if slots.stride(-1) == 1 else slots.contiguous()
@@ -342,7 +371,7 @@ def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, blo
     s8_b, s8_t = kv_pages.stride(0), kv_pages.stride(1)
     last = (blocks - 1) * s8_b + (block_tokens - 1) * s8_t + 656  # one past the furthest record's last byte
     meta = dict(BLOCK_N=block_n, STAGES=stages, FLAT=s8_b == block_tokens * s8_t, OFF32=last < 2**31, LAZY=bool(lazy),
-                Q_SMEM=bool(q_smem), num_warps=WARPS,
+                Q_SMEM=bool(q_smem), SPLIT=warps_per_tile, num_warps=4 * warps_per_tile,
                 **({"maxnreg": maxnreg} if maxnreg else {}))
     sizes = (heads, k, blocks * block_tokens, block_tokens, split_size, softmax_scale * LOG2E)
     for first, stop in launch_grid.ranges(tokens):  # tokens on grid axis 1 (CUDA: <= 65535 programs a launch)

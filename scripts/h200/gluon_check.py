@@ -23,11 +23,13 @@ def main(argv=None) -> int:
     gen = torch.Generator().manual_seed(0)
     spec = latent_format("fp8_ds_mla")
     failures = []
-    for heads, block_tokens, width, split, block_n, stages, strided, lazy, q_smem in (
-            (16, 64, 2048, 512, 32, 3, False, True, False), (12, 64, 300, 128, 32, 2, False, True, False),
-            (1, 16, 77, None, 16, 4, True, True, False), (16, 16, 1000, 512, 64, 2, True, True, False),
-            (16, 64, 37, 16, 16, 3, False, True, False), (16, 64, 2048, 512, 16, 4, False, False, False),
-            (12, 64, 700, None, 16, 4, True, False, True), (16, 64, 2048, 512, 16, 3, False, True, True)):
+    for heads, block_tokens, width, split, block_n, stages, strided, lazy, q_smem, wpt in (
+            (16, 64, 2048, 512, 32, 3, False, True, False, 1), (12, 64, 300, 128, 32, 2, False, True, False, 1),
+            (1, 16, 77, None, 16, 4, True, True, False, 1), (16, 16, 1000, 512, 64, 2, True, True, False, 1),
+            (16, 64, 37, 16, 16, 3, False, True, False, 1), (16, 64, 2048, 512, 16, 4, False, False, False, 1),
+            (12, 64, 700, None, 16, 4, True, False, True, 1), (16, 64, 2048, 512, 16, 3, False, True, True, 1),
+            (16, 64, 2048, 512, 16, 3, False, True, False, 2), (12, 16, 300, None, 32, 2, True, False, True, 2),
+            (1, 64, 40, 16, 16, 4, False, True, False, 2)):
         blocks = 40
         slots_n = blocks * block_tokens
         rows = torch.randn(slots_n, 576, generator=gen) * torch.exp2(torch.randint(-6, 7, (slots_n, 1), generator=gen))
@@ -48,7 +50,8 @@ def main(argv=None) -> int:
         safe = torch.where(slots >= slots_n, -1, slots)
         want_o, want_lse = reference(q.float(), pages, safe, "fp8_ds_mla", None, 0.07)
         o, lse = sparse_mla_gluon(q.cuda(), pages_gpu, slots.cuda(), "fp8_ds_mla", None, 0.07, block_n=block_n,
-                                  stages=stages, split_size=split, lazy=lazy, q_smem=q_smem)
+                                  stages=stages, split_size=split, lazy=lazy, q_smem=q_smem,
+                                  warps_per_tile=wpt)
         torch.cuda.synchronize()
         o, lse = o.float().cpu(), lse.cpu()
         o_err = float((o[:-1].double() - want_o[:-1].double()).norm() / want_o[:-1].double().norm())
@@ -58,7 +61,7 @@ def main(argv=None) -> int:
         ok = o_err < TOL_O and lse_err < TOL_LSE and empty and bool(torch.isfinite(lse[:-1]).all())
         case = f"H={heads} blocks of {block_tokens} width {width} split {split} block_n {block_n} stages {stages}" + \
             (" strided" if strided else "") + ("" if lazy else " eager rescale") + \
-            (" q in smem" if q_smem else "")
+            (" q in smem" if q_smem else "") + f" {4 * wpt} warps"
         print(f"  {case:<72s} o rel err {o_err:.2e}  lse err {lse_err:.2e}  empty row ok {empty}  "
               f"{'pass' if ok else 'FAIL'}", flush=True)
         if not ok:

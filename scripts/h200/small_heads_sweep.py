@@ -60,12 +60,14 @@ RAW = (dict(block_n=64, gather_first=False),  # 220 regs, 2160 per 64 slots, wgm
 # stages, against the raw kernel's 0.460: latency-bound at two programs a SM, 206-240 registers.) R4: the slot
 # indices loaded one issue ahead, the accumulator rescaled only when a kept maximum moves (lazy), ptxas's cap of 168
 # registers for three programs a SM (local compile: 72-264 B of spills)
-# (local sm_90 compile, Triton 3.6: 16-slot steps 209-215 registers, the queries in shared memory 189, with the cap no
-# spill and 68 KB of shared memory at 3 stages: three programs a SM)
-GLUON = (dict(block_n=16, stages=4), dict(block_n=16, stages=4, lazy=False), dict(block_n=16, stages=4, maxnreg=168),
-         dict(block_n=16, stages=3, q_smem=True, maxnreg=168), dict(block_n=16, stages=2, q_smem=True, maxnreg=168),
-         dict(block_n=16, stages=3, q_smem=True), dict(block_n=32, stages=2),
-         dict(block_n=16, stages=3, q_smem=True, maxnreg=168, split_size=1024))
+# (local sm_90 compile, Triton 3.6: 16-slot steps 211 registers, the queries in shared memory 189; two warps per
+# 128-dim tile (8 a program, each with half the accumulator) 137-160, 128 under the cap without spills at 3 stages:
+# 16 warps a SM instead of 8)
+GLUON = (dict(block_n=16, stages=4), dict(block_n=16, stages=4, lazy=False),
+         dict(block_n=16, stages=3, q_smem=True, maxnreg=168), dict(block_n=16, stages=3, warps_per_tile=2, maxnreg=128),
+         dict(block_n=16, stages=4, warps_per_tile=2, maxnreg=128), dict(block_n=32, stages=2, warps_per_tile=2,
+                                                                         maxnreg=128),
+         dict(block_n=16, stages=3, warps_per_tile=2), dict(block_n=32, stages=2))
 
 
 
