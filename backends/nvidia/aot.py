@@ -544,6 +544,8 @@ def _gluon_variants() -> list[Variant]:
 
 
 def _topk_variants() -> list[Variant]:
+    from dsahal.kernel_launch import triton_launch
+
     from ..triton_kernels import topk, topk_split
     from . import config
 
@@ -561,7 +563,7 @@ def _topk_variants() -> list[Variant]:
                           (topk_split.split_write_kernel, dict(EMIT_SLOTS=True)),
                           (topk_split.split_finish_kernel, dict(EMIT_SLOTS=True))):
         out.append(Variant(
-            f"top-k split rows: {kernel.__name__}", kernel,
+            f"top-k split rows: {triton_launch(kernel).__name__}", kernel,
             dict(extra, ROW_LEVELS=cfg["row_levels"], CHUNK=cfg["chunk"]),
             {name: kind for name, kind in split_ptrs.items() if name in kernel.arg_names}, num_warps=cfg["num_warps"]))
     return out
