@@ -56,3 +56,19 @@ def test_the_kernel_compiles_for_hopper_without_spilling():
     assert result.error == "", result.error
     assert 0 < result.registers <= 255 and result.stack_bytes == 0
     assert 0 < result.shared_bytes <= 227 * 1024  # an H200 SM's shared memory for one program
+
+
+def test_the_route_verifier_names_what_the_gluon_kernel_does_not_take():
+    from dsahal.backends.nvidia.verifiers import gluon_few_heads_accepts
+
+    q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
+    slots = torch.zeros(2, 8, dtype=torch.int32)
+    cases = [((q, _pages(), slots, "nvfp4"), "nvfp4 latents: the Gluon kernel reads fp8_ds_mla records"),
+             ((torch.zeros(2, 17, 576, dtype=torch.bfloat16), _pages(), slots, "fp8_ds_mla"),
+              r"q of shape \[2, 17, 576\]: the Gluon kernel takes \[T, <= 16, 576\]"),
+             ((q.float(), _pages(), slots, "fp8_ds_mla"), "float32 queries: the Gluon kernel takes bf16"),
+             ((q, _pages(), slots, "fp8_ds_mla"), "the Gluon kernel runs on NVIDIA CUDA tensors only")]
+    for (qq, pages, ss, fmt), why in cases:
+        ok, reason = gluon_few_heads_accepts(qq, pages, ss, fmt, None, 0.1)
+        assert not ok
+        assert __import__("re").fullmatch(why, reason), reason

@@ -19,6 +19,10 @@ INVARIANT_SPLIT = 512  # slots per split in batch-invariant mode, for every batc
 # heads; above it FlashMLA (64/128-head tiles) or the general kernel serve.
 SMALL_HEADS_MAX = 32
 
+# The Gluon few-heads kernel's launch (sparse_mla_gluon; the nvidia route "gluon_few_heads"): set from the H200 sweep
+# (scripts/h200/small_heads_sweep.py --raw-only --gluon), BENCHMARKS.md sixteenth session.
+GLUON_FEW_HEADS = dict(block_n=16, stages=4, split_size=512)
+
 
 _batch_invariant: bool | None = None
 

@@ -50,6 +50,13 @@ def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
 _small_heads_config = functools.lru_cache(maxsize=64)(_mla_small.hopper_config)
 
 
+def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
+    """The Gluon few-heads kernel (fp8_ds_mla, <= 16 heads): gathers staged by cp.async, one warp per tile part."""
+    from dsahal.backends.triton_kernels.sparse_mla_gluon import sparse_mla_gluon as launch  # (imports Gluon)
+
+    return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **config.GLUON_FEW_HEADS)
+
+
 def lse_combine(o_parts, lse_parts):
     return _lse.lse_combine(o_parts, lse_parts)
 

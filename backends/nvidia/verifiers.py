@@ -25,6 +25,36 @@ def dsa_attention_accepts(q_index, index_weights, index_pages, q, kv_pages, bloc
 SMALL_HEADS_FORMATS = ("fp8_ds_mla", "nvfp4")
 
 
+GLUON_MIN_CAPABILITY = (8, 9)  # the fp8 -> fp16 conversion (cvt.rn.f16x2.e4m3x2) is sm_89+
+
+
+def gluon_few_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tuple[bool, str]:
+    """The Gluon few-heads kernel (:mod:`dsahal.backends.triton_kernels.sparse_mla_gluon`): bf16 queries of at most
+    16 heads on fp8_ds_mla pages whose records start 16-byte aligned (its 16-byte ``cp.async`` pieces), on an
+    NVIDIA GPU of sm_89 or newer."""
+    from dsahal.backends.triton_kernels import sparse_mla_gluon as gluon_mla
+    from dsahal.backends.triton_kernels.bytes import row_alignment
+
+    if kv_fmt != "fp8_ds_mla":
+        return False, f"{kv_fmt} latents: the Gluon kernel reads fp8_ds_mla records"
+    if q.dim() != 3 or q.shape[1] > gluon_mla.MAX_HEADS:
+        return False, f"q of shape {list(q.shape)}: the Gluon kernel takes [T, <= {gluon_mla.MAX_HEADS}, 576]"
+    if q.dtype != torch.bfloat16:
+        return False, f"{str(q.dtype).replace('torch.', '')} queries: the Gluon kernel takes bf16"
+    if not (q.is_cuda and kv_pages.is_cuda and slots.is_cuda) or torch.version.hip is not None:
+        return False, "the Gluon kernel runs on NVIDIA CUDA tensors only"
+    capability = torch.cuda.get_device_capability(q.device)
+    if capability < GLUON_MIN_CAPABILITY:
+        return False, (f"sm{capability[0]}{capability[1]}: the Gluon kernel's fp8 conversion needs "
+                       f"sm{GLUON_MIN_CAPABILITY[0]}{GLUON_MIN_CAPABILITY[1]} or newer")
+    if kv_pages.dtype != torch.uint8 or kv_pages.dim() != 3 or kv_pages.shape[2] != 656:
+        return False, f"pages {kv_pages.dtype} {list(kv_pages.shape)}: the Gluon kernel reads uint8 [blocks, tokens, 656]"
+    align = row_alignment(kv_pages)
+    if align < 16:
+        return False, f"records aligned to {align} byte(s): the Gluon kernel copies 16-byte pieces"
+    return True, ""
+
+
 def small_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tuple[bool, str]:
     """The few-heads kernel serves up to :data:`config.SMALL_HEADS_MAX` heads of bf16 queries on the formats
     with per-tile scales, where it beat the general kernel on the H200 (2026-12-01, 320 tokens x 2048 slots,
