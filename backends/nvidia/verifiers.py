@@ -32,9 +32,12 @@ def gluon_few_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
     """The Gluon few-heads kernel (:mod:`dsahal.backends.triton_kernels.sparse_mla_gluon`): bf16 queries of at most
     16 heads on fp8_ds_mla pages whose records start 16-byte aligned (its 16-byte ``cp.async`` pieces), on an
     NVIDIA GPU of sm_89 or newer."""
-    from dsahal.backends.triton_kernels import sparse_mla_gluon as gluon_mla
     from dsahal.backends.triton_kernels.bytes import row_alignment
 
+    try:
+        from dsahal.backends.triton_kernels import sparse_mla_gluon as gluon_mla
+    except ImportError as exc:  # a Triton without Gluon (3.4+ has it)
+        return False, f"the installed Triton has no Gluon ({exc})"
     if kv_fmt != "fp8_ds_mla":
         return False, f"{kv_fmt} latents: the Gluon kernel reads fp8_ds_mla records"
     if q.dim() != 3 or q.shape[1] > gluon_mla.MAX_HEADS:
