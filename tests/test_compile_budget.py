@@ -127,6 +127,12 @@ def test_install_wraps_the_launched_kernels_only(monkeypatch, plain_kernels):
     assert f"{sparse_mla.__name__}:sparse_mla_kernel" in wrapped
     assert isinstance(indexer._score_tile, JITFunction)  # a device helper
     assert compile_budget.install(4).keys() == wrapped.keys()  # idempotent
+    # the Gluon kernel keeps its own launch: its layouts are written out, and a plain triton.jit twin of its source
+    # would not compile (the H200 conformance run of 9049380 failed so)
+    from dsahal.backends.triton_kernels import sparse_mla_gluon
+
+    assert not isinstance(sparse_mla_gluon.sparse_mla_gluon_kernel, BudgetedKernel)
+    assert f"{sparse_mla_gluon.__name__}:sparse_mla_gluon_kernel" not in wrapped
 
 
 def test_a_budget_of_zero_sends_every_call_to_the_twin_and_none_passes_through():
