@@ -332,9 +332,10 @@ def block_tile_launch(q_dtype, index_fmt: str, heads: int = INDEXER_HEADS, block
                       max_context: int = INDEXER_CONTEXT, l2_ahead: int | None = None) -> dict:
     """What ``indexer.indexer_score`` -> ``indexer_decode.launch`` passes ``indexer_tiles_kernel`` under the
     backend's ``indexer_config``, step by step as those two functions derive it: ``constexprs``, ``pointers``
-    (element types), ``divisible``, ``num_warps``, ``num_stages``; ``l2_ahead`` replaces the config's L2 hint. ``group_per_request`` (on for FP8 keys:
-    from 2 tokens a request with FP8 queries, always with bf16 ones) does not change these 5-token variants (a
-    5-token decode step); a call with fewer tokens per request compiles shorter segments."""
+    (element types), ``divisible``, ``num_warps``, ``num_stages``; ``l2_ahead`` replaces the config's L2 hint.
+    ``group_per_request`` (on for FP8 keys: from 2 tokens a request with FP8 queries, always with bf16 ones) does not
+    change these 5-token variants (a 5-token decode step); a call with fewer tokens per request compiles shorter
+    segments."""
     import triton
 
     from dsahal.formats import INDEX_FORMATS

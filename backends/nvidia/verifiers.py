@@ -51,7 +51,8 @@ def gluon_few_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
         return False, (f"sm{capability[0]}{capability[1]}: the Gluon kernel's fp8 conversion needs "
                        f"sm{GLUON_MIN_CAPABILITY[0]}{GLUON_MIN_CAPABILITY[1]} or newer")
     if kv_pages.dtype != torch.uint8 or kv_pages.dim() != 3 or kv_pages.shape[2] != 656:
-        return False, f"pages {kv_pages.dtype} {list(kv_pages.shape)}: the Gluon kernel reads uint8 [blocks, tokens, 656]"
+        return False, (f"pages {kv_pages.dtype} {list(kv_pages.shape)}: the Gluon kernel reads uint8 "
+                       f"[blocks, tokens, 656]")
     align = row_alignment(kv_pages)
     if align < 16:
         return False, f"records aligned to {align} byte(s): the Gluon kernel copies 16-byte pieces"
