@@ -19,11 +19,12 @@ INVARIANT_SPLIT = 512  # slots per split in batch-invariant mode, for every batc
 # heads; above it FlashMLA (64/128-head tiles) or the general kernel serve.
 SMALL_HEADS_MAX = 32
 
-# The Gluon few-heads kernel's launch (sparse_mla_gluon; the nvidia route "gluon_few_heads", forced only), the fastest
-# of the H200 sweep (scripts/h200/small_heads_sweep.py --raw-only --gluon, R4 of the sixteenth session, 64 x 5 tokens
-# x 2048 slots): 16-slot steps, 3 stages, the queries in shared memory and ptxas's cap of 168 registers (three programs a SM, no
-# spill): 0.426 / 0.419 ms at H = 16 / 12 against 0.449 / 0.441 with 4 stages and the queries in registers (two
-# programs a SM), 0.571 with 32-slot steps, 0.77-0.89 at 8 warps a program; 512-slot splits (batch invariant).
+# The Gluon few-heads kernel's launch (sparse_mla_gluon; the nvidia route "gluon_few_heads", forced only), the
+# fastest of the H200 sweep (scripts/h200/small_heads_sweep.py --raw-only --gluon, R4 of the sixteenth session, 64 x 5
+# tokens x 2048 slots): 16-slot steps, 3 stages, the queries in shared memory and ptxas's cap of 168 registers (three
+# programs a SM, no spill): 0.426 / 0.419 ms at H = 16 / 12 against 0.449 / 0.441 with 4 stages and the queries in
+# registers (two programs a SM), 0.571 with 32-slot steps, 0.77-0.89 at 8 warps a program; 512-slot splits (batch
+# invariant).
 GLUON_FEW_HEADS = dict(block_n=16, stages=3, q_smem=True, maxnreg=168, split_size=512)
 
 
