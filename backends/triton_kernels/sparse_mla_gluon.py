@@ -38,7 +38,7 @@ from . import grid as launch_grid
 from .bytes import row_alignment
 from .lse_combine import lse_combine
 from .sparse_mla import LOG2E
-from .sparse_mla_small_heads_raw import check_launch, split_outputs
+from .sparse_mla_small_heads_raw import check_launch, unit_stride_and_outputs
 
 # Triton 3.6 (the H200's) names the copy async_copy_global_to_shared; later releases renamed it async_load
 _async_copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -362,9 +362,7 @@ def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, blo
     if warps_per_tile not in (1, 2):
         raise ValueError(f"{name}: warps_per_tile expected 1 or 2, got {warps_per_tile}")
     k = slots.shape[1]
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    slots = slots if slots.stride(-1) == 1 else slots.contiguous()
-    split_size, splits, o, lse = split_outputs(q, k, split_size)
+    q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
     blocks, block_tokens = kv_pages.shape[0], kv_pages.shape[1]

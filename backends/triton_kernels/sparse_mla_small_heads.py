@@ -44,7 +44,8 @@ from .bytes import LATENT_BF16, LATENT_CODES, LATENT_FP8, typed_views, views_usa
 from .lse_combine import lse_combine
 from .sparse_mla import LOG2E, NOPE, decode_nope, decode_rope, load_nope_raw, load_rope_raw, record_rows
 # (MAX_HEADS: this module's public name, kept; the raw module holds it)
-from .sparse_mla_small_heads_raw import MAX_HEADS, check_launch, sparse_mla_small_heads_raw, split_outputs  # noqa: F401
+from .sparse_mla_small_heads_raw import (  # noqa: F401
+    MAX_HEADS, check_launch, sparse_mla_small_heads_raw, unit_stride_and_outputs)
 from dsahal.kernel_launch import wrap_launched
 
 CHUNK = 128  # nope dims per chunk: one fp8_ds_mla tile, eight nvfp4 blocks
@@ -280,9 +281,7 @@ def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, 
     k = slots.shape[1]
     fmt = LATENT_CODES[kv_fmt]
     as_bf16 = (q.dtype == torch.bfloat16) if exact_fp32 is None else not exact_fp32
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    slots = slots if slots.stride(-1) == 1 else slots.contiguous()
-    split_size, splits, o, lse = split_outputs(q, k, split_size)
+    q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
     views = typed_views(kv_pages)

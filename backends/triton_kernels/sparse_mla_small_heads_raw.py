@@ -286,10 +286,7 @@ def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_sca
                          f"{list(kv_pages.shape)}")
     tokens, heads, _ = q.shape
     check_launch(name, heads, block_n, split_size)
-    k = slots.shape[1]
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    slots = slots if slots.stride(-1) == 1 else slots.contiguous()
-    split_size, splits, o, lse = split_outputs(q, k, split_size)
+    q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
     block_tokens = kv_pages.shape[1]
@@ -297,7 +294,8 @@ def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_sca
                 ROW_ALIGN=row_alignment(kv_pages), REUSE=bool(reuse), GATHER_FIRST=bool(gather_first),
                 num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}),
                 BT_LOG2=block_tokens.bit_length() - 1 if block_tokens & (block_tokens - 1) == 0 else -1)
-    sizes = (heads, k, kv_pages.shape[0] * kv_pages.shape[1], kv_pages.shape[1], split_size, softmax_scale * LOG2E)
+    sizes = (heads, slots.shape[1], kv_pages.shape[0] * kv_pages.shape[1], kv_pages.shape[1], split_size,
+             softmax_scale * LOG2E)
     if tokens <= launch_grid.MAX_GRID_YZ:
         _launch(q, kv_pages, slots, o, lse, splits, sizes, meta)
     else:  # tokens on grid axis 1 (CUDA: <= 65535 programs): one launch per range of tokens, same programs
@@ -316,6 +314,14 @@ def check_launch(name: str, heads: int, block_n: int, split_size) -> None:
         raise ValueError(f"{name}: block_n expected a power of two >= 16, got {block_n}")
     if split_size is not None and split_size < 1:
         raise ValueError(f"{name}: split_size expected None or >= 1, got {split_size}")
+
+
+def unit_stride_and_outputs(q: torch.Tensor, slots: torch.Tensor, split_size):
+    """A few-heads launcher's inputs with unit stride in their last dim, and :func:`split_outputs` for them:
+    ``(q, slots, slots per split, splits, o, lse)``."""
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    slots = slots if slots.stride(-1) == 1 else slots.contiguous()
+    return (q, slots, *split_outputs(q, slots.shape[1], split_size))
 
 
 def split_outputs(q: torch.Tensor, k: int, split_size):
