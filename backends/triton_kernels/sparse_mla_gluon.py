@@ -13,23 +13,30 @@ FlashMLA's 0.297 with its heads padded to 64), and a rewrite in ``tl`` with the 
 Here the schedule is explicit:
 
 - the gather of step ``i + STAGES - 1`` (each record's 512 code bytes, 4 tile scales and 64 RoPE words, 16-byte
-  ``cp.async`` copies, zero-filled for skipped slots) is in flight while step ``i`` computes;
-- warp ``c`` owns tile ``c``: it widens its own copied codes (the same thread layout as the copy, so no barrier
-  between them), stores the fp16 tile once and reads it back as both MMA operands by ``ldmatrix`` (``.trans`` for
-  the values); its queries stay in registers;
-- the logits are ``mma.sync`` products of 16 heads by ``BLOCK_N`` slots per tile, summed over the four warps; the
-  RoPE dims are split 16 a warp the same way.
+  ``cp.async`` copies, zero-filled for skipped slots; the step's slot indices loaded one issue earlier) is in
+  flight while step ``i`` computes;
+- warp ``w`` owns part ``w`` of the nope dims (a 128-dim tile, or half of one with two warps a tile): it widens the
+  codes its own lanes copied (the same thread layout as the copy, so no barrier between the two), stores its fp16
+  part once and reads it back as both MMA operands by ``ldmatrix`` (``.trans`` for the values); its queries stay in
+  registers, or in shared memory (``Q_SMEM``: fewer registers, more programs a SM);
+- the logits are ``mma.sync`` products of 16 heads by ``BLOCK_N`` slots per part, summed over the warps; the RoPE
+  dims are split 16 a warp over the first four.
+
+Measured on the H200 (BENCHMARKS.md, sixteenth session, 64 x 5 tokens x 2048 slots): 0.426 ms at H = 16 (16-slot
+steps, 3 stages, the queries in shared memory, 168 registers: three programs a SM), 1.09x the raw kernel, 0.71x
+FlashMLA with its heads padded to 64: still latency-bound, each step's chain (copy wait, widening, both MMAs, the
+cross-warp logit sum, softmax) exposed at 12 warps a SM.
 
 One program = (one split of the slot list, one token), heads padded to 16; ``splits > 1`` writes fp32 partials that
 :func:`.lse_combine.lse_combine` merges in split order (a fixed slot count per split: a row's result does not depend
 on the batch). Gluon has no interpreter: CPU runs cannot execute this kernel; its sm_90 compile is checked on any
-machine (``python -m dsahal.backends.nvidia.aot``), its results on the H200 (``scripts/h200/small_heads_sweep.py``,
-the conformance suite).
+machine (``python -m dsahal.backends.nvidia.aot``, ``tests/test_sparse_mla_gluon.py``), its results on the H200
+(``scripts/h200/gluon_check.py`` against the float64 reference, ``scripts/h200/small_heads_sweep.py``); the
+conformance suite has not certified its route yet (``gluon_few_heads``, reached only when forced).
 """
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
@@ -68,7 +75,7 @@ def _mma(parts):
 def _pieces(parts, block_n, width):
     """A copy's layout for ``[part, slot, element]`` tiles of 16-byte pieces of ``width`` elements: lane l of warp w
     holds slot ``l % block_n``'s pieces of part w (one slot index and one record address a lane; with fewer slots
-    than lanes, a slot's pieces shared by 32 / block_n lanes). A lane widens exactly the bytes it copied."""
+    than lanes, a slot's pieces split over 32 / block_n lanes). A lane widens exactly the bytes it copied."""
     rows = min(32, block_n)
     return gl.BlockedLayout([1, 1, width], [1, rows, 32 // rows], [parts, 1, 1], [2, 1, 0])
 
