@@ -388,7 +388,6 @@ def tile_shape(heads, dot, block_n, group, tiles):
     return block_h, block_n, group, tiles
 
 
-
 def _request_group(group: int, tokens: int, rows: int, per_request) -> int:
     """Tokens per block-tile segment: ``group``, or with ``per_request`` (True, or the fewest tokens per request
     it applies from) no more than the call's tokens per request ``ceil(tokens / rows)`` (a decode step's 1, 2 or 5;
@@ -401,6 +400,7 @@ def _request_group(group: int, tokens: int, rows: int, per_request) -> int:
     if per_call < int(per_request):
         return group
     return max(1, min(group, per_call))
+
 
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,
                   block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, pipeline=False, typed_keys=False,
