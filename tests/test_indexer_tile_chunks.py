@@ -160,11 +160,6 @@ def test_long_chunks_give_the_short_chunks_scores(interpreted, label):
     assert interpreted[f"bits_{label}"], label
 
 
-if __name__ == "__main__":
-    # Child process: TRITON_INTERPRET=1 is already in the environment, before triton's import.
-    print(json.dumps(_run_all()))
-
-
 def test_segments_follow_the_tokens_per_request_from_the_configured_count():
     """``group_per_request`` (``indexer._request_group``): True shortens segments to the call's tokens per
     request; an int shortens them only from that many tokens a request on (the H200 config of FP8 queries: 2,
@@ -194,3 +189,8 @@ def test_backend_configs_take_the_measured_segment_policy():
     assert indexer_config(32, torch.float8_e4m3fn, "fp8")["block_tiles"]["group_per_request"] == 2
     assert indexer_config(32, torch.bfloat16, "fp8")["block_tiles"]["group_per_request"] is True
     assert not indexer_config(32, torch.float8_e4m3fn, "mxfp4")["block_tiles"].get("group_per_request")
+
+
+if __name__ == "__main__":
+    # Child process: TRITON_INTERPRET=1 is already in the environment, before triton's import.
+    print(json.dumps(_run_all()))
