@@ -3,6 +3,8 @@ the shared Triton kernels' limits (:mod:`dsahal.backends.triton_kernels.limits`)
 :mod:`.flashmla`. Metadata only (no tensor values: no GPU sync)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from dsahal.backends.triton_kernels import limits
@@ -29,34 +31,26 @@ GLUON_MIN_CAPABILITY = (8, 9)  # the fp8 -> fp16 conversion (cvt.rn.f16x2.e4m3x2
 
 
 def gluon_few_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tuple[bool, str]:
-    """The Gluon few-heads kernel (:mod:`dsahal.backends.triton_kernels.sparse_mla_gluon`): bf16 queries of at most
-    16 heads on fp8_ds_mla pages whose records start 16-byte aligned (its 16-byte ``cp.async`` pieces), on an
-    NVIDIA GPU of sm_89 or newer."""
-    from dsahal.backends.triton_kernels.bytes import row_alignment
-
+    """The Gluon few-heads kernel (:mod:`dsahal.backends.triton_kernels.sparse_mla_gluon`): what its launcher takes
+    (:func:`~dsahal.backends.triton_kernels.sparse_mla_gluon.refusal`), on an NVIDIA GPU of sm_89 or newer."""
     try:
         from dsahal.backends.triton_kernels import sparse_mla_gluon as gluon_mla
     except ImportError as exc:  # a Triton without Gluon (3.4+ has it)
         return False, f"the installed Triton has no Gluon ({exc})"
-    if kv_fmt != "fp8_ds_mla":
-        return False, f"{kv_fmt} latents: the Gluon kernel reads fp8_ds_mla records"
-    if q.dim() != 3 or q.shape[1] > gluon_mla.MAX_HEADS:
-        return False, f"q of shape {list(q.shape)}: the Gluon kernel takes [T, <= {gluon_mla.MAX_HEADS}, 576]"
-    if q.dtype != torch.bfloat16:
-        return False, f"{str(q.dtype).replace('torch.', '')} queries: the Gluon kernel takes bf16"
-    if not (q.is_cuda and kv_pages.is_cuda and slots.is_cuda) or torch.version.hip is not None:
-        return False, "the Gluon kernel runs on NVIDIA CUDA tensors only"
-    capability = torch.cuda.get_device_capability(q.device)
+    why = gluon_mla.refusal(q, kv_pages, kv_fmt, slots)
+    if why:
+        return False, why
+    capability = _capability(q.device.index)
     if capability < GLUON_MIN_CAPABILITY:
         return False, (f"sm{capability[0]}{capability[1]}: the Gluon kernel's fp8 conversion needs "
                        f"sm{GLUON_MIN_CAPABILITY[0]}{GLUON_MIN_CAPABILITY[1]} or newer")
-    if kv_pages.dtype != torch.uint8 or kv_pages.dim() != 3 or kv_pages.shape[2] != 656:
-        return False, (f"pages {kv_pages.dtype} {list(kv_pages.shape)}: the Gluon kernel reads uint8 "
-                       f"[blocks, tokens, 656]")
-    align = row_alignment(kv_pages)
-    if align < 16:
-        return False, f"records aligned to {align} byte(s): the Gluon kernel copies 16-byte pieces"
     return True, ""
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int | None) -> tuple[int, int]:
+    """A CUDA device's compute capability, asked of the driver once (the verifier runs on every call)."""
+    return torch.cuda.get_device_capability(index)
 
 
 def small_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tuple[bool, str]:

@@ -43,6 +43,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from . import grid as launch_grid
 from .bytes import row_alignment
+from .indexer_decode import runs_ptx
 from .lse_combine import lse_combine
 from .sparse_mla import LOG2E
 from .sparse_mla_small_heads_raw import check_launch, unit_stride_and_outputs
@@ -321,13 +322,29 @@ def sparse_mla_gluon_kernel(
     lh = gl.arange(0, BLOCK_H, HEADS)
     gl.store(lse_ptr + split * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
 
+def refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots: torch.Tensor | None = None) -> str:
+    """Why this kernel does not take the call ("" when it does): it takes bf16 queries of at most 16 heads on an
+    NVIDIA GPU and fp8_ds_mla pages whose records start 16-byte aligned (the ``cp.async`` pieces). The route's
+    verifier reports this reason; the launcher raises on it."""
+    if kv_fmt != "fp8_ds_mla":
+        return f"{kv_fmt} latents: the Gluon kernel reads fp8_ds_mla records"
+    if q.dim() != 3 or q.shape[1] > MAX_HEADS:
+        return f"q of shape {list(q.shape)}: the Gluon kernel takes [T, <= {MAX_HEADS}, 576]"
+    if q.dtype != torch.bfloat16:
+        return f"{str(q.dtype).replace('torch.', '')} queries: the Gluon kernel takes bf16"
+    if not all(runs_ptx(t.device) for t in (q, kv_pages) + (() if slots is None else (slots,))):
+        return "the Gluon kernel runs on NVIDIA CUDA tensors only"
+    if kv_pages.dtype != torch.uint8 or kv_pages.dim() != 3 or kv_pages.shape[2] != 656:
+        return f"pages {kv_pages.dtype} {list(kv_pages.shape)}: the Gluon kernel reads uint8 [blocks, tokens, 656]"
+    align = row_alignment(kv_pages)
+    if align < 16:
+        return f"records aligned to {align} byte(s): the Gluon kernel copies 16-byte pieces"
+    return ""
+
+
 def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
-    """Whether this kernel takes the call: bf16 queries of at most 16 heads on an NVIDIA GPU, fp8_ds_mla pages whose
-    records start 16-byte aligned (the ``cp.async`` pieces)."""
-    return (kv_fmt == "fp8_ds_mla" and q.device.type == "cuda" and torch.version.hip is None
-            and q.dtype == torch.bfloat16 and q.dim() == 3 and q.shape[1] <= MAX_HEADS
-            and kv_pages.dtype == torch.uint8 and kv_pages.dim() == 3 and kv_pages.shape[2] == 656
-            and row_alignment(kv_pages) >= 16)
+    """Whether this kernel takes the call (:func:`refusal` has no reason)."""
+    return not refusal(q, kv_pages, kv_fmt)
 
 
 def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=DEFAULT_BLOCK_N,
@@ -359,7 +376,8 @@ def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, blo
         raise ValueError(f"{name}: expected bf16 q [T, <= {MAX_HEADS}, 576] on an NVIDIA GPU and fp8_ds_mla uint8 "
                          f"pages [num_blocks, block_tokens, 656] with 16-byte aligned records, got q {q.dtype} "
                          f"{list(q.shape)} on {q.device}, kv_fmt {kv_fmt!r}, pages {kv_pages.dtype} "
-                         f"{list(kv_pages.shape)} aligned to {row_alignment(kv_pages)} byte(s)")
+                         f"{list(kv_pages.shape)} aligned to {row_alignment(kv_pages)} byte(s) "
+                         f"({refusal(q, kv_pages, kv_fmt)})")
     tokens, heads, _ = q.shape
     check_launch(name, heads, block_n, split_size)
     if block_n not in (16, 32, 64):
