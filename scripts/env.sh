@@ -17,9 +17,14 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 _dsahal_pip_steps() {  # run inside `if`, where set -e does not apply: each step returns on failure
     "$VENV/bin/python" -m pip install -q --upgrade pip || true  # an old pip still installs; not fatal
-    "$VENV/bin/python" -m pip install -q --progress-bar off ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
+    # A local wheel where the machine has one, else PyPI's CUDA build: retried when the link drops.
+    # shellcheck disable=SC2046  # the options are words
+    retry_on_network_error "$VENV/bin/python" -m pip install -q --progress-bar off \
+        $(pip_network_options "$VENV/bin/python") ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
         "torch==2.13.0" || return
-    "$VENV/bin/python" -m pip install -q --progress-bar off -e "$ROOT[test]" || return
+    # shellcheck disable=SC2046
+    retry_on_network_error "$VENV/bin/python" -m pip install -q --progress-bar off \
+        $(pip_network_options "$VENV/bin/python") -e "$ROOT[test]" || return
 }
 install_if_changed "$VENV" dsahal "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/scripts/env.sh" \
     -- _dsahal_pip_steps

@@ -34,3 +34,40 @@ PY
     fi
     echo "$want" >"$stamp"
 }
+
+# retry_on_network_error CMD...: run CMD (a pip install) and, when it fails on the network (a dropped or
+# timed-out connection, an incomplete download: what PyPI's multi-GB CUDA wheels meet on a slow link),
+# wait and run it again, up to DSAHAL_PIP_ATTEMPTS times in all (default 4), the waits growing by
+# DSAHAL_PIP_RETRY_SLEEP seconds (default 30: 30, 60, 90 s). pip's cache keeps the wheels that did arrive,
+# so a later attempt downloads only what is missing. Any other failure (no such release, a resolver
+# conflict) returns at once: retrying cannot fix it. Each attempt's output is printed after it ends.
+retry_on_network_error() {
+    local attempts="${DSAHAL_PIP_ATTEMPTS:-4}" pause="${DSAHAL_PIP_RETRY_SLEEP:-30}" attempt=1 rc out
+    out="$(mktemp)"
+    while true; do
+        rc=0
+        "$@" >"$out" 2>&1 || rc=$?
+        cat "$out"
+        if [ "$rc" -eq 0 ]; then rm -f "$out"; return 0; fi
+        if [ "$attempt" -ge "$attempts" ] || ! grep -qiE \
+            'incomplete-download|connection (interrupted|reset|refused|aborted)|read timed out|timed out|ProtocolError|NewConnectionError|ReadTimeoutError|Max retries exceeded|Temporary failure in name resolution|IncompleteRead|network is unreachable' \
+            "$out"; then
+            rm -f "$out"; return "$rc"
+        fi
+        echo "== attempt $attempt of $attempts failed on the network; trying again in $((pause * attempt)) s"
+        sleep "$((pause * attempt))"
+        attempt=$((attempt + 1))
+    done
+}
+
+# pip_network_options PYTHON: the options that make PYTHON's pip patient with a slow or dropping link:
+# more retries of a request, a longer timeout, and (pip 25.1 and newer) resuming an interrupted download.
+pip_network_options() {
+    local options="--retries 10 --timeout 60"
+    local help
+    help="$("$1" -m pip install --help 2>/dev/null || true)"  # (not piped into grep -q: pipefail and SIGPIPE)
+    if [[ "$help" == *--resume-retries* ]]; then
+        options="$options --resume-retries 20"
+    fi
+    echo "$options"
+}

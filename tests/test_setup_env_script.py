@@ -51,3 +51,51 @@ def test_a_failing_install_prints_pips_output_and_leaves_no_stamp(tmp_path):
     assert not (venv / ".dsahal-demo.stamp").exists()  # the next run tries again
     assert _install(venv, [pyproject], "true").returncode == 0
     assert (venv / ".dsahal-demo.stamp").exists()
+
+
+def _retry(tmp_path, step, attempts=3):
+    """Source the helper and run ``retry_on_network_error`` on a fake pip ``step`` (shell code)."""
+    script = (f'set -euo pipefail; source "{HELPER}"; step() {{ {step}; }}; '
+              'retry_on_network_error step')
+    env = dict(os.environ, DSAHAL_PIP_ATTEMPTS=str(attempts), DSAHAL_PIP_RETRY_SLEEP="0")
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_a_dropped_download_is_tried_again_until_it_arrives(tmp_path):
+    calls = tmp_path / "calls"
+    # fails twice the way the CI's cublas download did, then succeeds
+    step = (f'echo run >> "{calls}"; if [ "$(wc -l < "{calls}")" -lt 3 ]; then '
+            'echo "error: incomplete-download"; echo "Connection interrupted while downloading."; return 1; fi; '
+            'echo installed')
+    done = _retry(tmp_path, step)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert calls.read_text().count("run") == 3
+    assert done.stdout.count("failed on the network") == 2 and "installed" in done.stdout
+
+
+def test_network_retries_stop_after_the_last_attempt_with_pips_status(tmp_path):
+    calls = tmp_path / "calls"
+    step = f'echo run >> "{calls}"; echo "ReadTimeoutError: Read timed out."; return 7'
+    failed = _retry(tmp_path, step, attempts=2)
+    assert failed.returncode == 7
+    assert calls.read_text().count("run") == 2
+
+
+def test_a_failure_that_is_not_the_network_is_not_retried(tmp_path):
+    calls = tmp_path / "calls"
+    step = f'echo run >> "{calls}"; echo "ERROR: No matching distribution found for torch==9"; return 1'
+    failed = _retry(tmp_path, step)
+    assert failed.returncode == 1
+    assert calls.read_text().count("run") == 1
+    assert "No matching distribution" in failed.stdout
+
+
+def test_pip_network_options_ask_a_new_pip_to_resume_downloads(tmp_path):
+    script = f'set -euo pipefail; source "{HELPER}"; pip_network_options "{sys.executable}"'
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    options = done.stdout.split()
+    assert options[:4] == ["--retries", "10", "--timeout", "60"]
+    help_text = subprocess.run([sys.executable, "-m", "pip", "install", "--help"], capture_output=True,
+                               text=True, timeout=60).stdout
+    assert ("--resume-retries" in options) == ("--resume-retries" in help_text)
