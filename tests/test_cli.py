@@ -8,6 +8,7 @@ import pytest
 
 from dsahal import __version__
 from dsahal.cli import build_parser, main
+from dsahal.ops.catalog import OP_NAMES
 
 
 def run_cli(*args, env=None):
@@ -53,6 +54,20 @@ def test_installed_plugin_appears_in_the_table():
     routes = lines[at:at + 8]
     assert any(line.strip() == "lse_combine:" for line in routes), routes
     assert any(line.split()[:2] == ["on", "default"] for line in routes), routes  # its one route, usable
+
+
+def test_verbose_lists_the_reference_routes_as_usable():
+    # the reference is always available and serves every op itself: its routes were listed as
+    # "not resolved: backend unavailable" under `dsahal backends --verbose`
+    from dsahal.cli.backends import route_rows
+    from dsahal.registry import registry
+
+    reg = registry()
+    rows = route_rows(reg.records["reference"], reg)
+    assert set(rows) == set(OP_NAMES)
+    for op, routes in rows.items():
+        assert [(r["name"], r["available"]) for r in routes] == [("reference", True)], (op, routes)
+        assert "unavailable" not in routes[0]["reason"]
 
 
 def test_version(capsys):

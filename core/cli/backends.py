@@ -31,9 +31,13 @@ def coverage(backend) -> dict[str, str]:
 
 def route_rows(record, reg) -> dict[str, list[dict]]:
     """op -> its routes as resolved here (usable or not, and why). An unavailable backend's routes are
-    listed as declared, unresolved: resolving would import its kernel libraries."""
+    listed as declared, unresolved: resolving would import its kernel libraries. The reference serves
+    every op itself, as the one route ``reference`` (the name ``DSAHAL_ROUTES`` and the reports use)."""
     backend = record.backend
-    if not record.available or backend.name == "reference":
+    if backend.name == "reference":
+        return {op: [{"name": "reference", "available": True, "reason": "the float64 oracle (dsahal/reference/)"}]
+                for op in OP_NAMES if backend.routes(op)}
+    if not record.available:
         return {op: [{"name": r.name, "available": None, "reason": r.description or "not resolved: backend unavailable"}
                      for r in backend.routes(op)] for op in OP_NAMES if backend.routes(op)}
     table = OpTable(record, reg.records["reference"], OP_NAMES, COMPOSITE_OPS)
