@@ -86,3 +86,15 @@ def test_every_command_has_help(capsys):
             main([name, "--help"])
         assert info.value.code == 0
         assert "usage: dsahal " + name in capsys.readouterr().out
+
+
+def test_run_help_names_every_preset(capsys, monkeypatch):
+    # `dsahal run --help` named three presets (tiny, k31-pro-slice, k31-pro) of the five shipped
+    from dsahal.config import list_presets
+
+    monkeypatch.setenv("COLUMNS", "400")  # argparse wraps at hyphens otherwise
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for preset in list_presets():
+        assert preset + "," in text or preset + ";" in text, preset

@@ -26,7 +26,7 @@ import time
 import torch
 
 from ..cache import DEFAULT_ROW_ROUNDING, ROW_ROUNDINGS, plan_layout
-from ..config import load_config
+from ..config import list_presets, load_config
 from ..registry import RegistryError, use_backend
 from ..registry.state import active_table
 from ..engine.check import check_tolerance, compare_runs, merge_rank_checks
@@ -436,7 +436,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("run", help="run the hybrid model: tokens/s, per-op times, --check vs reference",
                                    description=__doc__)
     parser.add_argument("--backend", default=None, help="backend name (default: DSAHAL_BACKEND or automatic)")
-    parser.add_argument("--config", default="tiny", help="preset (tiny, k31-pro-slice, k31-pro) or a JSON file")
+    parser.add_argument("--config", default="tiny",
+                        help=f"preset ({', '.join(list_presets())}; default %(default)s) or a JSON file")
     parser.add_argument("--batch", type=int, default=4, help="requests in the batch (default 4)")
     parser.add_argument("--prompt-len", type=int, default=128, help="longest prompt; the others are shorter")
     parser.add_argument("--decode", type=int, default=32, help="tokens generated per request (default 32)")
