@@ -247,7 +247,7 @@ def print_summary(records: list, problems: list[str], settings: dict, report_dir
     print(f"\n===== dsahal conformance (merged): backend {records[0].backend if records else '?'!r} =====")
     table = report.matrix(records)
     for op in [o for o in OP_NAMES if o in table]:
-        print(f"  {op:<20} " + ", ".join(f"{fmt}={report.cell_status(c)}" for fmt, c in sorted(table[op].items())))
+        print(f"  {op:<20} {report.op_cells(table[op])}")
     counts = report.summary(records)
     print("  " + ", ".join(f"{counts[o]} {o}" for o in report.OUTCOMES if counts[o] or o in ("pass", "fail")))
     for record in records:

@@ -353,8 +353,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     tr.section(f"dsahal conformance: backend {_STATE.table.name!r}")
     table = report.matrix(records)
     for op in [o for o in OP_NAMES if o in table]:
-        cells = ", ".join(f"{fmt}={report.cell_status(c)}" for fmt, c in sorted(table[op].items()))
-        tr.write_line(f"  {op:<20} {cells}")
+        tr.write_line(f"  {op:<20} {report.op_cells(table[op])}")
     counts = report.summary(records)
     tr.write_line("  " + ", ".join(f"{counts[o]} {o}" for o in report.OUTCOMES if counts[o] or o in ("pass", "fail")))
     for record in records:

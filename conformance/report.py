@@ -58,6 +58,14 @@ def matrix(records: list[TestRecord]) -> dict:
     return table
 
 
+def op_cells(formats: dict) -> str:
+    """An op's matrix row as the terminal summary prints it: ``latent:bf16=pass, latent:fp8=fail``, or the
+    status alone for an op without cache formats (format ``-``), not ``-=pass``."""
+    if set(formats) == {"-"}:
+        return cell_status(formats["-"])
+    return ", ".join(f"{fmt}={cell_status(c)}" for fmt, c in sorted(formats.items()))
+
+
 def cell_status(counts: dict) -> str:
     """One word for a matrix cell: any fail wins, then incomplete, then pass, then fallback, then skip."""
     if counts["fail"] or counts["xpass"]:

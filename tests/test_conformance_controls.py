@@ -134,6 +134,16 @@ def test_a_matrix_cell_fails_if_any_property_failed():
     assert report.cell_status(table["kda_decode"]["-"]) == "fallback"
 
 
+def test_the_summary_line_of_an_op_without_formats_is_its_status_alone():
+    # the terminal summary printed `topk  -=pass` for ops whose only format is "-"
+    records = [report.TestRecord("a", "a", "topk", "p", "-", "x", outcome="pass"),
+               report.TestRecord("b", "b", "sparse_mla", "p", "latent:fp8", "x", outcome="pass"),
+               report.TestRecord("c", "c", "sparse_mla", "p", "latent:bf16", "x", outcome="fallback")]
+    table = report.matrix(records)
+    assert report.op_cells(table["topk"]) == "pass"
+    assert report.op_cells(table["sparse_mla"]) == "latent:bf16=fallback, latent:fp8=pass"
+
+
 
 
 def test_the_ci_template_runs_one_job_per_hardware_and_uploads_the_reports():
