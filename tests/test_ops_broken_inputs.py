@@ -110,6 +110,26 @@ def test_kda_with_no_key_dim_and_the_default_scale_is_rejected(op):
     rejects(call_kda(op, **empty)[0], ValueError, op, "q", "K >= 1", "K=0")
 
 
+@pytest.mark.parametrize("op,arg", [("sparse_mla", "softmax_scale"), ("dsa_attention", "softmax_scale"),
+                                    ("kda_decode", "scale"), ("kda_prefill", "scale")])
+@pytest.mark.parametrize("value", [1e39, 1e300], ids=["1e39", "1e300"])
+def test_a_scalar_scale_past_fp32_is_rejected(op, arg, value):
+    # a finite Python float accepted as "finite", which every kernel takes as an fp32: inf there (the reference's
+    # float64 KDA output became inf in q's dtype, kda_decode and kda_prefill wrote the state all the same)
+    if op == "sparse_mla":
+        call = lambda: ops.sparse_mla(torch.randn(2, 3, 576), pages(), torch.tensor([[0, 5], [1, -1]], dtype=I32),  # noqa: E731
+                                      kv_fmt="bf16", softmax_scale=value)
+        pool = None
+    elif op == "dsa_attention":
+        call, pool = (lambda: ops.dsa_attention(**dsa_args(softmax_scale=value))), None
+    else:
+        call, pool = call_kda(op, scale=value)
+    before = None if pool is None else pool.clone()
+    rejects(call, ValueError, op, arg, "at most 3.4028235e+38", f"got {value}")
+    if pool is not None:
+        assert torch.equal(pool, before)
+
+
 # ---------------------------------------------------------------------------- devices
 
 def test_kda_prefill_checks_the_device_of_cu_seqlens():

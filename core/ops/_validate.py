@@ -13,6 +13,7 @@ from typing import Iterable, Sequence
 import torch
 
 from ..formats.base import CacheFormat, scale_limit_text
+from ..formats.numerics import FP32_MAX
 from ._dispatch import tracing
 
 _Tensor = torch.Tensor
@@ -171,8 +172,9 @@ class ShapeBinder:
     def positive_float(self, name: str, value: object) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"dsahal.{self.op}: argument '{name}' expected a float, got {type(value).__name__}")
-        if not (value > 0.0 and value < float("inf")):
-            raise ValueError(f"dsahal.{self.op}: argument '{name}' expected a finite float > 0, got {value}")
+        if not (value > 0.0 and value <= FP32_MAX):  # kernels take it as an fp32: past FP32_MAX it is inf
+            raise ValueError(f"dsahal.{self.op}: argument '{name}' expected a finite float > 0 (at most {FP32_MAX:.8g}: "
+                             f"the kernels take it as an fp32), got {value}")
 
     def flag(self, name: str, value: object) -> None:
         """A boolean flag: ``True``/``False`` only (a string such as ``"no"`` would read as true)."""
