@@ -205,6 +205,23 @@ class ShapeBinder:
                 f"elements, not past the {span} element(s) that the dims of smaller stride span)"
             )
 
+    def writable(self, name: str, value: torch.Tensor) -> None:
+        """``value`` (a tensor argument written in place) can take the write where the op runs: not a tensor
+        that requires grad while autograd records (the reference's in-place write fails deep inside with
+        autograd's own error, a kernel writing through the pointer would bypass autograd silently), nor an
+        inference tensor outside ``torch.inference_mode()`` (the same split: torch refuses the reference's
+        write, a kernel's would go through)."""
+        if value.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                f"dsahal.{self.op}: argument '{name}' expected a tensor that does not require grad (it is written "
+                f"in place: pass a detached tensor or call under torch.no_grad()), got one with requires_grad=True"
+            )
+        if value.is_inference() and not torch.is_inference_mode_enabled():
+            raise ValueError(
+                f"dsahal.{self.op}: argument '{name}' expected a tensor that can be written in place here, got an "
+                f"inference tensor outside torch.inference_mode() (call under inference_mode, or pass a clone)"
+            )
+
     def choice(self, name: str, value: object, choices: Iterable[str]) -> None:
         options = tuple(choices)
         if value not in options:
