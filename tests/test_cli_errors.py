@@ -29,3 +29,16 @@ def test_an_unknown_route_in_the_environment_is_one_error_line_listing_the_route
                    env={"DSAHAL_ROUTES": "sparse_mla:flash"})
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "no route 'flash' for sparse_mla" in done.stderr and done.stderr.startswith("error:")
+
+
+def test_a_malformed_setting_read_while_the_commands_import_is_one_error_line(monkeypatch, capsys):
+    # DSAHAL_FAST_LAUNCH is read when a kernel module is imported, which build_parser does (importing each
+    # command's module); its SettingError escaped main() as a traceback, for every command, --version included
+    from dsahal import cli, kernel_launch
+
+    monkeypatch.setenv("DSAHAL_FAST_LAUNCH", "2")
+    monkeypatch.setattr(cli, "build_parser", kernel_launch.fast_launch_requested)  # what a kernel module reads
+    assert cli.main(["--version"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.splitlines() == [
+        "error: DSAHAL_FAST_LAUNCH: expected one of 1/true/yes/on (on) or 0/false/no/off (off), or unset, got '2'"]

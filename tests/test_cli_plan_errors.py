@@ -21,6 +21,9 @@ BASE = ["plan", "--memory-gib", "48", "--context", "1M"]
     (["--memory-gib", "nan"], "argument '--memory-gib' expected a finite number of GiB > 0"),
     (["--memory-gib", "0"], "argument '--memory-gib' expected a finite number of GiB > 0"),
     (["--memory-gib", "-4"], "argument '--memory-gib' expected a finite number of GiB > 0"),
+    # finite, but its byte count is not: int(inf) raised OverflowError, a traceback
+    (["--memory-gib", "1e300"], "argument '--memory-gib' expected a finite number of GiB > 0 (at least one byte, "
+                                "at most 1.674e+299 GiB), got 1e+300"),
     (["--tp", "5"], "argument '--tp' expected a divisor of the kda heads (96), got 5"),
     (["--tp", "0"], "argument '--tp' expected an int >= 1, got 0"),
     (["--dcp", "0"], "argument '--dcp' expected an int >= 1, got 0"),
@@ -34,6 +37,14 @@ def test_each_bad_argument_is_one_error_line_naming_the_flag(args, message, caps
     lines = captured.err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: dsahal plan: "), captured.err
     assert message in lines[0]
+
+
+def test_a_device_memory_whose_byte_count_overflows_is_one_error_line(capsys):
+    # --device-gib 1e300 is finite, its byte count is not: int(inf) raised OverflowError, a traceback
+    assert main(["plan", "--device-gib", "1e300", "--context", "1M"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["error: dsahal plan: argument '--device-gib' expected a finite number of GiB > 0 (at least one "
+                     "byte, at most 1.674e+299 GiB), got 1e+300"]
 
 
 def test_a_config_file_missing_a_field_names_the_flag_and_the_field(tmp_path, capsys):

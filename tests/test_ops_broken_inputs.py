@@ -110,6 +110,71 @@ def test_kda_with_no_key_dim_and_the_default_scale_is_rejected(op):
     rejects(call_kda(op, **empty)[0], ValueError, op, "q", "K >= 1", "K=0")
 
 
+@pytest.mark.parametrize("op,arg", [("sparse_mla", "softmax_scale"), ("dsa_attention", "softmax_scale"),
+                                    ("kda_decode", "scale"), ("kda_prefill", "scale")])
+@pytest.mark.parametrize("value", [1e39, 1e300], ids=["1e39", "1e300"])
+def test_a_scalar_scale_past_fp32_is_rejected(op, arg, value):
+    # a finite Python float accepted as "finite", which every kernel takes as an fp32: inf there (the reference's
+    # float64 KDA output became inf in q's dtype, kda_decode and kda_prefill wrote the state all the same)
+    if op == "sparse_mla":
+        call = lambda: ops.sparse_mla(torch.randn(2, 3, 576), pages(), torch.tensor([[0, 5], [1, -1]], dtype=I32),  # noqa: E731
+                                      kv_fmt="bf16", softmax_scale=value)
+        pool = None
+    elif op == "dsa_attention":
+        call, pool = (lambda: ops.dsa_attention(**dsa_args(softmax_scale=value))), None
+    else:
+        call, pool = call_kda(op, scale=value)
+    before = None if pool is None else pool.clone()
+    rejects(call, ValueError, op, arg, "at most 3.4028235e+38", f"got {value}")
+    if pool is not None:
+        assert torch.equal(pool, before)
+
+
+# ---------------------------------------------------------------------------- arguments written in place
+
+@pytest.mark.parametrize("op", KDA_OPS)
+def test_a_state_pool_that_requires_grad_is_rejected_while_autograd_records(op):
+    # the reference's in-place write raised autograd's own RuntimeError ("a leaf Variable that requires grad is
+    # being used in an in-place operation"); a kernel writing through the pointer would have bypassed autograd
+    pool = torch.nn.Parameter(torch.randn(3, 2, 8, 4))
+    call, _ = call_kda(op, state_pool=pool)
+    before = pool.detach().clone()
+    rejects(call, ValueError, op, "state_pool", "does not require grad", "requires_grad=True")
+    assert torch.equal(pool.detach(), before)
+    with torch.no_grad():  # nothing records: the write is the caller's to make
+        call()
+    assert not torch.equal(pool.detach(), before)
+
+
+def inference_pages():
+    with torch.inference_mode():
+        return torch.randint(0, 256, (2, 4, 1152), dtype=U8)
+
+
+def test_cache_write_rejects_inference_pages_outside_inference_mode():
+    # the reference's scatter raised torch's RuntimeError ("Inplace update to inference tensor outside
+    # InferenceMode is not allowed"); a kernel would have written it
+    target = inference_pages()
+    before = target.clone()
+    values, slots = torch.randn(2, 576), torch.tensor([5, 0], dtype=I32)
+    rejects(lambda: ops.cache_write(values, slots, target, kind="latent", fmt="bf16"), ValueError, "cache_write",
+            "pages", "inference tensor", "inference_mode")
+    assert torch.equal(target, before)
+    with torch.inference_mode():
+        ops.cache_write(values, slots, target, kind="latent", fmt="bf16")
+    assert not torch.equal(target[1, 1], before[1, 1]) and torch.equal(target[0, 1:], before[0, 1:])
+
+
+@pytest.mark.parametrize("op", KDA_OPS)
+def test_an_inference_state_pool_is_rejected_outside_inference_mode(op):
+    with torch.inference_mode():
+        pool = torch.randn(3, 2, 8, 4)
+    call, _ = call_kda(op, state_pool=pool)
+    before = pool.clone()
+    rejects(call, ValueError, op, "state_pool", "inference tensor")
+    assert torch.equal(pool, before)
+
+
 # ---------------------------------------------------------------------------- devices
 
 def test_kda_prefill_checks_the_device_of_cu_seqlens():

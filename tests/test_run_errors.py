@@ -41,6 +41,15 @@ def test_a_config_file_with_missing_or_mistyped_keys_is_named(data, fragment, tm
     assert fragment in one_error_line(capsys)
 
 
+@pytest.mark.parametrize("seed,batch", [(2**64, 1), (2**64 - 1, 2), (-2**63 - 1, 1), (10**30, 4)])
+def test_a_seed_outside_what_torch_generators_take_names_the_flag(seed, batch, monkeypatch, capsys):
+    # the error was torch's own "Overflow when unpacking long long", naming no flag, after the header
+    monkeypatch.setattr(run_cli, "_load_model", lambda *a, **k: pytest.fail("loaded the model"))
+    assert main(["run", "--batch", str(batch), "--seed", str(seed)]) == 2
+    assert one_error_line(capsys) == (f"error: --seed expected an int in [-2^63, 2^64 - --batch] = [{-2**63}, "
+                                      f"{2**64 - batch}] (request i samples from seed + i), got {seed}")
+
+
 @pytest.mark.skipif(torch.version.cuda is not None, reason="needs a CPU build of torch")
 def test_a_cuda_device_on_a_cpu_build_of_torch_is_a_usage_error(capsys):
     assert main(SMALL + ["--device", "cuda"]) == 2

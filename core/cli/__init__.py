@@ -82,12 +82,17 @@ def check_output_path(path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    from ..registry import FallbackError, RegistryError
+
+    try:
+        parser = build_parser()
+    except RegistryError as exc:  # a setting read when a command's modules import (DSAHAL_FAST_LAUNCH=2)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from ..registry import FallbackError, RegistryError
 
     try:
         return int(args.func(args) or 0)

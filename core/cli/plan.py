@@ -51,10 +51,11 @@ def parse_tokens(text: str, flag: str = "--context") -> int:
 
 
 def check_memory_gib(value: float, flag: str = "--memory-gib") -> float:
-    """A finite number of GiB > 0 (``inf`` would overflow the byte count, ``nan`` compares false)."""
-    if not (math.isfinite(value) and value > 0) or int(value * 2**30) < 1:
+    """A finite number of GiB > 0 whose byte count is finite too (``inf``, or ``1e300`` GiB, would overflow the
+    byte count, ``nan`` compares false)."""
+    if not (math.isfinite(value) and value > 0 and math.isfinite(value * 2**30)) or int(value * 2**30) < 1:
         raise ValueError(f"dsahal plan: argument '{flag}' expected a finite number of GiB > 0 "
-                         f"(at least one byte), got {value}")
+                         f"(at least one byte, at most {sys.float_info.max / 2**30:.4g} GiB), got {value}")
     return value
 
 

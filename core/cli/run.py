@@ -209,6 +209,11 @@ def run(args) -> int:
     for name in ("batch", "prompt_len", "decode", "chunk", "block_tokens", "dcp", "tp"):
         if getattr(args, name) < 1:
             return usage(f"--{name.replace('_', '-')} expected an int >= 1, got {getattr(args, name)}")
+    # torch's generators take seeds in [-2^63, 2^64); request i samples from seed + i. Past it the error was torch's
+    # own "Overflow when unpacking long long", naming no flag.
+    if not -2**63 <= args.seed <= 2**64 - args.batch:
+        return usage(f"--seed expected an int in [-2^63, 2^64 - --batch] = [{-2**63}, {2**64 - args.batch}] (request i "
+                     f"samples from seed + i), got {args.seed}")
     if args.check_tolerance is not None and not 0 < args.check_tolerance < float("inf"):
         return usage(f"--check-tolerance expected a number > 0, got {args.check_tolerance}")
     if not 0 <= args.temperature < float("inf"):  # before the header and the weights, not at the first request

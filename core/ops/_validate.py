@@ -13,6 +13,7 @@ from typing import Iterable, Sequence
 import torch
 
 from ..formats.base import CacheFormat, scale_limit_text
+from ..formats.numerics import FP32_MAX
 from ._dispatch import tracing
 
 _Tensor = torch.Tensor
@@ -171,8 +172,9 @@ class ShapeBinder:
     def positive_float(self, name: str, value: object) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"dsahal.{self.op}: argument '{name}' expected a float, got {type(value).__name__}")
-        if not (value > 0.0 and value < float("inf")):
-            raise ValueError(f"dsahal.{self.op}: argument '{name}' expected a finite float > 0, got {value}")
+        if not (value > 0.0 and value <= FP32_MAX):  # kernels take it as an fp32: past FP32_MAX it is inf
+            raise ValueError(f"dsahal.{self.op}: argument '{name}' expected a finite float > 0 (at most {FP32_MAX:.8g}: "
+                             f"the kernels take it as an fp32), got {value}")
 
     def flag(self, name: str, value: object) -> None:
         """A boolean flag: ``True``/``False`` only (a string such as ``"no"`` would read as true)."""
@@ -201,6 +203,23 @@ class ShapeBinder:
                 f"dsahal.{self.op}: argument '{name}' expected strides under which no two {what} share memory, "
                 f"got shape {list(value.shape)} with strides {list(value.stride())} (dim {axis} steps {step} "
                 f"elements, not past the {span} element(s) that the dims of smaller stride span)"
+            )
+
+    def writable(self, name: str, value: torch.Tensor) -> None:
+        """``value`` (a tensor argument written in place) can take the write where the op runs: not a tensor
+        that requires grad while autograd records (the reference's in-place write fails deep inside with
+        autograd's own error, a kernel writing through the pointer would bypass autograd silently), nor an
+        inference tensor outside ``torch.inference_mode()`` (the same split: torch refuses the reference's
+        write, a kernel's would go through)."""
+        if value.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                f"dsahal.{self.op}: argument '{name}' expected a tensor that does not require grad (it is written "
+                f"in place: pass a detached tensor or call under torch.no_grad()), got one with requires_grad=True"
+            )
+        if value.is_inference() and not torch.is_inference_mode_enabled():
+            raise ValueError(
+                f"dsahal.{self.op}: argument '{name}' expected a tensor that can be written in place here, got an "
+                f"inference tensor outside torch.inference_mode() (call under inference_mode, or pass a clone)"
             )
 
     def choice(self, name: str, value: object, choices: Iterable[str]) -> None:

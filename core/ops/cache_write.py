@@ -34,6 +34,7 @@ def validate_cache_write(values, slots, pages, kind, fmt, scale) -> None:
     v.tensor("pages", pages, [None, None, spec.token_bytes], torch.uint8, last_dim_contiguous=True)
     # Written in place: records that share bytes would make one token's write land in another's record.
     v.disjoint("pages", pages, "[block, token] records")
+    v.writable("pages", pages)
     num_slots = pages.shape[0] * pages.shape[1]
     v.at_most("pages", num_slots, INT32_MAX + 1, "num_blocks * block_tokens (slots are int32)")
     if spec.needs_tensor_scale:

@@ -64,6 +64,7 @@ def _validate_common(v: ShapeBinder, q, k, val, g, beta, state_pool, state_ids, 
     v.tensor("state_pool", state_pool, [None, "H", "K", "V"], torch.float32)
     # Updated in place: two ids whose rows alias would read each other's writes.
     v.disjoint("state_pool", state_pool, "states (or two elements of one)")
+    v.writable("state_pool", state_pool)
     v.at_most("state_pool", state_pool.shape[0], INT32_MAX + 1, "a pool size (state ids are int32)")
     v.tensor("state_ids", state_ids, ["B"], INDEX_DTYPES)
     # The caller's own scale, checked before any float(): a tensor, bool or string is a wrong call, not 0.1.
