@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -42,3 +44,23 @@ def test_a_malformed_setting_read_while_the_commands_import_is_one_error_line(mo
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.splitlines() == [
         "error: DSAHAL_FAST_LAUNCH: expected one of 1/true/yes/on (on) or 0/false/no/off (off), or unset, got '2'"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["run", "--batch", "abc"], "dsahal run: argument --batch: invalid int value: 'abc'"),
+    (["frob"], "invalid choice: 'frob'"),
+    (["plan"], "dsahal plan: the following arguments are required: --context"),
+    (["conformance", "--ops", "nope"], "argument --ops: invalid choice: 'nope'"),
+    (["run", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+])
+def test_a_usage_error_is_one_error_line_naming_the_command_and_its_help(argv, says, capsys):
+    # argparse printed its whole usage block, then `dsahal run: error: ...` (not an `error:` line)
+    from dsahal.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert captured.out == "" and len(lines) == 1, captured.err
+    assert lines[0].startswith("error: ") and says in lines[0] and "--help')" in lines[0]

@@ -13,8 +13,18 @@ from .._version import __version__
 COMMAND_MODULES = ("backends", "run", "plan", "conformance", "bench", "new_backend")
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors (a wrong type or choice, an unknown flag or command, a missing
+    argument) are one ``error:`` line on stderr and exit status 2, as every other error of the command is:
+    argparse's own form prints the whole usage block before its message. Sub-command parsers take this
+    class too (``add_subparsers`` builds them with the parent's class)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse's hook; never returns
+        self.exit(2, f"error: {self.prog}: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="dsahal",
         description="Hardware abstraction layer for the attention ops of hybrid sparse-attention LLMs.",
     )
