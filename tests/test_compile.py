@@ -39,3 +39,25 @@ def test_kda_state_mutation_is_visible_after_compiled_call():
     compiled = torch.compile(step, fullgraph=True, backend="eager")
     compiled(q, k, v, g, beta)
     assert torch.count_nonzero(pool[1]) > 0 and torch.count_nonzero(pool[0]) == 0
+
+
+def test_validated_in_place_ops_compile_without_graph_breaks():
+    # check=True runs the validators inside the compiled region; the in-place check's is_inference() is not
+    # traceable (it broke fullgraph compiles of kda_decode and cache_write with check=True)
+    torch.manual_seed(1)
+    pool = torch.randn(3, 2, 8, 4) * 0.1
+    pages = torch.randint(0, 256, (2, 8, 132), dtype=torch.uint8)
+    q, k, v = torch.randn(2, 2, 8), torch.randn(2, 2, 8), torch.randn(2, 2, 4)
+    g, beta = -torch.rand(2, 2, 8), torch.rand(2, 2)
+    ids = torch.tensor([2, 0], dtype=torch.int32)
+    keys, slots = torch.randn(3, 128), torch.tensor([5, 9, 14])
+
+    def step(q, k, v, g, beta, pool, pages):
+        ops.cache_write(keys, slots, pages, kind="index", fmt="fp8")
+        return ops.kda_decode(q, k, v, g, beta, pool, ids)
+
+    eager_pool, eager_pages = pool.clone(), pages.clone()
+    expected = step(q, k, v, g, beta, eager_pool, eager_pages)
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(q, k, v, g, beta, pool, pages), expected)
+    assert torch.equal(pool, eager_pool) and torch.equal(pages, eager_pages)

@@ -210,12 +210,16 @@ class ShapeBinder:
         that requires grad while autograd records (the reference's in-place write fails deep inside with
         autograd's own error, a kernel writing through the pointer would bypass autograd silently), nor an
         inference tensor outside ``torch.inference_mode()`` (the same split: torch refuses the reference's
-        write, a kernel's would go through)."""
+        write, a kernel's would go through). While tracing or compiling only the first is checked: dynamo
+        cannot trace ``is_inference()`` (a graph break, an error under ``fullgraph=True``), and the compiled
+        call refuses an inference tensor's write itself (torch 2.13: "Inplace update to inference tensor")."""
         if value.requires_grad and torch.is_grad_enabled():
             raise ValueError(
                 f"dsahal.{self.op}: argument '{name}' expected a tensor that does not require grad (it is written "
                 f"in place: pass a detached tensor or call under torch.no_grad()), got one with requires_grad=True"
             )
+        if tracing():
+            return
         if value.is_inference() and not torch.is_inference_mode_enabled():
             raise ValueError(
                 f"dsahal.{self.op}: argument '{name}' expected a tensor that can be written in place here, got an "
