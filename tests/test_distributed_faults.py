@@ -31,11 +31,12 @@ def merge_while_peer_misbehaves(rank, world, misbehaviour):
     else:
         outcome = {"seconds": time.monotonic() - start, "message": "no error"}
     if misbehaviour == "dies":  # the reference's merge after the peer died: a clear error too, naming the op
-        try:
-            ops.topk_merge(scores, torch.full((2,), 64), 8)
-            outcome["reference"] = "no error"
-        except RuntimeError as exc:
-            outcome["reference"] = str(exc)
+        for key, check in (("reference", False), ("validated", True)):  # (check=True: the ranks-agree exchange)
+            try:
+                ops.topk_merge(scores, torch.full((2,), 64), 8, check=check)
+                outcome[key] = "no error"
+            except RuntimeError as exc:
+                outcome[key] = str(exc)
     return outcome
 
 
@@ -54,6 +55,9 @@ def test_a_dead_peer_makes_the_merge_fail_at_once_with_a_clear_error():
     assert report["seconds"] < TIMEOUT_S + 2.0
     assert report["reference"].startswith(
         "dsahal.topk_merge (reference): the all-gather of the local scores failed on rank 0 of 2: "), report["reference"]
+    assert report["validated"].startswith(
+        "dsahal.topk_merge: the all-gather of every rank's [T, N] and k (the check that the ranks agree) failed on "
+        "rank 0 of 2: "), report["validated"]
 
 
 def test_a_silent_peer_makes_the_merge_fail_within_the_timeout():

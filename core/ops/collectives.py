@@ -29,11 +29,54 @@ def checked_rank_and_size(v: ShapeBinder, group) -> tuple[int, int]:
     return group_rank_and_size(group)
 
 
+# What one rank tells its peers of its all_gather input: [dims, dtype code, size of dim 0, ...], padded.
+_MAX_EXCHANGED_DIMS = 64
+_DTYPES = sorted({d for d in vars(torch).values() if isinstance(d, torch.dtype)}, key=str)
+
+
+def exchange_ints(v: ShapeBinder, what: str, values: Sequence[int], like: torch.Tensor, group, rank: int,
+                  world: int) -> list[list[int]]:
+    """Every rank's ``values`` (the same count on each), row ``r`` from rank ``r``: one small all-gather that
+    op ``v.op``'s validator uses so that every rank sees the same facts and raises the same error, where a call
+    whose ranks disagree would otherwise hang, abort the process or scramble rows. Runs on the CPU for gloo, on
+    ``like``'s device for the GPU transports; reads the result on the host (not while tracing or capturing a
+    graph). A transport failure (a dead or silent peer) is a ``RuntimeError`` naming the op and ``what``."""
+    device = torch.device("cpu") if str(dist.get_backend(group)) == "gloo" else like.device
+    mine = torch.tensor(list(values), dtype=torch.int64, device=device)
+    everyone = [torch.empty_like(mine) for _ in range(world)]
+    try:
+        dist.all_gather(everyone, mine, group=group)
+    except RuntimeError as exc:
+        raise RuntimeError(f"dsahal.{v.op}: the all-gather of every rank's {what} (the check that the ranks agree) "
+                           f"failed on rank {rank} of {world}: {exc}") from exc
+    return torch.stack(everyone).cpu().tolist()
+
+
+def _describe(row: list[int]) -> str:
+    """``(3, 4) float32`` from an all_gather descriptor row."""
+    return f"{tuple(row[2:2 + row[0]])} {str(_DTYPES[row[1]]).replace('torch.', '')}"
+
+
 def validate_all_gather(x, group) -> None:
+    """Local checks, then (several ranks, contents readable) one small all-gather of every rank's shape and
+    dtype, so that every rank raises the same error when they differ: the transports do not check it
+    (gloo aborted the process, killing it with SIGABRT, while its peer returned rows cut from the wrong
+    sizes; NCCL hangs or scrambles)."""
     v = ShapeBinder("all_gather")
     if not isinstance(x, torch.Tensor):
         v.fail(f"argument 'x' expected a torch.Tensor, got {type(x).__name__}", type_error=True)
-    checked_rank_and_size(v, group)
+    rank, world = checked_rank_and_size(v, group)
+    if x.dim() > _MAX_EXCHANGED_DIMS:
+        v.fail(f"argument 'x' expected at most {_MAX_EXCHANGED_DIMS} dims, got {x.dim()}")
+    if world == 1 or not can_read_values(x):
+        return  # one rank; or tracing / graph capture: no host exchange possible, the transport's checks remain
+    table = exchange_ints(v, "shape and dtype",
+                          [x.dim(), _DTYPES.index(x.dtype), *x.shape] + [0] * (_MAX_EXCHANGED_DIMS - x.dim()),
+                          x, group, rank, world)
+    if any(row != table[0] for row in table):
+        ranks = ", ".join(f"rank {r}: {_describe(row)}" for r, row in enumerate(table))
+        v.fail(f"argument 'x' expected the same shape and dtype on every rank, got {ranks} (this is rank {rank}; "
+               f"every rank raises this)")
 
 
 def validate_all_to_all(x, output_split_sizes, input_split_sizes, group) -> None:
@@ -63,12 +106,7 @@ def validate_all_to_all(x, output_split_sizes, input_split_sizes, group) -> None
         return
     if not can_read_values(x):
         return  # tracing or graph capture: no host exchange possible; the transport's own checks remain
-    backend = dist.get_backend(group)
-    device = torch.device("cpu") if str(backend) == "gloo" else x.device
-    mine = torch.tensor(sends + receives, dtype=torch.int64, device=device)
-    everyone = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(everyone, mine, group=group)
-    table = torch.stack(everyone).cpu().tolist()  # row r: rank r's sends (W), then its receives (W)
+    table = exchange_ints(v, "split sizes", sends + receives, x, group, rank, world)  # row r: sends, then receives
     for r in range(world):
         expected = [table[s][r] for s in range(world)]
         got = table[r][world:]

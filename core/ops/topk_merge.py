@@ -5,8 +5,8 @@ import torch
 
 from ..registry.state import active_table
 from ._layout import unit_last
-from ._validate import INDEX_DTYPES, INT32_MAX, ShapeBinder, values_in_range
-from .collectives import checked_rank_and_size
+from ._validate import INDEX_DTYPES, INT32_MAX, ShapeBinder, can_read_values, values_in_range
+from .collectives import checked_rank_and_size, exchange_ints
 
 OP = "topk_merge"
 
@@ -21,7 +21,16 @@ def validate_topk_merge(local_scores, local_lengths, k, group) -> None:
     v.at_most("k", k, INT32_MAX, "a count")
     v.same_device(local_scores=local_scores, local_lengths=local_lengths)
     values_in_range(OP, "local_lengths", local_lengths, 0, local_scores.shape[1])
-    checked_rank_and_size(v, group)
+    rank, world = checked_rank_and_size(v, group)
+    if world == 1 or not can_read_values(local_scores):
+        return  # one rank; or tracing / graph capture: no host exchange possible
+    # Collective: ranks that disagree on T or N aborted gloo's process (and would hang NCCL); on k they each
+    # returned a different width, where every rank must receive the same result.
+    table = exchange_ints(v, "[T, N] and k", [*local_scores.shape, k], local_scores, group, rank, world)
+    if any(row != table[0] for row in table):
+        ranks = ", ".join(f"rank {r}: [T, N] = [{t}, {n}], k = {kk}" for r, (t, n, kk) in enumerate(table))
+        v.fail(f"argument 'local_scores' expected the same [T, N] and k on every rank, got {ranks} (this is rank "
+               f"{rank}; every rank raises this)")
 
 
 def topk_merge(
@@ -40,7 +49,7 @@ def topk_merge(
     selected; short rows padded with -1).
 
     Args:
-        local_scores: ``[T, N]`` fp32 scores of this rank's tokens (same ``T`` on every rank).
+        local_scores: ``[T, N]`` fp32 scores of this rank's tokens (same ``T`` and ``N`` on every rank).
         local_lengths: ``[T]`` int32 valid local entries per row (``ceil((L - rank) / W)`` for a
             context of length ``L``).
         k: number to keep.
@@ -50,7 +59,8 @@ def topk_merge(
     Returns:
         ``[T, k]`` int32 global positions, valid ones first, -1 padding last.
 
-    Collective: every rank of ``group`` must call it with the same ``T`` and ``k``.
+    Collective: every rank of ``group`` must call it with the same ``T``, ``N`` and ``k`` (checked with one
+    small all-gather when ``check=True``: every rank raises the same error otherwise).
     """
     if check:
         validate_topk_merge(local_scores, local_lengths, k, group)
