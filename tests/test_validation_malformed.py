@@ -410,6 +410,30 @@ def test_all_to_all_whose_output_sizes_disagree_with_the_peers_is_rejected_on_ev
     assert outcomes[0].value[1] == [0.0, 10.0, 11.0] and outcomes[1].value[1] == [1.0, 2.0, 3.0, 12.0, 13.0]
 
 
+def value_errors(*calls) -> list:
+    """Each call's ValueError message, or None where it was accepted (run on a rank)."""
+    messages = []
+    for call in calls:
+        try:
+            call()
+            messages.append(None)
+        except ValueError as exc:
+            messages.append(str(exc))
+    return messages
+
+
+def rejected_on_every_rank(on_rank, says: str) -> list:
+    """Run ``on_rank`` on 2 gloo ranks; every message it returns (its value's first item) must start with
+    ``says``, then name every rank's input and the rank that raised it."""
+    outcomes = run_on_ranks(on_rank, 2, timeout_s=90.0)
+    for rank, outcome in enumerate(outcomes):
+        assert outcome.ok, outcome.traceback
+        for message in outcome.value[0]:
+            assert message is not None and message.startswith(says + ", got rank 0: "), message
+            assert f"(this is rank {rank}; every rank raises this)" in message
+    return outcomes
+
+
 def all_gather_with_shapes(rank, world):
     """Rank 1 gathers one row more, then (a second call) another dtype: every rank must raise the same error
     (gloo aborted rank 0's process and handed rank 1 rows cut from the wrong sizes). A consistent call
@@ -418,13 +442,8 @@ def all_gather_with_shapes(rank, world):
 
     init_distributed({"suite": "all_gather"}, timeout_s=20.0)
     try:
-        messages = []
-        for x in (torch.randn(2 + rank, 3), torch.randn(2, 3, dtype=(torch.float32, torch.float64)[rank])):
-            try:
-                ops.all_gather(x)
-                messages.append(None)
-            except ValueError as exc:
-                messages.append(str(exc))
+        messages = value_errors(lambda: ops.all_gather(torch.randn(2 + rank, 3)),
+                                lambda: ops.all_gather(torch.randn(2, 3, dtype=(torch.float32, torch.float64)[rank])))
         good = ops.all_gather(torch.full((2,), float(rank + 1)))
         return messages, good.tolist()
     finally:
@@ -432,15 +451,10 @@ def all_gather_with_shapes(rank, world):
 
 
 def test_all_gather_whose_inputs_differ_between_ranks_is_rejected_on_every_rank():
-    outcomes = run_on_ranks(all_gather_with_shapes, 2, timeout_s=90.0)
+    outcomes = rejected_on_every_rank(all_gather_with_shapes,
+                                      "dsahal.all_gather: argument 'x' expected the same shape and dtype on every rank")
     for outcome in outcomes:
-        assert outcome.ok, outcome.traceback
-    for rank, outcome in enumerate(outcomes):
         shape, dtype = outcome.value[0]
-        for message in (shape, dtype):
-            assert message is not None and re.fullmatch(
-                r"dsahal\.all_gather: argument 'x' expected the same shape and dtype on every rank, got .+", message)
-            assert f"(this is rank {rank}; every rank raises this)" in message
         assert "rank 0: (2, 3) float32, rank 1: (3, 3) float32" in shape
         assert "rank 0: (2, 3) float32, rank 1: (2, 3) float64" in dtype
         assert outcome.value[1] == [[1.0, 1.0], [2.0, 2.0]]
@@ -454,14 +468,11 @@ def topk_merge_with_rows(rank, world):
 
     init_distributed({"suite": "topk_merge"}, timeout_s=20.0)
     try:
-        messages = []
-        for tokens, k in ((3 + rank, 4), (3, 4 + rank)):
+        def merge(tokens, k):
             scores = torch.randn(tokens, 10, generator=torch.Generator().manual_seed(rank))
-            try:
-                ops.topk_merge(scores, torch.full((tokens,), 10, dtype=I32), k)
-                messages.append(None)
-            except ValueError as exc:
-                messages.append(str(exc))
+            return ops.topk_merge(scores, torch.full((tokens,), 10, dtype=I32), k)
+
+        messages = value_errors(lambda: merge(3 + rank, 4), lambda: merge(3, 4 + rank))
         good = ops.topk_merge(torch.randn(3, 10, generator=torch.Generator().manual_seed(rank)),
                               torch.full((3,), 10, dtype=I32), 4)
         return messages, good.tolist()
@@ -470,15 +481,10 @@ def topk_merge_with_rows(rank, world):
 
 
 def test_topk_merge_whose_ranks_disagree_on_rows_or_k_is_rejected_on_every_rank():
-    outcomes = run_on_ranks(topk_merge_with_rows, 2, timeout_s=90.0)
+    outcomes = rejected_on_every_rank(
+        topk_merge_with_rows, "dsahal.topk_merge: argument 'local_scores' expected the same [T, N] and k on every rank")
     for outcome in outcomes:
-        assert outcome.ok, outcome.traceback
-    for rank, outcome in enumerate(outcomes):
         rows, k = outcome.value[0]
-        for message in (rows, k):
-            assert message is not None and message.startswith(
-                "dsahal.topk_merge: argument 'local_scores' expected the same [T, N] and k on every rank, got "), message
-            assert f"(this is rank {rank}; every rank raises this)" in message
         assert "rank 0: [T, N] = [3, 10], k = 4, rank 1: [T, N] = [4, 10], k = 4" in rows
         assert "rank 0: [T, N] = [3, 10], k = 4, rank 1: [T, N] = [3, 10], k = 5" in k
     assert outcomes[0].value[1] == outcomes[1].value[1] and len(outcomes[0].value[1]) == 3
