@@ -322,6 +322,7 @@ def sparse_mla_gluon_kernel(
     lh = gl.arange(0, BLOCK_H, HEADS)
     gl.store(lse_ptr + split * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
 
+
 def refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots: torch.Tensor | None = None) -> str:
     """Why this kernel does not take the call ("" when it does): it takes bf16 queries of at most 16 heads on an
     NVIDIA GPU and fp8_ds_mla pages whose records start 16-byte aligned (the ``cp.async`` pieces). The route's

@@ -52,6 +52,20 @@ def exchange_ints(v: ShapeBinder, what: str, values: Sequence[int], like: torch.
     return torch.stack(everyone).cpu().tolist()
 
 
+def same_on_every_rank(v: ShapeBinder, name: str, what: str, values: Sequence[int], like: torch.Tensor, group,
+                       rank: int, world: int, describe) -> None:
+    """Argument ``name``'s facts ``values`` (``what`` they are) must be the same on every rank: one
+    :func:`exchange_ints`, then every rank raises the same error naming each rank's ``describe(row)``. Skipped
+    for one rank and where contents cannot be read (tracing, graph capture): the transport's own checks remain."""
+    if world == 1 or not can_read_values(like):
+        return
+    table = exchange_ints(v, what, values, like, group, rank, world)
+    if any(row != table[0] for row in table):
+        ranks = ", ".join(f"rank {r}: {describe(row)}" for r, row in enumerate(table))
+        v.fail(f"argument '{name}' expected the same {what} on every rank, got {ranks} (this is rank {rank}; "
+               f"every rank raises this)")
+
+
 def _describe(row: list[int]) -> str:
     """``(3, 4) float32`` from an all_gather descriptor row."""
     return f"{tuple(row[2:2 + row[0]])} {str(_DTYPES[row[1]]).replace('torch.', '')}"
@@ -68,15 +82,8 @@ def validate_all_gather(x, group) -> None:
     rank, world = checked_rank_and_size(v, group)
     if x.dim() > _MAX_EXCHANGED_DIMS:
         v.fail(f"argument 'x' expected at most {_MAX_EXCHANGED_DIMS} dims, got {x.dim()}")
-    if world == 1 or not can_read_values(x):
-        return  # one rank; or tracing / graph capture: no host exchange possible, the transport's checks remain
-    table = exchange_ints(v, "shape and dtype",
-                          [x.dim(), _DTYPES.index(x.dtype), *x.shape] + [0] * (_MAX_EXCHANGED_DIMS - x.dim()),
-                          x, group, rank, world)
-    if any(row != table[0] for row in table):
-        ranks = ", ".join(f"rank {r}: {_describe(row)}" for r, row in enumerate(table))
-        v.fail(f"argument 'x' expected the same shape and dtype on every rank, got {ranks} (this is rank {rank}; "
-               f"every rank raises this)")
+    descriptor = [x.dim(), _DTYPES.index(x.dtype), *x.shape] + [0] * (_MAX_EXCHANGED_DIMS - x.dim())
+    same_on_every_rank(v, "x", "shape and dtype", descriptor, x, group, rank, world, _describe)
 
 
 def validate_all_to_all(x, output_split_sizes, input_split_sizes, group) -> None:

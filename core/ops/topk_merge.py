@@ -5,8 +5,8 @@ import torch
 
 from ..registry.state import active_table
 from ._layout import unit_last
-from ._validate import INDEX_DTYPES, INT32_MAX, ShapeBinder, can_read_values, values_in_range
-from .collectives import checked_rank_and_size, exchange_ints
+from ._validate import INDEX_DTYPES, INT32_MAX, ShapeBinder, values_in_range
+from .collectives import checked_rank_and_size, same_on_every_rank
 
 OP = "topk_merge"
 
@@ -22,15 +22,10 @@ def validate_topk_merge(local_scores, local_lengths, k, group) -> None:
     v.same_device(local_scores=local_scores, local_lengths=local_lengths)
     values_in_range(OP, "local_lengths", local_lengths, 0, local_scores.shape[1])
     rank, world = checked_rank_and_size(v, group)
-    if world == 1 or not can_read_values(local_scores):
-        return  # one rank; or tracing / graph capture: no host exchange possible
     # Collective: ranks that disagree on T or N aborted gloo's process (and would hang NCCL); on k they each
     # returned a different width, where every rank must receive the same result.
-    table = exchange_ints(v, "[T, N] and k", [*local_scores.shape, k], local_scores, group, rank, world)
-    if any(row != table[0] for row in table):
-        ranks = ", ".join(f"rank {r}: [T, N] = [{t}, {n}], k = {kk}" for r, (t, n, kk) in enumerate(table))
-        v.fail(f"argument 'local_scores' expected the same [T, N] and k on every rank, got {ranks} (this is rank "
-               f"{rank}; every rank raises this)")
+    same_on_every_rank(v, "local_scores", "[T, N] and k", [*local_scores.shape, k], local_scores, group, rank, world,
+                       lambda row: f"[T, N] = [{row[0]}, {row[1]}], k = {row[2]}")
 
 
 def topk_merge(
