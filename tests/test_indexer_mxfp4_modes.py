@@ -84,6 +84,20 @@ def _mode_cases(results):
             worst = max(worst, float((got[t, row].double() - ref).norm() / ref.norm().clamp_min(1e-300)))
     results["mode_3_bf16_magnitudes_mask"] = torch.equal(torch.isfinite(got), finite)
     results["mode_3_bf16_magnitudes_err"] = f"{worst:.3e}"
+    # mode 4 on the same bf16 queries with alu flag 128 (each row split into e4m3 hi + lo at its own scale, two FP8
+    # MMAs a block), with and without the word loads (flags 8 + 4)
+    for alu in (128, 140):
+        got = indexer_decode.launch(qb, w, pages, table, req, pos, offsets, "mxfp4", width,
+                                    torch.full((10, width), 7.0), dot=indexer_decode.DOT_BF16, block_n=16, group=5,
+                                    tiles=2, loop=1, mxfp4_mode=4, alu=alu)
+        worst = 0.0
+        for t in range(10):
+            row = finite[t]
+            if row.any():
+                ref = want[t, row].double()
+                worst = max(worst, float((got[t, row].double() - ref).norm() / ref.norm().clamp_min(1e-300)))
+        results[f"mode_4_hi_lo_{alu}_mask"] = torch.equal(torch.isfinite(got), finite)
+        results[f"mode_4_hi_lo_{alu}_err"] = f"{worst:.3e}"
     # batch invariance: request 0's rows alone equal its rows inside the batch, bit for bit
     q8 = torch.randn(10, 4, 128).to(torch.float8_e4m3fn)
     mine = torch.tensor([1, 2, 3, 4, 5])
@@ -121,6 +135,13 @@ def test_fp16_mode_scales_bf16_queries_of_any_magnitude_into_range(interpreted):
     assert float(interpreted["mode_3_bf16_magnitudes_err"]) < TOL, interpreted["mode_3_bf16_magnitudes_err"]
 
 
+@pytest.mark.parametrize("alu", [128, 140])
+def test_fp8_mode_takes_bf16_queries_split_into_two_e4m3_parts(interpreted, alu):
+    """Mode 4 with alu flag 128: bf16 queries of any magnitude (2^+-100, 1e20, 1e-30) as e4m3 hi + lo, exact."""
+    assert interpreted[f"mode_4_hi_lo_{alu}_mask"]
+    assert float(interpreted[f"mode_4_hi_lo_{alu}_err"]) < TOL, interpreted[f"mode_4_hi_lo_{alu}_err"]
+
+
 def test_mxfp4_mode_is_batch_invariant(interpreted):
     assert interpreted["batch_invariant"]
 
@@ -145,8 +166,14 @@ def test_mxfp4_mode_arguments_are_checked():
         launch(qb, "fp8", 132, mxfp4_mode=2)
     with pytest.raises(ValueError, match=r"indexer_score: mxfp4_mode 5 .* excludes tl.dot_scaled .* got scaled_dot=1"):
         launch(qb, "mxfp4", 68, mxfp4_mode=5, scaled_dot=1)
-    with pytest.raises(ValueError, match=r"indexer_score: mxfp4_mode 4 .* FP8 queries, got q of dtype torch.bfloat16"):
+    with pytest.raises(ValueError, match=r"indexer_score: mxfp4_mode 4 .* FP8 queries .*alu flag 128.*got q of dtype "
+                                         r"torch.bfloat16 with alu=0"):
         launch(qb, "mxfp4", 68, mxfp4_mode=4)
+    with pytest.raises(ValueError, match=r"indexer_score: mxfp4_mode 4 .* got q of dtype torch.float32 with alu=128"):
+        launch(qb.float(), "mxfp4", 68, mxfp4_mode=4, alu=128)
+    with pytest.raises(ValueError, match=r"indexer_score: alu flag 128 .* got alu=128 with q of dtype torch.bfloat16, "
+                                         r"index_fmt='mxfp4', mxfp4_mode=3"):
+        launch(qb, "mxfp4", 68, mxfp4_mode=3, alu=128)
 
 
 if __name__ == "__main__":

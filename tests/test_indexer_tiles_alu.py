@@ -90,6 +90,14 @@ def _alu_cases(results):
                                block_n=block_tokens, group=group, tiles=tiles, loop=loop, alu=alu)
                 results[f"f16_b{block_tokens}_pad{pad}_alu{alu}"] = all(
                     _compare(got[t:t + 1], want_b[t:t + 1]) for t in range(8))
+            # flag 128: the same bf16 queries as two FP8 MMAs on e4m3 hi + lo parts (each row at its own scale)
+            hi_lo_runs = ((128, 5, 1, 2), (133, 5, 1, 2), (131, 2, 0, 3), (198, 1, 2, 2), (197, 1, 1, 2))
+            for alu, group, loop, tiles in (hi_lo_runs if block_tokens == 16 else hi_lo_runs[1:2]):
+                out = torch.full((8, width), float("nan"))
+                got = d.launch(qb, w, pages, table, req, pos, offsets, "fp8", width, out, dot=d.DOT_BF16,
+                               block_n=block_tokens, group=group, tiles=tiles, loop=loop, alu=alu)
+                results[f"hilo_b{block_tokens}_pad{pad}_alu{alu}_g{group}"] = all(
+                    _compare(got[t:t + 1], want_b[t:t + 1]) for t in range(8))
 
 
 def _config_cases(results):
@@ -102,8 +110,9 @@ def _config_cases(results):
     from dsahal.formats import index_format
     from dsahal.reference.indexer import indexer_score as reference
 
-    for block_tokens, fmt, per_request in ((32, "fp8", False), (16, "fp8", False), (16, "mxfp4", False),
-                                           (32, "fp8", True)):
+    for block_tokens, fmt, per_request, q_kind in ((32, "fp8", False, "fp8"), (16, "fp8", False, "fp8"),
+                                                   (16, "mxfp4", False, "fp8"), (32, "fp8", True, "fp8"),
+                                                   (32, "fp8", False, "bf16")):
         table, req, pos = paged_case(block_tokens)
         table = torch.where(table >= 8, -1, table)
         width = 4 * block_tokens - 3
@@ -111,16 +120,18 @@ def _config_cases(results):
             pages = _pages(block_tokens, 8)
         else:
             pages = index_format("mxfp4").pack(torch.randn(8 * block_tokens, 128) + 1e-3).view(8, block_tokens, -1)
-        q = (torch.randn(8, 4, 128) * 4).to(torch.float8_e4m3fn)
+        q = (torch.randn(8, 4, 128) * 4).to(torch.float8_e4m3fn if q_kind == "fp8" else torch.bfloat16)
         w = torch.randn(8, 4)
         # group_per_request: 8 tokens over 3 block-table rows -> segments of at most 3, so request 0's run of 5
-        # is split in two segments
-        tiles = dict(block_n=16, tile_group=5, tiles=2, tile_loop=1, num_warps=4, num_stages=1, alu=5,
+        # is split in two segments. alu 133: flag 128 (bf16 queries as e4m3 hi + lo) is dropped for FP8 queries
+        # and MXFP4 keys outside mxfp4_mode 4, kept for bf16 queries on FP8 keys
+        tiles = dict(block_n=16, tile_group=5, tiles=2, tile_loop=1, num_warps=4, num_stages=1, alu=133,
                      group_per_request=per_request)
         got = indexer_score(q, w, pages, table, req, pos, fmt, width, block_n=16, group=2, tiles=2,
                             block_tiles=tiles, mxfp4_dot_scaled=True)
         want = reference(q.float(), w, pages, table, req, pos, fmt, width)
-        results[f"cfg_{fmt}_b{block_tokens}{'_per_request' if per_request else ''}"] = _compare(got, want)
+        results[f"cfg_{fmt}_b{block_tokens}{'_per_request' if per_request else ''}"
+                f"{'_bf16q' if q_kind == 'bf16' else ''}"] = _compare(got, want)
 
 
 def _run_all() -> dict:
@@ -142,8 +153,15 @@ def test_fp16_mmas_on_bf16_queries_of_any_magnitude_match_the_reference(interpre
     assert not failed, failed
 
 
+def test_two_fp8_mmas_on_split_bf16_queries_of_any_magnitude_match_the_reference(interpreted):
+    checks = {k: v for k, v in interpreted.items() if k.startswith("hilo_")}
+    assert len(checks) == 2 * (5 + 1 + 1), sorted(checks)
+    failed = sorted(k for k, v in checks.items() if not v)
+    assert not failed, failed
+
+
 def test_every_alu_variant_matches_the_reference(interpreted):
-    checks = {k: v for k, v in interpreted.items() if not k.startswith(("case_", "cfg_", "f16_"))}
+    checks = {k: v for k, v in interpreted.items() if not k.startswith(("case_", "cfg_", "f16_", "hilo_"))}
     assert len(checks) == 2 * 2 * (9 + 9 + 3), sorted(checks)
     failed = sorted(k for k, v in checks.items() if not v)
     assert not failed, failed
@@ -151,13 +169,15 @@ def test_every_alu_variant_matches_the_reference(interpreted):
 
 def test_a_configured_alu_is_kept_to_what_each_call_takes(interpreted):
     configured = {k: v for k, v in interpreted.items() if k.startswith("cfg_")}
-    assert sorted(configured) == ["cfg_fp8_b16", "cfg_fp8_b32", "cfg_fp8_b32_per_request", "cfg_mxfp4_b16"], \
-        configured
+    assert sorted(configured) == ["cfg_fp8_b16", "cfg_fp8_b32", "cfg_fp8_b32_bf16q", "cfg_fp8_b32_per_request",
+                                  "cfg_mxfp4_b16"], configured
     assert all(configured.values()), configured
 
 
 def test_fitting_alu_keeps_what_the_call_takes():
     pytest.importorskip("triton")
+    import torch
+
     from dsahal.backends.triton_kernels.indexer_decode import DOT_BF16, DOT_FP8, _check_alu, fitting_alu
 
     bf16, fp8 = DOT_BF16, DOT_FP8
@@ -171,6 +191,17 @@ def test_fitting_alu_keeps_what_the_call_takes():
         got = fitting_alu(alu, fmt, block_n, block_tokens, mode, dot=dot)
         assert got == want, (alu, fmt, block_n, block_tokens, mode, dot, got)
         _check_alu(got, fmt, block_n, block_tokens, mode, dot)  # what it keeps, the launcher accepts
+    # flag 128 (bf16 queries as e4m3 hi + lo): bf16 q on FP8 keys, or on MXFP4 keys in mode 4; never with flag 32
+    b, f8 = torch.bfloat16, torch.float8_e4m3fn
+    cases = [  # (configured, fmt, block_tokens, mxfp4_mode, dot, q dtype) -> expected
+        ((197, "fp8", 64, 0, bf16, b), 197), ((197, "fp8", 64, 0, fp8, f8), 69), ((197, "fp8", 128, 0, bf16, b), 193),
+        ((140, "mxfp4", 64, 4, bf16, b), 140), ((140, "mxfp4", 64, 4, bf16, f8), 12), ((140, "mxfp4", 64, 3, bf16, b), 12),
+        ((160, "fp8", 64, 0, bf16, b), 32), ((133, "fp8", 64, 0, bf16, None), 133), ((140, "mxfp4", 64, 4, bf16, None), 12),
+    ]
+    for (alu, fmt, block_tokens, mode, dot, q_dtype), want in cases:
+        got = fitting_alu(alu, fmt, 64, block_tokens, mode, dot=dot, q_dtype=q_dtype)
+        assert got == want, (alu, fmt, block_tokens, mode, dot, q_dtype, got)
+        _check_alu(got, fmt, 64, block_tokens, mode, dot, q_dtype)
 
 
 def test_the_cases_hold_visible_and_masked_scores(interpreted):
@@ -189,8 +220,14 @@ def test_alu_flags_that_do_not_fit_are_refused():
     q8 = torch.zeros(8, 4, 128).to(torch.float8_e4m3fn)
     w = torch.zeros(8, 4)
     args = (q8, w, pages, table, req, pos, torch.zeros_like(req), "fp8", 125, torch.empty(8, 125))
-    with pytest.raises(ValueError, match="alu must be an int in 0..127"):
+    with pytest.raises(ValueError, match="alu must be an int in 0..255"):
+        d.launch(*args, dot=d.DOT_FP8, block_n=32, alu=256)
+    with pytest.raises(ValueError, match="alu flag 128 .* bf16 queries on FP8 keys .* got alu=128 with q of dtype "
+                                         "torch.float8_e4m3fn, index_fmt='fp8'"):
         d.launch(*args, dot=d.DOT_FP8, block_n=32, alu=128)
+    qb = torch.zeros(8, 4, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="alu flags 32 and 128 .* got both"):
+        d.launch(qb, *args[1:], dot=d.DOT_BF16, block_n=32, alu=160)
     with pytest.raises(ValueError, match="alu flag 32 .* bf16 queries on FP8 keys .* got alu=32 with index_fmt='fp8', dot=1"):
         d.launch(*args, dot=d.DOT_FP8, block_n=32, alu=32)
     with pytest.raises(ValueError, match="alu must be an int"):

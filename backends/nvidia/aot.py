@@ -354,7 +354,8 @@ def block_tile_launch(q_dtype, index_fmt: str, heads: int = INDEXER_HEADS, block
     mxfp4 = index_fmt == "mxfp4"
     mxfp4_mode = tile.get("mxfp4_mode", 0) if mxfp4 else 0
     alu = indexer_decode.fitting_alu(tile.get("alu", 0), index_fmt, tile["block_n"], block_tokens, mxfp4_mode,
-                                     dot=dot)
+                                     dot=dot, q_dtype=q_dtype)
+    dot = indexer_decode.kernel_dot(dot, index_fmt, alu)
     fast_math = cfg.get("mxfp4_fast_math", False)
     scaled_dot = ((2 if fast_math else 1) if mxfp4 and cfg.get("mxfp4_dot_scaled", True) and not mxfp4_mode else 0)
     loop = (2 if tile["pipeline"] else 0) if tile["tile_loop"] is None else tile["tile_loop"]

@@ -476,7 +476,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         # mxfp4_dot_scaled says); a block-tile parameter only
         mxfp4_mode = tile.get("mxfp4_mode", 0) if mxfp4 else 0
         alu = indexer_decode.fitting_alu(tile.get("alu", 0), index_fmt, tile["block_n"], index_pages.shape[1],
-                                         mxfp4_mode, dot=dot)
+                                         mxfp4_mode, dot=dot, q_dtype=q.dtype)
         group = min(tile["tile_group"] or tile["group"], indexer_decode.MAX_GROUP)
         group = _request_group(group, tokens, block_table.shape[0], tile.get("group_per_request", False))
         offsets, starts = segment_plan(req_ids, group)  # one launch

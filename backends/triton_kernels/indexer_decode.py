@@ -107,6 +107,9 @@ ALU_FLAGS = {
         "bf16 MMAs, so off)",
     64: "each token's scores stored from the MMA's own register layout by inline PTX (no conversion to the store's "
         "layout through shared memory and two barriers; not under the interpreter)",
+    128: "bf16 queries as two FP8 MMAs (FP8 keys, or MXFP4 keys in mxfp4_mode 4): each head's query row scaled by a "
+         "power of two into e4m3's range and split exactly into hi + lo e4m3 parts (the scale undone on its "
+         "weight), so the keys stay e4m3 instead of being widened to bf16 every tile",
 }
 
 SIZE_ARGS = ("T", "max_context", "num_blocks", "max_blocks", "block_tokens", "n_tiles")
@@ -185,11 +188,46 @@ def _fp16_row_scale(amax):
     to fp16's 11 bits relative to its own maximum, and ``relu(up · x) · down = relu(x)`` exactly (a power of
     two, positive), so ``down`` goes on the head's weight. Rows below 2^-112 (zero included) take up = 2^126,
     whose ``down`` is still a normal fp32."""
+    return _pow2_row_scale(amax, 14)
+
+
+@triton.jit
+def _pow2_row_scale(amax, TOP: tl.constexpr):
+    """Per-row powers of two (up, down = 1 / up) putting ``amax * up`` in [2^TOP, 2^(TOP + 1)) (up capped at
+    2^126, so ``down`` stays a normal fp32)."""
     biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # amax in [2^(biased-127), 2^(biased-126))
-    field = tl.minimum(268 - biased, 253)  # exponent field of 2^(141 - biased)
+    field = tl.minimum(254 + TOP - biased, 253)  # exponent field of 2^(127 + TOP - biased)
     up = (field << 23).to(tl.float32, bitcast=True)
     down = ((254 - field) << 23).to(tl.float32, bitcast=True)
     return up, down
+
+
+@triton.jit
+def _e4m3_hi_lo(x, amax):
+    """Rows of bf16 values ``x`` (fp32 ``[BLOCK_H, D]``, largest magnitude ``amax`` ``[BLOCK_H]``) -> (hi, lo,
+    down): e4m3 ``[BLOCK_H, D]`` with ``hi + lo = x · up`` and ``down = 1 / up`` per row (fp32 ``[BLOCK_H]``),
+    ``up`` the power of two putting the row's largest value in [2^7, 2^8) (:func:`_pow2_row_scale`; e4m3's
+    largest is 448). Two FP8 MMAs on (hi, lo) against e4m3 keys then give the bf16 query's dot products with
+    exact products (the accumulator being the FP8 MMA's).
+
+    ``hi`` is the scaled value rounded to e4m3's 4 significant bits (to nearest, ties to even, on the fp32 bits;
+    0 below e4m3's smallest normal 2^-6), so the residual is a multiple of the value's bf16 ulp (8 significant
+    bits) no larger than 2^4 of them: 4 bits, held exactly by ``lo`` (a multiple of e4m3's subnormal step 2^-9).
+    So every scaled value of at least 2^-2 (all but the row's values below about 2^-9 of its largest) is exact;
+    a smaller one is off by at most 2^-10 (2^-17 of the row's largest). Both parts are e4m3 values before the
+    conversion, so no conversion rounds (the interpreter's rounding of fp32 to e4m3 is not the GPU's). A row
+    holding Inf or NaN gets ``down`` NaN: the parts would have hidden it."""
+    up, down = _pow2_row_scale(amax, 7)
+    scaled = x * up[:, None]
+    bits = scaled.to(tl.int32, bitcast=True)
+    # keep 3 of fp32's 23 mantissa bits, rounding the 20 dropped ones to nearest even (a carry may step the
+    # exponent: still a 4-bit value); the sign bit is never reached below 2^128
+    hi = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
+    hi = tl.where(tl.abs(scaled) >= 0.015625, hi, 0.0)
+    rest = scaled - hi  # exact: |rest| <= 2^-4 |scaled|, a multiple of its ulp
+    lo = tl.floor(rest * 512.0 + 0.5) * 0.001953125  # to multiples of 2^-9 (exact where rest already is one)
+    down = tl.where(amax < float("inf"), down, float("nan"))
+    return hi.to(tl.float8e4nv), lo.to(tl.float8e4nv), down
 
 
 @triton.jit
@@ -221,7 +259,16 @@ def _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t, ok, H, BLOCK_H: tl
         b1 = tl.load(rows + 32 + dims, mask=row_ok[:, None], other=0.0)
         b2 = tl.load(rows + 64 + dims, mask=row_ok[:, None], other=0.0)
         b3 = tl.load(rows + 96 + dims, mask=row_ok[:, None], other=0.0)
-        if MX == 3:  # fp16 operands: each head's row times a power of two that fits fp16's range (undone after)
+        if MX == 4 and (ALU & 128) != 0:  # bf16 queries as e4m3 hi + lo per block, one row scale (undone after)
+            b0, b1, b2, b3 = b0.to(tl.float32), b1.to(tl.float32), b2.to(tl.float32), b3.to(tl.float32)
+            amax = tl.maximum(tl.maximum(tl.max(tl.abs(b0), 1), tl.max(tl.abs(b1), 1)),
+                              tl.maximum(tl.max(tl.abs(b2), 1), tl.max(tl.abs(b3), 1)))
+            h0, l0, down = _e4m3_hi_lo(b0, amax)
+            h1, l1, down = _e4m3_hi_lo(b1, amax)
+            h2, l2, down = _e4m3_hi_lo(b2, amax)
+            h3, l3, down = _e4m3_hi_lo(b3, amax)
+            q = (h0, l0, h1, l1, h2, l2, h3, l3, down)
+        elif MX == 3:  # fp16 operands: each head's row times a power of two that fits fp16's range (undone after)
             b0, b1, b2, b3 = b0.to(tl.float32), b1.to(tl.float32), b2.to(tl.float32), b3.to(tl.float32)
             up, down = _fp16_row_scale(tl.maximum(tl.maximum(tl.max(tl.abs(b0), 1), tl.max(tl.abs(b1), 1)),
                                                   tl.maximum(tl.max(tl.abs(b2), 1), tl.max(tl.abs(b3), 1))))
@@ -237,6 +284,9 @@ def _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t, ok, H, BLOCK_H: tl
             q = (q_even.to(tl.float32), q_odd.to(tl.float32))
         else:
             q = (q_even.to(tl.bfloat16), q_odd.to(tl.bfloat16))
+    elif (ALU & 128) != 0:  # bf16 queries on FP8 keys as e4m3 hi + lo (_e4m3_hi_lo), for two FP8 MMAs
+        q = tl.load(rows + tl.arange(0, 128)[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
+        q = _e4m3_hi_lo(q, tl.max(tl.abs(q), 1))
     elif (ALU & 32) != 0:  # fp16 MMA on FP8 keys: the rows' powers of two, undone on the weights
         q = tl.load(rows + tl.arange(0, 128)[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
         up, down = _fp16_row_scale(tl.max(tl.abs(q), 1))
@@ -269,6 +319,16 @@ def _token_score(keys, scale, q, w, FMT: tl.constexpr, DOT: tl.constexpr, SCALED
             logits = tl.dot(k1, tl.trans(q1), logits)
             logits = tl.dot(k2, tl.trans(q2), logits)
             logits = tl.dot(k3, tl.trans(q3), logits)
+    elif FMT == 2 and MX == 4 and (ALU & 128) != 0:  # bf16 queries as e4m3 hi + lo: two FP8 MMAs per block
+        blocks, factors = keys
+        k0, k1, k2, k3 = blocks
+        f0, f1, f2, f3 = factors
+        h0, l0, h1, l1, h2, l2, h3, l3, down = q
+        w = w * down
+        logits = tl.dot(k0, tl.trans(l0), tl.dot(k0, tl.trans(h0))) * f0[:, None]
+        logits += tl.dot(k1, tl.trans(l1), tl.dot(k1, tl.trans(h1))) * f1[:, None]
+        logits += tl.dot(k2, tl.trans(l2), tl.dot(k2, tl.trans(h2))) * f2[:, None]
+        logits += tl.dot(k3, tl.trans(l3), tl.dot(k3, tl.trans(h3))) * f3[:, None]
     elif FMT == 2 and MX >= 2:  # MXFP4 block modes: one K = 32 MMA per scale block, scaled per key after it
         blocks, factors = keys  # no nested unpacking: Triton 3.6's dependency scan fails on it (see tests)
         k0, k1, k2, k3 = blocks
@@ -302,6 +362,10 @@ def _token_score(keys, scale, q, w, FMT: tl.constexpr, DOT: tl.constexpr, SCALED
                 logits = tl.dot(odd, tl.trans(q_odd), tl.dot(even, tl.trans(q_even)))
     elif DOT == 2:
         logits = tl.dot(keys, tl.trans(q), input_precision="ieee")  # [BLOCK_N, BLOCK_H]
+    elif FMT == 1 and (ALU & 128) != 0:  # bf16 queries as e4m3 hi + lo (_e4m3_hi_lo): two chained FP8 MMAs
+        hi, lo, down = q
+        logits = tl.dot(keys, tl.trans(lo), tl.dot(keys, tl.trans(hi)))
+        w = w * down
     elif FMT == 1 and (ALU & 32) != 0:  # fp16 MMA: the row scales (_fp16_row_scale) undone on the head weights
         q16, down = q
         logits = tl.dot(keys, tl.trans(q16))
@@ -847,7 +911,7 @@ def serves(q, index_pages, index_fmt, dot, block_n) -> bool:
     return tile_keys(index_pages.shape[1], block_n) > 0
 
 
-def _check_mxfp4_mode(mode, q, index_fmt, scaled_dot) -> int:
+def _check_mxfp4_mode(mode, q, index_fmt, scaled_dot, alu=0) -> int:
     """``mode`` as the kernel's ``MX`` constexpr, or a ValueError naming what does not fit."""
     if mode not in MXFP4_MODES:
         raise ValueError(f"triton indexer_score: mxfp4_mode must be one of {sorted(MXFP4_MODES)} "
@@ -860,14 +924,14 @@ def _check_mxfp4_mode(mode, q, index_fmt, scaled_dot) -> int:
     if scaled_dot:
         raise ValueError(f"triton indexer_score: mxfp4_mode {mode} ({MXFP4_MODES[mode]}) decodes the keys "
                          f"itself; it excludes tl.dot_scaled (scaled_dot=0), got scaled_dot={scaled_dot!r}")
-    if mode == 4 and q.dtype != torch.float8_e4m3fn:
-        raise ValueError(f"triton indexer_score: mxfp4_mode 4 ({MXFP4_MODES[4]}) multiplies FP8 queries, "
-                         f"got q of dtype {q.dtype}")
+    if mode == 4 and q.dtype != torch.float8_e4m3fn and not (q.dtype == torch.bfloat16 and alu & 128):
+        raise ValueError(f"triton indexer_score: mxfp4_mode 4 ({MXFP4_MODES[4]}) multiplies FP8 queries (bf16 ones "
+                         f"with alu flag 128, split into two e4m3 parts), got q of dtype {q.dtype} with alu={alu!r}")
     return mode
 
 
 def fitting_alu(alu: int, index_fmt: str, block_n: int, block_tokens: int, mxfp4_mode: int = 0, *,
-                dot: int) -> int:
+                dot: int, q_dtype: torch.dtype | None = None) -> int:
     """The flags of a configured ``alu`` that fit this call (what :func:`_check_alu` accepts), the others
     dropped: a backend configuration names its flags once for every call, and a call with other pages
     (MXFP4 rather than FP8 keys, a block of another size) or another MMA (``dot``) must take the path without
@@ -876,6 +940,8 @@ def fitting_alu(alu: int, index_fmt: str, block_n: int, block_tokens: int, mxfp4
         alu &= ~3
     if not (index_fmt == "fp8" and dot == DOT_BF16):
         alu &= ~32
+    if not _hi_lo_fits(index_fmt, mxfp4_mode, dot, q_dtype) or alu & 32:
+        alu &= ~128
     if not (index_fmt == "mxfp4" and 2 <= mxfp4_mode <= 4):
         alu &= ~24
     if not alu & 8:
@@ -885,7 +951,18 @@ def fitting_alu(alu: int, index_fmt: str, block_n: int, block_tokens: int, mxfp4
     return alu
 
 
-def _check_alu(alu, index_fmt, block_n, block_tokens, mxfp4_mode=0, dot=DOT_BF16) -> None:
+def _hi_lo_fits(index_fmt, mxfp4_mode, dot, q_dtype) -> bool:
+    """Whether ``ALU`` flag 128 (bf16 queries as e4m3 hi + lo for FP8 MMAs) fits a call: bf16 queries on FP8 keys
+    (``dot`` DOT_BF16), or on MXFP4 keys decoded for FP8 MMAs (``mxfp4_mode`` 4). ``q_dtype`` None: as FP8 keys
+    imply it (their bf16 queries take DOT_BF16, FP8 ones DOT_FP8)."""
+    if q_dtype is not None and q_dtype != torch.bfloat16:
+        return False
+    if index_fmt == "fp8":
+        return dot == DOT_BF16
+    return index_fmt == "mxfp4" and mxfp4_mode == 4 and q_dtype is not None
+
+
+def _check_alu(alu, index_fmt, block_n, block_tokens, mxfp4_mode=0, dot=DOT_BF16, q_dtype=None) -> None:
     """A ValueError naming the flag of ``alu`` (:data:`ALU_FLAGS`) that does not fit the call."""
     known = sum(ALU_FLAGS)
     if not isinstance(alu, int) or isinstance(alu, bool) or not 0 <= alu <= known:
@@ -903,6 +980,13 @@ def _check_alu(alu, index_fmt, block_n, block_tokens, mxfp4_mode=0, dot=DOT_BF16
     if alu & 32 and not (index_fmt == "fp8" and dot == DOT_BF16):
         raise ValueError(f"triton indexer_score: alu flag 32 ({ALU_FLAGS[32]}) takes bf16 queries on FP8 keys "
                          f"(dot=DOT_BF16), got alu={alu} with index_fmt={index_fmt!r}, dot={dot!r}")
+    if alu & 128 and not _hi_lo_fits(index_fmt, mxfp4_mode, dot, q_dtype):
+        raise ValueError(f"triton indexer_score: alu flag 128 ({ALU_FLAGS[128]}) takes bf16 queries on FP8 keys or "
+                         f"on MXFP4 keys in mxfp4_mode 4, got alu={alu} with q of dtype {q_dtype}, "
+                         f"index_fmt={index_fmt!r}, mxfp4_mode={mxfp4_mode!r}, dot={dot!r}")
+    if alu & 128 and alu & 32:
+        raise ValueError(f"triton indexer_score: alu flags 32 and 128 each choose the MMA of bf16 queries on FP8 keys "
+                         f"(fp16, or two FP8 MMAs); got both (alu={alu})")
     if alu & 4 and block_n != block_tokens:
         raise ValueError(f"triton indexer_score: alu flag 4 ({ALU_FLAGS[4]}) needs key tiles of one whole "
                          f"block, got {block_n}-key tiles in {block_tokens}-token blocks")
@@ -938,9 +1022,10 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         raise ValueError(f"triton indexer_score: wide_tiles (key tiles per program when the launch has programs to "
                          f"spare) needs a rolled loop (tile_loop 1..3) and at least tiles={tiles}, got "
                          f"wide_tiles={wide_tiles!r} with tile_loop={loop!r}")
-    mx = _check_mxfp4_mode(mxfp4_mode, q, index_fmt, scaled_dot)
+    mx = _check_mxfp4_mode(mxfp4_mode, q, index_fmt, scaled_dot, alu)
     block_n = tile_keys(index_pages.shape[1], block_n)
-    _check_alu(alu, index_fmt, block_n, index_pages.shape[1], mx, dot)
+    _check_alu(alu, index_fmt, block_n, index_pages.shape[1], mx, dot, q.dtype)
+    dot = kernel_dot(dot, index_fmt, alu)
     block_h = max(16, triton.next_power_of_2(heads))
     u8 = index_pages.view(torch.float8_e4m3fn) if typed_keys and index_fmt == "fp8" and dot == DOT_FP8 \
         else index_pages
@@ -975,6 +1060,12 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return out
+
+
+def kernel_dot(dot: int, index_fmt: str, alu: int) -> int:
+    """The kernel's ``DOT`` for a call's ``dot`` (``indexer.pick_dot``): FP8 keys with ``alu`` flag 128 take the FP8
+    MMA path (the keys stay e4m3; the bf16 queries are split into e4m3 hi + lo, :func:`_e4m3_hi_lo`)."""
+    return DOT_FP8 if alu & 128 and index_fmt == "fp8" else dot
 
 
 def runs_ptx(device: torch.device) -> bool:
