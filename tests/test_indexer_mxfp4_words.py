@@ -125,7 +125,9 @@ def test_word_flags_that_do_not_fit_are_refused():
         d.launch(q8, w, torch.zeros(8, 32, record, dtype=torch.uint8), table, req, pos, torch.zeros_like(req), fmt, 125,
                  torch.empty(8, 125), dot=d.DOT_BF16, block_n=32, **kwargs)
 
-    with pytest.raises(ValueError, match=r"alu must be an int in 0\.\.127"):
+    with pytest.raises(ValueError, match=r"alu must be an int in 0\.\.255"):
+        launch("mxfp4", 68, mxfp4_mode=4, alu=256)
+    with pytest.raises(ValueError, match=r"alu flag 128 .* got alu=128 with q of dtype torch.float8_e4m3fn"):
         launch("mxfp4", 68, mxfp4_mode=4, alu=128)
     with pytest.raises(ValueError, match=r"alu flags 8 and 16 .* mxfp4_mode 2\.\.4, got alu=8 with index_fmt='fp8'"):
         launch("fp8", 132, alu=8)

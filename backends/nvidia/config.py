@@ -19,7 +19,7 @@ INVARIANT_SPLIT = 512  # slots per split in batch-invariant mode, for every batc
 # heads; above it FlashMLA (64/128-head tiles) or the general kernel serve.
 SMALL_HEADS_MAX = 32
 
-# The Gluon few-heads kernel's launch (sparse_mla_gluon; the nvidia route "gluon_few_heads", forced only), the
+# The Gluon few-heads kernel's launch (sparse_mla_gluon; the nvidia route "gluon_few_heads", after FlashMLA's), the
 # fastest of the H200 sweep (scripts/h200/small_heads_sweep.py --raw-only --gluon, R4 of the sixteenth session, 64 x 5
 # tokens x 2048 slots): 16-slot steps, 3 stages, the queries in shared memory and ptxas's cap of 168 registers (three
 # programs a SM, no spill): 0.426 / 0.419 ms at H = 16 / 12 against 0.449 / 0.441 with 4 stages and the queries in
@@ -137,10 +137,13 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     # bf16 q (R3 of the ninth session): mode 3 (fp16 MMAs per 32-dim block, scale after) with alu 12, each head's
     # query row scaled into fp16's range by a power of two (indexer_decode._fp16_row_scale: no bf16 value
     # overflows), 0.680 / 1.586 ms at 64x1 / 64x5 against tl.dot_scaled 1.021 / 1.496 (1.50x at one token, 0.94x at
-    # five, the one-token decode being the common case); mode 2 (bf16 MMAs) 0.784 / 1.618.
+    # five, the one-token decode being the common case); mode 2 (bf16 MMAs) 0.784 / 1.618. Eighteenth session (R1
+    # mxfp4_indexer_sweep.py, same run): mode 4 with alu 140 (flag 128: each query row split exactly into e4m3 hi +
+    # lo, two FP8 MMAs a block, indexer_decode._e4m3_hi_lo) 0.516 / 1.406 ms against mode 3's 0.656 / 1.524 (1.25x /
+    # 1.08x; 26.1% / 9.6% of copy).
     if index_fmt == "mxfp4" and q_dtype == torch.bfloat16 and not batch_invariant():
         return dict(block_n=64, group=8, tiles=4, num_warps=8, num_stages=1, one_block_tiles=True,
-                    mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES, mxfp4_mode=3, alu=12))
+                    mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES, mxfp4_mode=4, alu=140))
     if index_fmt == "mxfp4" and q_dtype in (torch.bfloat16, torch.float8_e4m3fn):
         return dict(block_n=64, group=8, tiles=4, num_warps=8, num_stages=1, one_block_tiles=True,
                     mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES))
@@ -162,12 +165,16 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
         return dict(block_n=64, group=8, tiles=16, num_warps=8, num_stages=2, pipeline=True, typed_keys=True,
                     one_block_tiles=False, block_tiles=dict(_BLOCK_TILES, typed_keys=False, alu=_FP8_KEYS_ALU,
                                                             group_per_request=2))
-    # bf16 q: alu 5 + 64 (_FP8_KEYS_ALU). Ninth session (R4 indexer_alu_sweep.py): alu 37 (flag 32, fp16 MMAs on
-    # row-scaled queries) was slower everywhere, 0.636 / 0.843 / 1.454 / 0.641 ms at 64x1 / 64x2 / 64x5 / 8x1
-    # against alu 5's 0.562 / 0.700 / 1.090 / 0.567.
+    # bf16 q: _FP8_KEYS_ALU + 128 (indexer_decode.ALU_FLAGS: each head's query row split exactly into e4m3 hi + lo,
+    # two FP8 MMAs a token on the e4m3 keys instead of one bf16 MMA on keys widened every tile). Eighteenth session
+    # (R1 indexer_alu_sweep.py, same run, against alu 69): 64x1 / 64x2 at 128K, 8x1 at 1M 0.358 / 0.461 / 0.356 ms
+    # against 0.484 / 0.568 / 0.506 (1.35x / 1.23x / 1.42x; 72.7% of copy at 64x1); 64x5 and the 4096-token prefill
+    # at 32K (5-token segments) the same, 1.037 / 2.920 against 1.036 / 2.945 (the MMAs bound there, and two FP8 MMAs
+    # cost one bf16 MMA). Ninth session (R4): alu 37 (flag 32, fp16 MMAs on row-scaled queries) was slower everywhere,
+    # 0.636 / 0.843 / 1.454 / 0.641 ms at 64x1 / 64x2 / 64x5 / 8x1 against alu 5's 0.562 / 0.700 / 1.090 / 0.567.
     if q_dtype == torch.bfloat16 and index_fmt == "fp8":
         return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True,
-                    block_tiles=dict(_BLOCK_TILES, typed_keys=True, alu=_FP8_KEYS_ALU, group_per_request=True))
+                    block_tiles=dict(_BLOCK_TILES, typed_keys=True, alu=_FP8_KEYS_ALU | 128, group_per_request=True))
     # bf16 keys, and fp32/fp16 queries (exact dots): the general kernel only, unrolled x4 at 4 warps with
     # one-block tiles (bf16 q on bf16 keys 0.458 ms at 64x5 x 32K, 2026-11-29)
     return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True)

@@ -45,6 +45,13 @@ def routes() -> dict[str, list[Route]]:
                   probe=f"{flashmla}:probe", description="FlashMLA SM90 sparse decode on fp8_ds_mla (V32) pages"),
             Route("flashmla_prefill", f"{flashmla}:sparse_mla_prefill", f"{flashmla}:prefill_accepts",
                   probe=f"{flashmla}:probe", description="FlashMLA SM90 sparse prefill on contiguous bf16 latents"),
+            # The Gluon few-heads kernel, fp8_ds_mla at <= 16 heads: 1.09x the raw-e4m3 Triton kernel below at 64 x 5
+            # tokens, H = 16 / 12 (0.426 / 0.419 vs 0.465 / 0.458 ms, H200, sixteenth session); certified as a route
+            # in both modes (forced, sparse_mla and dsa_attention at 60 examples, eighteenth session, BENCHMARKS.md).
+            # Behind FlashMLA, faster with its heads padded to 64 (0.300 ms) where it serves.
+            Route("gluon_few_heads", f"{PACKAGE}.ops:sparse_mla_gluon", f"{PACKAGE}.verifiers:gluon_few_heads_accepts",
+                  description="Gluon: fp8_ds_mla at <= 16 heads, gathers staged by cp.async, one warp per 128-dim "
+                              "tile (sm_89+)"),
             # Before the general kernel where it measured faster (H <= 32, fp8_ds_mla and nvfp4 latents; fp8_ds_mla
             # at <= 16 heads on the raw-e4m3 kernel); behind FlashMLA, which is faster at fp8_ds_mla in default
             # mode even with its heads padded: 0.297 vs 0.457 ms at H = 16 (H200, eighth session).
@@ -52,15 +59,6 @@ def routes() -> dict[str, list[Route]]:
                   description="every head of a token in one program (H <= 32, fp8_ds_mla / nvfp4; fp8_ds_mla at "
                               "<= 16 heads on raw e4m3 codes)"),
             _triton("sparse_mla"),
-            # After a route that takes every call: reached only when forced (DSAHAL_ROUTES=sparse_mla:gluon_few_heads).
-            # The Gluon few-heads kernel, fp8_ds_mla at <= 16 heads: 1.09x the raw-e4m3 Triton kernel above at 64 x
-            # 5 tokens, H = 16 / 12 (0.426 / 0.419 vs 0.465 / 0.458 ms; FlashMLA padded to 64 heads 0.300), checked
-            # against the reference on the H200 (scripts/h200/gluon_check.py) but not yet certified by the
-            # conformance suite as a route (its one forced run stopped on the compile budget's twin, since fixed),
-            # so not in front of the certified routes (H200, sixteenth session, BENCHMARKS.md).
-            Route("gluon_few_heads", f"{PACKAGE}.ops:sparse_mla_gluon", f"{PACKAGE}.verifiers:gluon_few_heads_accepts",
-                  description="Gluon: fp8_ds_mla at <= 16 heads, gathers staged by cp.async, one warp per 128-dim "
-                              "tile (sm_89+); forced only"),
         ],
         "lse_combine": [_triton("lse_combine")],
         "kda_decode": [_triton("kda_decode")],

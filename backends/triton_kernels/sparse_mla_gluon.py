@@ -31,8 +31,8 @@ One program = (one split of the slot list, one token), heads padded to 16; ``spl
 :func:`.lse_combine.lse_combine` merges in split order (a fixed slot count per split: a row's result does not depend
 on the batch). Gluon has no interpreter: CPU runs cannot execute this kernel; its sm_90 compile is checked on any
 machine (``python -m dsahal.backends.nvidia.aot``, ``tests/test_sparse_mla_gluon.py``), its results on the H200
-(``scripts/h200/gluon_check.py`` against the float64 reference, ``scripts/h200/small_heads_sweep.py``); the
-conformance suite has not certified its route yet (``gluon_few_heads``, reached only when forced).
+(``scripts/h200/gluon_check.py`` against the float64 reference, ``scripts/h200/small_heads_sweep.py``) and by the
+conformance suite, its route (``gluon_few_heads``) forced, in both modes (eighteenth session).
 """
 from __future__ import annotations
 
