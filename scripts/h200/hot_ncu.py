@@ -5,7 +5,9 @@
         python3 scripts/h200/hot_ncu.py indexer
 
 Cases (argv, default all): ``indexer`` (FP8 keys, FP8 queries, 64 requests x 1 token at 128K keys, the
-backend's block-tile configuration), ``indexer5`` (the same at 64 x 5), ``prefill`` (one request's 4096 tokens at
+backend's block-tile configuration), ``indexer2`` / ``indexer5`` (the same at 64 x 2 / 64 x 5), ``indexer_bf16`` /
+``indexer_bf16_5`` (bf16 queries, 64 x 1 / 64 x 5), ``mxfp4_default`` / ``mxfp4_bf16`` (MXFP4 keys, FP8 / bf16
+queries, 64 x 1, the backend's configuration), ``prefill`` (one request's 4096 tokens at
 positions 28K..32K, the chunked prefill shape), ``mxfp4`` / ``mxfp4_5`` (MXFP4 keys, FP8 queries, 64 x 1 / 64 x 5, the
 prepared word decode: ``mxfp4_mode`` 4 with ``alu`` 28 by the direct launch), ``small_heads`` (sparse MLA, few-heads
 kernel, fp8_ds_mla latents, H = 16, 64 x 5 tokens x 2048 slots into a 1M-token pool). Each case runs three
@@ -20,9 +22,10 @@ import pools as cache_pools  # scripts/h200/pools.py
 DEVICE = "cuda"
 
 
-def indexer(per_request, requests=64, context=128 * 1024):
+def indexer(per_request, requests=64, context=128 * 1024, q_dtype=torch.float8_e4m3fn, fmt="fp8"):
     """``requests`` requests of ``per_request`` query tokens each at the end of a ``context``-token sequence
-    (decode; one request of 4096 tokens at 32K is the chunked-prefill shape)."""
+    (decode; one request of 4096 tokens at 32K is the chunked-prefill shape), ``fmt`` keys, ``q_dtype`` queries,
+    the backend's configuration."""
     from dsahal.backends.nvidia.config import indexer_config
     from dsahal.backends.triton_kernels.indexer import indexer_score
 
@@ -30,17 +33,17 @@ def indexer(per_request, requests=64, context=128 * 1024):
     block_tokens = 64
     per_req_blocks = context // block_tokens
     blocks = requests * per_req_blocks + 64
-    pages = cache_pools.index_pool(torch, "fp8", blocks, gen, DEVICE, block_tokens)
+    pages = cache_pools.index_pool(torch, fmt, blocks, gen, DEVICE, block_tokens)
     table = torch.randperm(blocks, device=DEVICE, generator=gen)[: requests * per_req_blocks]
     table = table.view(requests, per_req_blocks).to(torch.int32)
     req = torch.arange(requests, device=DEVICE, dtype=torch.int32).repeat_interleave(per_request)
     pos = (context - per_request + torch.arange(per_request, device=DEVICE, dtype=torch.int32)).repeat(requests)
     tokens = requests * per_request
-    q = torch.randn(tokens, 32, 128, device=DEVICE, generator=gen).to(torch.float8_e4m3fn)
+    q = torch.randn(tokens, 32, 128, device=DEVICE, generator=gen).to(q_dtype)
     w = torch.randn(tokens, 32, device=DEVICE, generator=gen)
-    cfg = dict(indexer_config(32, q.dtype, "fp8"))
+    cfg = dict(indexer_config(32, q.dtype, fmt))
     for _ in range(3):
-        indexer_score(q, w, pages, table, req, pos, "fp8", context, **cfg)
+        indexer_score(q, w, pages, table, req, pos, fmt, context, **cfg)
 
 
 def mxfp4(per_request, alu=28):
@@ -75,7 +78,10 @@ def small_heads():
         chunked.sparse_mla_small_heads(q, pages, slots, "fp8_ds_mla", scale, 192**-0.5, **cfg)
 
 
-CASES = {"indexer": lambda: indexer(1), "indexer5": lambda: indexer(5),
+BF16 = torch.bfloat16
+CASES = {"indexer": lambda: indexer(1), "indexer2": lambda: indexer(2), "indexer5": lambda: indexer(5),
+         "indexer_bf16": lambda: indexer(1, q_dtype=BF16), "indexer_bf16_5": lambda: indexer(5, q_dtype=BF16),
+         "mxfp4_default": lambda: indexer(1, fmt="mxfp4"), "mxfp4_bf16": lambda: indexer(1, q_dtype=BF16, fmt="mxfp4"),
          "prefill": lambda: indexer(4096, requests=1, context=32 * 1024), "small_heads": small_heads,
          "mxfp4": lambda: mxfp4(1), "mxfp4_5": lambda: mxfp4(5)}
 
