@@ -205,18 +205,18 @@ def _pow2_row_scale(amax, TOP: tl.constexpr):
 @triton.jit
 def _e4m3_hi_lo(x, amax):
     """Rows of bf16 values ``x`` (fp32 ``[BLOCK_H, D]``, largest magnitude ``amax`` ``[BLOCK_H]``) -> (hi, lo,
-    down): e4m3 ``[BLOCK_H, D]`` with ``hi + lo = x · up`` and ``down = 1 / up`` per row (fp32 ``[BLOCK_H]``),
-    ``up`` the power of two putting the row's largest value in [2^7, 2^8) (:func:`_pow2_row_scale`; e4m3's
-    largest is 448). Two FP8 MMAs on (hi, lo) against e4m3 keys then give the bf16 query's dot products with
-    exact products (the accumulator being the FP8 MMA's).
+    down): e4m3 ``[BLOCK_H, D]`` with ``hi + lo / 16 = x · up`` and ``down = 1 / up`` per row (fp32
+    ``[BLOCK_H]``), ``up`` the power of two putting the row's largest value in [2^7, 2^8) (:func:`_pow2_row_scale`;
+    e4m3's largest is 448). Two FP8 MMAs against e4m3 keys then give the bf16 query's dot products from exact
+    products: ``dot(k, hi) + dot(k, lo) / 16`` (:func:`_hi_lo_dot`).
 
-    ``hi`` is the scaled value rounded to e4m3's 4 significant bits (to nearest, ties to even, on the fp32 bits;
-    0 below e4m3's smallest normal 2^-6), so the residual is a multiple of the value's bf16 ulp (8 significant
-    bits) no larger than 2^4 of them: 4 bits, held exactly by ``lo`` (a multiple of e4m3's subnormal step 2^-9).
-    So every scaled value of at least 2^-2 (all but the row's values below about 2^-9 of its largest) is exact;
-    a smaller one is off by at most 2^-10 (2^-17 of the row's largest). Both parts are e4m3 values before the
-    conversion, so no conversion rounds (the interpreter's rounding of fp32 to e4m3 is not the GPU's). A row
-    holding Inf or NaN gets ``down`` NaN: the parts would have hidden it."""
+    ``hi`` is the scaled value rounded to e4m3's 4 significant bits (to nearest, ties to even, on the fp32 bits; 0
+    below e4m3's smallest normal 2^-6), so the residual is a multiple of the value's bf16 ulp (8 significant bits)
+    no larger than 2^4 of them: 4 bits, held exactly by ``lo`` = 16 x the residual (at most 2^8) while that is a
+    multiple of e4m3's subnormal step 2^-9. So every scaled value of at least 2^-6 (all but the row's values below
+    about 2^-13 of its largest) is exact; a smaller one is off by at most 2^-14 (2^-21 of the row's largest). Both
+    parts are e4m3 values before the conversion, so no conversion rounds (the interpreter's rounding of fp32 to
+    e4m3 is not the GPU's). A row holding Inf or NaN gets ``down`` NaN: the parts would have hidden it."""
     up, down = _pow2_row_scale(amax, 7)
     scaled = x * up[:, None]
     bits = scaled.to(tl.int32, bitcast=True)
@@ -224,10 +224,20 @@ def _e4m3_hi_lo(x, amax):
     # exponent: still a 4-bit value); the sign bit is never reached below 2^128
     hi = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
     hi = tl.where(tl.abs(scaled) >= 0.015625, hi, 0.0)
-    rest = scaled - hi  # exact: |rest| <= 2^-4 |scaled|, a multiple of its ulp
+    rest = (scaled - hi) * 16.0  # exact: |scaled - hi| <= 2^-4 |scaled|, a multiple of its ulp
     lo = tl.floor(rest * 512.0 + 0.5) * 0.001953125  # to multiples of 2^-9 (exact where rest already is one)
     down = tl.where(amax < float("inf"), down, float("nan"))
     return hi.to(tl.float8e4nv), lo.to(tl.float8e4nv), down
+
+
+@triton.jit
+def _hi_lo_dot(keys, hi, lo):
+    """``keys [N, K] @ (hi + lo / 16)ᵀ`` for the parts of :func:`_e4m3_hi_lo` (each ``[BLOCK_H, K]`` e4m3): two FP8
+    MMAs into separate fp32 accumulators, added after. Chained into one, the low part's products would be summed
+    at the FP8 MMA accumulator's precision relative to the high part's sum (H200: 4.3e-4 relative score error
+    against 1.3e-4 for FP8 queries); the multiply by 1/16 also keeps the compiler from folding the add into the
+    MMA's accumulator."""
+    return tl.dot(keys, tl.trans(hi)) + tl.dot(keys, tl.trans(lo)) * 0.0625
 
 
 @triton.jit
@@ -325,10 +335,10 @@ def _token_score(keys, scale, q, w, FMT: tl.constexpr, DOT: tl.constexpr, SCALED
         f0, f1, f2, f3 = factors
         h0, l0, h1, l1, h2, l2, h3, l3, down = q
         w = w * down
-        logits = tl.dot(k0, tl.trans(l0), tl.dot(k0, tl.trans(h0))) * f0[:, None]
-        logits += tl.dot(k1, tl.trans(l1), tl.dot(k1, tl.trans(h1))) * f1[:, None]
-        logits += tl.dot(k2, tl.trans(l2), tl.dot(k2, tl.trans(h2))) * f2[:, None]
-        logits += tl.dot(k3, tl.trans(l3), tl.dot(k3, tl.trans(h3))) * f3[:, None]
+        logits = _hi_lo_dot(k0, h0, l0) * f0[:, None]
+        logits += _hi_lo_dot(k1, h1, l1) * f1[:, None]
+        logits += _hi_lo_dot(k2, h2, l2) * f2[:, None]
+        logits += _hi_lo_dot(k3, h3, l3) * f3[:, None]
     elif FMT == 2 and MX >= 2:  # MXFP4 block modes: one K = 32 MMA per scale block, scaled per key after it
         blocks, factors = keys  # no nested unpacking: Triton 3.6's dependency scan fails on it (see tests)
         k0, k1, k2, k3 = blocks
@@ -362,9 +372,9 @@ def _token_score(keys, scale, q, w, FMT: tl.constexpr, DOT: tl.constexpr, SCALED
                 logits = tl.dot(odd, tl.trans(q_odd), tl.dot(even, tl.trans(q_even)))
     elif DOT == 2:
         logits = tl.dot(keys, tl.trans(q), input_precision="ieee")  # [BLOCK_N, BLOCK_H]
-    elif FMT == 1 and (ALU & 128) != 0:  # bf16 queries as e4m3 hi + lo (_e4m3_hi_lo): two chained FP8 MMAs
+    elif FMT == 1 and (ALU & 128) != 0:  # bf16 queries as e4m3 hi + lo (_e4m3_hi_lo): two FP8 MMAs
         hi, lo, down = q
-        logits = tl.dot(keys, tl.trans(lo), tl.dot(keys, tl.trans(hi)))
+        logits = _hi_lo_dot(keys, hi, lo)
         w = w * down
     elif FMT == 1 and (ALU & 32) != 0:  # fp16 MMA: the row scales (_fp16_row_scale) undone on the head weights
         q16, down = q
