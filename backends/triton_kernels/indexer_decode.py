@@ -112,6 +112,10 @@ ALU_FLAGS = {
          "weight), so the keys stay e4m3 instead of being widened to bf16 every tile",
 }
 
+# ALU flag 128's low parts (_e4m3_hi_lo, _hi_lo_dot): FP8 keys in separate accumulators (16), MXFP4 keys chained (1)
+FP8_KEYS_LO_SCALE: tl.constexpr = tl.constexpr(16)
+MXFP4_LO_SCALE: tl.constexpr = tl.constexpr(1)
+
 SIZE_ARGS = ("T", "max_context", "num_blocks", "max_blocks", "block_tokens", "n_tiles")
 L2_AHEAD_MAX = 8  # l2_ahead: how far ahead (in key tiles) the rolled loop may ask L2 for a tile's lines
 
@@ -203,18 +207,19 @@ def _pow2_row_scale(amax, TOP: tl.constexpr):
 
 
 @triton.jit
-def _e4m3_hi_lo(x, amax):
+def _e4m3_hi_lo(x, amax, LO_SCALE: tl.constexpr):
     """Rows of bf16 values ``x`` (fp32 ``[BLOCK_H, D]``, largest magnitude ``amax`` ``[BLOCK_H]``) -> (hi, lo,
-    down): e4m3 ``[BLOCK_H, D]`` with ``hi + lo / 16 = x · up`` and ``down = 1 / up`` per row (fp32
+    down): e4m3 ``[BLOCK_H, D]`` with ``hi + lo / LO_SCALE = x · up`` and ``down = 1 / up`` per row (fp32
     ``[BLOCK_H]``), ``up`` the power of two putting the row's largest value in [2^7, 2^8) (:func:`_pow2_row_scale`;
     e4m3's largest is 448). Two FP8 MMAs against e4m3 keys then give the bf16 query's dot products from exact
-    products: ``dot(k, hi) + dot(k, lo) / 16`` (:func:`_hi_lo_dot`).
+    products (:func:`_hi_lo_dot`).
 
     ``hi`` is the scaled value rounded to e4m3's 4 significant bits (to nearest, ties to even, on the fp32 bits; 0
     below e4m3's smallest normal 2^-6), so the residual is a multiple of the value's bf16 ulp (8 significant bits)
-    no larger than 2^4 of them: 4 bits, held exactly by ``lo`` = 16 x the residual (at most 2^8) while that is a
-    multiple of e4m3's subnormal step 2^-9. So every scaled value of at least 2^-6 (all but the row's values below
-    about 2^-13 of its largest) is exact; a smaller one is off by at most 2^-14 (2^-21 of the row's largest). Both
+    no larger than 2^4 of them: 4 bits, held exactly by ``lo`` = ``LO_SCALE`` (16 or 1) x the residual (at most
+    2^8) while that is a multiple of e4m3's subnormal step 2^-9. So with ``LO_SCALE`` 16 every scaled value of at
+    least 2^-6 (all but the row's values below about 2^-13 of its largest) is exact, a smaller one off by at most
+    2^-14 (2^-21 of the row's largest); with 1, from 2^-2 (2^-9 of the largest), off by at most 2^-10 below. Both
     parts are e4m3 values before the conversion, so no conversion rounds (the interpreter's rounding of fp32 to
     e4m3 is not the GPU's). A row holding Inf or NaN gets ``down`` NaN: the parts would have hidden it."""
     up, down = _pow2_row_scale(amax, 7)
@@ -224,20 +229,24 @@ def _e4m3_hi_lo(x, amax):
     # exponent: still a 4-bit value); the sign bit is never reached below 2^128
     hi = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
     hi = tl.where(tl.abs(scaled) >= 0.015625, hi, 0.0)
-    rest = (scaled - hi) * 16.0  # exact: |scaled - hi| <= 2^-4 |scaled|, a multiple of its ulp
+    rest = (scaled - hi) * LO_SCALE  # exact: |scaled - hi| <= 2^-4 |scaled|, a multiple of its ulp
     lo = tl.floor(rest * 512.0 + 0.5) * 0.001953125  # to multiples of 2^-9 (exact where rest already is one)
     down = tl.where(amax < float("inf"), down, float("nan"))
     return hi.to(tl.float8e4nv), lo.to(tl.float8e4nv), down
 
 
 @triton.jit
-def _hi_lo_dot(keys, hi, lo):
-    """``keys [N, K] @ (hi + lo / 16)ᵀ`` for the parts of :func:`_e4m3_hi_lo` (each ``[BLOCK_H, K]`` e4m3): two FP8
-    MMAs into separate fp32 accumulators, added after. Chained into one, the low part's products would be summed
-    at the FP8 MMA accumulator's precision relative to the high part's sum (H200: 4.3e-4 relative score error
-    against 1.3e-4 for FP8 queries); the multiply by 1/16 also keeps the compiler from folding the add into the
-    MMA's accumulator."""
-    return tl.dot(keys, tl.trans(hi)) + tl.dot(keys, tl.trans(lo)) * 0.0625
+def _hi_lo_dot(keys, hi, lo, LO_SCALE: tl.constexpr):
+    """``keys [N, K] @ (hi + lo / LO_SCALE)ᵀ`` for the parts of :func:`_e4m3_hi_lo` (each ``[BLOCK_H, K]`` e4m3).
+    ``LO_SCALE`` 16: two FP8 MMAs into separate fp32 accumulators, added after (the multiply by 1/16 also keeps the
+    compiler from folding the add into the MMA's accumulator). 1: the low part's MMA chained onto the high part's
+    accumulator, one accumulator fewer, its products then summed at the FP8 MMA accumulator's precision relative to
+    the high part's sum (H200, eighteenth session, relative score error: FP8 keys, K = 128, 4.3e-4 chained against
+    1.2e-4 separate, FP8 queries 1.3e-4; MXFP4 keys, one K = 32 MMA a block, 8.8e-5 chained, 2.0e-5 separate, whose
+    extra accumulators took 174 -> 235 registers and 1.27x the time)."""
+    if LO_SCALE == 1:
+        return tl.dot(keys, tl.trans(lo), tl.dot(keys, tl.trans(hi)))
+    return tl.dot(keys, tl.trans(hi)) + tl.dot(keys, tl.trans(lo)) * (1.0 / LO_SCALE)
 
 
 @triton.jit
@@ -273,10 +282,10 @@ def _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t, ok, H, BLOCK_H: tl
             b0, b1, b2, b3 = b0.to(tl.float32), b1.to(tl.float32), b2.to(tl.float32), b3.to(tl.float32)
             amax = tl.maximum(tl.maximum(tl.max(tl.abs(b0), 1), tl.max(tl.abs(b1), 1)),
                               tl.maximum(tl.max(tl.abs(b2), 1), tl.max(tl.abs(b3), 1)))
-            h0, l0, down = _e4m3_hi_lo(b0, amax)
-            h1, l1, down = _e4m3_hi_lo(b1, amax)
-            h2, l2, down = _e4m3_hi_lo(b2, amax)
-            h3, l3, down = _e4m3_hi_lo(b3, amax)
+            h0, l0, down = _e4m3_hi_lo(b0, amax, MXFP4_LO_SCALE)
+            h1, l1, down = _e4m3_hi_lo(b1, amax, MXFP4_LO_SCALE)
+            h2, l2, down = _e4m3_hi_lo(b2, amax, MXFP4_LO_SCALE)
+            h3, l3, down = _e4m3_hi_lo(b3, amax, MXFP4_LO_SCALE)
             q = (h0, l0, h1, l1, h2, l2, h3, l3, down)
         elif MX == 3:  # fp16 operands: each head's row times a power of two that fits fp16's range (undone after)
             b0, b1, b2, b3 = b0.to(tl.float32), b1.to(tl.float32), b2.to(tl.float32), b3.to(tl.float32)
@@ -296,7 +305,7 @@ def _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t, ok, H, BLOCK_H: tl
             q = (q_even.to(tl.bfloat16), q_odd.to(tl.bfloat16))
     elif (ALU & 128) != 0:  # bf16 queries on FP8 keys as e4m3 hi + lo (_e4m3_hi_lo), for two FP8 MMAs
         q = tl.load(rows + tl.arange(0, 128)[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-        q = _e4m3_hi_lo(q, tl.max(tl.abs(q), 1))
+        q = _e4m3_hi_lo(q, tl.max(tl.abs(q), 1), FP8_KEYS_LO_SCALE)
     elif (ALU & 32) != 0:  # fp16 MMA on FP8 keys: the rows' powers of two, undone on the weights
         q = tl.load(rows + tl.arange(0, 128)[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
         up, down = _fp16_row_scale(tl.max(tl.abs(q), 1))
@@ -335,10 +344,10 @@ def _token_score(keys, scale, q, w, FMT: tl.constexpr, DOT: tl.constexpr, SCALED
         f0, f1, f2, f3 = factors
         h0, l0, h1, l1, h2, l2, h3, l3, down = q
         w = w * down
-        logits = _hi_lo_dot(k0, h0, l0) * f0[:, None]
-        logits += _hi_lo_dot(k1, h1, l1) * f1[:, None]
-        logits += _hi_lo_dot(k2, h2, l2) * f2[:, None]
-        logits += _hi_lo_dot(k3, h3, l3) * f3[:, None]
+        logits = _hi_lo_dot(k0, h0, l0, MXFP4_LO_SCALE) * f0[:, None]
+        logits += _hi_lo_dot(k1, h1, l1, MXFP4_LO_SCALE) * f1[:, None]
+        logits += _hi_lo_dot(k2, h2, l2, MXFP4_LO_SCALE) * f2[:, None]
+        logits += _hi_lo_dot(k3, h3, l3, MXFP4_LO_SCALE) * f3[:, None]
     elif FMT == 2 and MX >= 2:  # MXFP4 block modes: one K = 32 MMA per scale block, scaled per key after it
         blocks, factors = keys  # no nested unpacking: Triton 3.6's dependency scan fails on it (see tests)
         k0, k1, k2, k3 = blocks
@@ -374,7 +383,7 @@ def _token_score(keys, scale, q, w, FMT: tl.constexpr, DOT: tl.constexpr, SCALED
         logits = tl.dot(keys, tl.trans(q), input_precision="ieee")  # [BLOCK_N, BLOCK_H]
     elif FMT == 1 and (ALU & 128) != 0:  # bf16 queries as e4m3 hi + lo (_e4m3_hi_lo): two FP8 MMAs
         hi, lo, down = q
-        logits = _hi_lo_dot(keys, hi, lo)
+        logits = _hi_lo_dot(keys, hi, lo, FP8_KEYS_LO_SCALE)
         w = w * down
     elif FMT == 1 and (ALU & 32) != 0:  # fp16 MMA: the row scales (_fp16_row_scale) undone on the head weights
         q16, down = q
