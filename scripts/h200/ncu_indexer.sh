@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nsight Compute on hot_ncu.py's indexer cases (the block-tile kernel's third launch of each case): one report a
-# case in $OUT/ncu-<case>.txt with the speed-of-light, occupancy, launch, warp-state, compute, memory and instruction
+# case in $OUT/ncu-<case>.txt (packed into $OUT/ncu.tgz at the end) with the speed-of-light, occupancy, launch, warp-state, compute, memory and instruction
 # sections and every stall reason per issued instruction; the lines that say where the time goes printed here.
 #   OUT=... bash scripts/h200/ncu_indexer.sh indexer2 indexer5 indexer_bf16
 set -uo pipefail
@@ -21,6 +21,8 @@ for case in "$@"; do
         profile "$case"; rc=$?
     fi
     echo "=== $case rc=$rc"
-    grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|Warp Cycles Per Issued|DRAM Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|==ERR|error" "$OUT/ncu-$case.txt" | head -20
+    grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|Warp Cycles Per Issued|DRAM Throughput|L1/TEX Cache Throughput|L2 Cache Throughput|L2 Hit Rate|L1/TEX Hit Rate|Compute \(SM\) Throughput|highest-utilized|==ERR|error" "$OUT/ncu-$case.txt" | head -24
     grep -E "stalled_.*ratio" "$OUT/ncu-$case.txt" | grep -vE " 0(\.0+)?$" | head -30
 done
+# one archive (a device call brings back a limited number of files)
+cd "$OUT" && tar czf ncu.tgz ncu-*.txt && rm -f ncu-*.txt
