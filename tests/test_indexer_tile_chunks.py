@@ -191,6 +191,48 @@ def test_backend_configs_take_the_measured_segment_policy():
     assert not indexer_config(32, torch.float8_e4m3fn, "mxfp4")["block_tiles"].get("group_per_request")
 
 
+def test_the_l2_hint_follows_the_tokens_per_request():
+    """``l2_ahead_tokens`` (``indexer._l2_ahead``): the hint for calls of at most that many tokens a request, none
+    past it; no limit keeps it everywhere. The nvidia configs (eighteenth session, H200: BENCHMARKS.md): FP8 keys
+    2 tiles ahead up to 2 tokens a request, MXFP4 keys 4 ahead at every length."""
+    import torch
+
+    from dsahal.backends.nvidia.config import indexer_config
+    from dsahal.backends.triton_kernels.indexer import _l2_ahead
+
+    assert _l2_ahead(2, 64, 64, 2) == 2 and _l2_ahead(2, 128, 64, 2) == 2  # 1 and 2 tokens a request
+    assert _l2_ahead(2, 129, 64, 2) == 0 and _l2_ahead(2, 320, 64, 2) == 0  # ceil(129 / 64) = 3; 5
+    assert _l2_ahead(2, 4096, 1, 2) == 0  # a prefill
+    assert _l2_ahead(4, 4096, 1, None) == 4 and _l2_ahead(0, 8, 8, 2) == 0
+    assert _l2_ahead(2, 3, 0, 2) == 0  # an empty block table counts as one row
+    for q_dtype in (torch.float8_e4m3fn, torch.bfloat16):
+        tiles = indexer_config(32, q_dtype, "fp8")["block_tiles"]
+        assert (tiles["l2_ahead"], tiles["l2_ahead_tokens"]) == (2, 2), tiles
+        tiles = indexer_config(32, q_dtype, "mxfp4")["block_tiles"]
+        assert tiles["l2_ahead"] == 4 and tiles.get("l2_ahead_tokens") is None, tiles
+
+
+def test_indexer_score_passes_the_call_s_hint_to_the_launch(monkeypatch):
+    """What ``indexer_score`` hands ``indexer_decode.launch`` for 1-, 2- and 5-token decode calls and a prefill."""
+    import torch
+
+    from dsahal.backends.triton_kernels import indexer, indexer_decode
+
+    seen = []
+    monkeypatch.setattr(indexer_decode, "launch", lambda *a, **kw: seen.append(kw["l2_ahead"]))
+    monkeypatch.setattr(indexer, "segment_plan", lambda req_ids, group: (None, None))  # (a Triton launch)
+    pages = torch.zeros(8, 16, 132, dtype=torch.uint8)
+    tiles = dict(block_n=16, tile_group=5, tiles=2, tile_loop=1, num_warps=4, num_stages=1, l2_ahead=2,
+                 l2_ahead_tokens=2)
+    for requests, per_request in ((4, 1), (4, 2), (4, 5), (1, 40)):
+        tokens = requests * per_request
+        q = torch.zeros(tokens, 4, 128).to(torch.float8_e4m3fn)
+        req = torch.arange(requests, dtype=torch.int32).repeat_interleave(per_request)
+        indexer.indexer_score(q, torch.zeros(tokens, 4), pages, torch.zeros(requests, 2, dtype=torch.int32), req,
+                              torch.zeros(tokens, dtype=torch.int32), "fp8", 32, block_n=16, block_tiles=tiles)
+    assert seen == [2, 2, 0, 0], seen
+
+
 if __name__ == "__main__":
     # Child process: TRITON_INTERPRET=1 is already in the environment, before triton's import.
     print(json.dumps(_run_all()))

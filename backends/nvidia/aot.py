@@ -363,7 +363,10 @@ def block_tile_launch(q_dtype, index_fmt: str, heads: int = INDEXER_HEADS, block
     block_n = indexer_decode.tile_keys(block_tokens, tile["block_n"])
     tiles = max(tile["tiles"], triton.cdiv(max_context, block_n * grid.MAX_GRID_YZ))  # (grid axis 1's cap)
     token_bytes = INDEX_FORMATS[index_fmt].token_bytes
-    l2_ahead = tile.get("l2_ahead", 0) if l2_ahead is None else l2_ahead
+    group = min(tile["tile_group"] or tile["group"], indexer_decode.MAX_GROUP)
+    # (indexer_score's hint for a decode step of that many tokens a request)
+    l2_ahead = indexer._l2_ahead(tile.get("l2_ahead", 0), group, 1, tile.get("l2_ahead_tokens")) \
+        if l2_ahead is None else l2_ahead
     l2_lines = triton.next_power_of_2(triton.cdiv(block_n * token_bytes, 128) + 1) if l2_ahead else 0
     typed = tile["typed_keys"] and index_fmt == "fp8" and dot == indexer_decode.DOT_FP8
     s8_b = block_tokens * token_bytes  # standalone pages; the packed cache's rows are 256-byte multiples too
@@ -372,7 +375,7 @@ def block_tile_launch(q_dtype, index_fmt: str, heads: int = INDEXER_HEADS, block
     return dict(
         constexprs=dict(H=heads, FMT=INDEX_CODES[index_fmt], DOT=dot, TOKEN_BYTES=token_bytes,
                         BLOCK_H=max(16, triton.next_power_of_2(heads)), BLOCK_N=block_n,
-                        GROUP=min(tile["tile_group"] or tile["group"], indexer_decode.MAX_GROUP),
+                        GROUP=group,
                         TILES=tiles if loop == 0 else 0, LOOP=loop, SCALED_DOT=scaled_dot, MX=mxfp4_mode, ALU=alu,
                         L2_AHEAD=l2_ahead, L2_LINES=l2_lines),
         pointers=dict(q_ptr=_triton_type(q_dtype), w_ptr="fp32", pages_u8="fp8e4nv" if typed else "u8",

@@ -110,6 +110,14 @@ _BLOCK_TILES = dict(block_n=64, tile_group=5, tiles=16, wide_tiles=64, l2_ahead=
 # (1.00-1.02x); bf16 q 0.515 / 0.653 / 1.046 / 0.516 / 2.941 against 0.530 / 0.669 / 1.089 / 0.531 / 3.089
 # (1.02-1.05x). Certified in both modes (indexer_score, dsa_attention, 30 examples).
 _FP8_KEYS_ALU = 69
+# FP8 keys' L2 hint (indexer._l2_ahead): 2 tiles ahead, and none for calls of more than 2 tokens a request. Eighteenth
+# session: Nsight Compute had the L2 the busiest unit at 64x1 / 64x2 (94% / 92%; DRAM 77% / 69%), its requests the
+# loads' and the hint's; R4 (scripts/h200/indexer_alu_sweep.py, same run, FP8 q, against 4 tiles ahead): 2 ahead
+# 0.318 / 0.351 / 0.318 ms at 64x1 / 64x2 at 128K, 8x1 at 1M against 0.323 / 0.354 / 0.326 (1.01-1.03x), but 0.652
+# against 0.618 at 64x5; no hint 0.572 at 64x5 (1.08x) and 1.660 against 1.815 ms at the 4096-token prefill (1.09x),
+# 0.335 / 0.361 / 0.335 at 1-2 tokens (0.97-0.98x). MXFP4 keys keep 4 ahead at every length (tenth session: 0.975 vs
+# 1.035 ms at 64x5 with it).
+_FP8_KEYS_L2 = dict(l2_ahead=2, l2_ahead_tokens=2)
 
 
 @functools.lru_cache(maxsize=64)
@@ -164,7 +172,7 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     if q_dtype == torch.float8_e4m3fn and index_fmt == "fp8":
         return dict(block_n=64, group=8, tiles=16, num_warps=8, num_stages=2, pipeline=True, typed_keys=True,
                     one_block_tiles=False, block_tiles=dict(_BLOCK_TILES, typed_keys=False, alu=_FP8_KEYS_ALU,
-                                                            group_per_request=2))
+                                                            group_per_request=2, **_FP8_KEYS_L2))
     # bf16 q: _FP8_KEYS_ALU + 128 (indexer_decode.ALU_FLAGS: each head's query row split exactly into e4m3 hi + lo,
     # two FP8 MMAs a token on the e4m3 keys instead of one bf16 MMA on keys widened every tile). Eighteenth session
     # (R1 indexer_alu_sweep.py, same run, against alu 69): 64x1 / 64x2 at 128K, 8x1 at 1M 0.358 / 0.461 / 0.356 ms
@@ -174,7 +182,8 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     # 0.636 / 0.843 / 1.454 / 0.641 ms at 64x1 / 64x2 / 64x5 / 8x1 against alu 5's 0.562 / 0.700 / 1.090 / 0.567.
     if q_dtype == torch.bfloat16 and index_fmt == "fp8":
         return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True,
-                    block_tiles=dict(_BLOCK_TILES, typed_keys=True, alu=_FP8_KEYS_ALU | 128, group_per_request=True))
+                    block_tiles=dict(_BLOCK_TILES, typed_keys=True, alu=_FP8_KEYS_ALU | 128, group_per_request=True,
+                                     **_FP8_KEYS_L2))
     # bf16 keys, and fp32/fp16 queries (exact dots): the general kernel only, unrolled x4 at 4 warps with
     # one-block tiles (bf16 q on bf16 keys 0.458 ms at 64x5 x 32K, 2026-11-29)
     return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True)
