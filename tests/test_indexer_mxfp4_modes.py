@@ -69,35 +69,26 @@ def _mode_cases(results):
         results[f"mode_{mode}_err"] = f"{worst:.3e}"
         results[f"mode_{mode}_mask"] = same
     # mode 3 on bf16 queries of any magnitude: each token's rows at its own scale (2^±100 and 1e6 overflow fp16,
-    # 1e-6 is subnormal there), compared token by token (the scale of one would hide another's error)
+    # 1e-6 is subnormal there), compared token by token (the scale of one would hide another's error); mode 4 on the
+    # same queries with alu flag 128 (each row split into e4m3 hi + lo at its own scale, two FP8 MMAs a block), with
+    # and without the word loads (flags 8 + 4)
     magnitude = torch.tensor([1.0, 1e6, 1e-6, 2.0 ** 100, 2.0 ** -100, 3e4, 1.0, 1e-30, 7.0, 1e20]).view(10, 1, 1)
     qb = (torch.randn(10, 4, 128) * magnitude).to(torch.bfloat16)
     want = reference(qb.float(), w, pages, safe, req, pos, "mxfp4", width)
-    got = indexer_decode.launch(qb, w, pages, table, req, pos, offsets, "mxfp4", width, torch.full((10, width), 7.0),
-                                dot=indexer_decode.DOT_BF16, block_n=16, group=5, tiles=2, loop=1, mxfp4_mode=3)
     finite = torch.isfinite(want)
-    worst = 0.0
-    for t in range(10):
-        row = finite[t]
-        if row.any():
-            ref = want[t, row].double()
-            worst = max(worst, float((got[t, row].double() - ref).norm() / ref.norm().clamp_min(1e-300)))
-    results["mode_3_bf16_magnitudes_mask"] = torch.equal(torch.isfinite(got), finite)
-    results["mode_3_bf16_magnitudes_err"] = f"{worst:.3e}"
-    # mode 4 on the same bf16 queries with alu flag 128 (each row split into e4m3 hi + lo at its own scale, two FP8
-    # MMAs a block), with and without the word loads (flags 8 + 4)
-    for alu in (128, 140):
+    for label, mode, alu in (("mode_3_bf16_magnitudes", 3, 0), ("mode_4_hi_lo_128", 4, 128),
+                             ("mode_4_hi_lo_140", 4, 140)):
         got = indexer_decode.launch(qb, w, pages, table, req, pos, offsets, "mxfp4", width,
                                     torch.full((10, width), 7.0), dot=indexer_decode.DOT_BF16, block_n=16, group=5,
-                                    tiles=2, loop=1, mxfp4_mode=4, alu=alu)
+                                    tiles=2, loop=1, mxfp4_mode=mode, alu=alu)
         worst = 0.0
         for t in range(10):
             row = finite[t]
             if row.any():
                 ref = want[t, row].double()
                 worst = max(worst, float((got[t, row].double() - ref).norm() / ref.norm().clamp_min(1e-300)))
-        results[f"mode_4_hi_lo_{alu}_mask"] = torch.equal(torch.isfinite(got), finite)
-        results[f"mode_4_hi_lo_{alu}_err"] = f"{worst:.3e}"
+        results[f"{label}_mask"] = torch.equal(torch.isfinite(got), finite)
+        results[f"{label}_err"] = f"{worst:.3e}"
     # batch invariance: request 0's rows alone equal its rows inside the batch, bit for bit
     q8 = torch.randn(10, 4, 128).to(torch.float8_e4m3fn)
     mine = torch.tensor([1, 2, 3, 4, 5])
