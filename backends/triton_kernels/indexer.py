@@ -405,9 +405,9 @@ def _request_group(group: int, tokens: int, rows: int, per_request) -> int:
 def _l2_ahead(l2_ahead: int, tokens: int, rows: int, up_to_tokens) -> int:
     """The block tiles' L2 hint distance for a call: ``l2_ahead``, or 0 (no hint) when ``up_to_tokens`` is an int
     and the call has more query tokens per request (``ceil(tokens / rows)``, as :func:`_request_group` counts
-    them). Where a tile's MMAs take longer (more tokens sharing it), the loads of the rolled loop's prefetch keep
-    enough bytes in flight, and the hint's own L2 requests only load the L2 (Nsight Compute: 92-94% busy at 1-2
-    tokens). A hint changes no score."""
+    them). The hint's prefetches are L2 requests beside the loads' own: they paid at 1-2 tokens a request and cost
+    at 5 and at prefill, where a tile's MMAs give the rolled loop's register prefetch time enough (H200, eighteenth
+    session: BENCHMARKS.md). A hint changes no score."""
     if up_to_tokens is None or -(-tokens // max(1, rows)) <= int(up_to_tokens):
         return l2_ahead
     return 0

@@ -216,8 +216,8 @@ def _e4m3_hi_lo(x, amax, LO_SCALE: tl.constexpr):
 
     ``hi`` is the scaled value rounded to e4m3's 4 significant bits (to nearest, ties to even, on the fp32 bits; 0
     below e4m3's smallest normal 2^-6), so the residual is a multiple of the value's bf16 ulp (8 significant bits)
-    no larger than 2^4 of them: 4 bits, held exactly by ``lo`` = ``LO_SCALE`` (16 or 1) x the residual (at most
-    2^8) while that is a multiple of e4m3's subnormal step 2^-9. So with ``LO_SCALE`` 16 every scaled value of at
+    no larger than 2^3 of them: 4 bits, held exactly by ``lo`` = ``LO_SCALE`` (16 or 1) x the residual (at most
+    2^7) while that is a multiple of e4m3's subnormal step 2^-9. So with ``LO_SCALE`` 16 every scaled value of at
     least 2^-6 (all but the row's values below about 2^-13 of its largest) is exact, a smaller one off by at most
     2^-14 (2^-21 of the row's largest); with 1, from 2^-2 (2^-9 of the largest), off by at most 2^-10 below. Both
     parts are e4m3 values before the conversion, so no conversion rounds (the interpreter's rounding of fp32 to
