@@ -145,10 +145,10 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     # bf16 q (R3 of the ninth session): mode 3 (fp16 MMAs per 32-dim block, scale after) with alu 12, each head's
     # query row scaled into fp16's range by a power of two (indexer_decode._fp16_row_scale: no bf16 value
     # overflows), 0.680 / 1.586 ms at 64x1 / 64x5 against tl.dot_scaled 1.021 / 1.496 (1.50x at one token, 0.94x at
-    # five, the one-token decode being the common case); mode 2 (bf16 MMAs) 0.784 / 1.618. Eighteenth session (R1
+    # five, the one-token decode being the common case); mode 2 (bf16 MMAs) 0.784 / 1.618. Eighteenth session (R3
     # mxfp4_indexer_sweep.py, same run): mode 4 with alu 140 (flag 128: each query row split exactly into e4m3 hi +
-    # lo, two FP8 MMAs a block, indexer_decode._e4m3_hi_lo) 0.516 / 1.406 ms against mode 3's 0.656 / 1.524 (1.25x /
-    # 1.08x; 26.1% / 9.6% of copy).
+    # lo, two FP8 MMAs a block, the low one chained: indexer_decode._e4m3_hi_lo, MXFP4_LO_SCALE) 0.509 / 1.405 ms
+    # against mode 3's 0.648 / 1.535 (1.27x / 1.09x; 26.4% / 9.6% of copy), rel err 8.8e-5; certified in both modes.
     if index_fmt == "mxfp4" and q_dtype == torch.bfloat16 and not batch_invariant():
         return dict(block_n=64, group=8, tiles=4, num_warps=8, num_stages=1, one_block_tiles=True,
                     mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES, mxfp4_mode=4, alu=140))
@@ -174,11 +174,12 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
                     one_block_tiles=False, block_tiles=dict(_BLOCK_TILES, typed_keys=False, alu=_FP8_KEYS_ALU,
                                                             group_per_request=2, **_FP8_KEYS_L2))
     # bf16 q: _FP8_KEYS_ALU + 128 (indexer_decode.ALU_FLAGS: each head's query row split exactly into e4m3 hi + lo,
-    # two FP8 MMAs a token on the e4m3 keys instead of one bf16 MMA on keys widened every tile). Eighteenth session
-    # (R1 indexer_alu_sweep.py, same run, against alu 69): 64x1 / 64x2 at 128K, 8x1 at 1M 0.358 / 0.461 / 0.356 ms
-    # against 0.484 / 0.568 / 0.506 (1.35x / 1.23x / 1.42x; 72.7% of copy at 64x1); 64x5 and the 4096-token prefill
-    # at 32K (5-token segments) the same, 1.037 / 2.920 against 1.036 / 2.945 (the MMAs bound there, and two FP8 MMAs
-    # cost one bf16 MMA). Ninth session (R4): alu 37 (flag 32, fp16 MMAs on row-scaled queries) was slower everywhere,
+    # two FP8 MMAs a token on the e4m3 keys instead of one bf16 MMA on keys widened every tile; the two into separate
+    # accumulators, FP8_KEYS_LO_SCALE). Eighteenth session, R5 (indexer_alu_sweep.py, same run, with _FP8_KEYS_L2,
+    # against the seventeenth session's default, alu 69): 64x1 / 64x2 / 64x5 at 128K, 8x1 at 1M, 4096-token prefill
+    # at 32K 0.337 / 0.455 / 0.968 / 0.339 / 2.829 ms against 0.487 / 0.565 / 1.031 / 0.496 / 2.949 (1.45x / 1.24x /
+    # 1.07x / 1.46x / 1.04x; 77.7% of copy at 64x1), rel err 1.3e-4 as FP8 queries (the widened keys 7e-8); at 5
+    # tokens and prefill the MMAs bound it (two FP8 MMAs cost one bf16 MMA). Certified in both modes. Ninth session (R4): alu 37 (flag 32, fp16 MMAs on row-scaled queries) was slower everywhere,
     # 0.636 / 0.843 / 1.454 / 0.641 ms at 64x1 / 64x2 / 64x5 / 8x1 against alu 5's 0.562 / 0.700 / 1.090 / 0.567.
     if q_dtype == torch.bfloat16 and index_fmt == "fp8":
         return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True,
