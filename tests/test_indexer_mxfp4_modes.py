@@ -89,6 +89,19 @@ def _mode_cases(results):
                 worst = max(worst, float((got[t, row].double() - ref).norm() / ref.norm().clamp_min(1e-300)))
         results[f"{label}_mask"] = torch.equal(torch.isfinite(got), finite)
         results[f"{label}_err"] = f"{worst:.3e}"
+    # mode 4 with flag 128 on a query row holding Inf or NaN: that token's visible scores are NaN, its masked ones
+    # -inf (the e4m3 parts would have hidden them), the other tokens' as the reference's
+    bad = qb.clone()
+    bad[1, 2, 40] = float("inf")
+    bad[4, 3, 99] = float("nan")
+    got = indexer_decode.launch(bad, w, pages, table, req, pos, offsets, "mxfp4", width, torch.full((10, width), 7.0),
+                                dot=indexer_decode.DOT_BF16, block_n=16, group=5, tiles=2, loop=1, mxfp4_mode=4,
+                                alu=140)
+    results["mode_4_hi_lo_nonfinite"] = all(
+        bool(torch.isnan(got[t][finite[t]]).all()) and bool(torch.isneginf(got[t][~finite[t]]).all())
+        and bool(finite[t].any()) for t in (1, 4)) and all(
+        float((got[t, finite[t]].double() - want[t, finite[t]].double()).norm()
+              / want[t, finite[t]].double().norm().clamp_min(1e-300)) < TOL for t in (0, 2, 3) if finite[t].any())
     # batch invariance: request 0's rows alone equal its rows inside the batch, bit for bit
     q8 = torch.randn(10, 4, 128).to(torch.float8_e4m3fn)
     mine = torch.tensor([1, 2, 3, 4, 5])
@@ -131,6 +144,10 @@ def test_fp8_mode_takes_bf16_queries_split_into_two_e4m3_parts(interpreted, alu)
     """Mode 4 with alu flag 128: bf16 queries of any magnitude (2^+-100, 1e20, 1e-30) as e4m3 hi + lo, exact."""
     assert interpreted[f"mode_4_hi_lo_{alu}_mask"]
     assert float(interpreted[f"mode_4_hi_lo_{alu}_err"]) < TOL, interpreted[f"mode_4_hi_lo_{alu}_err"]
+
+
+def test_fp8_mode_on_split_queries_holding_inf_or_nan_gives_non_finite_scores(interpreted):
+    assert interpreted["mode_4_hi_lo_nonfinite"]
 
 
 def test_mxfp4_mode_is_batch_invariant(interpreted):

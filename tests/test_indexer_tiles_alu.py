@@ -98,6 +98,20 @@ def _alu_cases(results):
                                block_n=block_tokens, group=group, tiles=tiles, loop=loop, alu=alu)
                 results[f"hilo_b{block_tokens}_pad{pad}_alu{alu}_g{group}"] = all(
                     _compare(got[t:t + 1], want_b[t:t + 1]) for t in range(8))
+            if block_tokens == 16 and pad == 0:
+                # an Inf or a NaN in a head's query row: that token's visible scores are not finite (the e4m3 parts
+                # would saturate to 448 and hide it), its masked ones -inf, the other tokens' unchanged
+                bad = qb.clone()
+                bad[1, 2, 5] = float("inf")
+                bad[3, 0, 7] = float("nan")
+                out = torch.full((8, width), 7.0)
+                got = d.launch(bad, w, pages, table, req, pos, offsets, "fp8", width, out, dot=d.DOT_BF16,
+                               block_n=block_tokens, group=5, tiles=2, loop=1, alu=197)
+                visible = torch.isfinite(want_b)
+                results["nonfinite_rows"] = all(
+                    bool(torch.isnan(got[t][visible[t]]).all()) and bool(torch.isneginf(got[t][~visible[t]]).all())
+                    and bool(visible[t].any()) for t in (1, 3))
+                results["nonfinite_others"] = all(_compare(got[t:t + 1], want_b[t:t + 1]) for t in (0, 2, 4, 5, 6, 7))
 
 
 def _config_cases(results):
@@ -160,8 +174,13 @@ def test_two_fp8_mmas_on_split_bf16_queries_of_any_magnitude_match_the_reference
     assert not failed, failed
 
 
+def test_split_bf16_queries_holding_inf_or_nan_give_non_finite_scores(interpreted):
+    assert interpreted["nonfinite_rows"] and interpreted["nonfinite_others"], interpreted
+
+
 def test_every_alu_variant_matches_the_reference(interpreted):
-    checks = {k: v for k, v in interpreted.items() if not k.startswith(("case_", "cfg_", "f16_", "hilo_"))}
+    checks = {k: v for k, v in interpreted.items()
+              if not k.startswith(("case_", "cfg_", "f16_", "hilo_", "nonfinite_"))}
     assert len(checks) == 2 * 2 * (9 + 9 + 3), sorted(checks)
     failed = sorted(k for k, v in checks.items() if not v)
     assert not failed, failed

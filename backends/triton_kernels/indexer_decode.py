@@ -207,12 +207,27 @@ def _pow2_row_scale(amax, TOP: tl.constexpr):
 
 
 @triton.jit
-def _e4m3_hi_lo(x, amax, LO_SCALE: tl.constexpr):
-    """Rows of bf16 values ``x`` (fp32 ``[BLOCK_H, D]``, largest magnitude ``amax`` ``[BLOCK_H]``) -> (hi, lo,
-    down): e4m3 ``[BLOCK_H, D]`` with ``hi + lo / LO_SCALE = x · up`` and ``down = 1 / up`` per row (fp32
-    ``[BLOCK_H]``), ``up`` the power of two putting the row's largest value in [2^7, 2^8) (:func:`_pow2_row_scale`;
-    e4m3's largest is 448). Two FP8 MMAs against e4m3 keys then give the bf16 query's dot products from exact
-    products (:func:`_hi_lo_dot`).
+def _hi_lo_scale(amax):
+    """Per-row powers of two (up, down = 1 / up) for :func:`_e4m3_hi_lo` of rows whose largest magnitude is ``amax``
+    (``[BLOCK_H]``, :func:`_row_amax`): ``up`` puts the row's largest value in [2^7, 2^8) (:func:`_pow2_row_scale`;
+    e4m3's largest is 448); ``down`` is NaN for a row holding Inf or NaN (``amax`` Inf), whose e4m3 parts would have
+    hidden it (the GPU's conversion saturates Inf to 448; the interpreter's loses NaN), so that row's scores come
+    out NaN."""
+    up, down = _pow2_row_scale(amax, 7)
+    return up, tl.where(amax < float("inf"), down, float("nan"))
+
+
+@triton.jit
+def _row_amax(x):
+    """Largest magnitude per row of ``x`` ``[R, D]`` -> ``[R]``, Inf for a row holding NaN (a max may skip NaN)."""
+    return tl.max(tl.where(x == x, tl.abs(x), float("inf")), 1)
+
+
+@triton.jit
+def _e4m3_hi_lo(x, up, LO_SCALE: tl.constexpr):
+    """Rows of bf16 values ``x`` (fp32 ``[BLOCK_H, D]``) and their powers of two ``up`` (:func:`_hi_lo_scale`) ->
+    (hi, lo): e4m3 ``[BLOCK_H, D]`` with ``hi + lo / LO_SCALE = x · up``. Two FP8 MMAs against e4m3 keys then give
+    the bf16 query's dot products from exact products (:func:`_hi_lo_dot`).
 
     ``hi`` is the scaled value rounded to e4m3's 4 significant bits (to nearest, ties to even, on the fp32 bits; 0
     below e4m3's smallest normal 2^-6), so the residual is a multiple of the value's bf16 ulp (8 significant bits)
@@ -221,8 +236,7 @@ def _e4m3_hi_lo(x, amax, LO_SCALE: tl.constexpr):
     least 2^-6 (all but the row's values below about 2^-13 of its largest) is exact, a smaller one off by at most
     2^-14 (2^-21 of the row's largest); with 1, from 2^-2 (2^-9 of the largest), off by at most 2^-10 below. Both
     parts are e4m3 values before the conversion, so no conversion rounds (the interpreter's rounding of fp32 to
-    e4m3 is not the GPU's). A row holding Inf or NaN gets ``down`` NaN: the parts would have hidden it."""
-    up, down = _pow2_row_scale(amax, 7)
+    e4m3 is not the GPU's)."""
     scaled = x * up[:, None]
     bits = scaled.to(tl.int32, bitcast=True)
     # keep 3 of fp32's 23 mantissa bits, rounding the 20 dropped ones to nearest even (a carry may step the
@@ -231,8 +245,7 @@ def _e4m3_hi_lo(x, amax, LO_SCALE: tl.constexpr):
     hi = tl.where(tl.abs(scaled) >= 0.015625, hi, 0.0)
     rest = (scaled - hi) * LO_SCALE  # exact: |scaled - hi| <= 2^-4 |scaled|, a multiple of its ulp
     lo = tl.floor(rest * 512.0 + 0.5) * 0.001953125  # to multiples of 2^-9 (exact where rest already is one)
-    down = tl.where(amax < float("inf"), down, float("nan"))
-    return hi.to(tl.float8e4nv), lo.to(tl.float8e4nv), down
+    return hi.to(tl.float8e4nv), lo.to(tl.float8e4nv)
 
 
 @triton.jit
@@ -280,12 +293,13 @@ def _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t, ok, H, BLOCK_H: tl
         b3 = tl.load(rows + 96 + dims, mask=row_ok[:, None], other=0.0)
         if MX == 4 and (ALU & 128) != 0:  # bf16 queries as e4m3 hi + lo per block, one row scale (undone after)
             b0, b1, b2, b3 = b0.to(tl.float32), b1.to(tl.float32), b2.to(tl.float32), b3.to(tl.float32)
-            amax = tl.maximum(tl.maximum(tl.max(tl.abs(b0), 1), tl.max(tl.abs(b1), 1)),
-                              tl.maximum(tl.max(tl.abs(b2), 1), tl.max(tl.abs(b3), 1)))
-            h0, l0, down = _e4m3_hi_lo(b0, amax, MXFP4_LO_SCALE)
-            h1, l1, down = _e4m3_hi_lo(b1, amax, MXFP4_LO_SCALE)
-            h2, l2, down = _e4m3_hi_lo(b2, amax, MXFP4_LO_SCALE)
-            h3, l3, down = _e4m3_hi_lo(b3, amax, MXFP4_LO_SCALE)
+            # one power of two a row, over its four blocks
+            up, down = _hi_lo_scale(tl.maximum(tl.maximum(_row_amax(b0), _row_amax(b1)),
+                                               tl.maximum(_row_amax(b2), _row_amax(b3))))
+            h0, l0 = _e4m3_hi_lo(b0, up, MXFP4_LO_SCALE)
+            h1, l1 = _e4m3_hi_lo(b1, up, MXFP4_LO_SCALE)
+            h2, l2 = _e4m3_hi_lo(b2, up, MXFP4_LO_SCALE)
+            h3, l3 = _e4m3_hi_lo(b3, up, MXFP4_LO_SCALE)
             q = (h0, l0, h1, l1, h2, l2, h3, l3, down)
         elif MX == 3:  # fp16 operands: each head's row times a power of two that fits fp16's range (undone after)
             b0, b1, b2, b3 = b0.to(tl.float32), b1.to(tl.float32), b2.to(tl.float32), b3.to(tl.float32)
@@ -305,7 +319,9 @@ def _load_q(q_ptr, stride_qt, stride_qh, w_ptr, stride_wt, t, ok, H, BLOCK_H: tl
             q = (q_even.to(tl.bfloat16), q_odd.to(tl.bfloat16))
     elif (ALU & 128) != 0:  # bf16 queries on FP8 keys as e4m3 hi + lo (_e4m3_hi_lo), for two FP8 MMAs
         q = tl.load(rows + tl.arange(0, 128)[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-        q = _e4m3_hi_lo(q, tl.max(tl.abs(q), 1), FP8_KEYS_LO_SCALE)
+        up, down = _hi_lo_scale(_row_amax(q))
+        hi, lo = _e4m3_hi_lo(q, up, FP8_KEYS_LO_SCALE)
+        q = (hi, lo, down)
     elif (ALU & 32) != 0:  # fp16 MMA on FP8 keys: the rows' powers of two, undone on the weights
         q = tl.load(rows + tl.arange(0, 128)[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
         up, down = _fp16_row_scale(tl.max(tl.abs(q), 1))
