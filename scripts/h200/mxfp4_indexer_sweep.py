@@ -1,7 +1,7 @@
 """MXFP4 (68 B) keys on the block-tile indexer (``backends/triton_kernels/indexer_decode.py``): the decode
 modes of ``indexer_decode.MXFP4_MODES`` and the word decode of its ``ALU_FLAGS`` 8 / 16 (with 4) against the
-backend defaults (``tl.dot_scaled`` for bf16 q, mode 4 for FP8 q) and FP8 (132 B) keys, checked and timed in
-the same run.
+backend defaults (mode 4 with the word decode, alu 12, for FP8 q; the same with bf16 queries split into two e4m3
+parts, alu 140, since the eighteenth session) and FP8 (132 B) keys, checked and timed in the same run.
 
 Usage (on a CUDA machine, from the repository root with dsahal importable)::
 
