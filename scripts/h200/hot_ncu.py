@@ -6,10 +6,10 @@
 
 Cases (argv, default all): ``indexer`` (FP8 keys, FP8 queries, 64 requests x 1 token at 128K keys, the
 backend's block-tile configuration), ``indexer2`` / ``indexer5`` (the same at 64 x 2 / 64 x 5), ``indexer_bf16`` /
-``indexer_bf16_5`` (bf16 queries, 64 x 1 / 64 x 5), ``mxfp4_default`` / ``mxfp4_bf16`` (MXFP4 keys, FP8 / bf16
-queries, 64 x 1, the backend's configuration), ``prefill`` (one request's 4096 tokens at
-positions 28K..32K, the chunked prefill shape), ``mxfp4`` / ``mxfp4_5`` (MXFP4 keys, FP8 queries, 64 x 1 / 64 x 5, the
-prepared word decode: ``mxfp4_mode`` 4 with ``alu`` 28 by the direct launch), ``small_heads`` (sparse MLA, few-heads
+``indexer_bf16_5`` (bf16 queries, 64 x 1 / 64 x 5), ``mxfp4`` / ``mxfp4_5`` (MXFP4 keys, FP8 queries, 64 x 1 / 64 x
+5; before the eighteenth session the ninth's prepared ``alu`` 28 by a direct launch), ``mxfp4_bf16`` (MXFP4 keys, bf16
+queries, 64 x 1), ``prefill`` (one request's 4096 tokens at positions 28K..32K, the chunked prefill shape),
+``small_heads`` (sparse MLA, few-heads
 kernel, fp8_ds_mla latents, H = 16, 64 x 5 tokens x 2048 slots into a 1M-token pool). Each case runs three
 calls (the first compiles); prints only the cases' order, so ncu's report is the output.
 """
@@ -46,25 +46,6 @@ def indexer(per_request, requests=64, context=128 * 1024, q_dtype=torch.float8_e
         indexer_score(q, w, pages, table, req, pos, fmt, context, **cfg)
 
 
-def mxfp4(per_request, alu=28):
-    from dsahal.backends.triton_kernels import indexer_decode
-    from dsahal.backends.triton_kernels.indexer import run_offsets
-
-    gen = torch.Generator(device=DEVICE).manual_seed(0)
-    requests, context, block_tokens = 64, 128 * 1024, 64
-    blocks = requests * context // block_tokens + 64
-    pages = cache_pools.index_pool(torch, "mxfp4", blocks, gen, DEVICE, block_tokens)
-    table, req, pos = cache_pools.decode_batch(torch, requests, per_request, context, blocks, gen, DEVICE,
-                                               block_tokens)
-    q = torch.randn(req.shape[0], 32, 128, device=DEVICE, generator=gen).to(torch.float8_e4m3fn)
-    w = torch.randn(req.shape[0], 32, device=DEVICE, generator=gen)
-    out = torch.empty(req.shape[0], context, device=DEVICE)
-    for _ in range(3):
-        indexer_decode.launch(q, w, pages, table, req, pos, run_offsets(req), "mxfp4", context, out,
-                              dot=indexer_decode.DOT_BF16, block_n=64, group=5, tiles=16, loop=1, num_warps=4,
-                              mxfp4_mode=4, alu=alu)
-
-
 def small_heads():
     from dsahal.backends.triton_kernels import sparse_mla_small_heads as chunked
 
@@ -81,9 +62,9 @@ def small_heads():
 BF16 = torch.bfloat16
 CASES = {"indexer": lambda: indexer(1), "indexer2": lambda: indexer(2), "indexer5": lambda: indexer(5),
          "indexer_bf16": lambda: indexer(1, q_dtype=BF16), "indexer_bf16_5": lambda: indexer(5, q_dtype=BF16),
-         "mxfp4_default": lambda: indexer(1, fmt="mxfp4"), "mxfp4_bf16": lambda: indexer(1, q_dtype=BF16, fmt="mxfp4"),
-         "prefill": lambda: indexer(4096, requests=1, context=32 * 1024), "small_heads": small_heads,
-         "mxfp4": lambda: mxfp4(1), "mxfp4_5": lambda: mxfp4(5)}
+         "mxfp4": lambda: indexer(1, fmt="mxfp4"), "mxfp4_5": lambda: indexer(5, fmt="mxfp4"),
+         "mxfp4_bf16": lambda: indexer(1, q_dtype=BF16, fmt="mxfp4"),
+         "prefill": lambda: indexer(4096, requests=1, context=32 * 1024), "small_heads": small_heads}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or list(CASES):

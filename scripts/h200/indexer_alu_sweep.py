@@ -71,7 +71,7 @@ def variants(torch):
     # registers) is in the backend default; "alu 5" is the default before it, by the direct launch
     # sixteenth session: ptxas's register cap (maxnreg 96: 5 programs of 4 warps a SM instead of 4; sm_90 AOT, Triton
     # 3.6, FP8 q: 2-token segments 106 -> 94 registers, no spill, 256 -> 278 loop instructions; 5-token 116 -> 96 with
-    # 64 B of spills) and segments of the call's tokens per request (group "tokens": a compile per length)
+    # 64 B of spills) and segments of the call's tokens per request (a compile per length)
     # (sixteenth session: segments of the request's tokens became the default, FP8 q from 2 tokens a request, bf16
     # q always; maxnreg 96 spilled at 5 tokens and prefill)
     # eighteenth session: alu flag 128, bf16 queries split into e4m3 hi + lo (two FP8 MMAs a token on the e4m3 keys,
@@ -111,9 +111,7 @@ def _runner(torch, q_dtype, changes, per_request):
                   tiles=tile["tiles"], loop=tile.get("tile_loop", 1), num_warps=tile["num_warps"],
                   num_stages=tile["num_stages"], typed_keys=tile.get("typed_keys", False))
     kwargs.update(changes)
-    if kwargs["group"] == "tokens":
-        kwargs["group"] = min(per_request, indexer_decode.MAX_GROUP)
-    elif kwargs["group"] == "backend":  # as the backend's group_per_request (indexer._request_group)
+    if kwargs["group"] == "backend":  # as the backend's group_per_request (indexer._request_group)
         from dsahal.backends.triton_kernels.indexer import _request_group
 
         kwargs["group"] = _request_group(tile.get("tile_group", 5), per_request, 1, tile.get("group_per_request"))
