@@ -86,8 +86,12 @@ def variants(torch):
     # prefetches beside the loads themselves: the hint off, and two tiles ahead instead of four
     # (R4: the hint off 1.08-1.09x at 5 tokens and prefill, 0.97-0.98x at 1-2; two ahead 1.01-1.03x at 1-2, 0.95x at
     # 5: the default since, indexer._l2_ahead); "4 tiles ahead" is the default before
-    return out + [(fp8, "L2 hint 4 tiles ahead (before)", dict(now, group="backend", l2_ahead=4)),
-                  (torch.bfloat16, "hi/lo, L2 hint 4 tiles ahead (before)", dict(now, alu=197, group="backend"))]
+    # nineteenth session: the Gluon kernel (indexer_gluon: whole tiles by 16-byte cp.async into shared memory, every
+    # token's wgmma issued before the first epilogue), FP8 q
+    if DEVICE != "cpu":  # (Gluon has no interpreter)
+        out += [(fp8, f"gluon, {s} stages, tiles {t}", dict(gluon=True, stages=s, **tiles))
+                for s in (3, 4) for t, tiles in (("16-64", {}), ("8-32", dict(tiles=8, wide_tiles=32)))]
+    return out
 
 
 def _name(q_dtype, label):
@@ -101,6 +105,17 @@ def _runner(torch, q_dtype, changes, per_request):
     from dsahal.backends.triton_kernels.indexer import indexer_score, pick_dot, run_offsets
 
     cfg = dict(indexer_config(HEADS, q_dtype, "fp8"))
+    if changes is not None and changes.get("gluon"):  # the Gluon kernel (indexer_gluon), segments as the backend's
+        from dsahal.backends.triton_kernels import indexer_gluon
+        from dsahal.backends.triton_kernels.indexer import _request_group
+        from dsahal.backends.triton_kernels.segments import segment_plan
+
+        def gluon(q, w, pages, table, req, pos, width, out):
+            group = _request_group(5, q.shape[0], table.shape[0], True)
+            offsets, starts = segment_plan(req, group)
+            return indexer_gluon.launch(q, w, pages, table, req, pos, offsets, width, out, starts=starts, group=group,
+                                        **{k: v for k, v in changes.items() if k != "gluon"})
+        return gluon
     if DEVICE == "cpu":  # 16-token blocks in the smoke run
         cfg["block_tiles"] = dict(cfg["block_tiles"], block_n=16, tiles=2)
     if changes is None:

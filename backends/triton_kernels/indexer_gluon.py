@@ -1,0 +1,300 @@
+"""Paged indexer score on FP8 keys in Gluon: whole key tiles copied into shared memory, asynchronous MMAs per token.
+
+Same contract as :func:`dsahal.backends.triton_kernels.indexer.indexer_score` for the calls this kernel takes
+(:func:`refusal`): FP8 queries ``[T, H <= 64, 128]`` on FP8 keys (132-byte records: 128 e4m3 codes, then the fp32
+key scale) in packed pages whose blocks hold a multiple of 64 tokens at 16-byte aligned block starts; ``score[t, s] =
+Σ_h w[t, h] · relu(q[t, h] · k[s]) · scale[s]``, -inf past a token's position, on unmapped blocks and past
+``max_context``.
+
+Why a second block-tile kernel (:mod:`.indexer_decode` is the ``tl`` one). On the H200 (BENCHMARKS.md, eighteenth
+session) the ``tl`` kernel reads keys at 83% of the copy ceiling at one token a request but 75% at two and 46% at
+five, and Nsight Compute named two limits that ``tl`` cannot lift:
+
+- at 1-2 tokens the L2 is the busiest unit (92-94%): every key byte is asked of it twice (the load and an L2 hint
+  that keeps enough bytes in flight), and a record's 128 code bytes, 4-byte aligned, span five 32-byte sectors;
+- at 5 tokens each token's MMA is waited on before its epilogue (``tl.dot`` outside a pipelined loop is
+  synchronous), so a warp's five MMAs and five epilogues run one after another.
+
+Here a 64-key tile (8,448 contiguous bytes inside one cache block) is copied whole into shared memory by 16-byte
+``cp.async`` pieces, ``STAGES - 1`` tiles ahead (no hint: the copies themselves are the bytes in flight, each
+sector asked for once), and read back through a padded shared layout (a row every 132 bytes, :func:`_code_layout`)
+straight into the FP8 ``wgmma``'s register operand: the dims of a row are permuted (the same permutation on the
+queries, so every dot product is the same sum) so that a thread's 32 bytes of a row are contiguous and a warp's
+reads hit 32 different banks. Every token's MMA is then issued before any is waited on; token ``g``'s epilogue
+(relu, head weights, the head sum, the key scale, the store) runs while the MMAs of tokens ``g + 1 ..`` run.
+
+Keys are the MMA's M side (64 a tile), one token's heads its N side (``BLOCK_H``: the heads padded to a power of two
+>= 16); the queries sit in shared memory (the ``wgmma`` B operand), one ``[BLOCK_H, 128]`` buffer a token, loaded
+once a program. Every score is one key, one token: the same arithmetic whatever the batch holds (batch invariant).
+
+Grid and segments as :mod:`.indexer_decode`: axis 0 the segments (up to ``GROUP`` consecutive tokens of one request;
+programs past the live ones exit), axis 1 chunks of ``n_tiles`` key tiles. Gluon has no interpreter: a CPU machine
+compiles this kernel for sm_90 (``python -m dsahal.backends.nvidia.aot``, ``tests/test_indexer_gluon.py``); its
+scores are checked on the H200 against the float64 reference (``scripts/h200/gluon_indexer_check.py``).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+from . import grid as grid_limits
+from .indexer_decode import expected_segments, runs_ptx, tiles_per_program
+
+# Triton 3.6 (the H200's) names the copy async_copy_global_to_shared; later releases renamed it async_load
+_async_copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # (renamed barrier the same way)
+
+SIZE_ARGS = ("T", "max_context", "num_blocks", "max_blocks", "block_tokens", "n_tiles")
+TILE = 64  # keys per tile: the wgmma's M
+RECORD_BYTES = 132  # an FP8 key: 128 e4m3 codes, then its fp32 scale
+MAX_HEADS = 64
+MAX_GROUP = 8
+DEFAULT_STAGES = 4
+
+# A stage: one tile's 64 records as copied, 64 rows of 33 words (the 32 code words, then the scale word). Allocated
+# as [STAGES + 1, 64, 32] int32 with one padding word after every 32: rows 132 bytes apart, each stage 8,448 bytes
+# (16-byte aligned). The extra stage is never used: the allocation counts no padding after its very last row, whose
+# scale word the last used stage would otherwise not own.
+_STAGE_LAYOUT = gl.constexpr(gl.PaddedSharedLayout.with_identity_for([[32, 1]], [64, 32], [1, 0]))
+_LINEAR = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+_COPY = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))  # 16-byte pieces, 4 words a lane
+
+
+@gluon.constexpr_function
+def _code_layout():
+    """The codes of a stage as e4m3 ``[64 keys, 128 k]``: rows 132 bytes apart, and the MMA's k index permuted within
+    a row. The FP8 ``wgmma`` register operand gives lane ``c = lane % 4`` the k indices ``32 s + 16 h + 4 c + b``
+    (k-step s < 4, half h < 2, byte b < 4); they are read from byte ``32 c + 8 s + 4 h + b`` of the record (the bit
+    permutation below, offset bit -> k bit), so a thread reads 8 consecutive words of each of its rows and the 32
+    lanes of a warp (8 rows 33 words apart, c 8 words apart) read 32 different banks. :func:`dim_of_k` is the same
+    permutation for the queries."""
+    k_of_offset = [[0, 1], [0, 2], [0, 16], [0, 32], [0, 64], [0, 4], [0, 8]]
+    rows = [[1 << r, 0] for r in range(6)]
+    return gl.PaddedSharedLayout([[128, 4]], k_of_offset + rows, [], [64, 128])
+
+
+@gluon.constexpr_function
+def _scale_layout():
+    """The 64 key scales of a stage as fp32 ``[64]``, viewed from its word 32: key ``r``'s at word ``32 + 33 r``."""
+    return gl.PaddedSharedLayout([[1, 32]], [[1 << r] for r in range(6)], [], [64])
+
+
+@gluon.constexpr_function
+def _mma_layout(block_h):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_h, 32])
+
+
+@gluon.constexpr_function
+def _query_layout():
+    return gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0])
+
+
+@gluon.jit
+def dim_of_k(k):
+    """The record byte (dim) the MMA's k index ``k`` reads (:func:`_code_layout`): bits (b, c, h, s) of ``k`` =
+    (bits 0-1, 2-3, 4, 5-6) -> ``32 c + 8 s + 4 h + b``."""
+    return (k & 3) | (((k >> 4) & 1) << 2) | (((k >> 5) & 3) << 3) | (((k >> 2) & 3) << 5)
+
+
+@gluon.jit
+def _entry(block_table_ptr, stride_bt, req, tile, max_blocks, block_tokens):
+    """Block-table entry of key tile ``tile`` (-1 past the table)."""
+    logical = tile * 64 // block_tokens
+    in_table = logical < max_blocks
+    entry = gl.load(block_table_ptr + req * stride_bt + gl.where(in_table, logical, 0))
+    return gl.where(in_table, entry, -1)
+
+
+@gluon.jit
+def _issue(pages_i32, s32_b, entry, tile, num_blocks, block_tokens, stage):
+    """Start the copy of key tile ``tile`` (in cache block ``entry``; an unmapped one reads block 0, scored -inf
+    after) into ``stage`` (a ``[64, 32]`` padded stage): 528 pieces of 16 bytes, 4-5 a thread."""
+    mapped = (entry >= 0) & (entry < num_blocks)
+    block = gl.where(mapped, entry, 0).to(gl.int64)
+    first = tile * 64
+    key0 = first - (first // block_tokens) * block_tokens
+    src = pages_i32 + gl.multiple_of(block * s32_b + key0 * 33, 4)  # (16-byte aligned: the launcher checks)
+    words = stage._reinterpret(gl.int32, [4096], _LINEAR)
+    _async_copy(words.slice(0, 2048), src + gl.arange(0, 2048, _COPY))
+    _async_copy(words.slice(2048, 64), src + 2048 + gl.arange(0, 64, _COPY))
+
+
+@gluon.jit
+def _member(req_ptr, pos_ptr, off_ptr, t0, g: gl.constexpr, T, req, off0):
+    """Token ``t0 + g``: (whether it belongs to the segment, its position; -1 when not)."""
+    t = t0 + g
+    inside = t < T
+    tt = gl.where(inside, t, t0)
+    ok = inside & (gl.load(req_ptr + tt) == req) & (gl.load(off_ptr + tt) == off0 + g)
+    pos = gl.where(ok, gl.load(pos_ptr + tt), -1)
+    return ok, pos
+
+
+@gluon.jit(do_not_specialize=SIZE_ARGS)
+def indexer_gluon_kernel(
+    q_ptr, stride_qt, stride_qh,  # q [T, H, 128] e4m3
+    w_ptr, stride_wt,  # [T, H] fp32
+    pages_i32, s32_b,  # the pages as int32 words, block stride in words (a multiple of 4)
+    block_table_ptr, stride_bt,  # [B, max_blocks] int32, -1 unmapped
+    req_ptr, pos_ptr, off_ptr, seg_ptr,  # [T] request, position, index in its request run; [T] segment starts
+    out_ptr, stride_ot,  # [T, max_context] fp32
+    T, max_context, num_blocks, max_blocks, block_tokens, n_tiles,
+    H: gl.constexpr, BLOCK_H: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr,
+):
+    MMA: gl.constexpr = _mma_layout(BLOCK_H)
+    DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4)
+    ROWS: gl.constexpr = gl.SliceLayout(1, MMA)  # [64] per key
+    COLS: gl.constexpr = gl.SliceLayout(0, MMA)  # [BLOCK_H] per head
+    QL: gl.constexpr = _query_layout()
+    Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 128], gl.float8e4nv)
+
+    t0 = gl.load(seg_ptr + gl.program_id(0))
+    if t0 < T:
+        req = gl.load(req_ptr + t0)
+        off0 = gl.load(off_ptr + t0)
+        qh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, QL))
+        qk = dim_of_k(gl.arange(0, 128, gl.SliceLayout(0, QL)))
+        heads = gl.arange(0, BLOCK_H, COLS)
+        # the segment's members: ok, position, head weights (registers) and queries (shared memory) a token
+        oks = ()
+        poss = ()
+        ws = ()
+        qs = ()
+        reach = -1
+        for g in gl.static_range(GROUP):
+            ok, pos = _member(req_ptr, pos_ptr, off_ptr, t0, g, T, req, off0)
+            t = gl.where(ok, t0 + g, 0).to(gl.int64)
+            qv = gl.load(q_ptr + t * stride_qt + qh[:, None] * stride_qh + qk[None, :],
+                         mask=((qh < H) & ok)[:, None], other=0.0)
+            qs = qs + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, qv),)
+            ws = ws + (gl.load(w_ptr + t * stride_wt + heads, mask=(heads < H) & ok, other=0.0),)
+            oks = oks + (ok,)
+            poss = poss + (pos,)
+            reach = gl.maximum(reach, pos)
+        fence_async_shared()  # the queries' stores, before the MMAs read them through the async proxy
+        _barrier()
+
+        count = n_tiles
+        first = gl.program_id(1) * count
+        last = gl.minimum(reach, max_context - 1)
+        live = gl.minimum(gl.maximum(last // 64 + 1 - first, 0), count)
+        req64 = req.to(gl.int64)
+
+        raw = gl.allocate_shared_memory(gl.int32, [STAGES + 1, 64, 32], _STAGE_LAYOUT)
+        for j in gl.static_range(STAGES - 1):
+            if j < live:
+                _issue(pages_i32, s32_b, _entry(block_table_ptr, stride_bt, req64, first + j, max_blocks,
+                                                block_tokens), first + j, num_blocks, block_tokens, raw.index(j))
+            async_copy.commit_group()
+        # the table entry of the tile issued next, loaded one iteration ahead (a copy never waits on its lookup)
+        ahead_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(STAGES - 1, live - 1), max_blocks,
+                             block_tokens)
+        zeros = gl.zeros([64, BLOCK_H], gl.float32, MMA)
+        keys = gl.arange(0, 64, ROWS)
+        for i in range(live):
+            stage = i % STAGES
+            async_copy.wait_group(STAGES - 2)  # this thread's pieces of tile i have landed
+            _barrier()  # everyone's have; every warp is done reading the stage refilled next
+            ahead = i + STAGES - 1
+            if ahead < live:
+                _issue(pages_i32, s32_b, ahead_entry, first + ahead, num_blocks, block_tokens,
+                       raw.index(ahead % STAGES))
+            async_copy.commit_group()
+            ahead_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(ahead + 1, live - 1),
+                                 max_blocks, block_tokens)
+            here = raw.index(stage)
+            a = here._reinterpret(gl.float8e4nv, [64, 128], _code_layout()).load(DOT_A)
+            toks = ()
+            for g in gl.static_range(GROUP):  # every token's MMA in flight before the first epilogue
+                toks = toks + (warpgroup_mma(a, qs[g].permute((1, 0)), zeros, use_acc=False, is_async=True),)
+            words = here._reinterpret(gl.int32, [4096], _LINEAR)
+            key_scale = words.slice(32, 32)._reinterpret(gl.float32, [64], _scale_layout()).load(ROWS)
+            entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens)
+            mapped = (entry >= 0) & (entry < num_blocks)
+            s = (first + i) * 64 + keys
+            for g in gl.static_range(GROUP):
+                acc = warpgroup_mma_wait(GROUP - 1 - g, deps=[toks[g]])
+                score = gl.sum(gl.maximum(acc, 0.0) * ws[g][None, :], axis=1) * key_scale
+                value = gl.where(mapped & (s <= poss[g]), score, float("-inf"))
+                row = out_ptr + gl.where(oks[g], t0 + g, 0).to(gl.int64) * stride_ot
+                gl.store(row + s, value, mask=(s < max_context) & oks[g])
+        async_copy.wait_group(0)
+        dead = gl.full([64], float("-inf"), gl.float32, ROWS)
+        for i in range(live, count):
+            s = (first + i) * 64 + keys
+            for g in gl.static_range(GROUP):
+                row = out_ptr + gl.where(oks[g], t0 + g, 0).to(gl.int64) * stride_ot
+                gl.store(row + s, dead, mask=(s < max_context) & oks[g])
+
+
+def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: int = 1) -> str:
+    """Why this kernel does not take the call ("" when it does)."""
+    if index_fmt != "fp8":
+        return f"{index_fmt} keys: the Gluon indexer reads FP8 keys"
+    if q.dtype != torch.float8_e4m3fn:
+        return f"{str(q.dtype).replace('torch.', '')} queries: the Gluon indexer multiplies FP8 queries"
+    if q.dim() != 3 or q.shape[2] != 128 or not 1 <= q.shape[1] <= MAX_HEADS:
+        return f"q of shape {list(q.shape)}: the Gluon indexer takes [T, 1..{MAX_HEADS}, 128]"
+    if not (runs_ptx(q.device) and runs_ptx(index_pages.device)):
+        return "the Gluon indexer runs on NVIDIA CUDA tensors only"
+    if index_pages.dtype != torch.uint8 or index_pages.dim() != 3 or index_pages.shape[2] != RECORD_BYTES:
+        return (f"pages {index_pages.dtype} {list(index_pages.shape)}: the Gluon indexer reads uint8 "
+                f"[blocks, tokens, {RECORD_BYTES}]")
+    if index_pages.shape[0] == 0 or index_pages.shape[1] % TILE:
+        return f"{index_pages.shape[1]}-token blocks: the Gluon indexer copies whole {TILE}-key tiles of a block"
+    if index_pages.stride(2) != 1 or index_pages.stride(1) != RECORD_BYTES:
+        return f"page strides {index_pages.stride()}: the Gluon indexer reads packed records"
+    if index_pages.data_ptr() % 16 or index_pages.stride(0) % 16:
+        return (f"pages at byte {index_pages.data_ptr() % 16} of 16, block stride {index_pages.stride(0)}: the Gluon "
+                f"indexer copies 16-byte pieces")
+    if not 1 <= group <= MAX_GROUP:
+        return f"{group} tokens a segment: the Gluon indexer takes 1..{MAX_GROUP}"
+    return ""
+
+
+def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, max_context, out, *, starts,
+           group, tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, num_warps=4):
+    """Run :func:`indexer_gluon_kernel` (a call :func:`refusal` names a reason for raises).
+
+    Args:
+        q: ``[T, H, 128]`` float8_e4m3fn, unit stride in the last dim. weights: ``[T, H]`` fp32, unit last stride.
+        index_pages: ``[num_blocks, block_tokens, 132]`` uint8 FP8 keys, packed, 16-byte aligned blocks,
+            ``block_tokens % 64 == 0``.
+        block_table: ``[B, max_blocks]`` int32, -1 unmapped. req_ids, positions, run_offset, starts: ``[T]`` int32
+            (run offsets and segment starts from :func:`.segments.segment_plan` for ``group``).
+        max_context: output width. out: ``[T, max_context]`` fp32, unit last stride.
+        group: tokens per segment (1..8). tiles: key tiles per program (64 keys each); wide_tiles: up to that many
+            when the launch has programs to spare (:func:`.indexer_decode.tiles_per_program`; None: ``tiles``).
+            stages: tiles in flight (2..4).
+
+    Returns:
+        ``out``.
+    """
+    name = "triton indexer_score (gluon)"
+    reason = refusal(q, index_pages, "fp8", group)
+    if reason:
+        raise ValueError(f"{name}: {reason}")
+    if not 2 <= stages <= 4:
+        raise ValueError(f"{name}: stages expected 2..4, got {stages}")
+    if num_warps != 4:
+        raise ValueError(f"{name}: one warpgroup a program (num_warps=4), got {num_warps}")
+    tokens, heads, _ = q.shape
+    block_h = max(16, triton.next_power_of_2(heads))
+    if wide_tiles is not None:
+        tiles = tiles_per_program(expected_segments(tokens, group, block_table.shape[0]), max_context, TILE, tiles,
+                                  wide_tiles)
+    tiles = max(tiles, triton.cdiv(max_context, TILE * grid_limits.MAX_GRID_YZ))
+    grid = (tokens, triton.cdiv(max_context, TILE * tiles))
+    indexer_gluon_kernel[grid](
+        q, q.stride(0), q.stride(1), weights, weights.stride(0),
+        index_pages.view(torch.int32), index_pages.stride(0) // 4,
+        block_table, block_table.stride(0),
+        req_ids, positions, run_offset, starts,
+        out, out.stride(0),
+        tokens, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1], tiles,
+        H=heads, BLOCK_H=block_h, GROUP=group, STAGES=stages, num_warps=num_warps)
+    return out
