@@ -55,13 +55,15 @@ MAX_HEADS = 64
 MAX_GROUP = 8
 DEFAULT_STAGES = 4
 
-# A stage: one tile's 64 records as copied, 64 rows of 33 words (the 32 code words, then the scale word). Allocated
-# as [STAGES + 1, 64, 32] int32 with one padding word after every 32: rows 132 bytes apart, each stage 8,448 bytes
-# (16-byte aligned). The extra stage is never used: the allocation counts no padding after its very last row, whose
-# scale word the last used stage would otherwise not own.
-_STAGE_LAYOUT = gl.constexpr(gl.PaddedSharedLayout.with_identity_for([[32, 1]], [64, 32], [1, 0]))
+# A stage: one tile's 64 records as copied, 64 rows of 33 words (the 32 code words, then the scale word), in its own
+# 16 KiB buffer (a power-of-two shape; 8,448 bytes used). Own buffers, not slices of one: the compiler's barrier
+# analysis sees a buffer as a whole, so copies into one stage and reads of another then need no barrier between them,
+# and the loop over tiles is unrolled by the stage count (static buffer choice). One copy a tile: the 16-byte pieces
+# past the tile's 528 are masked (zero-filled inside the buffer's unused part).
+STAGE_WORDS = gl.constexpr(4096)
 _LINEAR = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 _COPY = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))  # 16-byte pieces, 4 words a lane
+_WEIGHTS = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 
 
 @gluon.constexpr_function
@@ -101,26 +103,31 @@ def dim_of_k(k):
 
 
 @gluon.jit
-def _entry(block_table_ptr, stride_bt, req, tile, max_blocks, block_tokens):
-    """Block-table entry of key tile ``tile`` (-1 past the table)."""
-    logical = tile * 64 // block_tokens
+def _entry(block_table_ptr, stride_bt, req, tile, max_blocks, block_tokens, WHOLE: gl.constexpr):
+    """Block-table entry of key tile ``tile`` (-1 past the table); ``WHOLE``: a tile is a whole block."""
+    if WHOLE:
+        logical = tile
+    else:
+        logical = tile * 64 // block_tokens
     in_table = logical < max_blocks
     entry = gl.load(block_table_ptr + req * stride_bt + gl.where(in_table, logical, 0))
     return gl.where(in_table, entry, -1)
 
 
 @gluon.jit
-def _issue(pages_i32, s32_b, entry, tile, num_blocks, block_tokens, stage):
+def _issue(pages_i32, s32_b, entry, tile, num_blocks, block_tokens, stage, WHOLE: gl.constexpr):
     """Start the copy of key tile ``tile`` (in cache block ``entry``; an unmapped one reads block 0, scored -inf
-    after) into ``stage`` (a ``[64, 32]`` padded stage): 528 pieces of 16 bytes, 4-5 a thread."""
+    after) into ``stage`` (``[STAGE_WORDS]`` int32): its 528 pieces of 16 bytes, 4-5 a thread."""
     mapped = (entry >= 0) & (entry < num_blocks)
     block = gl.where(mapped, entry, 0).to(gl.int64)
-    first = tile * 64
-    key0 = first - (first // block_tokens) * block_tokens
+    if WHOLE:
+        key0 = 0
+    else:
+        first = tile * 64
+        key0 = first - (first // block_tokens) * block_tokens
     src = pages_i32 + gl.multiple_of(block * s32_b + key0 * 33, 4)  # (16-byte aligned: the launcher checks)
-    words = stage._reinterpret(gl.int32, [4096], _LINEAR)
-    _async_copy(words.slice(0, 2048), src + gl.arange(0, 2048, _COPY))
-    _async_copy(words.slice(2048, 64), src + 2048 + gl.arange(0, 64, _COPY))
+    word = gl.arange(0, STAGE_WORDS, _COPY)
+    _async_copy(stage, src + word, mask=word < 64 * 33)
 
 
 @gluon.jit
@@ -134,6 +141,65 @@ def _member(req_ptr, pos_ptr, off_ptr, t0, g: gl.constexpr, T, req, off0):
     return ok, pos
 
 
+@gluon.jit
+def _codes(stage, DOT_A: gl.constexpr):
+    """A stage's keys as the MMA's register operand (e4m3 ``[64, 128]``, k permuted: :func:`_code_layout`)."""
+    return stage._reinterpret(gl.float8e4nv, [64, 128], _code_layout()).load(DOT_A)
+
+
+@gluon.jit
+def _scales(stage, ROWS: gl.constexpr):
+    """A stage's 64 key scales (fp32 ``[64]`` in ``ROWS``)."""
+    return stage.slice(32, 32)._reinterpret(gl.float32, [64], _scale_layout()).load(ROWS)
+
+
+@gluon.jit
+def _epilogue(acc, w_s, key_scale, mapped, s, ok, pos, t, out_ptr, stride_ot, max_context, COLS: gl.constexpr):
+    """One token's scores on a tile: ``Σ_h w[h] · relu(acc[:, h]) · scale``, -inf where not visible, stored."""
+    score = gl.sum(gl.maximum(acc, 0.0) * w_s.load(COLS)[None, :], axis=1) * key_scale
+    value = gl.where(mapped & (s <= pos), score, float("-inf"))
+    row = out_ptr + gl.where(ok, t, 0).to(gl.int64) * stride_ot
+    gl.store(row + s, value, mask=(s < max_context) & ok)
+
+
+@gluon.jit
+def _tile(i, live, first, here, refill, ahead_entry, qs, w_s, oks, poss, t0, pages_i32, s32_b, block_table_ptr,
+          stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
+          BLOCK_H: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr,
+          WHOLE: gl.constexpr):
+    """Key tile ``i`` from stage ``here``; the tile ``STAGES - 1`` ahead is copied into ``refill`` (the stage read by
+    tile ``i - 1``). Returns the table entry of the tile copied next."""
+    MMA: gl.constexpr = _mma_layout(BLOCK_H)
+    DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4)
+    ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
+    COLS: gl.constexpr = gl.SliceLayout(0, MMA)
+    async_copy.wait_group(STAGES - 2)  # this thread's pieces of tile i have landed
+    _barrier()  # everyone's have; every warp is done reading the stage refilled next
+    ahead = i + STAGES - 1
+    if ahead < live:
+        _issue(pages_i32, s32_b, ahead_entry, first + ahead, num_blocks, block_tokens, refill, WHOLE)
+    async_copy.commit_group()
+    ahead_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(ahead + 1, live - 1), max_blocks,
+                         block_tokens, WHOLE)
+    a = _codes(here, DOT_A)
+    zeros = gl.zeros([64, BLOCK_H], gl.float32, MMA)
+    D: gl.constexpr = DEPTH if DEPTH < GROUP else GROUP
+    toks = ()
+    for g in gl.static_range(D):  # the first D tokens' MMAs in flight before the first epilogue
+        toks = toks + (warpgroup_mma(a, qs[g].permute((1, 0)), zeros, use_acc=False, is_async=True),)
+    key_scale = _scales(here, ROWS)
+    entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
+    mapped = (entry >= 0) & (entry < num_blocks)
+    s = (first + i) * 64 + gl.arange(0, 64, ROWS)
+    for g in gl.static_range(GROUP):
+        # tokens 0 .. min(g + D, GROUP) - 1 issued; wait for token g's, then issue token g + D's before g's epilogue
+        acc = warpgroup_mma_wait((g + D if g + D < GROUP else GROUP) - g - 1, deps=[toks[g]])
+        if g + D < GROUP:
+            toks = toks + (warpgroup_mma(a, qs[g + D].permute((1, 0)), zeros, use_acc=False, is_async=True),)
+        _epilogue(acc, w_s[g], key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot, max_context, COLS)
+    return ahead_entry
+
+
 @gluon.jit(do_not_specialize=SIZE_ARGS)
 def indexer_gluon_kernel(
     q_ptr, stride_qt, stride_qh,  # q [T, H, 128] e4m3
@@ -144,13 +210,14 @@ def indexer_gluon_kernel(
     out_ptr, stride_ot,  # [T, max_context] fp32
     T, max_context, num_blocks, max_blocks, block_tokens, n_tiles,
     H: gl.constexpr, BLOCK_H: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr,
+    DEPTH: gl.constexpr = 8,  # token MMAs in flight at once (the accumulators' registers)
+    WHOLE: gl.constexpr = False,  # a tile is a whole cache block (block_tokens == 64): no division per tile
 ):
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
-    DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)  # [64] per key
-    COLS: gl.constexpr = gl.SliceLayout(0, MMA)  # [BLOCK_H] per head
     QL: gl.constexpr = _query_layout()
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 128], gl.float8e4nv)
+    WL: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
 
     t0 = gl.load(seg_ptr + gl.program_id(0))
     if t0 < T:
@@ -158,8 +225,8 @@ def indexer_gluon_kernel(
         off0 = gl.load(off_ptr + t0)
         qh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, QL))
         qk = dim_of_k(gl.arange(0, 128, gl.SliceLayout(0, QL)))
-        heads = gl.arange(0, BLOCK_H, COLS)
-        # the segment's members: ok, position, head weights (registers) and queries (shared memory) a token
+        heads = gl.arange(0, BLOCK_H, WL)
+        # the segment's members: ok and position (registers), queries and head weights (shared memory) a token
         oks = ()
         poss = ()
         ws = ()
@@ -171,7 +238,8 @@ def indexer_gluon_kernel(
             qv = gl.load(q_ptr + t * stride_qt + qh[:, None] * stride_qh + qk[None, :],
                          mask=((qh < H) & ok)[:, None], other=0.0)
             qs = qs + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, qv),)
-            ws = ws + (gl.load(w_ptr + t * stride_wt + heads, mask=(heads < H) & ok, other=0.0),)
+            wv = gl.load(w_ptr + t * stride_wt + heads, mask=(heads < H) & ok, other=0.0)
+            ws = ws + (gl.allocate_shared_memory(gl.float32, [BLOCK_H], _WEIGHTS, wv),)
             oks = oks + (ok,)
             poss = poss + (pos,)
             reach = gl.maximum(reach, pos)
@@ -184,46 +252,27 @@ def indexer_gluon_kernel(
         live = gl.minimum(gl.maximum(last // 64 + 1 - first, 0), count)
         req64 = req.to(gl.int64)
 
-        raw = gl.allocate_shared_memory(gl.int32, [STAGES + 1, 64, 32], _STAGE_LAYOUT)
+        bufs = ()
+        for j in gl.static_range(STAGES):
+            bufs = bufs + (gl.allocate_shared_memory(gl.int32, [STAGE_WORDS], _LINEAR),)
         for j in gl.static_range(STAGES - 1):
             if j < live:
-                _issue(pages_i32, s32_b, _entry(block_table_ptr, stride_bt, req64, first + j, max_blocks,
-                                                block_tokens), first + j, num_blocks, block_tokens, raw.index(j))
+                _issue(pages_i32, s32_b, _entry(block_table_ptr, stride_bt, req64, first + j, max_blocks, block_tokens,
+                                                WHOLE), first + j, num_blocks, block_tokens, bufs[j], WHOLE)
             async_copy.commit_group()
-        # the table entry of the tile issued next, loaded one iteration ahead (a copy never waits on its lookup)
+        # the table entry of the tile copied next, loaded one tile ahead (a copy never waits on its lookup)
         ahead_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(STAGES - 1, live - 1), max_blocks,
-                             block_tokens)
-        zeros = gl.zeros([64, BLOCK_H], gl.float32, MMA)
-        keys = gl.arange(0, 64, ROWS)
-        for i in range(live):
-            stage = i % STAGES
-            async_copy.wait_group(STAGES - 2)  # this thread's pieces of tile i have landed
-            _barrier()  # everyone's have; every warp is done reading the stage refilled next
-            ahead = i + STAGES - 1
-            if ahead < live:
-                _issue(pages_i32, s32_b, ahead_entry, first + ahead, num_blocks, block_tokens,
-                       raw.index(ahead % STAGES))
-            async_copy.commit_group()
-            ahead_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(ahead + 1, live - 1),
-                                 max_blocks, block_tokens)
-            here = raw.index(stage)
-            a = here._reinterpret(gl.float8e4nv, [64, 128], _code_layout()).load(DOT_A)
-            toks = ()
-            for g in gl.static_range(GROUP):  # every token's MMA in flight before the first epilogue
-                toks = toks + (warpgroup_mma(a, qs[g].permute((1, 0)), zeros, use_acc=False, is_async=True),)
-            words = here._reinterpret(gl.int32, [4096], _LINEAR)
-            key_scale = words.slice(32, 32)._reinterpret(gl.float32, [64], _scale_layout()).load(ROWS)
-            entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens)
-            mapped = (entry >= 0) & (entry < num_blocks)
-            s = (first + i) * 64 + keys
-            for g in gl.static_range(GROUP):
-                acc = warpgroup_mma_wait(GROUP - 1 - g, deps=[toks[g]])
-                score = gl.sum(gl.maximum(acc, 0.0) * ws[g][None, :], axis=1) * key_scale
-                value = gl.where(mapped & (s <= poss[g]), score, float("-inf"))
-                row = out_ptr + gl.where(oks[g], t0 + g, 0).to(gl.int64) * stride_ot
-                gl.store(row + s, value, mask=(s < max_context) & oks[g])
+                             block_tokens, WHOLE)
+        for i0 in range(0, live, STAGES):  # unrolled by the stages: tile i0 + u reads bufs[u]
+            for u in gl.static_range(STAGES):
+                if i0 + u < live:
+                    ahead_entry = _tile(i0 + u, live, first, bufs[u], bufs[(u + STAGES - 1) % STAGES], ahead_entry,
+                                        qs, ws, oks, poss, t0, pages_i32, s32_b, block_table_ptr, stride_bt, req64,
+                                        num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
+                                        BLOCK_H, GROUP, STAGES, DEPTH, WHOLE)
         async_copy.wait_group(0)
         dead = gl.full([64], float("-inf"), gl.float32, ROWS)
+        keys = gl.arange(0, 64, ROWS)
         for i in range(live, count):
             s = (first + i) * 64 + keys
             for g in gl.static_range(GROUP):
@@ -257,7 +306,7 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
 
 
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, max_context, out, *, starts,
-           group, tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, num_warps=4):
+           group, tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, num_warps=4):
     """Run :func:`indexer_gluon_kernel` (a call :func:`refusal` names a reason for raises).
 
     Args:
@@ -269,7 +318,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         max_context: output width. out: ``[T, max_context]`` fp32, unit last stride.
         group: tokens per segment (1..8). tiles: key tiles per program (64 keys each); wide_tiles: up to that many
             when the launch has programs to spare (:func:`.indexer_decode.tiles_per_program`; None: ``tiles``).
-            stages: tiles in flight (2..4).
+            stages: tiles in flight (2..4). depth: token MMAs in flight at once (1..8: each holds an accumulator).
 
     Returns:
         ``out``.
@@ -280,6 +329,8 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         raise ValueError(f"{name}: {reason}")
     if not 2 <= stages <= 4:
         raise ValueError(f"{name}: stages expected 2..4, got {stages}")
+    if not 1 <= depth <= MAX_GROUP:
+        raise ValueError(f"{name}: depth expected 1..{MAX_GROUP}, got {depth}")
     if num_warps != 4:
         raise ValueError(f"{name}: one warpgroup a program (num_warps=4), got {num_warps}")
     tokens, heads, _ = q.shape
@@ -296,5 +347,6 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         req_ids, positions, run_offset, starts,
         out, out.stride(0),
         tokens, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1], tiles,
-        H=heads, BLOCK_H=block_h, GROUP=group, STAGES=stages, num_warps=num_warps)
+        H=heads, BLOCK_H=block_h, GROUP=group, STAGES=stages, DEPTH=depth, WHOLE=index_pages.shape[1] == TILE,
+        num_warps=num_warps)
     return out
