@@ -142,6 +142,29 @@ def _member(req_ptr, pos_ptr, off_ptr, t0, g: gl.constexpr, T, req, off0):
 
 
 @gluon.jit
+def _hi_lo(x):
+    """bf16 query rows ``x`` (fp32 ``[BLOCK_H, 128]``) -> (hi, lo e4m3, down ``[BLOCK_H]``) with ``hi + lo / 16 = x ·
+    up`` and ``down = 1 / up`` a power of two a row (NaN for a row holding Inf or NaN): two FP8 MMAs on the e4m3 keys
+    then give the bf16 query's dot products from exact products. The same split as the ``tl`` kernel's
+    (:func:`.indexer_decode._e4m3_hi_lo`, whose docstring has the exactness argument; ``LO_SCALE`` 16): ``up`` puts a
+    row's largest magnitude in [2^7, 2^8); ``hi`` keeps 4 significant bits (rounded to nearest even on the fp32 bits,
+    0 below 2^-6), ``lo`` 16 x the residual to multiples of 2^-9; no conversion rounds."""
+    amax = gl.max(gl.where(x == x, gl.abs(x), float("inf")), axis=1)  # Inf for a row holding NaN
+    biased = (amax.to(gl.int32, bitcast=True) >> 23) & 0xFF
+    field = gl.minimum(261 - biased, 253)  # exponent field of 2^(134 - biased): amax * up in [2^7, 2^8)
+    up = (field << 23).to(gl.float32, bitcast=True)
+    down = ((254 - field) << 23).to(gl.float32, bitcast=True)
+    down = gl.where(amax < float("inf"), down, float("nan"))
+    scaled = x * up[:, None]
+    bits = scaled.to(gl.int32, bitcast=True)
+    hi = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(gl.float32, bitcast=True)
+    hi = gl.where(gl.abs(scaled) >= 0.015625, hi, 0.0)
+    rest = (scaled - hi) * 16.0
+    lo = gl.floor(rest * 512.0 + 0.5) * 0.001953125
+    return hi.to(gl.float8e4nv), lo.to(gl.float8e4nv), down
+
+
+@gluon.jit
 def _codes(stage, DOT_A: gl.constexpr):
     """A stage's keys as the MMA's register operand (e4m3 ``[64, 128]``, k permuted: :func:`_code_layout`)."""
     return stage._reinterpret(gl.float8e4nv, [64, 128], _code_layout()).load(DOT_A)
@@ -163,10 +186,22 @@ def _epilogue(acc, w_s, key_scale, mapped, s, ok, pos, t, out_ptr, stride_ot, ma
 
 
 @gluon.jit
-def _tile(i, live, first, here, refill, ahead_entry, qs, w_s, oks, poss, t0, pages_i32, s32_b, block_table_ptr,
+def _token_mmas(a, qs, qs_lo, g: gl.constexpr, zeros, HI_LO: gl.constexpr):
+    """Token ``g``'s MMA(s) on the tile's keys ``a``, issued asynchronously: one, or (``HI_LO``) the hi and lo parts'
+    into separate accumulators (chained, the FP8 accumulator's precision cost 4.3e-4 relative error on the H200)."""
+    if HI_LO:
+        out = (warpgroup_mma(a, qs[g].permute((1, 0)), zeros, use_acc=False, is_async=True),
+               warpgroup_mma(a, qs_lo[g].permute((1, 0)), zeros, use_acc=False, is_async=True))
+    else:
+        out = warpgroup_mma(a, qs[g].permute((1, 0)), zeros, use_acc=False, is_async=True)
+    return out
+
+
+@gluon.jit
+def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, t0, pages_i32, s32_b, block_table_ptr,
           stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
           BLOCK_H: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr,
-          WHOLE: gl.constexpr):
+          WHOLE: gl.constexpr, HI_LO: gl.constexpr):
     """Key tile ``i`` from stage ``here``; the tile ``STAGES - 1`` ahead is copied into ``refill`` (the stage read by
     tile ``i - 1``). Returns the table entry of the tile copied next."""
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
@@ -184,25 +219,31 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, w_s, oks, poss, t0, pag
     a = _codes(here, DOT_A)
     zeros = gl.zeros([64, BLOCK_H], gl.float32, MMA)
     D: gl.constexpr = DEPTH if DEPTH < GROUP else GROUP
+    P: gl.constexpr = 2 if HI_LO else 1  # MMAs (commit groups) a token: bf16 queries as hi and lo parts
     toks = ()
     for g in gl.static_range(D):  # the first D tokens' MMAs in flight before the first epilogue
-        toks = toks + (warpgroup_mma(a, qs[g].permute((1, 0)), zeros, use_acc=False, is_async=True),)
+        toks = toks + (_token_mmas(a, qs, qs_lo, g, zeros, HI_LO),)
     key_scale = _scales(here, ROWS)
     entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
     mapped = (entry >= 0) & (entry < num_blocks)
     s = (first + i) * 64 + gl.arange(0, 64, ROWS)
     for g in gl.static_range(GROUP):
         # tokens 0 .. min(g + D, GROUP) - 1 issued; wait for token g's, then issue token g + D's before g's epilogue
-        acc = warpgroup_mma_wait((g + D if g + D < GROUP else GROUP) - g - 1, deps=[toks[g]])
+        if HI_LO:
+            acc_hi, acc_lo = warpgroup_mma_wait(((g + D if g + D < GROUP else GROUP) - g - 1) * P,
+                                                deps=[toks[g][0], toks[g][1]])
+            acc = acc_hi + acc_lo * 0.0625  # (lo is 16 x the residual)
+        else:
+            acc = warpgroup_mma_wait((g + D if g + D < GROUP else GROUP) - g - 1, deps=[toks[g]])
         if g + D < GROUP:
-            toks = toks + (warpgroup_mma(a, qs[g + D].permute((1, 0)), zeros, use_acc=False, is_async=True),)
+            toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO),)
         _epilogue(acc, w_s[g], key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot, max_context, COLS)
     return ahead_entry
 
 
 @gluon.jit(do_not_specialize=SIZE_ARGS)
 def indexer_gluon_kernel(
-    q_ptr, stride_qt, stride_qh,  # q [T, H, 128] e4m3
+    q_ptr, stride_qt, stride_qh,  # q [T, H, 128] e4m3, or bf16 with HI_LO
     w_ptr, stride_wt,  # [T, H] fp32
     pages_i32, s32_b,  # the pages as int32 words, block stride in words (a multiple of 4)
     block_table_ptr, stride_bt,  # [B, max_blocks] int32, -1 unmapped
@@ -212,6 +253,7 @@ def indexer_gluon_kernel(
     H: gl.constexpr, BLOCK_H: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr,
     DEPTH: gl.constexpr = 8,  # token MMAs in flight at once (the accumulators' registers)
     WHOLE: gl.constexpr = False,  # a tile is a whole cache block (block_tokens == 64): no division per tile
+    HI_LO: gl.constexpr = False,  # bf16 queries, each split into e4m3 hi + lo parts (_hi_lo): two MMAs a token
 ):
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)  # [64] per key
@@ -230,15 +272,22 @@ def indexer_gluon_kernel(
         oks = ()
         poss = ()
         ws = ()
-        qs = ()
+        qs = ()  # the queries (FP8), or their hi parts (bf16, HI_LO); qs_lo their lo parts
+        qs_lo = ()
         reach = -1
         for g in gl.static_range(GROUP):
             ok, pos = _member(req_ptr, pos_ptr, off_ptr, t0, g, T, req, off0)
             t = gl.where(ok, t0 + g, 0).to(gl.int64)
             qv = gl.load(q_ptr + t * stride_qt + qh[:, None] * stride_qh + qk[None, :],
                          mask=((qh < H) & ok)[:, None], other=0.0)
-            qs = qs + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, qv),)
             wv = gl.load(w_ptr + t * stride_wt + heads, mask=(heads < H) & ok, other=0.0)
+            if HI_LO:  # the row scale's inverse goes on the head's weight
+                hi, lo, down = _hi_lo(qv.to(gl.float32))
+                qs = qs + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, hi),)
+                qs_lo = qs_lo + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, lo),)
+                wv = wv * gl.convert_layout(down, WL)
+            else:
+                qs = qs + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, qv),)
             ws = ws + (gl.allocate_shared_memory(gl.float32, [BLOCK_H], _WEIGHTS, wv),)
             oks = oks + (ok,)
             poss = poss + (pos,)
@@ -267,9 +316,9 @@ def indexer_gluon_kernel(
             for u in gl.static_range(STAGES):
                 if i0 + u < live:
                     ahead_entry = _tile(i0 + u, live, first, bufs[u], bufs[(u + STAGES - 1) % STAGES], ahead_entry,
-                                        qs, ws, oks, poss, t0, pages_i32, s32_b, block_table_ptr, stride_bt, req64,
+                                        qs, qs_lo, ws, oks, poss, t0, pages_i32, s32_b, block_table_ptr, stride_bt, req64,
                                         num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
-                                        BLOCK_H, GROUP, STAGES, DEPTH, WHOLE)
+                                        BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO)
         async_copy.wait_group(0)
         dead = gl.full([64], float("-inf"), gl.float32, ROWS)
         keys = gl.arange(0, 64, ROWS)
@@ -284,8 +333,8 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
     """Why this kernel does not take the call ("" when it does)."""
     if index_fmt != "fp8":
         return f"{index_fmt} keys: the Gluon indexer reads FP8 keys"
-    if q.dtype != torch.float8_e4m3fn:
-        return f"{str(q.dtype).replace('torch.', '')} queries: the Gluon indexer multiplies FP8 queries"
+    if q.dtype not in (torch.float8_e4m3fn, torch.bfloat16):
+        return f"{str(q.dtype).replace('torch.', '')} queries: the Gluon indexer takes FP8 or bf16 queries"
     if q.dim() != 3 or q.shape[2] != 128 or not 1 <= q.shape[1] <= MAX_HEADS:
         return f"q of shape {list(q.shape)}: the Gluon indexer takes [T, 1..{MAX_HEADS}, 128]"
     if not (runs_ptx(q.device) and runs_ptx(index_pages.device)):
@@ -310,7 +359,8 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     """Run :func:`indexer_gluon_kernel` (a call :func:`refusal` names a reason for raises).
 
     Args:
-        q: ``[T, H, 128]`` float8_e4m3fn, unit stride in the last dim. weights: ``[T, H]`` fp32, unit last stride.
+        q: ``[T, H, 128]`` float8_e4m3fn or bf16 (split into two e4m3 parts, :func:`_hi_lo`), unit stride in the
+            last dim. weights: ``[T, H]`` fp32, unit last stride.
         index_pages: ``[num_blocks, block_tokens, 132]`` uint8 FP8 keys, packed, 16-byte aligned blocks,
             ``block_tokens % 64 == 0``.
         block_table: ``[B, max_blocks]`` int32, -1 unmapped. req_ids, positions, run_offset, starts: ``[T]`` int32
@@ -348,5 +398,5 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         out, out.stride(0),
         tokens, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1], tiles,
         H=heads, BLOCK_H=block_h, GROUP=group, STAGES=stages, DEPTH=depth, WHOLE=index_pages.shape[1] == TILE,
-        num_warps=num_warps)
+        HI_LO=q.dtype == torch.bfloat16, num_warps=num_warps)
     return out

@@ -80,19 +80,20 @@ def variants(torch):
     # FP8 accumulator's precision cost 4.3e-4 relative error against 1.3e-4 for FP8 queries)
     now = dict(alu=69, wide_tiles=64, l2_ahead=4)
     out = [(fp8, "backend default", None), (torch.bfloat16, "backend default (hi/lo, alu 197)", None)]
-    if DEVICE != "cpu":  # (interpreter: bf16 dots are wrong there; the hi/lo rows are FP8 MMAs)
-        out.append((torch.bfloat16, "keys widened to bf16 (alu 69), the default before", dict(now, group="backend")))
-    # R3: Nsight Compute had the L2 the busiest unit at 64x2 (92%; DRAM 69%), its requests raised by the L2 hint's
-    # prefetches beside the loads themselves: the hint off, and two tiles ahead instead of four
-    # (R4: the hint off 1.08-1.09x at 5 tokens and prefill, 0.97-0.98x at 1-2; two ahead 1.01-1.03x at 1-2, 0.95x at
-    # 5: the default since, indexer._l2_ahead); "4 tiles ahead" is the default before
+    # (eighteenth session, R2: "keys widened to bf16 (alu 69)", the bf16-q default before the hi/lo split, 0.70x /
+    # 0.81x / 0.94x / 0.64x / 0.97x the split's time at 64x1 / 64x2 / 64x5 / 8x1 / prefill; R4: the L2 hint 4 tiles
+    # ahead, the FP8-q default before, 0.97-0.98x at 1-2 tokens, 0.92x at 5 and prefill)
     # nineteenth session: the Gluon kernel (indexer_gluon: whole tiles by 16-byte cp.async into shared memory, every
-    # token's wgmma issued before the first epilogue), FP8 q
-    # (R1: 4 stages 1.07x / 1.04x / 0.72x at 1 / 2 / 5 tokens, 226 registers at 5; since R2 one buffer a stage, a
-    # barrier a tile instead of three, a bounded number of token MMAs in flight ("depth"), weights in shared memory)
+    # token's wgmma issued before the first epilogue). R1: one buffer for all stages (three barriers a tile), 4 stages
+    # 1.07x / 1.04x / 0.72x the default at 1 / 2 / 5 tokens, 226 registers at 5. R2: a buffer a stage (one barrier a
+    # tile), token MMAs in flight bounded ("depth"), weights in shared memory: 3 stages 1.09x / 1.03x / 0.90x / 1.09x
+    # / 0.93x at 64x1 / 64x2 / 64x5 / 8x1 / prefill (90.7% of copy at 64x1), 4 stages 1.03x / 1.06x (79.3% at 64x2)
+    # / 0.79x; depth 8 as depth 2 but slower at 5 tokens (0.79x); 2 stages 1.05x / 1.03x / 0.90x. R3: bf16 queries
+    # split into hi + lo parts (two MMAs a token, as the tl kernel's flag 128)
     if DEVICE != "cpu":  # (Gluon has no interpreter)
-        out += [(fp8, f"gluon, {s} stages, depth {d}", dict(gluon=True, stages=s, depth=d))
-                for s, d in ((3, 2), (4, 2), (3, 8), (2, 2))]
+        out += [(q_dtype, f"gluon, {s} stages, depth {d}", dict(gluon=True, stages=s, depth=d))
+                for q_dtype in (fp8, torch.bfloat16) for s, d in ((3, 2), (4, 2))]
+        out.append((torch.bfloat16, "gluon, 3 stages, depth 1", dict(gluon=True, stages=3, depth=1)))
     return out
 
 
@@ -188,9 +189,11 @@ def check_gluon_shapes(torch, failures):
     from dsahal.reference.indexer import indexer_score as reference
 
     gen = torch.Generator(device=DEVICE).manual_seed(11)
-    for heads, block_tokens, requests, per_request, context, group in (
-            (16, 64, 2, 3, 700, 3), (20, 128, 3, 5, 1000, 5), (64, 128, 2, 2, 900, 2), (32, 256, 2, 8, 1500, 5),
-            (8, 64, 4, 1, 333, 1)):
+    for heads, block_tokens, requests, per_request, context, group, q_dtype in (
+            (16, 64, 2, 3, 700, 3, torch.float8_e4m3fn), (20, 128, 3, 5, 1000, 5, torch.float8_e4m3fn),
+            (64, 128, 2, 2, 900, 2, torch.float8_e4m3fn), (32, 256, 2, 8, 1500, 5, torch.float8_e4m3fn),
+            (8, 64, 4, 1, 333, 1, torch.float8_e4m3fn), (20, 128, 3, 5, 1000, 5, torch.bfloat16),
+            (64, 64, 2, 2, 900, 2, torch.bfloat16), (32, 64, 5, 1, 700, 1, torch.bfloat16)):
         blocks = requests * -(-context // block_tokens) + 4
         pages = cache_pools.index_pool(torch, "fp8", blocks, gen, DEVICE, block_tokens)
         table, req, pos = cache_pools.decode_batch(torch, requests, per_request, context, blocks, gen, DEVICE,
@@ -198,10 +201,15 @@ def check_gluon_shapes(torch, failures):
         table[-1, 1] = -1  # an unmapped block
         pos[0] = context // 3 + 1  # a shorter causal bound, mid-tile
         tokens = requests * per_request
-        q = torch.randn(tokens, heads, 128, device=DEVICE, generator=gen).to(torch.float8_e4m3fn)
+        q = torch.randn(tokens, heads, 128, device=DEVICE, generator=gen)
+        if q_dtype == torch.bfloat16 and tokens >= 3:  # rows far from 1: the split's per-row power of two
+            q[1] *= 1e-20
+            q[2] *= 1e20
+        q = q.to(q_dtype)
         w = torch.randn(tokens, heads, device=DEVICE, generator=gen)
         out = torch.full((tokens, context), float("nan"), device=DEVICE)
-        name = f"gluon, {heads} heads, {block_tokens}-token blocks, {requests}x{per_request}, group {group}"
+        name = (f"gluon, {str(q_dtype).split('.')[-1]} q, {heads} heads, {block_tokens}-token blocks, "
+                f"{requests}x{per_request}, group {group}")
         try:
             offsets, starts = segment_plan(req, group)
             got = indexer_gluon.launch(q, w, pages, table, req, pos, offsets, context, out, starts=starts,
