@@ -292,7 +292,8 @@ def variants() -> list[Variant]:
     """The launches of the NVIDIA backend worth watching, built from its own configuration code."""
     return (_indexer_general_variants() + _indexer_block_tile_variants() + _indexer_mxfp4_word_variants()
             + _indexer_l2_variants() + _sparse_mla_variants()
-            + _small_heads_variants() + _gluon_variants() + _topk_variants() + _kda_variants())
+            + _small_heads_variants() + _gluon_variants() + _gluon_indexer_variants() + _topk_variants()
+            + _kda_variants())
 
 
 def _indexer_general_variants() -> list[Variant]:
@@ -546,6 +547,27 @@ def _gluon_variants() -> list[Variant]:
                                                 Q_SMEM=False, SPLIT=split),
         dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32"), floats=("logit_scale",),
         num_warps=4 * split, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * 656, s8_t=656), gluon=True)]
+
+
+def _gluon_indexer_variants() -> list[Variant]:
+    """The Gluon indexer (``indexer_gluon``) as the backend launches it: FP8 keys in 64-token blocks, 32 heads, one and
+    two tokens a request, FP8 and bf16 queries, the stages of ``config.indexer_config``. Its padded shared layout
+    compiles with the H200's Triton 3.6; Triton 3.9's Gluon refuses it (the backend then keeps the tl kernel)."""
+    from ..triton_kernels import indexer_gluon
+
+    pointers = dict(w_ptr="fp32", pages_i32="i32", block_table_ptr="i32", req_ptr="i32", pos_ptr="i32",
+                    off_ptr="i32", seg_ptr="i32", out_ptr="fp32")
+    out = []
+    for label, q_type, stages in (("fp8", "fp8e4nv", {1: 3, 2: 4}), ("bf16", "bf16", {1: 4, 2: 3})):
+        for group in (1, 2):
+            out.append(Variant(
+                f"indexer Gluon, fp8 keys, {label} q, {group} token(s) a request, {stages[group]} stages",
+                indexer_gluon.indexer_gluon_kernel,
+                dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=stages[group], DEPTH=2, WHOLE=True,
+                     HI_LO=label == "bf16"),
+                dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 33),
+                gluon=True))
+    return out
 
 
 def _topk_variants() -> list[Variant]:

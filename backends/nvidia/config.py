@@ -118,6 +118,18 @@ _FP8_KEYS_ALU = 69
 # 0.335 / 0.361 / 0.335 at 1-2 tokens (0.97-0.98x). MXFP4 keys keep 4 ahead at every length (tenth session: 0.975 vs
 # 1.035 ms at 64x5 with it).
 _FP8_KEYS_L2 = dict(l2_ahead=2, l2_ahead_tokens=2)
+# FP8 keys, calls of <= 2 tokens a request: the Gluon kernel (indexer_gluon: whole 64-key tiles by 16-byte cp.async
+# into shared memory, stages tiles in flight, every token's wgmma issued before the first epilogue), its stage count
+# by tokens per request. Nineteenth session, R3 (scripts/h200/indexer_alu_sweep.py, same run, against the tl default):
+# FP8 q, 3 stages at 1 token, 4 at 2: 0.289 / 0.332 ms at 64x1 / 64x2 at 128K, 0.289 at 8x1 at 1M (90.7% / 79.0% /
+# 90.7% of copy) against 0.316 / 0.349 / 0.316 (1.09x / 1.05x / 1.09x); bf16 q (each row split into e4m3 hi + lo),
+# 4 stages at 1 token, 3 at 2: 0.318 / 0.410 / 0.318 (82.4% / 64.0% / 82.6%) against 0.337 / 0.454 / 0.336 (1.06x /
+# 1.11x / 1.06x). At 5 tokens and prefill the tl kernel stays faster for FP8 q (Gluon 0.90x / 0.92x) and even for
+# bf16 q (0.99-1.02x). Default mode only: a token's score from the Gluon kernel is not bit-equal to the tl kernel's
+# (its MMA's k order differs), so a choice by tokens per request would make the score depend on the batch; batch-
+# invariant mode keeps the tl kernel for every call.
+_FP8_Q_GLUON = dict(gluon_stages={1: 3, 2: 4})
+_BF16_Q_GLUON = dict(gluon_stages={1: 4, 2: 3})
 
 
 @functools.lru_cache(maxsize=64)
@@ -170,9 +182,10 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     # inconsistent with its other runs; ptxas's cap of 96 registers for 5 programs a SM: 1.00-1.02x at 1-2 tokens
     # with bf16 q, spills and 0.48-0.85x at 5 tokens and prefill, not used.)
     if q_dtype == torch.float8_e4m3fn and index_fmt == "fp8":
+        gluon = {} if batch_invariant() else _FP8_Q_GLUON
         return dict(block_n=64, group=8, tiles=16, num_warps=8, num_stages=2, pipeline=True, typed_keys=True,
                     one_block_tiles=False, block_tiles=dict(_BLOCK_TILES, typed_keys=False, alu=_FP8_KEYS_ALU,
-                                                            group_per_request=2, **_FP8_KEYS_L2))
+                                                            group_per_request=2, **_FP8_KEYS_L2, **gluon))
     # bf16 q: _FP8_KEYS_ALU + 128 (indexer_decode.ALU_FLAGS: each head's query row split exactly into e4m3 hi + lo,
     # two FP8 MMAs a token on the e4m3 keys instead of one bf16 MMA on keys widened every tile; the two into separate
     # accumulators, FP8_KEYS_LO_SCALE). Eighteenth session, R5 (indexer_alu_sweep.py, same run, with _FP8_KEYS_L2,
@@ -182,9 +195,10 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     # tokens and prefill the MMAs bound it (two FP8 MMAs cost one bf16 MMA). Certified in both modes. Ninth session (R4): alu 37 (flag 32, fp16 MMAs on row-scaled queries) was slower everywhere,
     # 0.636 / 0.843 / 1.454 / 0.641 ms at 64x1 / 64x2 / 64x5 / 8x1 against alu 5's 0.562 / 0.700 / 1.090 / 0.567.
     if q_dtype == torch.bfloat16 and index_fmt == "fp8":
+        gluon = {} if batch_invariant() else _BF16_Q_GLUON
         return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True,
                     block_tiles=dict(_BLOCK_TILES, typed_keys=True, alu=_FP8_KEYS_ALU | 128, group_per_request=True,
-                                     **_FP8_KEYS_L2))
+                                     **_FP8_KEYS_L2, **gluon))
     # bf16 keys, and fp32/fp16 queries (exact dots): the general kernel only, unrolled x4 at 4 warps with
     # one-block tiles (bf16 q on bf16 keys 0.458 ms at 64x5 x 32K, 2026-11-29)
     return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True)

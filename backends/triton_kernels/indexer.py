@@ -413,6 +413,23 @@ def _l2_ahead(l2_ahead: int, tokens: int, rows: int, up_to_tokens) -> int:
     return 0
 
 
+def _gluon_stages(stages_by_tokens, q, index_pages, index_fmt, tokens: int, rows: int) -> int:
+    """The Gluon kernel's stage count for a call (0: the call takes the ``tl`` block tiles): ``stages_by_tokens``
+    maps tokens per request (``ceil(tokens / rows)``, as :func:`_request_group` counts them) to stages; a call with
+    another count, or one the kernel refuses (:func:`.indexer_gluon.refusal`: not FP8 keys, not an sm_90 GPU, ...),
+    gets 0. The scores are the same contract either way."""
+    if not stages_by_tokens:
+        return 0
+    stages = stages_by_tokens.get(-(-tokens // max(1, rows)), 0)
+    if not stages or not indexer_decode.runs_ptx(q.device):  # (Gluon is not imported for CPU or ROCm tensors)
+        return 0
+    from . import indexer_gluon  # (imports Gluon)
+
+    if indexer_gluon.refusal(q, index_pages, index_fmt):
+        return 0
+    return 0 if indexer_gluon.compile_failure(q.dtype == torch.bfloat16) else stages
+
+
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,
                   block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, pipeline=False, typed_keys=False,
                   keys_as_b=False, one_block_tiles=True, mxfp4_dot_scaled=True, mxfp4_fast_math=False, dot=None,
@@ -452,7 +469,8 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             (:func:`_request_group`); ``wide_tiles``: longer key chunks when the launch has programs
             to spare, :func:`.indexer_decode.tiles_per_program`; ``l2_ahead``: the L2 hint of
             :func:`.indexer_decode.launch`; ``l2_ahead_tokens``: the hint only for calls of at most that many tokens
-            per request, :func:`_l2_ahead`),
+            per request, :func:`_l2_ahead`; ``gluon_stages``: ``{tokens per request: stages}``, the calls of those
+            lengths that :mod:`.indexer_gluon` takes go to it, with that many tiles in flight, :func:`_gluon_stages`),
             the other arguments then being the general kernel's, for the calls that fall back to it.
             There ``group`` (or ``tile_group``, <= 8) is the tokens per segment, ``tiles``, ``num_warps``,
             ``num_stages``, ``typed_keys``, ``mxfp4_dot_scaled`` / ``mxfp4_fast_math`` mean the same;
@@ -492,6 +510,12 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         group = min(tile["tile_group"] or tile["group"], indexer_decode.MAX_GROUP)
         group = _request_group(group, tokens, block_table.shape[0], tile.get("group_per_request", False))
         offsets, starts = segment_plan(req_ids, group)  # one launch
+        stages = _gluon_stages(tile.get("gluon_stages"), q, index_pages, index_fmt, tokens, block_table.shape[0])
+        if stages:
+            from . import indexer_gluon  # (imports Gluon)
+
+            return indexer_gluon.launch(q, weights, index_pages, block_table, req_ids, positions, offsets, max_context,
+                                        out, starts=starts, group=group, stages=stages)
         return indexer_decode.launch(
             q, weights, index_pages, block_table, req_ids, positions, offsets, index_fmt, max_context,
             out, starts=starts, dot=dot, block_n=tile["block_n"],

@@ -66,6 +66,21 @@ _COPY = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))  # 16-byte pieces, 4
 _WEIGHTS = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 
 
+@gluon.jit
+def _view_new(desc, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+    return desc.reinterpret(dtype, shape, layout)
+
+
+@gluon.jit
+def _view_old(desc, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+    return desc._reinterpret(dtype, shape, layout)
+
+
+# a shared buffer seen with another type, shape and layout (Triton 3.6, the H200's, names it _reinterpret; later
+# releases reinterpret): the unused one is never compiled
+_view = _view_new if hasattr(gl.shared_memory_descriptor, "reinterpret") else _view_old
+
+
 @gluon.constexpr_function
 def _code_layout():
     """The codes of a stage as e4m3 ``[64 keys, 128 k]``: rows 132 bytes apart, and the MMA's k index permuted within
@@ -167,13 +182,13 @@ def _hi_lo(x):
 @gluon.jit
 def _codes(stage, DOT_A: gl.constexpr):
     """A stage's keys as the MMA's register operand (e4m3 ``[64, 128]``, k permuted: :func:`_code_layout`)."""
-    return stage._reinterpret(gl.float8e4nv, [64, 128], _code_layout()).load(DOT_A)
+    return _view(stage, gl.float8e4nv, [64, 128], _code_layout()).load(DOT_A)
 
 
 @gluon.jit
 def _scales(stage, ROWS: gl.constexpr):
     """A stage's 64 key scales (fp32 ``[64]`` in ``ROWS``)."""
-    return stage.slice(32, 32)._reinterpret(gl.float32, [64], _scale_layout()).load(ROWS)
+    return _view(stage.slice(32, 32), gl.float32, [64], _scale_layout()).load(ROWS)
 
 
 @gluon.jit
@@ -329,6 +344,14 @@ def indexer_gluon_kernel(
                 gl.store(row + s, dead, mask=(s < max_context) & oks[g])
 
 
+# Whether this process's Triton compiles the kernel, by query kind (hi_lo) -> "" or the compiler's message. Triton 3.6
+# (the H200's) is verified there; another release is asked once, by compiling the kernel for sm_90 (3.9 refuses the
+# padded view of a stage: "cannot reinterpret between padded and non-padded layouts"), so a release that rejects it
+# makes the calls take the tl kernel instead of failing mid-serving.
+VERIFIED_TRITON = ("3.6.",)
+_COMPILE_FAILURES: dict = {}
+
+
 def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: int = 1) -> str:
     """Why this kernel does not take the call ("" when it does)."""
     if index_fmt != "fp8":
@@ -339,6 +362,9 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
         return f"q of shape {list(q.shape)}: the Gluon indexer takes [T, 1..{MAX_HEADS}, 128]"
     if not (runs_ptx(q.device) and runs_ptx(index_pages.device)):
         return "the Gluon indexer runs on NVIDIA CUDA tensors only"
+    major, minor = torch.cuda.get_device_capability(q.device)
+    if major != 9:
+        return f"sm_{major}{minor}: the Gluon indexer's wgmma is Hopper's (sm_90)"
     if index_pages.dtype != torch.uint8 or index_pages.dim() != 3 or index_pages.shape[2] != RECORD_BYTES:
         return (f"pages {index_pages.dtype} {list(index_pages.shape)}: the Gluon indexer reads uint8 "
                 f"[blocks, tokens, {RECORD_BYTES}]")
@@ -383,8 +409,11 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         raise ValueError(f"{name}: depth expected 1..{MAX_GROUP}, got {depth}")
     if num_warps != 4:
         raise ValueError(f"{name}: one warpgroup a program (num_warps=4), got {num_warps}")
-    tokens, heads, _ = q.shape
-    block_h = max(16, triton.next_power_of_2(heads))
+    tokens = q.shape[0]
+    meta = launch_meta(q, index_pages, group, stages, depth)
+    failure = compile_failure(meta["HI_LO"])
+    if failure:
+        raise ValueError(f"{name}: this Triton ({triton.__version__}) does not compile the kernel: {failure}")
     if wide_tiles is not None:
         tiles = tiles_per_program(expected_segments(tokens, group, block_table.shape[0]), max_context, TILE, tiles,
                                   wide_tiles)
@@ -396,7 +425,36 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         block_table, block_table.stride(0),
         req_ids, positions, run_offset, starts,
         out, out.stride(0),
-        tokens, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1], tiles,
-        H=heads, BLOCK_H=block_h, GROUP=group, STAGES=stages, DEPTH=depth, WHOLE=index_pages.shape[1] == TILE,
-        HI_LO=q.dtype == torch.bfloat16, num_warps=num_warps)
+        tokens, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1], tiles, **meta)
     return out
+
+
+def launch_meta(q: torch.Tensor, index_pages: torch.Tensor, group: int, stages: int, depth: int = 2) -> dict:
+    """The kernel's constexprs (and warps) for a call."""
+    return dict(H=q.shape[1], BLOCK_H=max(16, triton.next_power_of_2(q.shape[1])), GROUP=group, STAGES=stages,
+                DEPTH=depth, WHOLE=index_pages.shape[1] == TILE, HI_LO=q.dtype == torch.bfloat16, num_warps=4)
+
+
+def compile_failure(hi_lo: bool) -> str:
+    """"" if this process's Triton compiles the kernel (FP8 queries, or bf16 ones with ``hi_lo``), else the compiler's
+    message: :data:`VERIFIED_TRITON` releases are taken as compiling it; another is asked once, by compiling a
+    one-token variant for sm_90."""
+    if triton.__version__.startswith(VERIFIED_TRITON):
+        return ""
+    if hi_lo not in _COMPILE_FAILURES:
+        from triton.backends.compiler import GPUTarget
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        kernel = indexer_gluon_kernel
+        constexprs = dict(H=32, BLOCK_H=32, GROUP=1, STAGES=3, DEPTH=2, WHOLE=True, HI_LO=hi_lo)
+        pointers = dict(q_ptr="bf16" if hi_lo else "fp8e4nv", w_ptr="fp32", pages_i32="i32", block_table_ptr="i32",
+                        req_ptr="i32", pos_ptr="i32", off_ptr="i32", seg_ptr="i32", out_ptr="fp32")
+        signature = {arg: "constexpr" if arg in constexprs else ("*" + pointers[arg] if arg in pointers else "i32")
+                     for arg in kernel.arg_names}
+        try:
+            triton.compile(GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+            _COMPILE_FAILURES[hi_lo] = ""
+        except Exception as exc:  # noqa: BLE001 - any compiler error: the calls fall back, its message is kept
+            _COMPILE_FAILURES[hi_lo] = " ".join(str(exc).split())[-300:] or type(exc).__name__
+    return _COMPILE_FAILURES[hi_lo]

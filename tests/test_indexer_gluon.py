@@ -1,0 +1,158 @@
+"""The Gluon indexer (:mod:`dsahal.backends.triton_kernels.indexer_gluon`) on a CPU machine.
+
+Gluon has no interpreter: its scores are checked on the H200 against the float64 reference
+(``scripts/h200/indexer_alu_sweep.py``: 32 heads with an unmapped block and a causal bound mid-tile, then 8, 16, 20 and
+64 heads, 64- to 256-token blocks, FP8 and bf16 queries, rows scaled by 1e-20 and 1e20) and by the conformance suite
+through ``indexer_score`` and ``dsa_attention``. Here: the k permutation the queries and the keys' shared layout must
+agree on, what the launcher takes and refuses, when ``indexer_score`` sends a call to it, and that a Triton whose Gluon
+does not compile the kernel makes the calls fall back rather than fail.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsahal.backends.triton_kernels import indexer as idx
+from dsahal.backends.triton_kernels import indexer_gluon as g
+
+
+def k_to_dim(k: int) -> int:
+    """:func:`indexer_gluon.dim_of_k` written out for the host: bits (b, c, h, s) of k -> 32 c + 8 s + 4 h + b."""
+    b, c, h, s = k & 3, (k >> 2) & 3, (k >> 4) & 1, (k >> 5) & 3
+    return 32 * c + 8 * s + 4 * h + b
+
+
+def test_the_queries_k_order_is_the_one_the_keys_shared_layout_reads():
+    # the padded layout maps a record byte (its offset bits) to the MMA's k index; the queries are loaded with k ->
+    # dim_of_k(k): the two must be inverse, or every product pairs a key byte with another dim's query
+    layout = g._code_layout.fn() if hasattr(g._code_layout, "fn") else g._code_layout()
+    bases = layout.offset_bases[:7]  # offset bits 0..6: the byte within a record's 128 codes
+    assert all(row == 0 for row, _ in bases) and [row for row, _ in layout.offset_bases[7:]] == [1, 2, 4, 8, 16, 32]
+    for byte in range(128):
+        k = 0
+        for bit, (_, k_bit) in enumerate(bases):
+            if byte >> bit & 1:
+                k ^= k_bit
+        assert k_to_dim(k) == byte
+    assert sorted(k_to_dim(k) for k in range(128)) == list(range(128))
+    assert layout.interval_padding_pairs == [[128, 4]]  # rows 132 bytes apart: the records as copied
+
+
+def test_a_thread_reads_contiguous_words_and_a_warp_hits_every_bank_once():
+    # lane (row r = lane // 4, c = lane % 4) reads, for k-step s and half h, the word at record byte k_to_dim(32 s +
+    # 16 h + 4 c); rows are 33 words apart: the 32 lanes of one read hit 32 different banks
+    for s in range(4):
+        for h in range(2):
+            banks = {(33 * (lane // 4) + k_to_dim(32 * s + 16 * h + 4 * (lane % 4)) // 4) % 32 for lane in range(32)}
+            assert len(banks) == 32
+    for c in range(4):  # the 8 words of a row a lane holds are one run of 32 bytes
+        assert sorted(k_to_dim(32 * s + 16 * h + 4 * c) for s in range(4) for h in range(2)) == \
+            list(range(32 * c, 32 * c + 32, 4))
+
+
+def _q(tokens=2, heads=32, dtype=torch.float8_e4m3fn, device="cpu"):
+    return torch.zeros(tokens, heads, 128, device=device).to(dtype)
+
+
+def _pages(blocks=4, block_tokens=64, record=132, device="cpu"):
+    return torch.zeros(blocks, block_tokens, record, dtype=torch.uint8, device=device)
+
+
+@pytest.mark.parametrize("q, pages, fmt, why", [
+    (_q(), _pages(record=68), "mxfp4", "mxfp4 keys: the Gluon indexer reads FP8 keys"),
+    (_q(dtype=torch.float16), _pages(), "fp8", "float16 queries: the Gluon indexer takes FP8 or bf16 queries"),
+    (_q(heads=65), _pages(), "fp8", r"q of shape \[2, 65, 128\]: the Gluon indexer takes \[T, 1..64, 128\]"),
+    (_q(), _pages(), "fp8", "the Gluon indexer runs on NVIDIA CUDA tensors only"),
+    (_q(dtype=torch.bfloat16), _pages(), "fp8", "the Gluon indexer runs on NVIDIA CUDA tensors only"),
+])
+def test_refusal_names_what_the_kernel_does_not_take(q, pages, fmt, why):
+    assert __import__("re").fullmatch(why, g.refusal(q, pages, fmt)), g.refusal(q, pages, fmt)
+
+
+def test_a_launch_it_refuses_raises_naming_the_op_and_the_reason():
+    q, w = _q(), torch.zeros(2, 32)
+    t = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"triton indexer_score \(gluon\): the Gluon indexer runs on NVIDIA CUDA"):
+        g.launch(q, w, _pages(), torch.zeros(1, 4, dtype=torch.int32), t, t, t, 256, torch.empty(2, 256), starts=t,
+                 group=1)
+
+
+@pytest.mark.parametrize("kwargs, message", [(dict(stages=1), "stages expected 2..4, got 1"),
+                                             (dict(depth=0), "depth expected 1..8, got 0"),
+                                             (dict(num_warps=8), r"one warpgroup a program \(num_warps=4\), got 8")])
+def test_launch_parameters_are_checked_before_any_launch(monkeypatch, kwargs, message):
+    monkeypatch.setattr(g, "refusal", lambda *args: "")  # past the device check: the parameters' own
+    t = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=f"triton indexer_score \\(gluon\\): {message}"):
+        g.launch(_q(), torch.zeros(2, 32), _pages(), torch.zeros(1, 4, dtype=torch.int32), t, t, t, 256,
+                 torch.empty(2, 256), starts=t, group=1, **kwargs)
+
+
+def test_a_triton_that_does_not_compile_it_is_named_and_the_calls_fall_back(monkeypatch):
+    monkeypatch.setattr(g, "refusal", lambda *args: "")
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo: "cannot reinterpret between padded and non-padded layouts")
+    monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
+    assert idx._gluon_stages({1: 3}, _q(), _pages(), "fp8", tokens=4, rows=4) == 0
+    t = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"\(gluon\): this Triton \(.*\) does not compile the kernel: cannot "
+                                         r"reinterpret between padded"):
+        g.launch(_q(), torch.zeros(2, 32), _pages(), torch.zeros(1, 4, dtype=torch.int32), t, t, t, 256,
+                 torch.empty(2, 256), starts=t, group=1)
+
+
+def test_indexer_score_sends_only_the_configured_tokens_per_request_to_it(monkeypatch):
+    monkeypatch.setattr(g, "refusal", lambda *args: "")
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo: "")
+    monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
+    stages = {1: 3, 2: 4}
+    assert idx._gluon_stages(stages, _q(), _pages(), "fp8", tokens=64, rows=64) == 3
+    assert idx._gluon_stages(stages, _q(), _pages(), "fp8", tokens=128, rows=64) == 4
+    assert idx._gluon_stages(stages, _q(), _pages(), "fp8", tokens=320, rows=64) == 0  # 5 a request: tl
+    assert idx._gluon_stages(None, _q(), _pages(), "fp8", tokens=64, rows=64) == 0  # not configured (batch invariant)
+    monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: False)
+    assert idx._gluon_stages(stages, _q(), _pages(), "fp8", tokens=64, rows=64) == 0  # CPU / ROCm: never imported
+
+
+def test_the_backend_configures_it_in_default_mode_only(monkeypatch):
+    from dsahal.backends.nvidia import config
+
+    for dtype in (torch.float8_e4m3fn, torch.bfloat16):
+        config.indexer_config.cache_clear()
+        monkeypatch.setattr(config, "batch_invariant", lambda: False)
+        assert set(config.indexer_config(32, dtype, "fp8")["block_tiles"]["gluon_stages"]) == {1, 2}
+        config.indexer_config.cache_clear()
+        monkeypatch.setattr(config, "batch_invariant", lambda: True)
+        assert "gluon_stages" not in config.indexer_config(32, dtype, "fp8")["block_tiles"]
+    config.indexer_config.cache_clear()
+
+
+def test_compile_failure_is_asked_once_a_process(monkeypatch):
+    import triton
+
+    calls = []
+    monkeypatch.setattr(triton, "__version__", "9.9.0")  # not a verified release: the compile is asked
+    monkeypatch.setattr(g, "_COMPILE_FAILURES", {})
+    monkeypatch.setattr(triton, "compile", lambda *args, **kwargs: calls.append(1) or (_ for _ in ()).throw(
+        RuntimeError("error: cannot reinterpret between padded and non-padded layouts")))
+    assert "cannot reinterpret" in g.compile_failure(False)
+    assert "cannot reinterpret" in g.compile_failure(False)
+    assert calls == [1]
+    monkeypatch.setattr(triton, "__version__", "3.6.0")  # the H200's release, verified there
+    assert g.compile_failure(True) == ""
+
+
+def test_this_machines_triton_is_asked_for_real():
+    import triton
+
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(g, "_COMPILE_FAILURES", {})
+    try:
+        failure = g.compile_failure(False)
+    finally:
+        monkeypatch.undo()
+    if triton.__version__.startswith(g.VERIFIED_TRITON):
+        assert failure == ""
+    elif triton.__version__.startswith("3.9"):  # this release's Gluon rejects the padded view of a stage (its MLIR
+        assert failure  # diagnostic, "cannot reinterpret between padded and non-padded layouts", goes to stderr)
+    else:
+        assert isinstance(failure, str)
