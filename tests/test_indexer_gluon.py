@@ -156,3 +156,25 @@ def test_this_machines_triton_is_asked_for_real():
         assert failure  # diagnostic, "cannot reinterpret between padded and non-padded layouts", goes to stderr)
     else:
         assert isinstance(failure, str)
+
+
+def test_its_segments_are_the_calls_tokens_a_request_whatever_the_tl_default(monkeypatch):
+    # the FP8-q configuration keeps 5-token segments for 1-token calls on the tl kernel (group_per_request=2); the
+    # Gluon kernel runs every member's MMA, present or not, so it gets segments of the call's tokens a request
+    from dsahal.backends.nvidia import config
+
+    seen = []
+    monkeypatch.setattr(idx, "_gluon_stages", lambda *args: 3)
+    monkeypatch.setattr(idx, "segment_plan", lambda req, group: (torch.zeros_like(req), torch.zeros_like(req)))
+    monkeypatch.setattr(g, "launch", lambda *args, **kwargs: seen.append(kwargs) or args[8])
+    monkeypatch.setattr(config, "batch_invariant", lambda: False)
+    config.indexer_config.cache_clear()
+    cfg = config.indexer_config(32, torch.float8_e4m3fn, "fp8")
+    config.indexer_config.cache_clear()
+    for requests, per_request in ((8, 1), (4, 2)):
+        tokens = requests * per_request
+        req = torch.arange(requests, dtype=torch.int32).repeat_interleave(per_request)
+        pos = torch.full((tokens,), 100, dtype=torch.int32)
+        idx.indexer_score(_q(tokens), torch.zeros(tokens, 32), _pages(), torch.zeros(requests, 2, dtype=torch.int32),
+                          req, pos, "fp8", 128, **cfg)
+        assert seen[-1]["group"] == per_request and seen[-1]["stages"] == 3

@@ -509,13 +509,16 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
                                          mxfp4_mode, dot=dot, q_dtype=q.dtype)
         group = min(tile["tile_group"] or tile["group"], indexer_decode.MAX_GROUP)
         group = _request_group(group, tokens, block_table.shape[0], tile.get("group_per_request", False))
-        offsets, starts = segment_plan(req_ids, group)  # one launch
         stages = _gluon_stages(tile.get("gluon_stages"), q, index_pages, index_fmt, tokens, block_table.shape[0])
         if stages:
             from . import indexer_gluon  # (imports Gluon)
 
+            # segments of the call's tokens a request (the kernel runs every member's MMA, present or not)
+            group = _request_group(group, tokens, block_table.shape[0], True)
+            offsets, starts = segment_plan(req_ids, group)
             return indexer_gluon.launch(q, weights, index_pages, block_table, req_ids, positions, offsets, max_context,
                                         out, starts=starts, group=group, stages=stages)
+        offsets, starts = segment_plan(req_ids, group)  # one launch
         return indexer_decode.launch(
             q, weights, index_pages, block_table, req_ids, positions, offsets, index_fmt, max_context,
             out, starts=starts, dot=dot, block_n=tile["block_n"],
