@@ -90,10 +90,15 @@ def variants(torch):
     # / 0.93x at 64x1 / 64x2 / 64x5 / 8x1 / prefill (90.7% of copy at 64x1), 4 stages 1.03x / 1.06x (79.3% at 64x2)
     # / 0.79x; depth 8 as depth 2 but slower at 5 tokens (0.79x); 2 stages 1.05x / 1.03x / 0.90x. R3: bf16 queries
     # split into hi + lo parts (two MMAs a token, as the tl kernel's flag 128)
+    # (R3: bf16 q 4 stages 1.06x at 1 token, 3 stages 1.11x at 2, 0.99-1.02x at 5; depth 1 no better.) Since R4 the
+    # backend's default at <= 2 tokens a request is the Gluon kernel (config._FP8_Q_GLUON, _BF16_Q_GLUON): the tl
+    # block tiles there, the default before, are timed by the direct launch below
     if DEVICE != "cpu":  # (Gluon has no interpreter)
+        out += [(fp8, "tl block tiles (the default before at <= 2 tokens)", dict(now, group="backend", l2_ahead=2)),
+                (torch.bfloat16, "tl block tiles (the default before at <= 2 tokens)",
+                 dict(now, alu=197, group="backend", l2_ahead=2))]
         out += [(q_dtype, f"gluon, {s} stages, depth {d}", dict(gluon=True, stages=s, depth=d))
                 for q_dtype in (fp8, torch.bfloat16) for s, d in ((3, 2), (4, 2))]
-        out.append((torch.bfloat16, "gluon, 3 stages, depth 1", dict(gluon=True, stages=3, depth=1)))
     return out
 
 
