@@ -178,36 +178,3 @@ def test_its_segments_are_the_calls_tokens_a_request_whatever_the_tl_default(mon
         idx.indexer_score(_q(tokens), torch.zeros(tokens, 32), _pages(), torch.zeros(requests, 2, dtype=torch.int32),
                           req, pos, "fp8", 128, **cfg)
         assert seen[-1]["group"] == per_request and seen[-1]["stages"] == 3
-
-
-def test_balanced_chunks_fill_the_last_wave_and_never_grow():
-    # 64 requests x 2048 tiles at 396 resident programs (3 a SM): 64-tile chunks make 2048 programs, 5.2 waves; 56-tile
-    # chunks make 2368, 5.98: the same six waves, the sixth nearly full
-    assert g.balanced_tiles(64, 2048, 396, 64) == 56
-    assert 64 * -(-2048 // 56) <= 6 * 396
-    assert g.balanced_tiles(64, 2048, 528, 64) == 63  # 4 a SM: 3.9 waves of 64-tile chunks -> 4.0 of 63
-    assert g.balanced_tiles(8, 16384, 528, 64) == 63
-    for segments, row_tiles, slots, tiles in ((1, 5, 396, 64), (3, 100, 7, 16), (64, 2048, 0, 64), (500, 1, 10, 4)):
-        chunk = g.balanced_tiles(segments, row_tiles, slots, tiles)
-        assert 1 <= chunk <= max(1, tiles)
-        if slots:  # never more waves than the chunk it was given
-            waves = lambda c: -(-segments * -(-row_tiles // c) // slots)  # noqa: E731
-            assert waves(chunk) <= waves(min(tiles, row_tiles))
-
-
-def test_resident_programs_reads_the_compiled_kernels_registers_and_shared_memory(monkeypatch):
-    class Props:
-        multi_processor_count = 132
-
-    class Compiled:
-        n_regs = 80
-
-        class metadata:
-            shared = 73984
-            num_warps = 4
-
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props())
-    assert g.resident_programs(Compiled(), "cuda") == 3 * 132  # shared memory: 228 KiB / (72.25 + 1) KiB
-    Compiled.metadata.shared, Compiled.n_regs = 20000, 168
-    assert g.resident_programs(Compiled(), "cuda") == 3 * 132  # registers: 65,536 / (168 x 128)
-    assert g.resident_programs(object(), "cuda") == 0

@@ -381,7 +381,7 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
 
 
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, max_context, out, *, starts,
-           group, tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, num_warps=4, balanced=True):
+           group, tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, num_warps=4):
     """Run :func:`indexer_gluon_kernel` (a call :func:`refusal` names a reason for raises).
 
     Args:
@@ -395,8 +395,6 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         group: tokens per segment (1..8). tiles: key tiles per program (64 keys each); wide_tiles: up to that many
             when the launch has programs to spare (:func:`.indexer_decode.tiles_per_program`; None: ``tiles``).
             stages: tiles in flight (2..4). depth: token MMAs in flight at once (1..8: each holds an accumulator).
-        balanced: once the kernel's programs per SM are known (after its first launch), chunks of key tiles sized
-            so the launch is a whole number of waves (:func:`balanced_tiles`); a score never depends on it.
 
     Returns:
         ``out``.
@@ -416,55 +414,19 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     failure = compile_failure(meta["HI_LO"])
     if failure:
         raise ValueError(f"{name}: this Triton ({triton.__version__}) does not compile the kernel: {failure}")
-    segments = expected_segments(tokens, group, block_table.shape[0])
     if wide_tiles is not None:
-        tiles = tiles_per_program(segments, max_context, TILE, tiles, wide_tiles)
-    key = (q.device, tuple(sorted(meta.items())))
-    if balanced and key in _SLOTS:
-        tiles = balanced_tiles(segments, triton.cdiv(max_context, TILE), _SLOTS[key], tiles)
+        tiles = tiles_per_program(expected_segments(tokens, group, block_table.shape[0]), max_context, TILE, tiles,
+                                  wide_tiles)
     tiles = max(tiles, triton.cdiv(max_context, TILE * grid_limits.MAX_GRID_YZ))
     grid = (tokens, triton.cdiv(max_context, TILE * tiles))
-    compiled = indexer_gluon_kernel[grid](
+    indexer_gluon_kernel[grid](
         q, q.stride(0), q.stride(1), weights, weights.stride(0),
         index_pages.view(torch.int32), index_pages.stride(0) // 4,
         block_table, block_table.stride(0),
         req_ids, positions, run_offset, starts,
         out, out.stride(0),
         tokens, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1], tiles, **meta)
-    if key not in _SLOTS:
-        _SLOTS[key] = resident_programs(compiled, q.device)
     return out
-
-
-# Programs of a compiled variant that run at once on the whole GPU, by (device, constexprs): learnt at its first launch
-_SLOTS: dict = {}
-
-
-def resident_programs(compiled, device) -> int:
-    """How many programs of ``compiled`` (a launch's compiled kernel) fit on ``device`` at once: SMs x the programs a
-    SM holds by registers (65,536 a SM, in 256-register warp allocations), shared memory (228 KiB a SM, 1 KiB of it
-    reserved per program) and warps (64 a SM). 0 when the compiled kernel does not say."""
-    regs = getattr(compiled, "n_regs", None)
-    shared = getattr(getattr(compiled, "metadata", None), "shared", None)
-    warps = getattr(getattr(compiled, "metadata", None), "num_warps", 4)
-    if not regs or shared is None:
-        return 0
-    per_warp = -(-regs * 32 // 256) * 256
-    per_sm = min(65536 // (per_warp * warps), 233472 // (shared + 1024), 64 // warps, 32)
-    return max(0, per_sm) * torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def balanced_tiles(segments: int, row_tiles: int, slots: int, tiles: int) -> int:
-    """Key tiles per program (at most ``tiles``, the chunk the launch would take) so that ``segments`` rows of
-    ``row_tiles`` tiles make programs that fill their last wave of ``slots`` resident programs: the waves ``tiles``
-    needs, then the smallest chunk that keeps to them (a launch of 5.2 waves otherwise spends its sixth on a fifth of
-    the GPU). ``slots`` 0: ``tiles``."""
-    if slots <= 0 or segments <= 0 or row_tiles <= 0:
-        return tiles
-    chunk = min(tiles, row_tiles)
-    waves = -(-segments * -(-row_tiles // chunk) // slots)
-    per_row = max(1, waves * slots // segments)
-    return max(1, min(chunk, -(-row_tiles // per_row)))
 
 
 def launch_meta(q: torch.Tensor, index_pages: torch.Tensor, group: int, stages: int, depth: int = 2) -> dict:

@@ -97,15 +97,8 @@ def variants(torch):
         out += [(fp8, "tl block tiles (the default before at <= 2 tokens)", dict(now, group="backend", l2_ahead=2)),
                 (torch.bfloat16, "tl block tiles (the default before at <= 2 tokens)",
                  dict(now, alu=197, group="backend", l2_ahead=2))]
-        # R6: chunks balanced to whole waves (indexer_gluon.balanced_tiles) in the backend default since; "unbalanced"
-        # is R5's default
-        out += [(fp8, "gluon, 3 stages, unbalanced", dict(gluon=True, stages=3, balanced=False)),
-                (fp8, "gluon, 4 stages, unbalanced", dict(gluon=True, stages=4, balanced=False)),
-                (torch.bfloat16, "gluon, 4 stages, unbalanced", dict(gluon=True, stages=4, balanced=False)),
-                (torch.bfloat16, "gluon, 3 stages, unbalanced", dict(gluon=True, stages=3, balanced=False)),
-                (fp8, "gluon, 3 stages", dict(gluon=True, stages=3)), (fp8, "gluon, 4 stages", dict(gluon=True, stages=4)),
-                (torch.bfloat16, "gluon, 3 stages", dict(gluon=True, stages=3)),
-                (torch.bfloat16, "gluon, 4 stages", dict(gluon=True, stages=4))]
+        out += [(q_dtype, f"gluon, {s} stages, depth {d}", dict(gluon=True, stages=s, depth=d))
+                for q_dtype in (fp8, torch.bfloat16) for s, d in ((3, 2), (4, 2))]
     return out
 
 
@@ -254,8 +247,8 @@ def time_all(torch, chosen, passed, ceiling):
         default_ms = {}
         for q_dtype, label, changes in chosen:
             name = _name(q_dtype, label)
-            if name not in passed or (changes and changes.get("gluon") and per_request > 2 and "stages," in label):
-                continue  # (the Gluon variants other than R5's: only where the backend takes the kernel)
+            if name not in passed:
+                continue
             q = q32.to(q_dtype)
             fn = _runner(torch, q_dtype, changes, per_request)
             try:
