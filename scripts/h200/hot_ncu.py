@@ -61,7 +61,8 @@ def small_heads():
 
 BF16 = torch.bfloat16
 CASES = {"indexer": lambda: indexer(1), "indexer2": lambda: indexer(2), "indexer5": lambda: indexer(5),
-         "indexer_bf16": lambda: indexer(1, q_dtype=BF16), "indexer_bf16_5": lambda: indexer(5, q_dtype=BF16),
+         "indexer_bf16": lambda: indexer(1, q_dtype=BF16), "indexer_bf16_2": lambda: indexer(2, q_dtype=BF16),
+         "indexer_bf16_5": lambda: indexer(5, q_dtype=BF16),
          "mxfp4": lambda: indexer(1, fmt="mxfp4"), "mxfp4_5": lambda: indexer(5, fmt="mxfp4"),
          "mxfp4_bf16": lambda: indexer(1, q_dtype=BF16, fmt="mxfp4"),
          "prefill": lambda: indexer(4096, requests=1, context=32 * 1024), "small_heads": small_heads}

@@ -3,6 +3,8 @@
 # case in $OUT/ncu-<case>.txt (packed into $OUT/ncu.tgz at the end) with the speed-of-light, occupancy, launch, warp-state, compute, memory and instruction
 # sections and every stall reason per issued instruction; the lines that say where the time goes printed here.
 #   OUT=... bash scripts/h200/ncu_indexer.sh indexer2 indexer5 indexer_bf16
+# NCU_KERNEL: the kernel's name pattern (default indexer_tiles, the tl block tiles; indexer_gluon for the Gluon kernel,
+# which the backend runs at <= 2 tokens a request).
 set -uo pipefail
 OUT="${OUT:?set OUT}"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
@@ -12,7 +14,7 @@ SECTIONS=(--section SpeedOfLight --section Occupancy --section LaunchStats --sec
 STALLS=(--metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio")
 profile() {  # profile CASE [extra ncu arguments]
     local case=$1; shift
-    timeout "${T_NCU_CASE:-150}" "$NCU" --clock-control none -k regex:indexer_tiles --launch-skip 2 --launch-count 1 \
+    timeout "${T_NCU_CASE:-150}" "$NCU" --clock-control none -k "regex:${NCU_KERNEL:-indexer_tiles}" --launch-skip 2 --launch-count 1 \
         "${SECTIONS[@]}" "$@" python3 scripts/h200/hot_ncu.py "$case" >"$OUT/ncu-$case.txt" 2>&1
 }
 for case in "$@"; do
