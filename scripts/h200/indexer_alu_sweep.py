@@ -92,7 +92,8 @@ def variants(torch):
     # split into hi + lo parts (two MMAs a token, as the tl kernel's flag 128)
     # (R3: bf16 q 4 stages 1.06x at 1 token, 3 stages 1.11x at 2, 0.99-1.02x at 5; depth 1 no better.) Since R4 the
     # backend's default at <= 2 tokens a request is the Gluon kernel (config._FP8_Q_GLUON, _BF16_Q_GLUON): the tl
-    # block tiles there, the default before, are timed by the direct launch below
+    # block tiles there, the default before, are timed by the direct launch below. (R6: key chunks balanced to whole
+    # waves by the compiled kernel's resident programs: no gain beyond the run's 3-5% spread; removed)
     if DEVICE != "cpu":  # (Gluon has no interpreter)
         out += [(fp8, "tl block tiles (the default before at <= 2 tokens)", dict(now, group="backend", l2_ahead=2)),
                 (torch.bfloat16, "tl block tiles (the default before at <= 2 tokens)",
