@@ -77,6 +77,14 @@ def test_a_launch_it_refuses_raises_naming_the_op_and_the_reason():
                  group=1)
 
 
+def test_launch_takes_unit_last_strides_only(monkeypatch):
+    monkeypatch.setattr(g, "refusal", lambda *args: "")
+    t = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"\(gluon\): weights expected unit stride in its last dim, got strides \(1, 2\)"):
+        g.launch(_q(), torch.zeros(32, 2).t(), _pages(), torch.zeros(1, 4, dtype=torch.int32), t, t, t, 256,
+                 torch.empty(2, 256), starts=t, group=1)
+
+
 @pytest.mark.parametrize("kwargs, message", [(dict(stages=1), "stages expected 2..4, got 1"),
                                              (dict(depth=0), "depth expected 1..8, got 0"),
                                              (dict(num_warps=8), r"one warpgroup a program \(num_warps=4\), got 8")])

@@ -403,6 +403,9 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     reason = refusal(q, index_pages, "fp8", group)
     if reason:
         raise ValueError(f"{name}: {reason}")
+    for arg, tensor in (("q", q), ("weights", weights), ("block_table", block_table), ("out", out)):
+        if tensor.stride(-1) != 1:
+            raise ValueError(f"{name}: {arg} expected unit stride in its last dim, got strides {tensor.stride()}")
     if not 2 <= stages <= 4:
         raise ValueError(f"{name}: stages expected 2..4, got {stages}")
     if not 1 <= depth <= MAX_GROUP:

@@ -231,6 +231,42 @@ def check_gluon_shapes(torch, failures):
             failures.append(f"{name}: {status}")
 
 
+def check_gluon_nan(torch, failures):
+    """bf16 query rows holding NaN or Inf on the Gluon kernel: the reference's scores are NaN on that token's visible
+    keys (relu(NaN) sums to NaN) and so must the kernel's be (the e4m3 parts would hide them: the row's weight factor
+    is NaN, as the tl kernel's); the other tokens' scores as the reference's."""
+    from dsahal.backends.triton_kernels import indexer_gluon
+    from dsahal.backends.triton_kernels.segments import segment_plan
+    from dsahal.reference.indexer import indexer_score as reference
+
+    gen = torch.Generator(device=DEVICE).manual_seed(13)
+    requests, per_request, context, heads = 3, 2, 500, 32
+    blocks = requests * -(-context // 64) + 2
+    pages = cache_pools.index_pool(torch, "fp8", blocks, gen, DEVICE, 64)
+    table, req, pos = cache_pools.decode_batch(torch, requests, per_request, context, blocks, gen, DEVICE, 64)
+    q = torch.randn(requests * per_request, heads, 128, device=DEVICE, generator=gen)
+    q[0, 5, 7] = float("nan")
+    q[3, 1, 100] = float("inf")
+    q = q.to(torch.bfloat16)
+    w = torch.randn(requests * per_request, heads, device=DEVICE, generator=gen)
+    out = torch.full((q.shape[0], context), 7.0, device=DEVICE)
+    try:
+        offsets, starts = segment_plan(req, per_request)
+        got = indexer_gluon.launch(q, w, pages, table, req, pos, offsets, context, out, starts=starts,
+                                   group=per_request, stages=3).cpu()
+        want = reference(q.float().cpu(), w.cpu(), pages.cpu(), table.cpu(), req.cpu(), pos.cpu(), "fp8", context)
+        same_nan = torch.equal(torch.isnan(got), torch.isnan(want)) and bool(torch.isnan(want[0]).any())
+        rows = [1, 2, 4, 5]  # the rows without NaN or Inf in their query
+        err, same = score_error(torch, got[rows], want[rows])
+        ok = same_nan and same and err < TOL_FP8_MMA
+        status = f"NaN where the reference has NaN: {same_nan}, other rows rel err {err:.2e}  {'ok' if ok else 'FAIL'}"
+    except Exception as exc:  # noqa: BLE001 - listed as a failure
+        ok, status = False, f"{type(exc).__name__}: {str(exc)[:300]}"
+    print(f"  check gluon, bf16 q rows holding NaN / Inf                      {status}", flush=True)
+    if not ok:
+        failures.append(f"gluon NaN / Inf rows: {status}")
+
+
 def time_all(torch, chosen, passed, ceiling):
     """[(shape, name, ms, key TB/s, % copy, ratio to the default)] for every passed variant."""
     gen = torch.Generator(device=DEVICE).manual_seed(5)
@@ -278,6 +314,7 @@ def main(argv=None) -> int:
     passed = check(torch, chosen, failures)
     if DEVICE != "cpu":
         check_gluon_shapes(torch, failures)
+        check_gluon_nan(torch, failures)
     print(f"\ntiming ({time.time() - started:.0f} s)", flush=True)
     rows = time_all(torch, chosen, passed, ceiling)
     print("\n| shape | variant | ms | key TB/s | % copy | vs default |\n|---|---|---|---|---|---|")
