@@ -190,10 +190,6 @@ def check(torch, chosen, failures):
 def check_gluon_shapes(torch, failures):
     """The Gluon kernel beyond the sweep's check case: other head counts (16, 20, 64), blocks of 128 and 256 tokens
     (tiles inside a block), a token short of its request's run, against the float64 reference."""
-    from dsahal.backends.triton_kernels import indexer_gluon
-    from dsahal.backends.triton_kernels.segments import segment_plan
-    from dsahal.reference.indexer import indexer_score as reference
-
     gen = torch.Generator(device=DEVICE).manual_seed(11)
     for heads, block_tokens, requests, per_request, context, group, q_dtype in (
             (16, 64, 2, 3, 700, 3, torch.float8_e4m3fn), (20, 128, 3, 5, 1000, 5, torch.float8_e4m3fn),
@@ -216,19 +212,34 @@ def check_gluon_shapes(torch, failures):
         out = torch.full((tokens, context), float("nan"), device=DEVICE)
         name = (f"gluon, {str(q_dtype).split('.')[-1]} q, {heads} heads, {block_tokens}-token blocks, "
                 f"{requests}x{per_request}, group {group}")
-        try:
-            offsets, starts = segment_plan(req, group)
-            got = indexer_gluon.launch(q, w, pages, table, req, pos, offsets, context, out, starts=starts,
-                                       group=group, tiles=2, wide_tiles=None).cpu()
-            want = reference(q.float().cpu(), w.cpu(), pages.cpu(), table.cpu(), req.cpu(), pos.cpu(), "fp8", context)
+
+        def judge(got, want):
             err, same = score_error(torch, got, want)
-            ok = same and err < TOL_FP8_MMA
-            status = f"rel err {err:.2e}  {'ok' if ok else 'FAIL'}"
-        except Exception as exc:  # noqa: BLE001 - listed as a failure
-            ok, status = False, f"{type(exc).__name__}: {str(exc)[:300]}"
-        print(f"  check {name:<58s} {status}", flush=True)
-        if not ok:
-            failures.append(f"{name}: {status}")
+            return same and err < TOL_FP8_MMA, f"rel err {err:.2e}"
+        _gluon_check(torch, name, (q, w, pages, table, req, pos), context, out, group, judge, failures, tiles=2,
+                     wide_tiles=None)
+
+
+def _gluon_check(torch, name, args, context, out, group, judge, failures, **launch):
+    """Run the Gluon kernel on ``args`` (q, w, pages, table, req, pos) and ``judge(got, want)`` -> (ok, status) its
+    scores against the float64 reference's; printed, and listed in ``failures`` unless ok."""
+    from dsahal.backends.triton_kernels import indexer_gluon
+    from dsahal.backends.triton_kernels.segments import segment_plan
+    from dsahal.reference.indexer import indexer_score as reference
+
+    q, w, pages, table, req, pos = args
+    try:
+        offsets, starts = segment_plan(req, group)
+        got = indexer_gluon.launch(q, w, pages, table, req, pos, offsets, context, out, starts=starts, group=group,
+                                   **launch).cpu()
+        want = reference(q.float().cpu(), w.cpu(), pages.cpu(), table.cpu(), req.cpu(), pos.cpu(), "fp8", context)
+        ok, status = judge(got, want)
+        status = f"{status}  {'ok' if ok else 'FAIL'}"
+    except Exception as exc:  # noqa: BLE001 - listed as a failure
+        ok, status = False, f"{type(exc).__name__}: {str(exc)[:300]}"
+    print(f"  check {name:<58s} {status}", flush=True)
+    if not ok:
+        failures.append(f"{name}: {status}")
 
 
 def check_gluon_nan(torch, failures):
@@ -236,10 +247,6 @@ def check_gluon_nan(torch, failures):
     (relu(NaN) sums to NaN) and so must the kernel's be (the e4m3 parts would hide it: the row's weight factor is NaN,
     as the tl kernel's; a row holding Inf gives NaN there too, where the reference may give +-Inf); the other tokens'
     scores as the reference's."""
-    from dsahal.backends.triton_kernels import indexer_gluon
-    from dsahal.backends.triton_kernels.segments import segment_plan
-    from dsahal.reference.indexer import indexer_score as reference
-
     gen = torch.Generator(device=DEVICE).manual_seed(13)
     requests, per_request, context, heads = 3, 2, 500, 32
     blocks = requests * -(-context // 64) + 2
@@ -250,21 +257,15 @@ def check_gluon_nan(torch, failures):
     q = q.to(torch.bfloat16)
     w = torch.randn(requests * per_request, heads, device=DEVICE, generator=gen)
     out = torch.full((q.shape[0], context), 7.0, device=DEVICE)
-    try:
-        offsets, starts = segment_plan(req, per_request)
-        got = indexer_gluon.launch(q, w, pages, table, req, pos, offsets, context, out, starts=starts,
-                                   group=per_request, stages=3).cpu()
-        want = reference(q.float().cpu(), w.cpu(), pages.cpu(), table.cpu(), req.cpu(), pos.cpu(), "fp8", context)
+
+    def judge(got, want):
         same_nan = torch.equal(torch.isnan(got), torch.isnan(want)) and bool(torch.isnan(want[0]).any())
         rows = [1, 2, 3, 4, 5]  # the rows without NaN in their query
         err, same = score_error(torch, got[rows], want[rows])
-        ok = same_nan and same and err < TOL_FP8_MMA
-        status = f"NaN where the reference has NaN: {same_nan}, other rows rel err {err:.2e}  {'ok' if ok else 'FAIL'}"
-    except Exception as exc:  # noqa: BLE001 - listed as a failure
-        ok, status = False, f"{type(exc).__name__}: {str(exc)[:300]}"
-    print(f"  check gluon, a bf16 q row holding NaN                           {status}", flush=True)
-    if not ok:
-        failures.append(f"gluon NaN row: {status}")
+        return same_nan and same and err < TOL_FP8_MMA, f"NaN where the reference has NaN: {same_nan}, other rows " \
+                                                        f"rel err {err:.2e}"
+    _gluon_check(torch, "gluon, a bf16 q row holding NaN", (q, w, pages, table, req, pos), context, out, per_request,
+                 judge, failures, stages=3)
 
 
 def time_all(torch, chosen, passed, ceiling):
