@@ -147,7 +147,8 @@ def _issue(pages_i32, s32_b, entry, tile, num_blocks, block_tokens, stage, WHOLE
 
 @gluon.jit
 def _member(req_ptr, pos_ptr, off_ptr, t0, g: gl.constexpr, T, req, off0):
-    """Token ``t0 + g``: (whether it belongs to the segment, its position; -1 when not)."""
+    """Token ``t0 + g``: (whether it belongs to the segment, its position; -1 when not). The Gluon twin of
+    :func:`.indexer_decode._member` (a Gluon kernel cannot call a ``tl`` function)."""
     t = t0 + g
     inside = t < T
     tt = gl.where(inside, t, t0)
