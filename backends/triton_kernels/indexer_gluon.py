@@ -1,8 +1,9 @@
 """Paged indexer score on FP8 keys in Gluon: whole key tiles copied into shared memory, asynchronous MMAs per token.
 
 Same contract as :func:`dsahal.backends.triton_kernels.indexer.indexer_score` for the calls this kernel takes
-(:func:`refusal`): FP8 queries ``[T, H <= 64, 128]`` on FP8 keys (132-byte records: 128 e4m3 codes, then the fp32
-key scale) in packed pages whose blocks hold a multiple of 64 tokens at 16-byte aligned block starts; ``score[t, s] =
+(:func:`refusal`): FP8 or bf16 queries ``[T, H <= 64, 128]`` on FP8 keys (132-byte records: 128 e4m3 codes, then the
+fp32 key scale) in packed pages whose blocks hold a multiple of 64 tokens at 16-byte aligned block starts, on an sm_90
+GPU; ``score[t, s] =
 Σ_h w[t, h] · relu(q[t, h] · k[s]) · scale[s]``, -inf past a token's position, on unmapped blocks and past
 ``max_context``.
 
@@ -20,17 +21,22 @@ Here a 64-key tile (8,448 contiguous bytes inside one cache block) is copied who
 sector asked for once), and read back through a padded shared layout (a row every 132 bytes, :func:`_code_layout`)
 straight into the FP8 ``wgmma``'s register operand: the dims of a row are permuted (the same permutation on the
 queries, so every dot product is the same sum) so that a thread's 32 bytes of a row are contiguous and a warp's
-reads hit 32 different banks. Every token's MMA is then issued before any is waited on; token ``g``'s epilogue
-(relu, head weights, the head sum, the key scale, the store) runs while the MMAs of tokens ``g + 1 ..`` run.
+reads hit 32 different banks. The tokens' MMAs are issued asynchronously, ``DEPTH`` (2) in flight: token ``g``'s
+epilogue (relu, head weights, the head sum, the key scale, the store) runs while token ``g + 1``'s MMA runs. bf16
+queries are split per head into two exact e4m3 parts (:func:`_hi_lo`, as the ``tl`` kernel's flag 128), two MMAs a
+token.
 
 Keys are the MMA's M side (64 a tile), one token's heads its N side (``BLOCK_H``: the heads padded to a power of two
->= 16); the queries sit in shared memory (the ``wgmma`` B operand), one ``[BLOCK_H, 128]`` buffer a token, loaded
-once a program. Every score is one key, one token: the same arithmetic whatever the batch holds (batch invariant).
+>= 16); the queries sit in shared memory (the ``wgmma`` B operand), one ``[BLOCK_H, 128]`` buffer a token (two for
+bf16), loaded once a program, with the head weights. Every score is one key, one token: the same arithmetic whatever
+the batch holds. (Not bit-equal to the ``tl`` kernel's, whose k order differs: the backend uses this kernel in default
+mode only, for calls of <= 2 tokens a request, where it measured faster; BENCHMARKS.md, nineteenth session.)
 
 Grid and segments as :mod:`.indexer_decode`: axis 0 the segments (up to ``GROUP`` consecutive tokens of one request;
 programs past the live ones exit), axis 1 chunks of ``n_tiles`` key tiles. Gluon has no interpreter: a CPU machine
-compiles this kernel for sm_90 (``python -m dsahal.backends.nvidia.aot``, ``tests/test_indexer_gluon.py``); its
-scores are checked on the H200 against the float64 reference (``scripts/h200/gluon_indexer_check.py``).
+compiles this kernel for sm_90 with Triton 3.6 (``python -m dsahal.backends.nvidia.aot --only "indexer Gluon"``; 3.9's
+Gluon refuses its padded view, :func:`compile_failure`); its scores are checked on the H200 against the float64
+reference (``scripts/h200/indexer_alu_sweep.py``) and by the conformance suite through ``indexer_score``.
 """
 from __future__ import annotations
 
@@ -63,7 +69,6 @@ DEFAULT_STAGES = 4
 STAGE_WORDS = gl.constexpr(4096)
 _LINEAR = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 _COPY = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))  # 16-byte pieces, 4 words a lane
-_WEIGHTS = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 
 
 @gluon.jit
@@ -304,7 +309,7 @@ def indexer_gluon_kernel(
                 wv = wv * gl.convert_layout(down, WL)
             else:
                 qs = qs + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, qv),)
-            ws = ws + (gl.allocate_shared_memory(gl.float32, [BLOCK_H], _WEIGHTS, wv),)
+            ws = ws + (gl.allocate_shared_memory(gl.float32, [BLOCK_H], _LINEAR, wv),)
             oks = oks + (ok,)
             poss = poss + (pos,)
             reach = gl.maximum(reach, pos)
