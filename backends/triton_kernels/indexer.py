@@ -388,6 +388,12 @@ def tile_shape(heads, dot, block_n, group, tiles):
     return block_h, block_n, group, tiles
 
 
+def _tokens_per_request(tokens: int, rows: int) -> int:
+    """A call's query tokens per request, ``ceil(tokens / rows)`` for ``rows`` block-table rows (a decode step's 1, 2
+    or 5; more rows than requests only shortens it): what the block tiles' per-call choices go by."""
+    return -(-tokens // max(1, rows))
+
+
 def _request_group(group: int, tokens: int, rows: int, per_request) -> int:
     """Tokens per block-tile segment: ``group``, or with ``per_request`` (True, or the fewest tokens per request
     it applies from) no more than the call's tokens per request ``ceil(tokens / rows)`` (a decode step's 1, 2 or 5;
@@ -396,7 +402,7 @@ def _request_group(group: int, tokens: int, rows: int, per_request) -> int:
     per token), only which tokens share a key tile's loads."""
     if per_request is False or per_request is None:
         return group
-    per_call = -(-tokens // max(1, rows))
+    per_call = _tokens_per_request(tokens, rows)
     if per_call < int(per_request):
         return group
     return max(1, min(group, per_call))
@@ -404,23 +410,22 @@ def _request_group(group: int, tokens: int, rows: int, per_request) -> int:
 
 def _l2_ahead(l2_ahead: int, tokens: int, rows: int, up_to_tokens) -> int:
     """The block tiles' L2 hint distance for a call: ``l2_ahead``, or 0 (no hint) when ``up_to_tokens`` is an int
-    and the call has more query tokens per request (``ceil(tokens / rows)``, as :func:`_request_group` counts
-    them). The hint's prefetches are L2 requests beside the loads' own: they paid at 1-2 tokens a request and cost
+    and the call has more query tokens per request (:func:`_tokens_per_request`). The hint's prefetches are L2 requests beside the loads' own: they paid at 1-2 tokens a request and cost
     at 5 and at prefill, where a tile's MMAs give the rolled loop's register prefetch time enough (H200, eighteenth
     session: BENCHMARKS.md). A hint changes no score."""
-    if up_to_tokens is None or -(-tokens // max(1, rows)) <= int(up_to_tokens):
+    if up_to_tokens is None or _tokens_per_request(tokens, rows) <= int(up_to_tokens):
         return l2_ahead
     return 0
 
 
 def _gluon_stages(stages_by_tokens, q, index_pages, index_fmt, tokens: int, rows: int) -> int:
     """The Gluon kernel's stage count for a call (0: the call takes the ``tl`` block tiles): ``stages_by_tokens``
-    maps tokens per request (``ceil(tokens / rows)``, as :func:`_request_group` counts them) to stages; a call with
+    maps tokens per request (:func:`_tokens_per_request`) to stages; a call with
     another count, or one the kernel refuses (:func:`.indexer_gluon.refusal`: not FP8 keys, not an sm_90 GPU, ...),
     gets 0. The scores are the same contract either way."""
     if not stages_by_tokens:
         return 0
-    stages = stages_by_tokens.get(-(-tokens // max(1, rows)), 0)
+    stages = stages_by_tokens.get(_tokens_per_request(tokens, rows), 0)
     if not stages or not indexer_decode.runs_ptx(q.device):  # (Gluon is not imported for CPU or ROCm tensors)
         return 0
     from . import indexer_gluon  # (imports Gluon)
