@@ -85,7 +85,7 @@ def test_launch_takes_unit_last_strides_only(monkeypatch):
                  torch.empty(2, 256), starts=t, group=1)
 
 
-@pytest.mark.parametrize("kwargs, message", [(dict(stages=1), "stages expected 2..4, got 1"),
+@pytest.mark.parametrize("kwargs, message", [(dict(stages=1), "stages expected 2..6, got 1"),
                                              (dict(depth=0), "depth expected 1..8, got 0"),
                                              (dict(num_warps=8), r"one warpgroup a program \(num_warps=4\), got 8")])
 def test_launch_parameters_are_checked_before_any_launch(monkeypatch, kwargs, message):

@@ -60,14 +60,18 @@ RECORD_BYTES = 132  # an FP8 key: 128 e4m3 codes, then its fp32 scale
 MAX_HEADS = 64
 MAX_GROUP = 8
 DEFAULT_STAGES = 4
+MAX_STAGES = 6
 
-# A stage: one tile's 64 records as copied, 64 rows of 33 words (the 32 code words, then the scale word), in its own
-# 16 KiB buffer (a power-of-two shape; 8,448 bytes used). Own buffers, not slices of one: the compiler's barrier
-# analysis sees a buffer as a whole, so copies into one stage and reads of another then need no barrier between them,
-# and the loop over tiles is unrolled by the stage count (static buffer choice). One copy a tile: the 16-byte pieces
-# past the tile's 528 are masked (zero-filled inside the buffer's unused part).
+# A stage: one tile's 64 records as copied, 64 rows of 33 words (the 32 code words, then the scale word), each stage
+# its own buffer: the compiler's barrier analysis sees a buffer as a whole, so copies into one stage and reads of
+# another then need no barrier between them, and the loop over tiles is unrolled by the stage count (static buffer
+# choice). Two sizes (``TIGHT``): 8,448 bytes exactly (a [2048]-word shape whose padding, one word every 32 and one
+# more every 1024, adds the 64 words past 2048), filled by two copies of 512 and 16 pieces (a masked cp.async piece
+# still writes: zeros); or a 16 KiB buffer (8,448 bytes used) filled by one masked copy of 1,024 pieces.
 STAGE_WORDS = gl.constexpr(4096)
+TIGHT_WORDS = gl.constexpr(2048)  # + 64 padding words = 2,112 = 64 x 33
 _LINEAR = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+_TIGHT = gl.constexpr(gl.PaddedSharedLayout([[32, 1], [1024, 1]], [[1 << b] for b in range(11)], [], [2048]))
 _COPY = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))  # 16-byte pieces, 4 words a lane
 
 
@@ -135,9 +139,9 @@ def _entry(block_table_ptr, stride_bt, req, tile, max_blocks, block_tokens, WHOL
 
 
 @gluon.jit
-def _issue(pages_i32, s32_b, entry, tile, num_blocks, block_tokens, stage, WHOLE: gl.constexpr):
+def _issue(pages_i32, s32_b, entry, tile, num_blocks, block_tokens, stage, WHOLE: gl.constexpr, TIGHT: gl.constexpr):
     """Start the copy of key tile ``tile`` (in cache block ``entry``; an unmapped one reads block 0, scored -inf
-    after) into ``stage`` (``[STAGE_WORDS]`` int32): its 528 pieces of 16 bytes, 4-5 a thread."""
+    after) into ``stage``: its 528 pieces of 16 bytes, 4-5 a thread."""
     mapped = (entry >= 0) & (entry < num_blocks)
     block = gl.where(mapped, entry, 0).to(gl.int64)
     if WHOLE:
@@ -146,8 +150,14 @@ def _issue(pages_i32, s32_b, entry, tile, num_blocks, block_tokens, stage, WHOLE
         first = tile * 64
         key0 = first - (first // block_tokens) * block_tokens
     src = pages_i32 + gl.multiple_of(block * s32_b + key0 * 33, 4)  # (16-byte aligned: the launcher checks)
-    word = gl.arange(0, STAGE_WORDS, _COPY)
-    _async_copy(stage, src + word, mask=word < 64 * 33)
+    if TIGHT:  # pieces 0..511, then 512..527 (the 64 words past 2048: a view of the buffer from its word 2048)
+        word = gl.arange(0, TIGHT_WORDS, _COPY)
+        _async_copy(_view(stage, gl.int32, [TIGHT_WORDS], _LINEAR), src + word)
+        tail = gl.arange(0, 64, _COPY)
+        _async_copy(_view(stage, gl.int32, [STAGE_WORDS], _LINEAR).slice(TIGHT_WORDS, 64), src + TIGHT_WORDS + tail)
+    else:
+        word = gl.arange(0, STAGE_WORDS, _COPY)
+        _async_copy(stage, src + word, mask=word < 64 * 33)
 
 
 @gluon.jit
@@ -194,7 +204,8 @@ def _codes(stage, DOT_A: gl.constexpr):
 @gluon.jit
 def _scales(stage, ROWS: gl.constexpr):
     """A stage's 64 key scales (fp32 ``[64]`` in ``ROWS``)."""
-    return _view(stage.slice(32, 32), gl.float32, [64], _scale_layout()).load(ROWS)
+    return _view(_view(stage, gl.int32, [STAGE_WORDS], _LINEAR).slice(32, 32), gl.float32, [64],
+                 _scale_layout()).load(ROWS)
 
 
 @gluon.jit
@@ -222,7 +233,7 @@ def _token_mmas(a, qs, qs_lo, g: gl.constexpr, zeros, HI_LO: gl.constexpr):
 def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, t0, pages_i32, s32_b, block_table_ptr,
           stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
           BLOCK_H: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr,
-          WHOLE: gl.constexpr, HI_LO: gl.constexpr):
+          WHOLE: gl.constexpr, HI_LO: gl.constexpr, TIGHT: gl.constexpr):
     """Key tile ``i`` from stage ``here``; the tile ``STAGES - 1`` ahead is copied into ``refill`` (the stage read by
     tile ``i - 1``). Returns the table entry of the tile copied next."""
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
@@ -233,7 +244,7 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
     _barrier()  # everyone's have; every warp is done reading the stage refilled next
     ahead = i + STAGES - 1
     if ahead < live:
-        _issue(pages_i32, s32_b, ahead_entry, first + ahead, num_blocks, block_tokens, refill, WHOLE)
+        _issue(pages_i32, s32_b, ahead_entry, first + ahead, num_blocks, block_tokens, refill, WHOLE, TIGHT)
     async_copy.commit_group()
     ahead_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(ahead + 1, live - 1), max_blocks,
                          block_tokens, WHOLE)
@@ -275,6 +286,7 @@ def indexer_gluon_kernel(
     DEPTH: gl.constexpr = 8,  # token MMAs in flight at once (the accumulators' registers)
     WHOLE: gl.constexpr = False,  # a tile is a whole cache block (block_tokens == 64): no division per tile
     HI_LO: gl.constexpr = False,  # bf16 queries, each split into e4m3 hi + lo parts (_hi_lo): two MMAs a token
+    TIGHT: gl.constexpr = True,  # 8,448-byte stages (else 16 KiB ones)
 ):
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)  # [64] per key
@@ -324,11 +336,14 @@ def indexer_gluon_kernel(
 
         bufs = ()
         for j in gl.static_range(STAGES):
-            bufs = bufs + (gl.allocate_shared_memory(gl.int32, [STAGE_WORDS], _LINEAR),)
+            if TIGHT:
+                bufs = bufs + (gl.allocate_shared_memory(gl.int32, [TIGHT_WORDS], _TIGHT),)
+            else:
+                bufs = bufs + (gl.allocate_shared_memory(gl.int32, [STAGE_WORDS], _LINEAR),)
         for j in gl.static_range(STAGES - 1):
             if j < live:
                 _issue(pages_i32, s32_b, _entry(block_table_ptr, stride_bt, req64, first + j, max_blocks, block_tokens,
-                                                WHOLE), first + j, num_blocks, block_tokens, bufs[j], WHOLE)
+                                                WHOLE), first + j, num_blocks, block_tokens, bufs[j], WHOLE, TIGHT)
             async_copy.commit_group()
         # the table entry of the tile copied next, loaded one tile ahead (a copy never waits on its lookup)
         ahead_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(STAGES - 1, live - 1), max_blocks,
@@ -339,7 +354,7 @@ def indexer_gluon_kernel(
                     ahead_entry = _tile(i0 + u, live, first, bufs[u], bufs[(u + STAGES - 1) % STAGES], ahead_entry,
                                         qs, qs_lo, ws, oks, poss, t0, pages_i32, s32_b, block_table_ptr, stride_bt, req64,
                                         num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
-                                        BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO)
+                                        BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO, TIGHT)
         async_copy.wait_group(0)
         dead = gl.full([64], float("-inf"), gl.float32, ROWS)
         keys = gl.arange(0, 64, ROWS)
@@ -387,7 +402,7 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
 
 
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, max_context, out, *, starts,
-           group, tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, num_warps=4):
+           group, tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, tight=True, num_warps=4):
     """Run :func:`indexer_gluon_kernel` (a call :func:`refusal` names a reason for raises).
 
     Args:
@@ -400,7 +415,8 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         max_context: output width. out: ``[T, max_context]`` fp32, unit last stride.
         group: tokens per segment (1..8). tiles: key tiles per program (64 keys each); wide_tiles: up to that many
             when the launch has programs to spare (:func:`.indexer_decode.tiles_per_program`; None: ``tiles``).
-            stages: tiles in flight (2..4). depth: token MMAs in flight at once (1..8: each holds an accumulator).
+            stages: tiles in flight (2..MAX_STAGES). depth: token MMAs in flight at once (1..8: each holds an
+            accumulator). tight: 8,448-byte stages (else 16 KiB ones).
 
     Returns:
         ``out``.
@@ -412,14 +428,14 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     for arg, tensor in (("q", q), ("weights", weights), ("block_table", block_table), ("out", out)):
         if tensor.stride(-1) != 1:
             raise ValueError(f"{name}: {arg} expected unit stride in its last dim, got strides {tensor.stride()}")
-    if not 2 <= stages <= 4:
-        raise ValueError(f"{name}: stages expected 2..4, got {stages}")
+    if not 2 <= stages <= MAX_STAGES:
+        raise ValueError(f"{name}: stages expected 2..{MAX_STAGES}, got {stages}")
     if not 1 <= depth <= MAX_GROUP:
         raise ValueError(f"{name}: depth expected 1..{MAX_GROUP}, got {depth}")
     if num_warps != 4:
         raise ValueError(f"{name}: one warpgroup a program (num_warps=4), got {num_warps}")
     tokens = q.shape[0]
-    meta = launch_meta(q, index_pages, group, stages, depth)
+    meta = dict(launch_meta(q, index_pages, group, stages, depth), TIGHT=bool(tight))
     failure = compile_failure(meta["HI_LO"])
     if failure:
         raise ValueError(f"{name}: this Triton ({triton.__version__}) does not compile the kernel: {failure}")
@@ -455,7 +471,7 @@ def compile_failure(hi_lo: bool) -> str:
         from triton.experimental.gluon._runtime import GluonASTSource
 
         kernel = indexer_gluon_kernel
-        constexprs = dict(H=32, BLOCK_H=32, GROUP=1, STAGES=3, DEPTH=2, WHOLE=True, HI_LO=hi_lo)
+        constexprs = dict(H=32, BLOCK_H=32, GROUP=1, STAGES=3, DEPTH=2, WHOLE=True, HI_LO=hi_lo, TIGHT=True)
         pointers = dict(q_ptr="bf16" if hi_lo else "fp8e4nv", w_ptr="fp32", pages_i32="i32", block_table_ptr="i32",
                         req_ptr="i32", pos_ptr="i32", off_ptr="i32", seg_ptr="i32", out_ptr="fp32")
         signature = {arg: "constexpr" if arg in constexprs else ("*" + pointers[arg] if arg in pointers else "i32")
