@@ -50,6 +50,25 @@ def test_a_thread_reads_contiguous_words_and_a_warp_hits_every_bank_once():
             list(range(32 * c, 32 * c + 32, 4))
 
 
+def _padded_offset(element: int, pairs) -> int:
+    """Where a padded shared layout puts ``element``: after every ``interval`` elements, ``pad`` more words."""
+    return element + sum(element // interval * pad for interval, pad in pairs)
+
+
+def test_a_stage_holds_one_tile_exactly_and_its_two_copies_cover_it():
+    # the stage buffer: [2048] words whose padding makes its allocation 64 records of 33 words; the tile is copied as
+    # 2048 words then 64 (two copies of 512 and 16 pieces of 16 bytes): nothing written past the record of key 63,
+    # and the scale view's last word (key 63's scale, word 32 + 33 * 63) inside it
+    stage = g._STAGE.value if hasattr(g._STAGE, "value") else g._STAGE
+    words = g.STAGE_WORDS.value if hasattr(g.STAGE_WORDS, "value") else g.STAGE_WORDS
+    assert stage.shape == [words] and words == 2048
+    allocated = _padded_offset(words - 1, stage.interval_padding_pairs) + 1
+    assert allocated == 64 * 33 == g.TILE * g.RECORD_BYTES // 4
+    assert words + 64 == allocated and (words + 64) * 4 // 16 == 528
+    scale = g._scale_layout.fn() if hasattr(g._scale_layout, "fn") else g._scale_layout()
+    assert 32 + _padded_offset(63, scale.interval_padding_pairs) == allocated - 1
+
+
 def _q(tokens=2, heads=32, dtype=torch.float8_e4m3fn, device="cpu"):
     return torch.zeros(tokens, heads, 128, device=device).to(dtype)
 

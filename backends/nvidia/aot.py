@@ -558,12 +558,12 @@ def _gluon_indexer_variants() -> list[Variant]:
     pointers = dict(w_ptr="fp32", pages_i32="i32", block_table_ptr="i32", req_ptr="i32", pos_ptr="i32",
                     off_ptr="i32", seg_ptr="i32", out_ptr="fp32")
     out = []
-    for label, q_type, stages in (("fp8", "fp8e4nv", {1: 3, 2: 4}), ("bf16", "bf16", {1: 4, 2: 3})):
+    for label, q_type, stages in (("fp8", "fp8e4nv", {1: 5, 2: 5}), ("bf16", "bf16", {1: 5, 2: 4})):
         for group in (1, 2):
             out.append(Variant(
                 f"indexer Gluon, fp8 keys, {label} q, {group} token(s) a request, {stages[group]} stages",
                 indexer_gluon.indexer_gluon_kernel,
-                dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=stages[group], DEPTH=2, WHOLE=True, TIGHT=True,
+                dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=stages[group], DEPTH=2, WHOLE=True,
                      HI_LO=label == "bf16"),
                 dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 33),
                 gluon=True))

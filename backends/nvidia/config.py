@@ -127,9 +127,13 @@ _FP8_KEYS_L2 = dict(l2_ahead=2, l2_ahead_tokens=2)
 # 1.11x / 1.06x). At 5 tokens and prefill the tl kernel stays faster for FP8 q (Gluon 0.90x / 0.92x) and even for
 # bf16 q (0.99-1.02x). Default mode only: a token's score from the Gluon kernel is not bit-equal to the tl kernel's
 # (its MMA's k order differs), so a choice by tokens per request would make the score depend on the batch; batch-
-# invariant mode keeps the tl kernel for every call.
-_FP8_Q_GLUON = dict(gluon_stages={1: 3, 2: 4})
-_BF16_Q_GLUON = dict(gluon_stages={1: 4, 2: 3})
+# invariant mode keeps the tl kernel for every call. Twentieth session, R1 (the same sweep): stages of 8,448 bytes
+# exactly instead of 16 KiB buffers (5 programs a SM instead of 3 at 2 tokens), the counts below the fastest there:
+# FP8 q 5 stages 0.287 / 0.306 / 0.287 ms (91.3% / 85.7% / 91.4%) against the 16 KiB stages' best 0.289 / 0.332 /
+# 0.291 (1.01x / 1.08x / 1.01x); bf16 q 5 stages at 1 token, 4 at 2: 0.297 / 0.378 / 0.298 (88.2% / 69.5% / 88.0%)
+# against 0.318 / 0.411 / 0.318 (1.07x / 1.09x / 1.07x). 64x5: tl 0.572 ms, Gluon's best 0.598 (3 stages).
+_FP8_Q_GLUON = dict(gluon_stages={1: 5, 2: 5})
+_BF16_Q_GLUON = dict(gluon_stages={1: 5, 2: 4})
 
 
 @functools.lru_cache(maxsize=64)

@@ -59,19 +59,19 @@ TILE = 64  # keys per tile: the wgmma's M
 RECORD_BYTES = 132  # an FP8 key: 128 e4m3 codes, then its fp32 scale
 MAX_HEADS = 64
 MAX_GROUP = 8
-DEFAULT_STAGES = 4
+DEFAULT_STAGES = 5
 MAX_STAGES = 6
 
-# A stage: one tile's 64 records as copied, 64 rows of 33 words (the 32 code words, then the scale word), each stage
-# its own buffer: the compiler's barrier analysis sees a buffer as a whole, so copies into one stage and reads of
-# another then need no barrier between them, and the loop over tiles is unrolled by the stage count (static buffer
-# choice). Two sizes (``TIGHT``): 8,448 bytes exactly (a [2048]-word shape whose padding, one word every 32 and one
-# more every 1024, adds the 64 words past 2048), filled by two copies of 512 and 16 pieces (a masked cp.async piece
-# still writes: zeros); or a 16 KiB buffer (8,448 bytes used) filled by one masked copy of 1,024 pieces.
-STAGE_WORDS = gl.constexpr(4096)
-TIGHT_WORDS = gl.constexpr(2048)  # + 64 padding words = 2,112 = 64 x 33
+# A stage: one tile's 64 records as copied, 64 rows of 33 words (the 32 code words, then the scale word): 8,448 bytes
+# exactly, a [2048]-word buffer whose padding (one word every 32 and one more every 1024) adds the 64 words past 2048
+# (Gluon shapes are powers of two; 16 KiB stages held 3 programs a SM at 2 tokens, these 5: BENCHMARKS.md, twentieth
+# session). Each stage its own buffer: the compiler's barrier analysis sees a buffer as a whole, so copies into one
+# stage and reads of another need no barrier between them, and the loop over tiles is unrolled by the stage count
+# (static buffer choice). A tile is copied as 512 pieces of 16 bytes and then 16 more (a masked cp.async piece still
+# writes, zeros: one masked copy would need a larger buffer); the compiler puts a barrier between the two copies.
+STAGE_WORDS = gl.constexpr(2048)  # + 64 padding words = 2,112 = 64 x 33
+_STAGE = gl.constexpr(gl.PaddedSharedLayout([[32, 1], [1024, 1]], [[1 << b] for b in range(11)], [], [2048]))
 _LINEAR = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
-_TIGHT = gl.constexpr(gl.PaddedSharedLayout([[32, 1], [1024, 1]], [[1 << b] for b in range(11)], [], [2048]))
 _COPY = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))  # 16-byte pieces, 4 words a lane
 
 
@@ -139,7 +139,7 @@ def _entry(block_table_ptr, stride_bt, req, tile, max_blocks, block_tokens, WHOL
 
 
 @gluon.jit
-def _issue(pages_i32, s32_b, entry, tile, num_blocks, block_tokens, stage, WHOLE: gl.constexpr, TIGHT: gl.constexpr):
+def _issue(pages_i32, s32_b, entry, tile, num_blocks, block_tokens, stage, WHOLE: gl.constexpr):
     """Start the copy of key tile ``tile`` (in cache block ``entry``; an unmapped one reads block 0, scored -inf
     after) into ``stage``: its 528 pieces of 16 bytes, 4-5 a thread."""
     mapped = (entry >= 0) & (entry < num_blocks)
@@ -150,14 +150,16 @@ def _issue(pages_i32, s32_b, entry, tile, num_blocks, block_tokens, stage, WHOLE
         first = tile * 64
         key0 = first - (first // block_tokens) * block_tokens
     src = pages_i32 + gl.multiple_of(block * s32_b + key0 * 33, 4)  # (16-byte aligned: the launcher checks)
-    if TIGHT:  # pieces 0..511, then 512..527 (the 64 words past 2048: a view of the buffer from its word 2048)
-        word = gl.arange(0, TIGHT_WORDS, _COPY)
-        _async_copy(_view(stage, gl.int32, [TIGHT_WORDS], _LINEAR), src + word)
-        tail = gl.arange(0, 64, _COPY)
-        _async_copy(_view(stage, gl.int32, [STAGE_WORDS], _LINEAR).slice(TIGHT_WORDS, 64), src + TIGHT_WORDS + tail)
-    else:
-        word = gl.arange(0, STAGE_WORDS, _COPY)
-        _async_copy(stage, src + word, mask=word < 64 * 33)
+    word = gl.arange(0, STAGE_WORDS, _COPY)
+    _async_copy(_view(stage, gl.int32, [STAGE_WORDS], _LINEAR), src + word)  # words 0..2047, then 2048..2111
+    tail = gl.arange(0, 64, _COPY)
+    _async_copy(_words(stage).slice(STAGE_WORDS, 64), src + STAGE_WORDS + tail)
+
+
+@gluon.jit
+def _words(stage):
+    """A stage as linear int32 words from its start (``[4096]``: a view to slice; words past 2111 are not touched)."""
+    return _view(stage, gl.int32, [2 * STAGE_WORDS], _LINEAR)
 
 
 @gluon.jit
@@ -204,8 +206,7 @@ def _codes(stage, DOT_A: gl.constexpr):
 @gluon.jit
 def _scales(stage, ROWS: gl.constexpr):
     """A stage's 64 key scales (fp32 ``[64]`` in ``ROWS``)."""
-    return _view(_view(stage, gl.int32, [STAGE_WORDS], _LINEAR).slice(32, 32), gl.float32, [64],
-                 _scale_layout()).load(ROWS)
+    return _view(_words(stage).slice(32, 32), gl.float32, [64], _scale_layout()).load(ROWS)
 
 
 @gluon.jit
@@ -233,7 +234,7 @@ def _token_mmas(a, qs, qs_lo, g: gl.constexpr, zeros, HI_LO: gl.constexpr):
 def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, t0, pages_i32, s32_b, block_table_ptr,
           stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
           BLOCK_H: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr,
-          WHOLE: gl.constexpr, HI_LO: gl.constexpr, TIGHT: gl.constexpr):
+          WHOLE: gl.constexpr, HI_LO: gl.constexpr):
     """Key tile ``i`` from stage ``here``; the tile ``STAGES - 1`` ahead is copied into ``refill`` (the stage read by
     tile ``i - 1``). Returns the table entry of the tile copied next."""
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
@@ -244,7 +245,7 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
     _barrier()  # everyone's have; every warp is done reading the stage refilled next
     ahead = i + STAGES - 1
     if ahead < live:
-        _issue(pages_i32, s32_b, ahead_entry, first + ahead, num_blocks, block_tokens, refill, WHOLE, TIGHT)
+        _issue(pages_i32, s32_b, ahead_entry, first + ahead, num_blocks, block_tokens, refill, WHOLE)
     async_copy.commit_group()
     ahead_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(ahead + 1, live - 1), max_blocks,
                          block_tokens, WHOLE)
@@ -286,7 +287,6 @@ def indexer_gluon_kernel(
     DEPTH: gl.constexpr = 8,  # token MMAs in flight at once (the accumulators' registers)
     WHOLE: gl.constexpr = False,  # a tile is a whole cache block (block_tokens == 64): no division per tile
     HI_LO: gl.constexpr = False,  # bf16 queries, each split into e4m3 hi + lo parts (_hi_lo): two MMAs a token
-    TIGHT: gl.constexpr = True,  # 8,448-byte stages (else 16 KiB ones)
 ):
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)  # [64] per key
@@ -336,14 +336,11 @@ def indexer_gluon_kernel(
 
         bufs = ()
         for j in gl.static_range(STAGES):
-            if TIGHT:
-                bufs = bufs + (gl.allocate_shared_memory(gl.int32, [TIGHT_WORDS], _TIGHT),)
-            else:
-                bufs = bufs + (gl.allocate_shared_memory(gl.int32, [STAGE_WORDS], _LINEAR),)
+            bufs = bufs + (gl.allocate_shared_memory(gl.int32, [STAGE_WORDS], _STAGE),)
         for j in gl.static_range(STAGES - 1):
             if j < live:
                 _issue(pages_i32, s32_b, _entry(block_table_ptr, stride_bt, req64, first + j, max_blocks, block_tokens,
-                                                WHOLE), first + j, num_blocks, block_tokens, bufs[j], WHOLE, TIGHT)
+                                                WHOLE), first + j, num_blocks, block_tokens, bufs[j], WHOLE)
             async_copy.commit_group()
         # the table entry of the tile copied next, loaded one tile ahead (a copy never waits on its lookup)
         ahead_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(STAGES - 1, live - 1), max_blocks,
@@ -354,7 +351,7 @@ def indexer_gluon_kernel(
                     ahead_entry = _tile(i0 + u, live, first, bufs[u], bufs[(u + STAGES - 1) % STAGES], ahead_entry,
                                         qs, qs_lo, ws, oks, poss, t0, pages_i32, s32_b, block_table_ptr, stride_bt, req64,
                                         num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
-                                        BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO, TIGHT)
+                                        BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO)
         async_copy.wait_group(0)
         dead = gl.full([64], float("-inf"), gl.float32, ROWS)
         keys = gl.arange(0, 64, ROWS)
@@ -402,7 +399,7 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
 
 
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, max_context, out, *, starts,
-           group, tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, tight=True, num_warps=4):
+           group, tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, num_warps=4):
     """Run :func:`indexer_gluon_kernel` (a call :func:`refusal` names a reason for raises).
 
     Args:
@@ -415,8 +412,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         max_context: output width. out: ``[T, max_context]`` fp32, unit last stride.
         group: tokens per segment (1..8). tiles: key tiles per program (64 keys each); wide_tiles: up to that many
             when the launch has programs to spare (:func:`.indexer_decode.tiles_per_program`; None: ``tiles``).
-            stages: tiles in flight (2..MAX_STAGES). depth: token MMAs in flight at once (1..8: each holds an
-            accumulator). tight: 8,448-byte stages (else 16 KiB ones).
+            stages: tiles in flight (2..6). depth: token MMAs in flight at once (1..8: each holds an accumulator).
 
     Returns:
         ``out``.
@@ -435,7 +431,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     if num_warps != 4:
         raise ValueError(f"{name}: one warpgroup a program (num_warps=4), got {num_warps}")
     tokens = q.shape[0]
-    meta = dict(launch_meta(q, index_pages, group, stages, depth), TIGHT=bool(tight))
+    meta = launch_meta(q, index_pages, group, stages, depth)
     failure = compile_failure(meta["HI_LO"])
     if failure:
         raise ValueError(f"{name}: this Triton ({triton.__version__}) does not compile the kernel: {failure}")
@@ -471,7 +467,7 @@ def compile_failure(hi_lo: bool) -> str:
         from triton.experimental.gluon._runtime import GluonASTSource
 
         kernel = indexer_gluon_kernel
-        constexprs = dict(H=32, BLOCK_H=32, GROUP=1, STAGES=3, DEPTH=2, WHOLE=True, HI_LO=hi_lo, TIGHT=True)
+        constexprs = dict(H=32, BLOCK_H=32, GROUP=1, STAGES=3, DEPTH=2, WHOLE=True, HI_LO=hi_lo)
         pointers = dict(q_ptr="bf16" if hi_lo else "fp8e4nv", w_ptr="fp32", pages_i32="i32", block_table_ptr="i32",
                         req_ptr="i32", pos_ptr="i32", off_ptr="i32", seg_ptr="i32", out_ptr="fp32")
         signature = {arg: "constexpr" if arg in constexprs else ("*" + pointers[arg] if arg in pointers else "i32")
