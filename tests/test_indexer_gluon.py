@@ -78,7 +78,9 @@ def _pages(blocks=4, block_tokens=64, record=132, device="cpu"):
 
 
 @pytest.mark.parametrize("q, pages, fmt, why", [
-    (_q(), _pages(record=68), "mxfp4", "mxfp4 keys: the Gluon indexer reads FP8 keys"),
+    (_q(), _pages(record=68), "bf16", "bf16 keys: the Gluon indexer reads FP8 and MXFP4 keys"),
+    (_q(dtype=torch.bfloat16), _pages(record=68), "mxfp4",
+     "bfloat16 queries on MXFP4 keys: the Gluon indexer takes FP8 ones there"),
     (_q(dtype=torch.float16), _pages(), "fp8", "float16 queries: the Gluon indexer takes FP8 or bf16 queries"),
     (_q(heads=65), _pages(), "fp8", r"q of shape \[2, 65, 128\]: the Gluon indexer takes \[T, 1..64, 128\]"),
     (_q(), _pages(), "fp8", "the Gluon indexer runs on NVIDIA CUDA tensors only"),
@@ -117,7 +119,7 @@ def test_launch_parameters_are_checked_before_any_launch(monkeypatch, kwargs, me
 
 def test_a_triton_that_does_not_compile_it_is_named_and_the_calls_fall_back(monkeypatch):
     monkeypatch.setattr(g, "refusal", lambda *args: "")
-    monkeypatch.setattr(g, "compile_failure", lambda hi_lo: "cannot reinterpret between padded and non-padded layouts")
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False: "cannot reinterpret between padded and non-padded layouts")
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     assert idx._gluon_stages({1: 3}, _q(), _pages(), "fp8", tokens=4, rows=4) == 0
     t = torch.zeros(2, dtype=torch.int32)
@@ -129,7 +131,7 @@ def test_a_triton_that_does_not_compile_it_is_named_and_the_calls_fall_back(monk
 
 def test_indexer_score_sends_only_the_configured_tokens_per_request_to_it(monkeypatch):
     monkeypatch.setattr(g, "refusal", lambda *args: "")
-    monkeypatch.setattr(g, "compile_failure", lambda hi_lo: "")
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False: "")
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     stages = {1: 3, 2: 4}
     assert idx._gluon_stages(stages, _q(), _pages(), "fp8", tokens=64, rows=64) == 3
@@ -205,3 +207,39 @@ def test_its_segments_are_the_calls_tokens_a_request_whatever_the_tl_default(mon
         idx.indexer_score(_q(tokens), torch.zeros(tokens, 32), _pages(), torch.zeros(requests, 2, dtype=torch.int32),
                           req, pos, "fp8", 128, **cfg)
         assert seen[-1]["group"] == per_request and seen[-1]["stages"] == 3
+
+
+def _mx_halves(words: torch.Tensor):
+    """The MXFP4 decode of :func:`indexer_gluon._mx_operands` written out for the host on int64 words (< 2^32): the
+    low and high nibbles of each byte shifted into e4m3 bytes (sign to bit 7, magnitude to bits 2-4)."""
+    signs = 0x80808080
+    lo = ((words << 2) & 0x1C1C1C1C) | ((words << 4) & signs)
+    hi = ((words >> 2) & 0x1C1C1C1C) | (words & signs)
+    return lo, hi
+
+
+def test_an_e2m1_code_shifted_into_e4m3_is_its_value_times_two_to_the_minus_six():
+    from dsahal.formats.numerics import e2m1_decode
+
+    codes = torch.arange(16, dtype=torch.uint8)
+    shifted = (((codes.to(torch.int32) & 7) << 2) | ((codes.to(torch.int32) & 8) << 4)).to(torch.uint8)
+    as_e4m3 = shifted.view(torch.float8_e4m3fn).float()
+    assert torch.equal(as_e4m3 * 64, e2m1_decode(codes).float())  # subnormal code 1 (0.5) and -0 included
+
+
+def test_the_mxfp4_decode_word_order_matches_the_queries_dims():
+    # a code word holds dims 8 c .. 8 c + 7 of its block (byte b: dims 2 b (low nibble) and 2 b + 1); decoded, word
+    # 2 c + h of the block's row holds the half h codes, byte b of it dim 8 c + 2 b + h = mx_dim(4 (2 c + h) + b)
+    from dsahal.formats.numerics import e2m1_decode, pack_nibbles
+
+    gen = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (1, 32), generator=gen, dtype=torch.uint8)  # one block of one key
+    packed = pack_nibbles(codes)  # [1, 16] bytes = 4 code words
+    words = packed.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    lo, hi = _mx_halves(words[0])
+    row = torch.stack([lo, hi], dim=1).flatten()  # word 2 c + h
+    decoded = row.to(torch.int32).view(torch.uint8).view(torch.float8_e4m3fn).float() * 64  # byte k of the row
+    mx_dim = g.mx_dim.fn if hasattr(g.mx_dim, "fn") else g.mx_dim
+    dims = torch.tensor([mx_dim(k) for k in range(32)])
+    assert sorted(dims.tolist()) == list(range(32))
+    assert torch.equal(decoded, e2m1_decode(codes[0]).float()[dims])

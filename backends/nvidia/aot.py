@@ -564,7 +564,7 @@ def _gluon_indexer_variants() -> list[Variant]:
                 f"indexer Gluon, fp8 keys, {label} q, {group} token(s) a request, {stages[group]} stages",
                 indexer_gluon.indexer_gluon_kernel,
                 dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=stages[group], DEPTH=2, WHOLE=True,
-                     HI_LO=label == "bf16"),
+                     HI_LO=label == "bf16", MX=False),
                 dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 33),
                 gluon=True))
     return out

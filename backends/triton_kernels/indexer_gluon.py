@@ -72,6 +72,13 @@ MAX_STAGES = 6
 STAGE_WORDS = gl.constexpr(2048)  # + 64 padding words = 2,112 = 64 x 33
 _STAGE = gl.constexpr(gl.PaddedSharedLayout([[32, 1], [1024, 1]], [[1 << b] for b in range(11)], [], [2048]))
 _LINEAR = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+# MXFP4 keys (MX): 68-byte records (64 bytes of e2m1 pairs, then 4 UE8M0 block scales), a tile 64 rows of 17 words
+# (4,352 bytes), a [1024]-word stage padded to 1,088 words as above, copied as 256 pieces and then 16
+MX_RECORD_BYTES = 68
+RECORDS = {"fp8": RECORD_BYTES, "mxfp4": MX_RECORD_BYTES}  # bytes a key, by index format
+MX_STAGE_WORDS = gl.constexpr(1024)  # + 64 padding words = 1,088 = 64 x 17
+_MX_STAGE = gl.constexpr(gl.PaddedSharedLayout([[16, 1], [512, 1]], [[1 << b] for b in range(10)], [], [1024]))
+_MX_WORDS = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0]))  # a lane: 4 code words of one block, a row
 _COPY = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))  # 16-byte pieces, 4 words a lane
 
 
@@ -139,9 +146,11 @@ def _entry(block_table_ptr, stride_bt, req, tile, max_blocks, block_tokens, WHOL
 
 
 @gluon.jit
-def _issue(pages_i32, s32_b, entry, tile, num_blocks, block_tokens, stage, WHOLE: gl.constexpr):
+def _issue(pages_i32, s32_b, entry, tile, num_blocks, block_tokens, stage, WHOLE: gl.constexpr, MX: gl.constexpr):
     """Start the copy of key tile ``tile`` (in cache block ``entry``; an unmapped one reads block 0, scored -inf
-    after) into ``stage``: its 528 pieces of 16 bytes, 4-5 a thread."""
+    after) into ``stage``: its 528 pieces of 16 bytes (272 with ``MX``), 4-5 a thread."""
+    WORDS: gl.constexpr = MX_STAGE_WORDS if MX else STAGE_WORDS
+    RECORD: gl.constexpr = 17 if MX else 33  # words a record
     mapped = (entry >= 0) & (entry < num_blocks)
     block = gl.where(mapped, entry, 0).to(gl.int64)
     if WHOLE:
@@ -149,17 +158,18 @@ def _issue(pages_i32, s32_b, entry, tile, num_blocks, block_tokens, stage, WHOLE
     else:
         first = tile * 64
         key0 = first - (first // block_tokens) * block_tokens
-    src = pages_i32 + gl.multiple_of(block * s32_b + key0 * 33, 4)  # (16-byte aligned: the launcher checks)
-    word = gl.arange(0, STAGE_WORDS, _COPY)
-    _async_copy(_view(stage, gl.int32, [STAGE_WORDS], _LINEAR), src + word)  # words 0..2047, then 2048..2111
+    src = pages_i32 + gl.multiple_of(block * s32_b + key0 * RECORD, 4)  # (16-byte aligned: the launcher checks)
+    word = gl.arange(0, WORDS, _COPY)
+    _async_copy(_view(stage, gl.int32, [WORDS], _LINEAR), src + word)  # words 0..WORDS-1, then the 64 after
     tail = gl.arange(0, 64, _COPY)
-    _async_copy(_words(stage).slice(STAGE_WORDS, 64), src + STAGE_WORDS + tail)
+    _async_copy(_words(stage, WORDS).slice(WORDS, 64), src + WORDS + tail)
 
 
 @gluon.jit
-def _words(stage):
-    """A stage as linear int32 words from its start (``[4096]``: a view to slice; words past 2111 are not touched)."""
-    return _view(stage, gl.int32, [2 * STAGE_WORDS], _LINEAR)
+def _words(stage, WORDS: gl.constexpr):
+    """A stage as linear int32 words from its start (``[2 * WORDS]``: a view to slice; words past the tile's are
+    never touched)."""
+    return _view(stage, gl.int32, [2 * WORDS], _LINEAR)
 
 
 @gluon.jit
@@ -206,7 +216,60 @@ def _codes(stage, DOT_A: gl.constexpr):
 @gluon.jit
 def _scales(stage, ROWS: gl.constexpr):
     """A stage's 64 key scales (fp32 ``[64]`` in ``ROWS``)."""
-    return _view(_words(stage).slice(32, 32), gl.float32, [64], _scale_layout()).load(ROWS)
+    return _view(_words(stage, STAGE_WORDS).slice(32, 32), gl.float32, [64], _scale_layout()).load(ROWS)
+
+
+@gluon.constexpr_function
+def _mx_code_layout():
+    """The e2m1 pairs of an MXFP4 stage as int32 ``[64 keys, 16 words]``: rows 17 words apart (the 17th word holds the
+    record's four UE8M0 scales)."""
+    return gl.PaddedSharedLayout([[16, 1]], [[0, 1], [0, 2], [0, 4], [0, 8]] + [[1 << r, 0] for r in range(6)], [],
+                                 [64, 16])
+
+
+@gluon.constexpr_function
+def _mx_scale_layout():
+    """The 64 scale words of an MXFP4 stage as int32 ``[64]``, viewed from its word 16: key ``r``'s at word
+    ``16 + 17 r``."""
+    return gl.PaddedSharedLayout([[1, 16]], [[1 << r] for r in range(6)], [], [64])
+
+
+@gluon.jit
+def mx_dim(k):
+    """The dim (within its 32-dim block) that byte ``k`` of a block's decoded row holds (:func:`_mx_operands`): byte
+    ``4 w + b`` of word ``w = 2 c + h`` is code ``2 b + h`` of the block's code word ``c``, dim ``8 c + 2 b + h``."""
+    return 8 * (k >> 3) + 2 * (k & 3) + ((k >> 2) & 1)
+
+
+@gluon.jit
+def _ue8m0(byte):
+    """UE8M0 bytes (int32 ``[64]``) -> fp32 ``2^(byte - 127)`` (byte 0: 2^-127, a subnormal; 255: Inf, as the
+    reference decodes it)."""
+    return gl.where(byte == 0, 0x00400000, byte << 23).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _mx_operands(stage, a_blocks, ROWS: gl.constexpr):
+    """Decode an MXFP4 stage into the four 32-dim blocks' MMA operands and return the blocks' scales.
+
+    Each e2m1 code (sign, 2 exponent bits, 1 mantissa bit) shifted into an e4m3 byte's sign and low magnitude bits is
+    exactly the code's value times 2^-6 (subnormal codes included: both formats' subnormal steps then coincide), so
+    a code word (8 codes, 4 bytes) becomes two e4m3 words by four shifts and masks: the low nibbles (codes 2b) and the
+    high ones (2b + 1). They are stored, block by block, into ``a_blocks`` (e4m3 ``[4, 64, 32]``, the A operands of
+    four K = 32 MMAs), word ``2 c + h`` of a block's row holding code word ``c``'s half ``h`` (:func:`mx_dim`: the
+    queries' dims the same way). Returns the four scales (fp32 ``[64]`` each, in ``ROWS``); the 2^-6 is undone on
+    the score."""
+    w = _view(stage, gl.int32, [64, 16], _mx_code_layout()).load(_MX_WORDS)
+    signs = -2139062144  # 0x80808080 as int32
+    lo = ((w << 2) & 0x1C1C1C1C) | ((w << 4) & signs)
+    hi = ((w >> 2) & 0x1C1C1C1C) | (w & signs)
+    v = gl.reshape(gl.join(lo, hi), [64, 4, 4, 2])  # row, block, code word in the block, half
+    v = gl.reshape(gl.permute(v, (1, 0, 2, 3)), [256, 8])  # (block, row) a row of 8 words (the 32 bytes)
+    # (a [256, 32]-byte view of the [4, 64, 32] buffer: the same 32-byte swizzle, whose phase repeats every 8 rows)
+    _view(a_blocks, gl.int32, [256, 8], gl.NVMMASharedLayout(32, 32)).store(v)
+    scales = _view(_words(stage, MX_STAGE_WORDS).slice(16, 16), gl.int32, [64], _mx_scale_layout()).load(ROWS)
+    return (_ue8m0(scales & 0xFF), _ue8m0((scales >> 8) & 0xFF), _ue8m0((scales >> 16) & 0xFF),
+            _ue8m0((scales >> 24) & 0xFF))
 
 
 @gluon.jit
@@ -219,10 +282,15 @@ def _epilogue(acc, w_s, key_scale, mapped, s, ok, pos, t, out_ptr, stride_ot, ma
 
 
 @gluon.jit
-def _token_mmas(a, qs, qs_lo, g: gl.constexpr, zeros, HI_LO: gl.constexpr):
+def _token_mmas(a, qs, qs_lo, g: gl.constexpr, zeros, HI_LO: gl.constexpr, MX: gl.constexpr):
     """Token ``g``'s MMA(s) on the tile's keys ``a``, issued asynchronously: one, or (``HI_LO``) the hi and lo parts'
     into separate accumulators (chained, the FP8 accumulator's precision cost 4.3e-4 relative error on the H200)."""
-    if HI_LO:
+    if MX:  # a: the blocks' operands in shared memory, qs[g] the token's four blocks
+        out = (warpgroup_mma(a.index(0), qs[g][0].permute((1, 0)), zeros, use_acc=False, is_async=True),
+               warpgroup_mma(a.index(1), qs[g][1].permute((1, 0)), zeros, use_acc=False, is_async=True),
+               warpgroup_mma(a.index(2), qs[g][2].permute((1, 0)), zeros, use_acc=False, is_async=True),
+               warpgroup_mma(a.index(3), qs[g][3].permute((1, 0)), zeros, use_acc=False, is_async=True))
+    elif HI_LO:
         out = (warpgroup_mma(a, qs[g].permute((1, 0)), zeros, use_acc=False, is_async=True),
                warpgroup_mma(a, qs_lo[g].permute((1, 0)), zeros, use_acc=False, is_async=True))
     else:
@@ -230,11 +298,17 @@ def _token_mmas(a, qs, qs_lo, g: gl.constexpr, zeros, HI_LO: gl.constexpr):
     return out
 
 
+@gluon.constexpr_function
+def _issued_after(g, depth, group, per_token):
+    """Commit groups issued after token ``g``'s when its MMAs are waited on: tokens up to ``g + depth - 1``."""
+    return (min(g + depth, group) - g - 1) * per_token
+
+
 @gluon.jit
 def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, t0, pages_i32, s32_b, block_table_ptr,
-          stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
+          stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, a_blocks,
           BLOCK_H: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr,
-          WHOLE: gl.constexpr, HI_LO: gl.constexpr):
+          WHOLE: gl.constexpr, HI_LO: gl.constexpr, MX: gl.constexpr):
     """Key tile ``i`` from stage ``here``; the tile ``STAGES - 1`` ahead is copied into ``refill`` (the stage read by
     tile ``i - 1``). Returns the table entry of the tile copied next."""
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
@@ -245,31 +319,43 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
     _barrier()  # everyone's have; every warp is done reading the stage refilled next
     ahead = i + STAGES - 1
     if ahead < live:
-        _issue(pages_i32, s32_b, ahead_entry, first + ahead, num_blocks, block_tokens, refill, WHOLE)
+        _issue(pages_i32, s32_b, ahead_entry, first + ahead, num_blocks, block_tokens, refill, WHOLE, MX)
     async_copy.commit_group()
     ahead_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(ahead + 1, live - 1), max_blocks,
                          block_tokens, WHOLE)
-    a = _codes(here, DOT_A)
+    if MX:  # the keys decoded into the blocks' operands (shared memory), visible to the MMAs' async proxy
+        block_scales = _mx_operands(here, a_blocks, ROWS)
+        fence_async_shared()
+        _barrier()
+        a = a_blocks
+        key_scale = 64.0  # (the codes decoded as value x 2^-6)
+    else:
+        a = _codes(here, DOT_A)
     zeros = gl.zeros([64, BLOCK_H], gl.float32, MMA)
     D: gl.constexpr = DEPTH if DEPTH < GROUP else GROUP
-    P: gl.constexpr = 2 if HI_LO else 1  # MMAs (commit groups) a token: bf16 queries as hi and lo parts
+    # MMAs (commit groups) a token: bf16 queries as hi and lo parts; MXFP4 keys one a 32-dim block
+    P: gl.constexpr = 4 if MX else (2 if HI_LO else 1)
     toks = ()
     for g in gl.static_range(D):  # the first D tokens' MMAs in flight before the first epilogue
-        toks = toks + (_token_mmas(a, qs, qs_lo, g, zeros, HI_LO),)
-    key_scale = _scales(here, ROWS)
+        toks = toks + (_token_mmas(a, qs, qs_lo, g, zeros, HI_LO, MX),)
+    if not MX:
+        key_scale = _scales(here, ROWS)
     entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
     mapped = (entry >= 0) & (entry < num_blocks)
     s = (first + i) * 64 + gl.arange(0, 64, ROWS)
     for g in gl.static_range(GROUP):
         # tokens 0 .. min(g + D, GROUP) - 1 issued; wait for token g's, then issue token g + D's before g's epilogue
-        if HI_LO:
-            acc_hi, acc_lo = warpgroup_mma_wait(((g + D if g + D < GROUP else GROUP) - g - 1) * P,
-                                                deps=[toks[g][0], toks[g][1]])
+        if MX:
+            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g][0], toks[g][1], toks[g][2], toks[g][3]])
+            acc = (acc0 * block_scales[0][:, None] + acc1 * block_scales[1][:, None] + acc2 * block_scales[2][:, None]
+                   + acc3 * block_scales[3][:, None])
+        elif HI_LO:
+            acc_hi, acc_lo = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g][0], toks[g][1]])
             acc = acc_hi + acc_lo * 0.0625  # (lo is 16 x the residual)
         else:
-            acc = warpgroup_mma_wait((g + D if g + D < GROUP else GROUP) - g - 1, deps=[toks[g]])
+            acc = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g]])
         if g + D < GROUP:
-            toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO),)
+            toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX),)
         _epilogue(acc, w_s[g], key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot, max_context, COLS)
     return ahead_entry
 
@@ -287,11 +373,13 @@ def indexer_gluon_kernel(
     DEPTH: gl.constexpr = 8,  # token MMAs in flight at once (the accumulators' registers)
     WHOLE: gl.constexpr = False,  # a tile is a whole cache block (block_tokens == 64): no division per tile
     HI_LO: gl.constexpr = False,  # bf16 queries, each split into e4m3 hi + lo parts (_hi_lo): two MMAs a token
+    MX: gl.constexpr = False,  # MXFP4 keys (68-byte records; FP8 queries): four K = 32 MMAs a token, one a block
 ):
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)  # [64] per key
     QL: gl.constexpr = _query_layout()
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 128], gl.float8e4nv)
+    QB_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 32], gl.float8e4nv)
     WL: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
 
     t0 = gl.load(seg_ptr + gl.program_id(0))
@@ -300,6 +388,7 @@ def indexer_gluon_kernel(
         off0 = gl.load(off_ptr + t0)
         qh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, QL))
         qk = dim_of_k(gl.arange(0, 128, gl.SliceLayout(0, QL)))
+        qb = mx_dim(gl.arange(0, 32, gl.SliceLayout(0, QL)))
         heads = gl.arange(0, BLOCK_H, WL)
         # the segment's members: ok and position (registers), queries and head weights (shared memory) a token
         oks = ()
@@ -311,15 +400,22 @@ def indexer_gluon_kernel(
         for g in gl.static_range(GROUP):
             ok, pos = _member(req_ptr, pos_ptr, off_ptr, t0, g, T, req, off0)
             t = gl.where(ok, t0 + g, 0).to(gl.int64)
-            qv = gl.load(q_ptr + t * stride_qt + qh[:, None] * stride_qh + qk[None, :],
-                         mask=((qh < H) & ok)[:, None], other=0.0)
+            rows = q_ptr + t * stride_qt + qh[:, None] * stride_qh
             wv = gl.load(w_ptr + t * stride_wt + heads, mask=(heads < H) & ok, other=0.0)
-            if HI_LO:  # the row scale's inverse goes on the head's weight
+            if MX:  # a [BLOCK_H, 32] buffer a block, its dims in the decoded keys' order (mx_dim)
+                blocks = ()
+                for b in gl.static_range(4):
+                    qv = gl.load(rows + 32 * b + qb[None, :], mask=((qh < H) & ok)[:, None], other=0.0)
+                    blocks = blocks + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 32], QB_SMEM, qv),)
+                qs = qs + (blocks,)
+            elif HI_LO:
+                qv = gl.load(rows + qk[None, :], mask=((qh < H) & ok)[:, None], other=0.0)  # the row scale's inverse goes on the head's weight
                 hi, lo, down = _hi_lo(qv.to(gl.float32))
                 qs = qs + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, hi),)
                 qs_lo = qs_lo + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, lo),)
                 wv = wv * gl.convert_layout(down, WL)
             else:
+                qv = gl.load(rows + qk[None, :], mask=((qh < H) & ok)[:, None], other=0.0)
                 qs = qs + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, qv),)
             ws = ws + (gl.allocate_shared_memory(gl.float32, [BLOCK_H], _LINEAR, wv),)
             oks = oks + (ok,)
@@ -336,11 +432,18 @@ def indexer_gluon_kernel(
 
         bufs = ()
         for j in gl.static_range(STAGES):
-            bufs = bufs + (gl.allocate_shared_memory(gl.int32, [STAGE_WORDS], _STAGE),)
+            if MX:
+                bufs = bufs + (gl.allocate_shared_memory(gl.int32, [MX_STAGE_WORDS], _MX_STAGE),)
+            else:
+                bufs = bufs + (gl.allocate_shared_memory(gl.int32, [STAGE_WORDS], _STAGE),)
+        if MX:  # the four blocks' decoded keys, one tile at a time
+            a_blocks = gl.allocate_shared_memory(gl.float8e4nv, [4, 64, 32], gl.NVMMASharedLayout(32, 8))
+        else:
+            a_blocks = bufs[0]  # (unused)
         for j in gl.static_range(STAGES - 1):
             if j < live:
                 _issue(pages_i32, s32_b, _entry(block_table_ptr, stride_bt, req64, first + j, max_blocks, block_tokens,
-                                                WHOLE), first + j, num_blocks, block_tokens, bufs[j], WHOLE)
+                                                WHOLE), first + j, num_blocks, block_tokens, bufs[j], WHOLE, MX)
             async_copy.commit_group()
         # the table entry of the tile copied next, loaded one tile ahead (a copy never waits on its lookup)
         ahead_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(STAGES - 1, live - 1), max_blocks,
@@ -351,7 +454,7 @@ def indexer_gluon_kernel(
                     ahead_entry = _tile(i0 + u, live, first, bufs[u], bufs[(u + STAGES - 1) % STAGES], ahead_entry,
                                         qs, qs_lo, ws, oks, poss, t0, pages_i32, s32_b, block_table_ptr, stride_bt, req64,
                                         num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
-                                        BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO)
+                                        a_blocks, BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO, MX)
         async_copy.wait_group(0)
         dead = gl.full([64], float("-inf"), gl.float32, ROWS)
         keys = gl.arange(0, 64, ROWS)
@@ -372,10 +475,12 @@ _COMPILE_FAILURES: dict = {}
 
 def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: int = 1) -> str:
     """Why this kernel does not take the call ("" when it does)."""
-    if index_fmt != "fp8":
-        return f"{index_fmt} keys: the Gluon indexer reads FP8 keys"
+    if index_fmt not in RECORDS:
+        return f"{index_fmt} keys: the Gluon indexer reads FP8 and MXFP4 keys"
     if q.dtype not in (torch.float8_e4m3fn, torch.bfloat16):
         return f"{str(q.dtype).replace('torch.', '')} queries: the Gluon indexer takes FP8 or bf16 queries"
+    if index_fmt == "mxfp4" and q.dtype != torch.float8_e4m3fn:
+        return f"{str(q.dtype).replace('torch.', '')} queries on MXFP4 keys: the Gluon indexer takes FP8 ones there"
     if q.dim() != 3 or q.shape[2] != 128 or not 1 <= q.shape[1] <= MAX_HEADS:
         return f"q of shape {list(q.shape)}: the Gluon indexer takes [T, 1..{MAX_HEADS}, 128]"
     if not (runs_ptx(q.device) and runs_ptx(index_pages.device)):
@@ -383,12 +488,13 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
     major, minor = torch.cuda.get_device_capability(q.device)
     if major != 9:
         return f"sm_{major}{minor}: the Gluon indexer's wgmma is Hopper's (sm_90)"
-    if index_pages.dtype != torch.uint8 or index_pages.dim() != 3 or index_pages.shape[2] != RECORD_BYTES:
-        return (f"pages {index_pages.dtype} {list(index_pages.shape)}: the Gluon indexer reads uint8 "
-                f"[blocks, tokens, {RECORD_BYTES}]")
+    record = RECORDS[index_fmt]
+    if index_pages.dtype != torch.uint8 or index_pages.dim() != 3 or index_pages.shape[2] != record:
+        return (f"pages {index_pages.dtype} {list(index_pages.shape)}: the Gluon indexer reads {index_fmt} keys as "
+                f"uint8 [blocks, tokens, {record}]")
     if index_pages.shape[0] == 0 or index_pages.shape[1] % TILE:
         return f"{index_pages.shape[1]}-token blocks: the Gluon indexer copies whole {TILE}-key tiles of a block"
-    if index_pages.stride(2) != 1 or index_pages.stride(1) != RECORD_BYTES:
+    if index_pages.stride(2) != 1 or index_pages.stride(1) != record:
         return f"page strides {index_pages.stride()}: the Gluon indexer reads packed records"
     if index_pages.data_ptr() % 16 or index_pages.stride(0) % 16:
         return (f"pages at byte {index_pages.data_ptr() % 16} of 16, block stride {index_pages.stride(0)}: the Gluon "
@@ -399,14 +505,14 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
 
 
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, max_context, out, *, starts,
-           group, tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, num_warps=4):
+           group, index_fmt="fp8", tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, num_warps=4):
     """Run :func:`indexer_gluon_kernel` (a call :func:`refusal` names a reason for raises).
 
     Args:
         q: ``[T, H, 128]`` float8_e4m3fn or bf16 (split into two e4m3 parts, :func:`_hi_lo`), unit stride in the
             last dim. weights: ``[T, H]`` fp32, unit last stride.
-        index_pages: ``[num_blocks, block_tokens, 132]`` uint8 FP8 keys, packed, 16-byte aligned blocks,
-            ``block_tokens % 64 == 0``.
+        index_pages: ``[num_blocks, block_tokens, 132]`` uint8 FP8 keys (``[..., 68]`` MXFP4 keys with
+            ``index_fmt="mxfp4"``, FP8 queries only), packed, 16-byte aligned blocks, ``block_tokens % 64 == 0``.
         block_table: ``[B, max_blocks]`` int32, -1 unmapped. req_ids, positions, run_offset, starts: ``[T]`` int32
             (run offsets and segment starts from :func:`.segments.segment_plan` for ``group``).
         max_context: output width. out: ``[T, max_context]`` fp32, unit last stride.
@@ -418,7 +524,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         ``out``.
     """
     name = "triton indexer_score (gluon)"
-    reason = refusal(q, index_pages, "fp8", group)
+    reason = refusal(q, index_pages, index_fmt, group)
     if reason:
         raise ValueError(f"{name}: {reason}")
     for arg, tensor in (("q", q), ("weights", weights), ("block_table", block_table), ("out", out)):
@@ -432,7 +538,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         raise ValueError(f"{name}: one warpgroup a program (num_warps=4), got {num_warps}")
     tokens = q.shape[0]
     meta = launch_meta(q, index_pages, group, stages, depth)
-    failure = compile_failure(meta["HI_LO"])
+    failure = compile_failure(meta["HI_LO"], meta["MX"])
     if failure:
         raise ValueError(f"{name}: this Triton ({triton.__version__}) does not compile the kernel: {failure}")
     if wide_tiles is not None:
@@ -453,21 +559,23 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
 def launch_meta(q: torch.Tensor, index_pages: torch.Tensor, group: int, stages: int, depth: int = 2) -> dict:
     """The kernel's constexprs (and warps) for a call."""
     return dict(H=q.shape[1], BLOCK_H=max(16, triton.next_power_of_2(q.shape[1])), GROUP=group, STAGES=stages,
-                DEPTH=depth, WHOLE=index_pages.shape[1] == TILE, HI_LO=q.dtype == torch.bfloat16, num_warps=4)
+                DEPTH=depth, WHOLE=index_pages.shape[1] == TILE, HI_LO=q.dtype == torch.bfloat16,
+                MX=index_pages.shape[2] == MX_RECORD_BYTES, num_warps=4)
 
 
-def compile_failure(hi_lo: bool) -> str:
-    """"" if this process's Triton compiles the kernel (FP8 queries, or bf16 ones with ``hi_lo``), else the compiler's
-    message: :data:`VERIFIED_TRITON` releases are taken as compiling it; another is asked once, by compiling a
-    one-token variant for sm_90."""
+def compile_failure(hi_lo: bool, mx: bool = False) -> str:
+    """"" if this process's Triton compiles the kernel (FP8 queries, or bf16 ones with ``hi_lo``; MXFP4 keys with
+    ``mx``), else the compiler's message: :data:`VERIFIED_TRITON` releases are taken as compiling it; another is asked
+    once, by compiling a one-token variant for sm_90."""
     if triton.__version__.startswith(VERIFIED_TRITON):
         return ""
-    if hi_lo not in _COMPILE_FAILURES:
+    key = (hi_lo, mx)
+    if key not in _COMPILE_FAILURES:
         from triton.backends.compiler import GPUTarget
         from triton.experimental.gluon._runtime import GluonASTSource
 
         kernel = indexer_gluon_kernel
-        constexprs = dict(H=32, BLOCK_H=32, GROUP=1, STAGES=3, DEPTH=2, WHOLE=True, HI_LO=hi_lo)
+        constexprs = dict(H=32, BLOCK_H=32, GROUP=1, STAGES=3, DEPTH=2, WHOLE=True, HI_LO=hi_lo, MX=mx)
         pointers = dict(q_ptr="bf16" if hi_lo else "fp8e4nv", w_ptr="fp32", pages_i32="i32", block_table_ptr="i32",
                         req_ptr="i32", pos_ptr="i32", off_ptr="i32", seg_ptr="i32", out_ptr="fp32")
         signature = {arg: "constexpr" if arg in constexprs else ("*" + pointers[arg] if arg in pointers else "i32")
@@ -475,7 +583,7 @@ def compile_failure(hi_lo: bool) -> str:
         try:
             triton.compile(GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs),
                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-            _COMPILE_FAILURES[hi_lo] = ""
+            _COMPILE_FAILURES[key] = ""
         except Exception as exc:  # noqa: BLE001 - any compiler error: the calls fall back, its message is kept
-            _COMPILE_FAILURES[hi_lo] = " ".join(str(exc).split())[-300:] or type(exc).__name__
-    return _COMPILE_FAILURES[hi_lo]
+            _COMPILE_FAILURES[key] = " ".join(str(exc).split())[-300:] or type(exc).__name__
+    return _COMPILE_FAILURES[key]

@@ -49,7 +49,8 @@ def shapes():
     """[(label, requests, tokens per request, keys per request)]."""
     if DEVICE == "cpu":
         return [("2x1 @48", 2, 1, 48), ("2x5 @48", 2, 5, 48)]
-    return [("64x1 @128K", 64, 1, 128 * 1024), ("64x5 @128K", 64, 5, 128 * 1024)]
+    return [("64x1 @128K", 64, 1, 128 * 1024), ("64x2 @128K", 64, 2, 128 * 1024), ("8x1 @1M", 8, 1, 1024 * 1024),
+            ("64x5 @128K", 64, 5, 128 * 1024)]
 
 
 def variants(torch):
@@ -97,7 +98,13 @@ def variants(torch):
             # eighteenth session: alu flag 128, bf16 queries split into e4m3 hi + lo for mode 4's FP8 MMAs (two a
             # block) instead of mode 3's fp16 MMAs
             ("mxfp4", bf16, "mode 4, alu 140 (bf16 q as e4m3 hi/lo), 16..64 tiles, L2 hint 4 ahead", "mode",
-             dict(TILES, mxfp4_mode=4, alu=140, wide_tiles=64, l2_ahead=4, dot=dot))]
+             dict(TILES, mxfp4_mode=4, alu=140, wide_tiles=64, l2_ahead=4, dot=dot))] + [
+            # twentieth session: the Gluon kernel (indexer_gluon, MX): whole 4,352-byte tiles by cp.async, the e2m1
+            # codes shifted into e4m3 words in registers and stored as four 32-dim blocks' MMA operands in shared
+            # memory, four K = 32 wgmmas a token (A from shared memory), the block scales after; FP8 queries;
+            # segments of the call's tokens a request (sm_90, Triton 3.6: 106 registers, 29.8 KB at 4 stages)
+            ("mxfp4", fp8, f"gluon, {stages} stages, depth {depth}", "gluon", dict(stages=stages, depth=depth))
+            for stages, depth in ((4, 1), (4, 2), (6, 1), (6, 2))]
 
 
 def _name(fmt, q_dtype, label):
@@ -110,6 +117,15 @@ def _call(torch, variant, q, w, pages, table, req, pos, context, out):
     from dsahal.backends.triton_kernels.indexer import indexer_score, run_offsets
 
     fmt, _, _, kind, cfg = variant
+    if kind == "gluon":  # segments of the call's tokens a request, as the backend's route
+        from dsahal.backends.triton_kernels import indexer_gluon
+        from dsahal.backends.triton_kernels.indexer import _request_group
+        from dsahal.backends.triton_kernels.segments import segment_plan
+
+        group = _request_group(5, q.shape[0], table.shape[0], True)
+        offsets, starts = segment_plan(req, group)
+        return indexer_gluon.launch(q, w, pages, table, req, pos, offsets, context, out, starts=starts, group=group,
+                                    index_fmt=fmt, **cfg)
     if kind == "backend":
         return indexer_score(q, w, pages, table, req, pos, fmt, context, out=out, **cfg)
     return indexer_decode.launch(q, w, pages, table, req, pos, run_offsets(req), fmt, context, out, **cfg)
@@ -198,6 +214,48 @@ def check(torch, chosen, big, failures):
     return passed
 
 
+def check_gluon_shapes(torch, failures):
+    """The Gluon kernel on MXFP4 keys beyond the sweep's check cases: other head counts (8, 16, 20, 64), blocks of 128
+    and 256 tokens (tiles inside a block), a token short of its request's run, an unmapped block, a causal bound
+    mid-tile, keys at extreme block scales (2^-127, 2^-120, 2^60), against the float64 reference."""
+    from dsahal.backends.triton_kernels import indexer_gluon
+    from dsahal.backends.triton_kernels.segments import segment_plan
+    from dsahal.reference.indexer import indexer_score as reference
+
+    gen = torch.Generator(device=DEVICE).manual_seed(17)
+    for heads, block_tokens, requests, per_request, context, group in (
+            (16, 64, 2, 3, 700, 3), (20, 128, 3, 5, 1000, 5), (64, 128, 2, 2, 900, 2), (32, 256, 2, 8, 1500, 5),
+            (8, 64, 4, 1, 333, 1), (32, 64, 5, 2, 777, 2)):
+        blocks = requests * -(-context // block_tokens) + 4
+        pages = cache_pools.index_pool(torch, "mxfp4", blocks, gen, DEVICE, block_tokens)
+        pages[1, :, 64] = 0  # the first 32 dims of a cache block's keys at 2^-127 (UE8M0 byte 0, subnormal) ...
+        pages[2, :, 65] = 7  # ... at 2^-120 ...
+        pages[3, :, 67] = 187  # ... and at 2^60
+        table, req, pos = cache_pools.decode_batch(torch, requests, per_request, context, blocks, gen, DEVICE,
+                                                   block_tokens)
+        table[-1, 1] = -1  # an unmapped block
+        pos[0] = context // 3 + 1  # a shorter causal bound, mid-tile
+        tokens = requests * per_request
+        q = torch.randn(tokens, heads, 128, device=DEVICE, generator=gen).to(torch.float8_e4m3fn)
+        w = torch.randn(tokens, heads, device=DEVICE, generator=gen)
+        out = torch.full((tokens, context), float("nan"), device=DEVICE)
+        name = f"gluon mxfp4, {heads} heads, {block_tokens}-token blocks, {requests}x{per_request}, group {group}"
+        try:
+            offsets, starts = segment_plan(req, group)
+            got = indexer_gluon.launch(q, w, pages, table, req, pos, offsets, context, out, starts=starts, group=group,
+                                       index_fmt="mxfp4", tiles=2, wide_tiles=None).cpu()
+            want = reference(q.float().cpu(), w.cpu(), pages.cpu(), table.cpu(), req.cpu(), pos.cpu(), "mxfp4",
+                             context)
+            err, same = score_error(torch, got, want)
+            ok = same and err < TOL_FP8_MMA
+            status = f"rel err {err:.2e}{'' if same else ', -inf mask differs'}  {'ok' if ok else 'FAIL'}"
+        except Exception as exc:  # noqa: BLE001 - listed as a failure
+            ok, status = False, f"{type(exc).__name__}: {str(exc)[:300]}"
+        print(f"  check {name:<72s} {status}", flush=True)
+        if not ok:
+            failures.append(f"{name}: {status}")
+
+
 def time_all(torch, chosen, passed, ceiling, big):
     """[(shape, name, ms, key GB/s, % copy, ratio to the MXFP4 default)] for every passed variant, on
     fresh block tables and queries over the bench pools ``big``."""
@@ -242,6 +300,8 @@ def main(argv=None) -> int:
     big = bench_pools(torch)
     print("\nchecks against the float64 reference")
     passed = check(torch, chosen, big, failures)
+    if DEVICE != "cpu":  # (Gluon has no interpreter)
+        check_gluon_shapes(torch, failures)
     print(f"\ntiming ({time.time() - started:.0f} s)", flush=True)
     rows = time_all(torch, chosen, passed, ceiling, big)
     print("\n| shape | variant | ms | key GB/s | % copy | vs MXFP4 default |\n|---|---|---|---|---|---|")
