@@ -78,7 +78,9 @@ MX_RECORD_BYTES = 68
 RECORDS = {"fp8": RECORD_BYTES, "mxfp4": MX_RECORD_BYTES}  # bytes a key, by index format
 MX_STAGE_WORDS = gl.constexpr(1024)  # + 64 padding words = 1,088 = 64 x 17
 _MX_STAGE = gl.constexpr(gl.PaddedSharedLayout([[16, 1], [512, 1]], [[1 << b] for b in range(10)], [], [1024]))
-_MX_WORDS = gl.constexpr(gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0]))  # a lane: 4 code words of one block, a row
+# a lane: word c of each block of a row (single words: rows 17 words apart are 4-byte aligned only; a layout with 4
+# words a lane in a row compiled to 16-byte shared loads there, misaligned on the H200)
+_MX_WORDS = gl.constexpr(gl.BlockedLayout([1, 1], [8, 4], [4, 1], [1, 0]))
 _COPY = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))  # 16-byte pieces, 4 words a lane
 
 
