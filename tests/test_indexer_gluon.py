@@ -145,14 +145,29 @@ def test_indexer_score_sends_only_the_configured_tokens_per_request_to_it(monkey
 def test_the_backend_configures_it_in_default_mode_only(monkeypatch):
     from dsahal.backends.nvidia import config
 
-    for dtype in (torch.float8_e4m3fn, torch.bfloat16):
+    for dtype, fmt in ((torch.float8_e4m3fn, "fp8"), (torch.bfloat16, "fp8"), (torch.float8_e4m3fn, "mxfp4")):
         config.indexer_config.cache_clear()
         monkeypatch.setattr(config, "batch_invariant", lambda: False)
-        assert set(config.indexer_config(32, dtype, "fp8")["block_tiles"]["gluon_stages"]) == {1, 2}
+        assert set(config.indexer_config(32, dtype, fmt)["block_tiles"]["gluon_stages"]) == {1, 2}
         config.indexer_config.cache_clear()
         monkeypatch.setattr(config, "batch_invariant", lambda: True)
-        assert "gluon_stages" not in config.indexer_config(32, dtype, "fp8")["block_tiles"]
+        assert "gluon_stages" not in config.indexer_config(32, dtype, fmt).get("block_tiles", {})
     config.indexer_config.cache_clear()
+    monkeypatch.setattr(config, "batch_invariant", lambda: False)
+    assert "gluon_stages" not in config.indexer_config(32, torch.bfloat16, "mxfp4")["block_tiles"]  # (FP8 q only)
+    config.indexer_config.cache_clear()
+
+
+def test_mxfp4_calls_go_to_it_with_fp8_queries_only(monkeypatch):
+    monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
+    monkeypatch.setattr(g, "runs_ptx", lambda device: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    seen = []
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False: seen.append(mx) or "")
+    pages = _pages(record=68)
+    assert idx._gluon_stages({1: 4}, _q(), pages, "mxfp4", tokens=64, rows=64) == 4 and seen == [True]
+    assert idx._gluon_stages({1: 4}, _q(dtype=torch.bfloat16), pages, "mxfp4", tokens=64, rows=64) == 0
+    assert idx._gluon_stages({1: 4}, _q(), pages, "fp8", tokens=64, rows=64) == 0  # 68-byte records are not FP8 keys
 
 
 def test_compile_failure_is_asked_once_a_process(monkeypatch):

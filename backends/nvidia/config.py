@@ -134,6 +134,7 @@ _FP8_KEYS_L2 = dict(l2_ahead=2, l2_ahead_tokens=2)
 # against 0.318 / 0.411 / 0.318 (1.07x / 1.09x / 1.07x). 64x5: tl 0.572 ms, Gluon's best 0.598 (3 stages).
 _FP8_Q_GLUON = dict(gluon_stages={1: 5, 2: 5})
 _BF16_Q_GLUON = dict(gluon_stages={1: 5, 2: 4})
+_MXFP4_FP8_Q_GLUON = dict(gluon_stages={1: 4, 2: 4}, gluon_depth=1)  # (MXFP4 keys: below, indexer_config)
 
 
 @functools.lru_cache(maxsize=64)
@@ -155,9 +156,15 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     # the packed pairs and scale bytes loaded as int32 words and decoded word-wise, no division per whole-block
     # tile) 0.482 / 1.000 ms at 64x1 / 64x5 against mode 4 alone 0.722 / 1.226 (1.50x / 1.23x; 28.0% / 13.5% of
     # copy); the word-order dims (flag 16: alu 24, 28) were slower at both (0.608-0.659 / 1.70-1.82).
+    # Twentieth session (R4 mxfp4_indexer_sweep.py, same run): calls of <= 2 tokens a request on the Gluon kernel
+    # (indexer_gluon, MX: whole 4,352-byte tiles by cp.async, the codes shifted into e4m3 words and stored as the
+    # four blocks' MMA operands in shared memory, four K = 32 wgmmas a token) with 4 stages, one token's MMAs in flight:
+    # 0.302 / 0.449 / 0.303 ms at 64x1 / 64x2 at 128K and 8x1 at 1M (44.7% / 30.1% / 44.6% of copy) against mode 4
+    # with alu 12's 0.439 / 0.570 / 0.446 (1.45x / 1.27x / 1.47x); at 5 tokens it lost (1.066 against 0.974 ms).
+    # Default mode only, as for FP8 keys.
     if index_fmt == "mxfp4" and q_dtype == torch.float8_e4m3fn and not batch_invariant():
         return dict(block_n=64, group=8, tiles=4, num_warps=8, num_stages=1, one_block_tiles=True,
-                    mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES, mxfp4_mode=4, alu=12))
+                    mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES, mxfp4_mode=4, alu=12, **_MXFP4_FP8_Q_GLUON))
     # bf16 q (R3 of the ninth session): mode 3 (fp16 MMAs per 32-dim block, scale after) with alu 12, each head's
     # query row scaled into fp16's range by a power of two (indexer_decode._fp16_row_scale: no bf16 value
     # overflows), 0.680 / 1.586 ms at 64x1 / 64x5 against tl.dot_scaled 1.021 / 1.496 (1.50x at one token, 0.94x at

@@ -421,7 +421,7 @@ def _l2_ahead(l2_ahead: int, tokens: int, rows: int, up_to_tokens) -> int:
 def _gluon_stages(stages_by_tokens, q, index_pages, index_fmt, tokens: int, rows: int) -> int:
     """The Gluon kernel's stage count for a call (0: the call takes the ``tl`` block tiles): ``stages_by_tokens``
     maps tokens per request (:func:`_tokens_per_request`) to stages; a call with
-    another count, or one the kernel refuses (:func:`.indexer_gluon.refusal`: not FP8 keys, not an sm_90 GPU, ...),
+    another count, or one the kernel refuses (:func:`.indexer_gluon.refusal`: bf16 keys, not an sm_90 GPU, ...),
     gets 0. The scores are the same contract either way."""
     if not stages_by_tokens:
         return 0
@@ -432,7 +432,7 @@ def _gluon_stages(stages_by_tokens, q, index_pages, index_fmt, tokens: int, rows
 
     if indexer_gluon.refusal(q, index_pages, index_fmt):
         return 0
-    return 0 if indexer_gluon.compile_failure(q.dtype == torch.bfloat16) else stages
+    return 0 if indexer_gluon.compile_failure(q.dtype == torch.bfloat16, index_fmt == "mxfp4") else stages
 
 
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,
@@ -475,7 +475,8 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             to spare, :func:`.indexer_decode.tiles_per_program`; ``l2_ahead``: the L2 hint of
             :func:`.indexer_decode.launch`; ``l2_ahead_tokens``: the hint only for calls of at most that many tokens
             per request, :func:`_l2_ahead`; ``gluon_stages``: ``{tokens per request: stages}``, the calls of those
-            lengths that :mod:`.indexer_gluon` takes go to it, with that many tiles in flight, :func:`_gluon_stages`),
+            lengths that :mod:`.indexer_gluon` takes go to it, with that many tiles in flight, :func:`_gluon_stages`;
+            ``gluon_depth``: its token MMAs in flight, default 2),
             the other arguments then being the general kernel's, for the calls that fall back to it.
             There ``group`` (or ``tile_group``, <= 8) is the tokens per segment, ``tiles``, ``num_warps``,
             ``num_stages``, ``typed_keys``, ``mxfp4_dot_scaled`` / ``mxfp4_fast_math`` mean the same;
@@ -522,7 +523,8 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             group = _request_group(group, tokens, block_table.shape[0], True)
             offsets, starts = segment_plan(req_ids, group)
             return indexer_gluon.launch(q, weights, index_pages, block_table, req_ids, positions, offsets, max_context,
-                                        out, starts=starts, group=group, stages=stages)
+                                        out, starts=starts, group=group, index_fmt=index_fmt, stages=stages,
+                                        depth=tile.get("gluon_depth", 2))
         offsets, starts = segment_plan(req_ids, group)  # one launch
         return indexer_decode.launch(
             q, weights, index_pages, block_table, req_ids, positions, offsets, index_fmt, max_context,
