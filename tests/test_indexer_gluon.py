@@ -79,8 +79,6 @@ def _pages(blocks=4, block_tokens=64, record=132, device="cpu"):
 
 @pytest.mark.parametrize("q, pages, fmt, why", [
     (_q(), _pages(record=68), "bf16", "bf16 keys: the Gluon indexer reads FP8 and MXFP4 keys"),
-    (_q(dtype=torch.bfloat16), _pages(record=68), "mxfp4",
-     "bfloat16 queries on MXFP4 keys: the Gluon indexer takes FP8 ones there"),
     (_q(dtype=torch.float16), _pages(), "fp8", "float16 queries: the Gluon indexer takes FP8 or bf16 queries"),
     (_q(heads=65), _pages(), "fp8", r"q of shape \[2, 65, 128\]: the Gluon indexer takes \[T, 1..64, 128\]"),
     (_q(), _pages(), "fp8", "the Gluon indexer runs on NVIDIA CUDA tensors only"),
@@ -158,7 +156,7 @@ def test_the_backend_configures_it_in_default_mode_only(monkeypatch):
     config.indexer_config.cache_clear()
 
 
-def test_mxfp4_calls_go_to_it_with_fp8_queries_only(monkeypatch):
+def test_mxfp4_calls_go_to_it_and_fp8_records_are_refused_as_mxfp4(monkeypatch):
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     monkeypatch.setattr(g, "runs_ptx", lambda device: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
@@ -166,7 +164,9 @@ def test_mxfp4_calls_go_to_it_with_fp8_queries_only(monkeypatch):
     monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False: seen.append(mx) or "")
     pages = _pages(record=68)
     assert idx._gluon_stages({1: 4}, _q(), pages, "mxfp4", tokens=64, rows=64) == 4 and seen == [True]
-    assert idx._gluon_stages({1: 4}, _q(dtype=torch.bfloat16), pages, "mxfp4", tokens=64, rows=64) == 0
+    assert idx._gluon_stages({1: 4}, _q(dtype=torch.bfloat16), pages, "mxfp4", tokens=64, rows=64) == 4
+    assert g.refusal(_q(), _pages(), "mxfp4").startswith("pages torch.uint8 [4, 64, 132]: the Gluon indexer reads "
+                                                         "mxfp4 keys as uint8 [blocks, tokens, 68]")
     assert idx._gluon_stages({1: 4}, _q(), pages, "fp8", tokens=64, rows=64) == 0  # 68-byte records are not FP8 keys
 
 

@@ -194,19 +194,40 @@ def _hi_lo(x):
     (:func:`.indexer_decode._e4m3_hi_lo`, whose docstring has the exactness argument; ``LO_SCALE`` 16): ``up`` puts a
     row's largest magnitude in [2^7, 2^8); ``hi`` keeps 4 significant bits (rounded to nearest even on the fp32 bits,
     0 below 2^-6), ``lo`` 16 x the residual to multiples of 2^-9; no conversion rounds."""
-    amax = gl.max(gl.where(x == x, gl.abs(x), float("inf")), axis=1)  # Inf for a row holding NaN
+    up, down = _row_scale(_row_amax(x))
+    hi, lo = _split(x, up, 16.0)
+    return hi, lo, down
+
+
+@gluon.jit
+def _row_amax(x):
+    """Largest magnitude of each row of ``x`` ``[R, D]`` -> ``[R]``, Inf for a row holding NaN."""
+    return gl.max(gl.where(x == x, gl.abs(x), float("inf")), axis=1)
+
+
+@gluon.jit
+def _row_scale(amax):
+    """(up, down): per row a power of two putting ``amax`` in [2^7, 2^8), and its inverse (NaN where ``amax`` is
+    Inf: a row holding Inf or NaN, whose e4m3 parts would hide it)."""
     biased = (amax.to(gl.int32, bitcast=True) >> 23) & 0xFF
     field = gl.minimum(261 - biased, 253)  # exponent field of 2^(134 - biased): amax * up in [2^7, 2^8)
     up = (field << 23).to(gl.float32, bitcast=True)
     down = ((254 - field) << 23).to(gl.float32, bitcast=True)
-    down = gl.where(amax < float("inf"), down, float("nan"))
+    return up, gl.where(amax < float("inf"), down, float("nan"))
+
+
+@gluon.jit
+def _split(x, up, LO: gl.constexpr):
+    """Rows ``x`` (fp32 ``[R, D]``) times their ``up`` -> e4m3 (hi, lo) with ``hi + lo / LO`` the scaled rows: hi 4
+    significant bits, lo ``LO`` x the residual to multiples of 2^-9 (exact for values above 2^-13 of the row's
+    largest with ``LO`` 16, above 2^-9 with 1: the MXFP4 keys' chained MMAs, as the ``tl`` kernel's)."""
     scaled = x * up[:, None]
     bits = scaled.to(gl.int32, bitcast=True)
     hi = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(gl.float32, bitcast=True)
     hi = gl.where(gl.abs(scaled) >= 0.015625, hi, 0.0)
-    rest = (scaled - hi) * 16.0
+    rest = (scaled - hi) * LO
     lo = gl.floor(rest * 512.0 + 0.5) * 0.001953125
-    return hi.to(gl.float8e4nv), lo.to(gl.float8e4nv), down
+    return hi.to(gl.float8e4nv), lo.to(gl.float8e4nv)
 
 
 @gluon.jit
@@ -287,7 +308,12 @@ def _epilogue(acc, w_s, key_scale, mapped, s, ok, pos, t, out_ptr, stride_ot, ma
 def _token_mmas(a, qs, qs_lo, g: gl.constexpr, zeros, HI_LO: gl.constexpr, MX: gl.constexpr):
     """Token ``g``'s MMA(s) on the tile's keys ``a``, issued asynchronously: one, or (``HI_LO``) the hi and lo parts'
     into separate accumulators (chained, the FP8 accumulator's precision cost 4.3e-4 relative error on the H200)."""
-    if MX:  # a: the blocks' operands in shared memory, qs[g] the token's four blocks
+    if MX and HI_LO:  # a block's lo MMA chained onto its hi MMA's accumulator (lo unscaled: _split's LO 1)
+        out = ()
+        for b in gl.static_range(4):
+            acc = warpgroup_mma(a.index(b), qs[g][b].permute((1, 0)), zeros, use_acc=False, is_async=True)
+            out = out + (warpgroup_mma(a.index(b), qs_lo[g][b].permute((1, 0)), acc, is_async=True),)
+    elif MX:  # a: the blocks' operands in shared memory, qs[g] the token's four blocks
         out = (warpgroup_mma(a.index(0), qs[g][0].permute((1, 0)), zeros, use_acc=False, is_async=True),
                warpgroup_mma(a.index(1), qs[g][1].permute((1, 0)), zeros, use_acc=False, is_async=True),
                warpgroup_mma(a.index(2), qs[g][2].permute((1, 0)), zeros, use_acc=False, is_async=True),
@@ -336,7 +362,7 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
     zeros = gl.zeros([64, BLOCK_H], gl.float32, MMA)
     D: gl.constexpr = DEPTH if DEPTH < GROUP else GROUP
     # MMAs (commit groups) a token: bf16 queries as hi and lo parts; MXFP4 keys one a 32-dim block
-    P: gl.constexpr = 4 if MX else (2 if HI_LO else 1)
+    P: gl.constexpr = (8 if HI_LO else 4) if MX else (2 if HI_LO else 1)
     toks = ()
     for g in gl.static_range(D):  # the first D tokens' MMAs in flight before the first epilogue
         toks = toks + (_token_mmas(a, qs, qs_lo, g, zeros, HI_LO, MX),)
@@ -375,7 +401,7 @@ def indexer_gluon_kernel(
     DEPTH: gl.constexpr = 8,  # token MMAs in flight at once (the accumulators' registers)
     WHOLE: gl.constexpr = False,  # a tile is a whole cache block (block_tokens == 64): no division per tile
     HI_LO: gl.constexpr = False,  # bf16 queries, each split into e4m3 hi + lo parts (_hi_lo): two MMAs a token
-    MX: gl.constexpr = False,  # MXFP4 keys (68-byte records; FP8 queries): four K = 32 MMAs a token, one a block
+    MX: gl.constexpr = False,  # MXFP4 keys (68-byte records): four K = 32 MMAs a token, one a block (two with HI_LO)
 ):
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)  # [64] per key
@@ -405,11 +431,22 @@ def indexer_gluon_kernel(
             rows = q_ptr + t * stride_qt + qh[:, None] * stride_qh
             wv = gl.load(w_ptr + t * stride_wt + heads, mask=(heads < H) & ok, other=0.0)
             if MX:  # a [BLOCK_H, 32] buffer a block, its dims in the decoded keys' order (mx_dim)
+                if HI_LO:  # one power of two a row over its 128 dims (the row's inverse on its weight)
+                    up, down = _row_scale(_row_amax(gl.load(rows + qk[None, :], mask=((qh < H) & ok)[:, None],
+                                                            other=0.0).to(gl.float32)))
+                    wv = wv * gl.convert_layout(down, WL)
                 blocks = ()
+                blocks_lo = ()
                 for b in gl.static_range(4):
                     qv = gl.load(rows + 32 * b + qb[None, :], mask=((qh < H) & ok)[:, None], other=0.0)
-                    blocks = blocks + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 32], QB_SMEM, qv),)
+                    if HI_LO:
+                        hi, lo = _split(qv.to(gl.float32), up, 1.0)
+                        blocks = blocks + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 32], QB_SMEM, hi),)
+                        blocks_lo = blocks_lo + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 32], QB_SMEM, lo),)
+                    else:
+                        blocks = blocks + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 32], QB_SMEM, qv),)
                 qs = qs + (blocks,)
+                qs_lo = qs_lo + (blocks_lo,)
             elif HI_LO:
                 qv = gl.load(rows + qk[None, :], mask=((qh < H) & ok)[:, None], other=0.0)  # the row scale's inverse goes on the head's weight
                 hi, lo, down = _hi_lo(qv.to(gl.float32))
@@ -481,8 +518,6 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
         return f"{index_fmt} keys: the Gluon indexer reads FP8 and MXFP4 keys"
     if q.dtype not in (torch.float8_e4m3fn, torch.bfloat16):
         return f"{str(q.dtype).replace('torch.', '')} queries: the Gluon indexer takes FP8 or bf16 queries"
-    if index_fmt == "mxfp4" and q.dtype != torch.float8_e4m3fn:
-        return f"{str(q.dtype).replace('torch.', '')} queries on MXFP4 keys: the Gluon indexer takes FP8 ones there"
     if q.dim() != 3 or q.shape[2] != 128 or not 1 <= q.shape[1] <= MAX_HEADS:
         return f"q of shape {list(q.shape)}: the Gluon indexer takes [T, 1..{MAX_HEADS}, 128]"
     if not (runs_ptx(q.device) and runs_ptx(index_pages.device)):
@@ -514,7 +549,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         q: ``[T, H, 128]`` float8_e4m3fn or bf16 (split into two e4m3 parts, :func:`_hi_lo`), unit stride in the
             last dim. weights: ``[T, H]`` fp32, unit last stride.
         index_pages: ``[num_blocks, block_tokens, 132]`` uint8 FP8 keys (``[..., 68]`` MXFP4 keys with
-            ``index_fmt="mxfp4"``, FP8 queries only), packed, 16-byte aligned blocks, ``block_tokens % 64 == 0``.
+            ``index_fmt="mxfp4"``), packed, 16-byte aligned blocks, ``block_tokens % 64 == 0``.
         block_table: ``[B, max_blocks]`` int32, -1 unmapped. req_ids, positions, run_offset, starts: ``[T]`` int32
             (run offsets and segment starts from :func:`.segments.segment_plan` for ``group``).
         max_context: output width. out: ``[T, max_context]`` fp32, unit last stride.

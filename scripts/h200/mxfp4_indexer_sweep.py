@@ -104,7 +104,12 @@ def variants(torch):
             # memory, four K = 32 wgmmas a token (A from shared memory), the block scales after; FP8 queries;
             # segments of the call's tokens a request (sm_90, Triton 3.6: 106 registers, 29.8 KB at 4 stages)
             ("mxfp4", fp8, f"gluon, {stages} stages, depth {depth}", "gluon", dict(stages=stages, depth=depth))
-            for stages, depth in ((4, 1), (4, 2), (6, 1), (6, 2))]
+            for stages, depth in ((4, 1), (6, 1))] + [
+            # (R4: depth 2 as depth 1 at one token, slower at 2 and 5: 0.482 / 1.173 against 0.449 / 1.066 ms)
+            # bf16 queries: each row split into e4m3 hi + lo (one power of two a row), a block's lo MMA chained onto
+            # its hi MMA's accumulator (eight K = 32 MMAs a token, four accumulators)
+            ("mxfp4", bf16, f"gluon, {stages} stages, depth 1 (bf16 q as e4m3 hi/lo, chained)", "gluon",
+             dict(stages=stages, depth=1)) for stages in (4, 6)]
 
 
 def _name(fmt, q_dtype, label):
@@ -223,9 +228,11 @@ def check_gluon_shapes(torch, failures):
     from dsahal.reference.indexer import indexer_score as reference
 
     gen = torch.Generator(device=DEVICE).manual_seed(17)
-    for heads, block_tokens, requests, per_request, context, group in (
-            (16, 64, 2, 3, 700, 3), (20, 128, 3, 5, 1000, 5), (64, 128, 2, 2, 900, 2), (32, 256, 2, 8, 1500, 5),
-            (8, 64, 4, 1, 333, 1), (32, 64, 5, 2, 777, 2)):
+    fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
+    for heads, block_tokens, requests, per_request, context, group, q_dtype in (
+            (16, 64, 2, 3, 700, 3, fp8), (20, 128, 3, 5, 1000, 5, fp8), (64, 128, 2, 2, 900, 2, fp8),
+            (32, 256, 2, 8, 1500, 5, fp8), (8, 64, 4, 1, 333, 1, fp8), (32, 64, 5, 2, 777, 2, fp8),
+            (20, 128, 3, 5, 1000, 5, bf16), (64, 64, 2, 2, 900, 2, bf16), (32, 64, 5, 1, 700, 1, bf16)):
         blocks = requests * -(-context // block_tokens) + 4
         pages = cache_pools.index_pool(torch, "mxfp4", blocks, gen, DEVICE, block_tokens)
         pages[1, :, 64] = 0  # the first 32 dims of a cache block's keys at 2^-127 (UE8M0 byte 0, subnormal) ...
@@ -236,10 +243,15 @@ def check_gluon_shapes(torch, failures):
         table[-1, 1] = -1  # an unmapped block
         pos[0] = context // 3 + 1  # a shorter causal bound, mid-tile
         tokens = requests * per_request
-        q = torch.randn(tokens, heads, 128, device=DEVICE, generator=gen).to(torch.float8_e4m3fn)
+        q = torch.randn(tokens, heads, 128, device=DEVICE, generator=gen)
+        if q_dtype == bf16:  # rows far from 1: the split's per-row power of two
+            q[1] *= 1e-20
+            q[2] *= 1e20
+        q = q.to(q_dtype)
         w = torch.randn(tokens, heads, device=DEVICE, generator=gen)
         out = torch.full((tokens, context), float("nan"), device=DEVICE)
-        name = f"gluon mxfp4, {heads} heads, {block_tokens}-token blocks, {requests}x{per_request}, group {group}"
+        name = (f"gluon mxfp4, {str(q_dtype).split('.')[-1]} q, {heads} heads, {block_tokens}-token blocks, "
+                f"{requests}x{per_request}, group {group}")
         try:
             offsets, starts = segment_plan(req, group)
             got = indexer_gluon.launch(q, w, pages, table, req, pos, offsets, context, out, starts=starts, group=group,
