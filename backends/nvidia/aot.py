@@ -551,7 +551,7 @@ def _gluon_variants() -> list[Variant]:
 
 def _gluon_indexer_variants() -> list[Variant]:
     """The Gluon indexer (``indexer_gluon``) as the backend launches it: FP8 keys in 64-token blocks, 32 heads, one and
-    two tokens a request, FP8 and bf16 queries, the stages of ``config.indexer_config``; MXFP4 keys with FP8 queries. Its padded shared layout
+    two tokens a request, FP8 and bf16 queries, the stages of ``config.indexer_config``; MXFP4 keys the same. Its padded shared layout
     compiles with the H200's Triton 3.6; Triton 3.9's Gluon refuses it (the backend then keeps the tl kernel)."""
     from ..triton_kernels import indexer_gluon
 
@@ -567,14 +567,15 @@ def _gluon_indexer_variants() -> list[Variant]:
                      HI_LO=label == "bf16", MX=False),
                 dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 33),
                 gluon=True))
-    for group in (1, 2):  # MXFP4 keys, FP8 q (config._MXFP4_FP8_Q_GLUON)
-        out.append(Variant(
-            f"indexer Gluon, mxfp4 keys, fp8 q, {group} token(s) a request, 4 stages",
-            indexer_gluon.indexer_gluon_kernel,
-            dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=4, DEPTH=1, WHOLE=True, HI_LO=False,
-                 MX=True),
-            dict(pointers, q_ptr="fp8e4nv"), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 17),
-            gluon=True))
+    for label, q_type in (("fp8", "fp8e4nv"), ("bf16", "bf16")):  # MXFP4 keys (config._MXFP4_GLUON)
+        for group in (1, 2):
+            out.append(Variant(
+                f"indexer Gluon, mxfp4 keys, {label} q, {group} token(s) a request, 4 stages",
+                indexer_gluon.indexer_gluon_kernel,
+                dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=4, DEPTH=1, WHOLE=True,
+                     HI_LO=label == "bf16", MX=True),
+                dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 17),
+                gluon=True))
     return out
 
 

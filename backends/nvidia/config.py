@@ -134,7 +134,7 @@ _FP8_KEYS_L2 = dict(l2_ahead=2, l2_ahead_tokens=2)
 # against 0.318 / 0.411 / 0.318 (1.07x / 1.09x / 1.07x). 64x5: tl 0.572 ms, Gluon's best 0.598 (3 stages).
 _FP8_Q_GLUON = dict(gluon_stages={1: 5, 2: 5})
 _BF16_Q_GLUON = dict(gluon_stages={1: 5, 2: 4})
-_MXFP4_FP8_Q_GLUON = dict(gluon_stages={1: 4, 2: 4}, gluon_depth=1)  # (MXFP4 keys: below, indexer_config)
+_MXFP4_GLUON = dict(gluon_stages={1: 4, 2: 4}, gluon_depth=1)  # (MXFP4 keys, FP8 or bf16 q: below, indexer_config)
 
 
 @functools.lru_cache(maxsize=64)
@@ -164,7 +164,7 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     # Default mode only, as for FP8 keys.
     if index_fmt == "mxfp4" and q_dtype == torch.float8_e4m3fn and not batch_invariant():
         return dict(block_n=64, group=8, tiles=4, num_warps=8, num_stages=1, one_block_tiles=True,
-                    mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES, mxfp4_mode=4, alu=12, **_MXFP4_FP8_Q_GLUON))
+                    mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES, mxfp4_mode=4, alu=12, **_MXFP4_GLUON))
     # bf16 q (R3 of the ninth session): mode 3 (fp16 MMAs per 32-dim block, scale after) with alu 12, each head's
     # query row scaled into fp16's range by a power of two (indexer_decode._fp16_row_scale: no bf16 value
     # overflows), 0.680 / 1.586 ms at 64x1 / 64x5 against tl.dot_scaled 1.021 / 1.496 (1.50x at one token, 0.94x at
@@ -172,9 +172,13 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     # mxfp4_indexer_sweep.py, same run): mode 4 with alu 140 (flag 128: each query row split exactly into e4m3 hi +
     # lo, two FP8 MMAs a block, the low one chained: indexer_decode._e4m3_hi_lo, MXFP4_LO_SCALE) 0.509 / 1.405 ms
     # against mode 3's 0.648 / 1.535 (1.27x / 1.09x; 26.4% / 9.6% of copy), rel err 8.8e-5; certified in both modes.
+    # Twentieth session (R6 mxfp4_indexer_sweep.py, same run): calls of <= 2 tokens a request on the Gluon kernel (the
+    # same split, a block's lo MMA chained onto its hi MMA's accumulator) with 4 stages, one token in flight: 0.372 /
+    # 0.624 / 0.375 ms at 64x1 / 64x2 at 128K and 8x1 at 1M (36.2% / 21.6% / 36.0% of copy) against 0.517 / 0.735 /
+    # 0.513 (1.39x / 1.18x / 1.37x), rel err 8.4e-5 as the tl kernel's; 5 tokens 0.98x (tl kept). Default mode only.
     if index_fmt == "mxfp4" and q_dtype == torch.bfloat16 and not batch_invariant():
         return dict(block_n=64, group=8, tiles=4, num_warps=8, num_stages=1, one_block_tiles=True,
-                    mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES, mxfp4_mode=4, alu=140))
+                    mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES, mxfp4_mode=4, alu=140, **_MXFP4_GLUON))
     if index_fmt == "mxfp4" and q_dtype in (torch.bfloat16, torch.float8_e4m3fn):
         return dict(block_n=64, group=8, tiles=4, num_warps=8, num_stages=1, one_block_tiles=True,
                     mxfp4_dot_scaled=True, block_tiles=dict(_BLOCK_TILES))
