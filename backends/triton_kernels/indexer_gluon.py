@@ -1,11 +1,11 @@
-"""Paged indexer score on FP8 keys in Gluon: whole key tiles copied into shared memory, asynchronous MMAs per token.
+"""Paged indexer score on FP8 and MXFP4 keys in Gluon: whole key tiles copied into shared memory, asynchronous MMAs.
 
 Same contract as :func:`dsahal.backends.triton_kernels.indexer.indexer_score` for the calls this kernel takes
 (:func:`refusal`): FP8 or bf16 queries ``[T, H <= 64, 128]`` on FP8 keys (132-byte records: 128 e4m3 codes, then the
-fp32 key scale) in packed pages whose blocks hold a multiple of 64 tokens at 16-byte aligned block starts, on an sm_90
-GPU; ``score[t, s] =
-Σ_h w[t, h] · relu(q[t, h] · k[s]) · scale[s]``, -inf past a token's position, on unmapped blocks and past
-``max_context``.
+fp32 key scale) or MXFP4 keys (68-byte records: 64 bytes of e2m1 pairs, then four UE8M0 scales, one a 32-dim block)
+in packed pages whose blocks hold a multiple of 64 tokens at 16-byte aligned block starts, on an sm_90 GPU;
+``score[t, s] = Σ_h w[t, h] · relu(q[t, h] · k[s]) · scale[s]`` (MXFP4: the block scales inside the dot product), -inf
+past a token's position, on unmapped blocks and past ``max_context``.
 
 Why a second block-tile kernel (:mod:`.indexer_decode` is the ``tl`` one). On the H200 (BENCHMARKS.md, eighteenth
 session) the ``tl`` kernel reads keys at 83% of the copy ceiling at one token a request but 75% at two and 46% at
@@ -24,19 +24,28 @@ queries, so every dot product is the same sum) so that a thread's 32 bytes of a 
 reads hit 32 different banks. The tokens' MMAs are issued asynchronously, ``DEPTH`` (2) in flight: token ``g``'s
 epilogue (relu, head weights, the head sum, the key scale, the store) runs while token ``g + 1``'s MMA runs. bf16
 queries are split per head into two exact e4m3 parts (:func:`_hi_lo`, as the ``tl`` kernel's flag 128), two MMAs a
-token.
+token. Stages are 8,448 bytes exactly (twentieth session: 16 KiB ones held 3 programs a SM at 2 tokens, these 5).
+
+MXFP4 keys (``MX``, twentieth session): a 4,352-byte tile copied the same way; each tile's e2m1 codes are shifted into
+e4m3 bytes (the code's value times 2^-6, exactly) in registers, a code word into two e4m3 words, and stored as the A
+operands of four K = 32 MMAs, one a 32-dim scale block (:func:`_mx_operands`; the queries' dims in the same order,
+:func:`mx_dim`), each into its own accumulator, the block scales then applied per key (Hopper's MMAs have no block
+scales). bf16 queries: hi and lo parts a block, the lo MMA chained onto the hi one's accumulator (the ``tl`` kernel's
+MXFP4 choice: four accumulators instead of eight).
 
 Keys are the MMA's M side (64 a tile), one token's heads its N side (``BLOCK_H``: the heads padded to a power of two
 >= 16); the queries sit in shared memory (the ``wgmma`` B operand), one ``[BLOCK_H, 128]`` buffer a token (two for
 bf16), loaded once a program, with the head weights. Every score is one key, one token: the same arithmetic whatever
 the batch holds. (Not bit-equal to the ``tl`` kernel's, whose k order differs: the backend uses this kernel in default
-mode only, for calls of <= 2 tokens a request, where it measured faster; BENCHMARKS.md, nineteenth session.)
+mode only, for calls of <= 2 tokens a request, where it measured faster; BENCHMARKS.md, nineteenth and twentieth
+sessions.)
 
 Grid and segments as :mod:`.indexer_decode`: axis 0 the segments (up to ``GROUP`` consecutive tokens of one request;
 programs past the live ones exit), axis 1 chunks of ``n_tiles`` key tiles. Gluon has no interpreter: a CPU machine
 compiles this kernel for sm_90 with Triton 3.6 (``python -m dsahal.backends.nvidia.aot --only "indexer Gluon"``; 3.9's
 Gluon refuses its padded view, :func:`compile_failure`); its scores are checked on the H200 against the float64
-reference (``scripts/h200/indexer_alu_sweep.py``) and by the conformance suite through ``indexer_score``.
+reference (``scripts/h200/indexer_alu_sweep.py``, ``scripts/h200/mxfp4_indexer_sweep.py``) and by the conformance
+suite through ``indexer_score``.
 """
 from __future__ import annotations
 
