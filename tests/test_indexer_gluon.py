@@ -119,7 +119,8 @@ def test_launch_parameters_are_checked_before_any_launch(monkeypatch, kwargs, me
 
 def test_a_triton_that_does_not_compile_it_is_named_and_the_calls_fall_back(monkeypatch):
     monkeypatch.setattr(g, "refusal", lambda *args: "")
-    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False: "cannot reinterpret between padded and non-padded layouts")
+    monkeypatch.setattr(g, "compile_failure",
+                        lambda hi_lo, mx=False: "cannot reinterpret between padded and non-padded layouts")
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     assert idx._gluon_stages({1: 3}, _q(), _pages(), "fp8", tokens=4, rows=4) == 0
     t = torch.zeros(2, dtype=torch.int32)

@@ -383,7 +383,8 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
     for g in gl.static_range(GROUP):
         # tokens 0 .. min(g + D, GROUP) - 1 issued; wait for token g's, then issue token g + D's before g's epilogue
         if MX:
-            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g][0], toks[g][1], toks[g][2], toks[g][3]])
+            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(_issued_after(g, D, GROUP, P),
+                                                        deps=[toks[g][0], toks[g][1], toks[g][2], toks[g][3]])
             acc = (acc0 * block_scales[0][:, None] + acc1 * block_scales[1][:, None] + acc2 * block_scales[2][:, None]
                    + acc3 * block_scales[3][:, None])
         elif HI_LO:
@@ -456,8 +457,8 @@ def indexer_gluon_kernel(
                         blocks = blocks + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 32], QB_SMEM, qv),)
                 qs = qs + (blocks,)
                 qs_lo = qs_lo + (blocks_lo,)
-            elif HI_LO:
-                qv = gl.load(rows + qk[None, :], mask=((qh < H) & ok)[:, None], other=0.0)  # the row scale's inverse goes on the head's weight
+            elif HI_LO:  # the row scale's inverse goes on the head's weight
+                qv = gl.load(rows + qk[None, :], mask=((qh < H) & ok)[:, None], other=0.0)
                 hi, lo, down = _hi_lo(qv.to(gl.float32))
                 qs = qs + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, hi),)
                 qs_lo = qs_lo + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, lo),)

@@ -32,6 +32,7 @@ import timing  # scripts/h200/timing.py (this folder is on sys.path when the scr
 import pools as cache_pools  # scripts/h200/pools.py
 from score_check import score_error  # scripts/h200/score_check.py
 from script_cli import finish, run, smoke_args, start  # scripts/h200/script_cli.py
+from indexer_gluon_cases import check_gluon, paged_case  # scripts/h200/indexer_gluon_cases.py
 
 HEADS = 32
 BLOCK_TOKENS = 64
@@ -192,58 +193,24 @@ def check(torch, chosen, failures):
 
 
 def check_gluon_shapes(torch, failures):
-    """The Gluon kernel beyond the sweep's check case: other head counts (16, 20, 64), blocks of 128 and 256 tokens
+    """The Gluon kernel beyond the sweep's check case: other head counts (8, 16, 20, 64), blocks of 128 and 256 tokens
     (tiles inside a block), a token short of its request's run, against the float64 reference."""
     gen = torch.Generator(device=DEVICE).manual_seed(11)
+    fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
     for heads, block_tokens, requests, per_request, context, group, q_dtype in (
-            (16, 64, 2, 3, 700, 3, torch.float8_e4m3fn), (20, 128, 3, 5, 1000, 5, torch.float8_e4m3fn),
-            (64, 128, 2, 2, 900, 2, torch.float8_e4m3fn), (32, 256, 2, 8, 1500, 5, torch.float8_e4m3fn),
-            (8, 64, 4, 1, 333, 1, torch.float8_e4m3fn), (20, 128, 3, 5, 1000, 5, torch.bfloat16),
-            (64, 64, 2, 2, 900, 2, torch.bfloat16), (32, 64, 5, 1, 700, 1, torch.bfloat16)):
-        blocks = requests * -(-context // block_tokens) + 4
-        pages = cache_pools.index_pool(torch, "fp8", blocks, gen, DEVICE, block_tokens)
-        table, req, pos = cache_pools.decode_batch(torch, requests, per_request, context, blocks, gen, DEVICE,
-                                                   block_tokens)
-        table[-1, 1] = -1  # an unmapped block
-        pos[0] = context // 3 + 1  # a shorter causal bound, mid-tile
-        tokens = requests * per_request
-        q = torch.randn(tokens, heads, 128, device=DEVICE, generator=gen)
-        if q_dtype == torch.bfloat16 and tokens >= 3:  # rows far from 1: the split's per-row power of two
-            q[1] *= 1e-20
-            q[2] *= 1e20
-        q = q.to(q_dtype)
-        w = torch.randn(tokens, heads, device=DEVICE, generator=gen)
-        out = torch.full((tokens, context), float("nan"), device=DEVICE)
+            (16, 64, 2, 3, 700, 3, fp8), (20, 128, 3, 5, 1000, 5, fp8), (64, 128, 2, 2, 900, 2, fp8),
+            (32, 256, 2, 8, 1500, 5, fp8), (8, 64, 4, 1, 333, 1, fp8), (20, 128, 3, 5, 1000, 5, bf16),
+            (64, 64, 2, 2, 900, 2, bf16), (32, 64, 5, 1, 700, 1, bf16)):
+        q, w, pages, table, req, pos, out = paged_case(torch, "fp8", heads, block_tokens, requests, per_request,
+                                                       context, q_dtype, gen, DEVICE)
         name = (f"gluon, {str(q_dtype).split('.')[-1]} q, {heads} heads, {block_tokens}-token blocks, "
                 f"{requests}x{per_request}, group {group}")
 
         def judge(got, want):
             err, same = score_error(torch, got, want)
             return same and err < TOL_FP8_MMA, f"rel err {err:.2e}"
-        _gluon_check(torch, name, (q, w, pages, table, req, pos), context, out, group, judge, failures, tiles=2,
-                     wide_tiles=None)
-
-
-def _gluon_check(torch, name, args, context, out, group, judge, failures, **launch):
-    """Run the Gluon kernel on ``args`` (q, w, pages, table, req, pos) and ``judge(got, want)`` -> (ok, status) its
-    scores against the float64 reference's; printed, and listed in ``failures`` unless ok."""
-    from dsahal.backends.triton_kernels import indexer_gluon
-    from dsahal.backends.triton_kernels.segments import segment_plan
-    from dsahal.reference.indexer import indexer_score as reference
-
-    q, w, pages, table, req, pos = args
-    try:
-        offsets, starts = segment_plan(req, group)
-        got = indexer_gluon.launch(q, w, pages, table, req, pos, offsets, context, out, starts=starts, group=group,
-                                   **launch).cpu()
-        want = reference(q.float().cpu(), w.cpu(), pages.cpu(), table.cpu(), req.cpu(), pos.cpu(), "fp8", context)
-        ok, status = judge(got, want)
-        status = f"{status}  {'ok' if ok else 'FAIL'}"
-    except Exception as exc:  # noqa: BLE001 - listed as a failure
-        ok, status = False, f"{type(exc).__name__}: {str(exc)[:300]}"
-    print(f"  check {name:<58s} {status}", flush=True)
-    if not ok:
-        failures.append(f"{name}: {status}")
+        check_gluon(torch, name, (q, w, pages, table, req, pos), context, out, group, judge, failures, tiles=2,
+                    wide_tiles=None)
 
 
 def check_gluon_nan(torch, failures):
@@ -268,8 +235,8 @@ def check_gluon_nan(torch, failures):
         err, same = score_error(torch, got[rows], want[rows])
         return same_nan and same and err < TOL_FP8_MMA, f"NaN where the reference has NaN: {same_nan}, other rows " \
                                                         f"rel err {err:.2e}"
-    _gluon_check(torch, "gluon, a bf16 q row holding NaN", (q, w, pages, table, req, pos), context, out, per_request,
-                 judge, failures, stages=3)
+    check_gluon(torch, "gluon, a bf16 q row holding NaN", (q, w, pages, table, req, pos), context, out, per_request,
+                judge, failures, stages=3)
 
 
 def time_all(torch, chosen, passed, ceiling):

@@ -32,6 +32,7 @@ import timing  # scripts/h200/timing.py (this folder is on sys.path when the scr
 import pools as cache_pools  # scripts/h200/pools.py
 from score_check import score_error  # scripts/h200/score_check.py
 from script_cli import finish, keep_traceback, run, smoke_args, start  # scripts/h200/script_cli.py
+from indexer_gluon_cases import check_gluon, paged_case  # scripts/h200/indexer_gluon_cases.py
 
 HEADS = 32
 BLOCK_TOKENS = 64
@@ -222,10 +223,16 @@ def check(torch, chosen, big, failures):
 def check_gluon_shapes(torch, failures):
     """The Gluon kernel on MXFP4 keys beyond the sweep's check cases: other head counts (8, 16, 20, 64), blocks of 128
     and 256 tokens (tiles inside a block), a token short of its request's run, an unmapped block, a causal bound
-    mid-tile, keys at extreme block scales (2^-127, 2^-120, 2^60), against the float64 reference."""
-    from dsahal.backends.triton_kernels import indexer_gluon
-    from dsahal.backends.triton_kernels.segments import segment_plan
-    from dsahal.reference.indexer import indexer_score as reference
+    mid-tile, keys at extreme block scales (2^-127, 2^-120, 2^60), FP8 and bf16 queries, against the float64
+    reference."""
+    def extreme_scales(pages):
+        pages[1, :, 64] = 0  # the first 32 dims of a cache block's keys at 2^-127 (UE8M0 byte 0, subnormal) ...
+        pages[2, :, 65] = 7  # ... at 2^-120 ...
+        pages[3, :, 67] = 187  # ... and at 2^60
+
+    def judge(got, want):
+        err, same = score_error(torch, got, want)
+        return same and err < TOL_FP8_MMA, f"rel err {err:.2e}{'' if same else ', -inf mask differs'}"
 
     gen = torch.Generator(device=DEVICE).manual_seed(17)
     fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
@@ -233,39 +240,12 @@ def check_gluon_shapes(torch, failures):
             (16, 64, 2, 3, 700, 3, fp8), (20, 128, 3, 5, 1000, 5, fp8), (64, 128, 2, 2, 900, 2, fp8),
             (32, 256, 2, 8, 1500, 5, fp8), (8, 64, 4, 1, 333, 1, fp8), (32, 64, 5, 2, 777, 2, fp8),
             (20, 128, 3, 5, 1000, 5, bf16), (64, 64, 2, 2, 900, 2, bf16), (32, 64, 5, 1, 700, 1, bf16)):
-        blocks = requests * -(-context // block_tokens) + 4
-        pages = cache_pools.index_pool(torch, "mxfp4", blocks, gen, DEVICE, block_tokens)
-        pages[1, :, 64] = 0  # the first 32 dims of a cache block's keys at 2^-127 (UE8M0 byte 0, subnormal) ...
-        pages[2, :, 65] = 7  # ... at 2^-120 ...
-        pages[3, :, 67] = 187  # ... and at 2^60
-        table, req, pos = cache_pools.decode_batch(torch, requests, per_request, context, blocks, gen, DEVICE,
-                                                   block_tokens)
-        table[-1, 1] = -1  # an unmapped block
-        pos[0] = context // 3 + 1  # a shorter causal bound, mid-tile
-        tokens = requests * per_request
-        q = torch.randn(tokens, heads, 128, device=DEVICE, generator=gen)
-        if q_dtype == bf16:  # rows far from 1: the split's per-row power of two
-            q[1] *= 1e-20
-            q[2] *= 1e20
-        q = q.to(q_dtype)
-        w = torch.randn(tokens, heads, device=DEVICE, generator=gen)
-        out = torch.full((tokens, context), float("nan"), device=DEVICE)
+        q, w, pages, table, req, pos, out = paged_case(torch, "mxfp4", heads, block_tokens, requests, per_request,
+                                                       context, q_dtype, gen, DEVICE, extreme_scales)
         name = (f"gluon mxfp4, {str(q_dtype).split('.')[-1]} q, {heads} heads, {block_tokens}-token blocks, "
                 f"{requests}x{per_request}, group {group}")
-        try:
-            offsets, starts = segment_plan(req, group)
-            got = indexer_gluon.launch(q, w, pages, table, req, pos, offsets, context, out, starts=starts, group=group,
-                                       index_fmt="mxfp4", tiles=2, wide_tiles=None).cpu()
-            want = reference(q.float().cpu(), w.cpu(), pages.cpu(), table.cpu(), req.cpu(), pos.cpu(), "mxfp4",
-                             context)
-            err, same = score_error(torch, got, want)
-            ok = same and err < TOL_FP8_MMA
-            status = f"rel err {err:.2e}{'' if same else ', -inf mask differs'}  {'ok' if ok else 'FAIL'}"
-        except Exception as exc:  # noqa: BLE001 - listed as a failure
-            ok, status = False, f"{type(exc).__name__}: {str(exc)[:300]}"
-        print(f"  check {name:<72s} {status}", flush=True)
-        if not ok:
-            failures.append(f"{name}: {status}")
+        check_gluon(torch, name, (q, w, pages, table, req, pos), context, out, group, judge, failures,
+                    index_fmt="mxfp4", tiles=2, wide_tiles=None)
 
 
 def time_all(torch, chosen, passed, ceiling, big):
