@@ -552,7 +552,8 @@ def _gluon_variants() -> list[Variant]:
 def _gluon_indexer_variants() -> list[Variant]:
     """The Gluon indexer (``indexer_gluon``) as the backend launches it: FP8 keys in 64-token blocks, 32 heads, one and
     two tokens a request, FP8 and bf16 queries, the stages of ``config.indexer_config``; MXFP4 keys the same. Its
-    padded shared layout compiles with the H200's Triton 3.6; Triton 3.9's Gluon refuses it (the backend then keeps the tl kernel)."""
+    padded shared layout compiles with the H200's Triton 3.6; Triton 3.9's Gluon refuses it (the backend then keeps
+    the tl kernel)."""
     from ..triton_kernels import indexer_gluon
 
     pointers = dict(w_ptr="fp32", pages_i32="i32", block_table_ptr="i32", req_ptr="i32", pos_ptr="i32",
