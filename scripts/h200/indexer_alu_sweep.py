@@ -32,7 +32,7 @@ import timing  # scripts/h200/timing.py (this folder is on sys.path when the scr
 import pools as cache_pools  # scripts/h200/pools.py
 from score_check import score_error  # scripts/h200/score_check.py
 from script_cli import finish, run, smoke_args, start  # scripts/h200/script_cli.py
-from indexer_gluon_cases import check_gluon, paged_case  # scripts/h200/indexer_gluon_cases.py
+from indexer_gluon_cases import check_gluon, launch_as_backend, paged_case  # scripts/h200/indexer_gluon_cases.py
 
 HEADS = 32
 BLOCK_TOKENS = 64
@@ -120,15 +120,9 @@ def _runner(torch, q_dtype, changes, per_request):
 
     cfg = dict(indexer_config(HEADS, q_dtype, "fp8"))
     if changes is not None and changes.get("gluon"):  # the Gluon kernel (indexer_gluon), segments as the backend's
-        from dsahal.backends.triton_kernels import indexer_gluon
-        from dsahal.backends.triton_kernels.indexer import _request_group
-        from dsahal.backends.triton_kernels.segments import segment_plan
-
         def gluon(q, w, pages, table, req, pos, width, out):
-            group = _request_group(5, q.shape[0], table.shape[0], True)
-            offsets, starts = segment_plan(req, group)
-            return indexer_gluon.launch(q, w, pages, table, req, pos, offsets, width, out, starts=starts, group=group,
-                                        **{k: v for k, v in changes.items() if k != "gluon"})
+            return launch_as_backend(q, w, pages, table, req, pos, width, out,
+                                     **{k: v for k, v in changes.items() if k != "gluon"})
         return gluon
     if DEVICE == "cpu":  # 16-token blocks in the smoke run
         cfg["block_tiles"] = dict(cfg["block_tiles"], block_n=16, tiles=2)

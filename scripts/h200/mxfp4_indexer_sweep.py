@@ -32,7 +32,7 @@ import timing  # scripts/h200/timing.py (this folder is on sys.path when the scr
 import pools as cache_pools  # scripts/h200/pools.py
 from score_check import score_error  # scripts/h200/score_check.py
 from script_cli import finish, keep_traceback, run, smoke_args, start  # scripts/h200/script_cli.py
-from indexer_gluon_cases import check_gluon, paged_case  # scripts/h200/indexer_gluon_cases.py
+from indexer_gluon_cases import check_gluon, launch_as_backend, paged_case  # scripts/h200/indexer_gluon_cases.py
 
 HEADS = 32
 BLOCK_TOKENS = 64
@@ -124,14 +124,7 @@ def _call(torch, variant, q, w, pages, table, req, pos, context, out):
 
     fmt, _, _, kind, cfg = variant
     if kind == "gluon":  # segments of the call's tokens a request, as the backend's route
-        from dsahal.backends.triton_kernels import indexer_gluon
-        from dsahal.backends.triton_kernels.indexer import _request_group
-        from dsahal.backends.triton_kernels.segments import segment_plan
-
-        group = _request_group(5, q.shape[0], table.shape[0], True)
-        offsets, starts = segment_plan(req, group)
-        return indexer_gluon.launch(q, w, pages, table, req, pos, offsets, context, out, starts=starts, group=group,
-                                    index_fmt=fmt, **cfg)
+        return launch_as_backend(q, w, pages, table, req, pos, context, out, index_fmt=fmt, **cfg)
     if kind == "backend":
         return indexer_score(q, w, pages, table, req, pos, fmt, context, out=out, **cfg)
     return indexer_decode.launch(q, w, pages, table, req, pos, run_offsets(req), fmt, context, out, **cfg)
