@@ -1,0 +1,415 @@
+"""Few-heads sparse MLA on fp8_ds_mla latents in Gluon, the slots as the logit ``wgmma``'s M side.
+
+Same op and arithmetic contract as :mod:`.sparse_mla_gluon` (``o[t, h] = softmax_s(scale · q[t, h] · kv[s]) ·
+kv[s, :512]``, ``lse`` natural log, -1 and out-of-range slots skipped, a row with no valid slot gives ``o = 0``,
+``lse = -inf``), for bf16 queries of at most 16 heads on H200-class GPUs.
+
+Why another layout. FlashMLA computes 64 heads x 64 slots a step; a tensor-parallel slice has 12 or 16 heads, so it
+pads them to 64 and does 4-5x the work. Our earlier few-heads kernels put the heads on the MMAs' M side (``mma.sync``
+m16), widened every e4m3 code to fp16 in shared memory for both MMAs and summed the four 128-dim parts' logits across
+warps: a long dependent chain each step, latency-bound at 0.71x FlashMLA (BENCHMARKS.md, sixteenth session). Here,
+as DeepGEMM's indexer does with keys, a step's 64 gathered slots are the M side of Hopper's ``wgmma``:
+
+- the gather: a step's records (512 code bytes, 4 tile scales, 64 RoPE values each) copied by 16-byte ``cp.async``
+  pieces straight into 128-byte-swizzled shared tiles, ``STAGES - 1`` steps ahead (skipped slots zero-filled);
+- the logits ``S^T [64 slots, 16 heads]``: per 128-dim tile ``c`` one FP8 ``wgmma`` pair on the codes as copied
+  (A from shared memory: no widening) against the queries split exactly into e4m3 hi + lo parts (a power of two
+  per head, :func:`.indexer_gluon._split`, the lo MMA chained onto the hi one's accumulator), each tile's
+  accumulator scaled by its per-slot scale ``σ[s, c]`` (a row of the accumulator is a slot: one multiply); the 64
+  RoPE dims one bf16 ``wgmma``;
+- the online softmax over the 64 rows of a step (one cross-warp maximum a step), ``P_c = p · σ_c / M_c`` per tile
+  (``M_c`` the running largest tile-c scale, as :mod:`.sparse_mla_gluon`) stored as fp16 ``[4, 64, 16]``;
+- the values: warp ``c`` owns the 128 dims of tile ``c``: ``o_c [16 heads, 128] += P_c^T · V_c`` by ``mma.sync``
+  m16n8k16, its B operand (``V_c``, slots x dims) read from the very tile the logit MMA read, through a view
+  (:func:`_value_view`) that undoes the swizzle and permutes the dims so each 32-bit shared load holds the 4 dims
+  one lane needs for 4 different n-tiles at one slot (bank-conflict free); one ``cvt.rn.f16x2.e4m3x2`` per two
+  values; the output columns are un-permuted at the store (:func:`value_dim`).
+
+One program = (one split of the slot list, one token), heads padded to 16; ``splits > 1`` writes fp32 partials that
+:func:`.lse_combine.lse_combine` merges in split order (a fixed slot count a split: a row's result does not depend
+on the batch). Gluon has no interpreter: a CPU machine compiles the kernel for sm_90 with Triton 3.6
+(``python -m dsahal.backends.nvidia.aot --only "wgmma"``); its results are checked on the H200 against the float64
+reference (``scripts/h200/wgmma_mla_check.py``) and by the conformance suite through the route.
+"""
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+from . import grid as launch_grid
+from .bytes import row_alignment
+from .indexer_decode import runs_ptx
+from .indexer_gluon import _row_amax, _row_scale, _split, _view
+from .lse_combine import lse_combine
+from .sparse_mla import LOG2E
+from .sparse_mla_gluon import _as_f16, _rows
+from .sparse_mla_small_heads_raw import check_launch, unit_stride_and_outputs
+
+# Triton 3.6 (the H200's) names the copy async_copy_global_to_shared; later releases renamed it async_load
+_async_copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # (renamed barrier the same way)
+
+SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")
+MAX_HEADS = 16  # the heads are the logit MMA's N side and the value MMA's M side (m16)
+TILE = gl.constexpr(64)  # slots a step: the logit wgmma's M
+DEFAULT_STAGES, DEFAULT_SPLIT_SIZE = 2, 512
+BLOCK_H = gl.constexpr(16)
+
+# shared layouts: a stage's codes [4 tiles, 64 slots, 128 bytes] and RoPE values [64, 64] bf16 as the wgmma's A
+# operands (128-byte rows, swizzled), its tile scales [4, 64] fp32; the fp16 P_c [4, 64 slots, 16 heads]
+_CODES = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
+_CODES_3D = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3))  # a stage's 4 tiles
+_ROPE = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+_SCALES = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+_SCALES_2D = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))  # a stage's [4, 64]
+_P = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[2, 1, 0]))
+_Q = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # [4, 16, 128] e4m3
+_QR = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))  # [16, 64] bf16
+
+# copies: 16-byte pieces, a slot's row over 4 (codes) or 8 (RoPE) lanes
+_CODES_COPY = gl.constexpr(gl.BlockedLayout([1, 1, 16], [1, 8, 4], [1, 4, 1], [2, 1, 0]))  # [4, 64, 128] bytes
+_ROPE_COPY = gl.constexpr(gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0]))  # [64, 64] bf16
+_SCALE_COPY = gl.constexpr(gl.BlockedLayout([1, 1], [1, 32], [2, 2], [1, 0]))  # [4, 64] fp32
+_QUERY = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # [16, 128] / [16, 64] as loaded
+
+# The value operand. mma.sync's B fragment gives lane (r = lane // 4, c = lane % 4) the columns n = 8 j + r of the
+# n-tiles j and the slots 2c, 2c + 1, 2c + 8, 2c + 9 of a 16-slot chunk. Column n = 8 j + r of part (tile) c reads
+# dim byte 4 (8 (j // 4) + r) + j % 4 of the tile (value_dim): the 4 n-tiles j = 4i .. 4i + 3 of a lane are 4
+# consecutive bytes, one 32-bit load. _LOAD is mma.sync's B layout with those 4 n-tiles as its first registers (the
+# same lanes and warps hold the same elements: the conversion to the B layout only re-pairs 16-bit halves).
+_LOAD = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 8], [0, 0, 16], [0, 1, 0], [0, 8, 0], [0, 0, 32], [0, 0, 64]],
+    lane_bases=[[0, 2, 0], [0, 4, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]],
+    warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[4, 16, 128]))
+# The codes of a stage seen as [part, slot, n]: offset bit -> index. Bytes 0-1 of a 4-byte word are n + 8, n + 16,
+# bytes 2-4 n + 1, 2, 4 (the lane row), bytes 5-6 n + 32, 64; a row is 128 bytes (one slot); the 128-byte swizzle XORs
+# a slot's low 3 bits into its 16-byte piece index (byte bits 4-6: n + 4, 32, 64); tiles 8 KB apart.
+_VALUE_BASES = gl.constexpr([[0, 0, 8], [0, 0, 16], [0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 32], [0, 0, 64],
+                             [0, 1, 4], [0, 2, 32], [0, 4, 64], [0, 8, 0], [0, 16, 0], [0, 32, 0],
+                             [1, 0, 0], [2, 0, 0]])
+
+
+@gluon.constexpr_function
+def _pv_layout():
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
+
+
+@gluon.constexpr_function
+def _logit_layout(k):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, k])
+
+
+@gluon.jit
+def value_dim(n):
+    """The dim (within its 128-dim tile) that value column ``n`` holds: ``4 (8 (j // 4) + r) + j % 4`` for ``n = 8 j +
+    r`` (the permutation :data:`_VALUE_BASES` reads; the output is stored through it)."""
+    return 4 * (8 * (n >> 5) + (n & 7)) + ((n >> 3) & 3)
+
+
+@gluon.jit
+def _value_view(codes):
+    """A stage's codes (e4m3 ``[4, 64, 128]``, swizzled) as the value operand's ``[part, slot, n]`` bytes."""
+    return _view(codes, gl.uint8, [4, 64, 128], gl.SharedLinearLayout(_VALUE_BASES))
+
+
+@gluon.jit
+def _pick(blk, c: gl.constexpr):
+    """Element ``c = 2 x + y`` of ``blk [2, 2]`` (held whole by every thread) as a scalar."""
+    L: gl.constexpr = blk.type.layout
+    index = 2 * gl.arange(0, 2, gl.SliceLayout(1, L))[:, None] + gl.arange(0, 2, gl.SliceLayout(0, L))[None, :]
+    return gl.sum(gl.sum(gl.where(index == c, blk, 0.0), axis=1), axis=0)
+
+
+@gluon.jit
+def _per_part(v0, v1, v2, v3, layout: gl.constexpr):
+    """Four scalars as a ``[4]`` tensor in ``layout``."""
+    c = gl.arange(0, 4, layout)
+    return gl.where(c == 0, v0, gl.where(c == 1, v1, gl.where(c == 2, v2, v3)))
+
+
+@gluon.jit
+def _largest_scales(pages_u8, slot_row, start, end, num_slots, s8_b, s8_t, block_tokens, FLAT: gl.constexpr,
+                    OFF32: gl.constexpr):
+    """The largest scale of each 128-dim tile over the valid slots ``start .. end - 1`` of the token's list (four
+    scalars; 1.0 for a tile whose scales are all 0 or that has no valid slot): one 16-byte load a slot."""
+    L: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0])  # [128 slots, 4 tiles]
+    part = gl.arange(0, 4, gl.SliceLayout(0, L))
+    big = gl.zeros([128, 4], gl.float32, L)
+    for n0 in range(start, end, 128):
+        n = n0 + gl.arange(0, 128, gl.SliceLayout(1, L))
+        row, ok = _rows(gl.load(slot_row + n, mask=n < end, other=-1), num_slots, s8_b, s8_t, block_tokens, FLAT,
+                        OFF32)
+        floats = (pages_u8 + row[:, None]).to(gl.pointer_type(gl.float32), bitcast=True) + 128
+        big = gl.maximum(big, gl.load(floats + part[None, :], mask=ok[:, None], other=0.0))
+    big = gl.max(big, axis=0)
+    big = gl.where(big > 0.0, big, 1.0)
+    return (gl.sum(gl.where(part == 0, big, 0.0), axis=0), gl.sum(gl.where(part == 1, big, 0.0), axis=0),
+            gl.sum(gl.where(part == 2, big, 0.0), axis=0), gl.sum(gl.where(part == 3, big, 0.0), axis=0))
+
+
+@gluon.jit
+def _slot_rows(slot_row, n0, end, layout: gl.constexpr):
+    """Slots ``n0 .. n0 + 64`` of the token's list in ``layout`` (-1 past the split's end)."""
+    n = n0 + gl.arange(0, TILE, layout)
+    return gl.load(slot_row + n, mask=n < end, other=-1)
+
+
+@gluon.jit
+def _issue(pages_u8, slot_row, n0, end, num_slots, s8_b, s8_t, block_tokens, codes_s, first, rope, scale_s,
+           FLAT: gl.constexpr, OFF32: gl.constexpr):
+    """Start the copies of the records of slots ``n0 .. n0 + 64`` into one stage: tiles ``first .. first + 3`` of
+    ``codes_s`` (e4m3 ``[64, 128]`` each: tile c's bytes of the slots), ``rope [64, 64]`` bf16, ``scale_s`` tiles ``first ..
+    first + 3`` (fp32 ``[64]``: tile c's scales); skipped slots zero-filled."""
+    SL: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, _CODES_COPY))
+    row, ok = _rows(_slot_rows(slot_row, n0, end, SL), num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
+    part = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _CODES_COPY)))
+    byte = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, _CODES_COPY)))
+    src = pages_u8 + row[None, :, None] + (part * 128)[:, None, None] + byte[None, None, :]
+    # one copy for the stage's four tiles (copies into one buffer are ordered by barriers between them)
+    _async_copy(_view(codes_s.index(first), gl.float8e4nv, [4, TILE, 128], _CODES_3D),
+                src.to(gl.pointer_type(gl.float8e4nv), bitcast=True), mask=ok[None, :, None])
+    RL: gl.constexpr = gl.SliceLayout(1, _ROPE_COPY)
+    row_r, ok_r = _rows(_slot_rows(slot_row, n0, end, RL), num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
+    dim = gl.arange(0, 64, gl.SliceLayout(0, _ROPE_COPY))
+    words = (pages_u8 + row_r[:, None]).to(gl.pointer_type(gl.bfloat16), bitcast=True)
+    _async_copy(rope, words + 264 + dim[None, :], mask=ok_r[:, None])  # RoPE at byte 528
+    CL: gl.constexpr = gl.SliceLayout(0, _SCALE_COPY)
+    row_s, ok_s = _rows(_slot_rows(slot_row, n0, end, CL), num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
+    part = gl.arange(0, 4, gl.SliceLayout(1, _SCALE_COPY))
+    floats = (pages_u8 + row_s[None, :]).to(gl.pointer_type(gl.float32), bitcast=True) + 128  # the scales at byte 512
+    _async_copy(_view(scale_s.index(first), gl.float32, [4, TILE], _SCALES_2D), floats + part[:, None],
+                mask=ok_s[None, :])
+
+
+@gluon.jit(do_not_specialize=SIZE_ARGS)
+def sparse_mla_wgmma_kernel(
+    q_ptr, stride_qt, stride_qh,  # q [T, H, 576] bf16
+    pages_u8, s8_b, s8_t,  # latent pages [num_blocks, block_tokens, 656] uint8, strides in bytes (multiples of 16)
+    slots_ptr, stride_st,  # slots [T, K] int32/int64
+    o_ptr, stride_os, stride_ot, stride_oh,  # o [splits, T, H, 512] (fp32 partials or bf16)
+    lse_ptr, stride_ls, stride_lt,  # lse [splits, T, H] fp32
+    H, K, num_slots, block_tokens, split_size,
+    logit_scale,  # softmax_scale · log2(e)
+    STAGES: gl.constexpr,
+    FLAT: gl.constexpr,  # record s at byte s * s8_t (blocks back to back)
+    OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
+):
+    W8: gl.constexpr = _logit_layout(32)  # the FP8 logit MMAs' accumulator [64 slots, 16 heads]
+    W16: gl.constexpr = _logit_layout(16)  # the RoPE MMA's (the same registers)
+    ROWS: gl.constexpr = gl.SliceLayout(1, W8)  # [64] per slot
+    HEADS: gl.constexpr = gl.SliceLayout(0, W8)  # [16] per head
+    PV: gl.constexpr = _pv_layout()  # the value MMA's accumulator [4 parts, 16 heads, 128 n]
+    DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=PV, k_width=2)
+    DOT_B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=PV, k_width=2)
+    PV_HEADS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, PV))
+    PV_PARTS: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, PV))
+    split = gl.program_id(0)
+    t = gl.program_id(1).to(gl.int64)
+
+    # the queries: each head scaled by a power of two over its 512 nope dims and split exactly into e4m3 hi + lo
+    qh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, _QUERY))
+    qd = gl.arange(0, 128, gl.SliceLayout(0, _QUERY))
+    q_rows = q_ptr + t * stride_qt + qh[:, None] * stride_qh
+    head_ok = (qh < H)[:, None]
+    q0 = gl.load(q_rows + qd[None, :], mask=head_ok, other=0.0).to(gl.float32)
+    q1 = gl.load(q_rows + 128 + qd[None, :], mask=head_ok, other=0.0).to(gl.float32)
+    q2 = gl.load(q_rows + 256 + qd[None, :], mask=head_ok, other=0.0).to(gl.float32)
+    q3 = gl.load(q_rows + 384 + qd[None, :], mask=head_ok, other=0.0).to(gl.float32)
+    amax = gl.maximum(gl.maximum(_row_amax(q0), _row_amax(q1)), gl.maximum(_row_amax(q2), _row_amax(q3)))
+    up, down = _row_scale(amax)
+    q_hi = gl.allocate_shared_memory(gl.float8e4nv, [4, BLOCK_H, 128], _Q)
+    q_lo = gl.allocate_shared_memory(gl.float8e4nv, [4, BLOCK_H, 128], _Q)
+    hi, lo = _split(q0, up, 1.0)
+    q_hi.index(0).store(hi)
+    q_lo.index(0).store(lo)
+    hi, lo = _split(q1, up, 1.0)
+    q_hi.index(1).store(hi)
+    q_lo.index(1).store(lo)
+    hi, lo = _split(q2, up, 1.0)
+    q_hi.index(2).store(hi)
+    q_lo.index(2).store(lo)
+    hi, lo = _split(q3, up, 1.0)
+    q_hi.index(3).store(hi)
+    q_lo.index(3).store(lo)
+    rd = gl.arange(0, 64, gl.SliceLayout(0, _QUERY))
+    q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], _QR,
+                                       gl.load(q_rows + 512 + rd[None, :], mask=head_ok, other=0.0))
+    fence_async_shared()  # the queries' stores, before the first wgmma reads them (after the first barrier)
+    head_scale = gl.convert_layout(down * logit_scale, HEADS)  # NaN for a head holding Inf or NaN
+
+    codes_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES * 4, TILE, 128], _CODES)  # stage i: tiles 4 i .. 4 i + 3
+    rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, TILE, 64], _ROPE)
+    scale_s = gl.allocate_shared_memory(gl.float32, [STAGES * 4, TILE], _SCALES)
+    p_s = gl.allocate_shared_memory(gl.float16, [4, TILE, BLOCK_H], _P)
+
+    slot_row = slots_ptr + t * stride_st
+    start = split * split_size
+    end = gl.minimum(start + split_size, K)
+    steps = gl.cdiv(end - start, TILE)
+    for j in gl.static_range(STAGES - 1):
+        if j < steps:
+            _issue(pages_u8, slot_row, start + j * TILE, end, num_slots, s8_b, s8_t, block_tokens,
+                   codes_s, 4 * j, rope_s.index(j), scale_s, FLAT, OFF32)
+        async_copy.commit_group()
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS)
+    l_acc = gl.zeros([TILE, BLOCK_H], gl.float32, W8)  # per-thread partial sums of p, summed at the end
+    # M_c, the split's largest tile-c scale: P_c = p · σ_c / M_c <= 1 in fp16 (1 where every σ_c is 0: p · 0 = 0)
+    b0, b1, b2, b3 = _largest_scales(pages_u8, slot_row, start, end, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
+    r0 = 1.0 / b0
+    r1 = 1.0 / b1
+    r2 = 1.0 / b2
+    r3 = 1.0 / b3
+    acc = gl.zeros([4, BLOCK_H, 128], gl.float32, PV)
+    zeros = gl.zeros([TILE, BLOCK_H], gl.float32, W8)
+    zeros16 = gl.zeros([TILE, BLOCK_H], gl.float32, W16)
+    for i in range(steps):
+        stage = i % STAGES
+        async_copy.wait_group(STAGES - 2)  # this thread's copies of step i have landed
+        fence_async_shared()  # (cp.async writes through the generic proxy, the wgmma reads through the async one)
+        _barrier()  # everyone's have; every warp is done with step i - 1's stage and P
+        ahead = i + STAGES - 1
+        if ahead < steps:
+            nxt = ahead % STAGES
+            _issue(pages_u8, slot_row, start + ahead * TILE, end, num_slots, s8_b, s8_t, block_tokens,
+                   codes_s, 4 * nxt, rope_s.index(nxt), scale_s, FLAT, OFF32)
+        async_copy.commit_group()
+
+        a0 = warpgroup_mma(codes_s.index(4 * stage + 0), q_hi.index(0).permute((1, 0)), zeros, use_acc=False, is_async=True)
+        a0 = warpgroup_mma(codes_s.index(4 * stage + 0), q_lo.index(0).permute((1, 0)), a0, is_async=True)
+        a1 = warpgroup_mma(codes_s.index(4 * stage + 1), q_hi.index(1).permute((1, 0)), zeros, use_acc=False, is_async=True)
+        a1 = warpgroup_mma(codes_s.index(4 * stage + 1), q_lo.index(1).permute((1, 0)), a1, is_async=True)
+        a2 = warpgroup_mma(codes_s.index(4 * stage + 2), q_hi.index(2).permute((1, 0)), zeros, use_acc=False, is_async=True)
+        a2 = warpgroup_mma(codes_s.index(4 * stage + 2), q_lo.index(2).permute((1, 0)), a2, is_async=True)
+        a3 = warpgroup_mma(codes_s.index(4 * stage + 3), q_hi.index(3).permute((1, 0)), zeros, use_acc=False, is_async=True)
+        a3 = warpgroup_mma(codes_s.index(4 * stage + 3), q_lo.index(3).permute((1, 0)), a3, is_async=True)
+        ar = warpgroup_mma(rope_s.index(stage), q_rope.permute((1, 0)), zeros16, use_acc=False, is_async=True)
+
+        n = start + i * TILE + gl.arange(0, TILE, ROWS)
+        slot = gl.load(slot_row + n, mask=n < end, other=-1)
+        valid = (slot >= 0) & (slot < num_slots)
+        s0 = scale_s.index(4 * stage).load(ROWS)  # σ_c of the step's slots
+        s1 = scale_s.index(4 * stage + 1).load(ROWS)
+        s2 = scale_s.index(4 * stage + 2).load(ROWS)
+        s3 = scale_s.index(4 * stage + 3).load(ROWS)
+        a0, a1, a2, a3, ar = warpgroup_mma_wait(0, deps=[a0, a1, a2, a3, ar])
+        nope = a0 * s0[:, None] + a1 * s1[:, None] + a2 * s2[:, None] + a3 * s3[:, None]
+        s = nope * head_scale[None, :] + gl.convert_layout(ar, W8) * logit_scale
+        s = gl.where(valid[:, None], s, float("-inf"))
+
+        m_new = gl.maximum(m_i, gl.max(s, axis=0))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # an all-skipped head stays at p = 0
+        p = gl.exp2(s - m_safe[None, :])
+        alpha = gl.exp2(m_i - m_safe)
+        l_acc = l_acc * alpha[None, :] + p
+        m_i = m_new
+        pc = gl.join(gl.join(p * (s0 * r0)[:, None], p * (s1 * r1)[:, None]),
+                     gl.join(p * (s2 * r2)[:, None], p * (s3 * r3)[:, None]))  # [64, 16, 2, 2]: P_c at [.., x, y]
+        p_s.store(gl.reshape(gl.permute(pc, (2, 3, 0, 1)), [4, TILE, BLOCK_H]).to(gl.float16))
+        acc = acc * gl.convert_layout(alpha, PV_HEADS)[None, :, None]
+        _barrier()  # every warp's P stored
+
+        values = _value_view(codes_s.index(4 * stage))
+        for kk in gl.static_range(4):  # 16 slots at a time: the B operand's registers
+            v = gl.convert_layout(_as_f16(values.slice(16 * kk, 16, dim=1).load(_LOAD)), DOT_B)
+            pa = p_s.slice(16 * kk, 16, dim=1).permute((0, 2, 1)).load(DOT_A)  # [4, 16 heads, 16 slots]
+            acc = mma_v2(pa, v, acc)
+    async_copy.wait_group(0)
+
+    l_i = gl.sum(l_acc, axis=0)
+    has_any = l_i > 0.0
+    m_safe = gl.where(m_i == float("-inf"), 0.0, m_i)
+    lse = gl.where(has_any, (m_safe + gl.log2(gl.where(has_any, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
+    norm = gl.convert_layout(1.0 / gl.where(has_any, l_i, 1.0), PV_HEADS)
+    out = acc * (norm[None, :, None] * _per_part(b0, b1, b2, b3, PV_PARTS)[:, None, None])
+    op = gl.arange(0, 4, PV_PARTS)
+    oh = gl.arange(0, BLOCK_H, PV_HEADS)
+    on = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, PV)))
+    o_rows = o_ptr + split.to(gl.int64) * stride_os + t * stride_ot + oh[None, :, None] * stride_oh
+    gl.store(o_rows + (op * 128)[:, None, None] + value_dim(on)[None, None, :], out.to(o_ptr.dtype.element_ty),
+             mask=(oh < H)[None, :, None])
+    lh = gl.arange(0, BLOCK_H, HEADS)
+    gl.store(lse_ptr + split * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
+
+
+def refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots: torch.Tensor | None = None) -> str:
+    """Why this kernel does not take the call ("" when it does): it takes bf16 queries of at most 16 heads on an
+    NVIDIA GPU and fp8_ds_mla pages whose records start 16-byte aligned (the ``cp.async`` pieces). The route's
+    verifier reports this reason; the launcher raises on it."""
+    if kv_fmt != "fp8_ds_mla":
+        return f"{kv_fmt} latents: the wgmma few-heads kernel reads fp8_ds_mla records"
+    if q.dim() != 3 or q.shape[1] > MAX_HEADS or q.shape[-1] != 576:
+        return f"q of shape {list(q.shape)}: the wgmma few-heads kernel takes [T, <= {MAX_HEADS}, 576]"
+    if q.dtype != torch.bfloat16:
+        return f"{str(q.dtype).replace('torch.', '')} queries: the wgmma few-heads kernel takes bf16"
+    if not all(runs_ptx(t.device) for t in (q, kv_pages) + (() if slots is None else (slots,))):
+        return "the wgmma few-heads kernel runs on NVIDIA CUDA tensors only"
+    if kv_pages.dtype != torch.uint8 or kv_pages.dim() != 3 or kv_pages.shape[2] != 656:
+        return (f"pages {kv_pages.dtype} {list(kv_pages.shape)}: the wgmma few-heads kernel reads uint8 "
+                f"[blocks, tokens, 656]")
+    align = row_alignment(kv_pages)
+    if align < 16:
+        return f"records aligned to {align} byte(s): the wgmma few-heads kernel copies 16-byte pieces"
+    return ""
+
+
+def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
+    """Whether this kernel takes the call (:func:`refusal` has no reason)."""
+    return not refusal(q, kv_pages, kv_fmt)
+
+
+def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, stages=DEFAULT_STAGES,
+                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None):
+    """Launch :func:`sparse_mla_wgmma_kernel` (a call :func:`serves` refuses raises, naming what it got).
+
+    Args:
+        q: ``[T, H, 576]`` bf16 on a CUDA device, ``H <= MAX_HEADS``.
+        kv_pages: ``[num_blocks, block_tokens, 656]`` uint8 fp8_ds_mla pages, records 16-byte aligned (any strides
+            that keep them so: a view into a packed cache is read in place).
+        slots: ``[T, K]`` int32/int64 physical slots; -1 or out of range = skipped.
+        kv_fmt: must be ``"fp8_ds_mla"``.
+        kv_scale: unused by the format (None).
+        softmax_scale: float.
+        stages: 64-slot steps whose gathers are in flight at once, 2 or 3 (41 KB of shared memory each: two
+            stages let two programs share a SM).
+        split_size: slots per split, a fixed count (batch invariance); None = one split a token.
+        maxnreg: ptxas's register cap (None: its own choice).
+
+    Returns:
+        ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
+    """
+    name = "triton sparse_mla_wgmma"
+    if not serves(q, kv_pages, kv_fmt):
+        raise ValueError(f"{name}: expected bf16 q [T, <= {MAX_HEADS}, 576] on an NVIDIA GPU and fp8_ds_mla uint8 "
+                         f"pages [num_blocks, block_tokens, 656] with 16-byte aligned records, got q {q.dtype} "
+                         f"{list(q.shape)} on {q.device}, kv_fmt {kv_fmt!r}, pages {kv_pages.dtype} "
+                         f"{list(kv_pages.shape)} aligned to {row_alignment(kv_pages)} byte(s) "
+                         f"({refusal(q, kv_pages, kv_fmt)})")
+    tokens, heads, _ = q.shape
+    check_launch(name, heads, 64, split_size)
+    if stages not in (2, 3):
+        raise ValueError(f"{name}: stages expected 2 or 3, got {stages}")
+    k = slots.shape[1]
+    q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size)
+    if tokens == 0 or heads == 0:
+        return o[0].to(q.dtype), lse[0]
+    blocks, block_tokens = kv_pages.shape[0], kv_pages.shape[1]
+    s8_b, s8_t = kv_pages.stride(0), kv_pages.stride(1)
+    last = (blocks - 1) * s8_b + (block_tokens - 1) * s8_t + 656  # one past the furthest record's last byte
+    meta = dict(STAGES=stages, FLAT=s8_b == block_tokens * s8_t, OFF32=last < 2**31, num_warps=4,
+                **({"maxnreg": maxnreg} if maxnreg else {}))
+    sizes = (heads, k, blocks * block_tokens, block_tokens, split_size, softmax_scale * LOG2E)
+    for first, stop in launch_grid.ranges(tokens):  # tokens on grid axis 1 (CUDA: <= 65535 programs a launch)
+        sparse_mla_wgmma_kernel[(splits, stop - first)](
+            q[first:stop], q.stride(0), q.stride(1),
+            kv_pages, s8_b, s8_t,
+            slots[first:stop], slots.stride(0),
+            o[:, first:stop], o.stride(0), o.stride(1), o.stride(2),
+            lse[:, first:stop], lse.stride(0), lse.stride(1),
+            *sizes, **meta)
+    if splits == 1:
+        return o[0], lse[0]
+    return lse_combine(o, lse, out_dtype=q.dtype)

@@ -1,0 +1,182 @@
+"""The wgmma few-heads sparse MLA kernel (``sparse_mla_wgmma``) on one H200: checked against the float64 reference on
+edge cases first, then timed beside FlashMLA (heads padded to 64) and the Gluon few-heads kernel, same run, same bytes.
+
+Usage (on a CUDA machine, from the repository root)::
+
+    python3 scripts/h200/wgmma_mla_check.py [--pool-tokens 1048576] [--no-sweep]
+
+1. Edge cases (one line each): 1, 12 and 16 heads, skipped (-1) and out-of-range slots, a row with no valid slot,
+   splits with a partial last one, per-record magnitudes 2^-6..2^6 (scales spread over 12 binades), a strided pool
+   (blocks not back to back), 16-slot blocks, bf16 queries scaled by 1e-20 and 1e20, 2 and 3 stages.
+2. The serving shape: 64 requests x 5 tokens (and x 1, x 8) x top-k 2048 over a 1M-token fp8_ds_mla pool (656 MB,
+   larger than the L2), H = 16 and 12; each variant checked on its first rows against the reference, then timed
+   (``do_bench`` median); a table of ms, TB/s of gathered bytes, % of the copy ceiling, FlashMLA / ours.
+
+Exits with one ``error:`` line when a check fails (after timing what passed).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
+import pools as cache_pools  # scripts/h200/pools.py
+from script_cli import finish, run  # scripts/h200/script_cli.py
+
+TOPK, BLOCK_TOKENS, SOFTMAX_SCALE = 2048, 64, 192**-0.5
+TOL_O, TOL_LSE = 1e-2, 1e-3
+CHECK_ROWS = 8
+VARIANTS = (dict(stages=2, split_size=512), dict(stages=2, split_size=256), dict(stages=2, split_size=1024),
+            dict(stages=2, split_size=None), dict(stages=3, split_size=512))
+GLUON_BEST = dict(block_n=16, stages=3, q_smem=True, maxnreg=168, split_size=512)  # sixteenth session's best
+
+
+def edge_cases(torch, failures):
+    from dsahal.backends.triton_kernels.sparse_mla_wgmma import sparse_mla_wgmma
+    from dsahal.formats import latent_format
+    from dsahal.reference.sparse_mla import sparse_mla as reference
+
+    gen = torch.Generator().manual_seed(0)
+    spec = latent_format("fp8_ds_mla")
+    for heads, block_tokens, width, split, stages, strided, q_mag in (
+            (16, 64, 2048, 512, 2, False, 2.0), (12, 64, 300, 128, 2, False, 2.0), (1, 16, 77, None, 3, True, 2.0),
+            (16, 16, 1000, 512, 2, True, 2.0), (16, 64, 37, 16, 2, False, 2.0), (16, 64, 2048, None, 3, False, 1e-20),
+            (12, 64, 700, 256, 2, True, 1e20), (5, 64, 130, 64, 3, False, 2.0)):
+        blocks = 40
+        slots_n = blocks * block_tokens
+        rows = torch.randn(slots_n, 576, generator=gen) * torch.exp2(torch.randint(-6, 7, (slots_n, 1), generator=gen))
+        records = spec.pack(rows + 1e-3).view(blocks, block_tokens, 656)
+        if strided:  # blocks 16 bytes further apart than their records (a view into a larger buffer)
+            buf = torch.zeros(blocks, block_tokens * 656 + 16, dtype=torch.uint8, device="cuda")
+            pages_gpu = buf[:, : block_tokens * 656].unflatten(1, (block_tokens, 656))
+            pages_gpu.copy_(records.cuda())
+        else:
+            pages_gpu = records.cuda()
+        tokens = 6
+        slots = torch.randint(-1, slots_n, (tokens, width), generator=gen, dtype=torch.int32)
+        slots[1, :3] = slots_n + 5  # past the pool: skipped
+        slots[-1] = -1  # a row with no valid slot
+        q = (torch.randn(tokens, heads, 576, generator=gen) * q_mag).to(torch.bfloat16)
+        safe = torch.where(slots >= slots_n, -1, slots)
+        want_o, want_lse = reference(q.float(), records, safe, "fp8_ds_mla", None, 0.07)
+        o, lse = sparse_mla_wgmma(q.cuda(), pages_gpu, slots.cuda(), "fp8_ds_mla", None, 0.07, stages=stages,
+                                  split_size=split)
+        torch.cuda.synchronize()
+        o, lse = o.float().cpu(), lse.cpu()
+        o_err = float((o[:-1].double() - want_o[:-1].double()).norm() / want_o[:-1].double().norm())
+        finite = torch.isfinite(want_lse)
+        # (relative past 1: queries of 1e20 give logits near 1e22, whose fp32 lse is that close)
+        lse_err = float(((lse[finite] - want_lse[finite]).abs() / want_lse[finite].abs().clamp(min=1.0)).max())
+        empty = bool(torch.isneginf(lse[-1]).all()) and bool((o[-1] == 0).all())
+        ok = o_err < TOL_O and lse_err < TOL_LSE and empty and bool(torch.isfinite(lse[:-1]).all())
+        case = (f"H={heads} blocks of {block_tokens} width {width} split {split} stages {stages} |q|~{q_mag:g}"
+                + (" strided" if strided else ""))
+        print(f"  {case:<66s} o rel err {o_err:.2e}  lse err {lse_err:.2e}  empty row ok {empty}  "
+              f"{'pass' if ok else 'FAIL'}", flush=True)
+        if not ok:
+            failures.append(case)
+
+
+def check(torch, fn, q, pages, slots):
+    from dsahal.reference.sparse_mla import sparse_mla as reference
+
+    o, lse = fn()
+    torch.cuda.synchronize()
+    rows = min(CHECK_ROWS, q.shape[0])
+    want_o, want_lse = reference(q[:rows], pages, slots[:rows], "fp8_ds_mla", None, SOFTMAX_SCALE)
+    o_err = float((o[:rows].double() - want_o.double()).norm() / want_o.double().norm())
+    finite = torch.isfinite(want_lse)
+    lse_err = float((lse[:rows].float()[finite] - want_lse.float()[finite]).abs().max())
+    return o_err < 2e-2 and lse_err < 2e-2, f"o rel err {o_err:.2e}, lse max err {lse_err:.2e}"
+
+
+def flash_mla(torch, q, pages, slots, requests, per_request):
+    """FlashMLA's SM90 sparse decode on the same bytes, heads zero-padded to 64 outside the timed call: (timed,
+    unpadded) or None."""
+    try:
+        import flash_mla as fm
+    except Exception as exc:  # noqa: BLE001 - no peer column, said once
+        print(f"FlashMLA not available: {type(exc).__name__}: {exc}")
+        return None
+    tokens, heads, _ = q.shape
+    qp = torch.zeros(tokens, 64, 576, dtype=q.dtype, device="cuda")
+    qp[:, :heads] = q
+    q4 = qp.view(requests, per_request, 64, 576)
+    cache = pages.view(pages.shape[0], BLOCK_TOKENS, 1, 656)
+    idx = slots.view(requests, per_request, slots.shape[1])
+    meta, _ = fm.get_mla_metadata()
+
+    def timed():
+        return fm.flash_mla_with_kvcache(q4, cache, None, None, 512, meta, softmax_scale=SOFTMAX_SCALE,
+                                         is_fp8_kvcache=True, indices=idx, use_legacy=True, kv_format="V32")
+
+    def unpadded():
+        out, lse = timed()
+        return out.reshape(tokens, 64, 512)[:, :heads], lse.transpose(1, 2).reshape(tokens, 64)[:, :heads]
+
+    return timed, unpadded
+
+
+def sweep(torch, pool_tokens, ceiling, failures):
+    from dsahal.backends.triton_kernels.sparse_mla_gluon import sparse_mla_gluon
+    from dsahal.backends.triton_kernels.sparse_mla_wgmma import sparse_mla_wgmma
+
+    pages = cache_pools.latent_pools(torch, ("fp8_ds_mla",), pool_tokens, "cuda")["fp8_ds_mla"][0]
+    rows = []
+    for heads, requests, per_request, full in ((16, 64, 5, True), (12, 64, 5, True), (16, 64, 1, False),
+                                               (16, 64, 8, False), (16, 8, 1, False)):
+        tokens = requests * per_request
+        gen = torch.Generator(device="cuda").manual_seed(heads * 1000 + tokens)
+        slots = torch.randint(0, pages.shape[0] * BLOCK_TOKENS, (tokens, TOPK), device="cuda", dtype=torch.int32,
+                              generator=gen)
+        slots[:, -7:] = -1
+        q = torch.randn(tokens, heads, 576, device="cuda", generator=gen).to(torch.bfloat16)
+        case = f"H={heads} {requests}x{per_request}"
+        runs = []
+        peer = flash_mla(torch, q, pages, slots, requests, per_request)
+        if peer is not None:
+            runs.append(("FlashMLA (h pad 64)", peer[0], peer[1]))
+        runs.append(("gluon few heads (best)", *(2 * (lambda: sparse_mla_gluon(
+            q, pages, slots, "fp8_ds_mla", None, SOFTMAX_SCALE, **GLUON_BEST),))))
+        for cfg in (VARIANTS if full else VARIANTS[:1]):
+            fn = (lambda cfg=cfg: sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None, SOFTMAX_SCALE, **cfg))
+            runs.append((f"wgmma {cfg}", fn, fn))
+        peer_ms = None
+        for name, timed, checked in runs:
+            try:
+                ok, msg = check(torch, checked, q, pages, slots)
+            except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
+                ok, msg = False, f"{type(exc).__name__}: {str(exc)[:300]}"
+            print(f"  check {case:<12s} {name:<48s} {'pass' if ok else 'FAIL'}  {msg}", flush=True)
+            if not ok:
+                failures.append(f"{case} {name}: {msg}")
+                continue
+            ms = timing.bench_ms(timed, "cuda")
+            peer_ms = ms if name.startswith("FlashMLA") else peer_ms
+            tbps = tokens * TOPK * 656 / (ms * 1e-3) / 1e12
+            rows.append((case, name, ms, tbps, 100 * tbps / ceiling, None if peer_ms is None else peer_ms / ms))
+    print("\n| case | variant | ms | TB/s gathered | % copy | FlashMLA / ours |")
+    print("|---|---|---:|---:|---:|---:|")
+    for case, name, ms, tbps, pct, ratio in rows:
+        print(f"| {case} | {name} | {ms:.4f} | {tbps:.2f} | {pct:.1f} | {'-' if ratio is None else f'{ratio:.2f}'} |")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pool-tokens", type=int, default=1 << 20)
+    parser.add_argument("--no-sweep", action="store_true", help="the edge cases only")
+    args = parser.parse_args(argv)
+    import torch
+    import triton
+
+    started = time.time()
+    failures = []
+    ceiling = timing.announce(torch, triton, "cuda")
+    edge_cases(torch, failures)
+    if not args.no_sweep:
+        sweep(torch, args.pool_tokens, ceiling, failures)
+    return finish("wgmma_mla_check", failures, started, "case(s) differ from the reference")
+
+
+if __name__ == "__main__":
+    run("wgmma_mla_check", main)
