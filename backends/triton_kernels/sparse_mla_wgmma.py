@@ -57,6 +57,11 @@ MAX_HEADS = 16  # the heads are the logit MMA's N side and the value MMA's M sid
 TILE = gl.constexpr(64)  # slots a step: the logit wgmma's M
 DEFAULT_STAGES, DEFAULT_SPLIT_SIZE = 2, 512
 BLOCK_H = gl.constexpr(16)
+# the queries' e4m3 lo parts hold 16 x the residual (exact above 2^-13 of a head's largest value), each part's MMAs
+# in their own accumulator: Hopper's FP8 MMAs add into the accumulator at reduced precision, and a lo part chained
+# onto its hi part's accumulator kept fewer of its bits
+LO_UP = gl.constexpr(16.0)
+LO_DOWN = gl.constexpr(0.0625)
 
 # shared layouts: a stage's codes [4 tiles, 64 slots, 128 bytes] and RoPE values [64, 64] bf16 as the wgmma's A
 # operands (128-byte rows, swizzled), its tile scales [4, 64] fp32; the fp16 P_c [4, 64 slots, 16 heads]
@@ -222,16 +227,16 @@ def sparse_mla_wgmma_kernel(
     up, down = _row_scale(amax)
     q_hi = gl.allocate_shared_memory(gl.float8e4nv, [4, BLOCK_H, 128], _Q)
     q_lo = gl.allocate_shared_memory(gl.float8e4nv, [4, BLOCK_H, 128], _Q)
-    hi, lo = _split(q0, up, 1.0)
+    hi, lo = _split(q0, up, LO_UP)
     q_hi.index(0).store(hi)
     q_lo.index(0).store(lo)
-    hi, lo = _split(q1, up, 1.0)
+    hi, lo = _split(q1, up, LO_UP)
     q_hi.index(1).store(hi)
     q_lo.index(1).store(lo)
-    hi, lo = _split(q2, up, 1.0)
+    hi, lo = _split(q2, up, LO_UP)
     q_hi.index(2).store(hi)
     q_lo.index(2).store(lo)
-    hi, lo = _split(q3, up, 1.0)
+    hi, lo = _split(q3, up, LO_UP)
     q_hi.index(3).store(hi)
     q_lo.index(3).store(lo)
     rd = gl.arange(0, 64, gl.SliceLayout(0, _QUERY))
@@ -278,14 +283,22 @@ def sparse_mla_wgmma_kernel(
                    codes_s, 4 * nxt, rope_s.index(nxt), scale_s, FLAT, OFF32)
         async_copy.commit_group()
 
-        a0 = warpgroup_mma(codes_s.index(4 * stage + 0), q_hi.index(0).permute((1, 0)), zeros, use_acc=False, is_async=True)
-        a0 = warpgroup_mma(codes_s.index(4 * stage + 0), q_lo.index(0).permute((1, 0)), a0, is_async=True)
-        a1 = warpgroup_mma(codes_s.index(4 * stage + 1), q_hi.index(1).permute((1, 0)), zeros, use_acc=False, is_async=True)
-        a1 = warpgroup_mma(codes_s.index(4 * stage + 1), q_lo.index(1).permute((1, 0)), a1, is_async=True)
-        a2 = warpgroup_mma(codes_s.index(4 * stage + 2), q_hi.index(2).permute((1, 0)), zeros, use_acc=False, is_async=True)
-        a2 = warpgroup_mma(codes_s.index(4 * stage + 2), q_lo.index(2).permute((1, 0)), a2, is_async=True)
-        a3 = warpgroup_mma(codes_s.index(4 * stage + 3), q_hi.index(3).permute((1, 0)), zeros, use_acc=False, is_async=True)
-        a3 = warpgroup_mma(codes_s.index(4 * stage + 3), q_lo.index(3).permute((1, 0)), a3, is_async=True)
+        h0 = warpgroup_mma(codes_s.index(4 * stage + 0), q_hi.index(0).permute((1, 0)), zeros, use_acc=False,
+                           is_async=True)
+        l0 = warpgroup_mma(codes_s.index(4 * stage + 0), q_lo.index(0).permute((1, 0)), zeros, use_acc=False,
+                           is_async=True)
+        h1 = warpgroup_mma(codes_s.index(4 * stage + 1), q_hi.index(1).permute((1, 0)), zeros, use_acc=False,
+                           is_async=True)
+        l1 = warpgroup_mma(codes_s.index(4 * stage + 1), q_lo.index(1).permute((1, 0)), zeros, use_acc=False,
+                           is_async=True)
+        h2 = warpgroup_mma(codes_s.index(4 * stage + 2), q_hi.index(2).permute((1, 0)), zeros, use_acc=False,
+                           is_async=True)
+        l2 = warpgroup_mma(codes_s.index(4 * stage + 2), q_lo.index(2).permute((1, 0)), zeros, use_acc=False,
+                           is_async=True)
+        h3 = warpgroup_mma(codes_s.index(4 * stage + 3), q_hi.index(3).permute((1, 0)), zeros, use_acc=False,
+                           is_async=True)
+        l3 = warpgroup_mma(codes_s.index(4 * stage + 3), q_lo.index(3).permute((1, 0)), zeros, use_acc=False,
+                           is_async=True)
         ar = warpgroup_mma(rope_s.index(stage), q_rope.permute((1, 0)), zeros16, use_acc=False, is_async=True)
 
         n = start + i * TILE + gl.arange(0, TILE, ROWS)
@@ -295,8 +308,9 @@ def sparse_mla_wgmma_kernel(
         s1 = scale_s.index(4 * stage + 1).load(ROWS)
         s2 = scale_s.index(4 * stage + 2).load(ROWS)
         s3 = scale_s.index(4 * stage + 3).load(ROWS)
-        a0, a1, a2, a3, ar = warpgroup_mma_wait(0, deps=[a0, a1, a2, a3, ar])
-        nope = a0 * s0[:, None] + a1 * s1[:, None] + a2 * s2[:, None] + a3 * s3[:, None]
+        h0, l0, h1, l1, h2, l2, h3, l3, ar = warpgroup_mma_wait(0, deps=[h0, l0, h1, l1, h2, l2, h3, l3, ar])
+        nope = ((h0 + l0 * LO_DOWN) * s0[:, None] + (h1 + l1 * LO_DOWN) * s1[:, None]
+                + (h2 + l2 * LO_DOWN) * s2[:, None] + (h3 + l3 * LO_DOWN) * s3[:, None])
         s = nope * head_scale[None, :] + gl.convert_layout(ar, W8) * logit_scale
         s = gl.where(valid[:, None], s, float("-inf"))
 
@@ -307,8 +321,8 @@ def sparse_mla_wgmma_kernel(
         l_acc = l_acc * alpha[None, :] + p
         m_i = m_new
         pc = gl.join(gl.join(p * (s0 * r0)[:, None], p * (s1 * r1)[:, None]),
-                     gl.join(p * (s2 * r2)[:, None], p * (s3 * r3)[:, None]))  # [64, 16, 2, 2]: P_c at [.., x, y]
-        p_s.store(gl.reshape(gl.permute(pc, (2, 3, 0, 1)), [4, TILE, BLOCK_H]).to(gl.float16))
+                     gl.join(p * (s2 * r2)[:, None], p * (s3 * r3)[:, None]))  # [64, 16, 2, 2]: P_c at [.., c % 2, c // 2]
+        p_s.store(gl.reshape(gl.permute(pc, (3, 2, 0, 1)), [4, TILE, BLOCK_H]).to(gl.float16))
         acc = acc * gl.convert_layout(alpha, PV_HEADS)[None, :, None]
         _barrier()  # every warp's P stored
 

@@ -7,7 +7,8 @@ Usage (on a CUDA machine, from the repository root)::
 
 1. Edge cases (one line each): 1, 12 and 16 heads, skipped (-1) and out-of-range slots, a row with no valid slot,
    splits with a partial last one, per-record magnitudes 2^-6..2^6 (scales spread over 12 binades), a strided pool
-   (blocks not back to back), 16-slot blocks, bf16 queries scaled by 1e-20 and 1e20, 2 and 3 stages.
+   (blocks not back to back), 16-slot blocks, bf16 queries scaled by 1e-20 and 1e20, records whose codes are all
+   e4m3's largest (the FP8 MMAs' accumulation at its worst), 2 and 3 stages.
 2. The serving shape: 64 requests x 5 tokens (and x 1, x 8) x top-k 2048 over a 1M-token fp8_ds_mla pool (656 MB,
    larger than the L2), H = 16 and 12; each variant checked on its first rows against the reference, then timed
    (``do_bench`` median); a table of ms, TB/s of gathered bytes, % of the copy ceiling, FlashMLA / ours.
@@ -41,10 +42,13 @@ def edge_cases(torch, failures):
     for heads, block_tokens, width, split, stages, strided, q_mag in (
             (16, 64, 2048, 512, 2, False, 2.0), (12, 64, 300, 128, 2, False, 2.0), (1, 16, 77, None, 3, True, 2.0),
             (16, 16, 1000, 512, 2, True, 2.0), (16, 64, 37, 16, 2, False, 2.0), (16, 64, 2048, None, 3, False, 1e-20),
-            (12, 64, 700, 256, 2, True, 1e20), (5, 64, 130, 64, 3, False, 2.0)):
+            (12, 64, 700, 256, 2, True, 1e20), (5, 64, 130, 64, 3, False, 2.0), (16, 64, 512, None, 2, False, -2.0)):
         blocks = 40
         slots_n = blocks * block_tokens
         rows = torch.randn(slots_n, 576, generator=gen) * torch.exp2(torch.randint(-6, 7, (slots_n, 1), generator=gen))
+        if q_mag < 0:  # every dim of a record the same value (1 .. 13): every code the largest, e4m3's 448
+            rows = (torch.arange(slots_n) % 13 + 1.0)[:, None].repeat(1, 576)
+            q_mag = -q_mag
         records = spec.pack(rows + 1e-3).view(blocks, block_tokens, 656)
         if strided:  # blocks 16 bytes further apart than their records (a view into a larger buffer)
             buf = torch.zeros(blocks, block_tokens * 656 + 16, dtype=torch.uint8, device="cuda")
