@@ -163,26 +163,32 @@ def _slot_rows(slot_row, n0, end, layout: gl.constexpr):
 
 
 @gluon.jit
-def _issue(pages_u8, slot_row, n0, end, num_slots, s8_b, s8_t, block_tokens, codes_s, first, rope, scale_s,
+def _copy_slots(slot_row, n0, end):
+    """Slots ``n0 .. n0 + 64`` as the three copies of :func:`_issue` hold them (loaded a step before they are issued:
+    the copies never wait on the load of their slot indices)."""
+    return (_slot_rows(slot_row, n0, end, gl.SliceLayout(0, gl.SliceLayout(2, _CODES_COPY))),
+            _slot_rows(slot_row, n0, end, gl.SliceLayout(1, _ROPE_COPY)),
+            _slot_rows(slot_row, n0, end, gl.SliceLayout(0, _SCALE_COPY)))
+
+
+@gluon.jit
+def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tokens, codes_s, first, rope, scale_s,
            FLAT: gl.constexpr, OFF32: gl.constexpr):
-    """Start the copies of the records of slots ``n0 .. n0 + 64`` into one stage: tiles ``first .. first + 3`` of
-    ``codes_s`` (e4m3 ``[64, 128]`` each: tile c's bytes of the slots), ``rope [64, 64]`` bf16, ``scale_s`` tiles ``first ..
-    first + 3`` (fp32 ``[64]``: tile c's scales); skipped slots zero-filled."""
-    SL: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, _CODES_COPY))
-    row, ok = _rows(_slot_rows(slot_row, n0, end, SL), num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
+    """Start the copies of one step's records (its slots as :func:`_copy_slots` gives them) into one stage: tiles
+    ``first .. first + 3`` of ``codes_s`` (e4m3 ``[64, 128]`` each: tile c's bytes of the slots), ``rope [64, 64]``
+    bf16, ``scale_s`` tiles ``first .. first + 3`` (fp32 ``[64]``: tile c's scales); skipped slots zero-filled."""
+    row, ok = _rows(slots_c, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
     part = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _CODES_COPY)))
     byte = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, _CODES_COPY)))
     src = pages_u8 + row[None, :, None] + (part * 128)[:, None, None] + byte[None, None, :]
     # one copy for the stage's four tiles (copies into one buffer are ordered by barriers between them)
     _async_copy(_view(codes_s.index(first), gl.float8e4nv, [4, TILE, 128], _CODES_3D),
                 src.to(gl.pointer_type(gl.float8e4nv), bitcast=True), mask=ok[None, :, None])
-    RL: gl.constexpr = gl.SliceLayout(1, _ROPE_COPY)
-    row_r, ok_r = _rows(_slot_rows(slot_row, n0, end, RL), num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
+    row_r, ok_r = _rows(slots_r, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
     dim = gl.arange(0, 64, gl.SliceLayout(0, _ROPE_COPY))
     words = (pages_u8 + row_r[:, None]).to(gl.pointer_type(gl.bfloat16), bitcast=True)
     _async_copy(rope, words + 264 + dim[None, :], mask=ok_r[:, None])  # RoPE at byte 528
-    CL: gl.constexpr = gl.SliceLayout(0, _SCALE_COPY)
-    row_s, ok_s = _rows(_slot_rows(slot_row, n0, end, CL), num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
+    row_s, ok_s = _rows(slots_s, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
     part = gl.arange(0, 4, gl.SliceLayout(1, _SCALE_COPY))
     floats = (pages_u8 + row_s[None, :]).to(gl.pointer_type(gl.float32), bitcast=True) + 128  # the scales at byte 512
     _async_copy(_view(scale_s.index(first), gl.float32, [4, TILE], _SCALES_2D), floats + part[:, None],
@@ -256,9 +262,12 @@ def sparse_mla_wgmma_kernel(
     steps = gl.cdiv(end - start, TILE)
     for j in gl.static_range(STAGES - 1):
         if j < steps:
-            _issue(pages_u8, slot_row, start + j * TILE, end, num_slots, s8_b, s8_t, block_tokens,
-                   codes_s, 4 * j, rope_s.index(j), scale_s, FLAT, OFF32)
+            sc, sr, ss = _copy_slots(slot_row, start + j * TILE, end)
+            _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens, codes_s, 4 * j, rope_s.index(j), scale_s,
+                   FLAT, OFF32)
         async_copy.commit_group()
+    ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end)
+    here = _slot_rows(slot_row, start, end, ROWS)  # step 0's slots, for its mask
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS)
     l_acc = gl.zeros([TILE, BLOCK_H], gl.float32, W8)  # per-thread partial sums of p, summed at the end
@@ -279,9 +288,12 @@ def sparse_mla_wgmma_kernel(
         ahead = i + STAGES - 1
         if ahead < steps:
             nxt = ahead % STAGES
-            _issue(pages_u8, slot_row, start + ahead * TILE, end, num_slots, s8_b, s8_t, block_tokens,
-                   codes_s, 4 * nxt, rope_s.index(nxt), scale_s, FLAT, OFF32)
+            _issue(pages_u8, ahead_c, ahead_r, ahead_s, num_slots, s8_b, s8_t, block_tokens, codes_s, 4 * nxt,
+                   rope_s.index(nxt), scale_s, FLAT, OFF32)
         async_copy.commit_group()
+        ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (ahead + 1) * TILE, end)
+        valid = (here >= 0) & (here < num_slots)
+        here = _slot_rows(slot_row, start + (i + 1) * TILE, end, ROWS)
 
         h0 = warpgroup_mma(codes_s.index(4 * stage + 0), q_hi.index(0).permute((1, 0)), zeros, use_acc=False,
                            is_async=True)
@@ -301,9 +313,6 @@ def sparse_mla_wgmma_kernel(
                            is_async=True)
         ar = warpgroup_mma(rope_s.index(stage), q_rope.permute((1, 0)), zeros16, use_acc=False, is_async=True)
 
-        n = start + i * TILE + gl.arange(0, TILE, ROWS)
-        slot = gl.load(slot_row + n, mask=n < end, other=-1)
-        valid = (slot >= 0) & (slot < num_slots)
         s0 = scale_s.index(4 * stage).load(ROWS)  # σ_c of the step's slots
         s1 = scale_s.index(4 * stage + 1).load(ROWS)
         s2 = scale_s.index(4 * stage + 2).load(ROWS)

@@ -27,8 +27,8 @@ from script_cli import finish, run  # scripts/h200/script_cli.py
 TOPK, BLOCK_TOKENS, SOFTMAX_SCALE = 2048, 64, 192**-0.5
 TOL_O, TOL_LSE = 1e-2, 1e-3
 CHECK_ROWS = 8
-VARIANTS = (dict(stages=2, split_size=512), dict(stages=2, split_size=256), dict(stages=2, split_size=1024),
-            dict(stages=2, split_size=None), dict(stages=3, split_size=512))
+VARIANTS = {"full": (dict(split_size=512), dict(split_size=1024), dict(split_size=768), dict(split_size=640)),
+            "small": (dict(split_size=64), dict(split_size=128), dict(split_size=256), dict(split_size=512))}
 GLUON_BEST = dict(block_n=16, stages=3, q_smem=True, maxnreg=168, split_size=512)  # sixteenth session's best
 
 
@@ -127,8 +127,8 @@ def sweep(torch, pool_tokens, ceiling, failures):
 
     pages = cache_pools.latent_pools(torch, ("fp8_ds_mla",), pool_tokens, "cuda")["fp8_ds_mla"][0]
     rows = []
-    for heads, requests, per_request, full in ((16, 64, 5, True), (12, 64, 5, True), (16, 64, 1, False),
-                                               (16, 64, 8, False), (16, 8, 1, False)):
+    for heads, requests, per_request, kind in ((16, 64, 5, "full"), (12, 64, 5, "full"), (16, 64, 1, "small"),
+                                               (16, 64, 8, "full"), (16, 8, 1, "small")):
         tokens = requests * per_request
         gen = torch.Generator(device="cuda").manual_seed(heads * 1000 + tokens)
         slots = torch.randint(0, pages.shape[0] * BLOCK_TOKENS, (tokens, TOPK), device="cuda", dtype=torch.int32,
@@ -142,7 +142,7 @@ def sweep(torch, pool_tokens, ceiling, failures):
             runs.append(("FlashMLA (h pad 64)", peer[0], peer[1]))
         runs.append(("gluon few heads (best)", *(2 * (lambda: sparse_mla_gluon(
             q, pages, slots, "fp8_ds_mla", None, SOFTMAX_SCALE, **GLUON_BEST),))))
-        for cfg in (VARIANTS if full else VARIANTS[:1]):
+        for cfg in VARIANTS[kind]:
             fn = (lambda cfg=cfg: sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None, SOFTMAX_SCALE, **cfg))
             runs.append((f"wgmma {cfg}", fn, fn))
         peer_ms = None
@@ -169,9 +169,22 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pool-tokens", type=int, default=1 << 20)
     parser.add_argument("--no-sweep", action="store_true", help="the edge cases only")
+    parser.add_argument("--profile", action="store_true",
+                        help="no checks: the default launch at H = 16, 64 x 5, four times (for Nsight Compute)")
     args = parser.parse_args(argv)
     import torch
     import triton
+
+    if args.profile:
+        from dsahal.backends.triton_kernels.sparse_mla_wgmma import sparse_mla_wgmma
+
+        pages = cache_pools.latent_pools(torch, ("fp8_ds_mla",), args.pool_tokens, "cuda")["fp8_ds_mla"][0]
+        slots = torch.randint(0, pages.shape[0] * BLOCK_TOKENS, (320, TOPK), device="cuda", dtype=torch.int32)
+        q = torch.randn(320, 16, 576, device="cuda").to(torch.bfloat16)
+        for _ in range(4):
+            sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None, SOFTMAX_SCALE)
+        torch.cuda.synchronize()
+        return 0
 
     started = time.time()
     failures = []
