@@ -65,11 +65,11 @@ LO_DOWN = gl.constexpr(0.0625)
 
 # shared layouts: a stage's codes [4 tiles, 64 slots, 128 bytes] and RoPE values [64, 64] bf16 as the wgmma's A
 # operands (128-byte rows, swizzled), its tile scales [4, 64] fp32; the fp16 P_c [4, 64 slots, 16 heads]
-_CODES = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))
-_CODES_3D = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3))  # a stage's 4 tiles
+_CODES = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3))  # [STAGES, 4, 64, 128]
+_CODE_ROWS = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # [4 * 64, 128]
 _ROPE = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
-_SCALES = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
-_SCALES_2D = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))  # a stage's [4, 64]
+_SCALES = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))  # [STAGES, 4, 64]
+_SCALE_ROW = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))  # [4 * 64]
 _P = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[2, 1, 0]))
 _Q = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # [4, 16, 128] e4m3
 _QR = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))  # [16, 64] bf16
@@ -112,6 +112,18 @@ def value_dim(n):
     """The dim (within its 128-dim tile) that value column ``n`` holds: ``4 (8 (j // 4) + r) + j % 4`` for ``n = 8 j +
     r`` (the permutation :data:`_VALUE_BASES` reads; the output is stored through it)."""
     return 4 * (8 * (n >> 5) + (n & 7)) + ((n >> 3) & 3)
+
+
+@gluon.jit
+def _tile(codes, c: gl.constexpr):
+    """Tile ``c`` of a stage's codes (``[4, 64, 128]``) as the wgmma's A operand ``[64, 128]``."""
+    return _view(codes, gl.float8e4nv, [4 * TILE, 128], _CODE_ROWS).slice(c * TILE, TILE)
+
+
+@gluon.jit
+def _scale_row(scales, c: gl.constexpr):
+    """Tile ``c``'s scales of a stage (``[4, 64]`` fp32) as ``[64]``."""
+    return _view(scales, gl.float32, [4 * TILE], _SCALE_ROW).slice(c * TILE, TILE)
 
 
 @gluon.jit
@@ -172,18 +184,17 @@ def _copy_slots(slot_row, n0, end):
 
 
 @gluon.jit
-def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tokens, codes_s, first, rope, scale_s,
+def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tokens, codes, rope, scales,
            FLAT: gl.constexpr, OFF32: gl.constexpr):
-    """Start the copies of one step's records (its slots as :func:`_copy_slots` gives them) into one stage: tiles
-    ``first .. first + 3`` of ``codes_s`` (e4m3 ``[64, 128]`` each: tile c's bytes of the slots), ``rope [64, 64]``
-    bf16, ``scale_s`` tiles ``first .. first + 3`` (fp32 ``[64]``: tile c's scales); skipped slots zero-filled."""
+    """Start the copies of one step's records (its slots as :func:`_copy_slots` gives them) into one stage: ``codes [4,
+    64, 128]`` e4m3 (tile c's bytes of the slots at ``[c]``), ``rope [64, 64]`` bf16, ``scales [4, 64]`` fp32 (tile c's
+    scales at ``[c]``); skipped slots zero-filled."""
     row, ok = _rows(slots_c, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
     part = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _CODES_COPY)))
     byte = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, _CODES_COPY)))
     src = pages_u8 + row[None, :, None] + (part * 128)[:, None, None] + byte[None, None, :]
-    # one copy for the stage's four tiles (copies into one buffer are ordered by barriers between them)
-    _async_copy(_view(codes_s.index(first), gl.float8e4nv, [4, TILE, 128], _CODES_3D),
-                src.to(gl.pointer_type(gl.float8e4nv), bitcast=True), mask=ok[None, :, None])
+    # one copy for the stage's four tiles (the compiler orders copies into one buffer by barriers between them)
+    _async_copy(codes, src.to(gl.pointer_type(gl.float8e4nv), bitcast=True), mask=ok[None, :, None])
     row_r, ok_r = _rows(slots_r, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
     dim = gl.arange(0, 64, gl.SliceLayout(0, _ROPE_COPY))
     words = (pages_u8 + row_r[:, None]).to(gl.pointer_type(gl.bfloat16), bitcast=True)
@@ -191,8 +202,7 @@ def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tok
     row_s, ok_s = _rows(slots_s, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
     part = gl.arange(0, 4, gl.SliceLayout(1, _SCALE_COPY))
     floats = (pages_u8 + row_s[None, :]).to(gl.pointer_type(gl.float32), bitcast=True) + 128  # the scales at byte 512
-    _async_copy(_view(scale_s.index(first), gl.float32, [4, TILE], _SCALES_2D), floats + part[:, None],
-                mask=ok_s[None, :])
+    _async_copy(scales, floats + part[:, None], mask=ok_s[None, :])
 
 
 @gluon.jit(do_not_specialize=SIZE_ARGS)
@@ -251,9 +261,9 @@ def sparse_mla_wgmma_kernel(
     fence_async_shared()  # the queries' stores, before the first wgmma reads them (after the first barrier)
     head_scale = gl.convert_layout(down * logit_scale, HEADS)  # NaN for a head holding Inf or NaN
 
-    codes_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES * 4, TILE, 128], _CODES)  # stage i: tiles 4 i .. 4 i + 3
+    codes_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, 4, TILE, 128], _CODES)
     rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, TILE, 64], _ROPE)
-    scale_s = gl.allocate_shared_memory(gl.float32, [STAGES * 4, TILE], _SCALES)
+    scale_s = gl.allocate_shared_memory(gl.float32, [STAGES, 4, TILE], _SCALES)
     p_s = gl.allocate_shared_memory(gl.float16, [4, TILE, BLOCK_H], _P)
 
     slot_row = slots_ptr + t * stride_st
@@ -263,8 +273,8 @@ def sparse_mla_wgmma_kernel(
     for j in gl.static_range(STAGES - 1):
         if j < steps:
             sc, sr, ss = _copy_slots(slot_row, start + j * TILE, end)
-            _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens, codes_s, 4 * j, rope_s.index(j), scale_s,
-                   FLAT, OFF32)
+            _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens, codes_s.index(j), rope_s.index(j),
+                   scale_s.index(j), FLAT, OFF32)
         async_copy.commit_group()
     ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end)
     here = _slot_rows(slot_row, start, end, ROWS)  # step 0's slots, for its mask
@@ -288,35 +298,36 @@ def sparse_mla_wgmma_kernel(
         ahead = i + STAGES - 1
         if ahead < steps:
             nxt = ahead % STAGES
-            _issue(pages_u8, ahead_c, ahead_r, ahead_s, num_slots, s8_b, s8_t, block_tokens, codes_s, 4 * nxt,
-                   rope_s.index(nxt), scale_s, FLAT, OFF32)
+            _issue(pages_u8, ahead_c, ahead_r, ahead_s, num_slots, s8_b, s8_t, block_tokens, codes_s.index(nxt),
+                   rope_s.index(nxt), scale_s.index(nxt), FLAT, OFF32)
         async_copy.commit_group()
         ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (ahead + 1) * TILE, end)
         valid = (here >= 0) & (here < num_slots)
         here = _slot_rows(slot_row, start + (i + 1) * TILE, end, ROWS)
 
-        h0 = warpgroup_mma(codes_s.index(4 * stage + 0), q_hi.index(0).permute((1, 0)), zeros, use_acc=False,
+        codes = codes_s.index(stage)
+        h0 = warpgroup_mma(_tile(codes, 0), q_hi.index(0).permute((1, 0)), zeros, use_acc=False,
                            is_async=True)
-        l0 = warpgroup_mma(codes_s.index(4 * stage + 0), q_lo.index(0).permute((1, 0)), zeros, use_acc=False,
+        l0 = warpgroup_mma(_tile(codes, 0), q_lo.index(0).permute((1, 0)), zeros, use_acc=False,
                            is_async=True)
-        h1 = warpgroup_mma(codes_s.index(4 * stage + 1), q_hi.index(1).permute((1, 0)), zeros, use_acc=False,
+        h1 = warpgroup_mma(_tile(codes, 1), q_hi.index(1).permute((1, 0)), zeros, use_acc=False,
                            is_async=True)
-        l1 = warpgroup_mma(codes_s.index(4 * stage + 1), q_lo.index(1).permute((1, 0)), zeros, use_acc=False,
+        l1 = warpgroup_mma(_tile(codes, 1), q_lo.index(1).permute((1, 0)), zeros, use_acc=False,
                            is_async=True)
-        h2 = warpgroup_mma(codes_s.index(4 * stage + 2), q_hi.index(2).permute((1, 0)), zeros, use_acc=False,
+        h2 = warpgroup_mma(_tile(codes, 2), q_hi.index(2).permute((1, 0)), zeros, use_acc=False,
                            is_async=True)
-        l2 = warpgroup_mma(codes_s.index(4 * stage + 2), q_lo.index(2).permute((1, 0)), zeros, use_acc=False,
+        l2 = warpgroup_mma(_tile(codes, 2), q_lo.index(2).permute((1, 0)), zeros, use_acc=False,
                            is_async=True)
-        h3 = warpgroup_mma(codes_s.index(4 * stage + 3), q_hi.index(3).permute((1, 0)), zeros, use_acc=False,
+        h3 = warpgroup_mma(_tile(codes, 3), q_hi.index(3).permute((1, 0)), zeros, use_acc=False,
                            is_async=True)
-        l3 = warpgroup_mma(codes_s.index(4 * stage + 3), q_lo.index(3).permute((1, 0)), zeros, use_acc=False,
+        l3 = warpgroup_mma(_tile(codes, 3), q_lo.index(3).permute((1, 0)), zeros, use_acc=False,
                            is_async=True)
         ar = warpgroup_mma(rope_s.index(stage), q_rope.permute((1, 0)), zeros16, use_acc=False, is_async=True)
 
-        s0 = scale_s.index(4 * stage).load(ROWS)  # σ_c of the step's slots
-        s1 = scale_s.index(4 * stage + 1).load(ROWS)
-        s2 = scale_s.index(4 * stage + 2).load(ROWS)
-        s3 = scale_s.index(4 * stage + 3).load(ROWS)
+        s0 = _scale_row(scale_s.index(stage), 0).load(ROWS)  # σ_c of the step's slots
+        s1 = _scale_row(scale_s.index(stage), 1).load(ROWS)
+        s2 = _scale_row(scale_s.index(stage), 2).load(ROWS)
+        s3 = _scale_row(scale_s.index(stage), 3).load(ROWS)
         h0, l0, h1, l1, h2, l2, h3, l3, ar = warpgroup_mma_wait(0, deps=[h0, l0, h1, l1, h2, l2, h3, l3, ar])
         nope = ((h0 + l0 * LO_DOWN) * s0[:, None] + (h1 + l1 * LO_DOWN) * s1[:, None]
                 + (h2 + l2 * LO_DOWN) * s2[:, None] + (h3 + l3 * LO_DOWN) * s3[:, None])
@@ -335,7 +346,7 @@ def sparse_mla_wgmma_kernel(
         acc = acc * gl.convert_layout(alpha, PV_HEADS)[None, :, None]
         _barrier()  # every warp's P stored
 
-        values = _value_view(codes_s.index(4 * stage))
+        values = _value_view(codes)
         for kk in gl.static_range(4):  # 16 slots at a time: the B operand's registers
             v = gl.convert_layout(_as_f16(values.slice(16 * kk, 16, dim=1).load(_LOAD)), DOT_B)
             pa = p_s.slice(16 * kk, 16, dim=1).permute((0, 2, 1)).load(DOT_A)  # [4, 16 heads, 16 slots]
