@@ -57,6 +57,13 @@ def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
     return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **config.GLUON_FEW_HEADS)
 
 
+def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
+    """The wgmma few-heads kernel (fp8_ds_mla, <= 16 heads, sm_90): the gathered slots as the logit wgmma's M side."""
+    from dsahal.backends.triton_kernels.sparse_mla_wgmma import sparse_mla_wgmma as launch  # (imports Gluon)
+
+    return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **config.WGMMA_FEW_HEADS)
+
+
 def lse_combine(o_parts, lse_parts):
     return _lse.lse_combine(o_parts, lse_parts)
 

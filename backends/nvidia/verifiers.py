@@ -47,6 +47,31 @@ def gluon_few_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
     return True, ""
 
 
+WGMMA_CAPABILITY = (9, 0)  # Hopper's wgmma: sm_90 only (Blackwell has tcgen05 MMAs instead)
+
+
+def wgmma_few_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tuple[bool, str]:
+    """The wgmma few-heads kernel (:mod:`dsahal.backends.triton_kernels.sparse_mla_wgmma`): what its launcher takes
+    (:func:`~dsahal.backends.triton_kernels.sparse_mla_wgmma.refusal`) on an sm_90 GPU, for calls of at least
+    :data:`config.WGMMA_MIN_TOKENS` query tokens in default mode, where it measured faster than FlashMLA with its heads
+    padded to 64 (fewer tokens leave most SMs idle: FlashMLA serves them); every call in batch-invariant mode, where a
+    route must not depend on the batch (its splits are a fixed slot count, so its result does not either)."""
+    try:
+        from dsahal.backends.triton_kernels import sparse_mla_wgmma as wgmma_mla
+    except ImportError as exc:  # a Triton without Gluon (3.4+ has it)
+        return False, f"the installed Triton has no Gluon ({exc})"
+    why = wgmma_mla.refusal(q, kv_pages, kv_fmt, slots)
+    if why:
+        return False, why
+    capability = _capability(q.device.index)
+    if capability != WGMMA_CAPABILITY:
+        return False, f"sm{capability[0]}{capability[1]}: the kernel's wgmma is sm_90 only"
+    if not config.batch_invariant() and q.shape[0] < config.WGMMA_MIN_TOKENS:
+        return False, (f"{q.shape[0]} query tokens: fewer than {config.WGMMA_MIN_TOKENS} leave SMs idle (FlashMLA "
+                       f"serves them in default mode)")
+    return True, ""
+
+
 @functools.lru_cache(maxsize=None)
 def _capability(index: int | None) -> tuple[int, int]:
     """A CUDA device's compute capability, asked of the driver once (the verifier runs on every call)."""

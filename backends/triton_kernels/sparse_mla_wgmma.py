@@ -151,12 +151,13 @@ def _per_part(v0, v1, v2, v3, layout: gl.constexpr):
 def _largest_scales(pages_u8, slot_row, start, end, num_slots, s8_b, s8_t, block_tokens, FLAT: gl.constexpr,
                     OFF32: gl.constexpr):
     """The largest scale of each 128-dim tile over the valid slots ``start .. end - 1`` of the token's list (four
-    scalars; 1.0 for a tile whose scales are all 0 or that has no valid slot): one 16-byte load a slot."""
-    L: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [4, 1], [1, 0])  # [128 slots, 4 tiles]
+    scalars; 1.0 for a tile whose scales are all 0 or that has no valid slot): one 16-byte load a slot, 1024 slots
+    (a split's, usually) in one round of independent loads (their latency hidden behind the first steps' copies)."""
+    L: gl.constexpr = gl.BlockedLayout([8, 4], [32, 1], [4, 1], [1, 0])  # [1024 slots, 4 tiles], 8 slots a thread
     part = gl.arange(0, 4, gl.SliceLayout(0, L))
-    big = gl.zeros([128, 4], gl.float32, L)
-    for n0 in range(start, end, 128):
-        n = n0 + gl.arange(0, 128, gl.SliceLayout(1, L))
+    big = gl.zeros([1024, 4], gl.float32, L)
+    for n0 in range(start, end, 1024):
+        n = n0 + gl.arange(0, 1024, gl.SliceLayout(1, L))
         row, ok = _rows(gl.load(slot_row + n, mask=n < end, other=-1), num_slots, s8_b, s8_t, block_tokens, FLAT,
                         OFF32)
         floats = (pages_u8 + row[:, None]).to(gl.pointer_type(gl.float32), bitcast=True) + 128

@@ -1,0 +1,121 @@
+"""The wgmma few-heads sparse MLA kernel (:mod:`dsahal.backends.triton_kernels.sparse_mla_wgmma`) on a CPU machine.
+
+Gluon has no interpreter, so its results are checked on the H200 only (``scripts/h200/wgmma_mla_check.py`` against the
+float64 reference on the edge cases and at the serving shape, the conformance suite through the route). Here: what
+the launcher serves and refuses (naming the op, the argument, what was expected and what was given), the value
+operand's view of the swizzled codes (its offset bases against the 128-byte swizzle and the output's dim
+permutation), that the kernel compiles for sm_90 with the local Triton without spilling and with two programs a SM,
+and what the route's verifier says.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from dsahal.backends.triton_kernels import sparse_mla_wgmma as w
+
+
+def _pages(blocks=4, block_tokens=16, device="cpu"):
+    return torch.zeros(blocks, block_tokens, 656, dtype=torch.uint8, device=device)
+
+
+def test_serves_bf16_queries_of_at_most_16_heads_on_aligned_fp8_ds_mla_pages_on_a_cuda_device_only():
+    q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
+    assert w.refusal(q, _pages(), "fp8_ds_mla") == "the wgmma few-heads kernel runs on NVIDIA CUDA tensors only"
+    meta = torch.empty(2, 16, 576, dtype=torch.bfloat16, device="meta")
+    assert not w.serves(meta, _pages(device="meta"), "fp8_ds_mla")
+    assert w.refusal(q, _pages(), "nvfp4") == "nvfp4 latents: the wgmma few-heads kernel reads fp8_ds_mla records"
+    assert w.refusal(q.float(), _pages(), "fp8_ds_mla") == "float32 queries: the wgmma few-heads kernel takes bf16"
+    assert w.refusal(torch.zeros(2, 17, 576, dtype=torch.bfloat16), _pages(), "fp8_ds_mla") == (
+        "q of shape [2, 17, 576]: the wgmma few-heads kernel takes [T, <= 16, 576]")
+    assert "takes [T, <= 16, 576]" in w.refusal(torch.zeros(2, 16, 512, dtype=torch.bfloat16), _pages(), "fp8_ds_mla")
+
+
+def test_a_call_it_does_not_serve_raises_naming_the_op_and_what_it_got():
+    q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"triton sparse_mla_wgmma: expected bf16 q .* got q torch.bfloat16 "
+                                         r"\[2, 16, 576\] on cpu"):
+        w.sparse_mla_wgmma(q, _pages(), torch.zeros(2, 8, dtype=torch.int32), "fp8_ds_mla", None, 0.1)
+
+
+@pytest.mark.parametrize("kwargs, message", [(dict(stages=1), "stages expected 2 or 3, got 1"),
+                                             (dict(stages=4), "stages expected 2 or 3, got 4"),
+                                             (dict(split_size=0), "split_size expected None or >= 1, got 0")])
+def test_launch_parameters_are_checked_before_any_launch(monkeypatch, kwargs, message):
+    monkeypatch.setattr(w, "serves", lambda q, pages, fmt: True)  # past the device check: the parameters' own
+    q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=f"triton sparse_mla_wgmma: {message}"):
+        w.sparse_mla_wgmma(q, _pages(), torch.zeros(2, 8, dtype=torch.int32), "fp8_ds_mla", None, 0.1, **kwargs)
+
+
+def _index(bases, offset):
+    """A linear layout's index for ``offset``: the XOR of the bases of its set bits."""
+    index = [0, 0, 0]
+    for bit, basis in enumerate(bases):
+        if offset >> bit & 1:
+            index = [a ^ b for a, b in zip(index, basis)]
+    return tuple(index)
+
+
+def _value_dim(n):
+    """``sparse_mla_wgmma.value_dim`` (a Gluon function, not callable here), as its docstring states it."""
+    return 4 * (8 * (n >> 5) + (n & 7)) + ((n >> 3) & 3)
+
+
+def test_the_value_view_reads_each_swizzled_code_once_at_the_dim_the_output_stores():
+    bases = [list(b) for b in w._VALUE_BASES.value]
+    seen = set()
+    for offset in range(4 * 64 * 128):  # a stage's codes: [tile, slot, 128 bytes], rows swizzled in 16-byte pieces
+        part, slot, n = _index(bases, offset)
+        assert 0 <= part < 4 and 0 <= slot < 64 and 0 <= n < 128
+        dim = _value_dim(n)
+        # the 128-byte swizzle: a slot's 16-byte piece p of its row sits at piece p ^ (slot % 8)
+        assert offset == part * 8192 + slot * 128 + ((dim >> 4) ^ (slot % 8)) * 16 + (dim & 15), (offset, part, slot, n)
+        seen.add((part, slot, n))
+    assert len(seen) == 4 * 64 * 128
+    assert sorted(_value_dim(n) for n in range(128)) == list(range(128))
+
+
+def test_a_lane_reads_the_four_n_tiles_of_a_32_bit_word_in_register_order():
+    load = w._LOAD.value
+    # registers 0 and 1 of the load layout are n + 8 and n + 16: four consecutive bytes of one slot's row
+    assert load.reg_bases[0] == [0, 0, 8] and load.reg_bases[1] == [0, 0, 16]
+    assert [_value_dim(n) for n in (0, 8, 16, 24)] == [0, 1, 2, 3]
+    assert [_value_dim(n) for n in (5, 13, 21, 29)] == [20, 21, 22, 23]
+
+
+def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm():
+    from dsahal.backends.nvidia import aot
+
+    (variant,) = aot._wgmma_variants()
+    result = aot.compile_variant(variant)
+    assert result.error == "", result.error
+    assert 0 < result.registers <= 255 and result.stack_bytes == 0
+    assert 2 * result.registers * 128 <= 65536  # two programs of 4 warps a SM by registers
+    assert 2 * (result.shared_bytes + 1024) <= 228 * 1024  # and by shared memory (1 KB reserved a program)
+
+
+def test_the_route_verifier_names_what_the_kernel_does_not_take(monkeypatch):
+    from dsahal.backends.nvidia import config, verifiers
+
+    q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
+    slots = torch.zeros(2, 8, dtype=torch.int32)
+    ok, reason = verifiers.wgmma_few_heads_accepts(q, _pages(), slots, "nvfp4", None, 0.1)
+    assert not ok and reason == "nvfp4 latents: the wgmma few-heads kernel reads fp8_ds_mla records"
+    ok, reason = verifiers.wgmma_few_heads_accepts(q, _pages(), slots, "fp8_ds_mla", None, 0.1)
+    assert not ok and reason == "the wgmma few-heads kernel runs on NVIDIA CUDA tensors only"
+    # past the launcher's own checks: the architecture, then the batch size in default mode only
+    monkeypatch.setattr(w, "refusal", lambda *args: "")
+    monkeypatch.setattr(verifiers, "_capability", lambda index: (10, 0))
+    ok, reason = verifiers.wgmma_few_heads_accepts(q, _pages(), slots, "fp8_ds_mla", None, 0.1)
+    assert not ok and reason == "sm100: the kernel's wgmma is sm_90 only"
+    monkeypatch.setattr(verifiers, "_capability", lambda index: (9, 0))
+    monkeypatch.setattr(config, "batch_invariant", lambda: False)
+    ok, reason = verifiers.wgmma_few_heads_accepts(q, _pages(), slots, "fp8_ds_mla", None, 0.1)
+    assert not ok and re.fullmatch(rf"2 query tokens: fewer than {config.WGMMA_MIN_TOKENS} leave SMs idle .*", reason)
+    big = torch.zeros(config.WGMMA_MIN_TOKENS, 16, 576, dtype=torch.bfloat16)
+    assert verifiers.wgmma_few_heads_accepts(big, _pages(), slots, "fp8_ds_mla", None, 0.1) == (True, "")
+    monkeypatch.setattr(config, "batch_invariant", lambda: True)  # every batch: the route must not depend on it
+    assert verifiers.wgmma_few_heads_accepts(q, _pages(), slots, "fp8_ds_mla", None, 0.1) == (True, "")
