@@ -105,6 +105,11 @@ def variants(torch):
         # 64x2 / 8x1), 5 / 4 for bf16 q (1.07x / 1.09x / 1.07x); the 16 KiB stages removed, the new counts the default
         out += [(q_dtype, f"gluon, {s} stages", dict(gluon=True, stages=s)) for q_dtype in (fp8, torch.bfloat16)
                 for s in (4, 5)]
+        # twenty-first session: 5 tokens a request as segments of at most 2 (2 + 2 + 1) or 1 token, each segment a
+        # Gluon program reading the request's key tiles (the L2 serving the repeats), against the tl kernel's one
+        # 5-token segment (45.6% of copy)
+        out += [(q_dtype, f"gluon, {seg}-token segments, {s} stages", dict(gluon=True, stages=s, segment=seg))
+                for q_dtype, s in ((fp8, 5), (torch.bfloat16, 4)) for seg in (2, 1)]
     return out
 
 

@@ -30,13 +30,14 @@ def paged_case(torch, fmt, heads, block_tokens, requests, per_request, context, 
     return q, w, pages, table, req, pos, out
 
 
-def launch_as_backend(q, w, pages, table, req, pos, context, out, index_fmt="fp8", **launch):
-    """The Gluon kernel on a call with segments of its tokens a request (at most 5), as the backend's route."""
+def launch_as_backend(q, w, pages, table, req, pos, context, out, index_fmt="fp8", segment=5, **launch):
+    """The Gluon kernel on a call with segments of its tokens a request (at most ``segment``, 5 as the backend's
+    route: a request's 5 tokens with ``segment`` 2 are three segments, 2 + 2 + 1, each reading the key tiles)."""
     from dsahal.backends.triton_kernels import indexer_gluon
     from dsahal.backends.triton_kernels.indexer import _request_group
     from dsahal.backends.triton_kernels.segments import segment_plan
 
-    group = _request_group(5, q.shape[0], table.shape[0], True)
+    group = _request_group(segment, q.shape[0], table.shape[0], True)
     offsets, starts = segment_plan(req, group)
     return indexer_gluon.launch(q, w, pages, table, req, pos, offsets, context, out, starts=starts, group=group,
                                 index_fmt=index_fmt, **launch)
