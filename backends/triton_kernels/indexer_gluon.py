@@ -56,6 +56,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+from dsahal.kernel_launch import triton_launch, wrap_launched
+
 from . import grid as grid_limits
 from .indexer_decode import expected_segments, runs_ptx, tiles_per_program
 
@@ -621,7 +623,7 @@ def compile_failure(hi_lo: bool, mx: bool = False) -> str:
         from triton.backends.compiler import GPUTarget
         from triton.experimental.gluon._runtime import GluonASTSource
 
-        kernel = indexer_gluon_kernel
+        kernel = triton_launch(indexer_gluon_kernel)  # (the Gluon function behind the launch cache)
         constexprs = dict(H=32, BLOCK_H=32, GROUP=1, STAGES=3, DEPTH=2, WHOLE=True, HI_LO=hi_lo, MX=mx)
         pointers = dict(q_ptr="bf16" if hi_lo else "fp8e4nv", w_ptr="fp32", pages_i32="i32", block_table_ptr="i32",
                         req_ptr="i32", pos_ptr="i32", off_ptr="i32", seg_ptr="i32", out_ptr="fp32")
@@ -634,3 +636,8 @@ def compile_failure(hi_lo: bool, mx: bool = False) -> str:
         except Exception as exc:  # noqa: BLE001 - any compiler error: the calls fall back, its message is kept
             _COMPILE_FAILURES[key] = " ".join(str(exc).split())[-300:] or type(exc).__name__
     return _COMPILE_FAILURES[key]
+
+
+# the launch cache (dsahal.kernel_launch) for this module's kernel: 33-48 us less host time a call than Triton's own
+# launch of a Gluon kernel (H200, twenty-first session, scripts/h200/gluon_launch.py), the same outputs bit for bit
+wrap_launched(globals())
