@@ -113,8 +113,17 @@ def test_the_route_verifier_names_what_the_kernel_does_not_take(monkeypatch):
     assert not ok and reason == "sm100: the kernel's wgmma is sm_90 only"
     monkeypatch.setattr(verifiers, "_capability", lambda index: (9, 0))
     monkeypatch.setattr(config, "batch_invariant", lambda: False)
+    # below the token threshold: left to FlashMLA's decode only where it is available and takes the call
+    monkeypatch.setattr(verifiers, "_flashmla_loads", lambda: True)
+    monkeypatch.setattr(verifiers.flashmla, "decode_accepts", lambda *args: (True, ""))
     ok, reason = verifiers.wgmma_few_heads_accepts(q, _pages(), slots, "fp8_ds_mla", None, 0.1)
-    assert not ok and re.fullmatch(rf"2 query tokens: fewer than {config.WGMMA_MIN_TOKENS} leave SMs idle .*", reason)
+    assert not ok and re.fullmatch(rf"2 query tokens: below {config.WGMMA_MIN_TOKENS}, FlashMLA's decode .*", reason)
+    monkeypatch.setattr(verifiers.flashmla, "decode_accepts", lambda *args: (False, "pages of 16 tokens"))
+    assert verifiers.wgmma_few_heads_accepts(q, _pages(), slots, "fp8_ds_mla", None, 0.1) == (True, "")
+    monkeypatch.setattr(verifiers.flashmla, "decode_accepts", lambda *args: (True, ""))
+    monkeypatch.setattr(verifiers, "_flashmla_loads", lambda: False)  # no sgl-flash-mla: this kernel serves
+    assert verifiers.wgmma_few_heads_accepts(q, _pages(), slots, "fp8_ds_mla", None, 0.1) == (True, "")
+    monkeypatch.setattr(verifiers, "_flashmla_loads", lambda: True)
     big = torch.zeros(config.WGMMA_MIN_TOKENS, 16, 576, dtype=torch.bfloat16)
     assert verifiers.wgmma_few_heads_accepts(big, _pages(), slots, "fp8_ds_mla", None, 0.1) == (True, "")
     monkeypatch.setattr(config, "batch_invariant", lambda: True)  # every batch: the route must not depend on it

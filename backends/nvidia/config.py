@@ -30,8 +30,9 @@ GLUON_FEW_HEADS = dict(block_n=16, stages=3, q_smem=True, maxnreg=168, split_siz
 # The wgmma few-heads kernel (sparse_mla_wgmma; the nvidia route "gluon_wgmma_few_heads", ahead of FlashMLA's): 2
 # stages (two programs a SM), 1024-slot splits in both modes (a fixed count: batch invariant), the fastest of the H200
 # sweep at 64 x 5 and 64 x 8 tokens x 2048 slots (scripts/h200/wgmma_mla_check.py, twenty-first session: 0.280 /
-# 0.298 / 0.284 ms at 1024 / 512 / 768-slot splits, H = 16). It takes calls of >= WGMMA_MIN_TOKENS query tokens in
-# default mode: 320 and 512 tokens measured 1.07-1.16x FlashMLA (heads padded to 64), 64 and 8 tokens slower.
+# 0.298 / 0.284 ms at 1024 / 512 / 768-slot splits, H = 16). In default mode it leaves calls of fewer than
+# WGMMA_MIN_TOKENS query tokens to FlashMLA's decode where that serves them: 320 and 512 tokens measured 1.04-1.16x
+# FlashMLA (heads padded to 64), 64 and 8 tokens 0.89x / 0.74x in GPU time (CUDA-graph replay).
 WGMMA_FEW_HEADS = dict(stages=2, split_size=1024)
 WGMMA_MIN_TOKENS = 256
 

@@ -9,7 +9,7 @@ import torch
 
 from dsahal.backends.triton_kernels import limits
 
-from . import config
+from . import config, flashmla
 
 
 def dsa_attention_accepts(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions,
@@ -52,10 +52,11 @@ WGMMA_CAPABILITY = (9, 0)  # Hopper's wgmma: sm_90 only (Blackwell has tcgen05 M
 
 def wgmma_few_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tuple[bool, str]:
     """The wgmma few-heads kernel (:mod:`dsahal.backends.triton_kernels.sparse_mla_wgmma`): what its launcher takes
-    (:func:`~dsahal.backends.triton_kernels.sparse_mla_wgmma.refusal`) on an sm_90 GPU, for calls of at least
-    :data:`config.WGMMA_MIN_TOKENS` query tokens in default mode, where it measured faster than FlashMLA with its heads
-    padded to 64 (fewer tokens leave most SMs idle: FlashMLA serves them); every call in batch-invariant mode, where a
-    route must not depend on the batch (its splits are a fixed slot count, so its result does not either)."""
+    (:func:`~dsahal.backends.triton_kernels.sparse_mla_wgmma.refusal`) on an sm_90 GPU. In default mode a call of
+    fewer than :data:`config.WGMMA_MIN_TOKENS` query tokens that FlashMLA's decode serves (its package loads and its
+    verifier takes the call) is left to it: there it measured faster (fewer tokens leave most SMs idle here). Every
+    call in batch-invariant mode, where a route must not depend on the batch (this kernel's splits are a fixed slot
+    count, so its result does not either)."""
     try:
         from dsahal.backends.triton_kernels import sparse_mla_wgmma as wgmma_mla
     except ImportError as exc:  # a Triton without Gluon (3.4+ has it)
@@ -66,10 +67,17 @@ def wgmma_few_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
     capability = _capability(q.device.index)
     if capability != WGMMA_CAPABILITY:
         return False, f"sm{capability[0]}{capability[1]}: the kernel's wgmma is sm_90 only"
-    if not config.batch_invariant() and q.shape[0] < config.WGMMA_MIN_TOKENS:
-        return False, (f"{q.shape[0]} query tokens: fewer than {config.WGMMA_MIN_TOKENS} leave SMs idle (FlashMLA "
-                       f"serves them in default mode)")
+    if (not config.batch_invariant() and q.shape[0] < config.WGMMA_MIN_TOKENS and _flashmla_loads()
+            and flashmla.decode_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)[0]):
+        return False, (f"{q.shape[0]} query tokens: below {config.WGMMA_MIN_TOKENS}, FlashMLA's decode (which takes "
+                       f"this call) is faster in default mode")
     return True, ""
+
+
+@functools.lru_cache(maxsize=None)
+def _flashmla_loads() -> bool:
+    """Whether FlashMLA's route is available in this process (its probe, asked once)."""
+    return flashmla.probe()[0]
 
 
 @functools.lru_cache(maxsize=None)
