@@ -107,7 +107,8 @@ def variants(torch):
                 for s in (4, 5)]
         # twenty-first session: 5 tokens a request as segments of at most 2 (2 + 2 + 1) or 1 token, each segment a
         # Gluon program reading the request's key tiles (the L2 serving the repeats), against the tl kernel's one
-        # 5-token segment (45.6% of copy)
+        # 5-token segment (45.6% of copy). R7 / R9: slower, 0.748 / 0.853 ms against 0.572 with FP8 q (every segment's
+        # copies are L2 requests, the L2 already 84-91% busy at 1-2 tokens); not routed
         out += [(q_dtype, f"gluon, {seg}-token segments, {s} stages", dict(gluon=True, stages=s, segment=seg))
                 for q_dtype, s in ((fp8, 5), (torch.bfloat16, 4)) for seg in (2, 1)]
     return out
