@@ -42,7 +42,7 @@ def test_a_call_it_does_not_serve_raises_naming_the_op_and_what_it_got():
                                              (dict(stages=1), "stages expected 2..4, got 1"),
                                              (dict(split_size=0), "split_size expected None or >= 1, got 0")])
 def test_launch_parameters_are_checked_before_any_launch(monkeypatch, kwargs, message):
-    monkeypatch.setattr(g, "serves", lambda q, pages, fmt: True)  # past the device check: the parameters' own
+    monkeypatch.setattr(g, "refusal", lambda *args: "")  # past the device check: the parameters' own
     q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=f"triton sparse_mla_gluon: {message}"):
         g.sparse_mla_gluon(q, _pages(), torch.zeros(2, 8, dtype=torch.int32), "fp8_ds_mla", None, 0.1, **kwargs)

@@ -325,24 +325,60 @@ def sparse_mla_gluon_kernel(
     gl.store(lse_ptr + split * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
 
 
-def refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots: torch.Tensor | None = None) -> str:
-    """Why this kernel does not take the call ("" when it does): it takes bf16 queries of at most 16 heads on an
-    NVIDIA GPU and fp8_ds_mla pages whose records start 16-byte aligned (the ``cp.async`` pieces). The route's
-    verifier reports this reason; the launcher raises on it."""
+def records_refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots, kernel: str) -> str:
+    """Why a Gluon few-heads kernel (this one, :mod:`.sparse_mla_wgmma`) does not take a call ("" when it does),
+    ``kernel`` naming it in the reason: bf16 queries ``[T, <= MAX_HEADS, 576]`` on an NVIDIA GPU and fp8_ds_mla
+    pages ``[blocks, tokens, 656]`` uint8 whose records start 16-byte aligned (the ``cp.async`` pieces)."""
     if kv_fmt != "fp8_ds_mla":
-        return f"{kv_fmt} latents: the Gluon kernel reads fp8_ds_mla records"
-    if q.dim() != 3 or q.shape[1] > MAX_HEADS:
-        return f"q of shape {list(q.shape)}: the Gluon kernel takes [T, <= {MAX_HEADS}, 576]"
+        return f"{kv_fmt} latents: {kernel} reads fp8_ds_mla records"
+    if q.dim() != 3 or q.shape[1] > MAX_HEADS or q.shape[2] != 576:
+        return f"q of shape {list(q.shape)}: {kernel} takes [T, <= {MAX_HEADS}, 576]"
     if q.dtype != torch.bfloat16:
-        return f"{str(q.dtype).replace('torch.', '')} queries: the Gluon kernel takes bf16"
+        return f"{str(q.dtype).replace('torch.', '')} queries: {kernel} takes bf16"
     if not all(runs_ptx(t.device) for t in (q, kv_pages) + (() if slots is None else (slots,))):
-        return "the Gluon kernel runs on NVIDIA CUDA tensors only"
+        return f"{kernel} runs on NVIDIA CUDA tensors only"
     if kv_pages.dtype != torch.uint8 or kv_pages.dim() != 3 or kv_pages.shape[2] != 656:
-        return f"pages {kv_pages.dtype} {list(kv_pages.shape)}: the Gluon kernel reads uint8 [blocks, tokens, 656]"
+        return f"pages {kv_pages.dtype} {list(kv_pages.shape)}: {kernel} reads uint8 [blocks, tokens, 656]"
     align = row_alignment(kv_pages)
     if align < 16:
-        return f"records aligned to {align} byte(s): the Gluon kernel copies 16-byte pieces"
+        return f"records aligned to {align} byte(s): {kernel} copies 16-byte pieces"
     return ""
+
+
+def unserved(name: str, q, kv_pages, kv_fmt: str, why: str) -> ValueError:
+    """The launcher's error for a call its kernel refuses (``why``): what it takes and what it got."""
+    return ValueError(f"{name}: expected bf16 q [T, <= {MAX_HEADS}, 576] on an NVIDIA GPU and fp8_ds_mla uint8 pages "
+                      f"[num_blocks, block_tokens, 656] with 16-byte aligned records, got q {q.dtype} {list(q.shape)} "
+                      f"on {q.device}, kv_fmt {kv_fmt!r}, pages {kv_pages.dtype} {list(kv_pages.shape)} aligned to "
+                      f"{row_alignment(kv_pages)} byte(s) ({why})")
+
+
+def launch_over_tokens(kernel, q, kv_pages, slots, o, lse, splits: int, sizes: tuple, meta: dict):
+    """Launch a Gluon few-heads ``kernel`` (this module's signature) over the tokens, ``splits`` programs a token (grid
+    axis 1 in slices of at most 65,535 tokens), the pages' geometry as ``FLAT`` / ``OFF32`` constexprs; then the
+    splits' fp32 partials merged in split order. Returns ``(o [T, H, 512], lse [T, H])``."""
+    blocks, block_tokens = kv_pages.shape[0], kv_pages.shape[1]
+    s8_b, s8_t = kv_pages.stride(0), kv_pages.stride(1)
+    last = (blocks - 1) * s8_b + (block_tokens - 1) * s8_t + 656  # one past the furthest record's last byte
+    meta = dict(meta, FLAT=s8_b == block_tokens * s8_t, OFF32=last < 2**31)
+    sizes = (sizes[0], sizes[1], blocks * block_tokens, block_tokens, *sizes[2:])
+    for first, stop in launch_grid.ranges(q.shape[0]):  # (CUDA: <= 65535 programs on grid axis 1)
+        kernel[(splits, stop - first)](
+            q[first:stop], q.stride(0), q.stride(1),
+            kv_pages, s8_b, s8_t,
+            slots[first:stop], slots.stride(0),
+            o[:, first:stop], o.stride(0), o.stride(1), o.stride(2),
+            lse[:, first:stop], lse.stride(0), lse.stride(1),
+            *sizes, **meta)
+    if splits == 1:
+        return o[0], lse[0]
+    return lse_combine(o, lse, out_dtype=q.dtype)
+
+
+def refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots: torch.Tensor | None = None) -> str:
+    """Why this kernel does not take the call ("" when it does): :func:`records_refusal`. The route's verifier
+    reports this reason; the launcher raises on it."""
+    return records_refusal(q, kv_pages, kv_fmt, slots, "the Gluon kernel")
 
 
 def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
@@ -375,12 +411,9 @@ def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, blo
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
     """
     name = "triton sparse_mla_gluon"
-    if not serves(q, kv_pages, kv_fmt):
-        raise ValueError(f"{name}: expected bf16 q [T, <= {MAX_HEADS}, 576] on an NVIDIA GPU and fp8_ds_mla uint8 "
-                         f"pages [num_blocks, block_tokens, 656] with 16-byte aligned records, got q {q.dtype} "
-                         f"{list(q.shape)} on {q.device}, kv_fmt {kv_fmt!r}, pages {kv_pages.dtype} "
-                         f"{list(kv_pages.shape)} aligned to {row_alignment(kv_pages)} byte(s) "
-                         f"({refusal(q, kv_pages, kv_fmt)})")
+    why = refusal(q, kv_pages, kv_fmt)
+    if why:
+        raise unserved(name, q, kv_pages, kv_fmt, why)
     tokens, heads, _ = q.shape
     check_launch(name, heads, block_n, split_size)
     if block_n not in (16, 32, 64):
@@ -393,24 +426,10 @@ def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, blo
     q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
-    blocks, block_tokens = kv_pages.shape[0], kv_pages.shape[1]
-    s8_b, s8_t = kv_pages.stride(0), kv_pages.stride(1)
-    last = (blocks - 1) * s8_b + (block_tokens - 1) * s8_t + 656  # one past the furthest record's last byte
-    meta = dict(BLOCK_N=block_n, STAGES=stages, FLAT=s8_b == block_tokens * s8_t, OFF32=last < 2**31, LAZY=bool(lazy),
-                Q_SMEM=bool(q_smem), SPLIT=warps_per_tile, num_warps=4 * warps_per_tile,
-                **({"maxnreg": maxnreg} if maxnreg else {}))
-    sizes = (heads, k, blocks * block_tokens, block_tokens, split_size, softmax_scale * LOG2E)
-    for first, stop in launch_grid.ranges(tokens):  # tokens on grid axis 1 (CUDA: <= 65535 programs a launch)
-        sparse_mla_gluon_kernel[(splits, stop - first)](
-            q[first:stop], q.stride(0), q.stride(1),
-            kv_pages, s8_b, s8_t,
-            slots[first:stop], slots.stride(0),
-            o[:, first:stop], o.stride(0), o.stride(1), o.stride(2),
-            lse[:, first:stop], lse.stride(0), lse.stride(1),
-            *sizes, **meta)
-    if splits == 1:
-        return o[0], lse[0]
-    return lse_combine(o, lse, out_dtype=q.dtype)
+    meta = dict(BLOCK_N=block_n, STAGES=stages, LAZY=bool(lazy), Q_SMEM=bool(q_smem), SPLIT=warps_per_tile,
+                num_warps=4 * warps_per_tile, **({"maxnreg": maxnreg} if maxnreg else {}))
+    return launch_over_tokens(sparse_mla_gluon_kernel, q, kv_pages, slots, o, lse, splits,
+                              (heads, k, split_size, softmax_scale * LOG2E), meta)
 
 
 # the launch cache (dsahal.kernel_launch) for this module's kernel: 33-48 us less host time a call than Triton's own

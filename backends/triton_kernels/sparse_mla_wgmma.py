@@ -41,13 +41,9 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from dsahal.kernel_launch import wrap_launched
 
-from . import grid as launch_grid
-from .bytes import row_alignment
-from .indexer_decode import runs_ptx
 from .indexer_gluon import _row_amax, _row_scale, _split, _view
-from .lse_combine import lse_combine
 from .sparse_mla import LOG2E
-from .sparse_mla_gluon import _as_f16, _rows
+from .sparse_mla_gluon import _as_f16, _rows, launch_over_tokens, records_refusal, unserved
 from .sparse_mla_small_heads_raw import check_launch, unit_stride_and_outputs
 
 # Triton 3.6 (the H200's) names the copy async_copy_global_to_shared; later releases renamed it async_load
@@ -343,8 +339,9 @@ def sparse_mla_wgmma_kernel(
         alpha = gl.exp2(m_i - m_safe)
         l_acc = l_acc * alpha[None, :] + p
         m_i = m_new
+        # [64, 16, 2, 2] with P_c at [.., c % 2, c // 2] (join adds its dim last), as [4, 64, 16] in tile order
         pc = gl.join(gl.join(p * (s0 * r0)[:, None], p * (s1 * r1)[:, None]),
-                     gl.join(p * (s2 * r2)[:, None], p * (s3 * r3)[:, None]))  # [64, 16, 2, 2]: P_c at [.., c % 2, c // 2]
+                     gl.join(p * (s2 * r2)[:, None], p * (s3 * r3)[:, None]))
         p_s.store(gl.reshape(gl.permute(pc, (3, 2, 0, 1)), [4, TILE, BLOCK_H]).to(gl.float16))
         acc = acc * gl.convert_layout(alpha, PV_HEADS)[None, :, None]
         _barrier()  # every warp's P stored
@@ -373,24 +370,9 @@ def sparse_mla_wgmma_kernel(
 
 
 def refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots: torch.Tensor | None = None) -> str:
-    """Why this kernel does not take the call ("" when it does): it takes bf16 queries of at most 16 heads on an
-    NVIDIA GPU and fp8_ds_mla pages whose records start 16-byte aligned (the ``cp.async`` pieces). The route's
-    verifier reports this reason; the launcher raises on it."""
-    if kv_fmt != "fp8_ds_mla":
-        return f"{kv_fmt} latents: the wgmma few-heads kernel reads fp8_ds_mla records"
-    if q.dim() != 3 or q.shape[1] > MAX_HEADS or q.shape[-1] != 576:
-        return f"q of shape {list(q.shape)}: the wgmma few-heads kernel takes [T, <= {MAX_HEADS}, 576]"
-    if q.dtype != torch.bfloat16:
-        return f"{str(q.dtype).replace('torch.', '')} queries: the wgmma few-heads kernel takes bf16"
-    if not all(runs_ptx(t.device) for t in (q, kv_pages) + (() if slots is None else (slots,))):
-        return "the wgmma few-heads kernel runs on NVIDIA CUDA tensors only"
-    if kv_pages.dtype != torch.uint8 or kv_pages.dim() != 3 or kv_pages.shape[2] != 656:
-        return (f"pages {kv_pages.dtype} {list(kv_pages.shape)}: the wgmma few-heads kernel reads uint8 "
-                f"[blocks, tokens, 656]")
-    align = row_alignment(kv_pages)
-    if align < 16:
-        return f"records aligned to {align} byte(s): the wgmma few-heads kernel copies 16-byte pieces"
-    return ""
+    """Why this kernel does not take the call ("" when it does): the Gluon few-heads kernels' shared conditions
+    (:func:`.sparse_mla_gluon.records_refusal`). The route's verifier reports this reason; the launcher raises on it."""
+    return records_refusal(q, kv_pages, kv_fmt, slots, "the wgmma few-heads kernel")
 
 
 def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
@@ -419,12 +401,9 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
     """
     name = "triton sparse_mla_wgmma"
-    if not serves(q, kv_pages, kv_fmt):
-        raise ValueError(f"{name}: expected bf16 q [T, <= {MAX_HEADS}, 576] on an NVIDIA GPU and fp8_ds_mla uint8 "
-                         f"pages [num_blocks, block_tokens, 656] with 16-byte aligned records, got q {q.dtype} "
-                         f"{list(q.shape)} on {q.device}, kv_fmt {kv_fmt!r}, pages {kv_pages.dtype} "
-                         f"{list(kv_pages.shape)} aligned to {row_alignment(kv_pages)} byte(s) "
-                         f"({refusal(q, kv_pages, kv_fmt)})")
+    why = refusal(q, kv_pages, kv_fmt)
+    if why:
+        raise unserved(name, q, kv_pages, kv_fmt, why)
     tokens, heads, _ = q.shape
     check_launch(name, heads, 64, split_size)
     if stages not in (2, 3):
@@ -433,23 +412,9 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
-    blocks, block_tokens = kv_pages.shape[0], kv_pages.shape[1]
-    s8_b, s8_t = kv_pages.stride(0), kv_pages.stride(1)
-    last = (blocks - 1) * s8_b + (block_tokens - 1) * s8_t + 656  # one past the furthest record's last byte
-    meta = dict(STAGES=stages, FLAT=s8_b == block_tokens * s8_t, OFF32=last < 2**31, num_warps=4,
-                **({"maxnreg": maxnreg} if maxnreg else {}))
-    sizes = (heads, k, blocks * block_tokens, block_tokens, split_size, softmax_scale * LOG2E)
-    for first, stop in launch_grid.ranges(tokens):  # tokens on grid axis 1 (CUDA: <= 65535 programs a launch)
-        sparse_mla_wgmma_kernel[(splits, stop - first)](
-            q[first:stop], q.stride(0), q.stride(1),
-            kv_pages, s8_b, s8_t,
-            slots[first:stop], slots.stride(0),
-            o[:, first:stop], o.stride(0), o.stride(1), o.stride(2),
-            lse[:, first:stop], lse.stride(0), lse.stride(1),
-            *sizes, **meta)
-    if splits == 1:
-        return o[0], lse[0]
-    return lse_combine(o, lse, out_dtype=q.dtype)
+    meta = dict(STAGES=stages, num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
+    return launch_over_tokens(sparse_mla_wgmma_kernel, q, kv_pages, slots, o, lse, splits,
+                              (heads, k, split_size, softmax_scale * LOG2E), meta)
 
 
 # the launch cache (dsahal.kernel_launch) for this module's kernel: 33-48 us less host time a call than Triton's own
