@@ -128,3 +128,46 @@ def test_the_route_verifier_names_what_the_kernel_does_not_take(monkeypatch):
     assert verifiers.wgmma_few_heads_accepts(big, _pages(), slots, "fp8_ds_mla", None, 0.1) == (True, "")
     monkeypatch.setattr(config, "batch_invariant", lambda: True)  # every batch: the route must not depend on it
     assert verifiers.wgmma_few_heads_accepts(q, _pages(), slots, "fp8_ds_mla", None, 0.1) == (True, "")
+
+
+class _Recorder:
+    """Stands in for a launched kernel: records ``kernel[grid](*args, **kwargs)``."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
+
+
+@pytest.mark.parametrize("module_name, launcher, kernel_name, extra", [
+    ("sparse_mla_wgmma", "sparse_mla_wgmma", "sparse_mla_wgmma_kernel", dict(STAGES=2)),
+    ("sparse_mla_gluon", "sparse_mla_gluon", "sparse_mla_gluon_kernel", dict(BLOCK_N=16, STAGES=4, SPLIT=1))])
+def test_the_launchers_pass_each_kernel_parameter_by_its_name(monkeypatch, module_name, launcher, kernel_name, extra):
+    """Both few-heads Gluon launchers go through ``launch_over_tokens``: every value lands on the kernel parameter of
+    its name (the kernels cannot run here: a recorder takes the launch)."""
+    import importlib
+
+    from dsahal.backends.triton_kernels.sparse_mla import LOG2E
+    from dsahal.kernel_launch import triton_launch
+
+    module = importlib.import_module(f"dsahal.backends.triton_kernels.{module_name}")
+    names = triton_launch(getattr(module, kernel_name)).arg_names
+    recorder = _Recorder()
+    monkeypatch.setattr(module, "refusal", lambda *args: "")
+    monkeypatch.setattr(module, kernel_name, recorder)
+    q = torch.zeros(3, 12, 576, dtype=torch.bfloat16)
+    pages = torch.zeros(4, 64, 656, dtype=torch.uint8)
+    slots = torch.zeros(3, 300, dtype=torch.int32)
+    o, lse = getattr(module, launcher)(q, pages, slots, "fp8_ds_mla", None, 0.25, split_size=None)
+    assert o.shape == (3, 12, 512) and lse.shape == (3, 12)
+    ((grid, args, kwargs),) = recorder.calls
+    assert grid == (1, 3)  # one split, three tokens
+    bound = dict(zip(names, args), **kwargs)
+    assert set(names) <= set(bound) and len(args) == names.index("logit_scale") + 1
+    assert (bound["H"], bound["K"], bound["num_slots"], bound["block_tokens"], bound["split_size"]) == (12, 300, 256,
+                                                                                                          64, 300)
+    assert bound["logit_scale"] == pytest.approx(0.25 * LOG2E)
+    assert (bound["s8_b"], bound["s8_t"], bound["FLAT"], bound["OFF32"]) == (64 * 656, 656, True, True)
+    assert (bound["stride_qt"], bound["stride_st"], bound["stride_ot"]) == (12 * 576, 300, 12 * 512)
+    assert all(bound[name] == value for name, value in extra.items())
