@@ -43,8 +43,8 @@ def routes() -> dict[str, list[Route]]:
         "positions_to_slots": [_triton("positions_to_slots")],
         "sparse_mla": [
             # The wgmma few-heads kernel, fp8_ds_mla at <= 16 heads on sm_90: the gathered slots as the logit MMA's M
-            # side, so 12 or 16 heads are not padded to 64; 1.07x / 1.16x FlashMLA (heads padded) at 64 x 5 tokens,
-            # H = 16 / 12, 1.13x at 64 x 8 (H200, twenty-first session). Ahead of FlashMLA: in default mode it leaves
+            # side, so 12 or 16 heads are not padded to 64; 1.04x / 1.11x FlashMLA (heads padded) at 64 x 5 tokens,
+            # H = 16 / 12, 1.12x at 64 x 8 (H200, twenty-first session). Ahead of FlashMLA: in default mode it leaves
             # calls of < 256 query tokens that FlashMLA's decode takes to it (faster there); in batch-invariant mode
             # it takes every call it can (fixed splits: the route must not depend on the batch).
             Route("gluon_wgmma_few_heads", f"{PACKAGE}.ops:sparse_mla_wgmma",
