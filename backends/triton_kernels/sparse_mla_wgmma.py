@@ -60,7 +60,7 @@ _barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # (renamed barrier
 SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")
 MAX_HEADS = 16  # the heads are the logit MMA's N side and the value MMA's M side (m16)
 TILE = gl.constexpr(64)  # slots a step: the logit wgmma's M
-DEFAULT_STAGES, DEFAULT_SPLIT_SIZE = 2, 512
+DEFAULT_STAGES, DEFAULT_SPLIT_SIZE = 2, 1024  # the H200's fastest at 64 x 5 and 64 x 8 tokens (BENCHMARKS.md)
 BLOCK_H = gl.constexpr(16)
 # the queries' e4m3 lo parts hold 16 x the residual (exact above 2^-13 of a head's largest value), each part's MMAs
 # in their own accumulator: Hopper's FP8 MMAs add into the accumulator at reduced precision, and a lo part chained
@@ -135,14 +135,6 @@ def _scale_row(scales, c: gl.constexpr):
 def _value_view(codes):
     """A stage's codes (e4m3 ``[4, 64, 128]``, swizzled) as the value operand's ``[part, slot, n]`` bytes."""
     return _view(codes, gl.uint8, [4, 64, 128], gl.SharedLinearLayout(_VALUE_BASES))
-
-
-@gluon.jit
-def _pick(blk, c: gl.constexpr):
-    """Element ``c = 2 x + y`` of ``blk [2, 2]`` (held whole by every thread) as a scalar."""
-    L: gl.constexpr = blk.type.layout
-    index = 2 * gl.arange(0, 2, gl.SliceLayout(1, L))[:, None] + gl.arange(0, 2, gl.SliceLayout(0, L))[None, :]
-    return gl.sum(gl.sum(gl.where(index == c, blk, 0.0), axis=1), axis=0)
 
 
 @gluon.jit
