@@ -638,6 +638,6 @@ def compile_failure(hi_lo: bool, mx: bool = False) -> str:
     return _COMPILE_FAILURES[key]
 
 
-# the launch cache (dsahal.kernel_launch) for this module's kernel: 33-48 us less host time a call than Triton's own
+# the launch cache (dsahal.kernel_launch) for this module's kernel: 33-80 us less host time a call than Triton's own
 # launch of a Gluon kernel (H200, twenty-first session, scripts/h200/gluon_launch.py), the same outputs bit for bit
 wrap_launched(globals())
