@@ -86,10 +86,16 @@ def test_a_lane_reads_the_four_n_tiles_of_a_32_bit_word_in_register_order():
     assert [_value_dim(n) for n in (5, 13, 21, 29)] == [20, 21, 22, 23]
 
 
-def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm():
+@pytest.mark.parametrize("stacked", [False, True])
+def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm(stacked):
+    """The backend's launch, and the stacked hi / lo MMAs (``stacked=True``, not yet the backend's)."""
+    import dataclasses
+
     from dsahal.backends.nvidia import aot
 
     (variant,) = aot._wgmma_variants()
+    assert variant.constexprs["STACKED"] is False  # the backend's launch
+    variant = dataclasses.replace(variant, constexprs=dict(variant.constexprs, STACKED=stacked))
     result = aot.compile_variant(variant)
     assert result.error == "", result.error
     assert 0 < result.registers <= 255 and result.stack_bytes == 0

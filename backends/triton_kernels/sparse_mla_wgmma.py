@@ -108,8 +108,8 @@ def _pv_layout():
 
 
 @gluon.constexpr_function
-def _logit_layout(k):
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, k])
+def _logit_layout(k, n=16):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, k])
 
 
 @gluon.jit
@@ -135,6 +135,23 @@ def _scale_row(scales, c: gl.constexpr):
 def _value_view(codes):
     """A stage's codes (e4m3 ``[4, 64, 128]``, swizzled) as the value operand's ``[part, slot, n]`` bytes."""
     return _view(codes, gl.uint8, [4, 64, 128], gl.SharedLinearLayout(_VALUE_BASES))
+
+
+@gluon.jit
+def _store_parts(q, up, hi_dst, lo_dst):
+    """One 128-dim tile of the queries (fp32 ``[16, 128]``) split exactly into e4m3 hi and lo parts (``up`` per head,
+    lo 16 x the residual: :func:`.indexer_gluon._split`), stored as the logit MMAs' B operands."""
+    hi, lo = _split(q, up, LO_UP)
+    hi_dst.store(hi)
+    lo_dst.store(lo)
+
+
+@gluon.jit
+def _hi_plus_lo(acc, layout: gl.constexpr):
+    """A stacked tile's accumulator ``[64, 32]`` (hi columns, then lo) -> ``hi + lo / 16`` ``[64, 16]`` in ``layout``
+    (a thread holds column n and n + 16 of its rows: no data moves)."""
+    hi, lo = gl.split(gl.permute(gl.reshape(acc, [TILE, 2, BLOCK_H]), (0, 2, 1)))
+    return gl.convert_layout(hi + lo * LO_DOWN, layout)
 
 
 @gluon.jit
@@ -215,6 +232,7 @@ def sparse_mla_wgmma_kernel(
     STAGES: gl.constexpr,
     FLAT: gl.constexpr,  # record s at byte s * s8_t (blocks back to back)
     OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
+    STACKED: gl.constexpr = False,  # a tile's hi and lo query parts as one N = 32 MMA (not yet timed on the H200)
 ):
     W8: gl.constexpr = _logit_layout(32)  # the FP8 logit MMAs' accumulator [64 slots, 16 heads]
     W16: gl.constexpr = _logit_layout(16)  # the RoPE MMA's (the same registers)
@@ -239,20 +257,19 @@ def sparse_mla_wgmma_kernel(
     q3 = gl.load(q_rows + 384 + qd[None, :], mask=head_ok, other=0.0).to(gl.float32)
     amax = gl.maximum(gl.maximum(_row_amax(q0), _row_amax(q1)), gl.maximum(_row_amax(q2), _row_amax(q3)))
     up, down = _row_scale(amax)
-    q_hi = gl.allocate_shared_memory(gl.float8e4nv, [4, BLOCK_H, 128], _Q)
-    q_lo = gl.allocate_shared_memory(gl.float8e4nv, [4, BLOCK_H, 128], _Q)
-    hi, lo = _split(q0, up, LO_UP)
-    q_hi.index(0).store(hi)
-    q_lo.index(0).store(lo)
-    hi, lo = _split(q1, up, LO_UP)
-    q_hi.index(1).store(hi)
-    q_lo.index(1).store(lo)
-    hi, lo = _split(q2, up, LO_UP)
-    q_hi.index(2).store(hi)
-    q_lo.index(2).store(lo)
-    hi, lo = _split(q3, up, LO_UP)
-    q_hi.index(3).store(hi)
-    q_lo.index(3).store(lo)
+    if STACKED:  # a tile's hi rows, then its lo rows: one N = 32 MMA a tile
+        q_hl = gl.allocate_shared_memory(gl.float8e4nv, [4, 2 * BLOCK_H, 128], _Q)
+        _store_parts(q0, up, q_hl.index(0).slice(0, BLOCK_H), q_hl.index(0).slice(BLOCK_H, BLOCK_H))
+        _store_parts(q1, up, q_hl.index(1).slice(0, BLOCK_H), q_hl.index(1).slice(BLOCK_H, BLOCK_H))
+        _store_parts(q2, up, q_hl.index(2).slice(0, BLOCK_H), q_hl.index(2).slice(BLOCK_H, BLOCK_H))
+        _store_parts(q3, up, q_hl.index(3).slice(0, BLOCK_H), q_hl.index(3).slice(BLOCK_H, BLOCK_H))
+    else:
+        q_hi = gl.allocate_shared_memory(gl.float8e4nv, [4, BLOCK_H, 128], _Q)
+        q_lo = gl.allocate_shared_memory(gl.float8e4nv, [4, BLOCK_H, 128], _Q)
+        _store_parts(q0, up, q_hi.index(0), q_lo.index(0))
+        _store_parts(q1, up, q_hi.index(1), q_lo.index(1))
+        _store_parts(q2, up, q_hi.index(2), q_lo.index(2))
+        _store_parts(q3, up, q_hi.index(3), q_lo.index(3))
     rd = gl.arange(0, 64, gl.SliceLayout(0, _QUERY))
     q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], _QR,
                                        gl.load(q_rows + 512 + rd[None, :], mask=head_ok, other=0.0))
@@ -288,6 +305,8 @@ def sparse_mla_wgmma_kernel(
     acc = gl.zeros([4, BLOCK_H, 128], gl.float32, PV)
     zeros = gl.zeros([TILE, BLOCK_H], gl.float32, W8)
     zeros16 = gl.zeros([TILE, BLOCK_H], gl.float32, W16)
+    if STACKED:
+        zeros32 = gl.zeros([TILE, 2 * BLOCK_H], gl.float32, _logit_layout(32, 2 * BLOCK_H))
     for i in range(steps):
         stage = i % STAGES
         async_copy.wait_group(STAGES - 2)  # this thread's copies of step i have landed
@@ -304,31 +323,46 @@ def sparse_mla_wgmma_kernel(
         here = _slot_rows(slot_row, start + (i + 1) * TILE, end, ROWS)
 
         codes = codes_s.index(stage)
-        h0 = warpgroup_mma(_tile(codes, 0), q_hi.index(0).permute((1, 0)), zeros, use_acc=False,
-                           is_async=True)
-        l0 = warpgroup_mma(_tile(codes, 0), q_lo.index(0).permute((1, 0)), zeros, use_acc=False,
-                           is_async=True)
-        h1 = warpgroup_mma(_tile(codes, 1), q_hi.index(1).permute((1, 0)), zeros, use_acc=False,
-                           is_async=True)
-        l1 = warpgroup_mma(_tile(codes, 1), q_lo.index(1).permute((1, 0)), zeros, use_acc=False,
-                           is_async=True)
-        h2 = warpgroup_mma(_tile(codes, 2), q_hi.index(2).permute((1, 0)), zeros, use_acc=False,
-                           is_async=True)
-        l2 = warpgroup_mma(_tile(codes, 2), q_lo.index(2).permute((1, 0)), zeros, use_acc=False,
-                           is_async=True)
-        h3 = warpgroup_mma(_tile(codes, 3), q_hi.index(3).permute((1, 0)), zeros, use_acc=False,
-                           is_async=True)
-        l3 = warpgroup_mma(_tile(codes, 3), q_lo.index(3).permute((1, 0)), zeros, use_acc=False,
-                           is_async=True)
+        if STACKED:
+            a0 = warpgroup_mma(_tile(codes, 0), q_hl.index(0).permute((1, 0)), zeros32, use_acc=False,
+                                 is_async=True)
+            a1 = warpgroup_mma(_tile(codes, 1), q_hl.index(1).permute((1, 0)), zeros32, use_acc=False,
+                                 is_async=True)
+            a2 = warpgroup_mma(_tile(codes, 2), q_hl.index(2).permute((1, 0)), zeros32, use_acc=False,
+                                 is_async=True)
+            a3 = warpgroup_mma(_tile(codes, 3), q_hl.index(3).permute((1, 0)), zeros32, use_acc=False,
+                                 is_async=True)
+        else:
+            h0 = warpgroup_mma(_tile(codes, 0), q_hi.index(0).permute((1, 0)), zeros, use_acc=False,
+                               is_async=True)
+            l0 = warpgroup_mma(_tile(codes, 0), q_lo.index(0).permute((1, 0)), zeros, use_acc=False,
+                               is_async=True)
+            h1 = warpgroup_mma(_tile(codes, 1), q_hi.index(1).permute((1, 0)), zeros, use_acc=False,
+                               is_async=True)
+            l1 = warpgroup_mma(_tile(codes, 1), q_lo.index(1).permute((1, 0)), zeros, use_acc=False,
+                               is_async=True)
+            h2 = warpgroup_mma(_tile(codes, 2), q_hi.index(2).permute((1, 0)), zeros, use_acc=False,
+                               is_async=True)
+            l2 = warpgroup_mma(_tile(codes, 2), q_lo.index(2).permute((1, 0)), zeros, use_acc=False,
+                               is_async=True)
+            h3 = warpgroup_mma(_tile(codes, 3), q_hi.index(3).permute((1, 0)), zeros, use_acc=False,
+                               is_async=True)
+            l3 = warpgroup_mma(_tile(codes, 3), q_lo.index(3).permute((1, 0)), zeros, use_acc=False,
+                               is_async=True)
         ar = warpgroup_mma(rope_s.index(stage), q_rope.permute((1, 0)), zeros16, use_acc=False, is_async=True)
 
         s0 = _scale_row(scale_s.index(stage), 0).load(ROWS)  # σ_c of the step's slots
         s1 = _scale_row(scale_s.index(stage), 1).load(ROWS)
         s2 = _scale_row(scale_s.index(stage), 2).load(ROWS)
         s3 = _scale_row(scale_s.index(stage), 3).load(ROWS)
-        h0, l0, h1, l1, h2, l2, h3, l3, ar = warpgroup_mma_wait(0, deps=[h0, l0, h1, l1, h2, l2, h3, l3, ar])
-        nope = ((h0 + l0 * LO_DOWN) * s0[:, None] + (h1 + l1 * LO_DOWN) * s1[:, None]
-                + (h2 + l2 * LO_DOWN) * s2[:, None] + (h3 + l3 * LO_DOWN) * s3[:, None])
+        if STACKED:
+            a0, a1, a2, a3, ar = warpgroup_mma_wait(0, deps=[a0, a1, a2, a3, ar])
+            nope = (_hi_plus_lo(a0, W8) * s0[:, None] + _hi_plus_lo(a1, W8) * s1[:, None]
+                    + _hi_plus_lo(a2, W8) * s2[:, None] + _hi_plus_lo(a3, W8) * s3[:, None])
+        else:
+            h0, l0, h1, l1, h2, l2, h3, l3, ar = warpgroup_mma_wait(0, deps=[h0, l0, h1, l1, h2, l2, h3, l3, ar])
+            nope = ((h0 + l0 * LO_DOWN) * s0[:, None] + (h1 + l1 * LO_DOWN) * s1[:, None]
+                    + (h2 + l2 * LO_DOWN) * s2[:, None] + (h3 + l3 * LO_DOWN) * s3[:, None])
         s = nope * head_scale[None, :] + gl.convert_layout(ar, W8) * logit_scale
         s = gl.where(valid[:, None], s, float("-inf"))
 
@@ -380,7 +414,7 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
 
 
 def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, stages=DEFAULT_STAGES,
-                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None):
+                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, stacked=False):
     """Launch :func:`sparse_mla_wgmma_kernel` (a call :func:`serves` refuses raises, naming what it got).
 
     Args:
@@ -395,6 +429,9 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
             stages let two programs share a SM).
         split_size: slots per split, a fixed count (batch invariance); None = one split a token.
         maxnreg: ptxas's register cap (None: its own choice).
+        stacked: a tile's hi and lo query parts as one N = 32 MMA (16 wgmmas a step instead of 32, 216 registers
+            instead of 249 in the sm_90 compile, the same sums; prepared in the twenty-first session after its last
+            H200 call: not yet checked or timed there, so not the backend's launch).
 
     Returns:
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
@@ -411,7 +448,7 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
-    meta = dict(STAGES=stages, num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
+    meta = dict(STAGES=stages, STACKED=bool(stacked), num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
     return launch_over_tokens(sparse_mla_wgmma_kernel, q, kv_pages, slots, o, lse, splits,
                               (heads, k, split_size, softmax_scale * LOG2E), meta)
 

@@ -8,7 +8,8 @@ Usage (on a CUDA machine, from the repository root)::
 1. Edge cases (one line each): 1, 12 and 16 heads, skipped (-1) and out-of-range slots, a row with no valid slot,
    splits with a partial last one, per-record magnitudes 2^-6..2^6 (scales spread over 12 binades), a strided pool
    (blocks not back to back), 16-slot blocks, bf16 queries scaled by 1e-20 and 1e20, records whose codes are all
-   e4m3's largest (the FP8 MMAs' accumulation at its worst), 2 and 3 stages.
+   e4m3's largest (the FP8 MMAs' accumulation at its worst), 2 and 3 stages; each case also with the hi and lo
+   query parts stacked into one N = 32 MMA a tile (``stacked=True``).
 2. The serving shape: 64 requests x 5 tokens (and x 1, x 8) x top-k 2048 over a 1M-token fp8_ds_mla pool (656 MB,
    larger than the L2), H = 16 and 12; each variant checked on its first rows against the reference, then timed
    (``do_bench`` median); a table of ms, TB/s of gathered bytes, % of the copy ceiling, FlashMLA / ours.
@@ -27,7 +28,8 @@ from script_cli import finish, run  # scripts/h200/script_cli.py
 TOPK, BLOCK_TOKENS, SOFTMAX_SCALE = 2048, 64, 192**-0.5
 TOL_O, TOL_LSE = 1e-2, 1e-3
 CHECK_ROWS = 8
-VARIANTS = {"full": (dict(split_size=512), dict(split_size=1024), dict(split_size=768), dict(split_size=640)),
+VARIANTS = {"full": (dict(split_size=512), dict(split_size=1024), dict(split_size=768), dict(split_size=640),
+                     dict(split_size=1024, stacked=True)),
             "small": (dict(split_size=64), dict(split_size=128), dict(split_size=256), dict(split_size=512))}
 GLUON_BEST = dict(block_n=16, stages=3, q_smem=True, maxnreg=168, split_size=512)  # sixteenth session's best
 
@@ -39,10 +41,11 @@ def edge_cases(torch, failures):
 
     gen = torch.Generator().manual_seed(0)
     spec = latent_format("fp8_ds_mla")
-    for heads, block_tokens, width, split, stages, strided, q_mag in (
+    for (heads, block_tokens, width, split, stages, strided, q_mag), stacked in ((case, stacked) for case in (
             (16, 64, 2048, 512, 2, False, 2.0), (12, 64, 300, 128, 2, False, 2.0), (1, 16, 77, None, 3, True, 2.0),
             (16, 16, 1000, 512, 2, True, 2.0), (16, 64, 37, 16, 2, False, 2.0), (16, 64, 2048, None, 3, False, 1e-20),
-            (12, 64, 700, 256, 2, True, 1e20), (5, 64, 130, 64, 3, False, 2.0), (16, 64, 512, None, 2, False, -2.0)):
+            (12, 64, 700, 256, 2, True, 1e20), (5, 64, 130, 64, 3, False, 2.0), (16, 64, 512, None, 2, False, -2.0))
+            for stacked in (False, True)):
         blocks = 40
         slots_n = blocks * block_tokens
         rows = torch.randn(slots_n, 576, generator=gen) * torch.exp2(torch.randint(-6, 7, (slots_n, 1), generator=gen))
@@ -64,7 +67,7 @@ def edge_cases(torch, failures):
         safe = torch.where(slots >= slots_n, -1, slots)
         want_o, want_lse = reference(q.float(), records, safe, "fp8_ds_mla", None, 0.07)
         o, lse = sparse_mla_wgmma(q.cuda(), pages_gpu, slots.cuda(), "fp8_ds_mla", None, 0.07, stages=stages,
-                                  split_size=split)
+                                  split_size=split, stacked=stacked)
         torch.cuda.synchronize()
         o, lse = o.float().cpu(), lse.cpu()
         o_err = float((o[:-1].double() - want_o[:-1].double()).norm() / want_o[:-1].double().norm())
@@ -74,7 +77,7 @@ def edge_cases(torch, failures):
         empty = bool(torch.isneginf(lse[-1]).all()) and bool((o[-1] == 0).all())
         ok = o_err < TOL_O and lse_err < TOL_LSE and empty and bool(torch.isfinite(lse[:-1]).all())
         case = (f"H={heads} blocks of {block_tokens} width {width} split {split} stages {stages} |q|~{q_mag:g}"
-                + (" strided" if strided else ""))
+                + (" strided" if strided else "") + (" stacked" if stacked else ""))
         print(f"  {case:<66s} o rel err {o_err:.2e}  lse err {lse_err:.2e}  empty row ok {empty}  "
               f"{'pass' if ok else 'FAIL'}", flush=True)
         if not ok:
