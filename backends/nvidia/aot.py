@@ -182,10 +182,11 @@ def parse_sass(text: str) -> list[Instruction]:
 
 
 def main_loop(instructions: list[Instruction]) -> tuple[int, int] | None:
-    """``(first, last)`` addresses of the largest region a backward branch closes (its target to the branch),
-    or None for straight-line code. Why the largest: the kernels' key / slot / chunk loops hold the MMAs and
-    loads; smaller backward branches are inner helper loops or the tail ``BRA`` to itself after ``EXIT``."""
-    best = None
+    """``(first, last)`` addresses of the region a backward branch closes (its target to the branch) that holds the
+    most MMAs, the largest such, or None for straight-line code. Why: the kernels' key / slot / chunk loops hold the
+    MMAs and loads; other backward branches close inner helper loops, the tail ``BRA`` to itself after ``EXIT``, or a
+    block ptxas placed after the epilogue that jumps back into the loop (a larger region with fewer MMAs)."""
+    best, best_key = None, None
     for ins in instructions:
         if not ins.opcode.startswith("BRA"):
             continue
@@ -193,8 +194,12 @@ def main_loop(instructions: list[Instruction]) -> tuple[int, int] | None:
         if target is None:
             continue
         first = int(target.group(1), 16)
-        if first < ins.address and (best is None or ins.address - first > best[1] - best[0]):
-            best = (first, ins.address)
+        if first >= ins.address:
+            continue
+        mmas = sum(1 for other in instructions if first <= other.address <= ins.address and "MMA" in other.opcode)
+        key = (mmas, ins.address - first)
+        if best_key is None or key > best_key:
+            best, best_key = (first, ins.address), key
     return best
 
 
@@ -556,10 +561,12 @@ def _wgmma_variants() -> list[Variant]:
     from ..triton_kernels import sparse_mla_wgmma as wgmma_mla
     from . import config
 
-    stages = config.WGMMA_FEW_HEADS["stages"]
+    launch = config.WGMMA_FEW_HEADS
     return [Variant(
-        f"sparse MLA few heads, wgmma, fp8_ds_mla, H=16, {stages} stages",
-        wgmma_mla.sparse_mla_wgmma_kernel, dict(STAGES=stages, FLAT=True, OFF32=True, STACKED=False),
+        f"sparse MLA few heads, wgmma, fp8_ds_mla, H=16, {launch['stages']} stages"
+        + (", hi and lo stacked" if launch["stacked"] else "") + (", lazy rescale" if launch["lazy"] else ""),
+        wgmma_mla.sparse_mla_wgmma_kernel,
+        dict(STAGES=launch["stages"], FLAT=True, OFF32=True, STACKED=launch["stacked"], LAZY=launch["lazy"]),
         dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32"), floats=("logit_scale",),
         num_warps=4, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * 656, s8_t=656), gluon=True)]
 
