@@ -61,7 +61,7 @@ def _index(bases, offset):
 
 def _value_dim(n):
     """``sparse_mla_wgmma.value_dim`` (a Gluon function, not callable here), as its docstring states it."""
-    return 16 * (n & 7) + (n >> 3)
+    return 4 * (8 * (n >> 5) + (n & 7)) + ((n >> 3) & 3)
 
 
 def test_the_value_view_reads_each_swizzled_code_once_at_the_dim_the_output_stores():
@@ -78,47 +78,16 @@ def test_the_value_view_reads_each_swizzled_code_once_at_the_dim_the_output_stor
     assert sorted(_value_dim(n) for n in range(128)) == list(range(128))
 
 
-def _lane_offsets(layout, lane, warp, register_bits):
-    """Byte offsets in a stage (as the swizzled tile holds them) of the element a lane of a warp holds in the register
-    whose index has ``register_bits`` set, through the value view's ``_value_dim`` and the 128-byte swizzle."""
-    index = [0, 0, 0]
-    for bit, basis in enumerate(layout.lane_bases):
-        if lane >> bit & 1:
-            index = [a ^ b for a, b in zip(index, basis)]
-    for bit, basis in enumerate(layout.warp_bases):
-        if warp >> bit & 1:
-            index = [a ^ b for a, b in zip(index, basis)]
-    for bit in register_bits:
-        index = [a ^ b for a, b in zip(index, layout.reg_bases[bit])]
-    part, slot, n = index
-    dim = _value_dim(n)
-    return part * 8192 + slot * 128 + ((dim >> 4) ^ (slot % 8)) * 16 + (dim & 15)
-
-
-def test_a_lane_reads_its_sixteen_n_tiles_at_a_slot_as_one_16_byte_piece_without_bank_conflicts():
+def test_a_lane_reads_the_four_n_tiles_of_a_32_bit_word_in_register_order():
     load = w._LOAD.value
-    # registers 0..3 of the load layout are n + 8, 16, 32, 64: the lane's 16 columns at one slot
-    assert load.reg_bases[:4] == [[0, 0, 8], [0, 0, 16], [0, 0, 32], [0, 0, 64]]
-    assert [_value_dim(8 * j + 5) for j in range(16)] == list(range(80, 96))
-    for warp in range(4):
-        for slot_bits in ([], [4], [5], [4, 5]):  # the registers past the piece: slot + 1, slot + 8
-            firsts = [_lane_offsets(load, lane, warp, slot_bits) for lane in range(32)]
-            assert all(offset % 16 == 0 for offset in firsts)
-            for phase in range(4):  # a 128-bit load serves 8 lanes a pass: their pieces cover the 32 banks once
-                pieces = {(offset // 16) % 8 for offset in firsts[8 * phase: 8 * phase + 8]}
-                assert len(pieces) == 8, (warp, slot_bits, phase, firsts[8 * phase: 8 * phase + 8])
+    # registers 0 and 1 of the load layout are n + 8 and n + 16: four consecutive bytes of one slot's row
+    assert load.reg_bases[0] == [0, 0, 8] and load.reg_bases[1] == [0, 0, 16]
+    assert [_value_dim(n) for n in (0, 8, 16, 24)] == [0, 1, 2, 3]
+    assert [_value_dim(n) for n in (5, 13, 21, 29)] == [20, 21, 22, 23]
 
 
-def test_the_paired_layout_only_reorders_a_lanes_registers_putting_slot_pairs_first():
-    load, paired = w._LOAD.value, w._PAIRED.value
-    assert paired.lane_bases == load.lane_bases and paired.warp_bases == load.warp_bases
-    assert sorted(map(tuple, paired.reg_bases)) == sorted(map(tuple, load.reg_bases))
-    # register 0 is slot + 1: widened two at a time, each 32-bit word is mma.sync's (k, k + 1) pair of one column
-    assert paired.reg_bases[0] == [0, 1, 0] and paired.reg_bases[1] == [0, 0, 8]
-
-
-@pytest.mark.parametrize("stacked, lazy", [(True, False), (False, False), (True, True)])
-def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm(stacked, lazy):
+@pytest.mark.parametrize("stacked", [True, False])
+def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm(stacked):
     """The backend's launch and the other variants the H200 script times."""
     import dataclasses
 
@@ -126,8 +95,7 @@ def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm(stack
 
     (variant,) = aot._wgmma_variants()
     assert variant.constexprs["STACKED"] is config.WGMMA_FEW_HEADS["stacked"]  # the backend's launch
-    assert variant.constexprs["LAZY"] is config.WGMMA_FEW_HEADS["lazy"]
-    variant = dataclasses.replace(variant, constexprs=dict(variant.constexprs, STACKED=stacked, LAZY=lazy))
+    variant = dataclasses.replace(variant, constexprs=dict(variant.constexprs, STACKED=stacked))
     result = aot.compile_variant(variant)
     assert result.error == "", result.error
     assert 0 < result.registers <= 255 and result.stack_bytes == 0

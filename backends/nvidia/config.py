@@ -33,7 +33,7 @@ GLUON_FEW_HEADS = dict(block_n=16, stages=3, q_smem=True, maxnreg=168, split_siz
 # 0.298 / 0.284 ms at 1024 / 512 / 768-slot splits, H = 16). In default mode it leaves calls of fewer than
 # WGMMA_MIN_TOKENS query tokens to FlashMLA's decode where that serves them: 320 and 512 tokens measured 1.04-1.16x
 # FlashMLA (heads padded to 64), 64 and 8 tokens 0.89x / 0.74x in GPU time (CUDA-graph replay).
-WGMMA_FEW_HEADS = dict(stages=2, split_size=1024, stacked=True, lazy=False)
+WGMMA_FEW_HEADS = dict(stages=2, split_size=1024, stacked=True)
 WGMMA_MIN_TOKENS = 256
 
 

@@ -13,11 +13,11 @@ as DeepGEMM's indexer does with keys, a step's 64 gathered slots are the M side 
 - the gather: a step's records (512 code bytes, 4 tile scales, 64 RoPE values each) copied by 16-byte ``cp.async``
   pieces straight into 128-byte-swizzled shared tiles, ``STAGES - 1`` steps ahead (skipped slots zero-filled; one
   copy instruction a buffer; the slot indices loaded a step before their copies);
-- the logits ``S^T [64 slots, 16 heads]``: per 128-dim tile ``c`` two FP8 ``wgmma``s on the codes as copied (A from
+- the logits ``S^T [64 slots, 16 heads]``: per 128-dim tile ``c`` one FP8 ``wgmma`` on the codes as copied (A from
   shared memory: no widening) against the queries split exactly into e4m3 hi + lo parts (a power of two per head,
-  :func:`.indexer_gluon._split`), each into its own accumulator (Hopper's FP8 MMAs add into their accumulator at
-  reduced precision: the lo part chained onto the hi one's gave lse errors up to 1.45e-2 on saturated codes, H200,
-  twenty-first session), each tile's sum scaled by its per-slot scale ``σ[s, c]`` (a row of the accumulator is a
+  :func:`.indexer_gluon._split`), stacked as its 32 columns (``STACKED``; else two N = 16 MMAs), so each part sums
+  into its own accumulator columns (Hopper's FP8 MMAs add into their accumulator at reduced precision: the lo part
+  chained onto the hi one's gave lse errors up to 1.45e-2 on saturated codes, H200, twenty-first session), each tile's sum scaled by its per-slot scale ``σ[s, c]`` (a row of the accumulator is a
   slot: one multiply); the 64 RoPE dims one bf16 ``wgmma``;
 - the online softmax over the 64 rows of a step (one cross-warp maximum a step), ``P_c = p · σ_c / M_c`` per tile
   (``M_c`` the split's largest tile-c scale, read before the first step, :func:`_largest_scales`) stored as fp16
@@ -85,26 +85,20 @@ _ROPE_COPY = gl.constexpr(gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0]))  # [
 _SCALE_COPY = gl.constexpr(gl.BlockedLayout([1, 1], [1, 32], [2, 2], [1, 0]))  # [4, 64] fp32
 _QUERY = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # [16, 128] / [16, 64] as loaded
 
-# The value operand. mma.sync's B fragment gives lane (r = lane // 4, c = lane % 4) the columns n = 8 j + r of the 16
-# n-tiles j and the slots 2c, 2c + 1, 2c + 8, 2c + 9 of a 16-slot chunk. Column n = 8 j + r of part (tile) c reads dim
-# 16 r + j of the tile (value_dim): a lane's 16 columns at one slot are 16 consecutive bytes, one 128-bit load, and the
-# 8 lanes of a load phase (4 slots x 2 rows) hit 8 different 16-byte pieces through the 128-byte swizzle. _LOAD holds
-# them as loaded (registers: n + 8 .. n + 64, then slot + 1, slot + 8); _PAIRED moves slot + 1 next to its slot before
-# widening (bytes of slots s and s + 1 re-paired by byte permutes, two per four n-tiles), so each widened 32-bit word
-# is already mma.sync's (k, k + 1) pair and the conversion to the B layout only renames registers.
+# The value operand. mma.sync's B fragment gives lane (r = lane // 4, c = lane % 4) the columns n = 8 j + r of the
+# n-tiles j and the slots 2c, 2c + 1, 2c + 8, 2c + 9 of a 16-slot chunk. Column n = 8 j + r of part (tile) c reads
+# dim byte 4 (8 (j // 4) + r) + j % 4 of the tile (value_dim): the 4 n-tiles j = 4i .. 4i + 3 of a lane are 4
+# consecutive bytes, one 32-bit load. _LOAD is mma.sync's B layout with those 4 n-tiles as its first registers (the
+# same lanes and warps hold the same elements: the conversion to the B layout only re-pairs 16-bit halves).
 _LOAD = gl.constexpr(gl.DistributedLinearLayout(
-    reg_bases=[[0, 0, 8], [0, 0, 16], [0, 0, 32], [0, 0, 64], [0, 1, 0], [0, 8, 0]],
+    reg_bases=[[0, 0, 8], [0, 0, 16], [0, 1, 0], [0, 8, 0], [0, 0, 32], [0, 0, 64]],
     lane_bases=[[0, 2, 0], [0, 4, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]],
     warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[4, 16, 128]))
-_PAIRED = gl.constexpr(gl.DistributedLinearLayout(
-    reg_bases=[[0, 1, 0], [0, 0, 8], [0, 0, 16], [0, 0, 32], [0, 0, 64], [0, 8, 0]],
-    lane_bases=[[0, 2, 0], [0, 4, 0], [0, 0, 1], [0, 0, 2], [0, 0, 4]],
-    warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[4, 16, 128]))
-# The codes of a stage seen as [part, slot, n]: offset bit -> index. Bytes 0-15 of a row are n + 8, 16, 32, 64 (the
-# lane's 16 n-tiles), its 16-byte pieces n + 1, 2, 4 (the lane row r); a row is 128 bytes (one slot); the 128-byte
-# swizzle XORs a slot's low 3 bits into its piece index (so slot + 1, 2, 4 also flip n + 1, 2, 4); tiles 8 KB apart.
-_VALUE_BASES = gl.constexpr([[0, 0, 8], [0, 0, 16], [0, 0, 32], [0, 0, 64], [0, 0, 1], [0, 0, 2], [0, 0, 4],
-                             [0, 1, 1], [0, 2, 2], [0, 4, 4], [0, 8, 0], [0, 16, 0], [0, 32, 0],
+# The codes of a stage seen as [part, slot, n]: offset bit -> index. Bytes 0-1 of a 4-byte word are n + 8, n + 16,
+# bytes 2-4 n + 1, 2, 4 (the lane row), bytes 5-6 n + 32, 64; a row is 128 bytes (one slot); the 128-byte swizzle XORs
+# a slot's low 3 bits into its 16-byte piece index (byte bits 4-6: n + 4, 32, 64); tiles 8 KB apart.
+_VALUE_BASES = gl.constexpr([[0, 0, 8], [0, 0, 16], [0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 32], [0, 0, 64],
+                             [0, 1, 4], [0, 2, 32], [0, 4, 64], [0, 8, 0], [0, 16, 0], [0, 32, 0],
                              [1, 0, 0], [2, 0, 0]])
 
 
@@ -120,9 +114,9 @@ def _logit_layout(k, n=16):
 
 @gluon.jit
 def value_dim(n):
-    """The dim (within its 128-dim tile) that value column ``n`` holds: ``16 r + j`` for ``n = 8 j + r`` (the
-    permutation :data:`_VALUE_BASES` reads; the output is stored through it)."""
-    return 16 * (n & 7) + (n >> 3)
+    """The dim (within its 128-dim tile) that value column ``n`` holds: ``4 (8 (j // 4) + r) + j % 4`` for ``n = 8 j +
+    r`` (the permutation :data:`_VALUE_BASES` reads; the output is stored through it)."""
+    return 4 * (8 * (n >> 5) + (n & 7)) + ((n >> 3) & 3)
 
 
 @gluon.jit
@@ -239,7 +233,6 @@ def sparse_mla_wgmma_kernel(
     FLAT: gl.constexpr,  # record s at byte s * s8_t (blocks back to back)
     OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
     STACKED: gl.constexpr = False,  # a tile's hi and lo query parts as one N = 32 MMA
-    LAZY: gl.constexpr = False,  # rescale the accumulator only when a kept maximum must move (else every step)
 ):
     W8: gl.constexpr = _logit_layout(32)  # the FP8 logit MMAs' accumulator [64 slots, 16 heads]
     W16: gl.constexpr = _logit_layout(16)  # the RoPE MMA's (the same registers)
@@ -373,42 +366,22 @@ def sparse_mla_wgmma_kernel(
         s = nope * head_scale[None, :] + gl.convert_layout(ar, W8) * logit_scale
         s = gl.where(valid[:, None], s, float("-inf"))
 
-        m_blk = gl.max(s, axis=0)
-        if LAZY:
-            # the kept maxima move only when a head's logit passes its kept one by 2^8 (an empty head's first valid
-            # logit always does): p = 2^(s - m) <= 2^8 and P_c <= 2^8 stay inside fp16, and the accumulator is
-            # rescaled on those steps only (the same sums: the softmax divides by the same kept maximum)
-            if gl.max(gl.where(m_blk > m_i + 8.0, 1, 0), axis=0) > 0:
-                m_new = gl.maximum(m_i, m_blk)
-                alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
-                l_acc = l_acc * alpha[None, :]
-                acc = acc * gl.convert_layout(alpha, PV_HEADS)[None, :, None]
-                m_i = m_new
-            m_safe = gl.where(m_i == float("-inf"), 0.0, m_i)  # an all-skipped head stays at p = 0
-            p = gl.exp2(s - m_safe[None, :])
-            l_acc = l_acc + p
-            alpha = m_i  # (unused below: Gluon scopes a name to its constexpr branch)
-        else:
-            m_new = gl.maximum(m_i, m_blk)
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # an all-skipped head stays at p = 0
-            p = gl.exp2(s - m_safe[None, :])
-            alpha = gl.exp2(m_i - m_safe)
-            l_acc = l_acc * alpha[None, :] + p
-            m_i = m_new
+        m_new = gl.maximum(m_i, gl.max(s, axis=0))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # an all-skipped head stays at p = 0
+        p = gl.exp2(s - m_safe[None, :])
+        alpha = gl.exp2(m_i - m_safe)
+        l_acc = l_acc * alpha[None, :] + p
+        m_i = m_new
         # [64, 16, 2, 2] with P_c at [.., c % 2, c // 2] (join adds its dim last), as [4, 64, 16] in tile order
         pc = gl.join(gl.join(p * (s0 * r0)[:, None], p * (s1 * r1)[:, None]),
                      gl.join(p * (s2 * r2)[:, None], p * (s3 * r3)[:, None]))
         p_s.store(gl.reshape(gl.permute(pc, (3, 2, 0, 1)), [4, TILE, BLOCK_H]).to(gl.float16))
-        if LAZY:
-            pass  # (rescaled above, on the steps that moved a kept maximum)
-        else:  # (here, not with alpha above: 167 fewer loop instructions in the sm_90 compile)
-            acc = acc * gl.convert_layout(alpha, PV_HEADS)[None, :, None]
+        acc = acc * gl.convert_layout(alpha, PV_HEADS)[None, :, None]
         _barrier()  # every warp's P stored
 
         values = _value_view(codes)
         for kk in gl.static_range(4):  # 16 slots at a time: the B operand's registers
-            paired = gl.convert_layout(values.slice(16 * kk, 16, dim=1).load(_LOAD), _PAIRED)
-            v = gl.convert_layout(_as_f16(paired), DOT_B)
+            v = gl.convert_layout(_as_f16(values.slice(16 * kk, 16, dim=1).load(_LOAD)), DOT_B)
             pa = p_s.slice(16 * kk, 16, dim=1).permute((0, 2, 1)).load(DOT_A)  # [4, 16 heads, 16 slots]
             acc = mma_v2(pa, v, acc)
     async_copy.wait_group(0)
@@ -441,7 +414,7 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
 
 
 def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, stages=DEFAULT_STAGES,
-                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, stacked=False, lazy=False):
+                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, stacked=True):
     """Launch :func:`sparse_mla_wgmma_kernel` (a call :func:`serves` refuses raises, naming what it got).
 
     Args:
@@ -458,8 +431,7 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
         maxnreg: ptxas's register cap (None: its own choice).
         stacked: a tile's hi and lo query parts as one N = 32 MMA (16 wgmmas a step instead of 32; 216 registers
             instead of 249 in the sm_90 compile; the same sums, 4-6% faster on the H200, twenty-second session).
-        lazy: rescale the accumulator only on the steps where a head's kept maximum must move (by more than 2^8),
-            not every step.
+
     Returns:
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
     """
@@ -475,7 +447,7 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
-    meta = dict(STAGES=stages, STACKED=bool(stacked), LAZY=bool(lazy), num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
+    meta = dict(STAGES=stages, STACKED=bool(stacked), num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
     return launch_over_tokens(sparse_mla_wgmma_kernel, q, kv_pages, slots, o, lse, splits,
                               (heads, k, split_size, softmax_scale * LOG2E), meta)
 
