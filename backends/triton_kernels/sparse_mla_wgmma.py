@@ -28,9 +28,12 @@ as DeepGEMM's indexer does with keys, a step's 64 gathered slots are the M side 
   one lane needs for 4 different n-tiles at one slot (bank-conflict free); one ``cvt.rn.f16x2.e4m3x2`` per two
   values; the output columns are un-permuted at the store (:func:`value_dim`).
 
-Measured on the H200 (BENCHMARKS.md, twenty-first session, 64 x 5 tokens x 2048 slots): 0.280 / 0.263 ms at H = 16 /
-12, 1.04x / 1.11x FlashMLA with its heads padded; latency-bound at two programs of four warps a SM (249 registers, 41 KB
-stages). lse within 2-5e-4 of the float64 reference (FlashMLA's 2e-6), o within 1.0-1.2e-3.
+Measured on the H200 (BENCHMARKS.md, twenty-second session, 64 x 5 tokens x 2048 slots, stacked): 0.271 / 0.252 ms
+at H = 16 / 12, 1.10x / 1.18x FlashMLA with its heads padded; latency-bound at two programs of four warps a SM (216
+registers, 41 KB stages). lse within 2-5e-4 of the float64 reference (FlashMLA's 2e-6), o within 1.0-1.2e-3. The FP8
+MMAs' accumulation costs a logit about 2^-13 of its products' magnitudes (sum |q k|): rows whose logits reach
+thousands and whose largest two are that close get softmax weights far from the reference's (one such row: o off by
+1.8e-2, lse by 1.3 at logits near 8,600; R4).
 
 One program = (one split of the slot list, one token), heads padded to 16; ``splits > 1`` writes fp32 partials that
 :func:`.lse_combine.lse_combine` merges in split order (a fixed slot count a split: a row's result does not depend

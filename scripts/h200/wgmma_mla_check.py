@@ -49,7 +49,7 @@ def edge_cases(torch, failures):
             (1, 16, 77, None, 3, True, 2.0, 0), (16, 16, 1000, 512, 2, True, 2.0, 0), (16, 64, 37, 16, 2, False, 2.0, 0),
             (16, 64, 2048, None, 3, False, 1e-20, 0), (12, 64, 700, 256, 2, True, 1e20, 0),
             (5, 64, 130, 64, 3, False, 2.0, 0), (16, 64, 512, None, 2, False, -2.0, 0),
-            (16, 64, 1000, 512, 2, False, 2.0, 200), (16, 64, 1000, None, 2, False, 8.0, 600)):
+            (16, 64, 1000, 512, 2, False, 2.0, 200), (16, 64, 1000, None, 2, False, 2.0, 600)):
         blocks = 40
         slots_n = blocks * block_tokens
         rows = torch.randn(slots_n, 576, generator=gen) * torch.exp2(torch.randint(-6, 7, (slots_n, 1), generator=gen))
