@@ -156,6 +156,26 @@ def test_the_backend_configures_it_in_default_mode_only(monkeypatch):
     config.indexer_config.cache_clear()
 
 
+def test_only_bf16_queries_on_fp8_keys_stack_their_hi_and_lo_parts_into_one_mma():
+    bf16, fp8 = torch.zeros(4, 32, 128, dtype=torch.bfloat16), torch.zeros(4, 32, 128, dtype=torch.float8_e4m3fn)
+    fp8_keys = torch.zeros(2, 64, g.RECORD_BYTES, dtype=torch.uint8)
+    mx_keys = torch.zeros(2, 64, g.MX_RECORD_BYTES, dtype=torch.uint8)
+    assert g.launch_meta(bf16, fp8_keys, 1, 5, stacked=True)["STACK"] is True
+    assert g.launch_meta(bf16, fp8_keys, 1, 5, stacked=False)["STACK"] is False
+    assert g.launch_meta(fp8, fp8_keys, 1, 5, stacked=True)["STACK"] is False  # one MMA a token already
+    assert g.launch_meta(bf16, mx_keys, 1, 5, stacked=True)["STACK"] is False  # MXFP4: chained per block
+
+
+def test_the_backend_stacks_bf16_queries_on_the_gluon_route(monkeypatch):
+    from dsahal.backends.nvidia import config
+
+    config.indexer_config.cache_clear()
+    monkeypatch.setattr(config, "batch_invariant", lambda: False)
+    tiles = config.indexer_config(32, torch.bfloat16, "fp8")["block_tiles"]
+    assert tiles["gluon_stacked"] is config._BF16_Q_GLUON["gluon_stacked"]
+    config.indexer_config.cache_clear()
+
+
 def test_mxfp4_calls_go_to_it_and_fp8_records_are_refused_as_mxfp4(monkeypatch):
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     monkeypatch.setattr(g, "runs_ptx", lambda device: True)

@@ -577,17 +577,20 @@ def _gluon_indexer_variants() -> list[Variant]:
     padded shared layout compiles with the H200's Triton 3.6; Triton 3.9's Gluon refuses it (the backend then keeps
     the tl kernel)."""
     from ..triton_kernels import indexer_gluon
+    from . import config
 
+    stacked = config._BF16_Q_GLUON.get("gluon_stacked", False)
     pointers = dict(w_ptr="fp32", pages_i32="i32", block_table_ptr="i32", req_ptr="i32", pos_ptr="i32",
                     off_ptr="i32", seg_ptr="i32", out_ptr="fp32")
     out = []
     for label, q_type, stages in (("fp8", "fp8e4nv", {1: 5, 2: 5}), ("bf16", "bf16", {1: 5, 2: 4})):
         for group in (1, 2):
             out.append(Variant(
-                f"indexer Gluon, fp8 keys, {label} q, {group} token(s) a request, {stages[group]} stages",
+                f"indexer Gluon, fp8 keys, {label} q, {group} token(s) a request, {stages[group]} stages"
+                + (", hi and lo stacked" if label == "bf16" and stacked else ""),
                 indexer_gluon.indexer_gluon_kernel,
                 dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=stages[group], DEPTH=2, WHOLE=True,
-                     HI_LO=label == "bf16", MX=False),
+                     HI_LO=label == "bf16", MX=False, STACK=label == "bf16" and stacked),
                 dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 33),
                 gluon=True))
     for label, q_type in (("fp8", "fp8e4nv"), ("bf16", "bf16")):  # MXFP4 keys (config._MXFP4_GLUON)
@@ -596,7 +599,7 @@ def _gluon_indexer_variants() -> list[Variant]:
                 f"indexer Gluon, mxfp4 keys, {label} q, {group} token(s) a request, 4 stages",
                 indexer_gluon.indexer_gluon_kernel,
                 dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=4, DEPTH=1, WHOLE=True,
-                     HI_LO=label == "bf16", MX=True),
+                     HI_LO=label == "bf16", MX=True, STACK=False),
                 dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 17),
                 gluon=True))
     return out

@@ -476,7 +476,8 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             :func:`.indexer_decode.launch`; ``l2_ahead_tokens``: the hint only for calls of at most that many tokens
             per request, :func:`_l2_ahead`; ``gluon_stages``: ``{tokens per request: stages}``, the calls of those
             lengths that :mod:`.indexer_gluon` takes go to it, with that many tiles in flight, :func:`_gluon_stages`;
-            ``gluon_depth``: its token MMAs in flight, default 2),
+            ``gluon_depth``: its token MMAs in flight, default 2; ``gluon_stacked``: bf16 queries' hi and lo parts as
+            one MMA a token there, default False),
             the other arguments then being the general kernel's, for the calls that fall back to it.
             There ``group`` (or ``tile_group``, <= 8) is the tokens per segment, ``tiles``, ``num_warps``,
             ``num_stages``, ``typed_keys``, ``mxfp4_dot_scaled`` / ``mxfp4_fast_math`` mean the same;
@@ -524,7 +525,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             offsets, starts = segment_plan(req_ids, group)
             return indexer_gluon.launch(q, weights, index_pages, block_table, req_ids, positions, offsets, max_context,
                                         out, starts=starts, group=group, index_fmt=index_fmt, stages=stages,
-                                        depth=tile.get("gluon_depth", 2))
+                                        depth=tile.get("gluon_depth", 2), stacked=tile.get("gluon_stacked", False))
         offsets, starts = segment_plan(req_ids, group)  # one launch
         return indexer_decode.launch(
             q, weights, index_pages, block_table, req_ids, positions, offsets, index_fmt, max_context,

@@ -316,10 +316,13 @@ def _epilogue(acc, w_s, key_scale, mapped, s, ok, pos, t, out_ptr, stride_ot, ma
 
 
 @gluon.jit
-def _token_mmas(a, qs, qs_lo, g: gl.constexpr, zeros, HI_LO: gl.constexpr, MX: gl.constexpr):
+def _token_mmas(a, qs, qs_lo, g: gl.constexpr, zeros, HI_LO: gl.constexpr, MX: gl.constexpr, STACK: gl.constexpr):
     """Token ``g``'s MMA(s) on the tile's keys ``a``, issued asynchronously: one, or (``HI_LO``) the hi and lo parts'
-    into separate accumulators (chained, the FP8 accumulator's precision cost 4.3e-4 relative error on the H200)."""
-    if MX and HI_LO:  # a block's lo MMA chained onto its hi MMA's accumulator (lo unscaled: _split's LO 1)
+    into separate accumulators (chained, the FP8 accumulator's precision cost 4.3e-4 relative error on the H200), or
+    (``STACK``) into separate columns of one (``zeros`` then ``[64, 2 BLOCK_H]``)."""
+    if STACK:
+        out = warpgroup_mma(a, qs[g].permute((1, 0)), zeros, use_acc=False, is_async=True)
+    elif MX and HI_LO:  # a block's lo MMA chained onto its hi MMA's accumulator (lo unscaled: _split's LO 1)
         out = ()
         for b in gl.static_range(4):
             acc = warpgroup_mma(a.index(b), qs[g][b].permute((1, 0)), zeros, use_acc=False, is_async=True)
@@ -347,7 +350,7 @@ def _issued_after(g, depth, group, per_token):
 def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, t0, pages_i32, s32_b, block_table_ptr,
           stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, a_blocks,
           BLOCK_H: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr,
-          WHOLE: gl.constexpr, HI_LO: gl.constexpr, MX: gl.constexpr):
+          WHOLE: gl.constexpr, HI_LO: gl.constexpr, MX: gl.constexpr, STACK: gl.constexpr):
     """Key tile ``i`` from stage ``here``; the tile ``STAGES - 1`` ahead is copied into ``refill`` (the stage read by
     tile ``i - 1``). Returns the table entry of the tile copied next."""
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
@@ -370,13 +373,16 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
         key_scale = 64.0  # (the codes decoded as value x 2^-6)
     else:
         a = _codes(here, DOT_A)
-    zeros = gl.zeros([64, BLOCK_H], gl.float32, MMA)
+    if STACK:
+        zeros = gl.zeros([64, 2 * BLOCK_H], gl.float32, _mma_layout(2 * BLOCK_H))
+    else:
+        zeros = gl.zeros([64, BLOCK_H], gl.float32, MMA)
     D: gl.constexpr = DEPTH if DEPTH < GROUP else GROUP
-    # MMAs (commit groups) a token: bf16 queries as hi and lo parts; MXFP4 keys one a 32-dim block
-    P: gl.constexpr = (8 if HI_LO else 4) if MX else (2 if HI_LO else 1)
+    # MMAs (commit groups) a token: bf16 queries as hi and lo parts (one, stacked); MXFP4 keys one a 32-dim block
+    P: gl.constexpr = (8 if HI_LO else 4) if MX else (2 if HI_LO and not STACK else 1)
     toks = ()
     for g in gl.static_range(D):  # the first D tokens' MMAs in flight before the first epilogue
-        toks = toks + (_token_mmas(a, qs, qs_lo, g, zeros, HI_LO, MX),)
+        toks = toks + (_token_mmas(a, qs, qs_lo, g, zeros, HI_LO, MX, STACK),)
     if not MX:
         key_scale = _scales(here, ROWS)
     entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
@@ -389,13 +395,17 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
                                                         deps=[toks[g][0], toks[g][1], toks[g][2], toks[g][3]])
             acc = (acc0 * block_scales[0][:, None] + acc1 * block_scales[1][:, None] + acc2 * block_scales[2][:, None]
                    + acc3 * block_scales[3][:, None])
+        elif STACK:  # columns 0 .. BLOCK_H - 1 hi, the rest lo: a thread holds column n and n + BLOCK_H
+            both = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g]])
+            acc_hi, acc_lo = gl.split(gl.permute(gl.reshape(both, [64, 2, BLOCK_H]), (0, 2, 1)))
+            acc = gl.convert_layout(acc_hi + acc_lo * 0.0625, MMA)
         elif HI_LO:
             acc_hi, acc_lo = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g][0], toks[g][1]])
             acc = acc_hi + acc_lo * 0.0625  # (lo is 16 x the residual)
         else:
             acc = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g]])
         if g + D < GROUP:
-            toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX),)
+            toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK),)
         _epilogue(acc, w_s[g], key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot, max_context, COLS)
     return ahead_entry
 
@@ -414,12 +424,14 @@ def indexer_gluon_kernel(
     WHOLE: gl.constexpr = False,  # a tile is a whole cache block (block_tokens == 64): no division per tile
     HI_LO: gl.constexpr = False,  # bf16 queries, each split into e4m3 hi + lo parts (_hi_lo): two MMAs a token
     MX: gl.constexpr = False,  # MXFP4 keys (68-byte records): four K = 32 MMAs a token, one a block (two with HI_LO)
+    STACK: gl.constexpr = False,  # (HI_LO, FP8 keys) a token's hi and lo parts as one N = 2 BLOCK_H MMA
 ):
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)  # [64] per key
     QL: gl.constexpr = _query_layout()
     Q_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 128], gl.float8e4nv)
     QB_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, 32], gl.float8e4nv)
+    Q2_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * BLOCK_H, 128], gl.float8e4nv)
     WL: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
 
     t0 = gl.load(seg_ptr + gl.program_id(0))
@@ -462,8 +474,14 @@ def indexer_gluon_kernel(
             elif HI_LO:  # the row scale's inverse goes on the head's weight
                 qv = gl.load(rows + qk[None, :], mask=((qh < H) & ok)[:, None], other=0.0)
                 hi, lo, down = _hi_lo(qv.to(gl.float32))
-                qs = qs + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, hi),)
-                qs_lo = qs_lo + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, lo),)
+                if STACK:  # the hi rows, then the lo rows: one MMA a token, hi and lo in their own columns
+                    both = gl.allocate_shared_memory(gl.float8e4nv, [2 * BLOCK_H, 128], Q2_SMEM)
+                    both.slice(0, BLOCK_H).store(hi)
+                    both.slice(BLOCK_H, BLOCK_H).store(lo)
+                    qs = qs + (both,)
+                else:
+                    qs = qs + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, hi),)
+                    qs_lo = qs_lo + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, lo),)
                 wv = wv * gl.convert_layout(down, WL)
             else:
                 qv = gl.load(rows + qk[None, :], mask=((qh < H) & ok)[:, None], other=0.0)
@@ -505,7 +523,7 @@ def indexer_gluon_kernel(
                     ahead_entry = _tile(i0 + u, live, first, bufs[u], bufs[(u + STAGES - 1) % STAGES], ahead_entry,
                                         qs, qs_lo, ws, oks, poss, t0, pages_i32, s32_b, block_table_ptr, stride_bt, req64,
                                         num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
-                                        a_blocks, BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO, MX)
+                                        a_blocks, BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO, MX, STACK)
         async_copy.wait_group(0)
         dead = gl.full([64], float("-inf"), gl.float32, ROWS)
         keys = gl.arange(0, 64, ROWS)
@@ -554,7 +572,8 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
 
 
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, max_context, out, *, starts,
-           group, index_fmt="fp8", tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, num_warps=4):
+           group, index_fmt="fp8", tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, stacked=False,
+           num_warps=4):
     """Run :func:`indexer_gluon_kernel` (a call :func:`refusal` names a reason for raises).
 
     Args:
@@ -568,6 +587,8 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         group: tokens per segment (1..8). tiles: key tiles per program (64 keys each); wide_tiles: up to that many
             when the launch has programs to spare (:func:`.indexer_decode.tiles_per_program`; None: ``tiles``).
             stages: tiles in flight (2..6). depth: token MMAs in flight at once (1..8: each holds an accumulator).
+            stacked: bf16 queries on FP8 keys, a token's hi and lo parts as one MMA of twice the heads (their sums
+            in separate columns: the same scores); ignored otherwise.
 
     Returns:
         ``out``.
@@ -586,7 +607,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     if num_warps != 4:
         raise ValueError(f"{name}: one warpgroup a program (num_warps=4), got {num_warps}")
     tokens = q.shape[0]
-    meta = launch_meta(q, index_pages, group, stages, depth)
+    meta = launch_meta(q, index_pages, group, stages, depth, stacked)
     failure = compile_failure(meta["HI_LO"], meta["MX"])
     if failure:
         raise ValueError(f"{name}: this Triton ({triton.__version__}) does not compile the kernel: {failure}")
@@ -605,11 +626,13 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     return out
 
 
-def launch_meta(q: torch.Tensor, index_pages: torch.Tensor, group: int, stages: int, depth: int = 2) -> dict:
+def launch_meta(q: torch.Tensor, index_pages: torch.Tensor, group: int, stages: int, depth: int = 2,
+                stacked: bool = False) -> dict:
     """The kernel's constexprs (and warps) for a call."""
+    hi_lo, mx = q.dtype == torch.bfloat16, index_pages.shape[2] == MX_RECORD_BYTES
     return dict(H=q.shape[1], BLOCK_H=max(16, triton.next_power_of_2(q.shape[1])), GROUP=group, STAGES=stages,
-                DEPTH=depth, WHOLE=index_pages.shape[1] == TILE, HI_LO=q.dtype == torch.bfloat16,
-                MX=index_pages.shape[2] == MX_RECORD_BYTES, num_warps=4)
+                DEPTH=depth, WHOLE=index_pages.shape[1] == TILE, HI_LO=hi_lo, MX=mx,
+                STACK=bool(stacked) and hi_lo and not mx, num_warps=4)
 
 
 def compile_failure(hi_lo: bool, mx: bool = False) -> str:
@@ -624,7 +647,8 @@ def compile_failure(hi_lo: bool, mx: bool = False) -> str:
         from triton.experimental.gluon._runtime import GluonASTSource
 
         kernel = triton_launch(indexer_gluon_kernel)  # (the Gluon function behind the launch cache)
-        constexprs = dict(H=32, BLOCK_H=32, GROUP=1, STAGES=3, DEPTH=2, WHOLE=True, HI_LO=hi_lo, MX=mx)
+        constexprs = dict(H=32, BLOCK_H=32, GROUP=1, STAGES=3, DEPTH=2, WHOLE=True, HI_LO=hi_lo, MX=mx,
+                          STACK=hi_lo and not mx)
         pointers = dict(q_ptr="bf16" if hi_lo else "fp8e4nv", w_ptr="fp32", pages_i32="i32", block_table_ptr="i32",
                         req_ptr="i32", pos_ptr="i32", off_ptr="i32", seg_ptr="i32", out_ptr="fp32")
         signature = {arg: "constexpr" if arg in constexprs else ("*" + pointers[arg] if arg in pointers else "i32")
