@@ -144,8 +144,10 @@ _FP8_KEYS_L2 = dict(l2_ahead=2, l2_ahead_tokens=2)
 # 0.291 (1.01x / 1.08x / 1.01x); bf16 q 5 stages at 1 token, 4 at 2: 0.297 / 0.378 / 0.298 (88.2% / 69.5% / 88.0%)
 # against 0.318 / 0.411 / 0.318 (1.07x / 1.09x / 1.07x). 64x5: tl 0.572 ms, Gluon's best 0.598 (3 stages).
 _FP8_Q_GLUON = dict(gluon_stages={1: 5, 2: 5})
-# Twenty-second session: bf16 q with a token's hi and lo parts as one N = 64 MMA (gluon_stacked; the sm_90 loop 10%
-# shorter at 2 tokens, the same scores), timed against two MMAs a token in scripts/h200/indexer_stack_check.py.
+# Twenty-second session (R7, scripts/h200/indexer_stack_check.py, same run): bf16 q with a token's hi and lo parts as
+# one N = 64 MMA (gluon_stacked; the sm_90 loop 10% shorter at 2 tokens, the same errors on every edge case) 0.3002 /
+# 0.3763 / 0.3037 ms at 64x1 / 64x2 / 8x1 against 0.3010 / 0.3838 / 0.3038 (1.00x / 1.02x / 1.00x; 86.8% / 69.2% /
+# 85.8% of copy); 5 stages at 2 tokens 0.4056 stacked, 0.4029 not: 4 stays.
 _BF16_Q_GLUON = dict(gluon_stages={1: 5, 2: 4}, gluon_stacked=True)
 _MXFP4_GLUON = dict(gluon_stages={1: 4, 2: 4}, gluon_depth=1)  # (MXFP4 keys, FP8 or bf16 q: below, indexer_config)
 
