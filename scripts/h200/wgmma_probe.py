@@ -1,6 +1,19 @@
-"""Throwaway probe (twenty-second session): the failing edge case's per-row errors and logit gaps; ours vs FlashMLA by
-query tokens at H = 16."""
-import sys, time
+"""The wgmma few-heads sparse MLA kernel on one H200: its precision at large logits, and its GPU time beside FlashMLA's
+by query tokens (the default route's token threshold, ``config.WGMMA_MIN_TOKENS``).
+
+Usage (on a CUDA machine, from the repository root)::
+
+    python3 scripts/h200/wgmma_probe.py
+
+1. Per row of 6 tokens x 16 heads x 1,000 slots (records 2^-6..2^6, some 4x larger late, leading slots skipped):
+   o's relative error and lse's absolute error against the float64 reference, the row's largest logit and the
+   smallest gap between a head's two largest logits (an FP8-accumulated logit is off by about 2^-13 of sum |q k|:
+   near-tied maxima at logits in the thousands then get the wrong softmax weights).
+2. n x 1 query tokens (n = 8 .. 128) x 2048 slots over a 1M-token pool: GPU time from CUDA-graph replay of FlashMLA's
+   decode (heads padded to 64) and of ours at 1024 / 512 / 256-slot splits, then both by ``do_bench``.
+
+Results: BENCHMARKS.md, twenty-second session (R4).
+"""
 import torch
 import timing, pools as cache_pools
 import wgmma_mla_check as c
