@@ -25,7 +25,8 @@ reads hit 32 different banks. The tokens' MMAs are issued asynchronously, ``DEPT
 epilogue (relu, head weights, the head sum, the key scale, the store) runs while token ``g + 1``'s MMA runs. bf16
 queries are split per head into two exact e4m3 parts (:func:`_hi_lo`, as the ``tl`` kernel's flag 128): two MMAs a
 token, or (``STACK``, the backend's launch since the twenty-second session) one MMA of twice the heads whose hi and lo
-sums land in separate accumulator columns (the same sums, 10% fewer loop instructions at 2 tokens, 1.00-1.02x). Stages are 8,448 bytes exactly (twentieth session: 16 KiB ones held 3 programs a SM at 2 tokens, these 5).
+sums land in separate accumulator columns (the same sums, 10% fewer loop instructions at 2 tokens, 1.00-1.02x). Stages
+are 8,448 bytes exactly (twentieth session: 16 KiB ones held 3 programs a SM at 2 tokens, these 5).
 
 MXFP4 keys (``MX``, twentieth session): a 4,352-byte tile copied the same way; each tile's e2m1 codes are shifted into
 e4m3 bytes (the code's value times 2^-6, exactly) in registers, a code word into two e4m3 words, and stored as the A
@@ -522,8 +523,8 @@ def indexer_gluon_kernel(
             for u in gl.static_range(STAGES):
                 if i0 + u < live:
                     ahead_entry = _tile(i0 + u, live, first, bufs[u], bufs[(u + STAGES - 1) % STAGES], ahead_entry,
-                                        qs, qs_lo, ws, oks, poss, t0, pages_i32, s32_b, block_table_ptr, stride_bt, req64,
-                                        num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
+                                        qs, qs_lo, ws, oks, poss, t0, pages_i32, s32_b, block_table_ptr, stride_bt,
+                                        req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
                                         a_blocks, BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO, MX, STACK)
         async_copy.wait_group(0)
         dead = gl.full([64], float("-inf"), gl.float32, ROWS)

@@ -15,10 +15,11 @@ as DeepGEMM's indexer does with keys, a step's 64 gathered slots are the M side 
   copy instruction a buffer; the slot indices loaded a step before their copies);
 - the logits ``S^T [64 slots, 16 heads]``: per 128-dim tile ``c`` one FP8 ``wgmma`` on the codes as copied (A from
   shared memory: no widening) against the queries split exactly into e4m3 hi + lo parts (a power of two per head,
-  :func:`.indexer_gluon._split`), stacked as its 32 columns (``STACKED``; else two N = 16 MMAs), so each part sums
-  into its own accumulator columns (Hopper's FP8 MMAs add into their accumulator at reduced precision: the lo part
-  chained onto the hi one's gave lse errors up to 1.45e-2 on saturated codes, H200, twenty-first session), each tile's sum scaled by its per-slot scale ``σ[s, c]`` (a row of the accumulator is a
-  slot: one multiply); the 64 RoPE dims one bf16 ``wgmma``;
+  :func:`.indexer_gluon._split`), stacked as its 32 columns (``STACKED``; else two N = 16 MMAs), so each part sums into
+  its own accumulator columns (Hopper's FP8 MMAs add into their accumulator at reduced precision: the lo part chained
+  onto the hi one's gave lse errors up to 1.45e-2 on saturated codes, H200, twenty-first session), each tile's sum
+  scaled by its per-slot scale ``σ[s, c]`` (a row of the accumulator is a slot: one multiply); the 64 RoPE dims one bf16
+  ``wgmma``;
 - the online softmax over the 64 rows of a step (one cross-warp maximum a step), ``P_c = p · σ_c / M_c`` per tile
   (``M_c`` the split's largest tile-c scale, read before the first step, :func:`_largest_scales`) stored as fp16
   ``[4, 64, 16]``;

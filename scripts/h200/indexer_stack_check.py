@@ -32,8 +32,8 @@ def edge_cases(torch, failures):
     for heads, block_tokens, requests, per_request, context, group in (
             (20, 128, 3, 5, 1000, 5), (64, 64, 2, 2, 900, 2), (32, 64, 5, 1, 700, 1), (16, 256, 2, 2, 1500, 2),
             (8, 64, 4, 1, 333, 1), (32, 64, 3, 2, 1000, 2)):
-        case = paged_case(torch, "fp8", heads, block_tokens, requests, per_request, context, torch.bfloat16, gen, "cuda")
-        q, w, pages, table, req, pos, out = case
+        q, w, pages, table, req, pos, out = paged_case(torch, "fp8", heads, block_tokens, requests, per_request,
+                                                       context, torch.bfloat16, gen, "cuda")
         for stacked in (False, True):
             name = (f"bf16 q, {heads} heads, {block_tokens}-token blocks, {requests}x{per_request}, group {group}"
                     + (", stacked" if stacked else ""))
@@ -56,9 +56,9 @@ def edge_cases(torch, failures):
             same_nan = torch.equal(torch.isnan(got), torch.isnan(want)) and bool(torch.isnan(want[0]).any())
             err, same = score_error(torch, got[1:], want[1:])
             return same_nan and same and err < TOL_FP8_MMA, f"NaN as the reference: {same_nan}, rel err {err:.2e}"
-        check_gluon(torch, "bf16 q, a row holding NaN" + (", stacked" if stacked else ""), (q, w, pages, table, req, pos),
-                    context, torch.full((q.shape[0], context), 7.0, device="cuda"), per_request, judge, failures,
-                    stages=3, stacked=stacked)
+        check_gluon(torch, "bf16 q, a row holding NaN" + (", stacked" if stacked else ""),
+                    (q, w, pages, table, req, pos), context, torch.full((q.shape[0], context), 7.0, device="cuda"),
+                    per_request, judge, failures, stages=3, stacked=stacked)
 
 
 def sweep(torch, ceiling):

@@ -7,11 +7,12 @@ Usage (on a CUDA machine, from the repository root)::
 
 1. Edge cases (one line each): 1, 12 and 16 heads, skipped (-1) and out-of-range slots, a row with no valid slot,
    splits with a partial last one, per-record magnitudes 2^-6..2^6 (scales spread over 12 binades), a strided pool
-   (blocks not back to back), 16-slot blocks, bf16 queries scaled by 1e-20 and 1e20, records whose codes are all
-   e4m3's largest (the FP8 MMAs' accumulation at its worst), 2 and 3 stages, rows whose first 200 / 600 slots are
-   skipped and whose later records are 4x larger (the kept maxima move late); each case's same inputs through the
-   hi and lo query parts as two MMAs and stacked into one N = 32 MMA a tile (``stacked=True``). The lse error is relative to the largest of |lse|, the row's largest sum |q k| and
-   1 (an FP8-accumulated logit's error grows with its products' magnitudes, not with their cancelling sum).
+   (blocks not back to back), 16-slot blocks, bf16 queries scaled by 1e-20 and 1e20, records whose codes are all e4m3's
+   largest (the FP8 MMAs' accumulation at its worst), 2 and 3 stages, rows whose first 200 / 600 slots are skipped and
+   whose later records are 4x larger (the kept maxima move late); each case's same inputs through the hi and lo query
+   parts as two MMAs and stacked into one N = 32 MMA a tile (``stacked=True``). The lse error is relative to the largest
+   of |lse|, the row's largest sum |q k| and 1 (an FP8-accumulated logit's error grows with its products' magnitudes,
+   not with their cancelling sum).
 2. The serving shape: 64 requests x 5 tokens (and x 1, x 8) x top-k 2048 over a 1M-token fp8_ds_mla pool (656 MB,
    larger than the L2), H = 16 and 12; each variant checked on its first rows against the reference, then timed
    (``do_bench`` median); a table of ms, TB/s of gathered bytes, % of the copy ceiling, FlashMLA / ours.
@@ -46,7 +47,8 @@ def edge_cases(torch, failures):
     spec = latent_format("fp8_ds_mla")
     for heads, block_tokens, width, split, stages, strided, q_mag, lead_skip in (
             (16, 64, 2048, 512, 2, False, 2.0, 0), (12, 64, 300, 128, 2, False, 2.0, 0),
-            (1, 16, 77, None, 3, True, 2.0, 0), (16, 16, 1000, 512, 2, True, 2.0, 0), (16, 64, 37, 16, 2, False, 2.0, 0),
+            (1, 16, 77, None, 3, True, 2.0, 0), (16, 16, 1000, 512, 2, True, 2.0, 0),
+            (16, 64, 37, 16, 2, False, 2.0, 0),
             (16, 64, 2048, None, 3, False, 1e-20, 0), (12, 64, 700, 256, 2, True, 1e20, 0),
             (5, 64, 130, 64, 3, False, 2.0, 0), (16, 64, 512, None, 2, False, -2.0, 0),
             (16, 64, 1000, 512, 2, False, 2.0, 200), (16, 64, 1000, None, 2, False, 2.0, 600)):

@@ -72,7 +72,8 @@ def threshold(torch):
         peer = c.flash_mla(torch, q, pages, slots, requests, 1)
         row = [graph_us(torch, peer[0])]
         ours = {split: (lambda split=split: sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None, c.SOFTMAX_SCALE,
-                                                              split_size=split, stacked=True)) for split in (1024, 512, 256)}
+                                                              split_size=split, stacked=True))
+                for split in (1024, 512, 256)}
         row += [graph_us(torch, ours[split]) for split in (1024, 512, 256)]
         row += [1e3 * timing.bench_ms(peer[0], "cuda"), 1e3 * timing.bench_ms(ours[1024], "cuda")]
         print(f"| {requests} | " + " | ".join(f"{x:.1f}" for x in row) + " |", flush=True)
