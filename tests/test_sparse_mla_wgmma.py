@@ -177,3 +177,17 @@ def test_the_launchers_pass_each_kernel_parameter_by_its_name(monkeypatch, modul
     assert (bound["s8_b"], bound["s8_t"], bound["FLAT"], bound["OFF32"]) == (64 * 656, 656, True, True)
     assert (bound["stride_qt"], bound["stride_st"], bound["stride_ot"]) == (12 * 576, 300, 12 * 512)
     assert all(bound[name] == value for name, value in extra.items())
+
+
+def test_the_launch_takes_smaller_splits_below_the_token_count_in_default_mode_only(monkeypatch):
+    from dsahal.backends.nvidia import config, ops
+
+    small = config.WGMMA_SMALL_SPLIT
+    assert config.WGMMA_MIN_TOKENS < small["below_tokens"]  # the route's smallest calls are the ones split smaller
+    monkeypatch.setattr(config, "batch_invariant", lambda: False)
+    assert ops.wgmma_launch(small["below_tokens"] - 1) == dict(config.WGMMA_FEW_HEADS, split_size=small["split_size"])
+    assert ops.wgmma_launch(small["below_tokens"]) == config.WGMMA_FEW_HEADS
+    assert ops.wgmma_launch(320) == config.WGMMA_FEW_HEADS
+    monkeypatch.setattr(config, "batch_invariant", lambda: True)  # a fixed split whatever the batch
+    assert ops.wgmma_launch(small["below_tokens"] - 1) == config.WGMMA_FEW_HEADS
+    assert ops.wgmma_launch(1) == config.WGMMA_FEW_HEADS

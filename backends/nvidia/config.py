@@ -34,9 +34,14 @@ GLUON_FEW_HEADS = dict(block_n=16, stages=3, q_smem=True, maxnreg=168, split_siz
 # 768-slot splits; twenty-first session: 0.298 with 512). In default mode it leaves calls of fewer than
 # WGMMA_MIN_TOKENS query tokens to FlashMLA's decode where that serves them: GPU time (CUDA-graph replay, R4
 # scripts/h200/wgmma_probe.py, H = 16, 2048 slots) 63.5 / 103.5 us against FlashMLA's 76.2 / 113.6 at 64 / 128
-# tokens, but 56.8 / 54.2 / 53.2 against 48.4 / 29.1 / 19.9 at 32 / 16 / 8 (too few programs to fill the GPU).
+# tokens, but 56.8 / 54.2 / 53.2 against 48.4 / 29.1 / 19.9 at 32 / 16 / 8 (too few programs to fill the GPU). With
+# 512-slot splits (twice the programs) it measured 42.4 / 66.8 us at 32 / 64 tokens (1.14x FlashMLA at both), 35.5 at
+# 16: so in default mode a call of WGMMA_MIN_TOKENS .. WGMMA_SMALL_SPLIT["below_tokens"] - 1 query tokens runs with
+# WGMMA_SMALL_SPLIT's splits (batch-invariant mode keeps the fixed 1024: a split chosen by batch size would make a
+# row's sums depend on its batch).
 WGMMA_FEW_HEADS = dict(stages=2, split_size=1024, stacked=True)
-WGMMA_MIN_TOKENS = 64
+WGMMA_SMALL_SPLIT = dict(below_tokens=64, split_size=512)
+WGMMA_MIN_TOKENS = 32
 
 
 _batch_invariant: bool | None = None

@@ -58,10 +58,20 @@ def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
 
 
 def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
-    """The wgmma few-heads kernel (fp8_ds_mla, <= 16 heads, sm_90): the gathered slots as the logit wgmma's M side."""
+    """The wgmma few-heads kernel (fp8_ds_mla, <= 16 heads, sm_90): the gathered slots as the logit wgmma's M side;
+    :func:`wgmma_launch` its launch parameters."""
     from dsahal.backends.triton_kernels.sparse_mla_wgmma import sparse_mla_wgmma as launch  # (imports Gluon)
 
-    return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **config.WGMMA_FEW_HEADS)
+    return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **wgmma_launch(q.shape[0]))
+
+
+def wgmma_launch(tokens: int) -> dict:
+    """The wgmma few-heads kernel's launch parameters for a call of ``tokens`` query tokens: ``config.WGMMA_FEW_HEADS``,
+    with ``config.WGMMA_SMALL_SPLIT``'s smaller splits (more programs) below its token count in default mode."""
+    small = config.WGMMA_SMALL_SPLIT
+    if tokens < small["below_tokens"] and not config.batch_invariant():
+        return dict(config.WGMMA_FEW_HEADS, split_size=small["split_size"])
+    return config.WGMMA_FEW_HEADS
 
 
 def lse_combine(o_parts, lse_parts):

@@ -45,13 +45,13 @@ def routes() -> dict[str, list[Route]]:
             # The wgmma few-heads kernel, fp8_ds_mla at <= 16 heads on sm_90: the gathered slots as the logit MMA's M
             # side, so 12 or 16 heads are not padded to 64; 1.10x / 1.18x FlashMLA (heads padded) at 64 x 5 tokens,
             # H = 16 / 12, 1.16x at 64 x 8, 1.20x GPU time at 64 x 1 (H200, twenty-second session). Ahead of
-            # FlashMLA: in default mode it leaves calls of < 64 query tokens (config.WGMMA_MIN_TOKENS) that FlashMLA's
-            # decode takes to it (faster there); in batch-invariant mode
+            # FlashMLA: in default mode it leaves calls of < 32 query tokens (config.WGMMA_MIN_TOKENS) that FlashMLA's
+            # decode takes to it (faster there; 32-63 tokens with 512-slot splits); in batch-invariant mode
             # it takes every call it can (fixed splits: the route must not depend on the batch).
             Route("gluon_wgmma_few_heads", f"{PACKAGE}.ops:sparse_mla_wgmma",
                   f"{PACKAGE}.verifiers:wgmma_few_heads_accepts",
                   description="Gluon: fp8_ds_mla at <= 16 heads, the gathered slots as the logit wgmma's M side "
-                              "(sm_90; default mode: FlashMLA's decode below 64 tokens)"),
+                              "(sm_90; default mode: FlashMLA's decode below 32 tokens)"),
             Route("flashmla_decode", f"{flashmla}:sparse_mla_decode", f"{flashmla}:decode_accepts",
                   probe=f"{flashmla}:probe", description="FlashMLA SM90 sparse decode on fp8_ds_mla (V32) pages"),
             Route("flashmla_prefill", f"{flashmla}:sparse_mla_prefill", f"{flashmla}:prefill_accepts",
