@@ -436,12 +436,12 @@ def all_cases(quick: bool = False) -> list[Case]:
         Case("sparse MLA bf16", "sparse_mla", "8 tok, H=128", build_sparse_mla(8, 128), dev_check(check_sparse_mla)),
         Case("sparse MLA bf16 (prefill)", "sparse_mla", f"{512 if quick else 4096} tok, H=128",
              build_sparse_mla(512 if quick else 4096, 128), dev_check(check_sparse_mla)),
-        # fp8_ds_mla (FlashMLA's V32 bytes): the FlashMLA peer column, every head count a TP slice has,
-        # 1, 5 and 8 query tokens per request of 64 requests
+        # fp8_ds_mla (FlashMLA's V32 bytes): the FlashMLA peer column, H = 128, 64, 16 and 12 (the TP slices), 5, 1 and
+        # 8 query tokens per request of 64 requests
         *(Case("sparse MLA fp8_ds_mla", "sparse_mla", f"{64 * per} tok (64x{per}), H={heads}",
                build_sparse_mla(64 * per, heads, "fp8_ds_mla"),
                dev_check(check_sparse_mla, heads=heads, kv_fmt="fp8_ds_mla"))
-          for per, heads in ((5, 128), (5, 64), (5, 16), (5, 12), (1, 128), (1, 16), (8, 128), (8, 16))),
+          for per in (5, 1, 8) for heads in (128, 64, 16, 12)),
         Case("lse combine W=8", "lse_combine", "320 tok, H=128", build_lse_combine(8, 320, 128),
              dev_check(check_lse_combine)),
         Case("KDA decode", "kda_decode", "B=64, H=32", build_kda_decode(64), dev_check(check_kda_decode)),
