@@ -434,7 +434,7 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
         split_size: slots per split, a fixed count (batch invariance); None = one split a token.
         maxnreg: ptxas's register cap (None: its own choice).
         stacked: a tile's hi and lo query parts as one N = 32 MMA (16 wgmmas a step instead of 32; 216 registers
-            instead of 249 in the sm_90 compile; the same sums, 4-6% faster on the H200, twenty-second session).
+            instead of 249 in the sm_90 compile; the same sums, 3-5% faster on the H200, twenty-second session).
 
     Returns:
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
