@@ -41,6 +41,19 @@ def test_unpack_is_bit_identical_to_the_host_format(kind, fmt, xla):
     assert torch.equal(got, expected)
 
 
+def test_an_mxfp4_nan_scale_byte_decodes_its_block_to_nan_as_the_host_format(xla):
+    """Scale byte 255 is the OCP MX NaN scale (no encoder writes it): its 32-dim block decodes to NaN, the others
+    as before, the same as the host format."""
+    spec = cache_format("index", "mxfp4")
+    records = spec.pack(values_with_extremes(spec.dim, 1.0)).reshape(4, 4, spec.token_bytes)
+    records[1, 2, 64 + 3] = 255  # key (1, 2)'s last block
+    expected = spec.unpack(records.reshape(-1, spec.token_bytes)).reshape(4, 4, spec.dim)
+    got = formats.unpack(records.to(xla), "index", "mxfp4", None).cpu()
+    assert bool(torch.isnan(expected[1, 2, 96:]).all()) and bool(torch.isfinite(expected[1, 2, :96]).all())
+    assert torch.equal(torch.isnan(got), torch.isnan(expected))
+    assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(expected))
+
+
 def test_every_fp8_code_decodes_exactly(xla):
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     expected = codes.view(torch.float8_e4m3fn).float()

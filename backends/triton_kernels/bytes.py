@@ -228,11 +228,11 @@ def ue8m0_exponent(amax):
 @triton.jit
 def e2m1_ue8m0_value(codes, scale_bytes):
     """e2m1 codes (``0..15``) times ``2^(scale_byte - 127)`` as fp32 (same shapes, exact; byte 0 is the
-    subnormal 2^-127 and byte 255 is Inf, as ``numerics.ue8m0_decode`` reads them)."""
+    subnormal 2^-127 and byte 255 is NaN, as ``numerics.ue8m0_decode`` reads them)."""
     c = codes.to(tl.uint32)
     m = c & 7
     magnitude = tl.where(m >= 2, (((m >> 1) + 126) << 23) | ((m & 1) << 22), tl.where(m == 1, 0x3F000000, 0))
     value = (magnitude | ((c & 8) << 28)).to(tl.float32, bitcast=True)
     e = scale_bytes.to(tl.uint32)
-    scale = tl.where(e == 0, 0x00400000, e << 23).to(tl.float32, bitcast=True)
+    scale = tl.where(e == 0, 0x00400000, tl.where(e == 255, 0x7FC00000, e << 23)).to(tl.float32, bitcast=True)
     return value * scale

@@ -341,7 +341,7 @@ def _score_tile(tile, q, w, views, block_table_ptr, stride_bt, segment, sizes, o
             else:
                 logits = tl.dot(keys, tl.trans(q))
     if KEYS_AS_B:
-        weighted = tl.maximum(logits, 0.0) * w[:, None]
+        weighted = tl.maximum(logits, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[:, None]
         score = tl.sum(tl.reshape(weighted, [GROUP, BLOCK_H, BLOCK_N]), axis=1)  # [GROUP, BLOCK_N]
         if FMT != 2:
             score = score * scale[None, :]
@@ -350,7 +350,7 @@ def _score_tile(tile, q, w, views, block_table_ptr, stride_bt, segment, sizes, o
         out = out_ptr + members.to(tl.int64)[:, None] * stride_ot + s[None, :]
         tl.store(out, score, mask=member_ok[:, None] & (s < max_context)[None, :])
     else:
-        weighted = tl.maximum(logits, 0.0) * w[None, :]
+        weighted = tl.maximum(logits, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[None, :]
         score = tl.sum(tl.reshape(weighted, [BLOCK_N, GROUP, BLOCK_H]), axis=2)  # [BLOCK_N, GROUP]
         if FMT != 2:
             score = score * scale[:, None]

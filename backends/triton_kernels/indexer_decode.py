@@ -135,9 +135,10 @@ def _lanes(flag, like):
 def _block_factor(scale_byte):
     """``2^(byte - 121)`` as fp32 for ue8m0 scale bytes: the block scale ``2^(byte - 127)`` times the 2^6 that
     :func:`_e2m1_as_e4m3` takes off. Its exponent field ``byte + 6`` is never subnormal, so it is one shift;
-    bytes >= 249 give Inf (scales of 2^122 and up, which no encoder writes; the reference reads only 255 so)."""
+    bytes 249-254 give Inf (scales of 2^122 and up, which no encoder writes), byte 255 NaN (the OCP MX NaN scale,
+    as ``numerics.ue8m0_decode`` reads it)."""
     field = scale_byte.to(tl.int32) + 6
-    return (tl.minimum(field, 255) << 23).to(tl.float32, bitcast=True)
+    return tl.where(field == 261, 0x7FC00000, tl.minimum(field, 255) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -407,7 +408,7 @@ def _token_score(keys, scale, q, w, FMT: tl.constexpr, DOT: tl.constexpr, SCALED
         w = w * down
     else:
         logits = tl.dot(keys, tl.trans(q))
-    return tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1) * scale
+    return tl.sum(tl.maximum(logits, 0.0, propagate_nan=tl.PropagateNan.ALL) * w[None, :], axis=1) * scale
 
 
 @triton.jit

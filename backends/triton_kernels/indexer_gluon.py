@@ -95,6 +95,8 @@ _MX_STAGE = gl.constexpr(gl.PaddedSharedLayout([[16, 1], [512, 1]], [[1 << b] fo
 # words a lane in a row compiled to 16-byte shared loads there, misaligned on the H200)
 _MX_WORDS = gl.constexpr(gl.BlockedLayout([1, 1], [8, 4], [4, 1], [1, 0]))
 _COPY = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))  # 16-byte pieces, 4 words a lane
+# relu keeps a NaN logit NaN (as the reference's torch.relu; PTX's plain max would return 0 for it)
+_NAN_KEPT = gl.constexpr(triton.language.PropagateNan.ALL)
 
 
 @gluon.jit
@@ -279,9 +281,9 @@ def mx_dim(k):
 
 @gluon.jit
 def _ue8m0(byte):
-    """UE8M0 bytes (int32 ``[64]``) -> fp32 ``2^(byte - 127)`` (byte 0: 2^-127, a subnormal; 255: Inf, as the
-    reference decodes it)."""
-    return gl.where(byte == 0, 0x00400000, byte << 23).to(gl.float32, bitcast=True)
+    """UE8M0 bytes (int32 ``[64]``) -> fp32 ``2^(byte - 127)`` (byte 0: 2^-127, a subnormal; 255: NaN, the OCP MX
+    NaN scale, as the reference decodes it)."""
+    return gl.where(byte == 0, 0x00400000, gl.where(byte == 255, 0x7FC00000, byte << 23)).to(gl.float32, bitcast=True)
 
 
 @gluon.jit
@@ -311,7 +313,8 @@ def _mx_operands(stage, a_blocks, ROWS: gl.constexpr):
 @gluon.jit
 def _epilogue(acc, w_s, key_scale, mapped, s, ok, pos, t, out_ptr, stride_ot, max_context, COLS: gl.constexpr):
     """One token's scores on a tile: ``Σ_h w[h] · relu(acc[:, h]) · scale``, -inf where not visible, stored."""
-    score = gl.sum(gl.maximum(acc, 0.0) * w_s.load(COLS)[None, :], axis=1) * key_scale
+    relu = gl.maximum(acc, 0.0, propagate_nan=_NAN_KEPT)
+    score = gl.sum(relu * w_s.load(COLS)[None, :], axis=1) * key_scale
     value = gl.where(mapped & (s <= pos), score, float("-inf"))
     row = out_ptr + gl.where(ok, t, 0).to(gl.int64) * stride_ot
     gl.store(row + s, value, mask=(s < max_context) & ok)

@@ -26,6 +26,7 @@ FP8_TENSOR_SCALE_MAX = FP32_MAX / FP8_MAX  # ~7.6e35
 UE8M0_BIAS = 127
 UE8M0_MIN_EXP = -127  # byte 0x00; byte 0xFF is NaN, so the largest scale is 2^127
 UE8M0_MAX_EXP = 127
+UE8M0_NAN = 0xFF  # the scale byte that means NaN (OCP MX)
 
 # The eight e2m1 magnitudes, indexed by the 3-bit code (1 exponent bit pair + 1 mantissa bit).
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -90,9 +91,11 @@ def ue8m0_encode(scale: torch.Tensor) -> torch.Tensor:
 
 
 def ue8m0_decode(codes: torch.Tensor) -> torch.Tensor:
-    """UE8M0 bytes -> fp32 ``2^(byte - 127)`` (byte 255 is NaN in the OCP MX spec; we never write it)."""
+    """UE8M0 bytes -> fp32 ``2^(byte - 127)``; byte 255 is NaN (the OCP MX spec's NaN scale: its block decodes to
+    NaN; no encoder writes it, every backend reads it so)."""
     exp = codes.to(torch.int32) - UE8M0_BIAS
-    return torch.ldexp(torch.ones(codes.shape, dtype=torch.float32, device=codes.device), exp)
+    scale = torch.ldexp(torch.ones(codes.shape, dtype=torch.float32, device=codes.device), exp)
+    return torch.where(codes.to(torch.int32) == UE8M0_NAN, float("nan"), scale)
 
 
 def e4m3_round_up(values: torch.Tensor) -> torch.Tensor:
