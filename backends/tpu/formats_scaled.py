@@ -76,7 +76,7 @@ def pack_mxfp4(values, scale=None):
 def unpack_mxfp4(records, scale=None):
     codes = unpack_nibbles(records[:, :MX_DIM // 2])
     scale_bytes = records[:, MX_DIM // 2:].to(torch.int32)
-    # byte 255 is the OCP MX NaN scale (no encoder writes it; every backend decodes it so)
+    # byte 255 is the OCP MX NaN scale (no encoder writes it; numerics.ue8m0_decode reads it so too)
     scales = torch.where(scale_bytes == 255, float("nan"), pow2(scale_bytes - 127))
     values = fp4_e2m1_decode(codes).reshape(-1, MX_BLOCKS, MX_BLOCK) * scales[:, :, None]
     return values.reshape(-1, MX_DIM)
