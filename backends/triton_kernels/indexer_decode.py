@@ -137,8 +137,8 @@ def _block_factor(scale_byte):
     :func:`_e2m1_as_e4m3` takes off. Its exponent field ``byte + 6`` is never subnormal, so it is one shift;
     bytes 249-254 give Inf (scales of 2^122 and up, which no encoder writes), byte 255 NaN (the OCP MX NaN scale,
     as ``numerics.ue8m0_decode`` reads it)."""
-    field = scale_byte.to(tl.int32) + 6
-    return tl.where(field == 261, 0x7FC00000, tl.minimum(field, 255) << 23).to(tl.float32, bitcast=True)
+    byte = scale_byte.to(tl.int32)
+    return tl.where(byte == 255, 0x7FC00000, tl.minimum(byte + 6, 255) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -93,9 +93,9 @@ def ue8m0_encode(scale: torch.Tensor) -> torch.Tensor:
 def ue8m0_decode(codes: torch.Tensor) -> torch.Tensor:
     """UE8M0 bytes -> fp32 ``2^(byte - 127)``; byte 255 is NaN (the OCP MX spec's NaN scale: its block decodes to
     NaN; no encoder writes it; the Triton and Gluon indexers and the TPU decode read it so too)."""
-    exp = codes.to(torch.int32) - UE8M0_BIAS
-    scale = torch.ldexp(torch.ones(codes.shape, dtype=torch.float32, device=codes.device), exp)
-    return torch.where(codes.to(torch.int32) == UE8M0_NAN, float("nan"), scale)
+    byte = codes.to(torch.int32)
+    scale = torch.ldexp(torch.ones(codes.shape, dtype=torch.float32, device=codes.device), byte - UE8M0_BIAS)
+    return torch.where(byte == UE8M0_NAN, float("nan"), scale)
 
 
 def e4m3_round_up(values: torch.Tensor) -> torch.Tensor:

@@ -70,6 +70,8 @@ def threshold(torch):
         slots = torch.randint(0, pages.shape[0] * 64, (requests, 2048), device="cuda", dtype=torch.int32, generator=g)
         q = torch.randn(requests, 16, 576, device="cuda", generator=g).to(torch.bfloat16)
         peer = c.flash_mla(torch, q, pages, slots, requests, 1)
+        if peer is None:  # (flash_mla said why): the table needs its column
+            return
         row = [graph_us(torch, peer[0])]
         ours = {split: (lambda split=split: sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None, c.SOFTMAX_SCALE,
                                                               split_size=split, stacked=True))
