@@ -30,6 +30,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from dsahal.kernel_launch import triton_launch
+
 HOPPER = ("cuda", 90, 32)  # backend, compute capability, warp size
 # The launches the variants model: the serving shapes the configs were tuned on.
 BLOCK_TOKENS = 64  # tokens per cache block (the packed cache's default, dsahal.cache.layout)
@@ -66,7 +68,7 @@ class Variant:
 
     def signature(self) -> dict:
         sig = {}
-        for arg in self.kernel.arg_names:
+        for arg in triton_launch(self.kernel).arg_names:
             if arg in self.constexprs:
                 sig[arg] = "constexpr"
             elif arg in self.pointers:
@@ -94,9 +96,10 @@ def run_time_alignment(variant: Variant) -> dict:
     aligned, and the ``stride*`` integers (and ``variant.divisible``) multiples of 16 unless the kernel
     declares them ``do_not_specialize``. Without them the compile models unaligned launches: scalar loads,
     a 64-bit address per row, registers and spills a serving launch does not have."""
-    skip = {p.name for p in variant.kernel.params if p.do_not_specialize}
+    kernel = triton_launch(variant.kernel)  # (the JIT function under the launch cache's and compile budget's wrappers)
+    skip = {p.name for p in kernel.params if p.do_not_specialize}
     facts = {}
-    for index, arg in enumerate(variant.kernel.arg_names):
+    for index, arg in enumerate(kernel.arg_names):
         if arg in variant.constexprs or arg in variant.floats or arg in skip:
             continue
         if arg in variant.pointers or arg.startswith("stride") or arg in variant.divisible:
@@ -116,7 +119,6 @@ def compile_variant(variant: Variant) -> Compiled:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from dsahal.kernel_launch import triton_launch
 
     if variant.gluon:
         from triton.experimental.gluon._runtime import GluonASTSource as source_type
@@ -606,7 +608,6 @@ def _gluon_indexer_variants() -> list[Variant]:
 
 
 def _topk_variants() -> list[Variant]:
-    from dsahal.kernel_launch import triton_launch
 
     from ..triton_kernels import topk, topk_split
     from . import config
@@ -627,7 +628,8 @@ def _topk_variants() -> list[Variant]:
         out.append(Variant(
             f"top-k split rows: {triton_launch(kernel).__name__}", kernel,
             dict(extra, ROW_LEVELS=cfg["row_levels"], CHUNK=cfg["chunk"]),
-            {name: kind for name, kind in split_ptrs.items() if name in kernel.arg_names}, num_warps=cfg["num_warps"]))
+            {name: kind for name, kind in split_ptrs.items() if name in triton_launch(kernel).arg_names},
+            num_warps=cfg["num_warps"]))
     return out
 
 
