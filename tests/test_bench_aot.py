@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("triton")
 
 from dsahal.backends.nvidia import aot  # noqa: E402
+from dsahal.kernel_launch import triton_launch  # noqa: E402
 
 
 def test_variants_cover_the_fast_and_the_exact_paths():
@@ -18,8 +19,21 @@ def test_variants_cover_the_fast_and_the_exact_paths():
     assert any("sparse MLA" in n and "exact" in n for n in names)
     assert any(n.startswith("top-k") for n in names) and any(n.startswith("KDA") for n in names)
     for variant in aot.variants():  # every non-constexpr argument gets a type the compiler accepts
-        assert set(variant.signature()) == set(variant.kernel.arg_names)
+        assert set(variant.signature()) == set(triton_launch(variant.kernel).arg_names)
     assert len(set(names)) == len(names)  # --only picks by name
+
+
+def test_variants_see_through_the_compile_budgets_wrapper(monkeypatch):
+    """A process that installed the compile budget (batch-invariant mode, or an earlier test) has its launched kernels
+    wrapped: the variants still read the JIT function's arguments (CI once failed on the top-k split kernels)."""
+    from dsahal.backends.triton_kernels import compile_budget, topk_split
+
+    kernel = topk_split.split_write_kernel
+    monkeypatch.setattr(topk_split, "split_write_kernel", compile_budget.BudgetedKernel(kernel, 1))
+    (variant,) = [v for v in aot.variants() if v.name == "top-k split rows: split_write_kernel"]
+    assert isinstance(variant.kernel, compile_budget.BudgetedKernel)
+    assert set(variant.signature()) == set(triton_launch(kernel).arg_names)
+    assert aot.run_time_alignment(variant)
 
 
 def test_variants_include_the_kernels_the_backend_launches_by_default():
