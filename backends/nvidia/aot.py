@@ -299,7 +299,8 @@ def variants() -> list[Variant]:
     """The launches of the NVIDIA backend worth watching, built from its own configuration code."""
     return (_indexer_general_variants() + _indexer_block_tile_variants() + _indexer_mxfp4_word_variants()
             + _indexer_l2_variants() + _sparse_mla_variants()
-            + _small_heads_variants() + _gluon_variants() + _wgmma_variants() + _gluon_indexer_variants()
+            + _small_heads_variants() + _gluon_variants() + _wgmma_variants() + _wgmma_fp4_variants()
+            + _gluon_indexer_variants()
             + _topk_variants()
             + _kda_variants())
 
@@ -571,6 +572,20 @@ def _wgmma_variants() -> list[Variant]:
         dict(STAGES=launch["stages"], FLAT=True, OFF32=True, STACKED=launch["stacked"]),
         dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32"), floats=("logit_scale",),
         num_warps=4, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * 656, s8_t=656), gluon=True)]
+
+
+def _wgmma_fp4_variants() -> list[Variant]:
+    """The wgmma NVFP4 kernel (``sparse_mla_wgmma_fp4``) as the backend launches it (``config.WGMMA_NVFP4``): bf16
+    queries, NVFP4 pages of back-to-back 64-token blocks under 2 GiB (flat, 32-bit offsets)."""
+    from ..triton_kernels import sparse_mla_wgmma_fp4 as fp4_mla
+    from . import config
+
+    stages = config.WGMMA_NVFP4["stages"]
+    return [Variant(
+        f"sparse MLA few heads, wgmma, nvfp4, H=16, {stages} stages",
+        fp4_mla.sparse_mla_wgmma_fp4_kernel, dict(STAGES=stages, FLAT=True, OFF32=True),
+        dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32"), floats=("logit_scale",),
+        num_warps=4, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * 352, s8_t=352), gluon=True)]
 
 
 def _gluon_indexer_variants() -> list[Variant]:

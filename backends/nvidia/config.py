@@ -43,6 +43,10 @@ WGMMA_FEW_HEADS = dict(stages=2, split_size=1024, stacked=True)
 WGMMA_SMALL_SPLIT = dict(below_tokens=64, split_size=512)
 WGMMA_MIN_TOKENS = 32
 
+# The wgmma NVFP4 kernel (sparse_mla_wgmma_fp4; the nvidia route "gluon_wgmma_nvfp4"): its stages (22.5 KB each) and
+# fixed slot count a split (both modes: batch invariant).
+WGMMA_NVFP4 = dict(stages=3, split_size=1024)
+
 
 _batch_invariant: bool | None = None
 

@@ -325,41 +325,48 @@ def sparse_mla_gluon_kernel(
     gl.store(lse_ptr + split * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
 
 
-def records_refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots, kernel: str) -> str:
-    """Why a Gluon few-heads kernel (this one, :mod:`.sparse_mla_wgmma`) does not take a call ("" when it does),
-    ``kernel`` naming it in the reason: bf16 queries ``[T, <= MAX_HEADS, 576]`` on an NVIDIA GPU and fp8_ds_mla
-    pages ``[blocks, tokens, 656]`` uint8 whose records start 16-byte aligned (the ``cp.async`` pieces)."""
-    if kv_fmt != "fp8_ds_mla":
-        return f"{kv_fmt} latents: {kernel} reads fp8_ds_mla records"
+RECORD_BYTES = {"fp8_ds_mla": 656, "nvfp4": 352}  # the record formats the Gluon few-heads kernels read
+
+
+def records_refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots, kernel: str,
+                    fmt: str = "fp8_ds_mla") -> str:
+    """Why a Gluon few-heads kernel (this one, :mod:`.sparse_mla_wgmma`, :mod:`.sparse_mla_wgmma_fp4`) does not take a
+    call ("" when it does), ``kernel`` naming it in the reason: bf16 queries ``[T, <= MAX_HEADS, 576]`` on an NVIDIA GPU
+    and ``fmt`` pages ``[blocks, tokens, record bytes]`` uint8 whose records start 16-byte aligned (the ``cp.async``
+    pieces)."""
+    record = RECORD_BYTES[fmt]
+    if kv_fmt != fmt:
+        return f"{kv_fmt} latents: {kernel} reads {fmt} records"
     if q.dim() != 3 or q.shape[1] > MAX_HEADS or q.shape[2] != 576:
         return f"q of shape {list(q.shape)}: {kernel} takes [T, <= {MAX_HEADS}, 576]"
     if q.dtype != torch.bfloat16:
         return f"{str(q.dtype).replace('torch.', '')} queries: {kernel} takes bf16"
     if not all(runs_ptx(t.device) for t in (q, kv_pages) + (() if slots is None else (slots,))):
         return f"{kernel} runs on NVIDIA CUDA tensors only"
-    if kv_pages.dtype != torch.uint8 or kv_pages.dim() != 3 or kv_pages.shape[2] != 656:
-        return f"pages {kv_pages.dtype} {list(kv_pages.shape)}: {kernel} reads uint8 [blocks, tokens, 656]"
+    if kv_pages.dtype != torch.uint8 or kv_pages.dim() != 3 or kv_pages.shape[2] != record:
+        return f"pages {kv_pages.dtype} {list(kv_pages.shape)}: {kernel} reads uint8 [blocks, tokens, {record}]"
     align = row_alignment(kv_pages)
     if align < 16:
         return f"records aligned to {align} byte(s): {kernel} copies 16-byte pieces"
     return ""
 
 
-def unserved(name: str, q, kv_pages, kv_fmt: str, why: str) -> ValueError:
+def unserved(name: str, q, kv_pages, kv_fmt: str, why: str, fmt: str = "fp8_ds_mla") -> ValueError:
     """The launcher's error for a call its kernel refuses (``why``): what it takes and what it got."""
-    return ValueError(f"{name}: expected bf16 q [T, <= {MAX_HEADS}, 576] on an NVIDIA GPU and fp8_ds_mla uint8 pages "
-                      f"[num_blocks, block_tokens, 656] with 16-byte aligned records, got q {q.dtype} {list(q.shape)} "
-                      f"on {q.device}, kv_fmt {kv_fmt!r}, pages {kv_pages.dtype} {list(kv_pages.shape)} aligned to "
-                      f"{row_alignment(kv_pages)} byte(s) ({why})")
+    return ValueError(f"{name}: expected bf16 q [T, <= {MAX_HEADS}, 576] on an NVIDIA GPU and {fmt} uint8 pages "
+                      f"[num_blocks, block_tokens, {RECORD_BYTES[fmt]}] with 16-byte aligned records, got q {q.dtype} "
+                      f"{list(q.shape)} on {q.device}, kv_fmt {kv_fmt!r}, pages {kv_pages.dtype} {list(kv_pages.shape)} "
+                      f"aligned to {row_alignment(kv_pages)} byte(s) ({why})")
 
 
-def launch_over_tokens(kernel, q, kv_pages, slots, o, lse, splits: int, sizes: tuple, meta: dict):
+def launch_over_tokens(kernel, q, kv_pages, slots, o, lse, splits: int, sizes: tuple, meta: dict,
+                       record_bytes: int = 656):
     """Launch a Gluon few-heads ``kernel`` (this module's signature) over the tokens, ``splits`` programs a token (grid
-    axis 1 in slices of at most 65,535 tokens), the pages' geometry as ``FLAT`` / ``OFF32`` constexprs; then the
-    splits' fp32 partials merged in split order. Returns ``(o [T, H, 512], lse [T, H])``."""
+    axis 1 in slices of at most 65,535 tokens), the pages' geometry (records of ``record_bytes``) as ``FLAT`` /
+    ``OFF32`` constexprs; then the splits' fp32 partials merged in split order. Returns ``(o [T, H, 512], lse [T, H])``."""
     blocks, block_tokens = kv_pages.shape[0], kv_pages.shape[1]
     s8_b, s8_t = kv_pages.stride(0), kv_pages.stride(1)
-    last = (blocks - 1) * s8_b + (block_tokens - 1) * s8_t + 656  # one past the furthest record's last byte
+    last = (blocks - 1) * s8_b + (block_tokens - 1) * s8_t + record_bytes  # one past the furthest record's last byte
     meta = dict(meta, FLAT=s8_b == block_tokens * s8_t, OFF32=last < 2**31)
     sizes = (sizes[0], sizes[1], blocks * block_tokens, block_tokens, *sizes[2:])
     for first, stop in launch_grid.ranges(q.shape[0]):  # (CUDA: <= 65535 programs on grid axis 1)
