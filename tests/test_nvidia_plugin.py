@@ -14,8 +14,8 @@ from dsahal.registry import resolve_lazy
 def test_declares_every_op_as_routes_and_each_reference_resolves():
     backend = nvidia_backend()
     assert set(backend.ops) == set(OP_NAMES) and not backend.verifiers
-    assert [r.name for r in backend.routes("sparse_mla")] == ["gluon_wgmma_few_heads", "flashmla_decode",
-                                                                 "flashmla_prefill", "gluon_few_heads",
+    assert [r.name for r in backend.routes("sparse_mla")] == ["gluon_wgmma_few_heads", "gluon_wgmma_nvfp4",
+                                                                 "flashmla_decode", "flashmla_prefill", "gluon_few_heads",
                                                                  "triton_small_heads", "triton"]
     assert [r.name for r in backend.routes("kda_prefill")] == ["triton_short", "triton_chunk_mixed", "fla_chunk",
                                                               "triton_recurrent", "triton_chunk"]

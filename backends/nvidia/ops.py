@@ -65,6 +65,14 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
     return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **wgmma_launch(q.shape[0]))
 
 
+def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
+    """The wgmma NVFP4 kernel (nvfp4 latents, <= 16 heads, sm_90): the codes decoded exactly into fp16 MMA operands,
+    the gathered slots the logit wgmma's M side; ``config.WGMMA_NVFP4`` its launch (a fixed split: batch invariant)."""
+    from dsahal.backends.triton_kernels.sparse_mla_wgmma_fp4 import sparse_mla_wgmma_fp4 as launch  # (imports Gluon)
+
+    return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **config.WGMMA_NVFP4)
+
+
 def wgmma_launch(tokens: int) -> dict:
     """The wgmma few-heads kernel's launch parameters for a call of ``tokens`` query tokens: ``config.WGMMA_FEW_HEADS``,
     with ``config.WGMMA_SMALL_SPLIT``'s smaller splits (more programs) below its token count in default mode."""

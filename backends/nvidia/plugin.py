@@ -52,6 +52,13 @@ def routes() -> dict[str, list[Route]]:
                   f"{PACKAGE}.verifiers:wgmma_few_heads_accepts",
                   description="Gluon: fp8_ds_mla at <= 16 heads, the gathered slots as the logit wgmma's M side "
                               "(sm_90; default mode: FlashMLA's decode below 32 tokens)"),
+            # The wgmma NVFP4 kernel, nvfp4 latents at <= 16 heads on sm_90 (FlashMLA reads no NVFP4): the same design,
+            # each code decoded exactly into an fp16 MMA operand; 3.7-4.0x the few-heads Triton kernel it replaces at
+            # 64 x 5 tokens, 1.27x / 1.39x FlashMLA's padded time on fp8_ds_mla at H = 16 / 12 (H200, twenty-third
+            # session), every batch size, both modes.
+            Route("gluon_wgmma_nvfp4", f"{PACKAGE}.ops:sparse_mla_wgmma_fp4", f"{PACKAGE}.verifiers:wgmma_nvfp4_accepts",
+                  description="Gluon: NVFP4 latents at <= 16 heads, each code decoded exactly into an fp16 MMA "
+                              "operand, the gathered slots as the logit wgmma's M side (sm_90)"),
             Route("flashmla_decode", f"{flashmla}:sparse_mla_decode", f"{flashmla}:decode_accepts",
                   probe=f"{flashmla}:probe", description="FlashMLA SM90 sparse decode on fp8_ds_mla (V32) pages"),
             Route("flashmla_prefill", f"{flashmla}:sparse_mla_prefill", f"{flashmla}:prefill_accepts",

@@ -74,6 +74,24 @@ def wgmma_few_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
     return True, ""
 
 
+def wgmma_nvfp4_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tuple[bool, str]:
+    """The wgmma NVFP4 kernel (:mod:`dsahal.backends.triton_kernels.sparse_mla_wgmma_fp4`): what its launcher takes
+    (:func:`~dsahal.backends.triton_kernels.sparse_mla_wgmma_fp4.refusal`) on an sm_90 GPU, in both modes and at every
+    batch size (FlashMLA has no NVFP4 latent; on the H200 it was faster than the few-heads Triton kernel from 8 tokens
+    to 512, twenty-third session)."""
+    try:
+        from dsahal.backends.triton_kernels import sparse_mla_wgmma_fp4 as fp4_mla
+    except ImportError as exc:  # a Triton without Gluon (3.4+ has it)
+        return False, f"the installed Triton has no Gluon ({exc})"
+    why = fp4_mla.refusal(q, kv_pages, kv_fmt, slots)
+    if why:
+        return False, why
+    capability = _capability(q.device.index)
+    if capability != WGMMA_CAPABILITY:
+        return False, f"sm{capability[0]}{capability[1]}: the kernel's wgmma is sm_90 only"
+    return True, ""
+
+
 @functools.lru_cache(maxsize=None)
 def _flashmla_loads() -> bool:
     """Whether FlashMLA's route is available in this process (its probe, asked once)."""

@@ -442,6 +442,11 @@ def all_cases(quick: bool = False) -> list[Case]:
                build_sparse_mla(64 * per, heads, "fp8_ds_mla"),
                dev_check(check_sparse_mla, heads=heads, kv_fmt="fp8_ds_mla"))
           for per in (5, 1, 8) for heads in (128, 64, 16, 12)),
+        # NVFP4 latents at the TP slices' head counts (FlashMLA reads no NVFP4: no peer column;
+        # scripts/h200/wgmma_fp4_check.py times FlashMLA on fp8_ds_mla bytes of the same tokens beside it)
+        *(Case("sparse MLA nvfp4", "sparse_mla", f"{64 * per} tok (64x{per}), H={heads}",
+               build_sparse_mla(64 * per, heads, "nvfp4"), dev_check(check_sparse_mla, heads=heads, kv_fmt="nvfp4"))
+          for per in (5, 1) for heads in (16, 12)),
         Case("lse combine W=8", "lse_combine", "320 tok, H=128", build_lse_combine(8, 320, 128),
              dev_check(check_lse_combine)),
         Case("KDA decode", "kda_decode", "B=64, H=32", build_kda_decode(64), dev_check(check_kda_decode)),

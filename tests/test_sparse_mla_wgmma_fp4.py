@@ -1,0 +1,216 @@
+"""The wgmma NVFP4 sparse MLA kernel (:mod:`dsahal.backends.triton_kernels.sparse_mla_wgmma_fp4`) on a CPU machine.
+
+Gluon has no interpreter, so its results are checked on the H200 only (``scripts/h200/wgmma_fp4_check.py`` against the
+float64 reference on the edge cases and at the serving shape, the conformance suite through the route). Here: what
+the launcher serves and refuses, that its three views of a stage's codes are one swizzled placement, that the dims the
+MMAs read (the queries loaded through :func:`logit_dim` / :func:`rope_dim`, the output stored through
+:func:`value_dim`) are the dims the decoded bytes hold, that the kernel compiles for sm_90 without spilling at two
+programs a SM, and what the route's verifier says.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsahal.backends.triton_kernels import sparse_mla_wgmma_fp4 as w
+
+
+def _pages(blocks=4, block_tokens=16, device="cpu", record=352):
+    return torch.zeros(blocks, block_tokens, record, dtype=torch.uint8, device=device)
+
+
+def test_serves_bf16_queries_of_at_most_16_heads_on_aligned_nvfp4_pages_on_a_cuda_device_only(monkeypatch):
+    q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
+    assert w.refusal(q, _pages(), "nvfp4") == "the wgmma NVFP4 kernel runs on NVIDIA CUDA tensors only"
+    assert w.refusal(q, _pages(record=656), "fp8_ds_mla") == "fp8_ds_mla latents: the wgmma NVFP4 kernel reads nvfp4 records"
+    assert w.refusal(q.float(), _pages(), "nvfp4") == "float32 queries: the wgmma NVFP4 kernel takes bf16"
+    assert w.refusal(torch.zeros(2, 17, 576, dtype=torch.bfloat16), _pages(), "nvfp4") == (
+        "q of shape [2, 17, 576]: the wgmma NVFP4 kernel takes [T, <= 16, 576]")
+    meta = torch.empty(2, 16, 576, dtype=torch.bfloat16, device="meta")
+    assert not w.serves(meta, _pages(device="meta"), "nvfp4")
+    from dsahal.backends.triton_kernels import sparse_mla_gluon
+
+    monkeypatch.setattr(sparse_mla_gluon, "runs_ptx", lambda device: True)  # past the device: the pages' own checks
+    assert w.refusal(q, _pages(record=656), "nvfp4") == (
+        "pages torch.uint8 [4, 16, 656]: the wgmma NVFP4 kernel reads uint8 [blocks, tokens, 352]")
+    assert w.refusal(q, torch.zeros(4, 16, 353, dtype=torch.uint8)[..., 1:], "nvfp4") == (
+        "records aligned to 1 byte(s): the wgmma NVFP4 kernel copies 16-byte pieces")
+    assert w.refusal(q, _pages(), "nvfp4") == ""
+
+
+def test_a_call_it_does_not_serve_raises_naming_the_op_and_what_it_got():
+    q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"triton sparse_mla_wgmma_fp4: expected bf16 q .* nvfp4 uint8 pages "
+                                         r"\[num_blocks, block_tokens, 352\] .* got q torch.bfloat16 \[2, 16, 576\] on cpu"):
+        w.sparse_mla_wgmma_fp4(q, _pages(), torch.zeros(2, 8, dtype=torch.int32), "nvfp4", None, 0.1)
+
+
+@pytest.mark.parametrize("kwargs, message", [(dict(stages=1), "stages expected 2, 3 or 4, got 1"),
+                                             (dict(stages=5), "stages expected 2, 3 or 4, got 5"),
+                                             (dict(split_size=0), "split_size expected None or >= 1, got 0")])
+def test_launch_parameters_are_checked_before_any_launch(monkeypatch, kwargs, message):
+    monkeypatch.setattr(w, "refusal", lambda *args: "")  # past the device check: the parameters' own
+    q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=f"triton sparse_mla_wgmma_fp4: {message}"):
+        w.sparse_mla_wgmma_fp4(q, _pages(), torch.zeros(2, 8, dtype=torch.int32), "nvfp4", None, 0.1, **kwargs)
+
+
+def _index(bases, offset, rank):
+    """A linear layout's index for ``offset``: the XOR of the bases of its set bits."""
+    index = [0] * rank
+    for bit, basis in enumerate(bases):
+        if offset >> bit & 1:
+            index = [a ^ b for a, b in zip(index, basis)]
+    return tuple(index)
+
+
+def _placed(slot, piece, byte):
+    """Where a stage keeps byte ``byte`` of 16-byte piece ``piece`` of a slot's 256 code bytes (the module's comment):
+    piece ``p ^ g(slot)``, ``g(R) = (R & 6) ^ ((R & 1) << 2)``."""
+    return slot * 256 + 16 * (piece ^ ((slot & 6) ^ ((slot & 1) << 2))) + byte
+
+
+def _views():
+    """Each view as (bases, rank, index -> (slot, code byte of the slot's 256))."""
+    return {
+        "copy": (w._copy_view_layout().offset_bases, 2, lambda i: (i[0], i[1])),
+        "logit": (w._logit_view_layout().offset_bases, 5,  # [8 h, 64 R, 4 c, 2 g0, 4 e], h = g1 + 2 t
+                  lambda i: (i[1], 16 * (4 * (i[0] >> 1) + i[2]) + 4 * (i[3] + 2 * (i[0] & 1)) + i[4])),
+        "value": (w._value_view_layout().offset_bases, 4,  # [64 R, 4 w, 8 r, 8 e]
+                  lambda i: (i[0], 64 * i[1] + 8 * i[2] + i[3])),
+    }
+
+
+@pytest.mark.parametrize("view", ["copy", "logit", "value"])
+def test_each_view_of_the_codes_is_the_one_swizzled_placement(view):
+    bases, rank, meaning = _views()[view]
+    seen = set()
+    for offset in range(64 * 256):
+        slot, code_byte = meaning(_index(bases, offset, rank))
+        assert offset == _placed(slot, code_byte >> 4, code_byte & 15), (view, offset)
+        seen.add((slot, code_byte))
+    assert len(seen) == 64 * 256
+
+
+def _logit_dim(t, g1, k):
+    """``logit_dim`` (a Gluon function, not callable here), as its docstring states it."""
+    c, e, a, g0 = (k >> 1) & 3, (k & 1) + 2 * ((k >> 3) & 1), (k >> 4) & 1, (k >> 5) & 1
+    return 128 * t + 32 * c + 8 * (g0 + 2 * g1) + 2 * e + a
+
+
+def _value_dim(n):
+    r, wp, a, e = n & 7, (n >> 3) & 3, (n >> 5) & 1, n >> 6
+    return 128 * wp + 16 * r + 2 * e + a
+
+
+def _rope_dim(k):
+    return 16 * ((k >> 1) & 3) + (k & 1) + 2 * (k >> 3)
+
+
+def test_the_logit_columns_are_the_dims_the_decoded_nibbles_hold():
+    """The decode gives (low, high) nibble of each loaded byte; ``join`` puts the nibble last, the operand's permute
+    (0, 2, 5, 3, 1, 4) of [R, c, g0, e1, e0, a] makes column k = e0 + 2 c + 8 e1 + 16 a + 32 g0; the view gives the
+    byte's place in the record (code byte B holds dims 2 B and 2 B + 1)."""
+    _, _, meaning = _views()["logit"]
+    dims = set()
+    for h in range(8):
+        for c in range(4):
+            for g0 in range(2):
+                for e in range(4):
+                    for a in range(2):
+                        _, code_byte = meaning((h, 0, c, g0, e))
+                        k = (e & 1) + 2 * c + 8 * (e >> 1) + 16 * a + 32 * g0
+                        assert _logit_dim(h >> 1, h & 1, k) == 2 * code_byte + a
+                        dims.add(2 * code_byte + a)
+    assert dims == set(range(512))
+
+
+def test_the_value_columns_are_the_dims_the_decoded_nibbles_hold():
+    """The operand's permute (0, 3, 4, 1, 2) of [slot, w, r, e, a] makes column n = r + 8 w + 32 a + 64 e."""
+    _, _, meaning = _views()["value"]
+    for wp in range(4):
+        for r in range(8):
+            for e in range(8):
+                for a in range(2):
+                    _, code_byte = meaning((0, wp, r, e))
+                    assert _value_dim(r + 8 * wp + 32 * a + 64 * e) == 2 * code_byte + a
+    assert sorted(_value_dim(n) for n in range(512)) == list(range(512))
+    # a lane's 16 columns (r fixed, n = r + 8 w + 32 j within its warp w) are one 16-dim scale block
+    assert {_value_dim(3 + 8 * 2 + 32 * j) // 16 for j in range(16)} == {8 * 2 + 3}
+
+
+def test_the_rope_columns_are_a_permutation_of_the_rope_dims():
+    # the operand's permute (0, 2, 3, 4, 1, 5) of [R, c, b3, b2, b1, b0]: column k = b0 + 2 c + 8 b1 + 16 b2 + 32 b3
+    for c in range(4):
+        for b in range(16):
+            k = (b & 1) + 2 * c + 8 * ((b >> 1) & 1) + 16 * ((b >> 2) & 1) + 32 * (b >> 3)
+            assert _rope_dim(k) == 16 * c + b
+
+
+def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm():
+    from dsahal.backends.nvidia import aot, config
+
+    (variant,) = aot._wgmma_fp4_variants()
+    assert variant.constexprs["STAGES"] == config.WGMMA_NVFP4["stages"]  # the backend's launch
+    result = aot.compile_variant(variant)
+    assert result.error == "", result.error
+    assert 0 < result.registers <= 255 and result.stack_bytes == 0
+    assert 2 * result.registers * 128 <= 65536  # two programs of 4 warps a SM by registers
+    assert 2 * (result.shared_bytes + 1024) <= 228 * 1024  # and by shared memory (1 KB reserved a program)
+
+
+def test_the_route_verifier_names_what_the_kernel_does_not_take(monkeypatch):
+    from dsahal.backends.nvidia import config, verifiers
+
+    q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
+    slots = torch.zeros(2, 8, dtype=torch.int32)
+    ok, reason = verifiers.wgmma_nvfp4_accepts(q, _pages(record=656), slots, "fp8_ds_mla", None, 0.1)
+    assert not ok and reason == "fp8_ds_mla latents: the wgmma NVFP4 kernel reads nvfp4 records"
+    ok, reason = verifiers.wgmma_nvfp4_accepts(q, _pages(), slots, "nvfp4", None, 0.1)
+    assert not ok and reason == "the wgmma NVFP4 kernel runs on NVIDIA CUDA tensors only"
+    monkeypatch.setattr(w, "refusal", lambda *args: "")
+    monkeypatch.setattr(verifiers, "_capability", lambda index: (10, 0))
+    ok, reason = verifiers.wgmma_nvfp4_accepts(q, _pages(), slots, "nvfp4", None, 0.1)
+    assert not ok and reason == "sm100: the kernel's wgmma is sm_90 only"
+    monkeypatch.setattr(verifiers, "_capability", lambda index: (9, 0))
+    for invariant in (False, True):  # every batch size in both modes (a fixed split: batch invariant)
+        monkeypatch.setattr(config, "batch_invariant", lambda: invariant)
+        assert verifiers.wgmma_nvfp4_accepts(q[:1], _pages(), slots[:1], "nvfp4", None, 0.1) == (True, "")
+
+
+class _Recorder:
+    """Stands in for a launched kernel: records ``kernel[grid](*args, **kwargs)``."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
+
+
+def test_the_launcher_passes_each_kernel_parameter_by_its_name(monkeypatch):
+    from dsahal.backends.triton_kernels.sparse_mla import LOG2E
+    from dsahal.kernel_launch import triton_launch
+
+    names = triton_launch(w.sparse_mla_wgmma_fp4_kernel).arg_names
+    recorder = _Recorder()
+    monkeypatch.setattr(w, "refusal", lambda *args: "")
+    monkeypatch.setattr(w, "sparse_mla_wgmma_fp4_kernel", recorder)
+    from dsahal.backends.triton_kernels import sparse_mla_gluon
+
+    # (the splits' merge is a Triton kernel of its own: its inputs stand in for it)
+    monkeypatch.setattr(sparse_mla_gluon, "lse_combine", lambda o, lse, out_dtype: (o[0].to(out_dtype), lse[0]))
+    q = torch.zeros(3, 12, 576, dtype=torch.bfloat16)
+    pages = torch.zeros(4, 64, 352, dtype=torch.uint8)
+    slots = torch.zeros(3, 300, dtype=torch.int32)
+    o, lse = w.sparse_mla_wgmma_fp4(q, pages, slots, "nvfp4", None, 0.25, split_size=128, stages=4)
+    assert o.shape == (3, 12, 512) and lse.shape == (3, 12)
+    ((grid, args, kwargs),) = recorder.calls
+    assert grid == (3, 3)  # three splits, three tokens
+    bound = dict(zip(names, args), **kwargs)
+    assert set(names) <= set(bound) and len(args) == names.index("logit_scale") + 1
+    assert (bound["H"], bound["K"], bound["num_slots"], bound["block_tokens"], bound["split_size"]) == (12, 300, 256,
+                                                                                                          64, 128)
+    assert bound["logit_scale"] == pytest.approx(0.25 * LOG2E)
+    assert (bound["s8_b"], bound["s8_t"], bound["FLAT"], bound["OFF32"], bound["STAGES"]) == (64 * 352, 352, True,
+                                                                                               True, 4)
