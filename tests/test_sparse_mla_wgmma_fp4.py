@@ -147,16 +147,32 @@ def test_the_rope_columns_are_a_permutation_of_the_rope_dims():
             assert _rope_dim(k) == 16 * c + b
 
 
-def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm():
+@pytest.mark.parametrize("launch", ["default", "many"])
+def test_the_kernel_compiles_for_hopper_without_spilling_two_or_three_programs_a_sm(launch):
     from dsahal.backends.nvidia import aot, config
 
-    (variant,) = aot._wgmma_fp4_variants()
-    assert variant.constexprs["STAGES"] == config.WGMMA_NVFP4["stages"]  # the backend's launch
-    result = aot.compile_variant(variant)
+    default, many = aot._wgmma_fp4_variants()
+    assert default.constexprs["STAGES"] == config.WGMMA_NVFP4["stages"] and default.maxnreg is None
+    assert many.constexprs["STAGES"] == config.WGMMA_NVFP4_MANY["stages"]
+    assert many.maxnreg == config.WGMMA_NVFP4_MANY["maxnreg"]
+    programs = 2 if launch == "default" else 3
+    result = aot.compile_variant(default if launch == "default" else many)
     assert result.error == "", result.error
-    assert 0 < result.registers <= 255 and result.stack_bytes == 0
-    assert 2 * result.registers * 128 <= 65536  # two programs of 4 warps a SM by registers
-    assert 2 * (result.shared_bytes + 1024) <= 228 * 1024  # and by shared memory (1 KB reserved a program)
+    assert 0 < result.registers <= 255 and result.stack_bytes <= (0 if launch == "default" else 16)
+    assert programs * result.registers * 128 <= 65536  # programs of 4 warps a SM by registers
+    assert programs * (result.shared_bytes + 1024) <= 228 * 1024  # and by shared memory (1 KB reserved a program)
+
+
+def test_large_calls_take_three_programs_a_sm_in_default_mode_only(monkeypatch):
+    from dsahal.backends.nvidia import config, ops
+
+    many = config.WGMMA_NVFP4_MANY
+    monkeypatch.setattr(config, "batch_invariant", lambda: False)
+    assert ops.wgmma_fp4_launch(many["from_tokens"] - 1) == config.WGMMA_NVFP4
+    assert ops.wgmma_fp4_launch(many["from_tokens"]) == dict(config.WGMMA_NVFP4, stages=many["stages"],
+                                                               maxnreg=many["maxnreg"])
+    monkeypatch.setattr(config, "batch_invariant", lambda: True)  # one launch whatever the batch
+    assert ops.wgmma_fp4_launch(4096) == config.WGMMA_NVFP4
 
 
 def test_the_route_verifier_names_what_the_kernel_does_not_take(monkeypatch):

@@ -575,17 +575,22 @@ def _wgmma_variants() -> list[Variant]:
 
 
 def _wgmma_fp4_variants() -> list[Variant]:
-    """The wgmma NVFP4 kernel (``sparse_mla_wgmma_fp4``) as the backend launches it (``config.WGMMA_NVFP4``): bf16
-    queries, NVFP4 pages of back-to-back 64-token blocks under 2 GiB (flat, 32-bit offsets)."""
+    """The wgmma NVFP4 kernel (``sparse_mla_wgmma_fp4``) as the backend launches it (``config.WGMMA_NVFP4``, and
+    ``config.WGMMA_NVFP4_MANY`` for large calls in default mode): bf16 queries, NVFP4 pages of back-to-back 64-token
+    blocks under 2 GiB (flat, 32-bit offsets)."""
     from ..triton_kernels import sparse_mla_wgmma_fp4 as fp4_mla
     from . import config
 
-    stages = config.WGMMA_NVFP4["stages"]
-    return [Variant(
-        f"sparse MLA few heads, wgmma, nvfp4, H=16, {stages} stages",
-        fp4_mla.sparse_mla_wgmma_fp4_kernel, dict(STAGES=stages, FLAT=True, OFF32=True),
-        dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32"), floats=("logit_scale",),
-        num_warps=4, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * 352, s8_t=352), gluon=True)]
+    out = []
+    for stages, maxnreg in ((config.WGMMA_NVFP4["stages"], None),
+                            (config.WGMMA_NVFP4_MANY["stages"], config.WGMMA_NVFP4_MANY["maxnreg"])):
+        out.append(Variant(
+            f"sparse MLA few heads, wgmma, nvfp4, H=16, {stages} stages"
+            + (f", {maxnreg} registers" if maxnreg else ""),
+            fp4_mla.sparse_mla_wgmma_fp4_kernel, dict(STAGES=stages, FLAT=True, OFF32=True),
+            dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32"), floats=("logit_scale",),
+            num_warps=4, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * 352, s8_t=352), gluon=True, maxnreg=maxnreg))
+    return out
 
 
 def _gluon_indexer_variants() -> list[Variant]:

@@ -43,9 +43,15 @@ WGMMA_FEW_HEADS = dict(stages=2, split_size=1024, stacked=True)
 WGMMA_SMALL_SPLIT = dict(below_tokens=64, split_size=512)
 WGMMA_MIN_TOKENS = 32
 
-# The wgmma NVFP4 kernel (sparse_mla_wgmma_fp4; the nvidia route "gluon_wgmma_nvfp4"): its stages (22.5 KB each) and
-# fixed slot count a split (both modes: batch invariant).
+# The wgmma NVFP4 kernel (sparse_mla_wgmma_fp4; the nvidia route "gluon_wgmma_nvfp4"): 3 stages of 22.5 KB (two
+# programs a SM, 221 registers) and a fixed 1024 slots a split in both modes (batch invariant); 512- and 768-slot splits
+# measured slower at 64 x 5 / 64 x 8 and 64 x 1 tokens (scripts/h200/wgmma_fp4_check.py, twenty-third session R1, R2).
+# In default mode calls of WGMMA_NVFP4_MANY["from_tokens"] or more query tokens run 2 stages under a 168-register cap
+# (three programs a SM): 0.2247 / 0.2059 / 0.3422 ms against 0.2340 / 0.2148 / 0.3474 at 64 x 5 (H = 16 / 12) and
+# 64 x 8, but 0.1046 against 0.0685 at 64 x 1 (128 programs: one a SM) (R2). The threshold lies between those
+# measurements (64 and 320 tokens), not at a measured crossing. Batch-invariant mode keeps the one launch.
 WGMMA_NVFP4 = dict(stages=3, split_size=1024)
+WGMMA_NVFP4_MANY = dict(from_tokens=256, stages=2, maxnreg=168)
 
 
 _batch_invariant: bool | None = None

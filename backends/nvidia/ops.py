@@ -67,10 +67,19 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
 
 def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
     """The wgmma NVFP4 kernel (nvfp4 latents, <= 16 heads, sm_90): the codes decoded exactly into fp16 MMA operands,
-    the gathered slots the logit wgmma's M side; ``config.WGMMA_NVFP4`` its launch (a fixed split: batch invariant)."""
+    the gathered slots the logit wgmma's M side; :func:`wgmma_fp4_launch` its launch (a fixed split: batch invariant)."""
     from dsahal.backends.triton_kernels.sparse_mla_wgmma_fp4 import sparse_mla_wgmma_fp4 as launch  # (imports Gluon)
 
-    return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **config.WGMMA_NVFP4)
+    return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **wgmma_fp4_launch(q.shape[0]))
+
+
+def wgmma_fp4_launch(tokens: int) -> dict:
+    """The wgmma NVFP4 kernel's launch parameters for a call of ``tokens`` query tokens: ``config.WGMMA_NVFP4``, with
+    ``config.WGMMA_NVFP4_MANY``'s three programs a SM from its token count in default mode."""
+    many = config.WGMMA_NVFP4_MANY
+    if tokens >= many["from_tokens"] and not config.batch_invariant():
+        return dict(config.WGMMA_NVFP4, stages=many["stages"], maxnreg=many["maxnreg"])
+    return config.WGMMA_NVFP4
 
 
 def wgmma_launch(tokens: int) -> dict:
