@@ -477,7 +477,8 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             per request, :func:`_l2_ahead`; ``gluon_stages``: ``{tokens per request: stages}``, the calls of those
             lengths that :mod:`.indexer_gluon` takes go to it, with that many tiles in flight, :func:`_gluon_stages`;
             ``gluon_depth``: its token MMAs in flight, default 2; ``gluon_stacked``: bf16 queries' hi and lo parts as
-            one MMA a token there, default False),
+            one MMA a token there, default False; ``gluon_mx_registers``: MXFP4 keys decoded into the MMAs' register
+            operands there, default False),
             the other arguments then being the general kernel's, for the calls that fall back to it.
             There ``group`` (or ``tile_group``, <= 8) is the tokens per segment, ``tiles``, ``num_warps``,
             ``num_stages``, ``typed_keys``, ``mxfp4_dot_scaled`` / ``mxfp4_fast_math`` mean the same;
@@ -525,7 +526,8 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             offsets, starts = segment_plan(req_ids, group)
             return indexer_gluon.launch(q, weights, index_pages, block_table, req_ids, positions, offsets, max_context,
                                         out, starts=starts, group=group, index_fmt=index_fmt, stages=stages,
-                                        depth=tile.get("gluon_depth", 2), stacked=tile.get("gluon_stacked", False))
+                                        depth=tile.get("gluon_depth", 2), stacked=tile.get("gluon_stacked", False),
+                                        mx_registers=tile.get("gluon_mx_registers", False))
         offsets, starts = segment_plan(req_ids, group)  # one launch
         return indexer_decode.launch(
             q, weights, index_pages, block_table, req_ids, positions, offsets, index_fmt, max_context,

@@ -94,6 +94,11 @@ _MX_STAGE = gl.constexpr(gl.PaddedSharedLayout([[16, 1], [512, 1]], [[1 << b] fo
 # a lane: word c of each block of a row (single words: rows 17 words apart are 4-byte aligned only; a layout with 4
 # words a lane in a row compiled to 16-byte shared loads there, misaligned on the H200)
 _MX_WORDS = gl.constexpr(gl.BlockedLayout([1, 1], [8, 4], [4, 1], [1, 0]))
+# (MX_REG) a block's code words repeated over their 4 bytes, [64 keys, 4 c, 4 e]: a lane's rows as the FP8 wgmma's
+# register operand takes them (16 w + r, + 8), word c of the block
+_MX_REG_BYTES = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]], lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+    warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, 4]))
 _COPY = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))  # 16-byte pieces, 4 words a lane
 # relu keeps a NaN logit NaN (as the reference's torch.relu; PTX's plain max would return 0 for it)
 _NAN_KEPT = gl.constexpr(triton.language.PropagateNan.ALL)
@@ -305,9 +310,53 @@ def _mx_operands(stage, a_blocks, ROWS: gl.constexpr):
     v = gl.reshape(gl.permute(v, (1, 0, 2, 3)), [256, 8])  # (block, row) a row of 8 words (the 32 bytes)
     # (a [256, 32]-byte view of the [4, 64, 32] buffer: the same 32-byte swizzle, whose phase repeats every 8 rows)
     _view(a_blocks, gl.int32, [256, 8], gl.NVMMASharedLayout(32, 32)).store(v)
+    return _mx_scales(stage, ROWS)
+
+
+@gluon.jit
+def _mx_scales(stage, ROWS: gl.constexpr):
+    """An MXFP4 stage's four block scales (fp32 ``[64]`` each, in ``ROWS``)."""
     scales = _view(_words(stage, MX_STAGE_WORDS).slice(16, 16), gl.int32, [64], _mx_scale_layout()).load(ROWS)
     return (_ue8m0(scales & 0xFF), _ue8m0((scales >> 8) & 0xFF), _ue8m0((scales >> 16) & 0xFF),
             _ue8m0((scales >> 24) & 0xFF))
+
+
+@gluon.jit
+def mx_reg_dim(k):
+    """The dim (within its 32-dim block) that column ``k`` of a block's register operand holds
+    (:func:`_mx_registers`): ``k = e + 4 c + 16 a`` is nibble ``a`` of byte ``e`` of the block's code word ``c``, dim
+    ``8 c + 2 e + a``."""
+    return 8 * ((k >> 2) & 3) + 2 * (k & 3) + (k >> 4)
+
+
+@gluon.jit
+def _e2m1_as_e4m3(words):
+    """Code words (int32, each repeated over a last axis of 4) -> (low nibbles, high nibbles) as e4m3 bytes, element
+    ``e`` of a word's four its byte ``e``'s code times 2^-6, exactly (the sign and the 3 magnitude bits shifted into
+    an e4m3 byte's sign and low magnitude bits: :func:`_mx_operands`'s decode)."""
+    return gl.inline_asm_elementwise(
+        "{\n\t.reg .b32 a, b;"
+        "\n\tshl.b32 a, $2, 2;\n\tand.b32 a, a, 0x1C1C1C1C;\n\tshl.b32 b, $2, 4;\n\tand.b32 b, b, 0x80808080;"
+        "\n\tor.b32 $0, a, b;"
+        "\n\tshr.b32 a, $2, 2;\n\tand.b32 a, a, 0x1C1C1C1C;\n\tand.b32 b, $2, 0x80808080;\n\tor.b32 $1, a, b;\n\t}",
+        "=r,=r,r,r,r,r", [words], dtype=(gl.float8e4nv, gl.float8e4nv), is_pure=True, pack=4)
+
+
+@gluon.jit
+def _mx_registers(stage, DOT_A: gl.constexpr):
+    """An MXFP4 stage's keys as the four 32-dim blocks' register A operands (e4m3 ``[64, 32]`` each, the code values
+    times 2^-6, columns in :func:`mx_reg_dim` order): each lane reads its rows' code word ``c`` of each block and
+    decodes it in place, no shared-memory round trip (``_mx_operands`` stores the decoded keys for the MMAs to read)."""
+    words = _view(stage, gl.int32, [64, 16], _mx_code_layout())
+    out = ()
+    for b in gl.static_range(4):
+        w = words.slice(4 * b, 4, dim=1).load(gl.SliceLayout(2, _MX_REG_BYTES))  # [64 keys, 4 c]
+        lo, hi = _e2m1_as_e4m3(w[:, :, None] + gl.zeros([64, 4, 4], gl.int32, _MX_REG_BYTES))  # (+ 0: folded)
+        v = gl.reshape(gl.permute(gl.join(lo, hi), (0, 3, 1, 2)), [64, 32])  # [key, a, c, e]: k = e + 4 c + 16 a
+        out = out + (gl.convert_layout(v, DOT_A, assert_trivial=True),)
+    return out
+
+
 
 
 @gluon.jit
@@ -321,7 +370,17 @@ def _epilogue(acc, w_s, key_scale, mapped, s, ok, pos, t, out_ptr, stride_ot, ma
 
 
 @gluon.jit
-def _token_mmas(a, qs, qs_lo, g: gl.constexpr, zeros, HI_LO: gl.constexpr, MX: gl.constexpr, STACK: gl.constexpr):
+def _block(a, b: gl.constexpr, MX_REG: gl.constexpr):
+    """Block ``b``'s keys as an MMA's A operand: a register tensor of ``a`` (``MX_REG``) or a shared buffer of it."""
+    if MX_REG:
+        return a[b]
+    else:
+        return a.index(b)
+
+
+@gluon.jit
+def _token_mmas(a, qs, qs_lo, g: gl.constexpr, zeros, HI_LO: gl.constexpr, MX: gl.constexpr, STACK: gl.constexpr,
+                MX_REG: gl.constexpr = False):
     """Token ``g``'s MMA(s) on the tile's keys ``a``, issued asynchronously: one, or (``HI_LO``) the hi and lo parts'
     into separate accumulators (chained, the FP8 accumulator's precision cost 4.3e-4 relative error on the H200), or
     (``STACK``) into separate columns of one (``zeros`` then ``[64, 2 BLOCK_H]``)."""
@@ -330,13 +389,13 @@ def _token_mmas(a, qs, qs_lo, g: gl.constexpr, zeros, HI_LO: gl.constexpr, MX: g
     elif MX and HI_LO:  # a block's lo MMA chained onto its hi MMA's accumulator (lo unscaled: _split's LO 1)
         out = ()
         for b in gl.static_range(4):
-            acc = warpgroup_mma(a.index(b), qs[g][b].permute((1, 0)), zeros, use_acc=False, is_async=True)
-            out = out + (warpgroup_mma(a.index(b), qs_lo[g][b].permute((1, 0)), acc, is_async=True),)
-    elif MX:  # a: the blocks' operands in shared memory, qs[g] the token's four blocks
-        out = (warpgroup_mma(a.index(0), qs[g][0].permute((1, 0)), zeros, use_acc=False, is_async=True),
-               warpgroup_mma(a.index(1), qs[g][1].permute((1, 0)), zeros, use_acc=False, is_async=True),
-               warpgroup_mma(a.index(2), qs[g][2].permute((1, 0)), zeros, use_acc=False, is_async=True),
-               warpgroup_mma(a.index(3), qs[g][3].permute((1, 0)), zeros, use_acc=False, is_async=True))
+            acc = warpgroup_mma(_block(a, b, MX_REG), qs[g][b].permute((1, 0)), zeros, use_acc=False, is_async=True)
+            out = out + (warpgroup_mma(_block(a, b, MX_REG), qs_lo[g][b].permute((1, 0)), acc, is_async=True),)
+    elif MX:  # a: the blocks' operands (shared memory, or registers with MX_REG), qs[g] the token's four blocks
+        out = (warpgroup_mma(_block(a, 0, MX_REG), qs[g][0].permute((1, 0)), zeros, use_acc=False, is_async=True),
+               warpgroup_mma(_block(a, 1, MX_REG), qs[g][1].permute((1, 0)), zeros, use_acc=False, is_async=True),
+               warpgroup_mma(_block(a, 2, MX_REG), qs[g][2].permute((1, 0)), zeros, use_acc=False, is_async=True),
+               warpgroup_mma(_block(a, 3, MX_REG), qs[g][3].permute((1, 0)), zeros, use_acc=False, is_async=True))
     elif HI_LO:
         out = (warpgroup_mma(a, qs[g].permute((1, 0)), zeros, use_acc=False, is_async=True),
                warpgroup_mma(a, qs_lo[g].permute((1, 0)), zeros, use_acc=False, is_async=True))
@@ -355,7 +414,8 @@ def _issued_after(g, depth, group, per_token):
 def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, t0, pages_i32, s32_b, block_table_ptr,
           stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, a_blocks,
           BLOCK_H: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr,
-          WHOLE: gl.constexpr, HI_LO: gl.constexpr, MX: gl.constexpr, STACK: gl.constexpr):
+          WHOLE: gl.constexpr, HI_LO: gl.constexpr, MX: gl.constexpr, STACK: gl.constexpr,
+          MX_REG: gl.constexpr = False):
     """Key tile ``i`` from stage ``here``; the tile ``STAGES - 1`` ahead is copied into ``refill`` (the stage read by
     tile ``i - 1``). Returns the table entry of the tile copied next."""
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
@@ -370,7 +430,11 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
     async_copy.commit_group()
     ahead_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(ahead + 1, live - 1), max_blocks,
                          block_tokens, WHOLE)
-    if MX:  # the keys decoded into the blocks' operands (shared memory), visible to the MMAs' async proxy
+    if MX and MX_REG:  # the keys decoded into the blocks' register operands
+        block_scales = _mx_scales(here, ROWS)
+        a = _mx_registers(here, DOT_A)
+        key_scale = 64.0  # (the codes decoded as value x 2^-6)
+    elif MX:  # the keys decoded into the blocks' operands (shared memory), visible to the MMAs' async proxy
         block_scales = _mx_operands(here, a_blocks, ROWS)
         fence_async_shared()
         _barrier()
@@ -387,7 +451,7 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
     P: gl.constexpr = (8 if HI_LO else 4) if MX else (2 if HI_LO and not STACK else 1)
     toks = ()
     for g in gl.static_range(D):  # the first D tokens' MMAs in flight before the first epilogue
-        toks = toks + (_token_mmas(a, qs, qs_lo, g, zeros, HI_LO, MX, STACK),)
+        toks = toks + (_token_mmas(a, qs, qs_lo, g, zeros, HI_LO, MX, STACK, MX_REG),)
     if not MX:
         key_scale = _scales(here, ROWS)
     entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
@@ -410,7 +474,7 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
         else:
             acc = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g]])
         if g + D < GROUP:
-            toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK),)
+            toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG),)
         _epilogue(acc, w_s[g], key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot, max_context, COLS)
     return ahead_entry
 
@@ -430,6 +494,7 @@ def indexer_gluon_kernel(
     HI_LO: gl.constexpr = False,  # bf16 queries, each split into e4m3 hi + lo parts (_hi_lo): two MMAs a token
     MX: gl.constexpr = False,  # MXFP4 keys (68-byte records): four K = 32 MMAs a token, one a block (two with HI_LO)
     STACK: gl.constexpr = False,  # (HI_LO, FP8 keys) a token's hi and lo parts as one N = 2 BLOCK_H MMA
+    MX_REG: gl.constexpr = False,  # (MX) the decoded keys as register operands, not through shared memory
 ):
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)  # [64] per key
@@ -445,7 +510,10 @@ def indexer_gluon_kernel(
         off0 = gl.load(off_ptr + t0)
         qh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, QL))
         qk = dim_of_k(gl.arange(0, 128, gl.SliceLayout(0, QL)))
-        qb = mx_dim(gl.arange(0, 32, gl.SliceLayout(0, QL)))
+        if MX_REG:
+            qb = mx_reg_dim(gl.arange(0, 32, gl.SliceLayout(0, QL)))
+        else:
+            qb = mx_dim(gl.arange(0, 32, gl.SliceLayout(0, QL)))
         heads = gl.arange(0, BLOCK_H, WL)
         # the segment's members: ok and position (registers), queries and head weights (shared memory) a token
         oks = ()
@@ -510,7 +578,7 @@ def indexer_gluon_kernel(
                 bufs = bufs + (gl.allocate_shared_memory(gl.int32, [MX_STAGE_WORDS], _MX_STAGE),)
             else:
                 bufs = bufs + (gl.allocate_shared_memory(gl.int32, [STAGE_WORDS], _STAGE),)
-        if MX:  # the four blocks' decoded keys, one tile at a time
+        if MX and not MX_REG:  # the four blocks' decoded keys, one tile at a time
             a_blocks = gl.allocate_shared_memory(gl.float8e4nv, [4, 64, 32], gl.NVMMASharedLayout(32, 8))
         else:
             a_blocks = bufs[0]  # (unused)
@@ -528,7 +596,7 @@ def indexer_gluon_kernel(
                     ahead_entry = _tile(i0 + u, live, first, bufs[u], bufs[(u + STAGES - 1) % STAGES], ahead_entry,
                                         qs, qs_lo, ws, oks, poss, t0, pages_i32, s32_b, block_table_ptr, stride_bt,
                                         req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
-                                        a_blocks, BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO, MX, STACK)
+                                        a_blocks, BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG)
         async_copy.wait_group(0)
         dead = gl.full([64], float("-inf"), gl.float32, ROWS)
         keys = gl.arange(0, 64, ROWS)
@@ -578,7 +646,7 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
 
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, max_context, out, *, starts,
            group, index_fmt="fp8", tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, stacked=False,
-           num_warps=4):
+           mx_registers=False, num_warps=4):
     """Run :func:`indexer_gluon_kernel` (a call :func:`refusal` names a reason for raises).
 
     Args:
@@ -593,7 +661,8 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
             when the launch has programs to spare (:func:`.indexer_decode.tiles_per_program`; None: ``tiles``).
             stages: tiles in flight (2..6). depth: token MMAs in flight at once (1..8: each holds an accumulator).
             stacked: bf16 queries on FP8 keys, a token's hi and lo parts as one MMA of twice the heads (their sums
-            in separate columns: the same scores); ignored otherwise.
+            in separate columns: the same scores); ignored otherwise. mx_registers: MXFP4 keys decoded straight
+            into the MMAs' register operands (no shared-memory round trip); ignored for FP8 keys.
 
     Returns:
         ``out``.
@@ -612,7 +681,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     if num_warps != 4:
         raise ValueError(f"{name}: one warpgroup a program (num_warps=4), got {num_warps}")
     tokens = q.shape[0]
-    meta = launch_meta(q, index_pages, group, stages, depth, stacked)
+    meta = launch_meta(q, index_pages, group, stages, depth, stacked, mx_registers)
     failure = compile_failure(meta["HI_LO"], meta["MX"])
     if failure:
         raise ValueError(f"{name}: this Triton ({triton.__version__}) does not compile the kernel: {failure}")
@@ -632,12 +701,12 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
 
 
 def launch_meta(q: torch.Tensor, index_pages: torch.Tensor, group: int, stages: int, depth: int = 2,
-                stacked: bool = False) -> dict:
+                stacked: bool = False, mx_registers: bool = False) -> dict:
     """The kernel's constexprs (and warps) for a call."""
     hi_lo, mx = q.dtype == torch.bfloat16, index_pages.shape[2] == MX_RECORD_BYTES
     return dict(H=q.shape[1], BLOCK_H=max(16, triton.next_power_of_2(q.shape[1])), GROUP=group, STAGES=stages,
                 DEPTH=depth, WHOLE=index_pages.shape[1] == TILE, HI_LO=hi_lo, MX=mx,
-                STACK=bool(stacked) and hi_lo and not mx, num_warps=4)
+                STACK=bool(stacked) and hi_lo and not mx, MX_REG=bool(mx_registers) and mx, num_warps=4)
 
 
 def compile_failure(hi_lo: bool, mx: bool = False) -> str:

@@ -110,7 +110,11 @@ def variants(torch):
             # bf16 queries: each row split into e4m3 hi + lo (one power of two a row), a block's lo MMA chained onto
             # its hi MMA's accumulator (eight K = 32 MMAs a token, four accumulators)
             ("mxfp4", bf16, f"gluon, {stages} stages, depth 1 (bf16 q as e4m3 hi/lo, chained)", "gluon",
-             dict(stages=stages, depth=1)) for stages in (4, 6)]
+             dict(stages=stages, depth=1)) for stages in (4, 6)] + [
+            # twenty-third session: the decoded keys as the MMAs' register operands (mx_registers), no shared-memory
+            # round trip (sm_90, Triton 3.6: 116 registers, 21.6 KB at 4 stages with FP8 q)
+            ("mxfp4", q_dtype, f"gluon, {stages} stages, depth 1, register operands", "gluon",
+             dict(stages=stages, depth=1, mx_registers=True)) for q_dtype in (fp8, bf16) for stages in (4, 6)]
 
 
 def _name(fmt, q_dtype, label):
@@ -237,8 +241,10 @@ def check_gluon_shapes(torch, failures):
                                                        context, q_dtype, gen, DEVICE, extreme_scales)
         name = (f"gluon mxfp4, {str(q_dtype).split('.')[-1]} q, {heads} heads, {block_tokens}-token blocks, "
                 f"{requests}x{per_request}, group {group}")
-        check_gluon(torch, name, (q, w, pages, table, req, pos), context, out, group, judge, failures,
-                    index_fmt="mxfp4", tiles=2, wide_tiles=None)
+        for registers in (False, True):  # the decoded keys through shared memory, and as register operands
+            check_gluon(torch, name + (", register operands" if registers else ""), (q, w, pages, table, req, pos),
+                        context, out, group, judge, failures, index_fmt="mxfp4", tiles=2, wide_tiles=None,
+                        mx_registers=registers)
 
 
 def time_all(torch, chosen, passed, ceiling, big):
