@@ -278,3 +278,25 @@ def test_the_mxfp4_decode_word_order_matches_the_queries_dims():
     dims = torch.tensor([mx_dim(k) for k in range(32)])
     assert sorted(dims.tolist()) == list(range(32))
     assert torch.equal(decoded, e2m1_decode(codes[0]).float()[dims])
+
+
+def test_the_mxfp4_register_operand_columns_match_the_queries_dims():
+    # MX_REG: lane c decodes code word c of a block into a low and a high e4m3 word; join (low, high) then the permute
+    # (0, 3, 1, 2) of [key, c, e, a] make column k = e + 4 c + 16 a, byte e of word c's half a: dim 8 c + 2 e + a
+    from dsahal.formats.numerics import e2m1_decode, pack_nibbles
+
+    gen = torch.Generator().manual_seed(1)
+    codes = torch.randint(0, 16, (1, 32), generator=gen, dtype=torch.uint8)
+    words = pack_nibbles(codes).view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [1, 4]: code word c
+    lo, hi = _mx_halves(words[0])
+    halves = torch.stack([lo, hi])  # [a, c]
+    column = torch.empty(32)
+    for a in range(2):
+        for c in range(4):
+            for e in range(4):
+                byte = (int(halves[a, c]) >> (8 * e)) & 0xFF
+                column[e + 4 * c + 16 * a] = torch.tensor([byte], dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    mx_reg_dim = g.mx_reg_dim.fn if hasattr(g.mx_reg_dim, "fn") else g.mx_reg_dim
+    dims = torch.tensor([mx_reg_dim(k) for k in range(32)])
+    assert sorted(dims.tolist()) == list(range(32))
+    assert torch.equal(column * 64, e2m1_decode(codes[0]).float()[dims])

@@ -615,13 +615,15 @@ def _gluon_indexer_variants() -> list[Variant]:
                      HI_LO=label == "bf16", MX=False, STACK=label == "bf16" and stacked),
                 dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 33),
                 gluon=True))
+    mx_registers = config._MXFP4_GLUON.get("gluon_mx_registers", False)
     for label, q_type in (("fp8", "fp8e4nv"), ("bf16", "bf16")):  # MXFP4 keys (config._MXFP4_GLUON)
         for group in (1, 2):
             out.append(Variant(
-                f"indexer Gluon, mxfp4 keys, {label} q, {group} token(s) a request, 4 stages",
+                f"indexer Gluon, mxfp4 keys, {label} q, {group} token(s) a request, 4 stages"
+                + (", register operands" if mx_registers else ""),
                 indexer_gluon.indexer_gluon_kernel,
                 dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=4, DEPTH=1, WHOLE=True,
-                     HI_LO=label == "bf16", MX=True, STACK=False),
+                     HI_LO=label == "bf16", MX=True, STACK=False, MX_REG=mx_registers),
                 dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 17),
                 gluon=True))
     return out

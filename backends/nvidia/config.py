@@ -164,7 +164,12 @@ _FP8_Q_GLUON = dict(gluon_stages={1: 5, 2: 5})
 # 0.3763 / 0.3037 ms at 64x1 / 64x2 / 8x1 against 0.3010 / 0.3838 / 0.3038 (1.00x / 1.02x / 1.00x; 86.8% / 69.2% /
 # 85.8% of copy); 5 stages at 2 tokens 0.4056 stacked, 0.4029 not: 4 stays.
 _BF16_Q_GLUON = dict(gluon_stages={1: 5, 2: 4}, gluon_stacked=True)
-_MXFP4_GLUON = dict(gluon_stages={1: 4, 2: 4}, gluon_depth=1)  # (MXFP4 keys, FP8 or bf16 q: below, indexer_config)
+# MXFP4 keys, FP8 or bf16 q (below, indexer_config). Twenty-third session (R4 scripts/h200/mxfp4_indexer_sweep.py, same
+# run, every variant checked first, the same errors): the decoded keys as the MMAs' register operands
+# (gluon_mx_registers: no shared-memory round trip, no fence or barrier a tile) 0.268 / 0.406 / 0.266 ms at 64x1 /
+# 64x2 at 128K and 8x1 at 1M with FP8 q against 0.305 / 0.449 / 0.310 through shared memory (1.10-1.17x; 50.1% /
+# 33.1% / 50.6% of copy), bf16 q 0.321 / 0.556 / 0.320 against 0.381 / 0.638 / 0.381 (1.15-1.19x).
+_MXFP4_GLUON = dict(gluon_stages={1: 4, 2: 4}, gluon_depth=1, gluon_mx_registers=True)
 
 
 @functools.lru_cache(maxsize=64)
