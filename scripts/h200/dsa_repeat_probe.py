@@ -98,11 +98,56 @@ def probe() -> int:
     return bad
 
 
+def indexer_variants() -> int:
+    """The FP8-keys block-tile indexer on the failing cases with and without each of its ALU flags 64 (the scores
+    stored by inline PTX from the MMA's layout) and 128 (bf16 queries as two FP8 MMAs): its scores three times each,
+    their repeatability and their error against the float64 reference."""
+    import torch
+
+    from dsahal.backends.nvidia.config import indexer_config
+    from dsahal.backends.triton_kernels.indexer import indexer_score
+    from dsahal.conformance.harness import place
+    from dsahal.conformance.paged import DsaCase
+    from dsahal.reference.indexer import indexer_score as reference
+
+    bad = 0
+    for fields in CASES:
+        if fields["index_fmt"] != "fp8":
+            continue
+        case = DsaCase(**fields)
+        a = case.build()
+        want = reference(a.q_index.float(), a.index_weights, a.index_pages, a.block_table, a.req_ids, a.positions,
+                         "fp8", a.max_context)
+        base = indexer_config(fields["index_heads"], torch.bfloat16, "fp8")
+        tiles = dict(base["block_tiles"])
+        tiles.pop("gluon_stages", None)  # the block tiles at every call length
+        for label, alu in (("alu 197 (the default: 64 + 128 + 5)", tiles["alu"]), ("alu 133 (no 64)", tiles["alu"] & ~64)):
+            cfg = dict(base, block_tiles=dict(tiles, alu=alu))
+            got = []
+            for _ in range(3):
+                b = place(case.build(), torch.device("cuda"))
+                got.append(indexer_score(b.q_index, b.index_weights, b.index_pages, b.block_table, b.req_ids,
+                                         b.positions, "fp8", b.max_context, **cfg).cpu())
+            notes = [f"call 1 vs {c + 1}: {_diff(torch, got[0], got[c])}" for c in (1, 2) if _diff(torch, got[0], got[c])]
+            finite = torch.isfinite(want)
+            errs = [float((g[finite].double() - want[finite].double()).abs().max()) for g in got]
+            masks = [bool(torch.equal(torch.isfinite(g), finite)) for g in got]
+            bad += bool(notes)
+            print(f"  indexer {fields['requests']} {label:<40s} max err {', '.join(f'{e:.1e}' for e in errs)} "
+                  f"mask ok {masks}  {'; '.join(notes) or 'repeatable'}", flush=True)
+    return bad
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         return 3 if probe() else 0
+    if len(sys.argv) > 1 and sys.argv[1] == "--indexer":
+        return 3 if indexer_variants() else 0
     failed = []
-    for name, env in SETTINGS.items():
+    print("== the block-tile indexer, ALU flags", flush=True)
+    if subprocess.run([sys.executable, __file__, "--indexer"]).returncode:
+        failed.append("the block-tile indexer")
+    for name, env in list(SETTINGS.items())[:1]:
         print(f"== {name}", flush=True)
         child = subprocess.run([sys.executable, __file__, "--child"], env=dict(os.environ, **env))
         if child.returncode:
