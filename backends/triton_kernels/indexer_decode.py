@@ -106,7 +106,9 @@ ALU_FLAGS = {
         "(undone on its weight), the keys widened e4m3 -> fp16 (H200, ninth session: 1.13-1.33x slower than the "
         "bf16 MMAs, so off)",
     64: "each token's scores stored from the MMA's own register layout by inline PTX (no conversion to the store's "
-        "layout through shared memory and two barriers; not under the interpreter)",
+        "layout through shared memory and two barriers; not under the interpreter). NOT CORRECT at every shape: on the "
+        "H200 (twenty-third session, scripts/h200/dsa_repeat_probe.py) it left entries of some tokens' score rows "
+        "unwritten at 4 heads, 6-8 tokens a request; no configuration of the backend sets it since",
     128: "bf16 queries as two FP8 MMAs (FP8 keys, or MXFP4 keys in mxfp4_mode 4): each head's query row scaled by a "
          "power of two into e4m3's range and split exactly into hi + lo e4m3 parts (the scale undone on its "
          "weight), so the keys stay e4m3 instead of being widened to bf16 every tile",
