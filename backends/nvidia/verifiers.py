@@ -4,6 +4,7 @@ the shared Triton kernels' limits (:mod:`dsahal.backends.triton_kernels.limits`)
 from __future__ import annotations
 
 import functools
+import importlib
 
 import torch
 
@@ -57,16 +58,9 @@ def wgmma_few_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
     verifier takes the call) is left to it: there it measured faster (fewer tokens leave most SMs idle here). Every
     call in batch-invariant mode, where a route must not depend on the batch (this kernel's splits are a fixed slot
     count, so its result does not either)."""
-    try:
-        from dsahal.backends.triton_kernels import sparse_mla_wgmma as wgmma_mla
-    except ImportError as exc:  # a Triton without Gluon (3.4+ has it)
-        return False, f"the installed Triton has no Gluon ({exc})"
-    why = wgmma_mla.refusal(q, kv_pages, kv_fmt, slots)
+    why = _wgmma_refusal("sparse_mla_wgmma", q, kv_pages, kv_fmt, slots)
     if why:
         return False, why
-    capability = _capability(q.device.index)
-    if capability != WGMMA_CAPABILITY:
-        return False, f"sm{capability[0]}{capability[1]}: the kernel's wgmma is sm_90 only"
     if (not config.batch_invariant() and q.shape[0] < config.WGMMA_MIN_TOKENS and _flashmla_loads()
             and flashmla.decode_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)[0]):
         return False, (f"{q.shape[0]} query tokens: below {config.WGMMA_MIN_TOKENS}, FlashMLA's decode (which takes "
@@ -79,17 +73,24 @@ def wgmma_nvfp4_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> 
     (:func:`~dsahal.backends.triton_kernels.sparse_mla_wgmma_fp4.refusal`) on an sm_90 GPU, in both modes and at every
     batch size (FlashMLA has no NVFP4 latent; on the H200 it was faster than the few-heads Triton kernel from 8 tokens
     to 512, twenty-third session)."""
+    why = _wgmma_refusal("sparse_mla_wgmma_fp4", q, kv_pages, kv_fmt, slots)
+    return not why, why
+
+
+def _wgmma_refusal(module_name: str, q, kv_pages, kv_fmt, slots) -> str:
+    """Why a wgmma kernel of :mod:`dsahal.backends.triton_kernels` (``module_name``) does not take a call ("" when it
+    does): a Triton with Gluon, the launcher's own refusal, an sm_90 GPU."""
     try:
-        from dsahal.backends.triton_kernels import sparse_mla_wgmma_fp4 as fp4_mla
+        module = importlib.import_module(f"dsahal.backends.triton_kernels.{module_name}")
     except ImportError as exc:  # a Triton without Gluon (3.4+ has it)
-        return False, f"the installed Triton has no Gluon ({exc})"
-    why = fp4_mla.refusal(q, kv_pages, kv_fmt, slots)
+        return f"the installed Triton has no Gluon ({exc})"
+    why = module.refusal(q, kv_pages, kv_fmt, slots)
     if why:
-        return False, why
+        return why
     capability = _capability(q.device.index)
     if capability != WGMMA_CAPABILITY:
-        return False, f"sm{capability[0]}{capability[1]}: the kernel's wgmma is sm_90 only"
-    return True, ""
+        return f"sm{capability[0]}{capability[1]}: the kernel's wgmma is sm_90 only"
+    return ""
 
 
 @functools.lru_cache(maxsize=None)

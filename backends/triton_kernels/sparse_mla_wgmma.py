@@ -224,6 +224,30 @@ def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tok
     _async_copy(scales, floats + part[:, None], mask=ok_s[None, :])
 
 
+@gluon.jit
+def online_softmax(s, m_i, l_acc):
+    """One step of the online softmax over a step's logits ``s [64 slots, 16 heads]`` (log2 units, -inf skipped):
+    ``m_i [16]`` the heads' running maxima, ``l_acc [64, 16]`` per-thread partial sums of p. Returns ``(p, alpha, m_i,
+    l_acc)``: the step's weights, the factor the accumulated values take, the new maxima and sums (a head with no
+    valid slot yet keeps p = 0)."""
+    m_new = gl.maximum(m_i, gl.max(s, axis=0))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # an all-skipped head stays at p = 0
+    p = gl.exp2(s - m_safe[None, :])
+    alpha = gl.exp2(m_i - m_safe)
+    return p, alpha, m_new, l_acc * alpha[None, :] + p
+
+
+@gluon.jit
+def softmax_totals(l_acc, m_i, numerator: gl.constexpr):
+    """After the last step: ``(lse [16]`` natural log, -inf for a head with no valid slot, ``numerator / l [16]``,
+    ``numerator`` there)."""
+    l_i = gl.sum(l_acc, axis=0)
+    has_any = l_i > 0.0
+    m_safe = gl.where(m_i == float("-inf"), 0.0, m_i)
+    lse = gl.where(has_any, (m_safe + gl.log2(gl.where(has_any, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
+    return lse, numerator / gl.where(has_any, l_i, 1.0)
+
+
 @gluon.jit(do_not_specialize=SIZE_ARGS)
 def sparse_mla_wgmma_kernel(
     q_ptr, stride_qt, stride_qh,  # q [T, H, 576] bf16
@@ -370,12 +394,7 @@ def sparse_mla_wgmma_kernel(
         s = nope * head_scale[None, :] + gl.convert_layout(ar, W8) * logit_scale
         s = gl.where(valid[:, None], s, float("-inf"))
 
-        m_new = gl.maximum(m_i, gl.max(s, axis=0))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # an all-skipped head stays at p = 0
-        p = gl.exp2(s - m_safe[None, :])
-        alpha = gl.exp2(m_i - m_safe)
-        l_acc = l_acc * alpha[None, :] + p
-        m_i = m_new
+        p, alpha, m_i, l_acc = online_softmax(s, m_i, l_acc)
         # [64, 16, 2, 2] with P_c at [.., c % 2, c // 2] (join adds its dim last), as [4, 64, 16] in tile order
         pc = gl.join(gl.join(p * (s0 * r0)[:, None], p * (s1 * r1)[:, None]),
                      gl.join(p * (s2 * r2)[:, None], p * (s3 * r3)[:, None]))
@@ -390,11 +409,8 @@ def sparse_mla_wgmma_kernel(
             acc = mma_v2(pa, v, acc)
     async_copy.wait_group(0)
 
-    l_i = gl.sum(l_acc, axis=0)
-    has_any = l_i > 0.0
-    m_safe = gl.where(m_i == float("-inf"), 0.0, m_i)
-    lse = gl.where(has_any, (m_safe + gl.log2(gl.where(has_any, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
-    norm = gl.convert_layout(1.0 / gl.where(has_any, l_i, 1.0), PV_HEADS)
+    lse, inv_l = softmax_totals(l_acc, m_i, 1.0)
+    norm = gl.convert_layout(inv_l, PV_HEADS)
     out = acc * (norm[None, :, None] * _per_part(b0, b1, b2, b3, PV_PARTS)[:, None, None])
     op = gl.arange(0, 4, PV_PARTS)
     oh = gl.arange(0, BLOCK_H, PV_HEADS)

@@ -46,6 +46,7 @@ from .indexer_gluon import _row_amax, _view
 from .sparse_mla import LOG2E
 from .sparse_mla_gluon import _as_f16, _rows, launch_over_tokens, records_refusal, unserved
 from .sparse_mla_small_heads_raw import check_launch, unit_stride_and_outputs
+from .sparse_mla_wgmma import online_softmax, softmax_totals
 
 _async_copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -415,12 +416,7 @@ def sparse_mla_wgmma_fp4_kernel(
         s = s_acc * head_scale[None, :]
         s = gl.where(valid[:, None], s, float("-inf"))
 
-        m_new = gl.maximum(m_i, gl.max(s, axis=0))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # an all-skipped head stays at p = 0
-        p = gl.exp2(s - m_safe[None, :])
-        alpha = gl.exp2(m_i - m_safe)
-        l_acc = l_acc * alpha[None, :] + p
-        m_i = m_new
+        p, alpha, m_i, l_acc = online_softmax(s, m_i, l_acc)
         p_s.store(p.to(gl.float16))
         acc = acc * gl.convert_layout(alpha, PV_HEADS)[:, None]
         _barrier()  # every warp's P stored
@@ -432,11 +428,8 @@ def sparse_mla_wgmma_fp4_kernel(
             acc = mma_v2(pa, _value_operand(values_v, vscales_v, kk, DOT_V), acc)
     async_copy.wait_group(0)
 
-    l_i = gl.sum(l_acc, axis=0)
-    has_any = l_i > 0.0
-    m_safe = gl.where(m_i == float("-inf"), 0.0, m_i)
-    lse = gl.where(has_any, (m_safe + gl.log2(gl.where(has_any, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
-    norm = gl.convert_layout(0.5 / gl.where(has_any, l_i, 1.0), PV_HEADS)  # (0.5: the decoded values' 2)
+    lse, half_inv_l = softmax_totals(l_acc, m_i, 0.5)  # (0.5: the decoded values' 2)
+    norm = gl.convert_layout(half_inv_l, PV_HEADS)
     out = acc * norm[:, None]
     oh = gl.arange(0, BLOCK_H, PV_HEADS)
     on = gl.arange(0, 512, PV_COLS)

@@ -25,6 +25,7 @@ import time
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
 import pools as cache_pools  # scripts/h200/pools.py
 from script_cli import finish, run  # scripts/h200/script_cli.py
+from wgmma_mla_check import flash_mla  # FlashMLA's decode on fp8_ds_mla bytes, heads padded to 64
 
 TOPK, BLOCK_TOKENS, SOFTMAX_SCALE = 2048, 64, 192**-0.5
 TOL_O, TOL_LSE = 4e-3, 1e-4  # fp16 MMAs on exactly decoded values: the fp8_ds_mla kernel's bounds are 1e-2, 1e-3
@@ -121,32 +122,6 @@ def check(torch, fn, q, pages, slots, fmt):
     finite = torch.isfinite(want_lse)
     lse_err = float((lse[:rows].float()[finite] - want_lse.float()[finite]).abs().max())
     return o_err < 2e-2 and lse_err < 2e-2, f"o rel err {o_err:.2e}, lse max err {lse_err:.2e}"
-
-
-def flash_mla(torch, q, pages, slots, requests, per_request):
-    """FlashMLA's SM90 sparse decode on fp8_ds_mla bytes, heads zero-padded to 64 outside the timed call."""
-    try:
-        import flash_mla as fm
-    except Exception as exc:  # noqa: BLE001 - no peer column, said once
-        print(f"FlashMLA not available: {type(exc).__name__}: {exc}")
-        return None
-    tokens, heads, _ = q.shape
-    qp = torch.zeros(tokens, 64, 576, dtype=q.dtype, device="cuda")
-    qp[:, :heads] = q
-    q4 = qp.view(requests, per_request, 64, 576)
-    cache = pages.view(pages.shape[0], BLOCK_TOKENS, 1, 656)
-    idx = slots.view(requests, per_request, slots.shape[1])
-    meta, _ = fm.get_mla_metadata()
-
-    def timed():
-        return fm.flash_mla_with_kvcache(q4, cache, None, None, 512, meta, softmax_scale=SOFTMAX_SCALE,
-                                         is_fp8_kvcache=True, indices=idx, use_legacy=True, kv_format="V32")
-
-    def unpadded():
-        out, lse = timed()
-        return out.reshape(tokens, 64, 512)[:, :heads], lse.transpose(1, 2).reshape(tokens, 64)[:, :heads]
-
-    return timed, unpadded
 
 
 def sweep(torch, pool_tokens, ceiling, failures):
