@@ -47,7 +47,8 @@ def test_a_call_it_does_not_serve_raises_naming_the_op_and_what_it_got():
 
 @pytest.mark.parametrize("kwargs, message", [(dict(stages=1), "stages expected 2, 3 or 4, got 1"),
                                              (dict(stages=5), "stages expected 2, 3 or 4, got 5"),
-                                             (dict(split_size=0), "split_size expected None or >= 1, got 0")])
+                                             (dict(split_size=0), "split_size expected None or >= 1, got 0"),
+                                             (dict(in_flight=3), "in_flight expected 1 or 2, got 3")])
 def test_launch_parameters_are_checked_before_any_launch(monkeypatch, kwargs, message):
     monkeypatch.setattr(w, "refusal", lambda *args: "")  # past the device check: the parameters' own
     q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)

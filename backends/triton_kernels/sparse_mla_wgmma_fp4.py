@@ -57,7 +57,6 @@ MAX_HEADS = 16
 DEFAULT_STAGES, DEFAULT_SPLIT_SIZE = 3, 1024
 TILE = gl.constexpr(64)  # slots a step: the logit wgmma's M
 BLOCK_H = gl.constexpr(16)
-WGMMA_IN_FLIGHT = gl.constexpr(1)  # logit MMAs in flight (each holds its decoded operand's 16 registers)
 SCALE_UP = gl.constexpr(128.0)  # the scales times 2^7 in fp16 (448 · 2^7 < 65504): decoded values are 2 · code · σ
 
 
@@ -328,6 +327,7 @@ def sparse_mla_wgmma_fp4_kernel(
     STAGES: gl.constexpr,
     FLAT: gl.constexpr,  # record s at byte s * s8_t (blocks back to back)
     OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
+    IN_FLIGHT: gl.constexpr = 1,  # logit MMAs in flight (each holds its decoded operand's 16 registers)
 ):
     W: gl.constexpr = _logit_layout()  # the logit accumulator [64 slots, 16 heads]
     ROWS: gl.constexpr = gl.SliceLayout(1, W)
@@ -410,7 +410,7 @@ def sparse_mla_wgmma_fp4_kernel(
                               q_rope_s.permute((1, 0)), zeros, use_acc=False, is_async=True)
         for c in gl.static_range(8):
             a = _logit_operand(codes_v, hs[c], c, DOT_Q)  # (decoded while the previous MMA runs)
-            s_acc = warpgroup_mma_wait(WGMMA_IN_FLIGHT - 1, deps=[s_acc])  # (its register operand then free)
+            s_acc = warpgroup_mma_wait(IN_FLIGHT - 1, deps=[s_acc])  # (the earlier ones' register operands free)
             s_acc = warpgroup_mma(a, q_s.index(c).permute((1, 0)), s_acc, is_async=True)
         s_acc = warpgroup_mma_wait(0, deps=[s_acc])
         s = s_acc * head_scale[None, :]
@@ -451,7 +451,7 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
 
 
 def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, stages=DEFAULT_STAGES,
-                         split_size=DEFAULT_SPLIT_SIZE, maxnreg=None):
+                         split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, in_flight=1):
     """Launch :func:`sparse_mla_wgmma_fp4_kernel` (a call :func:`serves` refuses raises, naming what it got).
 
     Args:
@@ -465,6 +465,7 @@ def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *,
         stages: 64-slot steps whose gathers are in flight at once, 2 to 4 (22.5 KB of shared memory each).
         split_size: slots per split, a fixed count (batch invariance); None = one split a token.
         maxnreg: ptxas's register cap (None: its own choice).
+        in_flight: logit MMAs in flight while the next 64 dims decode, 1 or 2 (221 / 229 registers at 3 stages).
 
     Returns:
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
@@ -477,11 +478,13 @@ def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *,
     check_launch(name, heads, 64, split_size)
     if stages not in (2, 3, 4):
         raise ValueError(f"{name}: stages expected 2, 3 or 4, got {stages}")
+    if in_flight not in (1, 2):
+        raise ValueError(f"{name}: in_flight expected 1 or 2, got {in_flight}")
     k = slots.shape[1]
     q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
-    meta = dict(STAGES=stages, num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
+    meta = dict(STAGES=stages, IN_FLIGHT=in_flight, num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
     return launch_over_tokens(sparse_mla_wgmma_fp4_kernel, q, kv_pages, slots, o, lse, splits,
                               (heads, k, split_size, softmax_scale * LOG2E), meta, record_bytes=RECORD)
 
