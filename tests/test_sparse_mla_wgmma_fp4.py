@@ -154,7 +154,9 @@ def test_the_kernel_compiles_for_hopper_without_spilling_two_or_three_programs_a
 
     default, many = aot._wgmma_fp4_variants()
     assert default.constexprs["STAGES"] == config.WGMMA_NVFP4["stages"] and default.maxnreg is None
+    assert default.constexprs["IN_FLIGHT"] == config.WGMMA_NVFP4["in_flight"]
     assert many.constexprs["STAGES"] == config.WGMMA_NVFP4_MANY["stages"]
+    assert many.constexprs["IN_FLIGHT"] == config.WGMMA_NVFP4_MANY["in_flight"]
     assert many.maxnreg == config.WGMMA_NVFP4_MANY["maxnreg"]
     programs = 2 if launch == "default" else 3
     result = aot.compile_variant(default if launch == "default" else many)
@@ -171,7 +173,7 @@ def test_large_calls_take_three_programs_a_sm_in_default_mode_only(monkeypatch):
     monkeypatch.setattr(config, "batch_invariant", lambda: False)
     assert ops.wgmma_fp4_launch(many["from_tokens"] - 1) == config.WGMMA_NVFP4
     assert ops.wgmma_fp4_launch(many["from_tokens"]) == dict(config.WGMMA_NVFP4, stages=many["stages"],
-                                                               maxnreg=many["maxnreg"])
+                                                               maxnreg=many["maxnreg"], in_flight=many["in_flight"])
     monkeypatch.setattr(config, "batch_invariant", lambda: True)  # one launch whatever the batch
     assert ops.wgmma_fp4_launch(4096) == config.WGMMA_NVFP4
 

@@ -582,12 +582,13 @@ def _wgmma_fp4_variants() -> list[Variant]:
     from . import config
 
     out = []
-    for stages, maxnreg in ((config.WGMMA_NVFP4["stages"], None),
-                            (config.WGMMA_NVFP4_MANY["stages"], config.WGMMA_NVFP4_MANY["maxnreg"])):
+    one, many = config.WGMMA_NVFP4, config.WGMMA_NVFP4_MANY
+    for stages, maxnreg, in_flight in ((one["stages"], None, one["in_flight"]),
+                                       (many["stages"], many["maxnreg"], many["in_flight"])):
         out.append(Variant(
-            f"sparse MLA few heads, wgmma, nvfp4, H=16, {stages} stages"
+            f"sparse MLA few heads, wgmma, nvfp4, H=16, {stages} stages, {in_flight} logit MMA(s) in flight"
             + (f", {maxnreg} registers" if maxnreg else ""),
-            fp4_mla.sparse_mla_wgmma_fp4_kernel, dict(STAGES=stages, FLAT=True, OFF32=True, IN_FLIGHT=1),
+            fp4_mla.sparse_mla_wgmma_fp4_kernel, dict(STAGES=stages, FLAT=True, OFF32=True, IN_FLIGHT=in_flight),
             dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32"), floats=("logit_scale",),
             num_warps=4, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * 352, s8_t=352), gluon=True, maxnreg=maxnreg))
     return out

@@ -49,9 +49,12 @@ WGMMA_MIN_TOKENS = 32
 # In default mode calls of WGMMA_NVFP4_MANY["from_tokens"] or more query tokens run 2 stages under a 168-register cap
 # (three programs a SM): 0.2247 / 0.2059 / 0.3422 ms against 0.2340 / 0.2148 / 0.3474 at 64 x 5 (H = 16 / 12) and
 # 64 x 8, but 0.1046 against 0.0685 at 64 x 1 (128 programs: one a SM) (R2). The threshold lies between those
-# measurements (64 and 320 tokens), not at a measured crossing. Batch-invariant mode keeps the one launch.
-WGMMA_NVFP4 = dict(stages=3, split_size=1024)
-WGMMA_NVFP4_MANY = dict(from_tokens=256, stages=2, maxnreg=168)
+# measurements (64 and 320 tokens), not at a measured crossing. Batch-invariant mode keeps the one launch. R9 (same
+# run): two logit MMAs in flight at 3 stages (in_flight, 229 registers) 0.2276 / 0.2092 / 0.3410 ms against 0.2340 /
+# 0.2151 / 0.3465 with one (1.02-1.03x), the same sums (its checks the same errors to the digit); under the 168-register
+# cap it spills, so the three-programs launch keeps one.
+WGMMA_NVFP4 = dict(stages=3, split_size=1024, in_flight=2)
+WGMMA_NVFP4_MANY = dict(from_tokens=256, stages=2, maxnreg=168, in_flight=1)
 
 
 _batch_invariant: bool | None = None

@@ -78,7 +78,7 @@ def wgmma_fp4_launch(tokens: int) -> dict:
     ``config.WGMMA_NVFP4_MANY``'s three programs a SM from its token count in default mode."""
     many = config.WGMMA_NVFP4_MANY
     if tokens >= many["from_tokens"] and not config.batch_invariant():
-        return dict(config.WGMMA_NVFP4, stages=many["stages"], maxnreg=many["maxnreg"])
+        return dict(config.WGMMA_NVFP4, stages=many["stages"], maxnreg=many["maxnreg"], in_flight=many["in_flight"])
     return config.WGMMA_NVFP4
 
 
