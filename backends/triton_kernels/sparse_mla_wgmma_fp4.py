@@ -24,7 +24,13 @@ once per MMA instead, exactly:
 Both MMAs read the dims in permuted orders (:func:`logit_dim`, :func:`value_dim`) chosen so that each thread's codes
 are contiguous bytes and each decoded register is one MMA register (no data moves between the decode and the MMA):
 the queries are loaded through the first, the output stored through the second. The stage's codes sit 256 bytes a
-slot with their 16-byte pieces XOR-swizzled by the slot (:func:`_code_bases`) so both reads are bank-conflict free.
+slot with their 16-byte pieces XOR-swizzled by the slot (the comment above the views below) so both reads are
+bank-conflict free.
+
+Measured on the H200 (BENCHMARKS.md, twenty-third session, 64 x 5 tokens x 2048 slots): 0.225 / 0.206 ms at H = 16 /
+12 (three programs a SM), 3.8-4.2x the Triton few-heads kernel and 1.32x / 1.44x FlashMLA's time on the same tokens
+as fp8_ds_mla with its heads padded; 25-27% of the copy ceiling on the gathered bytes, ALU-bound on the decode (about
+960 of a step's 1,671 instructions a warp). o within 1.7e-3, lse within 2e-6 of the float64 reference.
 
 One program = (one split of the slot list, one token), heads padded to 16; ``splits > 1`` writes fp32 partials that
 :func:`.lse_combine.lse_combine` merges in split order (a fixed slot count a split: a row's result does not depend on
@@ -116,8 +122,8 @@ _VALUE_SCALES = gl.constexpr(gl.SharedLinearLayout([
 _ROPE_VIEW = gl.constexpr(gl.SharedLinearLayout([
     [0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 8], [0, 1, 0], [0, 2, 0],
     [1, 0, 0], [2, 0, 0], [4, 0, 0], [8, 0, 0], [16, 0, 0], [32, 0, 0]]))
-_FLAT = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))  # [STAGES, 64, n] (a stage [64, n])
-_ROW_MAJOR_2D = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+# a stage's rows as copied (the [STAGES, 64, n] buffers, and a stage's [64, n]): row-major, unswizzled
+_ROW_MAJOR = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
 _P = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[1, 0]))  # [64 slots, 16 heads]
 _Q = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))  # [16 heads, 64] fp16
 
@@ -361,9 +367,9 @@ def sparse_mla_wgmma_fp4_kernel(
     # (/ 2: the decoded values' 2)
     head_scale = gl.convert_layout(down * (logit_scale * 0.5), HEADS)  # NaN for a head holding Inf or NaN
 
-    codes_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 256], _FLAT)
-    rope_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 64], _FLAT)
-    scale_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 32], _FLAT)
+    codes_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 256], _ROW_MAJOR)
+    rope_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 64], _ROW_MAJOR)
+    scale_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 32], _ROW_MAJOR)
     p_s = gl.allocate_shared_memory(gl.float16, [TILE, BLOCK_H], _P)
 
     slot_row = slots_ptr + t * stride_st
@@ -375,8 +381,8 @@ def sparse_mla_wgmma_fp4_kernel(
             sc, sr, ss = _copy_slots(slot_row, start + j * TILE, end)
             _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens,
                    _view(codes_s.index(j), gl.uint8, [64, 256], _copy_view_layout()),
-                   _view(rope_s.index(j), gl.uint8, [64, 64], _ROW_MAJOR_2D),
-                   _view(scale_s.index(j), gl.uint8, [64, 32], _ROW_MAJOR_2D), FLAT, OFF32)
+                   _view(rope_s.index(j), gl.uint8, [64, 64], _ROW_MAJOR),
+                   _view(scale_s.index(j), gl.uint8, [64, 32], _ROW_MAJOR), FLAT, OFF32)
         async_copy.commit_group()
     ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end)
     here_n = start + gl.arange(0, TILE, ROWS)
@@ -395,8 +401,8 @@ def sparse_mla_wgmma_fp4_kernel(
             nxt = ahead % STAGES
             _issue(pages_u8, ahead_c, ahead_r, ahead_s, num_slots, s8_b, s8_t, block_tokens,
                    _view(codes_s.index(nxt), gl.uint8, [64, 256], _copy_view_layout()),
-                   _view(rope_s.index(nxt), gl.uint8, [64, 64], _ROW_MAJOR_2D),
-                   _view(scale_s.index(nxt), gl.uint8, [64, 32], _ROW_MAJOR_2D), FLAT, OFF32)
+                   _view(rope_s.index(nxt), gl.uint8, [64, 64], _ROW_MAJOR),
+                   _view(scale_s.index(nxt), gl.uint8, [64, 32], _ROW_MAJOR), FLAT, OFF32)
         async_copy.commit_group()
         ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (ahead + 1) * TILE, end)
         valid = (here >= 0) & (here < num_slots)
