@@ -53,9 +53,9 @@ def routes() -> dict[str, list[Route]]:
                   description="Gluon: fp8_ds_mla at <= 16 heads, the gathered slots as the logit wgmma's M side "
                               "(sm_90; default mode: FlashMLA's decode below 32 tokens)"),
             # The wgmma NVFP4 kernel, nvfp4 latents at <= 16 heads on sm_90 (FlashMLA reads no NVFP4): the same design,
-            # each code decoded exactly into an fp16 MMA operand; 3.7-4.0x the few-heads Triton kernel it replaces at
-            # 64 x 5 tokens, 1.27x / 1.39x FlashMLA's padded time on fp8_ds_mla at H = 16 / 12 (H200, twenty-third
-            # session), every batch size, both modes.
+            # each code decoded exactly into an fp16 MMA operand; 3.8-4.2x the few-heads Triton kernel it replaces at
+            # 64 x 5 tokens, 1.32x / 1.44x FlashMLA's padded time on the same tokens as fp8_ds_mla at H = 16 / 12
+            # (H200, twenty-third session), every batch size, both modes.
             Route("gluon_wgmma_nvfp4", f"{PACKAGE}.ops:sparse_mla_wgmma_fp4", f"{PACKAGE}.verifiers:wgmma_nvfp4_accepts",
                   description="Gluon: NVFP4 latents at <= 16 heads, each code decoded exactly into an fp16 MMA "
                               "operand, the gathered slots as the logit wgmma's M side (sm_90)"),
