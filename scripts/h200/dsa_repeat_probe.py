@@ -6,8 +6,10 @@ Usage (on a CUDA machine, from the repository root)::
 
     python3 scripts/h200/dsa_repeat_probe.py            # runs the probe in fresh processes, one per setting
 
-Each setting is a fresh process (its first calls compile and launch through Triton's own path, later ones through
-the launch cache): the compile budget of the conformance run (4) or none, the launch cache on or off. In each, every
+First the FP8-keys block-tile indexer alone, the backend's ALU flags with and without flag 64 (the PTX score store that
+left entries unwritten: off since R8), three calls a case. Then each setting in a fresh process (its first calls
+compile and launch through Triton's own path, later ones through the launch cache): the compile budget of the
+conformance run (4) or none, the launch cache on or off. In each, every
 case is built three times and run stage by stage on the `nvidia` backend's functions (indexer scores, top-k slots,
 then the public op), three calls a case; a line per case says which stage's output differs between calls (row and
 entry counts) and whether the op matches the float64 reference composition. Exits with one ``error:`` line when a
@@ -147,7 +149,7 @@ def main() -> int:
     print("== the block-tile indexer, ALU flags", flush=True)
     if subprocess.run([sys.executable, __file__, "--indexer"]).returncode:
         failed.append("the block-tile indexer")
-    for name, env in list(SETTINGS.items())[:1]:
+    for name, env in SETTINGS.items():
         print(f"== {name}", flush=True)
         child = subprocess.run([sys.executable, __file__, "--child"], env=dict(os.environ, **env))
         if child.returncode:
