@@ -123,7 +123,8 @@ def indexer_variants() -> int:
         base = indexer_config(fields["index_heads"], torch.bfloat16, "fp8")
         tiles = dict(base["block_tiles"])
         tiles.pop("gluon_stages", None)  # the block tiles at every call length
-        for label, alu in (("alu 197 (the default: 64 + 128 + 5)", tiles["alu"]), ("alu 133 (no 64)", tiles["alu"] & ~64)):
+        default = tiles["alu"]
+        for label, alu in ((f"alu {default} (the backend's)", default), (f"alu {default | 64} (with flag 64)", default | 64)):
             cfg = dict(base, block_tiles=dict(tiles, alu=alu))
             got = []
             for _ in range(3):
@@ -134,7 +135,7 @@ def indexer_variants() -> int:
             finite = torch.isfinite(want)
             errs = [float((g[finite].double() - want[finite].double()).abs().max()) for g in got]
             masks = [bool(torch.equal(torch.isfinite(g), finite)) for g in got]
-            bad += bool(notes)
+            bad += bool(notes) and alu == default  # (flag 64's rows are shown, not judged: it is known wrong)
             print(f"  indexer {fields['requests']} {label:<40s} max err {', '.join(f'{e:.1e}' for e in errs)} "
                   f"mask ok {masks}  {'; '.join(notes) or 'repeatable'}", flush=True)
     return bad
