@@ -25,11 +25,11 @@ import time
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
 import pools as cache_pools  # scripts/h200/pools.py
 from script_cli import finish, run  # scripts/h200/script_cli.py
-from wgmma_mla_check import flash_mla  # FlashMLA's decode on fp8_ds_mla bytes, heads padded to 64
+# FlashMLA's decode on fp8_ds_mla bytes (heads padded to 64), the reference check, the serving shapes' inputs
+from wgmma_mla_check import check, flash_mla, serving_inputs
 
 TOPK, BLOCK_TOKENS, SOFTMAX_SCALE = 2048, 64, 192**-0.5
 TOL_O, TOL_LSE = 4e-3, 1e-4  # fp16 MMAs on exactly decoded values: the fp8_ds_mla kernel's bounds are 1e-2, 1e-3
-CHECK_ROWS = 8
 RECORD = 352
 # (2 stages under a 168-register cap: three programs a SM, 64 KB each; in_flight 2: two logit MMAs in flight)
 VARIANTS = {"full": (dict(stages=3, split_size=1024), dict(stages=2, split_size=1024, maxnreg=168),
@@ -110,19 +110,6 @@ def edge_cases(torch, failures):
             failures.append(case)
 
 
-def check(torch, fn, q, pages, slots, fmt):
-    from dsahal.reference.sparse_mla import sparse_mla as reference
-
-    o, lse = fn()
-    torch.cuda.synchronize()
-    rows = min(CHECK_ROWS, q.shape[0])
-    want_o, want_lse = reference(q[:rows], pages, slots[:rows], fmt, None, SOFTMAX_SCALE)
-    o_err = float((o[:rows].double() - want_o.double()).norm() / want_o.double().norm())
-    finite = torch.isfinite(want_lse)
-    lse_err = float((lse[:rows].float()[finite] - want_lse.float()[finite]).abs().max())
-    return o_err < 2e-2 and lse_err < 2e-2, f"o rel err {o_err:.2e}, lse max err {lse_err:.2e}"
-
-
 def sweep(torch, pool_tokens, ceiling, failures):
     from dsahal.backends.nvidia import ops as nvidia_ops
     from dsahal.backends.triton_kernels.sparse_mla_wgmma_fp4 import sparse_mla_wgmma_fp4
@@ -133,11 +120,7 @@ def sweep(torch, pool_tokens, ceiling, failures):
     for heads, requests, per_request, kind in ((16, 64, 5, "full"), (12, 64, 5, "full"), (16, 64, 8, "full"),
                                                (16, 64, 1, "small"), (16, 8, 1, "small")):
         tokens = requests * per_request
-        gen = torch.Generator(device="cuda").manual_seed(heads * 1000 + tokens)
-        slots = torch.randint(0, pages.shape[0] * BLOCK_TOKENS, (tokens, TOPK), device="cuda", dtype=torch.int32,
-                              generator=gen)
-        slots[:, -7:] = -1
-        q = torch.randn(tokens, heads, 576, device="cuda", generator=gen).to(torch.bfloat16)
+        slots, q = serving_inputs(torch, pages.shape[0] * BLOCK_TOKENS, heads, tokens)
         case = f"H={heads} {requests}x{per_request}"
         runs = []
         peer = flash_mla(torch, q, fp8_pages, slots, requests, per_request)

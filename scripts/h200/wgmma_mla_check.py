@@ -105,17 +105,27 @@ def edge_cases(torch, failures):
                 failures.append(case)
 
 
-def check(torch, fn, q, pages, slots):
+def check(torch, fn, q, pages, slots, fmt="fp8_ds_mla"):
+    """``fn()``'s first rows against the float64 reference on ``pages`` (``fmt`` records) -> (ok, message)."""
     from dsahal.reference.sparse_mla import sparse_mla as reference
 
     o, lse = fn()
     torch.cuda.synchronize()
     rows = min(CHECK_ROWS, q.shape[0])
-    want_o, want_lse = reference(q[:rows], pages, slots[:rows], "fp8_ds_mla", None, SOFTMAX_SCALE)
+    want_o, want_lse = reference(q[:rows], pages, slots[:rows], fmt, None, SOFTMAX_SCALE)
     o_err = float((o[:rows].double() - want_o.double()).norm() / want_o.double().norm())
     finite = torch.isfinite(want_lse)
     lse_err = float((lse[:rows].float()[finite] - want_lse.float()[finite]).abs().max())
     return o_err < 2e-2 and lse_err < 2e-2, f"o rel err {o_err:.2e}, lse max err {lse_err:.2e}"
+
+
+def serving_inputs(torch, pool_slots, heads, tokens):
+    """A serving shape's inputs, seeded by (heads, tokens): slots ``[tokens, TOPK]`` int32 into a pool of
+    ``pool_slots`` (the last 7 of each row skipped) and bf16 queries ``[tokens, heads, 576]``."""
+    gen = torch.Generator(device="cuda").manual_seed(heads * 1000 + tokens)
+    slots = torch.randint(0, pool_slots, (tokens, TOPK), device="cuda", dtype=torch.int32, generator=gen)
+    slots[:, -7:] = -1
+    return slots, torch.randn(tokens, heads, 576, device="cuda", generator=gen).to(torch.bfloat16)
 
 
 def flash_mla(torch, q, pages, slots, requests, per_request):
@@ -154,11 +164,7 @@ def sweep(torch, pool_tokens, ceiling, failures):
     for heads, requests, per_request, kind in ((16, 64, 5, "full"), (12, 64, 5, "full"), (16, 64, 1, "small"),
                                                (16, 64, 8, "full"), (16, 8, 1, "small")):
         tokens = requests * per_request
-        gen = torch.Generator(device="cuda").manual_seed(heads * 1000 + tokens)
-        slots = torch.randint(0, pages.shape[0] * BLOCK_TOKENS, (tokens, TOPK), device="cuda", dtype=torch.int32,
-                              generator=gen)
-        slots[:, -7:] = -1
-        q = torch.randn(tokens, heads, 576, device="cuda", generator=gen).to(torch.bfloat16)
+        slots, q = serving_inputs(torch, pages.shape[0] * BLOCK_TOKENS, heads, tokens)
         case = f"H={heads} {requests}x{per_request}"
         runs = []
         peer = flash_mla(torch, q, pages, slots, requests, per_request)
