@@ -87,6 +87,12 @@ _QR = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth
 _CODES_COPY = gl.constexpr(gl.BlockedLayout([1, 1, 16], [1, 8, 4], [1, 4, 1], [2, 1, 0]))  # [4, 64, 128] bytes
 _ROPE_COPY = gl.constexpr(gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0]))  # [64, 64] bf16
 _SCALE_COPY = gl.constexpr(gl.BlockedLayout([1, 1], [1, 32], [2, 2], [1, 0]))  # [4, 64] fp32
+# (RECORDS) one copy instruction a warp covers whole records: a slot's 512 code bytes over the 32 lanes, 4 slots' RoPE
+# values, 8 slots' 4 scales. A record is 656 bytes, so every other one starts 16 bytes into a 32-byte sector: pieces
+# of half rows (above) split those sectors between two instructions, each requesting them from the L2
+_CODES_RECORDS = gl.constexpr(gl.BlockedLayout([1, 1, 16], [4, 1, 8], [1, 4, 1], [2, 0, 1]))
+_ROPE_RECORDS = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+_SCALE_RECORDS = gl.constexpr(gl.BlockedLayout([1, 1], [4, 8], [1, 4], [0, 1]))
 _QUERY = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # [16, 128] / [16, 64] as loaded
 
 # The value operand. mma.sync's B fragment gives lane (r = lane // 4, c = lane % 4) the columns n = 8 j + r of the
@@ -193,21 +199,36 @@ def _slot_rows(slot_row, n0, end, layout: gl.constexpr):
     return gl.load(slot_row + n, mask=n < end, other=-1)
 
 
+@gluon.constexpr_function
+def _copy_layouts(records):
+    """The three copies' layouts (codes ``[4, 64, 128]``, RoPE ``[64, 64]``, scales ``[4, 64]``): whole records an
+    instruction (``records``) or half rows."""
+    if records:
+        return _CODES_RECORDS, _ROPE_RECORDS, _SCALE_RECORDS
+    return _CODES_COPY, _ROPE_COPY, _SCALE_COPY
+
+
 @gluon.jit
-def _copy_slots(slot_row, n0, end):
+def _copy_slots(slot_row, n0, end, RECORDS: gl.constexpr):
     """Slots ``n0 .. n0 + 64`` as the three copies of :func:`_issue` hold them (loaded a step before they are issued:
     the copies never wait on the load of their slot indices)."""
-    return (_slot_rows(slot_row, n0, end, gl.SliceLayout(0, gl.SliceLayout(2, _CODES_COPY))),
-            _slot_rows(slot_row, n0, end, gl.SliceLayout(1, _ROPE_COPY)),
-            _slot_rows(slot_row, n0, end, gl.SliceLayout(0, _SCALE_COPY)))
+    CODES_COPY: gl.constexpr = _copy_layouts(RECORDS)[0]
+    ROPE_COPY: gl.constexpr = _copy_layouts(RECORDS)[1]
+    SCALE_COPY: gl.constexpr = _copy_layouts(RECORDS)[2]
+    return (_slot_rows(slot_row, n0, end, gl.SliceLayout(0, gl.SliceLayout(2, CODES_COPY))),
+            _slot_rows(slot_row, n0, end, gl.SliceLayout(1, ROPE_COPY)),
+            _slot_rows(slot_row, n0, end, gl.SliceLayout(0, SCALE_COPY)))
 
 
 @gluon.jit
 def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tokens, codes, rope, scales,
-           FLAT: gl.constexpr, OFF32: gl.constexpr):
+           FLAT: gl.constexpr, OFF32: gl.constexpr, RECORDS: gl.constexpr):
     """Start the copies of one step's records (its slots as :func:`_copy_slots` gives them) into one stage: ``codes [4,
     64, 128]`` e4m3 (tile c's bytes of the slots at ``[c]``), ``rope [64, 64]`` bf16, ``scales [4, 64]`` fp32 (tile c's
     scales at ``[c]``); skipped slots zero-filled."""
+    _CODES_COPY: gl.constexpr = _copy_layouts(RECORDS)[0]
+    _ROPE_COPY: gl.constexpr = _copy_layouts(RECORDS)[1]
+    _SCALE_COPY: gl.constexpr = _copy_layouts(RECORDS)[2]
     row, ok = _rows(slots_c, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
     part = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _CODES_COPY)))
     byte = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, _CODES_COPY)))
@@ -261,6 +282,7 @@ def sparse_mla_wgmma_kernel(
     FLAT: gl.constexpr,  # record s at byte s * s8_t (blocks back to back)
     OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
     STACKED: gl.constexpr = False,  # a tile's hi and lo query parts as one N = 32 MMA
+    RECORDS: gl.constexpr = False,  # each copy instruction covers whole records (_CODES_RECORDS)
 ):
     W8: gl.constexpr = _logit_layout(32)  # the FP8 logit MMAs' accumulator [64 slots, 16 heads]
     W16: gl.constexpr = _logit_layout(16)  # the RoPE MMA's (the same registers)
@@ -315,11 +337,11 @@ def sparse_mla_wgmma_kernel(
     steps = gl.cdiv(end - start, TILE)
     for j in gl.static_range(STAGES - 1):
         if j < steps:
-            sc, sr, ss = _copy_slots(slot_row, start + j * TILE, end)
+            sc, sr, ss = _copy_slots(slot_row, start + j * TILE, end, RECORDS)
             _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens, codes_s.index(j), rope_s.index(j),
-                   scale_s.index(j), FLAT, OFF32)
+                   scale_s.index(j), FLAT, OFF32, RECORDS)
         async_copy.commit_group()
-    ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end)
+    ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end, RECORDS)
     here = _slot_rows(slot_row, start, end, ROWS)  # step 0's slots, for its mask
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS)
@@ -344,9 +366,9 @@ def sparse_mla_wgmma_kernel(
         if ahead < steps:
             nxt = ahead % STAGES
             _issue(pages_u8, ahead_c, ahead_r, ahead_s, num_slots, s8_b, s8_t, block_tokens, codes_s.index(nxt),
-                   rope_s.index(nxt), scale_s.index(nxt), FLAT, OFF32)
+                   rope_s.index(nxt), scale_s.index(nxt), FLAT, OFF32, RECORDS)
         async_copy.commit_group()
-        ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (ahead + 1) * TILE, end)
+        ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (ahead + 1) * TILE, end, RECORDS)
         valid = (here >= 0) & (here < num_slots)
         here = _slot_rows(slot_row, start + (i + 1) * TILE, end, ROWS)
 
@@ -434,7 +456,7 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
 
 
 def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, stages=DEFAULT_STAGES,
-                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, stacked=True):
+                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, stacked=True, records=False):
     """Launch :func:`sparse_mla_wgmma_kernel` (a call :func:`serves` refuses raises, naming what it got).
 
     Args:
@@ -467,7 +489,7 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
-    meta = dict(STAGES=stages, STACKED=bool(stacked), num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
+    meta = dict(STAGES=stages, STACKED=bool(stacked), RECORDS=bool(records), num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
     return launch_over_tokens(sparse_mla_wgmma_kernel, q, kv_pages, slots, o, lse, splits,
                               (heads, k, split_size, softmax_scale * LOG2E), meta)
 
