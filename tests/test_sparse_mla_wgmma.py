@@ -86,16 +86,47 @@ def test_a_lane_reads_the_four_n_tiles_of_a_32_bit_word_in_register_order():
     assert [_value_dim(n) for n in (5, 13, 21, 29)] == [20, 21, 22, 23]
 
 
-@pytest.mark.parametrize("stacked", [True, False])
-def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm(stacked):
-    """The backend's launch and the other variants the H200 script times."""
-    import dataclasses
+def _first_register(layout, warp=0):
+    """The element each lane of ``warp`` holds in its first register (a ``BlockedLayout``: lanes and warps laid over
+    the dims fastest-first in ``order``), lane by lane."""
+    def split(index, counts):
+        coord = [0] * len(counts)
+        for dim in layout.order:
+            coord[dim] = index % counts[dim]
+            index //= counts[dim]
+        return coord
 
-    from dsahal.backends.nvidia import aot, config
+    warp_coord = split(warp, layout.warps_per_cta)
+    out = []
+    for lane in range(32):
+        lane_coord = split(lane, layout.threads_per_warp)
+        out.append(tuple(layout.size_per_thread[d] * (lane_coord[d] + layout.threads_per_warp[d] * warp_coord[d])
+                         for d in range(len(layout.order))))
+    return out
+
+
+@pytest.mark.parametrize("warp", range(4))
+def test_each_copy_instruction_covers_whole_records(warp):
+    """A record is 656 bytes: every other one starts 16 bytes into a 32-byte sector, so a copy instruction covering
+    part of a record leaves its sectors at the cut to another instruction, and the L2 serves them twice."""
+    codes = _first_register(w._CODES_COPY.value, warp)  # [part, slot, byte] of [4, 64, 128], 16 bytes a lane
+    assert len({slot for _, slot, _ in codes}) == 1
+    assert sorted(part * 128 + byte for part, _, byte in codes) == list(range(0, 512, 16))
+    rope = _first_register(w._ROPE_COPY.value, warp)  # [slot, dim] of [64, 64] bf16, 8 dims (16 bytes) a lane
+    slots = {slot for slot, _ in rope}
+    assert len(slots) == 4 and all(sorted(d for s, d in rope if s == slot) == list(range(0, 64, 8)) for slot in slots)
+    scales = _first_register(w._SCALE_COPY.value, warp)  # [part, slot] of [4, 64] fp32
+    slots = {slot for _, slot in scales}
+    assert len(slots) == 8 and all(sorted(p for p, s in scales if s == slot) == [0, 1, 2, 3] for slot in slots)
+    # and the instructions of a step cover its 64 slots: 16 code copies a thread (registers), 4 warps
+    assert w._CODES_COPY.value.warps_per_cta == [1, 4, 1]
+
+
+def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm():
+    """The backend's launch."""
+    from dsahal.backends.nvidia import aot
 
     (variant,) = aot._wgmma_variants()
-    assert variant.constexprs["STACKED"] is config.WGMMA_FEW_HEADS["stacked"]  # the backend's launch
-    variant = dataclasses.replace(variant, constexprs=dict(variant.constexprs, STACKED=stacked))
     result = aot.compile_variant(variant)
     assert result.error == "", result.error
     assert 0 < result.registers <= 255 and result.stack_bytes == 0

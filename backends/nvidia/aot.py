@@ -566,10 +566,9 @@ def _wgmma_variants() -> list[Variant]:
 
     launch = config.WGMMA_FEW_HEADS
     return [Variant(
-        f"sparse MLA few heads, wgmma, fp8_ds_mla, H=16, {launch['stages']} stages"
-        + (", hi and lo stacked" if launch["stacked"] else ""),
+        f"sparse MLA few heads, wgmma, fp8_ds_mla, H=16, {launch['stages']} stages",
         wgmma_mla.sparse_mla_wgmma_kernel,
-        dict(STAGES=launch["stages"], FLAT=True, OFF32=True, STACKED=launch["stacked"]),
+        dict(STAGES=launch["stages"], FLAT=True, OFF32=True),
         dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32"), floats=("logit_scale",),
         num_warps=4, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * 656, s8_t=656), gluon=True)]
 

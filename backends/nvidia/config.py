@@ -28,10 +28,10 @@ SMALL_HEADS_MAX = 32
 GLUON_FEW_HEADS = dict(block_n=16, stages=3, q_smem=True, maxnreg=168, split_size=512)
 
 # The wgmma few-heads kernel (sparse_mla_wgmma; the nvidia route "gluon_wgmma_few_heads", ahead of FlashMLA's): 2
-# stages (two programs a SM), 1024-slot splits in both modes (a fixed count: batch invariant), each tile's hi and lo
-# query parts as one N = 32 MMA (stacked), the fastest of the H200 sweeps at 64 x 5 and 64 x 8 tokens x 2048 slots
-# (scripts/h200/wgmma_mla_check.py, twenty-second session R3: 0.271 / 0.280 ms stacked / not at H = 16; 0.275 with
-# 768-slot splits; twenty-first session: 0.298 with 512). In default mode it leaves calls of fewer than
+# stages (two programs a SM), 1024-slot splits in both modes (a fixed count: batch invariant), the fastest of the H200
+# sweeps at 64 x 5 and 64 x 8 tokens x 2048 slots (scripts/h200/wgmma_mla_check.py, twenty-second session R3: 0.271 ms
+# at H = 16; 0.275 with 768-slot splits; twenty-first session: 0.298 with 512; 0.266 since the twenty-fourth
+# session's whole-record copies). In default mode it leaves calls of fewer than
 # WGMMA_MIN_TOKENS query tokens to FlashMLA's decode where that serves them: GPU time (CUDA-graph replay, R4
 # scripts/h200/wgmma_probe.py, H = 16, 2048 slots) 63.5 / 103.5 us against FlashMLA's 76.2 / 113.6 at 64 / 128
 # tokens, but 56.8 / 54.2 / 53.2 against 48.4 / 29.1 / 19.9 at 32 / 16 / 8 (too few programs to fill the GPU). With
@@ -39,7 +39,7 @@ GLUON_FEW_HEADS = dict(block_n=16, stages=3, q_smem=True, maxnreg=168, split_siz
 # 16: so in default mode a call of WGMMA_MIN_TOKENS .. WGMMA_SMALL_SPLIT["below_tokens"] - 1 query tokens runs with
 # WGMMA_SMALL_SPLIT's splits (batch-invariant mode keeps the fixed 1024: a split chosen by batch size would make a
 # row's sums depend on its batch).
-WGMMA_FEW_HEADS = dict(stages=2, split_size=1024, stacked=True)
+WGMMA_FEW_HEADS = dict(stages=2, split_size=1024)
 WGMMA_SMALL_SPLIT = dict(below_tokens=64, split_size=512)
 WGMMA_MIN_TOKENS = 32
 

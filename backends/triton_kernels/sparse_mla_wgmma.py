@@ -11,12 +11,12 @@ warps: a long dependent chain each step, latency-bound at 0.71x FlashMLA (BENCHM
 as DeepGEMM's indexer does with keys, a step's 64 gathered slots are the M side of Hopper's ``wgmma``:
 
 - the gather: a step's records (512 code bytes, 4 tile scales, 64 RoPE values each) copied by 16-byte ``cp.async``
-  pieces straight into 128-byte-swizzled shared tiles, ``STAGES - 1`` steps ahead (skipped slots zero-filled; one
-  copy instruction a buffer; the slot indices loaded a step before their copies);
+  pieces straight into 128-byte-swizzled shared tiles, ``STAGES - 1`` steps ahead, each instruction a warp covering
+  whole records (skipped slots zero-filled; the slot indices loaded a step before their copies);
 - the logits ``S^T [64 slots, 16 heads]``: per 128-dim tile ``c`` one FP8 ``wgmma`` on the codes as copied (A from
   shared memory: no widening) against the queries split exactly into e4m3 hi + lo parts (a power of two per head,
-  :func:`.indexer_gluon._split`), stacked as its 32 columns (``STACKED``; else two N = 16 MMAs), so each part sums into
-  its own accumulator columns (Hopper's FP8 MMAs add into their accumulator at reduced precision: the lo part chained
+  :func:`.indexer_gluon._split`), stacked as its 32 columns (one N = 32 MMA a tile), so each part sums into its own
+  accumulator columns (Hopper's FP8 MMAs add into their accumulator at reduced precision: the lo part chained
   onto the hi one's gave lse errors up to 1.45e-2 on saturated codes, H200, twenty-first session), each tile's sum
   scaled by its per-slot scale ``σ[s, c]`` (a row of the accumulator is a slot: one multiply); the 64 RoPE dims one bf16
   ``wgmma``;
@@ -29,9 +29,9 @@ as DeepGEMM's indexer does with keys, a step's 64 gathered slots are the M side 
   one lane needs for 4 different n-tiles at one slot (bank-conflict free); one ``cvt.rn.f16x2.e4m3x2`` per two
   values; the output columns are un-permuted at the store (:func:`value_dim`).
 
-Measured on the H200 (BENCHMARKS.md, twenty-second session, 64 x 5 tokens x 2048 slots, stacked): 0.271 / 0.252 ms
-at H = 16 / 12, 1.10x / 1.18x FlashMLA with its heads padded; latency-bound at two programs of four warps a SM (216
-registers, 41 KB stages). lse within 2-5e-4 of the float64 reference (FlashMLA's 2e-6), o within 1.0-1.2e-3. The FP8
+Measured on the H200 (BENCHMARKS.md, twenty-fourth session, 64 x 5 tokens x 2048 slots): 0.266 / 0.245 ms at H = 16 /
+12, 1.12x / 1.21x FlashMLA with its heads padded; latency-bound at two programs of four warps a SM (250 registers, 41 KB
+stages). lse within 2-5e-4 of the float64 reference (FlashMLA's 2e-6), o within 1.0-1.2e-3. The FP8
 MMAs' accumulation costs a logit about 2^-13 of its products' magnitudes (sum |q k|): rows whose logits reach
 thousands and whose largest two are that close get softmax weights far from the reference's (one such row: o off by
 1.8e-2, lse by 1.3 at logits near 8,600; R4).
@@ -83,16 +83,13 @@ _P = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order
 _Q = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # [4, 16, 128] e4m3
 _QR = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))  # [16, 64] bf16
 
-# copies: 16-byte pieces, a slot's row over 4 (codes) or 8 (RoPE) lanes
-_CODES_COPY = gl.constexpr(gl.BlockedLayout([1, 1, 16], [1, 8, 4], [1, 4, 1], [2, 1, 0]))  # [4, 64, 128] bytes
-_ROPE_COPY = gl.constexpr(gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0]))  # [64, 64] bf16
-_SCALE_COPY = gl.constexpr(gl.BlockedLayout([1, 1], [1, 32], [2, 2], [1, 0]))  # [4, 64] fp32
-# (RECORDS) one copy instruction a warp covers whole records: a slot's 512 code bytes over the 32 lanes, 4 slots' RoPE
-# values, 8 slots' 4 scales. A record is 656 bytes, so every other one starts 16 bytes into a 32-byte sector: pieces
-# of half rows (above) split those sectors between two instructions, each requesting them from the L2
-_CODES_RECORDS = gl.constexpr(gl.BlockedLayout([1, 1, 16], [4, 1, 8], [1, 4, 1], [2, 0, 1]))
-_ROPE_RECORDS = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
-_SCALE_RECORDS = gl.constexpr(gl.BlockedLayout([1, 1], [4, 8], [1, 4], [0, 1]))
+# copies: 16-byte pieces, each instruction a warp covering whole records (a slot's 512 code bytes over the 32 lanes, 4
+# slots' RoPE values, 8 slots' 4 scales). A record is 656 bytes, so every other one starts 16 bytes into a 32-byte
+# sector: pieces of half rows split those sectors between two instructions, each requesting them from the L2 (H200,
+# this session's R1: 1.7-4.4% slower, the same results bit for bit)
+_CODES_COPY = gl.constexpr(gl.BlockedLayout([1, 1, 16], [4, 1, 8], [1, 4, 1], [2, 0, 1]))  # [4, 64, 128] bytes
+_ROPE_COPY = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # [64, 64] bf16
+_SCALE_COPY = gl.constexpr(gl.BlockedLayout([1, 1], [4, 8], [1, 4], [0, 1]))  # [4, 64] fp32
 _QUERY = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # [16, 128] / [16, 64] as loaded
 
 # The value operand. mma.sync's B fragment gives lane (r = lane // 4, c = lane % 4) the columns n = 8 j + r of the
@@ -199,36 +196,21 @@ def _slot_rows(slot_row, n0, end, layout: gl.constexpr):
     return gl.load(slot_row + n, mask=n < end, other=-1)
 
 
-@gluon.constexpr_function
-def _copy_layouts(records):
-    """The three copies' layouts (codes ``[4, 64, 128]``, RoPE ``[64, 64]``, scales ``[4, 64]``): whole records an
-    instruction (``records``) or half rows."""
-    if records:
-        return _CODES_RECORDS, _ROPE_RECORDS, _SCALE_RECORDS
-    return _CODES_COPY, _ROPE_COPY, _SCALE_COPY
-
-
 @gluon.jit
-def _copy_slots(slot_row, n0, end, RECORDS: gl.constexpr):
+def _copy_slots(slot_row, n0, end):
     """Slots ``n0 .. n0 + 64`` as the three copies of :func:`_issue` hold them (loaded a step before they are issued:
     the copies never wait on the load of their slot indices)."""
-    CODES_COPY: gl.constexpr = _copy_layouts(RECORDS)[0]
-    ROPE_COPY: gl.constexpr = _copy_layouts(RECORDS)[1]
-    SCALE_COPY: gl.constexpr = _copy_layouts(RECORDS)[2]
-    return (_slot_rows(slot_row, n0, end, gl.SliceLayout(0, gl.SliceLayout(2, CODES_COPY))),
-            _slot_rows(slot_row, n0, end, gl.SliceLayout(1, ROPE_COPY)),
-            _slot_rows(slot_row, n0, end, gl.SliceLayout(0, SCALE_COPY)))
+    return (_slot_rows(slot_row, n0, end, gl.SliceLayout(0, gl.SliceLayout(2, _CODES_COPY))),
+            _slot_rows(slot_row, n0, end, gl.SliceLayout(1, _ROPE_COPY)),
+            _slot_rows(slot_row, n0, end, gl.SliceLayout(0, _SCALE_COPY)))
 
 
 @gluon.jit
 def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tokens, codes, rope, scales,
-           FLAT: gl.constexpr, OFF32: gl.constexpr, RECORDS: gl.constexpr):
+           FLAT: gl.constexpr, OFF32: gl.constexpr):
     """Start the copies of one step's records (its slots as :func:`_copy_slots` gives them) into one stage: ``codes [4,
     64, 128]`` e4m3 (tile c's bytes of the slots at ``[c]``), ``rope [64, 64]`` bf16, ``scales [4, 64]`` fp32 (tile c's
     scales at ``[c]``); skipped slots zero-filled."""
-    _CODES_COPY: gl.constexpr = _copy_layouts(RECORDS)[0]
-    _ROPE_COPY: gl.constexpr = _copy_layouts(RECORDS)[1]
-    _SCALE_COPY: gl.constexpr = _copy_layouts(RECORDS)[2]
     row, ok = _rows(slots_c, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
     part = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _CODES_COPY)))
     byte = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, _CODES_COPY)))
@@ -281,8 +263,6 @@ def sparse_mla_wgmma_kernel(
     STAGES: gl.constexpr,
     FLAT: gl.constexpr,  # record s at byte s * s8_t (blocks back to back)
     OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
-    STACKED: gl.constexpr = False,  # a tile's hi and lo query parts as one N = 32 MMA
-    RECORDS: gl.constexpr = False,  # each copy instruction covers whole records (_CODES_RECORDS)
 ):
     W8: gl.constexpr = _logit_layout(32)  # the FP8 logit MMAs' accumulator [64 slots, 16 heads]
     W16: gl.constexpr = _logit_layout(16)  # the RoPE MMA's (the same registers)
@@ -307,19 +287,12 @@ def sparse_mla_wgmma_kernel(
     q3 = gl.load(q_rows + 384 + qd[None, :], mask=head_ok, other=0.0).to(gl.float32)
     amax = gl.maximum(gl.maximum(_row_amax(q0), _row_amax(q1)), gl.maximum(_row_amax(q2), _row_amax(q3)))
     up, down = _row_scale(amax)
-    if STACKED:  # a tile's hi rows, then its lo rows: one N = 32 MMA a tile
-        q_hl = gl.allocate_shared_memory(gl.float8e4nv, [4, 2 * BLOCK_H, 128], _Q)
-        _store_parts(q0, up, q_hl.index(0).slice(0, BLOCK_H), q_hl.index(0).slice(BLOCK_H, BLOCK_H))
-        _store_parts(q1, up, q_hl.index(1).slice(0, BLOCK_H), q_hl.index(1).slice(BLOCK_H, BLOCK_H))
-        _store_parts(q2, up, q_hl.index(2).slice(0, BLOCK_H), q_hl.index(2).slice(BLOCK_H, BLOCK_H))
-        _store_parts(q3, up, q_hl.index(3).slice(0, BLOCK_H), q_hl.index(3).slice(BLOCK_H, BLOCK_H))
-    else:
-        q_hi = gl.allocate_shared_memory(gl.float8e4nv, [4, BLOCK_H, 128], _Q)
-        q_lo = gl.allocate_shared_memory(gl.float8e4nv, [4, BLOCK_H, 128], _Q)
-        _store_parts(q0, up, q_hi.index(0), q_lo.index(0))
-        _store_parts(q1, up, q_hi.index(1), q_lo.index(1))
-        _store_parts(q2, up, q_hi.index(2), q_lo.index(2))
-        _store_parts(q3, up, q_hi.index(3), q_lo.index(3))
+    # a tile's hi rows, then its lo rows: one N = 32 MMA a tile
+    q_hl = gl.allocate_shared_memory(gl.float8e4nv, [4, 2 * BLOCK_H, 128], _Q)
+    _store_parts(q0, up, q_hl.index(0).slice(0, BLOCK_H), q_hl.index(0).slice(BLOCK_H, BLOCK_H))
+    _store_parts(q1, up, q_hl.index(1).slice(0, BLOCK_H), q_hl.index(1).slice(BLOCK_H, BLOCK_H))
+    _store_parts(q2, up, q_hl.index(2).slice(0, BLOCK_H), q_hl.index(2).slice(BLOCK_H, BLOCK_H))
+    _store_parts(q3, up, q_hl.index(3).slice(0, BLOCK_H), q_hl.index(3).slice(BLOCK_H, BLOCK_H))
     rd = gl.arange(0, 64, gl.SliceLayout(0, _QUERY))
     q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], _QR,
                                        gl.load(q_rows + 512 + rd[None, :], mask=head_ok, other=0.0))
@@ -337,11 +310,11 @@ def sparse_mla_wgmma_kernel(
     steps = gl.cdiv(end - start, TILE)
     for j in gl.static_range(STAGES - 1):
         if j < steps:
-            sc, sr, ss = _copy_slots(slot_row, start + j * TILE, end, RECORDS)
+            sc, sr, ss = _copy_slots(slot_row, start + j * TILE, end)
             _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens, codes_s.index(j), rope_s.index(j),
-                   scale_s.index(j), FLAT, OFF32, RECORDS)
+                   scale_s.index(j), FLAT, OFF32)
         async_copy.commit_group()
-    ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end, RECORDS)
+    ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end)
     here = _slot_rows(slot_row, start, end, ROWS)  # step 0's slots, for its mask
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS)
@@ -353,10 +326,8 @@ def sparse_mla_wgmma_kernel(
     r2 = 1.0 / b2
     r3 = 1.0 / b3
     acc = gl.zeros([4, BLOCK_H, 128], gl.float32, PV)
-    zeros = gl.zeros([TILE, BLOCK_H], gl.float32, W8)
     zeros16 = gl.zeros([TILE, BLOCK_H], gl.float32, W16)
-    if STACKED:
-        zeros32 = gl.zeros([TILE, 2 * BLOCK_H], gl.float32, _logit_layout(32, 2 * BLOCK_H))
+    zeros32 = gl.zeros([TILE, 2 * BLOCK_H], gl.float32, _logit_layout(32, 2 * BLOCK_H))
     for i in range(steps):
         stage = i % STAGES
         async_copy.wait_group(STAGES - 2)  # this thread's copies of step i have landed
@@ -366,53 +337,26 @@ def sparse_mla_wgmma_kernel(
         if ahead < steps:
             nxt = ahead % STAGES
             _issue(pages_u8, ahead_c, ahead_r, ahead_s, num_slots, s8_b, s8_t, block_tokens, codes_s.index(nxt),
-                   rope_s.index(nxt), scale_s.index(nxt), FLAT, OFF32, RECORDS)
+                   rope_s.index(nxt), scale_s.index(nxt), FLAT, OFF32)
         async_copy.commit_group()
-        ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (ahead + 1) * TILE, end, RECORDS)
+        ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (ahead + 1) * TILE, end)
         valid = (here >= 0) & (here < num_slots)
         here = _slot_rows(slot_row, start + (i + 1) * TILE, end, ROWS)
 
         codes = codes_s.index(stage)
-        if STACKED:
-            a0 = warpgroup_mma(_tile(codes, 0), q_hl.index(0).permute((1, 0)), zeros32, use_acc=False,
-                                 is_async=True)
-            a1 = warpgroup_mma(_tile(codes, 1), q_hl.index(1).permute((1, 0)), zeros32, use_acc=False,
-                                 is_async=True)
-            a2 = warpgroup_mma(_tile(codes, 2), q_hl.index(2).permute((1, 0)), zeros32, use_acc=False,
-                                 is_async=True)
-            a3 = warpgroup_mma(_tile(codes, 3), q_hl.index(3).permute((1, 0)), zeros32, use_acc=False,
-                                 is_async=True)
-        else:
-            h0 = warpgroup_mma(_tile(codes, 0), q_hi.index(0).permute((1, 0)), zeros, use_acc=False,
-                               is_async=True)
-            l0 = warpgroup_mma(_tile(codes, 0), q_lo.index(0).permute((1, 0)), zeros, use_acc=False,
-                               is_async=True)
-            h1 = warpgroup_mma(_tile(codes, 1), q_hi.index(1).permute((1, 0)), zeros, use_acc=False,
-                               is_async=True)
-            l1 = warpgroup_mma(_tile(codes, 1), q_lo.index(1).permute((1, 0)), zeros, use_acc=False,
-                               is_async=True)
-            h2 = warpgroup_mma(_tile(codes, 2), q_hi.index(2).permute((1, 0)), zeros, use_acc=False,
-                               is_async=True)
-            l2 = warpgroup_mma(_tile(codes, 2), q_lo.index(2).permute((1, 0)), zeros, use_acc=False,
-                               is_async=True)
-            h3 = warpgroup_mma(_tile(codes, 3), q_hi.index(3).permute((1, 0)), zeros, use_acc=False,
-                               is_async=True)
-            l3 = warpgroup_mma(_tile(codes, 3), q_lo.index(3).permute((1, 0)), zeros, use_acc=False,
-                               is_async=True)
+        a0 = warpgroup_mma(_tile(codes, 0), q_hl.index(0).permute((1, 0)), zeros32, use_acc=False, is_async=True)
+        a1 = warpgroup_mma(_tile(codes, 1), q_hl.index(1).permute((1, 0)), zeros32, use_acc=False, is_async=True)
+        a2 = warpgroup_mma(_tile(codes, 2), q_hl.index(2).permute((1, 0)), zeros32, use_acc=False, is_async=True)
+        a3 = warpgroup_mma(_tile(codes, 3), q_hl.index(3).permute((1, 0)), zeros32, use_acc=False, is_async=True)
         ar = warpgroup_mma(rope_s.index(stage), q_rope.permute((1, 0)), zeros16, use_acc=False, is_async=True)
 
         s0 = _scale_row(scale_s.index(stage), 0).load(ROWS)  # σ_c of the step's slots
         s1 = _scale_row(scale_s.index(stage), 1).load(ROWS)
         s2 = _scale_row(scale_s.index(stage), 2).load(ROWS)
         s3 = _scale_row(scale_s.index(stage), 3).load(ROWS)
-        if STACKED:
-            a0, a1, a2, a3, ar = warpgroup_mma_wait(0, deps=[a0, a1, a2, a3, ar])
-            nope = (_hi_plus_lo(a0, W8) * s0[:, None] + _hi_plus_lo(a1, W8) * s1[:, None]
-                    + _hi_plus_lo(a2, W8) * s2[:, None] + _hi_plus_lo(a3, W8) * s3[:, None])
-        else:
-            h0, l0, h1, l1, h2, l2, h3, l3, ar = warpgroup_mma_wait(0, deps=[h0, l0, h1, l1, h2, l2, h3, l3, ar])
-            nope = ((h0 + l0 * LO_DOWN) * s0[:, None] + (h1 + l1 * LO_DOWN) * s1[:, None]
-                    + (h2 + l2 * LO_DOWN) * s2[:, None] + (h3 + l3 * LO_DOWN) * s3[:, None])
+        a0, a1, a2, a3, ar = warpgroup_mma_wait(0, deps=[a0, a1, a2, a3, ar])
+        nope = (_hi_plus_lo(a0, W8) * s0[:, None] + _hi_plus_lo(a1, W8) * s1[:, None]
+                + _hi_plus_lo(a2, W8) * s2[:, None] + _hi_plus_lo(a3, W8) * s3[:, None])
         s = nope * head_scale[None, :] + gl.convert_layout(ar, W8) * logit_scale
         s = gl.where(valid[:, None], s, float("-inf"))
 
@@ -456,7 +400,7 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
 
 
 def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, stages=DEFAULT_STAGES,
-                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, stacked=True, records=False):
+                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None):
     """Launch :func:`sparse_mla_wgmma_kernel` (a call :func:`serves` refuses raises, naming what it got).
 
     Args:
@@ -471,8 +415,6 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
             stages let two programs share a SM).
         split_size: slots per split, a fixed count (batch invariance); None = one split a token.
         maxnreg: ptxas's register cap (None: its own choice).
-        stacked: a tile's hi and lo query parts as one N = 32 MMA (16 wgmmas a step instead of 32; 216 registers
-            instead of 249 in the sm_90 compile; the same sums, 3-5% faster on the H200, twenty-second session).
 
     Returns:
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
@@ -489,7 +431,7 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
-    meta = dict(STAGES=stages, STACKED=bool(stacked), RECORDS=bool(records), num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
+    meta = dict(STAGES=stages, num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
     return launch_over_tokens(sparse_mla_wgmma_kernel, q, kv_pages, slots, o, lse, splits,
                               (heads, k, split_size, softmax_scale * LOG2E), meta)
 

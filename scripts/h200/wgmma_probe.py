@@ -49,7 +49,7 @@ def precision(torch):
         logits = torch.where((slots >= 0)[:, None, :], logits, float("-inf"))
         top2 = logits.topk(2, dim=-1).values
         o, lse = sparse_mla_wgmma(q.cuda(), records.cuda(), slots.cuda(), "fp8_ds_mla", None, 0.07, stages=2,
-                                  split_size=None, stacked=True)
+                                  split_size=None)
         o, lse = o.float().cpu(), lse.cpu()
         print(f"|q|~{q_mag} grow {grow} lead {lead}")
         for t in range(6):
