@@ -74,7 +74,7 @@ def threshold(torch):
             return
         row = [graph_us(torch, peer[0])]
         ours = {split: (lambda split=split: sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None, c.SOFTMAX_SCALE,
-                                                              split_size=split, stacked=True))
+                                                              split_size=split))
                 for split in (1024, 512, 256)}
         row += [graph_us(torch, ours[split]) for split in (1024, 512, 256)]
         row += [1e3 * timing.bench_ms(peer[0], "cuda"), 1e3 * timing.bench_ms(ours[1024], "cuda")]
