@@ -28,9 +28,12 @@ def test_serves_bf16_queries_of_at_most_16_heads_on_aligned_fp8_ds_mla_pages_on_
     assert not w.serves(meta, _pages(device="meta"), "fp8_ds_mla")
     assert w.refusal(q, _pages(), "nvfp4") == "nvfp4 latents: the wgmma few-heads kernel reads fp8_ds_mla records"
     assert w.refusal(q.float(), _pages(), "fp8_ds_mla") == "float32 queries: the wgmma few-heads kernel takes bf16"
-    assert w.refusal(torch.zeros(2, 17, 576, dtype=torch.bfloat16), _pages(), "fp8_ds_mla") == (
-        "q of shape [2, 17, 576]: the wgmma few-heads kernel takes [T, <= 16, 576]")
-    assert "takes [T, <= 16, 576]" in w.refusal(torch.zeros(2, 16, 512, dtype=torch.bfloat16), _pages(), "fp8_ds_mla")
+    # any head count (groups of 16): 17 or 128 heads pass the shape check, a query of 512 dims does not
+    for heads in (17, 128):
+        assert w.refusal(torch.zeros(2, heads, 576, dtype=torch.bfloat16), _pages(), "fp8_ds_mla") == (
+            "the wgmma few-heads kernel runs on NVIDIA CUDA tensors only")
+    assert w.refusal(torch.zeros(2, 16, 512, dtype=torch.bfloat16), _pages(), "fp8_ds_mla") == (
+        "q of shape [2, 16, 512]: the wgmma few-heads kernel takes [T, H, 576]")
 
 
 def test_a_call_it_does_not_serve_raises_naming_the_op_and_what_it_got():
@@ -165,6 +168,19 @@ def test_the_route_verifier_names_what_the_kernel_does_not_take(monkeypatch):
     assert verifiers.wgmma_few_heads_accepts(big, _pages(), slots, "fp8_ds_mla", None, 0.1) == (True, "")
     monkeypatch.setattr(config, "batch_invariant", lambda: True)  # every batch: the route must not depend on it
     assert verifiers.wgmma_few_heads_accepts(q, _pages(), slots, "fp8_ds_mla", None, 0.1) == (True, "")
+    # more than 16 heads (groups of 16): only calls FlashMLA's decode does not take, up to the configured count
+    for invariant in (True, False):
+        monkeypatch.setattr(config, "batch_invariant", lambda: invariant)
+        wide = torch.zeros(config.WGMMA_MIN_TOKENS, 17, 576, dtype=torch.bfloat16)
+        ok, reason = verifiers.wgmma_few_heads_accepts(wide, _pages(), slots, "fp8_ds_mla", None, 0.1)
+        assert not ok and reason == "17 heads: more than 16, FlashMLA's decode (which takes this call) is faster"
+        monkeypatch.setattr(verifiers, "_flashmla_loads", lambda: False)
+        assert verifiers.wgmma_few_heads_accepts(wide, _pages(), slots, "fp8_ds_mla", None, 0.1) == (True, "")
+        most = config.WGMMA_GROUPED_MAX_HEADS
+        wider = torch.zeros(config.WGMMA_MIN_TOKENS, most + 1, 576, dtype=torch.bfloat16)
+        assert verifiers.wgmma_few_heads_accepts(wider, _pages(), slots, "fp8_ds_mla", None, 0.1) == (
+            False, f"{most + 1} heads: the route takes at most {most} (groups of 16)")
+        monkeypatch.setattr(verifiers, "_flashmla_loads", lambda: True)
 
 
 class _Recorder:
@@ -193,20 +209,21 @@ def test_the_launchers_pass_each_kernel_parameter_by_its_name(monkeypatch, modul
     recorder = _Recorder()
     monkeypatch.setattr(module, "refusal", lambda *args: "")
     monkeypatch.setattr(module, kernel_name, recorder)
-    q = torch.zeros(3, 12, 576, dtype=torch.bfloat16)
+    heads = 40 if module_name == "sparse_mla_wgmma" else 12  # the wgmma kernel: three groups of 16 heads
+    q = torch.zeros(3, heads, 576, dtype=torch.bfloat16)
     pages = torch.zeros(4, 64, 656, dtype=torch.uint8)
     slots = torch.zeros(3, 300, dtype=torch.int32)
     o, lse = getattr(module, launcher)(q, pages, slots, "fp8_ds_mla", None, 0.25, split_size=None)
-    assert o.shape == (3, 12, 512) and lse.shape == (3, 12)
+    assert o.shape == (3, heads, 512) and lse.shape == (3, heads)
     ((grid, args, kwargs),) = recorder.calls
-    assert grid == (1, 3)  # one split, three tokens
+    assert grid == (1, 3, 3 if heads == 40 else 1)  # one split, three tokens, the head groups
     bound = dict(zip(names, args), **kwargs)
     assert set(names) <= set(bound) and len(args) == names.index("logit_scale") + 1
-    assert (bound["H"], bound["K"], bound["num_slots"], bound["block_tokens"], bound["split_size"]) == (12, 300, 256,
-                                                                                                          64, 300)
+    assert (bound["H"], bound["K"], bound["num_slots"], bound["block_tokens"], bound["split_size"]) == (heads, 300,
+                                                                                                          256, 64, 300)
     assert bound["logit_scale"] == pytest.approx(0.25 * LOG2E)
     assert (bound["s8_b"], bound["s8_t"], bound["FLAT"], bound["OFF32"]) == (64 * 656, 656, True, True)
-    assert (bound["stride_qt"], bound["stride_st"], bound["stride_ot"]) == (12 * 576, 300, 12 * 512)
+    assert (bound["stride_qt"], bound["stride_st"], bound["stride_ot"]) == (heads * 576, 300, heads * 512)
     assert all(bound[name] == value for name, value in extra.items())
 
 

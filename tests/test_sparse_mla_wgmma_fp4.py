@@ -24,8 +24,10 @@ def test_serves_bf16_queries_of_at_most_16_heads_on_aligned_nvfp4_pages_on_a_cud
     assert w.refusal(q, _pages(), "nvfp4") == "the wgmma NVFP4 kernel runs on NVIDIA CUDA tensors only"
     assert w.refusal(q, _pages(record=656), "fp8_ds_mla") == "fp8_ds_mla latents: the wgmma NVFP4 kernel reads nvfp4 records"
     assert w.refusal(q.float(), _pages(), "nvfp4") == "float32 queries: the wgmma NVFP4 kernel takes bf16"
-    assert w.refusal(torch.zeros(2, 17, 576, dtype=torch.bfloat16), _pages(), "nvfp4") == (
-        "q of shape [2, 17, 576]: the wgmma NVFP4 kernel takes [T, <= 16, 576]")
+    assert w.refusal(torch.zeros(2, 17, 576, dtype=torch.bfloat16), _pages(), "nvfp4") == (  # any head count
+        "the wgmma NVFP4 kernel runs on NVIDIA CUDA tensors only")
+    assert w.refusal(torch.zeros(2, 16, 512, dtype=torch.bfloat16), _pages(), "nvfp4") == (
+        "q of shape [2, 16, 512]: the wgmma NVFP4 kernel takes [T, H, 576]")
     meta = torch.empty(2, 16, 576, dtype=torch.bfloat16, device="meta")
     assert not w.serves(meta, _pages(device="meta"), "nvfp4")
     from dsahal.backends.triton_kernels import sparse_mla_gluon
@@ -195,6 +197,11 @@ def test_the_route_verifier_names_what_the_kernel_does_not_take(monkeypatch):
     for invariant in (False, True):  # every batch size in both modes (a fixed split: batch invariant)
         monkeypatch.setattr(config, "batch_invariant", lambda: invariant)
         assert verifiers.wgmma_nvfp4_accepts(q[:1], _pages(), slots[:1], "nvfp4", None, 0.1) == (True, "")
+        most = config.WGMMA_GROUPED_MAX_HEADS  # groups of 16 heads up to the configured count
+        for heads, want in ((most, (True, "")), (most + 1, (False, f"{most + 1} heads: the route takes at most "
+                                                                   f"{most} (groups of 16)"))):
+            wide = torch.zeros(1, heads, 576, dtype=torch.bfloat16)
+            assert verifiers.wgmma_nvfp4_accepts(wide, _pages(), slots[:1], "nvfp4", None, 0.1) == want
 
 
 class _Recorder:
@@ -219,16 +226,16 @@ def test_the_launcher_passes_each_kernel_parameter_by_its_name(monkeypatch):
 
     # (the splits' merge is a Triton kernel of its own: its inputs stand in for it)
     monkeypatch.setattr(sparse_mla_gluon, "lse_combine", lambda o, lse, out_dtype: (o[0].to(out_dtype), lse[0]))
-    q = torch.zeros(3, 12, 576, dtype=torch.bfloat16)
+    q = torch.zeros(3, 24, 576, dtype=torch.bfloat16)
     pages = torch.zeros(4, 64, 352, dtype=torch.uint8)
     slots = torch.zeros(3, 300, dtype=torch.int32)
     o, lse = w.sparse_mla_wgmma_fp4(q, pages, slots, "nvfp4", None, 0.25, split_size=128, stages=4)
-    assert o.shape == (3, 12, 512) and lse.shape == (3, 12)
+    assert o.shape == (3, 24, 512) and lse.shape == (3, 24)
     ((grid, args, kwargs),) = recorder.calls
-    assert grid == (3, 3)  # three splits, three tokens
+    assert grid == (3, 3, 2)  # three splits, three tokens, two groups of 16 heads
     bound = dict(zip(names, args), **kwargs)
     assert set(names) <= set(bound) and len(args) == names.index("logit_scale") + 1
-    assert (bound["H"], bound["K"], bound["num_slots"], bound["block_tokens"], bound["split_size"]) == (12, 300, 256,
+    assert (bound["H"], bound["K"], bound["num_slots"], bound["block_tokens"], bound["split_size"]) == (24, 300, 256,
                                                                                                           64, 128)
     assert bound["logit_scale"] == pytest.approx(0.25 * LOG2E)
     assert (bound["s8_b"], bound["s8_t"], bound["FLAT"], bound["OFF32"], bound["STAGES"]) == (64 * 352, 352, True,

@@ -40,6 +40,11 @@ GLUON_FEW_HEADS = dict(block_n=16, stages=3, q_smem=True, maxnreg=168, split_siz
 # WGMMA_SMALL_SPLIT's splits (batch-invariant mode keeps the fixed 1024: a split chosen by batch size would make a
 # row's sums depend on its batch).
 WGMMA_FEW_HEADS = dict(stages=2, split_size=1024)
+# The wgmma kernels serve a call of more than 16 heads as groups of 16, one program each (every group gathers the
+# records again); the routes take up to this many heads (fp8_ds_mla: only calls FlashMLA's decode does not take; it
+# pads 17-64 heads to 64 and was faster there), where the groups beat the few-heads Triton kernel (triton_small_heads,
+# H <= 32) and the general one.
+WGMMA_GROUPED_MAX_HEADS = 32
 WGMMA_SMALL_SPLIT = dict(below_tokens=64, split_size=512)
 WGMMA_MIN_TOKENS = 32
 

@@ -58,15 +58,15 @@ def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
 
 
 def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
-    """The wgmma few-heads kernel (fp8_ds_mla, <= 16 heads, sm_90): the gathered slots as the logit wgmma's M side;
-    :func:`wgmma_launch` its launch parameters."""
+    """The wgmma few-heads kernel (fp8_ds_mla, 16 heads a program, sm_90): the gathered slots as the logit wgmma's M
+    side; :func:`wgmma_launch` its launch parameters."""
     from dsahal.backends.triton_kernels.sparse_mla_wgmma import sparse_mla_wgmma as launch  # (imports Gluon)
 
     return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **wgmma_launch(q.shape[0]))
 
 
 def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
-    """The wgmma NVFP4 kernel (nvfp4 latents, <= 16 heads, sm_90): the codes decoded exactly into fp16 MMA operands,
+    """The wgmma NVFP4 kernel (nvfp4 latents, 16 heads a program, sm_90): the codes decoded exactly into fp16 MMA operands,
     the gathered slots the logit wgmma's M side; :func:`wgmma_fp4_launch` its launch (a fixed split: batch invariant)."""
     from dsahal.backends.triton_kernels.sparse_mla_wgmma_fp4 import sparse_mla_wgmma_fp4 as launch  # (imports Gluon)
 

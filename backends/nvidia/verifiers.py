@@ -57,10 +57,17 @@ def wgmma_few_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
     fewer than :data:`config.WGMMA_MIN_TOKENS` query tokens that FlashMLA's decode serves (its package loads and its
     verifier takes the call) is left to it: there it measured faster (fewer tokens leave most SMs idle here). Every
     call in batch-invariant mode, where a route must not depend on the batch (this kernel's splits are a fixed slot
-    count, so its result does not either)."""
+    count, so its result does not either). Calls of 17 to :data:`config.WGMMA_GROUPED_MAX_HEADS` heads (groups of 16)
+    only where FlashMLA's decode does not take them."""
     why = _wgmma_refusal("sparse_mla_wgmma", q, kv_pages, kv_fmt, slots)
     if why:
         return False, why
+    heads = q.shape[1]
+    if heads > 16:  # groups of 16 heads: only where FlashMLA's decode (heads padded to 64) does not serve
+        if heads > config.WGMMA_GROUPED_MAX_HEADS:
+            return False, f"{heads} heads: the route takes at most {config.WGMMA_GROUPED_MAX_HEADS} (groups of 16)"
+        if _flashmla_loads() and flashmla.decode_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)[0]:
+            return False, f"{heads} heads: more than 16, FlashMLA's decode (which takes this call) is faster"
     if (not config.batch_invariant() and q.shape[0] < config.WGMMA_MIN_TOKENS and _flashmla_loads()
             and flashmla.decode_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)[0]):
         return False, (f"{q.shape[0]} query tokens: below {config.WGMMA_MIN_TOKENS}, FlashMLA's decode (which takes "
@@ -72,8 +79,10 @@ def wgmma_nvfp4_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> 
     """The wgmma NVFP4 kernel (:mod:`dsahal.backends.triton_kernels.sparse_mla_wgmma_fp4`): what its launcher takes
     (:func:`~dsahal.backends.triton_kernels.sparse_mla_wgmma_fp4.refusal`) on an sm_90 GPU, in both modes and at every
     batch size (FlashMLA has no NVFP4 latent; on the H200 it was faster than the few-heads Triton kernel from 8 tokens
-    to 512, twenty-third session)."""
+    to 512, twenty-third session), up to :data:`config.WGMMA_GROUPED_MAX_HEADS` heads (groups of 16)."""
     why = _wgmma_refusal("sparse_mla_wgmma_fp4", q, kv_pages, kv_fmt, slots)
+    if not why and q.shape[1] > config.WGMMA_GROUPED_MAX_HEADS:
+        why = f"{q.shape[1]} heads: the route takes at most {config.WGMMA_GROUPED_MAX_HEADS} (groups of 16)"
     return not why, why
 
 

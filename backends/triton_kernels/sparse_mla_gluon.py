@@ -328,17 +328,22 @@ def sparse_mla_gluon_kernel(
 RECORD_BYTES = {"fp8_ds_mla": 656, "nvfp4": 352}  # the record formats the Gluon few-heads kernels read
 
 
+def _heads_spec(max_heads) -> str:
+    """The query shape a kernel takes, in words: ``[T, <= max_heads, 576]`` (``[T, H, 576]`` for None: any)."""
+    return f"[T, {'H' if max_heads is None else f'<= {max_heads}'}, 576]"
+
+
 def records_refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots, kernel: str,
-                    fmt: str = "fp8_ds_mla") -> str:
+                    fmt: str = "fp8_ds_mla", max_heads: int | None = MAX_HEADS) -> str:
     """Why a Gluon few-heads kernel (this one, :mod:`.sparse_mla_wgmma`, :mod:`.sparse_mla_wgmma_fp4`) does not take a
-    call ("" when it does), ``kernel`` naming it in the reason: bf16 queries ``[T, <= MAX_HEADS, 576]`` on an NVIDIA GPU
-    and ``fmt`` pages ``[blocks, tokens, record bytes]`` uint8 whose records start 16-byte aligned (the ``cp.async``
-    pieces)."""
+    call ("" when it does), ``kernel`` naming it in the reason: bf16 queries ``[T, <= max_heads, 576]`` (any head
+    count for None: the wgmma kernels run groups of 16) on an NVIDIA GPU and ``fmt`` pages ``[blocks, tokens, record
+    bytes]`` uint8 whose records start 16-byte aligned (the ``cp.async`` pieces)."""
     record = RECORD_BYTES[fmt]
     if kv_fmt != fmt:
         return f"{kv_fmt} latents: {kernel} reads {fmt} records"
-    if q.dim() != 3 or q.shape[1] > MAX_HEADS or q.shape[2] != 576:
-        return f"q of shape {list(q.shape)}: {kernel} takes [T, <= {MAX_HEADS}, 576]"
+    if q.dim() != 3 or (max_heads is not None and q.shape[1] > max_heads) or q.shape[2] != 576:
+        return f"q of shape {list(q.shape)}: {kernel} takes {_heads_spec(max_heads)}"
     if q.dtype != torch.bfloat16:
         return f"{str(q.dtype).replace('torch.', '')} queries: {kernel} takes bf16"
     if not all(runs_ptx(t.device) for t in (q, kv_pages) + (() if slots is None else (slots,))):
@@ -351,26 +356,30 @@ def records_refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots,
     return ""
 
 
-def unserved(name: str, q, kv_pages, kv_fmt: str, why: str, fmt: str = "fp8_ds_mla") -> ValueError:
+def unserved(name: str, q, kv_pages, kv_fmt: str, why: str, fmt: str = "fp8_ds_mla",
+             max_heads: int | None = MAX_HEADS) -> ValueError:
     """The launcher's error for a call its kernel refuses (``why``): what it takes and what it got."""
-    return ValueError(f"{name}: expected bf16 q [T, <= {MAX_HEADS}, 576] on an NVIDIA GPU and {fmt} uint8 pages "
+    return ValueError(f"{name}: expected bf16 q {_heads_spec(max_heads)} on an NVIDIA GPU and {fmt} uint8 pages "
                       f"[num_blocks, block_tokens, {RECORD_BYTES[fmt]}] with 16-byte aligned records, got q {q.dtype} "
                       f"{list(q.shape)} on {q.device}, kv_fmt {kv_fmt!r}, pages {kv_pages.dtype} {list(kv_pages.shape)} "
                       f"aligned to {row_alignment(kv_pages)} byte(s) ({why})")
 
 
 def launch_over_tokens(kernel, q, kv_pages, slots, o, lse, splits: int, sizes: tuple, meta: dict,
-                       record_bytes: int = 656):
+                       record_bytes: int = 656, head_group: int | None = None):
     """Launch a Gluon few-heads ``kernel`` (this module's signature) over the tokens, ``splits`` programs a token (grid
-    axis 1 in slices of at most 65,535 tokens), the pages' geometry (records of ``record_bytes``) as ``FLAT`` /
-    ``OFF32`` constexprs; then the splits' fp32 partials merged in split order. Returns ``(o [T, H, 512], lse [T, H])``."""
+    axis 1 in slices of at most 65,535 tokens) and, with ``head_group``, one program a group of that many heads (grid
+    axis 2: the kernel offsets its queries and outputs by its group and serves ``H - group · head_group`` heads of
+    them), the pages' geometry (records of ``record_bytes``) as ``FLAT`` / ``OFF32`` constexprs; then the splits' fp32
+    partials merged in split order. Returns ``(o [T, H, 512], lse [T, H])``."""
     blocks, block_tokens = kv_pages.shape[0], kv_pages.shape[1]
     s8_b, s8_t = kv_pages.stride(0), kv_pages.stride(1)
     last = (blocks - 1) * s8_b + (block_tokens - 1) * s8_t + record_bytes  # one past the furthest record's last byte
     meta = dict(meta, FLAT=s8_b == block_tokens * s8_t, OFF32=last < 2**31)
     sizes = (sizes[0], sizes[1], blocks * block_tokens, block_tokens, *sizes[2:])
+    groups = 1 if head_group is None else -(-q.shape[1] // head_group)
     for first, stop in launch_grid.ranges(q.shape[0]):  # (CUDA: <= 65535 programs on grid axis 1)
-        kernel[(splits, stop - first)](
+        kernel[(splits, stop - first, groups)](
             q[first:stop], q.stride(0), q.stride(1),
             kv_pages, s8_b, s8_t,
             slots[first:stop], slots.stride(0),

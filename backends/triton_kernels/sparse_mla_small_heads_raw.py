@@ -306,10 +306,11 @@ def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_sca
     return lse_combine(o, lse, out_dtype=q.dtype)
 
 
-def check_launch(name: str, heads: int, block_n: int, split_size) -> None:
-    """The few-heads launchers' shared checks (ValueError naming ``name``, the argument, expected and got)."""
-    if heads > MAX_HEADS:
-        raise ValueError(f"{name}: q expected at most {MAX_HEADS} heads, got {heads}")
+def check_launch(name: str, heads: int, block_n: int, split_size, max_heads: int | None = MAX_HEADS) -> None:
+    """The few-heads launchers' shared checks (ValueError naming ``name``, the argument, expected and got); any head
+    count for ``max_heads`` None (the wgmma kernels' groups of 16)."""
+    if max_heads is not None and heads > max_heads:
+        raise ValueError(f"{name}: q expected at most {max_heads} heads, got {heads}")
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"{name}: block_n expected a power of two >= 16, got {block_n}")
     if split_size is not None and split_size < 1:

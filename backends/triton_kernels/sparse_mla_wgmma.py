@@ -62,7 +62,9 @@ _async_copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # (renamed barrier the same way)
 
 SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")
-MAX_HEADS = 16  # the heads are the logit MMA's N side and the value MMA's M side (m16)
+# a program's heads: the logit MMA's N side and the value MMA's M side (m16); a call of more heads runs a program a
+# group of 16 (each gathering the records again)
+HEAD_GROUP = 16
 TILE = gl.constexpr(64)  # slots a step: the logit wgmma's M
 DEFAULT_STAGES, DEFAULT_SPLIT_SIZE = 2, 1024  # the H200's fastest at 64 x 5 and 64 x 8 tokens (BENCHMARKS.md)
 BLOCK_H = gl.constexpr(16)
@@ -275,6 +277,11 @@ def sparse_mla_wgmma_kernel(
     PV_PARTS: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, PV))
     split = gl.program_id(0)
     t = gl.program_id(1).to(gl.int64)
+    group = gl.program_id(2)  # heads 16 group .. 16 group + 15 of the call's (launch_over_tokens' head groups)
+    q_ptr += group * BLOCK_H * stride_qh
+    o_ptr += group * BLOCK_H * stride_oh
+    lse_ptr += group * BLOCK_H
+    H -= group * BLOCK_H
 
     # the queries: each head scaled by a power of two over its 512 nope dims and split exactly into e4m3 hi + lo
     qh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, _QUERY))
@@ -391,7 +398,7 @@ def sparse_mla_wgmma_kernel(
 def refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots: torch.Tensor | None = None) -> str:
     """Why this kernel does not take the call ("" when it does): the Gluon few-heads kernels' shared conditions
     (:func:`.sparse_mla_gluon.records_refusal`). The route's verifier reports this reason; the launcher raises on it."""
-    return records_refusal(q, kv_pages, kv_fmt, slots, "the wgmma few-heads kernel")
+    return records_refusal(q, kv_pages, kv_fmt, slots, "the wgmma few-heads kernel", max_heads=None)
 
 
 def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
@@ -404,7 +411,8 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     """Launch :func:`sparse_mla_wgmma_kernel` (a call :func:`serves` refuses raises, naming what it got).
 
     Args:
-        q: ``[T, H, 576]`` bf16 on a CUDA device, ``H <= MAX_HEADS``.
+        q: ``[T, H, 576]`` bf16 on a CUDA device, any ``H`` (groups of 16 heads, one program each: every group
+            gathers the slots' records again; the L2 serves some of them).
         kv_pages: ``[num_blocks, block_tokens, 656]`` uint8 fp8_ds_mla pages, records 16-byte aligned (any strides
             that keep them so: a view into a packed cache is read in place).
         slots: ``[T, K]`` int32/int64 physical slots; -1 or out of range = skipped.
@@ -422,9 +430,9 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     name = "triton sparse_mla_wgmma"
     why = refusal(q, kv_pages, kv_fmt)
     if why:
-        raise unserved(name, q, kv_pages, kv_fmt, why)
+        raise unserved(name, q, kv_pages, kv_fmt, why, max_heads=None)
     tokens, heads, _ = q.shape
-    check_launch(name, heads, 64, split_size)
+    check_launch(name, heads, 64, split_size, max_heads=None)
     if stages not in (2, 3):
         raise ValueError(f"{name}: stages expected 2 or 3, got {stages}")
     k = slots.shape[1]
@@ -433,7 +441,8 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
         return o[0].to(q.dtype), lse[0]
     meta = dict(STAGES=stages, num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
     return launch_over_tokens(sparse_mla_wgmma_kernel, q, kv_pages, slots, o, lse, splits,
-                              (heads, k, split_size, softmax_scale * LOG2E), meta)
+                              (heads, k, split_size, softmax_scale * LOG2E), meta,
+                              head_group=HEAD_GROUP)
 
 
 # the launch cache (dsahal.kernel_launch) for this module's kernel: 33-80 us less host time a call than Triton's own

@@ -59,7 +59,7 @@ _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 RECORD = 352  # bytes a record: codes [0, 256), RoPE e4m3 [256, 320), scales e4m3 [320, 352)
 SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")
-MAX_HEADS = 16
+HEAD_GROUP = 16  # a program's heads (a call of more runs a program a group of 16)
 DEFAULT_STAGES, DEFAULT_SPLIT_SIZE = 3, 1024
 TILE = gl.constexpr(64)  # slots a step: the logit wgmma's M
 BLOCK_H = gl.constexpr(16)
@@ -346,6 +346,11 @@ def sparse_mla_wgmma_fp4_kernel(
     PV_COLS: gl.constexpr = gl.SliceLayout(0, PV)
     split = gl.program_id(0)
     t = gl.program_id(1).to(gl.int64)
+    group = gl.program_id(2)  # heads 16 group .. 16 group + 15 of the call's (launch_over_tokens' head groups)
+    q_ptr += group * BLOCK_H * stride_qh
+    o_ptr += group * BLOCK_H * stride_oh
+    lse_ptr += group * BLOCK_H
+    H -= group * BLOCK_H
 
     # the queries: each head scaled by a power of two over its 576 dims into fp16 (its largest in [2^13, 2^14)), the
     # RoPE part twice that (the decoded values are 2 · code · σ, the RoPE ones exact)
@@ -448,7 +453,7 @@ def sparse_mla_wgmma_fp4_kernel(
 def refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots: torch.Tensor | None = None) -> str:
     """Why this kernel does not take the call ("" when it does): the Gluon few-heads kernels' shared conditions on
     NVFP4 records (:func:`.sparse_mla_gluon.records_refusal`). The route's verifier reports it; the launcher raises."""
-    return records_refusal(q, kv_pages, kv_fmt, slots, "the wgmma NVFP4 kernel", fmt="nvfp4")
+    return records_refusal(q, kv_pages, kv_fmt, slots, "the wgmma NVFP4 kernel", fmt="nvfp4", max_heads=None)
 
 
 def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
@@ -461,7 +466,8 @@ def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *,
     """Launch :func:`sparse_mla_wgmma_fp4_kernel` (a call :func:`serves` refuses raises, naming what it got).
 
     Args:
-        q: ``[T, H, 576]`` bf16 on a CUDA device, ``H <= MAX_HEADS``.
+        q: ``[T, H, 576]`` bf16 on a CUDA device, any ``H`` (groups of 16 heads, one program each: every group
+            gathers the slots' records again; the L2 serves some of them).
         kv_pages: ``[num_blocks, block_tokens, 352]`` uint8 NVFP4 pages, records 16-byte aligned (any strides that
             keep them so: a view into a packed cache is read in place).
         slots: ``[T, K]`` int32/int64 physical slots; -1 or out of range = skipped.
@@ -479,9 +485,9 @@ def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *,
     name = "triton sparse_mla_wgmma_fp4"
     why = refusal(q, kv_pages, kv_fmt)
     if why:
-        raise unserved(name, q, kv_pages, kv_fmt, why, fmt="nvfp4")
+        raise unserved(name, q, kv_pages, kv_fmt, why, fmt="nvfp4", max_heads=None)
     tokens, heads, _ = q.shape
-    check_launch(name, heads, 64, split_size)
+    check_launch(name, heads, 64, split_size, max_heads=None)
     if stages not in (2, 3, 4):
         raise ValueError(f"{name}: stages expected 2, 3 or 4, got {stages}")
     if in_flight not in (1, 2):
@@ -492,7 +498,8 @@ def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *,
         return o[0].to(q.dtype), lse[0]
     meta = dict(STAGES=stages, IN_FLIGHT=in_flight, num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
     return launch_over_tokens(sparse_mla_wgmma_fp4_kernel, q, kv_pages, slots, o, lse, splits,
-                              (heads, k, split_size, softmax_scale * LOG2E), meta, record_bytes=RECORD)
+                              (heads, k, split_size, softmax_scale * LOG2E), meta, record_bytes=RECORD,
+                              head_group=HEAD_GROUP)
 
 
 wrap_launched(globals())
