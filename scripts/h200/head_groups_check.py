@@ -133,4 +133,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    run(main)
+    run("head_groups_check", main)
