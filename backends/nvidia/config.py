@@ -41,10 +41,13 @@ GLUON_FEW_HEADS = dict(block_n=16, stages=3, q_smem=True, maxnreg=168, split_siz
 # row's sums depend on its batch).
 WGMMA_FEW_HEADS = dict(stages=2, split_size=1024)
 # The wgmma kernels serve a call of more than 16 heads as groups of 16, one program each (every group gathers the
-# records again); the routes take up to this many heads (fp8_ds_mla: only calls FlashMLA's decode does not take; it
-# pads 17-64 heads to 64 and was faster there), where the groups beat the few-heads Triton kernel (triton_small_heads,
-# H <= 32) and the general one.
-WGMMA_GROUPED_MAX_HEADS = 32
+# records again, the L2 serving some: 32 heads cost 1.7-1.9x 16); the routes take up to this many heads (fp8_ds_mla:
+# only calls FlashMLA's decode does not take; it pads 17-64 heads to 64, 0.300 ms at 64 x 5 against the groups' 0.434
+# / 0.458 at H = 24 / 32). H200, twenty-fourth session, 64 x 5 tokens x 2048 slots (scripts/h200/head_groups_check.py),
+# ms, groups against the few-heads Triton kernel (H <= 32) / the general one: NVFP4 H = 24 0.390 / 1.506 / 1.723, 32
+# 0.430 / 1.518 / 1.930, 48 0.606 / - / 3.740, 64 0.791 / - / 0.862; fp8_ds_mla 24 0.434 / 1.587 / 1.857, 32 0.458 /
+# 1.600 / 1.396, 48 0.687 / - / 2.584, 64 0.874 / - / 0.873 (even: past 64 not measured).
+WGMMA_GROUPED_MAX_HEADS = 64
 WGMMA_SMALL_SPLIT = dict(below_tokens=64, split_size=512)
 WGMMA_MIN_TOKENS = 32
 

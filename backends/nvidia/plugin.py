@@ -42,23 +42,26 @@ def routes() -> dict[str, list[Route]]:
                              description="packed 32-bit exact DCP merge over NCCL")],
         "positions_to_slots": [_triton("positions_to_slots")],
         "sparse_mla": [
-            # The wgmma few-heads kernel, fp8_ds_mla at <= 16 heads on sm_90: the gathered slots as the logit MMA's M
-            # side, so 12 or 16 heads are not padded to 64; 1.10x / 1.18x FlashMLA (heads padded) at 64 x 5 tokens,
-            # H = 16 / 12, 1.16x at 64 x 8, 1.20x GPU time at 64 x 1 (H200, twenty-second session). Ahead of
+            # The wgmma few-heads kernel, fp8_ds_mla on sm_90, 16 heads a program: the gathered slots as the logit
+            # MMA's M side, so 12 or 16 heads are not padded to 64; 1.13x / 1.22x FlashMLA (heads padded) at 64 x 5
+            # tokens, H = 16 / 12, 1.21x at 64 x 8, 1.13x at 64 x 1 (H200, twenty-fourth session). Ahead of
             # FlashMLA: in default mode it leaves calls of < 32 query tokens (config.WGMMA_MIN_TOKENS) that FlashMLA's
             # decode takes to it (faster there; 32-63 tokens with 512-slot splits); in batch-invariant mode
-            # it takes every call it can (fixed splits: the route must not depend on the batch).
+            # it takes every call it can (fixed splits: the route must not depend on the batch). 17-64 heads (groups
+            # of 16) only where FlashMLA's decode does not serve (3.5-3.8x the Triton kernels there).
             Route("gluon_wgmma_few_heads", f"{PACKAGE}.ops:sparse_mla_wgmma",
                   f"{PACKAGE}.verifiers:wgmma_few_heads_accepts",
-                  description="Gluon: fp8_ds_mla at <= 16 heads, the gathered slots as the logit wgmma's M side "
-                              "(sm_90; default mode: FlashMLA's decode below 32 tokens)"),
-            # The wgmma NVFP4 kernel, nvfp4 latents at <= 16 heads on sm_90 (FlashMLA reads no NVFP4): the same design,
-            # each code decoded exactly into an fp16 MMA operand; 3.8-4.2x the few-heads Triton kernel it replaces at
-            # 64 x 5 tokens, 1.32x / 1.44x FlashMLA's padded time on the same tokens as fp8_ds_mla at H = 16 / 12
-            # (H200, twenty-third session), every batch size, both modes.
+                  description="Gluon: fp8_ds_mla, 16 heads a program, the gathered slots as the logit wgmma's M side "
+                              "(sm_90; default mode: FlashMLA's decode below 32 tokens; > 16 heads: FlashMLA's "
+                              "decode where it serves)"),
+            # The wgmma NVFP4 kernel, nvfp4 latents on sm_90 (FlashMLA reads no NVFP4): the same design, each code
+            # decoded exactly into an fp16 MMA operand; 3.8-4.2x the few-heads Triton kernel it replaces at 64 x 5
+            # tokens, 1.32x / 1.45x FlashMLA's padded time on the same tokens as fp8_ds_mla at H = 16 / 12 (H200,
+            # twenty-third / twenty-fourth sessions), every batch size, both modes; 17-64 heads as groups of 16:
+            # 3.5-3.9x the few-heads Triton kernel at 24 / 32, 6.2x / 1.09x the general one at 48 / 64.
             Route("gluon_wgmma_nvfp4", f"{PACKAGE}.ops:sparse_mla_wgmma_fp4", f"{PACKAGE}.verifiers:wgmma_nvfp4_accepts",
-                  description="Gluon: NVFP4 latents at <= 16 heads, each code decoded exactly into an fp16 MMA "
-                              "operand, the gathered slots as the logit wgmma's M side (sm_90)"),
+                  description="Gluon: NVFP4 latents, 16 heads a program (up to 64), each code decoded exactly into "
+                              "an fp16 MMA operand, the gathered slots as the logit wgmma's M side (sm_90)"),
             Route("flashmla_decode", f"{flashmla}:sparse_mla_decode", f"{flashmla}:decode_accepts",
                   probe=f"{flashmla}:probe", description="FlashMLA SM90 sparse decode on fp8_ds_mla (V32) pages"),
             Route("flashmla_prefill", f"{flashmla}:sparse_mla_prefill", f"{flashmla}:prefill_accepts",
