@@ -168,7 +168,8 @@ def test_the_kernel_compiles_for_hopper_without_spilling_two_or_three_programs_a
     assert programs * (result.shared_bytes + 1024) <= 228 * 1024  # and by shared memory (1 KB reserved a program)
 
 
-def test_large_calls_take_three_programs_a_sm_in_default_mode_only(monkeypatch):
+def test_the_launch_by_token_count_in_default_mode_only(monkeypatch):
+    """Three programs a SM for large calls, smaller splits for small ones; one launch in batch-invariant mode."""
     from dsahal.backends.nvidia import config, ops
 
     many = config.WGMMA_NVFP4_MANY
@@ -176,8 +177,16 @@ def test_large_calls_take_three_programs_a_sm_in_default_mode_only(monkeypatch):
     assert ops.wgmma_fp4_launch(many["from_tokens"] - 1) == config.WGMMA_NVFP4
     assert ops.wgmma_fp4_launch(many["from_tokens"]) == dict(config.WGMMA_NVFP4, stages=many["stages"],
                                                                maxnreg=many["maxnreg"], in_flight=many["in_flight"])
+    # few tokens: smaller splits, each rule below its own token count (in order), the default launch from the last
+    (below_small, small), (below_mid, mid) = config.WGMMA_NVFP4_SMALL_SPLITS
+    assert below_small < below_mid <= many["from_tokens"] and small < mid < config.WGMMA_NVFP4["split_size"]
+    assert ops.wgmma_fp4_launch(1) == dict(config.WGMMA_NVFP4, split_size=small)
+    assert ops.wgmma_fp4_launch(below_small - 1) == dict(config.WGMMA_NVFP4, split_size=small)
+    assert ops.wgmma_fp4_launch(below_small) == dict(config.WGMMA_NVFP4, split_size=mid)
+    assert ops.wgmma_fp4_launch(below_mid) == config.WGMMA_NVFP4
     monkeypatch.setattr(config, "batch_invariant", lambda: True)  # one launch whatever the batch
     assert ops.wgmma_fp4_launch(4096) == config.WGMMA_NVFP4
+    assert ops.wgmma_fp4_launch(1) == config.WGMMA_NVFP4
 
 
 def test_the_route_verifier_names_what_the_kernel_does_not_take(monkeypatch):

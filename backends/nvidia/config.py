@@ -63,6 +63,12 @@ WGMMA_MIN_TOKENS = 32
 # cap it spills, so the three-programs launch keeps one.
 WGMMA_NVFP4 = dict(stages=3, split_size=1024, in_flight=2)
 WGMMA_NVFP4_MANY = dict(from_tokens=256, stages=2, maxnreg=168, in_flight=1)
+# In default mode calls of few query tokens take smaller splits (more programs): (below this many tokens, slots a
+# split), the first that applies. GPU time (CUDA-graph replay, H = 16, 2048 slots, 1M-token pool; twenty-fourth
+# session, scripts/h200/fp4_split_probe.py), us at 1024 / 512 / 256-slot splits: 8 tokens 50.0 / 34.7 / 28.3, 16 51.6
+# / 35.7 / 34.3, 32 53.3 / 43.3 / 57.0, 64 61.7 / 69.5 / 105.4, 128 94.3 / 128.8 / 191.2. Batch-invariant mode keeps
+# the fixed 1024 (a split chosen by batch size would make a row's sums depend on its batch).
+WGMMA_NVFP4_SMALL_SPLITS = ((32, 256), (64, 512))
 
 
 _batch_invariant: bool | None = None

@@ -74,11 +74,17 @@ def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
 
 
 def wgmma_fp4_launch(tokens: int) -> dict:
-    """The wgmma NVFP4 kernel's launch parameters for a call of ``tokens`` query tokens: ``config.WGMMA_NVFP4``, with
-    ``config.WGMMA_NVFP4_MANY``'s three programs a SM from its token count in default mode."""
+    """The wgmma NVFP4 kernel's launch parameters for a call of ``tokens`` query tokens: ``config.WGMMA_NVFP4``; in
+    default mode ``config.WGMMA_NVFP4_MANY``'s three programs a SM from its token count and
+    ``config.WGMMA_NVFP4_SMALL_SPLITS``' smaller splits below theirs."""
+    if config.batch_invariant():
+        return config.WGMMA_NVFP4
     many = config.WGMMA_NVFP4_MANY
-    if tokens >= many["from_tokens"] and not config.batch_invariant():
+    if tokens >= many["from_tokens"]:
         return dict(config.WGMMA_NVFP4, stages=many["stages"], maxnreg=many["maxnreg"], in_flight=many["in_flight"])
+    for below, split_size in config.WGMMA_NVFP4_SMALL_SPLITS:
+        if tokens < below:
+            return dict(config.WGMMA_NVFP4, split_size=split_size)
     return config.WGMMA_NVFP4
 
 
