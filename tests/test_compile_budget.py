@@ -74,7 +74,7 @@ def test_patterns_beyond_the_budget_go_to_the_twin_and_keep_their_choice():
     # a repeat of a twin pattern stays on the twin; `n` is do_not_specialize: its value is no pattern
     wrapper[(1,)](aligned, aligned, 5, 1, BLOCK=16)
     assert len(wrapper.twin.calls) == 3
-    assert wrapper.stats() == {"specialised_patterns": 2, "generic_calls": 3}
+    assert wrapper.stats() == {"specialised_patterns": 2, "generic_calls": 3, "cache_twin_calls": 0}
 
 
 def test_each_constexpr_configuration_has_its_own_budget():
@@ -173,3 +173,62 @@ def test_a_plugin_that_does_not_name_the_mode_keeps_batch_invariant_launches(mon
     monkeypatch.setenv("DSAHAL_BATCH_INVARIANT", "0")
     compile_budget.install()  # default mode: the suite's budget again
     assert all(w.budget == 4 for w in compile_budget._installed.values())
+
+
+def cache_budgeted(budget):
+    """``copy_kernel`` with ``src`` and ``stride`` named as its cache's arguments."""
+    wrapper = BudgetedKernel(copy_kernel, budget, ("src", "stride"))
+    params = {p.name: p for p in wrapper.cache_twin.params}
+    # the cache twin: no facts about dst (a batch's own tensor), the cache's kept; `n` stays unspecialised
+    assert params["dst"].do_not_specialize and params["n"].do_not_specialize
+    assert not params["src"].do_not_specialize and not params["stride"].do_not_specialize
+    assert {p.name for p in wrapper.twin.params if p.do_not_specialize} >= {"src", "dst", "stride", "n"}
+    wrapper.kernel, wrapper.twin, wrapper.cache_twin = Recorder(), Recorder(), Recorder()
+    return wrapper
+
+
+def test_batch_invariant_mode_keeps_an_aligned_caches_facts_whatever_the_batchs_tensors():
+    wrapper = cache_budgeted(0)
+    base = torch.zeros(64, dtype=torch.uint8)
+    aligned, odd = offset_view(base, 0), offset_view(base, 3)
+    for dst in (aligned, odd):  # the batch's tensor at any offset: the cache decides
+        wrapper[(1,)](aligned, dst, 16, 7, BLOCK=16)
+        wrapper[(1,)](aligned, dst, 32, 7, BLOCK=16)
+    assert len(wrapper.cache_twin.calls) == 4 and not wrapper.twin.calls and not wrapper.kernel.calls
+    # a cache argument unaligned or not a multiple of 16 (or 1): the fully generic twin
+    for src, stride in ((odd, 16), (aligned, 5), (aligned, 1)):
+        wrapper[(1,)](src, aligned, stride, 7, BLOCK=16)
+    assert len(wrapper.twin.calls) == 3 and len(wrapper.cache_twin.calls) == 4
+    assert wrapper.stats() == {"specialised_patterns": 0, "generic_calls": 3, "cache_twin_calls": 4}
+
+
+def test_a_budget_beyond_zero_keeps_the_fully_generic_twin_for_the_patterns_it_does_not_keep():
+    """Only batch-invariant mode takes the cache twin: with the suite's budget a new cache pattern would compile
+    another twin, which the budget is there to prevent."""
+    wrapper = cache_budgeted(1)
+    base = torch.zeros(64, dtype=torch.uint8)
+    wrapper[(1,)](base, base, 16, 7, BLOCK=16)
+    wrapper[(1,)](base, base[3:], 16, 7, BLOCK=16)
+    assert len(wrapper.kernel.calls) == 1 and len(wrapper.twin.calls) == 1 and not wrapper.cache_twin.calls
+
+
+def test_cache_arguments_must_be_run_time_parameters():
+    with pytest.raises(ValueError, match=r"cache arguments \['BLOCK'\] are not run-time parameters of copy_kernel"):
+        BudgetedKernel(copy_kernel, 0, ("src", "BLOCK"))
+    # one the kernel itself leaves unspecialised stays so (no cache twin when none is left)
+    assert BudgetedKernel(copy_kernel, 0, ("n",)).cache_twin is None
+
+
+def test_the_kernels_name_their_caches_arguments(monkeypatch, plain_kernels):
+    """The sparse-MLA and indexer kernels' pages and page strides: every name a parameter of its kernel, installed
+    with the budget's wrappers."""
+    from dsahal.backends.triton_kernels import indexer, indexer_decode, sparse_mla
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    compile_budget.install(invariant=True)
+    for module in (sparse_mla, indexer, indexer_decode):
+        for name, args in module.CACHE_ARGS.items():
+            wrapper = getattr(module, name)
+            assert isinstance(wrapper, BudgetedKernel) and wrapper.cache_twin is not None
+            assert set(wrapper.cache_args) == set(args) and all(a.startswith(("pages_", "s8_", "s16_", "s32_"))
+                                                               for a in args)

@@ -223,6 +223,10 @@ def _mxfp4_logits(packed, scales, q, DOT: tl.constexpr, SCALED_DOT: tl.constexpr
 # Counts and sizes that vary from call to call are not specialised on (Triton would compile a
 # variant per value pattern: ==1, multiple of 16); strides stay specialised for wide loads.
 SIZE_ARGS = ("T", "H", "max_context", "num_blocks", "max_blocks", "block_tokens")
+# the arguments that describe the index cache, the same whichever rows a batch holds (compile_budget: batch-invariant
+# mode keeps their alignment facts)
+CACHE_ARGS = {"indexer_score_kernel": ("pages_u8", "s8_b", "s8_t", "pages_u16", "s16_b", "s16_t", "pages_f32",
+                                       "s32_b", "s32_t")}
 
 
 @triton.jit(do_not_specialize=SIZE_ARGS)

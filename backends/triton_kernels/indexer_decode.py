@@ -119,6 +119,9 @@ FP8_KEYS_LO_SCALE: tl.constexpr = tl.constexpr(16)
 MXFP4_LO_SCALE: tl.constexpr = tl.constexpr(1)
 
 SIZE_ARGS = ("T", "max_context", "num_blocks", "max_blocks", "block_tokens", "n_tiles")
+# the arguments that describe the index cache, the same whichever rows a batch holds (compile_budget: batch-invariant
+# mode keeps their alignment facts)
+CACHE_ARGS = {"indexer_tiles_kernel": ("pages_u8", "s8_b", "pages_f32", "s32_b")}
 L2_AHEAD_MAX = 8  # l2_ahead: how far ahead (in key tiles) the rolled loop may ask L2 for a tile's lines
 
 # Programs a launch should have before its key chunks get longer (``wide_tiles``): 8 per SM of an H200's

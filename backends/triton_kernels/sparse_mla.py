@@ -164,6 +164,10 @@ def decode_rope(codes, FMT: tl.constexpr, AS_BF16: tl.constexpr):
 # Counts and sizes that vary from call to call are not specialised on (Triton would compile a
 # variant per value pattern: ==1, multiple of 16); strides stay specialised for wide loads.
 SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")
+# the arguments that describe the cache, the same whichever rows a batch holds (compile_budget: batch-invariant mode
+# keeps their alignment facts)
+CACHE_ARGS = {"sparse_mla_kernel": ("pages_u8", "pages_u16", "pages_f32", "s8_b", "s8_t", "s16_b", "s16_t", "s32_b",
+                                    "s32_t")}
 
 
 @triton.jit(do_not_specialize=SIZE_ARGS)
