@@ -17,8 +17,8 @@ import torch
 from dsahal.backends.triton_kernels import sparse_mla_wgmma as w
 
 
-def _pages(blocks=4, block_tokens=16, device="cpu"):
-    return torch.zeros(blocks, block_tokens, 656, dtype=torch.uint8, device=device)
+def _pages(blocks=4, block_tokens=16, device="cpu", record=656):
+    return torch.zeros(blocks, block_tokens, record, dtype=torch.uint8, device=device)
 
 
 def test_serves_bf16_queries_of_at_most_16_heads_on_aligned_fp8_ds_mla_pages_on_a_cuda_device_only():
@@ -26,7 +26,18 @@ def test_serves_bf16_queries_of_at_most_16_heads_on_aligned_fp8_ds_mla_pages_on_
     assert w.refusal(q, _pages(), "fp8_ds_mla") == "the wgmma few-heads kernel runs on NVIDIA CUDA tensors only"
     meta = torch.empty(2, 16, 576, dtype=torch.bfloat16, device="meta")
     assert not w.serves(meta, _pages(device="meta"), "fp8_ds_mla")
-    assert w.refusal(q, _pages(), "nvfp4") == "nvfp4 latents: the wgmma few-heads kernel reads fp8_ds_mla records"
+    assert w.refusal(q, _pages(), "nvfp4") == (
+        "nvfp4 latents: the wgmma few-heads kernel reads fp8_ds_mla or fp8 records")
+    # per-tensor FP8 records (576 bytes) too; each format's own record size
+    assert w.refusal(q, _pages(record=576), "fp8") == "the wgmma few-heads kernel runs on NVIDIA CUDA tensors only"
+    from dsahal.backends.triton_kernels import sparse_mla_gluon
+
+    with pytest.MonkeyPatch.context() as patch:  # past the device check: the record size
+        patch.setattr(sparse_mla_gluon, "runs_ptx", lambda device: True)
+        assert w.refusal(q, _pages(), "fp8") == (
+            "pages torch.uint8 [4, 16, 656]: the wgmma few-heads kernel reads uint8 [blocks, tokens, 576]")
+        assert w.refusal(q, _pages(record=576), "fp8_ds_mla") == (
+            "pages torch.uint8 [4, 16, 576]: the wgmma few-heads kernel reads uint8 [blocks, tokens, 656]")
     assert w.refusal(q.float(), _pages(), "fp8_ds_mla") == "float32 queries: the wgmma few-heads kernel takes bf16"
     # any head count (groups of 16): 17 or 128 heads pass the shape check, a query of 512 dims does not
     for heads in (17, 128):
@@ -125,11 +136,12 @@ def test_each_copy_instruction_covers_whole_records(warp):
     assert w._CODES_COPY.value.warps_per_cta == [1, 4, 1]
 
 
-def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm():
-    """The backend's launch."""
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8"])
+def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm(fmt):
+    """The backend's launch, on either record format."""
     from dsahal.backends.nvidia import aot
 
-    (variant,) = aot._wgmma_variants()
+    (variant,) = [v for v in aot._wgmma_variants() if v.constexprs["FP8"] == (fmt == "fp8")]
     result = aot.compile_variant(variant)
     assert result.error == "", result.error
     assert 0 < result.registers <= 255 and result.stack_bytes == 0
@@ -143,7 +155,7 @@ def test_the_route_verifier_names_what_the_kernel_does_not_take(monkeypatch):
     q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
     slots = torch.zeros(2, 8, dtype=torch.int32)
     ok, reason = verifiers.wgmma_few_heads_accepts(q, _pages(), slots, "nvfp4", None, 0.1)
-    assert not ok and reason == "nvfp4 latents: the wgmma few-heads kernel reads fp8_ds_mla records"
+    assert not ok and reason == "nvfp4 latents: the wgmma few-heads kernel reads fp8_ds_mla or fp8 records"
     ok, reason = verifiers.wgmma_few_heads_accepts(q, _pages(), slots, "fp8_ds_mla", None, 0.1)
     assert not ok and reason == "the wgmma few-heads kernel runs on NVIDIA CUDA tensors only"
     # past the launcher's own checks: the architecture, then the batch size in default mode only
@@ -218,13 +230,39 @@ def test_the_launchers_pass_each_kernel_parameter_by_its_name(monkeypatch, modul
     ((grid, args, kwargs),) = recorder.calls
     assert grid == (1, 3, 3 if heads == 40 else 1)  # one split, three tokens, the head groups
     bound = dict(zip(names, args), **kwargs)
-    assert set(names) <= set(bound) and len(args) == names.index("logit_scale") + 1
+    # every run-time argument by position (the wgmma kernel's tensor scale after the logit scale)
+    assert set(names) <= set(bound) and len(args) == names.index("logit_scale") + 1 + ("kv_scale_ptr" in names)
     assert (bound["H"], bound["K"], bound["num_slots"], bound["block_tokens"], bound["split_size"]) == (heads, 300,
                                                                                                           256, 64, 300)
     assert bound["logit_scale"] == pytest.approx(0.25 * LOG2E)
     assert (bound["s8_b"], bound["s8_t"], bound["FLAT"], bound["OFF32"]) == (64 * 656, 656, True, True)
     assert (bound["stride_qt"], bound["stride_st"], bound["stride_ot"]) == (heads * 576, 300, heads * 512)
     assert all(bound[name] == value for name, value in extra.items())
+
+
+def test_fp8_records_pass_their_tensor_scale_to_the_kernel_and_a_bad_one_is_refused(monkeypatch):
+    from dsahal.kernel_launch import triton_launch
+
+    names = triton_launch(w.sparse_mla_wgmma_kernel).arg_names
+    recorder = _Recorder()
+    monkeypatch.setattr(w, "refusal", lambda *args: "")
+    monkeypatch.setattr(w, "sparse_mla_wgmma_kernel", recorder)
+    q = torch.zeros(3, 16, 576, dtype=torch.bfloat16)
+    pages = torch.zeros(4, 64, 576, dtype=torch.uint8)
+    slots = torch.zeros(3, 300, dtype=torch.int32)
+    scale = torch.tensor(0.25)
+    w.sparse_mla_wgmma(q, pages, slots, "fp8", scale, 0.25, split_size=None)
+    ((grid, args, kwargs),) = recorder.calls
+    bound = dict(zip(names, args), **kwargs)
+    assert bound["FP8"] is True and bound["kv_scale_ptr"].data_ptr() == scale.data_ptr()
+    assert bound["kv_scale_ptr"].shape == () and bound["s8_t"] == 576
+    w.sparse_mla_wgmma(q, _pages(record=656), slots, "fp8_ds_mla", None, 0.25, split_size=None)
+    assert recorder.calls[1][2]["FP8"] is False
+    for bad, got in ((None, "NoneType"), (torch.tensor([0.25, 0.5]), "torch.float32 [2] on cpu"),
+                     (torch.tensor(1, dtype=torch.int32), "torch.int32 [] on cpu")):
+        with pytest.raises(ValueError, match=rf"triton sparse_mla_wgmma: kv_scale expected a float32 tensor of one "
+                                             rf"element on cpu for fp8 latents, got {re.escape(got)}"):
+            w.sparse_mla_wgmma(q, pages, slots, "fp8", bad, 0.25, split_size=None)
 
 
 def test_the_launch_takes_smaller_splits_below_the_token_count_in_default_mode_only(monkeypatch):

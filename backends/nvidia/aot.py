@@ -560,17 +560,20 @@ def _gluon_variants() -> list[Variant]:
 
 def _wgmma_variants() -> list[Variant]:
     """The wgmma few-heads kernel (``sparse_mla_wgmma``) as the backend launches it (``config.WGMMA_FEW_HEADS``): bf16
-    queries, fp8_ds_mla pages of back-to-back 64-token blocks under 2 GiB (flat, 32-bit offsets)."""
+    queries, fp8_ds_mla and per-tensor FP8 pages of back-to-back 64-token blocks under 2 GiB (flat, 32-bit
+    offsets)."""
     from ..triton_kernels import sparse_mla_wgmma as wgmma_mla
     from . import config
 
     launch = config.WGMMA_FEW_HEADS
     return [Variant(
-        f"sparse MLA few heads, wgmma, fp8_ds_mla, H=16, {launch['stages']} stages",
+        f"sparse MLA few heads, wgmma, {fmt}, H=16, {launch['stages']} stages",
         wgmma_mla.sparse_mla_wgmma_kernel,
-        dict(STAGES=launch["stages"], FLAT=True, OFF32=True),
-        dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32"), floats=("logit_scale",),
-        num_warps=4, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * 656, s8_t=656), gluon=True)]
+        dict(STAGES=launch["stages"], FLAT=True, OFF32=True, FP8=fmt == "fp8"),
+        dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32", kv_scale_ptr="fp32"),
+        floats=("logit_scale",), num_warps=4, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * record, s8_t=record),
+        gluon=True)
+        for fmt, record in (("fp8_ds_mla", 656), ("fp8", 576))]
 
 
 def _wgmma_fp4_variants() -> list[Variant]:

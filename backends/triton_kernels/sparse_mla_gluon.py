@@ -325,7 +325,7 @@ def sparse_mla_gluon_kernel(
     gl.store(lse_ptr + split * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
 
 
-RECORD_BYTES = {"fp8_ds_mla": 656, "nvfp4": 352}  # the record formats the Gluon few-heads kernels read
+RECORD_BYTES = {"fp8_ds_mla": 656, "nvfp4": 352, "fp8": 576}  # the record formats the Gluon few-heads kernels read
 
 
 def _heads_spec(max_heads) -> str:

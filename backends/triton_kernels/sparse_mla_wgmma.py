@@ -54,7 +54,7 @@ from dsahal.kernel_launch import wrap_launched
 
 from .indexer_gluon import _row_amax, _row_scale, _split, _view
 from .sparse_mla import LOG2E
-from .sparse_mla_gluon import _as_f16, _rows, launch_over_tokens, records_refusal, unserved
+from .sparse_mla_gluon import RECORD_BYTES, _as_f16, _rows, launch_over_tokens, records_refusal, unserved
 from .sparse_mla_small_heads_raw import check_launch, unit_stride_and_outputs
 
 # Triton 3.6 (the H200's) names the copy async_copy_global_to_shared; later releases renamed it async_load
@@ -84,6 +84,8 @@ _SCALE_ROW = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=
 _P = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[2, 1, 0]))
 _Q = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # [4, 16, 128] e4m3
 _QR = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))  # [16, 64] bf16
+# (FP8, per-tensor records) the RoPE codes [64 slots, 64] e4m3 and the queries' RoPE hi + lo parts [32, 64] e4m3
+_ROPE8 = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2))
 
 # copies: 16-byte pieces, each instruction a warp covering whole records (a slot's 512 code bytes over the 32 lanes, 4
 # slots' RoPE values, 8 slots' 4 scales). A record is 656 bytes, so every other one starts 16 bytes into a 32-byte
@@ -92,6 +94,7 @@ _QR = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth
 _CODES_COPY = gl.constexpr(gl.BlockedLayout([1, 1, 16], [4, 1, 8], [1, 4, 1], [2, 0, 1]))  # [4, 64, 128] bytes
 _ROPE_COPY = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # [64, 64] bf16
 _SCALE_COPY = gl.constexpr(gl.BlockedLayout([1, 1], [4, 8], [1, 4], [0, 1]))  # [4, 64] fp32
+_ROPE8_COPY = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0]))  # [64, 64] e4m3 (FP8 records)
 _QUERY = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # [16, 128] / [16, 64] as loaded
 
 # The value operand. mma.sync's B fragment gives lane (r = lane // 4, c = lane % 4) the columns n = 8 j + r of the
@@ -199,20 +202,25 @@ def _slot_rows(slot_row, n0, end, layout: gl.constexpr):
 
 
 @gluon.jit
-def _copy_slots(slot_row, n0, end):
+def _copy_slots(slot_row, n0, end, FP8: gl.constexpr):
     """Slots ``n0 .. n0 + 64`` as the three copies of :func:`_issue` hold them (loaded a step before they are issued:
-    the copies never wait on the load of their slot indices)."""
-    return (_slot_rows(slot_row, n0, end, gl.SliceLayout(0, gl.SliceLayout(2, _CODES_COPY))),
-            _slot_rows(slot_row, n0, end, gl.SliceLayout(1, _ROPE_COPY)),
-            _slot_rows(slot_row, n0, end, gl.SliceLayout(0, _SCALE_COPY)))
+    the copies never wait on the load of their slot indices); FP8 records have no scales (the third the codes')."""
+    codes = _slot_rows(slot_row, n0, end, gl.SliceLayout(0, gl.SliceLayout(2, _CODES_COPY)))
+    if FP8:
+        rope = _slot_rows(slot_row, n0, end, gl.SliceLayout(1, _ROPE8_COPY))
+        scales = codes
+    else:
+        rope = _slot_rows(slot_row, n0, end, gl.SliceLayout(1, _ROPE_COPY))
+        scales = _slot_rows(slot_row, n0, end, gl.SliceLayout(0, _SCALE_COPY))
+    return codes, rope, scales
 
 
 @gluon.jit
 def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tokens, codes, rope, scales,
-           FLAT: gl.constexpr, OFF32: gl.constexpr):
+           FLAT: gl.constexpr, OFF32: gl.constexpr, FP8: gl.constexpr):
     """Start the copies of one step's records (its slots as :func:`_copy_slots` gives them) into one stage: ``codes [4,
-    64, 128]`` e4m3 (tile c's bytes of the slots at ``[c]``), ``rope [64, 64]`` bf16, ``scales [4, 64]`` fp32 (tile c's
-    scales at ``[c]``); skipped slots zero-filled."""
+    64, 128]`` e4m3 (tile c's bytes of the slots at ``[c]``), ``rope [64, 64]`` bf16 (FP8 records: e4m3, at byte 512),
+    ``scales [4, 64]`` fp32 (tile c's scales at ``[c]``; none in FP8 records); skipped slots zero-filled."""
     row, ok = _rows(slots_c, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
     part = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _CODES_COPY)))
     byte = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, _CODES_COPY)))
@@ -220,13 +228,18 @@ def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tok
     # one copy for the stage's four tiles (the compiler orders copies into one buffer by barriers between them)
     _async_copy(codes, src.to(gl.pointer_type(gl.float8e4nv), bitcast=True), mask=ok[None, :, None])
     row_r, ok_r = _rows(slots_r, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
-    dim = gl.arange(0, 64, gl.SliceLayout(0, _ROPE_COPY))
-    words = (pages_u8 + row_r[:, None]).to(gl.pointer_type(gl.bfloat16), bitcast=True)
-    _async_copy(rope, words + 264 + dim[None, :], mask=ok_r[:, None])  # RoPE at byte 528
-    row_s, ok_s = _rows(slots_s, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
-    part = gl.arange(0, 4, gl.SliceLayout(1, _SCALE_COPY))
-    floats = (pages_u8 + row_s[None, :]).to(gl.pointer_type(gl.float32), bitcast=True) + 128  # the scales at byte 512
-    _async_copy(scales, floats + part[:, None], mask=ok_s[None, :])
+    if FP8:
+        rope_byte = gl.arange(0, 64, gl.SliceLayout(0, _ROPE8_COPY))
+        rope_src = pages_u8 + row_r[:, None] + 512 + rope_byte[None, :]  # the RoPE codes at byte 512
+        _async_copy(rope, rope_src.to(gl.pointer_type(gl.float8e4nv), bitcast=True), mask=ok_r[:, None])
+    else:
+        dim = gl.arange(0, 64, gl.SliceLayout(0, _ROPE_COPY))
+        words = (pages_u8 + row_r[:, None]).to(gl.pointer_type(gl.bfloat16), bitcast=True)
+        _async_copy(rope, words + 264 + dim[None, :], mask=ok_r[:, None])  # RoPE at byte 528
+        row_s, ok_s = _rows(slots_s, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
+        part = gl.arange(0, 4, gl.SliceLayout(1, _SCALE_COPY))
+        floats = (pages_u8 + row_s[None, :]).to(gl.pointer_type(gl.float32), bitcast=True) + 128  # scales at byte 512
+        _async_copy(scales, floats + part[:, None], mask=ok_s[None, :])
 
 
 @gluon.jit
@@ -262,9 +275,11 @@ def sparse_mla_wgmma_kernel(
     lse_ptr, stride_ls, stride_lt,  # lse [splits, T, H] fp32
     H, K, num_slots, block_tokens, split_size,
     logit_scale,  # softmax_scale · log2(e)
+    kv_scale_ptr,  # [] fp32 tensor scale of FP8 records (read in-kernel: no host sync; unread for fp8_ds_mla)
     STAGES: gl.constexpr,
     FLAT: gl.constexpr,  # record s at byte s * s8_t (blocks back to back)
     OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
+    FP8: gl.constexpr = False,  # per-tensor FP8 records (576 e4m3 codes x kv_scale) instead of fp8_ds_mla's
 ):
     W8: gl.constexpr = _logit_layout(32)  # the FP8 logit MMAs' accumulator [64 slots, 16 heads]
     W16: gl.constexpr = _logit_layout(16)  # the RoPE MMA's (the same registers)
@@ -293,6 +308,10 @@ def sparse_mla_wgmma_kernel(
     q2 = gl.load(q_rows + 256 + qd[None, :], mask=head_ok, other=0.0).to(gl.float32)
     q3 = gl.load(q_rows + 384 + qd[None, :], mask=head_ok, other=0.0).to(gl.float32)
     amax = gl.maximum(gl.maximum(_row_amax(q0), _row_amax(q1)), gl.maximum(_row_amax(q2), _row_amax(q3)))
+    rd = gl.arange(0, 64, gl.SliceLayout(0, _QUERY))
+    if FP8:  # the RoPE codes are e4m3 too: the RoPE query dims join the power of two and split into hi + lo parts
+        qr = gl.load(q_rows + 512 + rd[None, :], mask=head_ok, other=0.0).to(gl.float32)
+        amax = gl.maximum(amax, _row_amax(qr))
     up, down = _row_scale(amax)
     # a tile's hi rows, then its lo rows: one N = 32 MMA a tile
     q_hl = gl.allocate_shared_memory(gl.float8e4nv, [4, 2 * BLOCK_H, 128], _Q)
@@ -300,15 +319,24 @@ def sparse_mla_wgmma_kernel(
     _store_parts(q1, up, q_hl.index(1).slice(0, BLOCK_H), q_hl.index(1).slice(BLOCK_H, BLOCK_H))
     _store_parts(q2, up, q_hl.index(2).slice(0, BLOCK_H), q_hl.index(2).slice(BLOCK_H, BLOCK_H))
     _store_parts(q3, up, q_hl.index(3).slice(0, BLOCK_H), q_hl.index(3).slice(BLOCK_H, BLOCK_H))
-    rd = gl.arange(0, 64, gl.SliceLayout(0, _QUERY))
-    q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], _QR,
-                                       gl.load(q_rows + 512 + rd[None, :], mask=head_ok, other=0.0))
+    if FP8:
+        q_rope = gl.allocate_shared_memory(gl.float8e4nv, [2 * BLOCK_H, 64], _ROPE8)
+        _store_parts(qr, up, q_rope.slice(0, BLOCK_H), q_rope.slice(BLOCK_H, BLOCK_H))
+        kv_scale = gl.load(kv_scale_ptr)
+        head_scale = gl.convert_layout(down * (kv_scale * logit_scale), HEADS)  # every code x the tensor scale
+    else:
+        q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], _QR,
+                                           gl.load(q_rows + 512 + rd[None, :], mask=head_ok, other=0.0))
+        head_scale = gl.convert_layout(down * logit_scale, HEADS)  # NaN for a head holding Inf or NaN
     fence_async_shared()  # the queries' stores, before the first wgmma reads them (after the first barrier)
-    head_scale = gl.convert_layout(down * logit_scale, HEADS)  # NaN for a head holding Inf or NaN
 
     codes_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, 4, TILE, 128], _CODES)
-    rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, TILE, 64], _ROPE)
-    scale_s = gl.allocate_shared_memory(gl.float32, [STAGES, 4, TILE], _SCALES)
+    if FP8:
+        rope_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, TILE, 64], _ROPE8)
+        scale_s = gl.allocate_shared_memory(gl.float32, [STAGES, 4, TILE], _SCALES)  # (unwritten: no scales)
+    else:
+        rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, TILE, 64], _ROPE)
+        scale_s = gl.allocate_shared_memory(gl.float32, [STAGES, 4, TILE], _SCALES)
     p_s = gl.allocate_shared_memory(gl.float16, [4, TILE, BLOCK_H], _P)
 
     slot_row = slots_ptr + t * stride_st
@@ -317,21 +345,29 @@ def sparse_mla_wgmma_kernel(
     steps = gl.cdiv(end - start, TILE)
     for j in gl.static_range(STAGES - 1):
         if j < steps:
-            sc, sr, ss = _copy_slots(slot_row, start + j * TILE, end)
+            sc, sr, ss = _copy_slots(slot_row, start + j * TILE, end, FP8)
             _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens, codes_s.index(j), rope_s.index(j),
-                   scale_s.index(j), FLAT, OFF32)
+                   scale_s.index(j), FLAT, OFF32, FP8)
         async_copy.commit_group()
-    ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end)
+    ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end, FP8)
     here = _slot_rows(slot_row, start, end, ROWS)  # step 0's slots, for its mask
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS)
     l_acc = gl.zeros([TILE, BLOCK_H], gl.float32, W8)  # per-thread partial sums of p, summed at the end
-    # M_c, the split's largest tile-c scale: P_c = p · σ_c / M_c <= 1 in fp16 (1 where every σ_c is 0: p · 0 = 0)
-    b0, b1, b2, b3 = _largest_scales(pages_u8, slot_row, start, end, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
-    r0 = 1.0 / b0
-    r1 = 1.0 / b1
-    r2 = 1.0 / b2
-    r3 = 1.0 / b3
+    # M_c, the split's largest tile-c scale: P_c = p · σ_c / M_c <= 1 in fp16 (1 where every σ_c is 0: p · 0 = 0);
+    # FP8 records: P_c = p, the values times the tensor scale at the end
+    if FP8:
+        b0 = kv_scale
+        b1 = kv_scale
+        b2 = kv_scale
+        b3 = kv_scale
+    else:
+        b0, b1, b2, b3 = _largest_scales(pages_u8, slot_row, start, end, num_slots, s8_b, s8_t, block_tokens, FLAT,
+                                         OFF32)
+        r0 = 1.0 / b0
+        r1 = 1.0 / b1
+        r2 = 1.0 / b2
+        r3 = 1.0 / b3
     acc = gl.zeros([4, BLOCK_H, 128], gl.float32, PV)
     zeros16 = gl.zeros([TILE, BLOCK_H], gl.float32, W16)
     zeros32 = gl.zeros([TILE, 2 * BLOCK_H], gl.float32, _logit_layout(32, 2 * BLOCK_H))
@@ -344,9 +380,9 @@ def sparse_mla_wgmma_kernel(
         if ahead < steps:
             nxt = ahead % STAGES
             _issue(pages_u8, ahead_c, ahead_r, ahead_s, num_slots, s8_b, s8_t, block_tokens, codes_s.index(nxt),
-                   rope_s.index(nxt), scale_s.index(nxt), FLAT, OFF32)
+                   rope_s.index(nxt), scale_s.index(nxt), FLAT, OFF32, FP8)
         async_copy.commit_group()
-        ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (ahead + 1) * TILE, end)
+        ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (ahead + 1) * TILE, end, FP8)
         valid = (here >= 0) & (here < num_slots)
         here = _slot_rows(slot_row, start + (i + 1) * TILE, end, ROWS)
 
@@ -355,22 +391,31 @@ def sparse_mla_wgmma_kernel(
         a1 = warpgroup_mma(_tile(codes, 1), q_hl.index(1).permute((1, 0)), zeros32, use_acc=False, is_async=True)
         a2 = warpgroup_mma(_tile(codes, 2), q_hl.index(2).permute((1, 0)), zeros32, use_acc=False, is_async=True)
         a3 = warpgroup_mma(_tile(codes, 3), q_hl.index(3).permute((1, 0)), zeros32, use_acc=False, is_async=True)
-        ar = warpgroup_mma(rope_s.index(stage), q_rope.permute((1, 0)), zeros16, use_acc=False, is_async=True)
-
-        s0 = _scale_row(scale_s.index(stage), 0).load(ROWS)  # σ_c of the step's slots
-        s1 = _scale_row(scale_s.index(stage), 1).load(ROWS)
-        s2 = _scale_row(scale_s.index(stage), 2).load(ROWS)
-        s3 = _scale_row(scale_s.index(stage), 3).load(ROWS)
-        a0, a1, a2, a3, ar = warpgroup_mma_wait(0, deps=[a0, a1, a2, a3, ar])
-        nope = (_hi_plus_lo(a0, W8) * s0[:, None] + _hi_plus_lo(a1, W8) * s1[:, None]
-                + _hi_plus_lo(a2, W8) * s2[:, None] + _hi_plus_lo(a3, W8) * s3[:, None])
-        s = nope * head_scale[None, :] + gl.convert_layout(ar, W8) * logit_scale
+        if FP8:  # the RoPE codes' FP8 MMA, hi and lo query parts stacked as for the other dims
+            ar = warpgroup_mma(rope_s.index(stage), q_rope.permute((1, 0)), zeros32, use_acc=False, is_async=True)
+            a0, a1, a2, a3, ar = warpgroup_mma_wait(0, deps=[a0, a1, a2, a3, ar])
+            codes_sum = (_hi_plus_lo(a0, W8) + _hi_plus_lo(a1, W8) + _hi_plus_lo(a2, W8) + _hi_plus_lo(a3, W8)
+                         + _hi_plus_lo(ar, W8))
+            s = codes_sum * head_scale[None, :]
+        else:
+            ar = warpgroup_mma(rope_s.index(stage), q_rope.permute((1, 0)), zeros16, use_acc=False, is_async=True)
+            s0 = _scale_row(scale_s.index(stage), 0).load(ROWS)  # σ_c of the step's slots
+            s1 = _scale_row(scale_s.index(stage), 1).load(ROWS)
+            s2 = _scale_row(scale_s.index(stage), 2).load(ROWS)
+            s3 = _scale_row(scale_s.index(stage), 3).load(ROWS)
+            a0, a1, a2, a3, ar = warpgroup_mma_wait(0, deps=[a0, a1, a2, a3, ar])
+            nope = (_hi_plus_lo(a0, W8) * s0[:, None] + _hi_plus_lo(a1, W8) * s1[:, None]
+                    + _hi_plus_lo(a2, W8) * s2[:, None] + _hi_plus_lo(a3, W8) * s3[:, None])
+            s = nope * head_scale[None, :] + gl.convert_layout(ar, W8) * logit_scale
         s = gl.where(valid[:, None], s, float("-inf"))
 
         p, alpha, m_i, l_acc = online_softmax(s, m_i, l_acc)
         # [64, 16, 2, 2] with P_c at [.., c % 2, c // 2] (join adds its dim last), as [4, 64, 16] in tile order
-        pc = gl.join(gl.join(p * (s0 * r0)[:, None], p * (s1 * r1)[:, None]),
-                     gl.join(p * (s2 * r2)[:, None], p * (s3 * r3)[:, None]))
+        if FP8:
+            pc = gl.join(gl.join(p, p), gl.join(p, p))
+        else:
+            pc = gl.join(gl.join(p * (s0 * r0)[:, None], p * (s1 * r1)[:, None]),
+                         gl.join(p * (s2 * r2)[:, None], p * (s3 * r3)[:, None]))
         p_s.store(gl.reshape(gl.permute(pc, (3, 2, 0, 1)), [4, TILE, BLOCK_H]).to(gl.float16))
         acc = acc * gl.convert_layout(alpha, PV_HEADS)[None, :, None]
         _barrier()  # every warp's P stored
@@ -395,10 +440,16 @@ def sparse_mla_wgmma_kernel(
     gl.store(lse_ptr + split * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
 
 
+FORMATS = ("fp8_ds_mla", "fp8")  # the record formats this kernel reads (fp8: per-tensor scaled, 576 bytes)
+
+
 def refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots: torch.Tensor | None = None) -> str:
     """Why this kernel does not take the call ("" when it does): the Gluon few-heads kernels' shared conditions
-    (:func:`.sparse_mla_gluon.records_refusal`). The route's verifier reports this reason; the launcher raises on it."""
-    return records_refusal(q, kv_pages, kv_fmt, slots, "the wgmma few-heads kernel", max_heads=None)
+    (:func:`.sparse_mla_gluon.records_refusal`) on fp8_ds_mla or per-tensor FP8 records. The route's verifier
+    reports this reason; the launcher raises on it."""
+    if kv_fmt not in FORMATS:
+        return f"{kv_fmt} latents: the wgmma few-heads kernel reads {' or '.join(FORMATS)} records"
+    return records_refusal(q, kv_pages, kv_fmt, slots, "the wgmma few-heads kernel", fmt=kv_fmt, max_heads=None)
 
 
 def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
@@ -413,11 +464,11 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     Args:
         q: ``[T, H, 576]`` bf16 on a CUDA device, any ``H`` (groups of 16 heads, one program each: every group
             gathers the slots' records again; the L2 serves some of them).
-        kv_pages: ``[num_blocks, block_tokens, 656]`` uint8 fp8_ds_mla pages, records 16-byte aligned (any strides
-            that keep them so: a view into a packed cache is read in place).
+        kv_pages: ``[num_blocks, block_tokens, 656]`` uint8 fp8_ds_mla pages or ``[.., 576]`` per-tensor FP8 ones,
+            records 16-byte aligned (any strides that keep them so: a view into a packed cache is read in place).
         slots: ``[T, K]`` int32/int64 physical slots; -1 or out of range = skipped.
-        kv_fmt: must be ``"fp8_ds_mla"``.
-        kv_scale: unused by the format (None).
+        kv_fmt: ``"fp8_ds_mla"`` or ``"fp8"``.
+        kv_scale: ``"fp8"``: the ``[]`` fp32 tensor scale on q's device (read in the kernel); else None.
         softmax_scale: float.
         stages: 64-slot steps whose gathers are in flight at once, 2 or 3 (41 KB of shared memory each: two
             stages let two programs share a SM).
@@ -430,7 +481,15 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     name = "triton sparse_mla_wgmma"
     why = refusal(q, kv_pages, kv_fmt)
     if why:
-        raise unserved(name, q, kv_pages, kv_fmt, why, max_heads=None)
+        raise unserved(name, q, kv_pages, kv_fmt, why, fmt=kv_fmt if kv_fmt in FORMATS else FORMATS[0],
+                       max_heads=None)
+    fp8 = kv_fmt == "fp8"
+    if fp8 and not (isinstance(kv_scale, torch.Tensor) and kv_scale.dtype == torch.float32
+                    and kv_scale.numel() == 1 and kv_scale.device == q.device):
+        got = (f"{kv_scale.dtype} {list(kv_scale.shape)} on {kv_scale.device}" if isinstance(kv_scale, torch.Tensor)
+               else type(kv_scale).__name__)
+        raise ValueError(f"{name}: kv_scale expected a float32 tensor of one element on {q.device} for fp8 "
+                         f"latents, got {got}")
     tokens, heads, _ = q.shape
     check_launch(name, heads, 64, split_size, max_heads=None)
     if stages not in (2, 3):
@@ -439,10 +498,12 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
-    meta = dict(STAGES=stages, num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
+    meta = dict(STAGES=stages, FP8=fp8, num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
+    # (fp8_ds_mla: the kernel reads no tensor scale; q stands in for the pointer)
+    scale_arg = kv_scale.reshape(()) if fp8 else q
     return launch_over_tokens(sparse_mla_wgmma_kernel, q, kv_pages, slots, o, lse, splits,
-                              (heads, k, split_size, softmax_scale * LOG2E), meta,
-                              head_group=HEAD_GROUP)
+                              (heads, k, split_size, softmax_scale * LOG2E, scale_arg), meta,
+                              record_bytes=RECORD_BYTES[kv_fmt], head_group=HEAD_GROUP)
 
 
 # the launch cache (dsahal.kernel_launch) for this module's kernel: 33-80 us less host time a call than Triton's own
