@@ -180,19 +180,17 @@ def test_the_route_verifier_names_what_the_kernel_does_not_take(monkeypatch):
     assert verifiers.wgmma_few_heads_accepts(big, _pages(), slots, "fp8_ds_mla", None, 0.1) == (True, "")
     monkeypatch.setattr(config, "batch_invariant", lambda: True)  # every batch: the route must not depend on it
     assert verifiers.wgmma_few_heads_accepts(q, _pages(), slots, "fp8_ds_mla", None, 0.1) == (True, "")
-    # more than 16 heads (groups of 16): only calls FlashMLA's decode does not take, up to the configured count
-    for invariant in (True, False):
+    # more than 16 heads (the kernel's groups) and per-tensor FP8 records: not routed (config.WGMMA_ROUTE_MAX_HEADS),
+    # whatever the mode and whether FlashMLA loads
+    most = config.WGMMA_ROUTE_MAX_HEADS
+    for invariant, loads in ((True, True), (False, True), (False, False)):
         monkeypatch.setattr(config, "batch_invariant", lambda: invariant)
-        wide = torch.zeros(config.WGMMA_MIN_TOKENS, 17, 576, dtype=torch.bfloat16)
-        ok, reason = verifiers.wgmma_few_heads_accepts(wide, _pages(), slots, "fp8_ds_mla", None, 0.1)
-        assert not ok and reason == "17 heads: more than 16, FlashMLA's decode (which takes this call) is faster"
-        monkeypatch.setattr(verifiers, "_flashmla_loads", lambda: False)
-        assert verifiers.wgmma_few_heads_accepts(wide, _pages(), slots, "fp8_ds_mla", None, 0.1) == (True, "")
-        most = config.WGMMA_GROUPED_MAX_HEADS
-        wider = torch.zeros(config.WGMMA_MIN_TOKENS, most + 1, 576, dtype=torch.bfloat16)
-        assert verifiers.wgmma_few_heads_accepts(wider, _pages(), slots, "fp8_ds_mla", None, 0.1) == (
-            False, f"{most + 1} heads: the route takes at most {most} (groups of 16)")
-        monkeypatch.setattr(verifiers, "_flashmla_loads", lambda: True)
+        monkeypatch.setattr(verifiers, "_flashmla_loads", lambda: loads)
+        wide = torch.zeros(config.WGMMA_MIN_TOKENS, most + 1, 576, dtype=torch.bfloat16)
+        assert verifiers.wgmma_few_heads_accepts(wide, _pages(), slots, "fp8_ds_mla", None, 0.1) == (
+            False, f"{most + 1} heads: the route takes at most {most} (config.WGMMA_ROUTE_MAX_HEADS)")
+        ok, reason = verifiers.wgmma_few_heads_accepts(big, _pages(record=576), slots, "fp8", torch.tensor(1.0), 0.1)
+        assert not ok and reason.startswith("fp8 latents: the route takes fp8_ds_mla (per-tensor FP8 records measured")
 
 
 class _Recorder:

@@ -41,13 +41,20 @@ GLUON_FEW_HEADS = dict(block_n=16, stages=3, q_smem=True, maxnreg=168, split_siz
 # row's sums depend on its batch).
 WGMMA_FEW_HEADS = dict(stages=2, split_size=1024)
 # The wgmma kernels serve a call of more than 16 heads as groups of 16, one program each (every group gathers the
-# records again, the L2 serving some: 32 heads cost 1.7-1.9x 16); the routes take up to this many heads (fp8_ds_mla:
-# only calls FlashMLA's decode does not take; it pads 17-64 heads to 64, 0.300 ms at 64 x 5 against the groups' 0.434
-# / 0.458 at H = 24 / 32). H200, twenty-fourth session, 64 x 5 tokens x 2048 slots (scripts/h200/head_groups_check.py),
-# ms, groups against the few-heads Triton kernel (H <= 32) / the general one: NVFP4 H = 24 0.390 / 1.506 / 1.723, 32
-# 0.430 / 1.518 / 1.930, 48 0.606 / - / 3.740, 64 0.791 / - / 0.862; fp8_ds_mla 24 0.434 / 1.587 / 1.857, 32 0.458 /
-# 1.600 / 1.396, 48 0.687 / - / 2.584, 64 0.874 / - / 0.873 (even: past 64 not measured).
+# records again, the L2 serving some: 32 heads cost 1.7-1.9x 16). H200, twenty-fourth session, 64 x 5 tokens x 2048
+# slots (scripts/h200/head_groups_check.py), ms, groups against the few-heads Triton kernel (H <= 32) / the general one:
+# NVFP4 H = 24 0.390 / 1.506 / 1.723, 32 0.430 / 1.518 / 1.930, 48 0.606 / - / 3.740, 64 0.791 / - / 0.862 (even past
+# 64: not measured). The NVFP4 route takes up to this many heads (exact fp16 MMAs on the decoded codes).
 WGMMA_GROUPED_MAX_HEADS = 64
+# The fp8_ds_mla route (gluon_wgmma_few_heads) takes at most this many heads, and fp8_ds_mla records only. Its FP8
+# MMAs accumulate at reduced precision (a logit off by about 2^-13 of its products' magnitudes, twenty-second session):
+# with 17-64 heads as groups (fp8_ds_mla 24 / 32 / 48 heads 0.434 / 0.458 / 0.687 ms, 3.5-3.8x the Triton kernels,
+# where FlashMLA's decode does not serve) and per-tensor FP8 records (576 bytes: 0.195 / 0.216 / 0.333 ms at H = 16 /
+# 12 / 32, 2.32x / 2.06x / 1.86x the general kernel), the twenty-fourth session's conformance run (R9, 40 examples)
+# drew a 20-head call with records of magnitudes 1e-3 .. 1e3 ("wide") on each: o 5.2e-2 / 4.3e-2 from the reference,
+# the suite's bound 1.56e-2. Those calls keep the routes before (FlashMLA's decode, the Triton kernels); the kernel
+# serves them when called directly.
+WGMMA_ROUTE_MAX_HEADS = 16
 WGMMA_SMALL_SPLIT = dict(below_tokens=64, split_size=512)
 WGMMA_MIN_TOKENS = 32
 

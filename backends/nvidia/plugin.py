@@ -42,18 +42,17 @@ def routes() -> dict[str, list[Route]]:
                              description="packed 32-bit exact DCP merge over NCCL")],
         "positions_to_slots": [_triton("positions_to_slots")],
         "sparse_mla": [
-            # The wgmma few-heads kernel, fp8_ds_mla on sm_90, 16 heads a program: the gathered slots as the logit
-            # MMA's M side, so 12 or 16 heads are not padded to 64; 1.13x / 1.22x FlashMLA (heads padded) at 64 x 5
-            # tokens, H = 16 / 12, 1.21x at 64 x 8, 1.13x at 64 x 1 (H200, twenty-fourth session). Ahead of
-            # FlashMLA: in default mode it leaves calls of < 32 query tokens (config.WGMMA_MIN_TOKENS) that FlashMLA's
-            # decode takes to it (faster there; 32-63 tokens with 512-slot splits); in batch-invariant mode
-            # it takes every call it can (fixed splits: the route must not depend on the batch). 17-64 heads (groups
-            # of 16) only where FlashMLA's decode does not serve (3.5-3.8x the Triton kernels there).
+            # The wgmma few-heads kernel, fp8_ds_mla at <= 16 heads on sm_90: the gathered slots as the logit MMA's M
+            # side, so 12 or 16 heads are not padded to 64; 1.10x / 1.18x FlashMLA (heads padded) at 64 x 5 tokens,
+            # H = 16 / 12, 1.19x / 1.31x at 64 x 8 (H200, twenty-fourth session). Ahead of FlashMLA: in default mode
+            # it leaves calls of < 32 query tokens (config.WGMMA_MIN_TOKENS) that FlashMLA's decode takes to it
+            # (faster there; 32-63 tokens with 512-slot splits); in batch-invariant mode it takes every call it can
+            # (fixed splits: the route must not depend on the batch). The kernel also serves more heads (groups of 16)
+            # and per-tensor FP8 records: not routed (config.WGMMA_ROUTE_MAX_HEADS says why).
             Route("gluon_wgmma_few_heads", f"{PACKAGE}.ops:sparse_mla_wgmma",
                   f"{PACKAGE}.verifiers:wgmma_few_heads_accepts",
-                  description="Gluon: fp8_ds_mla, 16 heads a program, the gathered slots as the logit wgmma's M side "
-                              "(sm_90; default mode: FlashMLA's decode below 32 tokens; > 16 heads: FlashMLA's "
-                              "decode where it serves)"),
+                  description="Gluon: fp8_ds_mla at <= 16 heads, the gathered slots as the logit wgmma's M side "
+                              "(sm_90; default mode: FlashMLA's decode below 32 tokens)"),
             # The wgmma NVFP4 kernel, nvfp4 latents on sm_90 (FlashMLA reads no NVFP4): the same design, each code
             # decoded exactly into an fp16 MMA operand; 3.8-4.2x the few-heads Triton kernel it replaces at 64 x 5
             # tokens, 1.32x / 1.45x FlashMLA's padded time on the same tokens as fp8_ds_mla at H = 16 / 12 (H200,

@@ -53,21 +53,22 @@ WGMMA_CAPABILITY = (9, 0)  # Hopper's wgmma: sm_90 only (Blackwell has tcgen05 M
 
 def wgmma_few_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tuple[bool, str]:
     """The wgmma few-heads kernel (:mod:`dsahal.backends.triton_kernels.sparse_mla_wgmma`): what its launcher takes
-    (:func:`~dsahal.backends.triton_kernels.sparse_mla_wgmma.refusal`) on an sm_90 GPU. In default mode a call of
-    fewer than :data:`config.WGMMA_MIN_TOKENS` query tokens that FlashMLA's decode serves (its package loads and its
-    verifier takes the call) is left to it: there it measured faster (fewer tokens leave most SMs idle here). Every
-    call in batch-invariant mode, where a route must not depend on the batch (this kernel's splits are a fixed slot
-    count, so its result does not either). Calls of 17 to :data:`config.WGMMA_GROUPED_MAX_HEADS` heads (groups of 16)
-    only where FlashMLA's decode does not take them."""
+    (:func:`~dsahal.backends.triton_kernels.sparse_mla_wgmma.refusal`) on an sm_90 GPU, fp8_ds_mla records of at most
+    :data:`config.WGMMA_ROUTE_MAX_HEADS` heads (the kernel also reads per-tensor FP8 records and more heads, in
+    groups of 16: not routed, :data:`config.WGMMA_ROUTE_MAX_HEADS` says why). In default mode a call of fewer than
+    :data:`config.WGMMA_MIN_TOKENS` query tokens that FlashMLA's decode serves (its package loads and its verifier
+    takes the call) is left to it: there it measured faster (fewer tokens leave most SMs idle here). Every call in
+    batch-invariant mode, where a route must not depend on the batch (this kernel's splits are a fixed slot count,
+    so its result does not either)."""
     why = _wgmma_refusal("sparse_mla_wgmma", q, kv_pages, kv_fmt, slots)
     if why:
         return False, why
-    heads = q.shape[1]
-    if heads > 16:  # groups of 16 heads: only where FlashMLA's decode (heads padded to 64) does not serve
-        if heads > config.WGMMA_GROUPED_MAX_HEADS:
-            return False, f"{heads} heads: the route takes at most {config.WGMMA_GROUPED_MAX_HEADS} (groups of 16)"
-        if _flashmla_loads() and flashmla.decode_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)[0]:
-            return False, f"{heads} heads: more than 16, FlashMLA's decode (which takes this call) is faster"
+    if kv_fmt != "fp8_ds_mla":
+        return False, (f"{kv_fmt} latents: the route takes fp8_ds_mla (per-tensor FP8 records measured 1.9-2.3x the "
+                       f"general kernel, not routed: config.WGMMA_ROUTE_MAX_HEADS)")
+    if q.shape[1] > config.WGMMA_ROUTE_MAX_HEADS:
+        return False, (f"{q.shape[1]} heads: the route takes at most {config.WGMMA_ROUTE_MAX_HEADS} "
+                       f"(config.WGMMA_ROUTE_MAX_HEADS)")
     if (not config.batch_invariant() and q.shape[0] < config.WGMMA_MIN_TOKENS and _flashmla_loads()
             and flashmla.decode_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)[0]):
         return False, (f"{q.shape[0]} query tokens: below {config.WGMMA_MIN_TOKENS}, FlashMLA's decode (which takes "
