@@ -58,8 +58,8 @@ def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
 
 
 def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
-    """The wgmma few-heads kernel (fp8_ds_mla, 16 heads a program, sm_90): the gathered slots as the logit wgmma's M
-    side; :func:`wgmma_launch` its launch parameters."""
+    """The wgmma few-heads kernel (fp8_ds_mla or per-tensor FP8 records, 16 heads a program, sm_90): the gathered
+    slots as the logit wgmma's M side; :func:`wgmma_launch` its launch parameters."""
     from dsahal.backends.triton_kernels.sparse_mla_wgmma import sparse_mla_wgmma as launch  # (imports Gluon)
 
     return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **wgmma_launch(q.shape[0]))

@@ -2,7 +2,14 @@
 
 Same op and arithmetic contract as :mod:`.sparse_mla_gluon` (``o[t, h] = softmax_s(scale · q[t, h] · kv[s]) ·
 kv[s, :512]``, ``lse`` natural log, -1 and out-of-range slots skipped, a row with no valid slot gives ``o = 0``,
-``lse = -inf``), for bf16 queries of at most 16 heads on H200-class GPUs.
+``lse = -inf``), for bf16 queries on H200-class GPUs, 16 heads a program (a call of more runs a program a group of
+16 heads, each gathering the records again).
+
+Per-tensor FP8 records (``FP8``: 576 e4m3 codes times one fp32 tensor scale, read in the kernel) take the same path:
+the 512 value dims as above with every tile scale the tensor scale (``P_c = p``, the output times the scale), the 64
+RoPE dims one more FP8 ``wgmma`` on the codes as copied against the queries' RoPE dims split into hi + lo parts with
+the rest (measured 1.9-2.3x the general Triton kernel; the nvidia route takes fp8_ds_mla at <= 16 heads only:
+``config.WGMMA_ROUTE_MAX_HEADS`` says why).
 
 Why another layout. FlashMLA computes 64 heads x 64 slots a step; a tensor-parallel slice has 12 or 16 heads, so it
 pads them to 64 and does 4-5x the work. Our earlier few-heads kernels put the heads on the MMAs' M side (``mma.sync``
