@@ -74,3 +74,27 @@ def start(name: str, device: str):
 
     started = time.time()
     return torch, triton, started, timing.announce(torch, triton, device)
+
+
+def edge_then_sweep(name: str, doc: str, edge_cases, sweep, argv=None) -> int:
+    """A check script's main: ``--pool-tokens`` and ``--no-sweep`` parsed, the device and copy ceiling printed, then
+    ``edge_cases(torch, failures)`` and (unless ``--no-sweep``) ``sweep(torch, pool_tokens, failures)``; the failures
+    reported by :func:`finish`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--pool-tokens", type=int, default=1 << 20)
+    parser.add_argument("--no-sweep", action="store_true", help="the edge cases only")
+    args = parser.parse_args(argv)
+    import torch
+    import triton
+
+    import timing  # scripts/h200/timing.py
+
+    started = time.time()
+    failures = []
+    timing.announce(torch, triton, "cuda")
+    edge_cases(torch, failures)
+    if not args.no_sweep:
+        sweep(torch, args.pool_tokens, failures)
+    return finish(name, failures, started, "case(s) differ from the reference")
