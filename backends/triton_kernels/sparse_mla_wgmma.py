@@ -506,8 +506,8 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
     meta = dict(STAGES=stages, FP8=fp8, num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
-    # (fp8_ds_mla: the kernel reads no tensor scale; the fp32 lse stands in for the pointer, as the compile declares)
-    scale_arg = kv_scale.reshape(()) if fp8 else lse
+    # (fp8_ds_mla: the kernel reads no tensor scale; q stands in for the pointer)
+    scale_arg = kv_scale.reshape(()) if fp8 else q
     return launch_over_tokens(sparse_mla_wgmma_kernel, q, kv_pages, slots, o, lse, splits,
                               (heads, k, split_size, softmax_scale * LOG2E, scale_arg), meta,
                               record_bytes=RECORD_BYTES[kv_fmt], head_group=HEAD_GROUP)
