@@ -365,6 +365,15 @@ def unserved(name: str, q, kv_pages, kv_fmt: str, why: str, fmt: str = "fp8_ds_m
                       f"aligned to {row_alignment(kv_pages)} byte(s) ({why})")
 
 
+@gluon.jit
+def head_group(q_ptr, stride_qh, o_ptr, stride_oh, lse_ptr, H, BLOCK_H: gl.constexpr):
+    """This program's group of ``BLOCK_H`` heads (grid axis 2 of :func:`launch_over_tokens` with ``head_group``):
+    ``(q_ptr, o_ptr, lse_ptr)`` moved to the group's first head, and the call's heads from there on."""
+    group = gl.program_id(2)
+    return (q_ptr + group * BLOCK_H * stride_qh, o_ptr + group * BLOCK_H * stride_oh, lse_ptr + group * BLOCK_H,
+            H - group * BLOCK_H)
+
+
 def launch_over_tokens(kernel, q, kv_pages, slots, o, lse, splits: int, sizes: tuple, meta: dict,
                        record_bytes: int = 656, head_group: int | None = None):
     """Launch a Gluon few-heads ``kernel`` (this module's signature) over the tokens, ``splits`` programs a token (grid

@@ -61,7 +61,8 @@ from dsahal.kernel_launch import wrap_launched
 
 from .indexer_gluon import _row_amax, _row_scale, _split, _view
 from .sparse_mla import LOG2E
-from .sparse_mla_gluon import RECORD_BYTES, _as_f16, _rows, launch_over_tokens, records_refusal, unserved
+from .sparse_mla_gluon import (RECORD_BYTES, _as_f16, _rows, head_group, launch_over_tokens, records_refusal,
+                               unserved)
 from .sparse_mla_small_heads_raw import check_launch, unit_stride_and_outputs
 
 # Triton 3.6 (the H200's) names the copy async_copy_global_to_shared; later releases renamed it async_load
@@ -299,11 +300,7 @@ def sparse_mla_wgmma_kernel(
     PV_PARTS: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, PV))
     split = gl.program_id(0)
     t = gl.program_id(1).to(gl.int64)
-    group = gl.program_id(2)  # heads 16 group .. 16 group + 15 of the call's (launch_over_tokens' head groups)
-    q_ptr += group * BLOCK_H * stride_qh
-    o_ptr += group * BLOCK_H * stride_oh
-    lse_ptr += group * BLOCK_H
-    H -= group * BLOCK_H
+    q_ptr, o_ptr, lse_ptr, H = head_group(q_ptr, stride_qh, o_ptr, stride_oh, lse_ptr, H, BLOCK_H)
 
     # the queries: each head scaled by a power of two over its 512 nope dims and split exactly into e4m3 hi + lo
     qh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, _QUERY))

@@ -50,7 +50,7 @@ from dsahal.kernel_launch import wrap_launched
 
 from .indexer_gluon import _row_amax, _view
 from .sparse_mla import LOG2E
-from .sparse_mla_gluon import _as_f16, _rows, launch_over_tokens, records_refusal, unserved
+from .sparse_mla_gluon import _as_f16, _rows, head_group, launch_over_tokens, records_refusal, unserved
 from .sparse_mla_small_heads_raw import check_launch, unit_stride_and_outputs
 from .sparse_mla_wgmma import online_softmax, softmax_totals
 
@@ -346,11 +346,7 @@ def sparse_mla_wgmma_fp4_kernel(
     PV_COLS: gl.constexpr = gl.SliceLayout(0, PV)
     split = gl.program_id(0)
     t = gl.program_id(1).to(gl.int64)
-    group = gl.program_id(2)  # heads 16 group .. 16 group + 15 of the call's (launch_over_tokens' head groups)
-    q_ptr += group * BLOCK_H * stride_qh
-    o_ptr += group * BLOCK_H * stride_oh
-    lse_ptr += group * BLOCK_H
-    H -= group * BLOCK_H
+    q_ptr, o_ptr, lse_ptr, H = head_group(q_ptr, stride_qh, o_ptr, stride_oh, lse_ptr, H, BLOCK_H)
 
     # the queries: each head scaled by a power of two over its 576 dims into fp16 (its largest in [2^13, 2^14)), the
     # RoPE part twice that (the decoded values are 2 · code · σ, the RoPE ones exact)
