@@ -20,7 +20,7 @@ from __future__ import annotations
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
 import pools as cache_pools  # scripts/h200/pools.py
 from script_cli import edge_then_sweep, run  # scripts/h200/script_cli.py
-from wgmma_mla_check import check, flash_mla, serving_inputs
+from wgmma_mla_check import TOPK, check, flash_mla, serving_inputs
 
 BLOCK_TOKENS, SOFTMAX_SCALE = 64, 192**-0.5
 TOL = {"fp8_ds_mla": (1e-2, 1e-3), "nvfp4": (4e-3, 1e-4)}  # (o, lse): the two kernels' own check scripts' bounds
@@ -71,7 +71,7 @@ def edge_cases(torch, failures):
                     failures.append(case)
 
 
-def sweep(torch, pool_tokens, failures):
+def sweep(torch, pool_tokens, ceiling, failures):
     from dsahal.backends.nvidia import ops as nvidia_ops
 
     pools = cache_pools.latent_pools(torch, ("fp8_ds_mla", "nvfp4"), pool_tokens, "cuda")
@@ -105,11 +105,12 @@ def sweep(torch, pool_tokens, failures):
                     continue
                 ms = timing.bench_ms(timed, "cuda")
                 ours_ms = ms if name.startswith("wgmma") else ours_ms
-                rows.append((case, name, ms, None if ours_ms is None else ms / ours_ms))
-    print("\n| case | route | ms | this / wgmma groups |")
-    print("|---|---|---:|---:|")
-    for case, name, ms, ratio in rows:
-        print(f"| {case} | {name} | {ms:.4f} | {'-' if ratio is None else f'{ratio:.2f}'} |")
+                pct = 100 * tokens * TOPK * pages.shape[2] / (ms * 1e-3) / 1e12 / ceiling  # each record once
+                rows.append((case, name, ms, pct, None if ours_ms is None else ms / ours_ms))
+    print("\n| case | route | ms | % copy (records once) | this / wgmma groups |")
+    print("|---|---|---:|---:|---:|")
+    for case, name, ms, pct, ratio in rows:
+        print(f"| {case} | {name} | {ms:.4f} | {pct:.1f} | {'-' if ratio is None else f'{ratio:.2f}'} |")
 
 
 def main(argv=None) -> int:

@@ -78,8 +78,8 @@ def start(name: str, device: str):
 
 def edge_then_sweep(name: str, doc: str, edge_cases, sweep, argv=None) -> int:
     """A check script's main: ``--pool-tokens`` and ``--no-sweep`` parsed, the device and copy ceiling printed, then
-    ``edge_cases(torch, failures)`` and (unless ``--no-sweep``) ``sweep(torch, pool_tokens, failures)``; the failures
-    reported by :func:`finish`."""
+    ``edge_cases(torch, failures)`` and (unless ``--no-sweep``) ``sweep(torch, pool_tokens, ceiling TB/s, failures)``;
+    the failures reported by :func:`finish`."""
     import argparse
 
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
@@ -93,8 +93,8 @@ def edge_then_sweep(name: str, doc: str, edge_cases, sweep, argv=None) -> int:
 
     started = time.time()
     failures = []
-    timing.announce(torch, triton, "cuda")
+    ceiling = timing.announce(torch, triton, "cuda")
     edge_cases(torch, failures)
     if not args.no_sweep:
-        sweep(torch, args.pool_tokens, failures)
+        sweep(torch, args.pool_tokens, ceiling, failures)
     return finish(name, failures, started, "case(s) differ from the reference")

@@ -19,12 +19,9 @@ Exits with one ``error:`` line when a check fails (after timing what passed).
 """
 from __future__ import annotations
 
-import argparse
-import time
-
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
 import pools as cache_pools  # scripts/h200/pools.py
-from script_cli import finish, run  # scripts/h200/script_cli.py
+from script_cli import edge_then_sweep, run  # scripts/h200/script_cli.py
 # FlashMLA's decode on fp8_ds_mla bytes (heads padded to 64), the reference check, the serving shapes' inputs
 from wgmma_mla_check import check, flash_mla, serving_inputs
 
@@ -156,20 +153,7 @@ def sweep(torch, pool_tokens, ceiling, failures):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pool-tokens", type=int, default=1 << 20)
-    parser.add_argument("--no-sweep", action="store_true", help="the edge cases only")
-    args = parser.parse_args(argv)
-    import torch
-    import triton
-
-    started = time.time()
-    failures = []
-    ceiling = timing.announce(torch, triton, "cuda")
-    edge_cases(torch, failures)
-    if not args.no_sweep:
-        sweep(torch, args.pool_tokens, ceiling, failures)
-    return finish("wgmma_fp4_check", failures, started, "case(s) differ from the reference")
+    return edge_then_sweep("wgmma_fp4_check", __doc__, edge_cases, sweep, argv)
 
 
 if __name__ == "__main__":

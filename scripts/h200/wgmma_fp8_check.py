@@ -20,7 +20,7 @@ from __future__ import annotations
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
 import pools as cache_pools  # scripts/h200/pools.py
 from script_cli import edge_then_sweep, run  # scripts/h200/script_cli.py
-from wgmma_mla_check import serving_inputs
+from wgmma_mla_check import TOPK, serving_inputs
 
 BLOCK_TOKENS, SOFTMAX_SCALE = 64, 192**-0.5
 TOL_O, TOL_LSE = 1e-2, 1e-3  # the fp8_ds_mla kernel's bounds (the same FP8 MMAs on the codes as copied)
@@ -79,7 +79,7 @@ def edge_cases(torch, failures):
             failures.append(case)
 
 
-def sweep(torch, pool_tokens, failures):
+def sweep(torch, pool_tokens, ceiling, failures):
     from dsahal.backends.nvidia import ops as nvidia_ops
     from dsahal.reference.sparse_mla import sparse_mla as reference
 
@@ -105,12 +105,13 @@ def sweep(torch, pool_tokens, failures):
                 failures.append(f"{case} {name}")
                 continue
             times[name] = timing.bench_ms(call, "cuda")
-        rows.append((case, times))
-    print("\n| case | wgmma ms | general ms | general / wgmma |\n|---|---:|---:|---:|")
-    for case, times in rows:
+        rows.append((case, tokens, times))
+    print("\n| case | wgmma ms | % copy | general ms | general / wgmma |\n|---|---:|---:|---:|---:|")
+    for case, tokens, times in rows:
         ours, general = times.get("wgmma (the route now)"), times.get("triton general")
         ratio = f"{general / ours:.2f}x" if ours and general else "-"
-        print(f"| {case} | {ours or float('nan'):.4f} | {general or float('nan'):.4f} | {ratio} |")
+        pct = f"{100 * tokens * TOPK * 576 / (ours * 1e-3) / 1e12 / ceiling:.1f}" if ours else "-"
+        print(f"| {case} | {ours or float('nan'):.4f} | {pct} | {general or float('nan'):.4f} | {ratio} |")
 
 
 def main(argv=None) -> int:
