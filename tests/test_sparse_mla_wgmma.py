@@ -13,6 +13,7 @@ import re
 
 import pytest
 import torch
+from launch_recorder import LaunchRecorder
 
 from dsahal.backends.triton_kernels import sparse_mla_wgmma as w
 
@@ -193,16 +194,6 @@ def test_the_route_verifier_names_what_the_kernel_does_not_take(monkeypatch):
         assert not ok and reason.startswith("fp8 latents: the route takes fp8_ds_mla (per-tensor FP8 records measured")
 
 
-class _Recorder:
-    """Stands in for a launched kernel: records ``kernel[grid](*args, **kwargs)``."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
-
-
 @pytest.mark.parametrize("module_name, launcher, kernel_name, extra", [
     ("sparse_mla_wgmma", "sparse_mla_wgmma", "sparse_mla_wgmma_kernel", dict(STAGES=2)),
     ("sparse_mla_gluon", "sparse_mla_gluon", "sparse_mla_gluon_kernel", dict(BLOCK_N=16, STAGES=4, SPLIT=1))])
@@ -216,7 +207,7 @@ def test_the_launchers_pass_each_kernel_parameter_by_its_name(monkeypatch, modul
 
     module = importlib.import_module(f"dsahal.backends.triton_kernels.{module_name}")
     names = triton_launch(getattr(module, kernel_name)).arg_names
-    recorder = _Recorder()
+    recorder = LaunchRecorder()
     monkeypatch.setattr(module, "refusal", lambda *args: "")
     monkeypatch.setattr(module, kernel_name, recorder)
     heads = 40 if module_name == "sparse_mla_wgmma" else 12  # the wgmma kernel: three groups of 16 heads
@@ -242,7 +233,7 @@ def test_fp8_records_pass_their_tensor_scale_to_the_kernel_and_a_bad_one_is_refu
     from dsahal.kernel_launch import triton_launch
 
     names = triton_launch(w.sparse_mla_wgmma_kernel).arg_names
-    recorder = _Recorder()
+    recorder = LaunchRecorder()
     monkeypatch.setattr(w, "refusal", lambda *args: "")
     monkeypatch.setattr(w, "sparse_mla_wgmma_kernel", recorder)
     q = torch.zeros(3, 16, 576, dtype=torch.bfloat16)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from launch_recorder import LaunchRecorder
 
 from dsahal.backends.triton_kernels import sparse_mla_wgmma_fp4 as w
 
@@ -213,22 +214,12 @@ def test_the_route_verifier_names_what_the_kernel_does_not_take(monkeypatch):
             assert verifiers.wgmma_nvfp4_accepts(wide, _pages(), slots[:1], "nvfp4", None, 0.1) == want
 
 
-class _Recorder:
-    """Stands in for a launched kernel: records ``kernel[grid](*args, **kwargs)``."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
-
-
 def test_the_launcher_passes_each_kernel_parameter_by_its_name(monkeypatch):
     from dsahal.backends.triton_kernels.sparse_mla import LOG2E
     from dsahal.kernel_launch import triton_launch
 
     names = triton_launch(w.sparse_mla_wgmma_fp4_kernel).arg_names
-    recorder = _Recorder()
+    recorder = LaunchRecorder()
     monkeypatch.setattr(w, "refusal", lambda *args: "")
     monkeypatch.setattr(w, "sparse_mla_wgmma_fp4_kernel", recorder)
     from dsahal.backends.triton_kernels import sparse_mla_gluon
