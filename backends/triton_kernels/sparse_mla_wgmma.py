@@ -337,7 +337,7 @@ def sparse_mla_wgmma_kernel(
     codes_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, 4, TILE, 128], _CODES)
     if FP8:
         rope_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, TILE, 64], _ROPE8)
-        scale_s = gl.allocate_shared_memory(gl.float32, [STAGES, 4, TILE], _SCALES)  # (unwritten: no scales)
+        scale_s = rope_s  # (FP8 records have no scales: _issue never writes this one, the loop never reads it)
     else:
         rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, TILE, 64], _ROPE)
         scale_s = gl.allocate_shared_memory(gl.float32, [STAGES, 4, TILE], _SCALES)
