@@ -411,12 +411,96 @@ def _issued_after(g, depth, group, per_token):
     return (min(g + depth, group) - g - 1) * per_token
 
 
+@gluon.constexpr_function
+def _units(group, tstack):
+    """MMAs a tile with ``TSTACK`` tokens a MMA (``TSTACK`` 1: one a token): ``cdiv(group, tstack)``."""
+    return -(-group // tstack)
+
+
+@gluon.constexpr_function
+def _unit_tokens(u, group, tstack):
+    """Tokens of unit ``u`` (the stacked MMA over tokens ``u * tstack ..``)."""
+    return min(tstack, group - u * tstack)
+
+
+@gluon.constexpr_function
+def _unit_width(u, group, tstack):
+    """Token columns of unit ``u``'s MMA: its tokens padded to a power of two (Gluon's shapes are; the padded rows of
+    its query buffer are zeros, their columns never read)."""
+    n = min(tstack, group - u * tstack)
+    return 1 << (n - 1).bit_length()
+
+
+@gluon.jit
+def _token_columns(acc, WIDTH: gl.constexpr, BLOCK_H: gl.constexpr):
+    """A stacked MMA's accumulator ``[64, WIDTH * BLOCK_H]`` (token ``j``'s heads in columns ``j * BLOCK_H ..``) ->
+    ``WIDTH`` per-token accumulators ``[64, BLOCK_H]`` in the one-token MMA layout. A thread holds columns
+    ``8 i + 2 (lane % 4) + {0, 1}``: token ``j``'s are its registers ``i`` in ``[j BLOCK_H / 8, (j + 1) BLOCK_H / 8)``,
+    so the split moves no data (each conversion asserted trivial)."""
+    MMA: gl.constexpr = _mma_layout(BLOCK_H)
+    if WIDTH == 1:
+        out = (acc,)
+    elif WIDTH == 2:
+        a0, a1 = gl.split(gl.permute(gl.reshape(acc, [64, 2, BLOCK_H]), (0, 2, 1)))
+        out = (gl.convert_layout(a0, MMA, assert_trivial=True), gl.convert_layout(a1, MMA, assert_trivial=True))
+    else:  # 4: token j = 2 hb + lb
+        even, odd = gl.split(gl.permute(gl.reshape(acc, [64, 2, 2, BLOCK_H]), (0, 3, 1, 2)))  # lb 0 / 1: [64, H, hb]
+        a0, a2 = gl.split(even)
+        a1, a3 = gl.split(odd)
+        out = (gl.convert_layout(a0, MMA, assert_trivial=True), gl.convert_layout(a1, MMA, assert_trivial=True),
+               gl.convert_layout(a2, MMA, assert_trivial=True), gl.convert_layout(a3, MMA, assert_trivial=True))
+    return out
+
+
+@gluon.jit
+def _stacked_tile(a, qs, w_s, key_scale, mapped, s, oks, poss, t0, out_ptr, stride_ot, max_context,
+                  BLOCK_H: gl.constexpr, GROUP: gl.constexpr, DEPTH: gl.constexpr, TSTACK: gl.constexpr):
+    """FP8 queries, ``TSTACK`` tokens a MMA (DeepGEMM's operand layout: the keys the M side, tokens x heads the N
+    side): one wide MMA per unit of tokens (``qs[u]`` ``[width * BLOCK_H, 128]``), ``DEPTH`` units in flight, each
+    unit's tokens' epilogues once it lands."""
+    U: gl.constexpr = _units(GROUP, TSTACK)
+    D: gl.constexpr = DEPTH if DEPTH < U else U
+    units = ()
+    for u in gl.static_range(D):
+        units = units + (_unit_mma(a, qs, u, GROUP, TSTACK, BLOCK_H),)
+    for u in gl.static_range(U):
+        acc = warpgroup_mma_wait(_issued_after(u, D, U, 1), deps=[units[u]])
+        if u + D < U:
+            units = units + (_unit_mma(a, qs, u + D, GROUP, TSTACK, BLOCK_H),)
+        cols = _token_columns(acc, _unit_width(u, GROUP, TSTACK), BLOCK_H)
+        for j in gl.static_range(_unit_tokens(u, GROUP, TSTACK)):
+            _epilogue(cols[j], w_s[u * TSTACK + j], key_scale, mapped, s, oks[u * TSTACK + j], poss[u * TSTACK + j],
+                      t0 + u * TSTACK + j, out_ptr, stride_ot, max_context, gl.SliceLayout(0, _mma_layout(BLOCK_H)))
+
+
+@gluon.jit
+def _unit_mma(a, qs, u: gl.constexpr, GROUP: gl.constexpr, TSTACK: gl.constexpr, BLOCK_H: gl.constexpr):
+    """Issue unit ``u``'s stacked MMA on the tile's keys ``a`` (asynchronously, into a fresh accumulator)."""
+    N: gl.constexpr = _unit_width(u, GROUP, TSTACK) * BLOCK_H
+    zeros = gl.zeros([64, N], gl.float32, _mma_layout(N))
+    return warpgroup_mma(a, qs[u].permute((1, 0)), zeros, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _unit_queries(rows_q, u: gl.constexpr, GROUP: gl.constexpr, TSTACK: gl.constexpr, BLOCK_H: gl.constexpr,
+                  QL: gl.constexpr):
+    """Unit ``u``'s queries in shared memory: ``[width * BLOCK_H, 128]`` e4m3, token ``j``'s ``rows_q`` at rows ``j *
+    BLOCK_H ..``, the padding rows zero."""
+    N: gl.constexpr = _unit_width(u, GROUP, TSTACK) * BLOCK_H
+    unit = gl.allocate_shared_memory(gl.float8e4nv, [N, 128],
+                                     gl.NVMMASharedLayout.get_default_for([N, 128], gl.float8e4nv),
+                                     gl.zeros([N, 128], gl.float8e4nv, QL))
+    for j in gl.static_range(_unit_tokens(u, GROUP, TSTACK)):
+        unit.slice(j * BLOCK_H, BLOCK_H).store(rows_q[u * TSTACK + j])
+    return unit
+
+
 @gluon.jit
 def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, t0, pages_i32, s32_b, block_table_ptr,
           stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, a_blocks,
           BLOCK_H: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr,
           WHOLE: gl.constexpr, HI_LO: gl.constexpr, MX: gl.constexpr, STACK: gl.constexpr,
-          MX_REG: gl.constexpr = False):
+          MX_REG: gl.constexpr = False, TSTACK: gl.constexpr = 1):
     """Key tile ``i`` from stage ``here``; the tile ``STAGES - 1`` ahead is copied into ``refill`` (the stage read by
     tile ``i - 1``). Returns the table entry of the tile copied next."""
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
@@ -443,40 +527,47 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
         key_scale = 64.0  # (the codes decoded as value x 2^-6)
     else:
         a = _codes(here, DOT_A)
-    if STACK:
-        zeros = gl.zeros([64, 2 * BLOCK_H], gl.float32, _mma_layout(2 * BLOCK_H))
-    else:
-        zeros = gl.zeros([64, BLOCK_H], gl.float32, MMA)
-    D: gl.constexpr = DEPTH if DEPTH < GROUP else GROUP
-    # MMAs (commit groups) a token: bf16 queries as hi and lo parts (one, stacked); MXFP4 keys one a 32-dim block
-    P: gl.constexpr = (8 if HI_LO else 4) if MX else (2 if HI_LO and not STACK else 1)
-    toks = ()
-    for g in gl.static_range(D):  # the first D tokens' MMAs in flight before the first epilogue
-        toks = toks + (_token_mmas(a, qs, qs_lo, g, zeros, HI_LO, MX, STACK, MX_REG),)
-    if not MX:
+    if TSTACK > 1:  # FP8 queries, tokens stacked on the MMA's N side
         key_scale = _scales(here, ROWS)
-    entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
-    mapped = (entry >= 0) & (entry < num_blocks)
-    s = (first + i) * 64 + gl.arange(0, 64, ROWS)
-    for g in gl.static_range(GROUP):
-        # tokens 0 .. min(g + D, GROUP) - 1 issued; wait for token g's, then issue token g + D's before g's epilogue
-        if MX:
-            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(_issued_after(g, D, GROUP, P),
-                                                        deps=[toks[g][0], toks[g][1], toks[g][2], toks[g][3]])
-            acc = (acc0 * block_scales[0][:, None] + acc1 * block_scales[1][:, None] + acc2 * block_scales[2][:, None]
-                   + acc3 * block_scales[3][:, None])
-        elif STACK:  # columns 0 .. BLOCK_H - 1 hi, the rest lo: a thread holds column n and n + BLOCK_H
-            both = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g]])
-            acc_hi, acc_lo = gl.split(gl.permute(gl.reshape(both, [64, 2, BLOCK_H]), (0, 2, 1)))
-            acc = gl.convert_layout(acc_hi + acc_lo * 0.0625, MMA)
-        elif HI_LO:
-            acc_hi, acc_lo = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g][0], toks[g][1]])
-            acc = acc_hi + acc_lo * 0.0625  # (lo is 16 x the residual)
+        entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
+        s = (first + i) * 64 + gl.arange(0, 64, ROWS)
+        _stacked_tile(a, qs, w_s, key_scale, (entry >= 0) & (entry < num_blocks), s, oks, poss, t0, out_ptr,
+                      stride_ot, max_context, BLOCK_H, GROUP, DEPTH, TSTACK)
+    else:  # a MMA (or two, or four) a token
+        if STACK:
+            zeros = gl.zeros([64, 2 * BLOCK_H], gl.float32, _mma_layout(2 * BLOCK_H))
         else:
-            acc = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g]])
-        if g + D < GROUP:
-            toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG),)
-        _epilogue(acc, w_s[g], key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot, max_context, COLS)
+            zeros = gl.zeros([64, BLOCK_H], gl.float32, MMA)
+        D: gl.constexpr = DEPTH if DEPTH < GROUP else GROUP
+        # MMAs (commit groups) a token: bf16 queries as hi and lo parts (one, stacked); MXFP4 keys one a 32-dim block
+        P: gl.constexpr = (8 if HI_LO else 4) if MX else (2 if HI_LO and not STACK else 1)
+        toks = ()
+        for g in gl.static_range(D):  # the first D tokens' MMAs in flight before the first epilogue
+            toks = toks + (_token_mmas(a, qs, qs_lo, g, zeros, HI_LO, MX, STACK, MX_REG),)
+        if not MX:
+            key_scale = _scales(here, ROWS)
+        entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
+        mapped = (entry >= 0) & (entry < num_blocks)
+        s = (first + i) * 64 + gl.arange(0, 64, ROWS)
+        for g in gl.static_range(GROUP):
+            # tokens 0 .. min(g + D, GROUP) - 1 issued; wait for token g's, then issue token g + D's before g's epilogue
+            if MX:
+                acc0, acc1, acc2, acc3 = warpgroup_mma_wait(_issued_after(g, D, GROUP, P),
+                                                            deps=[toks[g][0], toks[g][1], toks[g][2], toks[g][3]])
+                acc = (acc0 * block_scales[0][:, None] + acc1 * block_scales[1][:, None] + acc2 * block_scales[2][:, None]
+                       + acc3 * block_scales[3][:, None])
+            elif STACK:  # columns 0 .. BLOCK_H - 1 hi, the rest lo: a thread holds column n and n + BLOCK_H
+                both = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g]])
+                acc_hi, acc_lo = gl.split(gl.permute(gl.reshape(both, [64, 2, BLOCK_H]), (0, 2, 1)))
+                acc = gl.convert_layout(acc_hi + acc_lo * 0.0625, MMA)
+            elif HI_LO:
+                acc_hi, acc_lo = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g][0], toks[g][1]])
+                acc = acc_hi + acc_lo * 0.0625  # (lo is 16 x the residual)
+            else:
+                acc = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g]])
+            if g + D < GROUP:
+                toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG),)
+            _epilogue(acc, w_s[g], key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot, max_context, COLS)
     return ahead_entry
 
 
@@ -496,6 +587,7 @@ def indexer_gluon_kernel(
     MX: gl.constexpr = False,  # MXFP4 keys (68-byte records): four K = 32 MMAs a token, one a block (two with HI_LO)
     STACK: gl.constexpr = False,  # (HI_LO, FP8 keys) a token's hi and lo parts as one N = 2 BLOCK_H MMA
     MX_REG: gl.constexpr = False,  # (MX) the decoded keys as register operands, not through shared memory
+    TSTACK: gl.constexpr = 1,  # (FP8 queries, FP8 keys) tokens a MMA: their heads side by side on its N side
 ):
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)  # [64] per key
@@ -557,6 +649,8 @@ def indexer_gluon_kernel(
                     qs = qs + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, hi),)
                     qs_lo = qs_lo + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, lo),)
                 wv = wv * gl.convert_layout(down, WL)
+            elif TSTACK > 1:  # token g's rows of its unit's buffer (allocated zero, below)
+                qs = qs + (gl.load(rows + qk[None, :], mask=((qh < H) & ok)[:, None], other=0.0),)
             else:
                 qv = gl.load(rows + qk[None, :], mask=((qh < H) & ok)[:, None], other=0.0)
                 qs = qs + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, qv),)
@@ -564,6 +658,11 @@ def indexer_gluon_kernel(
             oks = oks + (ok,)
             poss = poss + (pos,)
             reach = gl.maximum(reach, pos)
+        if TSTACK > 1:  # a [width * BLOCK_H, 128] buffer a unit of TSTACK tokens, token j's rows at j * BLOCK_H
+            rows_q = qs
+            qs = ()
+            for u in gl.static_range(_units(GROUP, TSTACK)):
+                qs = qs + (_unit_queries(rows_q, u, GROUP, TSTACK, BLOCK_H, QL),)
         fence_async_shared()  # the queries' stores, before the MMAs read them through the async proxy
         _barrier()
 
@@ -597,7 +696,8 @@ def indexer_gluon_kernel(
                     ahead_entry = _tile(i0 + u, live, first, bufs[u], bufs[(u + STAGES - 1) % STAGES], ahead_entry,
                                         qs, qs_lo, ws, oks, poss, t0, pages_i32, s32_b, block_table_ptr, stride_bt,
                                         req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
-                                        a_blocks, BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG)
+                                        a_blocks, BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG,
+                                        TSTACK)
         async_copy.wait_group(0)
         dead = gl.full([64], float("-inf"), gl.float32, ROWS)
         keys = gl.arange(0, 64, ROWS)
@@ -647,7 +747,7 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
 
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, max_context, out, *, starts,
            group, index_fmt="fp8", tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, stacked=False,
-           mx_registers=False, num_warps=4):
+           mx_registers=False, token_stack=1, maxnreg=None, num_warps=4):
     """Run :func:`indexer_gluon_kernel` (a call :func:`refusal` names a reason for raises).
 
     Args:
@@ -664,6 +764,9 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
             stacked: bf16 queries on FP8 keys, a token's hi and lo parts as one MMA of twice the heads (their sums
             in separate columns: the same scores); ignored otherwise. mx_registers: MXFP4 keys decoded straight
             into the MMAs' register operands (no shared-memory round trip); ignored for FP8 keys.
+            token_stack: FP8 queries on FP8 keys, up to that many tokens of a segment as one MMA (their heads side
+            by side on its N side, at most 128 columns: 1, 2 or 4; the same sums as one MMA a token); ignored
+            otherwise. depth then counts those MMAs. maxnreg: ptxas's register cap (None: its own choice).
 
     Returns:
         ``out``.
@@ -679,10 +782,15 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         raise ValueError(f"{name}: stages expected 2..{MAX_STAGES}, got {stages}")
     if not 1 <= depth <= MAX_GROUP:
         raise ValueError(f"{name}: depth expected 1..{MAX_GROUP}, got {depth}")
+    if token_stack not in (1, 2, 4) or token_stack * max(16, triton.next_power_of_2(q.shape[1])) > 128:
+        raise ValueError(f"{name}: token_stack expected 1, 2 or 4 with at most 128 columns (heads padded to a power "
+                         f"of two >= 16), got {token_stack} at {q.shape[1]} heads")
     if num_warps != 4:
         raise ValueError(f"{name}: one warpgroup a program (num_warps=4), got {num_warps}")
     tokens = q.shape[0]
-    meta = launch_meta(q, index_pages, group, stages, depth, stacked, mx_registers)
+    meta = launch_meta(q, index_pages, group, stages, depth, stacked, mx_registers, token_stack)
+    if maxnreg:
+        meta["maxnreg"] = maxnreg
     failure = compile_failure(meta["HI_LO"], meta["MX"])
     if failure:
         raise ValueError(f"{name}: this Triton ({triton.__version__}) does not compile the kernel: {failure}")
@@ -702,12 +810,14 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
 
 
 def launch_meta(q: torch.Tensor, index_pages: torch.Tensor, group: int, stages: int, depth: int = 2,
-                stacked: bool = False, mx_registers: bool = False) -> dict:
+                stacked: bool = False, mx_registers: bool = False, token_stack: int = 1) -> dict:
     """The kernel's constexprs (and warps) for a call."""
     hi_lo, mx = q.dtype == torch.bfloat16, index_pages.shape[2] == MX_RECORD_BYTES
+    tstack = token_stack if group > 1 and not (hi_lo or mx) else 1
     return dict(H=q.shape[1], BLOCK_H=max(16, triton.next_power_of_2(q.shape[1])), GROUP=group, STAGES=stages,
                 DEPTH=depth, WHOLE=index_pages.shape[1] == TILE, HI_LO=hi_lo, MX=mx,
-                STACK=bool(stacked) and hi_lo and not mx, MX_REG=bool(mx_registers) and mx, num_warps=4)
+                STACK=bool(stacked) and hi_lo and not mx, MX_REG=bool(mx_registers) and mx,
+                TSTACK=tstack, num_warps=4)
 
 
 def compile_failure(hi_lo: bool, mx: bool = False) -> str:

@@ -109,8 +109,16 @@ def variants(torch):
         # Gluon program reading the request's key tiles (the L2 serving the repeats), against the tl kernel's one
         # 5-token segment (45.6% of copy). R7 / R9: slower, 0.748 / 0.853 ms against 0.572 with FP8 q (every segment's
         # copies are L2 requests, the L2 already 84-91% busy at 1-2 tokens); not routed
-        out += [(q_dtype, f"gluon, {seg}-token segments, {s} stages", dict(gluon=True, stages=s, segment=seg))
-                for q_dtype, s in ((fp8, 5), (torch.bfloat16, 4)) for seg in (2, 1)]
+        # twenty-fifth session: FP8 queries, 2 or 4 tokens of a segment as one MMA (token_stack: their heads side by
+        # side on the N side, DeepGEMM's operand layout; sm_90, Triton 3.6, 5-token segments: 8 QGMMA a tile instead
+        # of 20, 1,588 loop instructions for 4 tiles instead of 1,745, 168 registers); and the one-MMA-a-token kernel
+        # at depth 1 under a 128-register cap (4 programs a SM instead of 3, no spill)
+        out += [(fp8, f"gluon, {ts} tokens a MMA, depth {d}, {s} stages", dict(gluon=True, stages=s, depth=d,
+                                                                                 token_stack=ts))
+                for ts, d, s in ((4, 2, 4), (4, 1, 4), (4, 2, 3), (2, 2, 4))]
+        out += [(fp8, "gluon, depth 1, 4 stages, 128 registers", dict(gluon=True, stages=4, depth=1, maxnreg=128)),
+                (fp8, "gluon, 4 tokens a MMA, 8-token segments, 3 stages",
+                 dict(gluon=True, stages=3, token_stack=4, segment=8))]
     return out
 
 
@@ -197,20 +205,26 @@ def check_gluon_shapes(torch, failures):
     (tiles inside a block), a token short of its request's run, against the float64 reference."""
     gen = torch.Generator(device=DEVICE).manual_seed(11)
     fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
-    for heads, block_tokens, requests, per_request, context, group, q_dtype in (
+    for heads, block_tokens, requests, per_request, context, group, q_dtype, *stack in (
             (16, 64, 2, 3, 700, 3, fp8), (20, 128, 3, 5, 1000, 5, fp8), (64, 128, 2, 2, 900, 2, fp8),
             (32, 256, 2, 8, 1500, 5, fp8), (8, 64, 4, 1, 333, 1, fp8), (20, 128, 3, 5, 1000, 5, bf16),
-            (64, 64, 2, 2, 900, 2, bf16), (32, 64, 5, 1, 700, 1, bf16)):
+            (64, 64, 2, 2, 900, 2, bf16), (32, 64, 5, 1, 700, 1, bf16),
+            # tokens stacked on the MMA's N side (token_stack): 16 heads x 4, 64 heads x 2 (128 columns), a padded
+            # unit (3 tokens as 4), segments short of their group (3 tokens a request in groups of 5), 8-token groups
+            (16, 64, 2, 3, 700, 3, fp8, 4), (8, 128, 3, 5, 1000, 5, fp8, 4), (64, 128, 2, 2, 900, 2, fp8, 2),
+            (32, 256, 2, 8, 1500, 5, fp8, 4), (20, 64, 3, 3, 800, 5, fp8, 4), (32, 64, 2, 8, 1100, 8, fp8, 4),
+            (32, 64, 3, 5, 1000, 5, fp8, 2)):
         q, w, pages, table, req, pos, out = paged_case(torch, "fp8", heads, block_tokens, requests, per_request,
                                                        context, q_dtype, gen, DEVICE)
+        stack = stack[0] if stack else 1
         name = (f"gluon, {str(q_dtype).split('.')[-1]} q, {heads} heads, {block_tokens}-token blocks, "
-                f"{requests}x{per_request}, group {group}")
+                f"{requests}x{per_request}, group {group}" + (f", {stack} tokens a MMA" if stack > 1 else ""))
 
         def judge(got, want):
             err, same = score_error(torch, got, want)
             return same and err < TOL_FP8_MMA, f"rel err {err:.2e}"
         check_gluon(torch, name, (q, w, pages, table, req, pos), context, out, group, judge, failures, tiles=2,
-                    wide_tiles=None)
+                    wide_tiles=None, **({"token_stack": stack} if stack > 1 else {}))
 
 
 def check_gluon_nan(torch, failures):
