@@ -122,7 +122,7 @@ def test_a_triton_that_does_not_compile_it_is_named_and_the_calls_fall_back(monk
     monkeypatch.setattr(g, "compile_failure",
                         lambda hi_lo, mx=False: "cannot reinterpret between padded and non-padded layouts")
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
-    assert idx._gluon_stages({1: 3}, _q(), _pages(), "fp8", tokens=4, rows=4) == 0
+    assert idx._gluon_plan({"gluon_stages": {1: 3}}, _q(), _pages(), "fp8", tokens=4, rows=4) == {}
     t = torch.zeros(2, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"\(gluon\): this Triton \(.*\) does not compile the kernel: cannot "
                                          r"reinterpret between padded"):
@@ -134,13 +134,28 @@ def test_indexer_score_sends_only_the_configured_tokens_per_request_to_it(monkey
     monkeypatch.setattr(g, "refusal", lambda *args: "")
     monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False: "")
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
-    stages = {1: 3, 2: 4}
-    assert idx._gluon_stages(stages, _q(), _pages(), "fp8", tokens=64, rows=64) == 3
-    assert idx._gluon_stages(stages, _q(), _pages(), "fp8", tokens=128, rows=64) == 4
-    assert idx._gluon_stages(stages, _q(), _pages(), "fp8", tokens=320, rows=64) == 0  # 5 a request: tl
-    assert idx._gluon_stages(None, _q(), _pages(), "fp8", tokens=64, rows=64) == 0  # not configured (batch invariant)
+    tile = {"gluon_stages": {1: 3, 2: 4}, "gluon_depth": 1}
+    plain = dict(stacked=False, mx_registers=False)
+    assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=64, rows=64) == dict(plain, stages=3, depth=1)
+    assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=128, rows=64) == dict(plain, stages=4, depth=1)
+    assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=320, rows=64) == {}  # 5 a request: tl
+    more = dict(tile, gluon_more=dict(stages=4, depth=1, maxnreg=128), gluon_stacked=True)
+    assert idx._gluon_plan(more, _q(), _pages(), "fp8", tokens=320, rows=64) == dict(
+        stages=4, depth=1, maxnreg=128, stacked=True, mx_registers=False)  # more than the named counts
+    assert idx._gluon_plan(more, _q(), _pages(), "fp8", tokens=4096, rows=1)["maxnreg"] == 128  # prefill
+    assert idx._gluon_plan({"gluon_more": more["gluon_more"]}, _q(), _pages(), "fp8", tokens=320, rows=64) == {}
+    assert idx._gluon_plan({}, _q(), _pages(), "fp8", tokens=64, rows=64) == {}  # not configured (batch invariant)
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: False)
-    assert idx._gluon_stages(stages, _q(), _pages(), "fp8", tokens=64, rows=64) == 0  # CPU / ROCm: never imported
+    assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=64, rows=64) == {}  # CPU / ROCm: never imported
+
+
+def test_a_plan_the_kernel_refuses_takes_the_tl_kernel(monkeypatch):
+    monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False: "")
+    seen = []
+    monkeypatch.setattr(g, "refusal", lambda q, pages, fmt, group=1: seen.append(group) or "too many tokens")
+    tile = {"gluon_stages": {1: 3}, "gluon_more": dict(stages=4, group=8)}
+    assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=640, rows=64) == {} and seen == [8]
 
 
 def test_the_backend_configures_it_in_default_mode_only(monkeypatch):
@@ -149,10 +164,13 @@ def test_the_backend_configures_it_in_default_mode_only(monkeypatch):
     for dtype, fmt in itertools.product((torch.float8_e4m3fn, torch.bfloat16), ("fp8", "mxfp4")):
         config.indexer_config.cache_clear()
         monkeypatch.setattr(config, "batch_invariant", lambda: False)
-        assert set(config.indexer_config(32, dtype, fmt)["block_tiles"]["gluon_stages"]) == {1, 2}
+        tiles = config.indexer_config(32, dtype, fmt)["block_tiles"]
+        assert set(tiles["gluon_stages"]) == {1, 2}
+        assert ("gluon_more" in tiles) == (fmt == "fp8")  # MXFP4 keys: the tl kernel from 3 tokens a request
         config.indexer_config.cache_clear()
         monkeypatch.setattr(config, "batch_invariant", lambda: True)
-        assert "gluon_stages" not in config.indexer_config(32, dtype, fmt).get("block_tiles", {})
+        tiles = config.indexer_config(32, dtype, fmt).get("block_tiles", {})
+        assert "gluon_stages" not in tiles and "gluon_more" not in tiles
     config.indexer_config.cache_clear()
 
 
@@ -183,11 +201,12 @@ def test_mxfp4_calls_go_to_it_and_fp8_records_are_refused_as_mxfp4(monkeypatch):
     seen = []
     monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False: seen.append(mx) or "")
     pages = _pages(record=68)
-    assert idx._gluon_stages({1: 4}, _q(), pages, "mxfp4", tokens=64, rows=64) == 4 and seen == [True]
-    assert idx._gluon_stages({1: 4}, _q(dtype=torch.bfloat16), pages, "mxfp4", tokens=64, rows=64) == 4
+    tile = {"gluon_stages": {1: 4}}
+    assert idx._gluon_plan(tile, _q(), pages, "mxfp4", tokens=64, rows=64)["stages"] == 4 and seen == [True]
+    assert idx._gluon_plan(tile, _q(dtype=torch.bfloat16), pages, "mxfp4", tokens=64, rows=64)["stages"] == 4
     assert g.refusal(_q(), _pages(), "mxfp4").startswith("pages torch.uint8 [4, 64, 132]: the Gluon indexer reads "
                                                          "mxfp4 keys as uint8 [blocks, tokens, 68]")
-    assert idx._gluon_stages({1: 4}, _q(), pages, "fp8", tokens=64, rows=64) == 0  # 68-byte records are not FP8 keys
+    assert idx._gluon_plan(tile, _q(), pages, "fp8", tokens=64, rows=64) == {}  # 68-byte records are not FP8 keys
 
 
 def test_compile_failure_is_asked_once_a_process(monkeypatch):
@@ -228,7 +247,7 @@ def test_its_segments_are_the_calls_tokens_a_request_whatever_the_tl_default(mon
     from dsahal.backends.nvidia import config
 
     seen = []
-    monkeypatch.setattr(idx, "_gluon_stages", lambda *args: 3)
+    monkeypatch.setattr(idx, "_gluon_plan", lambda *args: dict(stages=3, depth=2))
     monkeypatch.setattr(idx, "segment_plan", lambda req, group: (torch.zeros_like(req), torch.zeros_like(req)))
     monkeypatch.setattr(g, "launch", lambda *args, **kwargs: seen.append(kwargs) or args[8])
     monkeypatch.setattr(config, "batch_invariant", lambda: False)

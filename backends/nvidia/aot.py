@@ -616,7 +616,7 @@ def _gluon_indexer_variants() -> list[Variant]:
                 + (", hi and lo stacked" if label == "bf16" and stacked else ""),
                 indexer_gluon.indexer_gluon_kernel,
                 dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=stages[group], DEPTH=2, WHOLE=True,
-                     HI_LO=label == "bf16", MX=False, STACK=label == "bf16" and stacked),
+                     HI_LO=label == "bf16", MX=False, STACK=label == "bf16" and stacked, TSTACK=1),
                 dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 33),
                 gluon=True))
     mx_registers = config._MXFP4_GLUON.get("gluon_mx_registers", False)
@@ -627,7 +627,7 @@ def _gluon_indexer_variants() -> list[Variant]:
                 + (", register operands" if mx_registers else ""),
                 indexer_gluon.indexer_gluon_kernel,
                 dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=4, DEPTH=1, WHOLE=True,
-                     HI_LO=label == "bf16", MX=True, STACK=False, MX_REG=mx_registers),
+                     HI_LO=label == "bf16", MX=True, STACK=False, MX_REG=mx_registers, TSTACK=1),
                 dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 17),
                 gluon=True))
     return out

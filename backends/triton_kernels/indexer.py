@@ -422,21 +422,30 @@ def _l2_ahead(l2_ahead: int, tokens: int, rows: int, up_to_tokens) -> int:
     return 0
 
 
-def _gluon_stages(stages_by_tokens, q, index_pages, index_fmt, tokens: int, rows: int) -> int:
-    """The Gluon kernel's stage count for a call (0: the call takes the ``tl`` block tiles): ``stages_by_tokens``
-    maps tokens per request (:func:`_tokens_per_request`) to stages; a call with
-    another count, or one the kernel refuses (:func:`.indexer_gluon.refusal`: bf16 keys, not an sm_90 GPU, ...),
-    gets 0. The scores are the same contract either way."""
-    if not stages_by_tokens:
-        return 0
-    stages = stages_by_tokens.get(_tokens_per_request(tokens, rows), 0)
-    if not stages or not indexer_decode.runs_ptx(q.device):  # (Gluon is not imported for CPU or ROCm tensors)
-        return 0
+def _gluon_plan(tile: dict, q, index_pages, index_fmt, tokens: int, rows: int) -> dict:
+    """The Gluon kernel's launch options for a call (``{}``: the call takes the ``tl`` block tiles). ``tile``'s
+    ``gluon_stages`` maps tokens per request (:func:`_tokens_per_request`) to stages (with ``gluon_depth`` token MMAs
+    in flight, default 2); ``gluon_more``, the options (``stages``, ``depth``, ``maxnreg``, ``group``: tokens a
+    segment) for calls of more tokens a request than ``gluon_stages`` names (speculative decode, prefill). A call of
+    another count, or one the kernel refuses (:func:`.indexer_gluon.refusal`: bf16 keys, not an sm_90 GPU, ...), or a
+    Triton that does not compile it, gets ``{}``. The scores are the same contract either way."""
+    by_tokens = tile.get("gluon_stages") or {}
+    per_request = _tokens_per_request(tokens, rows)
+    if per_request in by_tokens:
+        plan = dict(stages=by_tokens[per_request], depth=tile.get("gluon_depth", 2))
+    elif by_tokens and per_request > max(by_tokens) and tile.get("gluon_more"):
+        plan = dict(tile["gluon_more"])
+    else:
+        return {}
+    if not plan.get("stages") or not indexer_decode.runs_ptx(q.device):  # (Gluon is not imported for CPU or ROCm)
+        return {}
     from . import indexer_gluon  # (imports Gluon)
 
-    if indexer_gluon.refusal(q, index_pages, index_fmt):
-        return 0
-    return 0 if indexer_gluon.compile_failure(q.dtype == torch.bfloat16, index_fmt == "mxfp4") else stages
+    if indexer_gluon.refusal(q, index_pages, index_fmt, plan.get("group", 1)):
+        return {}
+    if indexer_gluon.compile_failure(q.dtype == torch.bfloat16, index_fmt == "mxfp4"):
+        return {}
+    return dict(plan, stacked=tile.get("gluon_stacked", False), mx_registers=tile.get("gluon_mx_registers", False))
 
 
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,
@@ -479,8 +488,9 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             to spare, :func:`.indexer_decode.tiles_per_program`; ``l2_ahead``: the L2 hint of
             :func:`.indexer_decode.launch`; ``l2_ahead_tokens``: the hint only for calls of at most that many tokens
             per request, :func:`_l2_ahead`; ``gluon_stages``: ``{tokens per request: stages}``, the calls of those
-            lengths that :mod:`.indexer_gluon` takes go to it, with that many tiles in flight, :func:`_gluon_stages`;
-            ``gluon_depth``: its token MMAs in flight, default 2; ``gluon_stacked``: bf16 queries' hi and lo parts as
+            lengths that :mod:`.indexer_gluon` takes go to it, with that many tiles in flight, :func:`_gluon_plan`;
+            ``gluon_depth``: its token MMAs in flight, default 2; ``gluon_more``: its launch options for calls of more
+            tokens a request than ``gluon_stages`` names; ``gluon_stacked``: bf16 queries' hi and lo parts as
             one MMA a token there, default False; ``gluon_mx_registers``: MXFP4 keys decoded into the MMAs' register
             operands there, default False),
             the other arguments then being the general kernel's, for the calls that fall back to it.
@@ -521,17 +531,16 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
                                          mxfp4_mode, dot=dot, q_dtype=q.dtype)
         group = min(tile["tile_group"] or tile["group"], indexer_decode.MAX_GROUP)
         group = _request_group(group, tokens, block_table.shape[0], tile.get("group_per_request", False))
-        stages = _gluon_stages(tile.get("gluon_stages"), q, index_pages, index_fmt, tokens, block_table.shape[0])
-        if stages:
+        plan = _gluon_plan(tile, q, index_pages, index_fmt, tokens, block_table.shape[0])
+        if plan:
             from . import indexer_gluon  # (imports Gluon)
 
-            # segments of the call's tokens a request (the kernel runs every member's MMA, present or not)
-            group = _request_group(group, tokens, block_table.shape[0], True)
+            # segments of the call's tokens a request, at most the plan's group (the kernel runs every member's MMA,
+            # present or not)
+            group = _request_group(plan.pop("group", group), tokens, block_table.shape[0], True)
             offsets, starts = segment_plan(req_ids, group)
             return indexer_gluon.launch(q, weights, index_pages, block_table, req_ids, positions, offsets, max_context,
-                                        out, starts=starts, group=group, index_fmt=index_fmt, stages=stages,
-                                        depth=tile.get("gluon_depth", 2), stacked=tile.get("gluon_stacked", False),
-                                        mx_registers=tile.get("gluon_mx_registers", False))
+                                        out, starts=starts, group=group, index_fmt=index_fmt, **plan)
         offsets, starts = segment_plan(req_ids, group)  # one launch
         return indexer_decode.launch(
             q, weights, index_pages, block_table, req_ids, positions, offsets, index_fmt, max_context,

@@ -123,6 +123,7 @@ def indexer_variants() -> int:
         base = indexer_config(fields["index_heads"], torch.bfloat16, "fp8")
         tiles = dict(base["block_tiles"])
         tiles.pop("gluon_stages", None)  # the block tiles at every call length
+        tiles.pop("gluon_more", None)
         default = tiles["alu"]
         for label, alu in ((f"alu {default} (the backend's)", default), (f"alu {default | 64} (with flag 64)", default | 64)):
             cfg = dict(base, block_tiles=dict(tiles, alu=alu))

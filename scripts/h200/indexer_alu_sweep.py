@@ -96,29 +96,33 @@ def variants(torch):
     # block tiles there, the default before, are timed by the direct launch below. (R6: key chunks balanced to whole
     # waves by the compiled kernel's resident programs: no gain beyond the run's 3-5% spread; removed)
     if DEVICE != "cpu":  # (Gluon has no interpreter)
-        out += [(fp8, "tl block tiles (the default before at <= 2 tokens)", dict(now, group="backend", l2_ahead=2)),
-                (torch.bfloat16, "tl block tiles (the default before at <= 2 tokens)",
-                 dict(now, alu=197, group="backend", l2_ahead=2))]
+        # the tl block tiles as the backend ran them before the Gluon kernel took the call (the L2 hint at <= 2
+        # tokens a request only)
+        out += [(fp8, "tl block tiles (the default before)", dict(now, group="backend", l2_ahead="backend")),
+                (torch.bfloat16, "tl block tiles (the default before)",
+                 dict(now, alu=197, group="backend", l2_ahead="backend"))]
         # twentieth session, R1: stages of 8,448 bytes exactly (a padded [2048]-word buffer, two copies a tile of 512
         # and 16 pieces; sm_90, Triton 3.6: FP8 q 2 tokens 4 stages 42.2 KB against 74.0 KB, 5 programs a SM instead of
         # 3) against the 16 KiB stages: 3-6 stages timed, 5 the fastest for FP8 q (1.01x / 1.08x / 1.01x at 64x1 /
         # 64x2 / 8x1), 5 / 4 for bf16 q (1.07x / 1.09x / 1.07x); the 16 KiB stages removed, the new counts the default
-        out += [(q_dtype, f"gluon, {s} stages", dict(gluon=True, stages=s)) for q_dtype in (fp8, torch.bfloat16)
-                for s in (4, 5)]
         # twenty-first session: 5 tokens a request as segments of at most 2 (2 + 2 + 1) or 1 token, each segment a
         # Gluon program reading the request's key tiles (the L2 serving the repeats), against the tl kernel's one
         # 5-token segment (45.6% of copy). R7 / R9: slower, 0.748 / 0.853 ms against 0.572 with FP8 q (every segment's
         # copies are L2 requests, the L2 already 84-91% busy at 1-2 tokens); not routed
-        # twenty-fifth session: FP8 queries, 2 or 4 tokens of a segment as one MMA (token_stack: their heads side by
-        # side on the N side, DeepGEMM's operand layout; sm_90, Triton 3.6, 5-token segments: 8 QGMMA a tile instead
-        # of 20, 1,588 loop instructions for 4 tiles instead of 1,745, 168 registers); and the one-MMA-a-token kernel
-        # at depth 1 under a 128-register cap (4 programs a SM instead of 3, no spill)
-        out += [(fp8, f"gluon, {ts} tokens a MMA, depth {d}, {s} stages", dict(gluon=True, stages=s, depth=d,
-                                                                                 token_stack=ts))
-                for ts, d, s in ((4, 2, 4), (4, 1, 4), (4, 2, 3), (2, 2, 4))]
-        out += [(fp8, "gluon, depth 1, 4 stages, 128 registers", dict(gluon=True, stages=4, depth=1, maxnreg=128)),
-                (fp8, "gluon, 4 tokens a MMA, 8-token segments, 3 stages",
-                 dict(gluon=True, stages=3, token_stack=4, segment=8))]
+        # twenty-fifth session, R1: FP8 queries, 2 or 4 tokens of a segment as one MMA (token_stack: their heads side
+        # by side on the N side, DeepGEMM's operand layout; sm_90, Triton 3.6, 5-token segments: 8 QGMMA a tile
+        # instead of 20, 168 registers) 0.598-0.615 ms at 64x5 against 0.615-0.626 one MMA a token (4 / 5 stages, 3
+        # programs a SM); one MMA a token at depth 1 under a 128-register cap (4 programs a SM) 0.559, prefill 1.647
+        # against the tl kernel's 1.831: since then the backend's launch from 3 tokens a request (config.gluon_more).
+        # R2: its neighbours, and 8-token segments for the prefill (fewer tile reads a token)
+        out += [(fp8, f"gluon, depth {d}, {s} stages" + (f", {r} registers" if r else "")
+                 + (f", {seg}-token segments" if seg != 5 else ""),
+                 dict(gluon=True, stages=s, depth=d, segment=seg, **({"maxnreg": r} if r else {})))
+                for d, s, r, seg in ((1, 3, 128, 5), (1, 4, 120, 5), (2, 4, 128, 5), (1, 4, 128, 8), (1, 4, 160, 8),
+                                     (2, 4, None, 8))]
+        out += [(torch.bfloat16, "gluon, depth 1, 4 stages", dict(gluon=True, stages=4, depth=1, stacked=True)),
+                (torch.bfloat16, "gluon, depth 2, 4 stages, 8-token segments",
+                 dict(gluon=True, stages=4, depth=2, stacked=True, segment=8))]
     return out
 
 
@@ -148,6 +152,8 @@ def _runner(torch, q_dtype, changes, per_request):
                   tiles=tile["tiles"], loop=tile.get("tile_loop", 1), num_warps=tile["num_warps"],
                   num_stages=tile["num_stages"], typed_keys=tile.get("typed_keys", False))
     kwargs.update(changes)
+    if kwargs.get("l2_ahead") == "backend":  # the hint at <= 2 tokens a request (config._FP8_KEYS_L2)
+        kwargs["l2_ahead"] = 2 if per_request <= 2 else 0
     if kwargs["group"] == "backend":  # as the backend's group_per_request (indexer._request_group)
         from dsahal.backends.triton_kernels.indexer import _request_group
 
