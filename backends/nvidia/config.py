@@ -188,20 +188,22 @@ _FP8_KEYS_L2 = dict(l2_ahead=2, l2_ahead_tokens=2)
 # FP8 q 5 stages 0.287 / 0.306 / 0.287 ms (91.3% / 85.7% / 91.4%) against the 16 KiB stages' best 0.289 / 0.332 /
 # 0.291 (1.01x / 1.08x / 1.01x); bf16 q 5 stages at 1 token, 4 at 2: 0.297 / 0.378 / 0.298 (88.2% / 69.5% / 88.0%)
 # against 0.318 / 0.411 / 0.318 (1.07x / 1.09x / 1.07x). 64x5: tl 0.572 ms, Gluon's best 0.598 (3 stages).
-# Twenty-fifth session (R1, indexer_alu_sweep.py, same run, every variant checked first): calls of more tokens a request
-# (5 a request, prefill) on the Gluon kernel too, one token's MMA in flight, 4 stages and ptxas's cap of 128 registers
-# (4 programs a SM instead of 3; no spill in the sm_90 compile): 0.559 ms at 64x5 at 128K against the tl kernel's
-# 0.612-0.625 (1.10-1.12x; 46.6% of copy), 1.647 at the 4096-token prefill at 32K against 1.760-1.831 (1.07-1.11x).
-# Tokens stacked on the MMA's N side (indexer_gluon token_stack: 2 or 4 tokens a MMA, 8 QGMMA a tile instead of 20)
-# 0.598-0.615 at 64x5: the MMAs are not what bounds it; 168 registers, 3 programs a SM.
+# Twenty-fifth session (R1 / R2, indexer_alu_sweep.py, same run, every variant checked first): calls of more tokens a
+# request (5 a request, prefill) on the Gluon kernel too, one token's MMA in flight, 4 stages and ptxas's cap of 128
+# registers (4 programs a SM instead of 3; no spill in the sm_90 compile): 0.559 / 0.558 ms at 64x5 at 128K against
+# the tl kernel's 0.612-0.625 / 0.575 (1.03-1.12x; 47.0% of copy), 1.647 / 1.665 at the 4096-token prefill at 32K
+# against 1.760-1.831 / 1.673 (1.00-1.11x). Tokens stacked on the MMA's N side (indexer_gluon token_stack: 2 or 4
+# tokens a MMA, 8 QGMMA a tile instead of 20) 0.598-0.615 at 64x5: the MMAs are not what bounds it (168 registers, 3
+# programs a SM); 8-token segments at prefill 1.664-1.920 (no gain); depth 2 or 3 stages under the cap the same.
 _FP8_Q_GLUON = dict(gluon_stages={1: 5, 2: 5}, gluon_more=dict(stages=4, depth=1, maxnreg=128))
 # Twenty-second session (R7, scripts/h200/indexer_stack_check.py, same run): bf16 q with a token's hi and lo parts as
 # one N = 64 MMA (gluon_stacked; the sm_90 loop 10% shorter at 2 tokens, the same errors on every edge case) 0.3002 /
 # 0.3763 / 0.3037 ms at 64x1 / 64x2 / 8x1 against 0.3010 / 0.3838 / 0.3038 (1.00x / 1.02x / 1.00x; 86.8% / 69.2% /
 # 85.8% of copy); 5 stages at 2 tokens 0.4056 stacked, 0.4029 not: 4 stays.
-# Twenty-fifth session (R1, the same sweep): at 5 tokens a request and prefill the Gluon kernel (4 stages, two tokens'
-# MMAs in flight) 0.971 / 2.877 ms against the tl kernel's 1.014-1.055 / 2.991-3.222 (1.04-1.09x).
-_BF16_Q_GLUON = dict(gluon_stages={1: 5, 2: 4}, gluon_stacked=True, gluon_more=dict(stages=4, depth=2))
+# Twenty-fifth session (R2, the same sweep, every variant checked first): at 5 tokens a request and prefill the Gluon
+# kernel, hi and lo stacked, 4 stages, one token's MMA in flight (168 registers, 3 programs a SM): 0.825 / 2.366 ms
+# against the tl kernel's 0.979 / 2.920 (1.19x / 1.23x; 31.8% of copy at 64x5); two tokens in flight 0.891 / 2.669.
+_BF16_Q_GLUON = dict(gluon_stages={1: 5, 2: 4}, gluon_stacked=True, gluon_more=dict(stages=4, depth=1))
 # MXFP4 keys, FP8 or bf16 q (below, indexer_config). Twenty-third session (R4 scripts/h200/mxfp4_indexer_sweep.py, same
 # run, every variant checked first, the same errors): the decoded keys as the MMAs' register operands
 # (gluon_mx_registers: no shared-memory round trip, no fence or barrier a tile) 0.268 / 0.406 / 0.266 ms at 64x1 /
