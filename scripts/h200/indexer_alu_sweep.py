@@ -26,6 +26,7 @@ listed and the script exits with one ``error:`` line (after timing what did pass
 """
 from __future__ import annotations
 
+import os
 import time
 
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
@@ -34,7 +35,7 @@ from score_check import score_error  # scripts/h200/score_check.py
 from script_cli import finish, run, smoke_args, start  # scripts/h200/script_cli.py
 from indexer_gluon_cases import check_gluon, launch_as_backend, paged_case  # scripts/h200/indexer_gluon_cases.py
 
-HEADS = 32
+HEADS = int(os.environ.get("SWEEP_HEADS", "32"))  # index heads (DeepSeek-V3.2's indexer has 64)
 BLOCK_TOKENS = 64
 TOL = 1e-4
 TOL_FP8_MMA = 5e-4
@@ -115,14 +116,16 @@ def variants(torch):
         # programs a SM); one MMA a token at depth 1 under a 128-register cap (4 programs a SM) 0.559, prefill 1.647
         # against the tl kernel's 1.831: since then the backend's launch from 3 tokens a request (config.gluon_more).
         # R2: its neighbours, and 8-token segments for the prefill (fewer tile reads a token)
-        out += [(fp8, f"gluon, depth {d}, {s} stages" + (f", {r} registers" if r else "")
-                 + (f", {seg}-token segments" if seg != 5 else ""),
-                 dict(gluon=True, stages=s, depth=d, segment=seg, **({"maxnreg": r} if r else {})))
-                for d, s, r, seg in ((1, 3, 128, 5), (1, 4, 120, 5), (2, 4, 128, 5), (1, 4, 128, 8), (1, 4, 160, 8),
-                                     (2, 4, None, 8))]
-        out += [(torch.bfloat16, "gluon, depth 1, 4 stages", dict(gluon=True, stages=4, depth=1, stacked=True)),
-                (torch.bfloat16, "gluon, depth 2, 4 stages, 8-token segments",
-                 dict(gluon=True, stages=4, depth=2, stacked=True, segment=8))]
+        # (R2, 32 heads: depth 1 / 2, 3 / 4 stages, 120 / 128 / 160 registers, 8-token segments for FP8 q: within
+        # 1-3% of the default at 5 tokens and prefill, 8-token segments 0.88-0.98x; bf16 q at depth 1 1.08x / 1.13x
+        # the depth-2 default then, so depth 1 since.) R3, 64 heads (DeepSeek-V3.2's indexer): no register cap
+        # (168 registers; 128 spilled 64 bytes there), fewer stages (the queries' shared memory doubles)
+        out += [(q_dtype, f"gluon, depth {d}, {s} stages" + (f", {r} registers" if r else ""),
+                 dict(gluon=True, stages=s, depth=d, stacked=q_dtype == torch.bfloat16,
+                      **({"maxnreg": r} if r else {})))
+                for q_dtype, d, s, r in ((fp8, 1, 4, None), (fp8, 2, 4, None), (fp8, 1, 3, None),
+                                         (fp8, 1, 3, 128), (torch.bfloat16, 1, 3, None),
+                                         (torch.bfloat16, 2, 3, None), (torch.bfloat16, 1, 2, None))]
     return out
 
 
