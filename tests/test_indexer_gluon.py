@@ -184,6 +184,23 @@ def test_only_bf16_queries_on_fp8_keys_stack_their_hi_and_lo_parts_into_one_mma(
     assert g.launch_meta(bf16, mx_keys, 1, 5, stacked=True)["STACK"] is False  # MXFP4: chained per block
 
 
+@pytest.mark.parametrize("dtype", (torch.float8_e4m3fn, torch.bfloat16))
+def test_the_backend_sends_calls_of_any_length_to_it_with_fewer_stages_at_64_heads(monkeypatch, dtype):
+    # 33-64 heads (DeepSeek-V3.2's indexer has 64) double a token's queries in shared memory: fewer stages there
+    from dsahal.backends.nvidia import config
+
+    monkeypatch.setattr(config, "batch_invariant", lambda: False)
+    tiles = {}
+    for heads in (8, 32, 33, 64):
+        config.indexer_config.cache_clear()
+        tiles[heads] = config.indexer_config(heads, dtype, "fp8")["block_tiles"]
+    config.indexer_config.cache_clear()
+    assert tiles[8]["gluon_more"] == tiles[32]["gluon_more"] and tiles[33]["gluon_more"] == tiles[64]["gluon_more"]
+    assert tiles[64]["gluon_more"]["stages"] < tiles[32]["gluon_more"]["stages"]
+    assert all(tiles[64]["gluon_stages"][n] <= tiles[32]["gluon_stages"][n] for n in (1, 2))
+    assert "maxnreg" not in tiles[64]["gluon_more"]  # a 128-register cap spills at 64 heads
+
+
 def test_the_backend_stacks_bf16_queries_on_the_gluon_route(monkeypatch):
     from dsahal.backends.nvidia import config
 

@@ -598,27 +598,35 @@ def _wgmma_fp4_variants() -> list[Variant]:
 
 
 def _gluon_indexer_variants() -> list[Variant]:
-    """The Gluon indexer (``indexer_gluon``) as the backend launches it: FP8 keys in 64-token blocks, 32 heads, one and
-    two tokens a request, FP8 and bf16 queries, the stages of ``config.indexer_config``; MXFP4 keys the same. Its
-    padded shared layout compiles with the H200's Triton 3.6; Triton 3.9's Gluon refuses it (the backend then keeps
-    the tl kernel)."""
+    """The Gluon indexer (``indexer_gluon``) as the backend launches it: FP8 keys in 64-token blocks, 32 and 64 heads,
+    one, two and five tokens a request (five: ``gluon_more``, speculative decode and prefill), FP8 and bf16 queries,
+    the options of ``config.indexer_config``; MXFP4 keys at 32 heads, one and two tokens. Its padded shared layout
+    compiles with the H200's Triton 3.6; Triton 3.9's Gluon refuses it (the backend then keeps the tl kernel)."""
     from ..triton_kernels import indexer_gluon
     from . import config
 
-    stacked = config._BF16_Q_GLUON.get("gluon_stacked", False)
     pointers = dict(w_ptr="fp32", pages_i32="i32", block_table_ptr="i32", req_ptr="i32", pos_ptr="i32",
                     off_ptr="i32", seg_ptr="i32", out_ptr="fp32")
     out = []
-    for label, q_type, stages in (("fp8", "fp8e4nv", {1: 5, 2: 5}), ("bf16", "bf16", {1: 5, 2: 4})):
-        for group in (1, 2):
-            out.append(Variant(
-                f"indexer Gluon, fp8 keys, {label} q, {group} token(s) a request, {stages[group]} stages"
-                + (", hi and lo stacked" if label == "bf16" and stacked else ""),
-                indexer_gluon.indexer_gluon_kernel,
-                dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=stages[group], DEPTH=2, WHOLE=True,
-                     HI_LO=label == "bf16", MX=False, STACK=label == "bf16" and stacked, TSTACK=1),
-                dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 33),
-                gluon=True))
+    for heads in (INDEXER_HEADS, 64):
+        for label, q_type, options in (
+                ("fp8", "fp8e4nv", config._FP8_Q_GLUON if heads <= 32 else config._FP8_Q_GLUON_WIDE),
+                ("bf16", "bf16", config._BF16_Q_GLUON if heads <= 32 else config._BF16_Q_GLUON_WIDE)):
+            stacked = label == "bf16" and options.get("gluon_stacked", False)
+            for group in (1, 2, 5):
+                if group in options["gluon_stages"]:
+                    launch = dict(stages=options["gluon_stages"][group], depth=options.get("gluon_depth", 2))
+                else:
+                    launch = dict(options["gluon_more"])
+                out.append(Variant(
+                    f"indexer Gluon, fp8 keys, {heads} heads, {label} q, {group} token(s) a request, "
+                    f"{launch['stages']} stages, depth {launch['depth']}" + (", hi and lo stacked" if stacked else "")
+                    + (f", {launch['maxnreg']} registers" if launch.get("maxnreg") else ""),
+                    indexer_gluon.indexer_gluon_kernel,
+                    dict(H=heads, BLOCK_H=heads, GROUP=group, STAGES=launch["stages"], DEPTH=launch["depth"],
+                         WHOLE=True, HI_LO=label == "bf16", MX=False, STACK=stacked, TSTACK=1),
+                    dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 33),
+                    gluon=True, maxnreg=launch.get("maxnreg")))
     mx_registers = config._MXFP4_GLUON.get("gluon_mx_registers", False)
     for label, q_type in (("fp8", "fp8e4nv"), ("bf16", "bf16")):  # MXFP4 keys (config._MXFP4_GLUON)
         for group in (1, 2):

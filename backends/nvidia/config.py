@@ -196,6 +196,12 @@ _FP8_KEYS_L2 = dict(l2_ahead=2, l2_ahead_tokens=2)
 # tokens a MMA, 8 QGMMA a tile instead of 20) 0.598-0.615 at 64x5: the MMAs are not what bounds it (168 registers, 3
 # programs a SM); 8-token segments at prefill 1.664-1.920 (no gain); depth 2 or 3 stages under the cap the same.
 _FP8_Q_GLUON = dict(gluon_stages={1: 5, 2: 5}, gluon_more=dict(stages=4, depth=1, maxnreg=128))
+# 33-64 index heads (DeepSeek-V3.2's indexer has 64; a token's queries and accumulators twice as large). Twenty-fifth
+# session, R3 (the same sweep at 64 heads, same run, every variant checked first): from 3 tokens a request one token's
+# MMA in flight, 3 stages, no register cap (168 registers; the cap of 128 spilled 64 bytes and ran 1.048 ms): 0.880 ms
+# at 64x5 at 128K, 2.545 at the 4096-token prefill, against the tl kernel's 0.943 / 2.674 (1.07x / 1.05x); at 2
+# tokens 4 stages 0.390 against the 32-head counts' 0.414 (1.06x); 1 token 0.296-0.300 either way (88.5% of copy).
+_FP8_Q_GLUON_WIDE = dict(gluon_stages={1: 5, 2: 4}, gluon_more=dict(stages=3, depth=1))
 # Twenty-second session (R7, scripts/h200/indexer_stack_check.py, same run): bf16 q with a token's hi and lo parts as
 # one N = 64 MMA (gluon_stacked; the sm_90 loop 10% shorter at 2 tokens, the same errors on every edge case) 0.3002 /
 # 0.3763 / 0.3037 ms at 64x1 / 64x2 / 8x1 against 0.3010 / 0.3838 / 0.3038 (1.00x / 1.02x / 1.00x; 86.8% / 69.2% /
@@ -204,6 +210,11 @@ _FP8_Q_GLUON = dict(gluon_stages={1: 5, 2: 5}, gluon_more=dict(stages=4, depth=1
 # kernel, hi and lo stacked, 4 stages, one token's MMA in flight (168 registers, 3 programs a SM): 0.825 / 2.366 ms
 # against the tl kernel's 0.979 / 2.920 (1.19x / 1.23x; 31.8% of copy at 64x5); two tokens in flight 0.891 / 2.669.
 _BF16_Q_GLUON = dict(gluon_stages={1: 5, 2: 4}, gluon_stacked=True, gluon_more=dict(stages=4, depth=1))
+# 33-64 index heads (R3, 64 heads): the stacked hi and lo parts are 128 query rows a token, so fewer stages: 3 at 1-2
+# tokens (0.355 / 0.619 ms at 64x1 / 64x2 against 5 / 4 stages' 0.374 / 0.625), 2 from 3 tokens a request (1.445 at
+# 64x5, 4.319 at the prefill, against the tl kernel's 1.763 / 5.048: 1.22x / 1.17x; 4 stages held one program a SM,
+# 2.660 / 6.373).
+_BF16_Q_GLUON_WIDE = dict(gluon_stages={1: 3, 2: 3}, gluon_stacked=True, gluon_more=dict(stages=2, depth=1))
 # MXFP4 keys, FP8 or bf16 q (below, indexer_config). Twenty-third session (R4 scripts/h200/mxfp4_indexer_sweep.py, same
 # run, every variant checked first, the same errors): the decoded keys as the MMAs' register operands
 # (gluon_mx_registers: no shared-memory round trip, no fence or barrier a tile) 0.268 / 0.406 / 0.266 ms at 64x1 /
@@ -272,7 +283,7 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     # inconsistent with its other runs; ptxas's cap of 96 registers for 5 programs a SM: 1.00-1.02x at 1-2 tokens
     # with bf16 q, spills and 0.48-0.85x at 5 tokens and prefill, not used.)
     if q_dtype == torch.float8_e4m3fn and index_fmt == "fp8":
-        gluon = {} if batch_invariant() else _FP8_Q_GLUON
+        gluon = {} if batch_invariant() else (_FP8_Q_GLUON if heads <= 32 else _FP8_Q_GLUON_WIDE)
         return dict(block_n=64, group=8, tiles=16, num_warps=8, num_stages=2, pipeline=True, typed_keys=True,
                     one_block_tiles=False, block_tiles=dict(_BLOCK_TILES, typed_keys=False, alu=_FP8_KEYS_ALU,
                                                             group_per_request=2, **_FP8_KEYS_L2, **gluon))
@@ -285,7 +296,7 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
     # tokens and prefill the MMAs bound it (two FP8 MMAs cost one bf16 MMA). Certified in both modes. Ninth session (R4): alu 37 (flag 32, fp16 MMAs on row-scaled queries) was slower everywhere,
     # 0.636 / 0.843 / 1.454 / 0.641 ms at 64x1 / 64x2 / 64x5 / 8x1 against alu 5's 0.562 / 0.700 / 1.090 / 0.567.
     if q_dtype == torch.bfloat16 and index_fmt == "fp8":
-        gluon = {} if batch_invariant() else _BF16_Q_GLUON
+        gluon = {} if batch_invariant() else (_BF16_Q_GLUON if heads <= 32 else _BF16_Q_GLUON_WIDE)
         return dict(block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, one_block_tiles=True,
                     block_tiles=dict(_BLOCK_TILES, typed_keys=True, alu=_FP8_KEYS_ALU | 128, group_per_request=True,
                                      **_FP8_KEYS_L2, **gluon))
