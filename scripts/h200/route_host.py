@@ -16,8 +16,8 @@ script says by how much and where. Cases: ``sparse_mla`` on fp8_ds_mla latents (
   launch queue never fills (the Python and launch cost alone);
 - FlashMLA's bare call on the same bytes (sparse_mla cases), eager, for the gap a user sees;
 
-then a cProfile of 300 eager calls of the H = 64 and H = 16, 64 x 1 sparse_mla cases: the top functions by own and
-by cumulative time. (Also 64 x 1 at H = 64 and 32: the bench's H = 64 row read 0.173 ms against FlashMLA's bare
+then a cProfile of 300 eager calls of the H = 64 and H = 16, 64 x 1 sparse_mla cases and the dsa_attention case (its
+host time was 2.4x its GPU time in the twenty-fifth session): the top functions by own and by cumulative time. (Also 64 x 1 at H = 64 and 32: the bench's H = 64 row read 0.173 ms against FlashMLA's bare
 0.080 in the twenty-fourth session.)
 """
 from __future__ import annotations
@@ -119,7 +119,7 @@ def main() -> int:
         sync()
         bare_us = f"{per_call_us(bare, sync):.1f}" if bare is not None else "-"
         print(f"| {name} | {check} | {gpu:.1f} | {eager:.1f} | {host:.1f} | {bare_us} |", flush=True)
-        if name in ("sparse_mla 64x1 H=64", "sparse_mla 64x1 H=16"):
+        if name in ("sparse_mla 64x1 H=64", "sparse_mla 64x1 H=16", "dsa_attention 64x1 @4K H=16"):
             profiled[name] = call
     for name, fn in profiled.items():
         profile = cProfile.Profile()
