@@ -214,7 +214,7 @@ def test_the_backend_stacks_bf16_queries_on_the_gluon_route(monkeypatch):
 def test_mxfp4_calls_go_to_it_and_fp8_records_are_refused_as_mxfp4(monkeypatch):
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     monkeypatch.setattr(g, "runs_ptx", lambda device: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(g, "_capability", lambda index: (9, 0))
     seen = []
     monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False: seen.append(mx) or "")
     pages = _pages(record=68)
@@ -336,3 +336,12 @@ def test_the_mxfp4_register_operand_columns_match_the_queries_dims():
     dims = torch.tensor([mx_reg_dim(k) for k in range(32)])
     assert sorted(dims.tolist()) == list(range(32))
     assert torch.equal(column * 64, e2m1_decode(codes[0]).float()[dims])
+
+
+def test_another_architecture_is_refused_by_name_and_takes_the_tl_kernel(monkeypatch):
+    monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
+    monkeypatch.setattr(g, "runs_ptx", lambda device: True)
+    monkeypatch.setattr(g, "_capability", lambda index: (10, 0))
+    assert g.refusal(_q(), _pages(), "fp8") == "sm_100: the Gluon indexer's wgmma is Hopper's (sm_90)"
+    tile = {"gluon_stages": {1: 4}, "gluon_more": dict(stages=4, depth=1)}
+    assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=320, rows=64) == {}

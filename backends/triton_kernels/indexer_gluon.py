@@ -54,6 +54,8 @@ suite through ``indexer_score``.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -716,6 +718,12 @@ VERIFIED_TRITON = ("3.6.",)
 _COMPILE_FAILURES: dict = {}
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index: int | None) -> tuple[int, int]:
+    """A CUDA device's compute capability, asked of the driver once (the refusal runs on every call, twice)."""
+    return torch.cuda.get_device_capability(index)
+
+
 def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: int = 1) -> str:
     """Why this kernel does not take the call ("" when it does)."""
     if index_fmt not in RECORDS:
@@ -726,7 +734,7 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
         return f"q of shape {list(q.shape)}: the Gluon indexer takes [T, 1..{MAX_HEADS}, 128]"
     if not (runs_ptx(q.device) and runs_ptx(index_pages.device)):
         return "the Gluon indexer runs on NVIDIA CUDA tensors only"
-    major, minor = torch.cuda.get_device_capability(q.device)
+    major, minor = _capability(q.device.index)
     if major != 9:
         return f"sm_{major}{minor}: the Gluon indexer's wgmma is Hopper's (sm_90)"
     record = RECORDS[index_fmt]
