@@ -174,7 +174,8 @@ _FP8_KEYS_ALU = 5
 # 0.335 / 0.361 / 0.335 at 1-2 tokens (0.97-0.98x). MXFP4 keys keep 4 ahead at every length (tenth session: 0.975 vs
 # 1.035 ms at 64x5 with it).
 _FP8_KEYS_L2 = dict(l2_ahead=2, l2_ahead_tokens=2)
-# FP8 keys, calls of <= 2 tokens a request: the Gluon kernel (indexer_gluon: whole 64-key tiles by 16-byte cp.async
+# FP8 keys, calls of <= 2 tokens a request (and more since the twenty-fifth session, gluon_more below): the Gluon
+# kernel (indexer_gluon: whole 64-key tiles by 16-byte cp.async
 # into shared memory, stages tiles in flight, every token's wgmma issued before the first epilogue), its stage count
 # by tokens per request. Nineteenth session, R3 (scripts/h200/indexer_alu_sweep.py, same run, against the tl default):
 # FP8 q, 3 stages at 1 token, 4 at 2: 0.289 / 0.332 ms at 64x1 / 64x2 at 128K, 0.289 at 8x1 at 1M (90.7% / 79.0% /

@@ -42,8 +42,10 @@ Keys are the MMA's M side (64 a tile), one token's heads its N side (``BLOCK_H``
 >= 16); the queries sit in shared memory (the ``wgmma`` B operand), one ``[BLOCK_H, 128]`` buffer a token (two for
 bf16), loaded once a program, with the head weights. Every score is one key, one token: the same arithmetic whatever
 the batch holds. (Not bit-equal to the ``tl`` kernel's, whose k order differs: the backend uses this kernel in default
-mode only, for calls of <= 2 tokens a request, where it measured faster; BENCHMARKS.md, nineteenth and twentieth
-sessions.)
+mode only, where it measured faster: FP8 keys at every call length since the twenty-fifth session, 1-2 tokens a
+request before (nineteenth and twentieth), MXFP4 keys at 1-2 tokens; BENCHMARKS.md.) ``TSTACK`` (FP8 queries) stacks
+2 or 4 tokens of a segment on one MMA's N side, DeepGEMM's operand layout (:func:`_stacked_tile`): the same sums, 8
+MMAs a 5-token tile instead of 20, not the backend's launch (no faster on the H200: the MMAs do not bound it).
 
 Grid and segments as :mod:`.indexer_decode`: axis 0 the segments (up to ``GROUP`` consecutive tokens of one request;
 programs past the live ones exit), axis 1 chunks of ``n_tiles`` key tiles. Gluon has no interpreter: a CPU machine
