@@ -106,7 +106,9 @@ def test_the_block_tile_kernel_scores_nan_where_the_reference_does(interpreted):
     "indexer block tiles, fp8 keys, fp8 q, 32 heads, alu 5, 5-token segments",
     "indexer mxfp4 keys word decode, bf16 q, 32 heads, mxfp4_mode 2, alu 28, 5-token segments",
     "indexer fp8 keys, bf16 q, 32 heads",
-    "indexer Gluon, fp8 keys, bf16 q, 2 token(s) a request, 4 stages, hi and lo stacked",
+    "indexer Gluon, fp8 keys, 32 heads, bf16 q, 2 token(s) a request, 4 stages, depth 2, hi and lo stacked",
+    "indexer Gluon, fp8 keys, 32 heads, fp8 q, 5 token(s) a request, 4 stages, depth 1, 128 registers",
+    "indexer Gluon, fp8 keys, 64 heads, bf16 q, 5 token(s) a request, 2 stages, depth 1, hi and lo stacked",
     "indexer Gluon, mxfp4 keys, fp8 q, 2 token(s) a request, 4 stages, register operands",
 ])
 def test_the_kernels_relu_keeps_a_nan_logit_on_hopper(name):
