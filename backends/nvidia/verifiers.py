@@ -60,15 +60,16 @@ def wgmma_few_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
     takes the call) is left to it: there it measured faster (fewer tokens leave most SMs idle here). Every call in
     batch-invariant mode, where a route must not depend on the batch (this kernel's splits are a fixed slot count,
     so its result does not either)."""
+    if q.dim() == 3 and q.shape[1] > config.WGMMA_ROUTE_MAX_HEADS:  # first: the calls FlashMLA serves (64, 128 heads)
+        # pay no more than this on every call (host time at 64 x 1 tokens, twenty-fifth session)
+        return False, (f"{q.shape[1]} heads: the route takes at most {config.WGMMA_ROUTE_MAX_HEADS} "
+                       f"(config.WGMMA_ROUTE_MAX_HEADS)")
     why = _wgmma_refusal("sparse_mla_wgmma", q, kv_pages, kv_fmt, slots)
     if why:
         return False, why
     if kv_fmt != "fp8_ds_mla":
         return False, (f"{kv_fmt} latents: the route takes fp8_ds_mla (per-tensor FP8 records measured 1.9-2.3x the "
                        f"general kernel, not routed: config.WGMMA_ROUTE_MAX_HEADS)")
-    if q.shape[1] > config.WGMMA_ROUTE_MAX_HEADS:
-        return False, (f"{q.shape[1]} heads: the route takes at most {config.WGMMA_ROUTE_MAX_HEADS} "
-                       f"(config.WGMMA_ROUTE_MAX_HEADS)")
     if (not config.batch_invariant() and q.shape[0] < config.WGMMA_MIN_TOKENS and _flashmla_loads()
             and flashmla.decode_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)[0]):
         return False, (f"{q.shape[0]} query tokens: below {config.WGMMA_MIN_TOKENS}, FlashMLA's decode (which takes "
@@ -87,13 +88,22 @@ def wgmma_nvfp4_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> 
     return not why, why
 
 
+@functools.lru_cache(maxsize=None)
+def _kernel_module(module_name: str):
+    """The kernel module :mod:`dsahal.backends.triton_kernels`.``module_name``, imported once (the verifiers run on
+    every call), or why it does not import (a Triton without Gluon: 3.4+ has it)."""
+    try:
+        return importlib.import_module(f"dsahal.backends.triton_kernels.{module_name}")
+    except ImportError as exc:
+        return f"the installed Triton has no Gluon ({exc})"
+
+
 def _wgmma_refusal(module_name: str, q, kv_pages, kv_fmt, slots) -> str:
     """Why a wgmma kernel of :mod:`dsahal.backends.triton_kernels` (``module_name``) does not take a call ("" when it
     does): a Triton with Gluon, the launcher's own refusal, an sm_90 GPU."""
-    try:
-        module = importlib.import_module(f"dsahal.backends.triton_kernels.{module_name}")
-    except ImportError as exc:  # a Triton without Gluon (3.4+ has it)
-        return f"the installed Triton has no Gluon ({exc})"
+    module = _kernel_module(module_name)
+    if isinstance(module, str):
+        return module
     why = module.refusal(q, kv_pages, kv_fmt, slots)
     if why:
         return why
