@@ -558,8 +558,8 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
             if MX:
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(_issued_after(g, D, GROUP, P),
                                                             deps=[toks[g][0], toks[g][1], toks[g][2], toks[g][3]])
-                acc = (acc0 * block_scales[0][:, None] + acc1 * block_scales[1][:, None] + acc2 * block_scales[2][:, None]
-                       + acc3 * block_scales[3][:, None])
+                acc = (acc0 * block_scales[0][:, None] + acc1 * block_scales[1][:, None]
+                       + acc2 * block_scales[2][:, None] + acc3 * block_scales[3][:, None])
             elif STACK:  # columns 0 .. BLOCK_H - 1 hi, the rest lo: a thread holds column n and n + BLOCK_H
                 both = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g]])
                 acc_hi, acc_lo = gl.split(gl.permute(gl.reshape(both, [64, 2, BLOCK_H]), (0, 2, 1)))
