@@ -108,6 +108,8 @@ def test_launch_takes_unit_last_strides_only(monkeypatch):
 
 @pytest.mark.parametrize("kwargs, message", [(dict(stages=1), "stages expected 2..6, got 1"),
                                              (dict(depth=0), "depth expected 1..8, got 0"),
+                                             (dict(token_stack=3), "token_stack expected 1, 2 or 4, got 3"),
+                                             (dict(maxnreg=8), "maxnreg expected None or an int in 24..255, got 8"),
                                              (dict(num_warps=8), r"one warpgroup a program \(num_warps=4\), got 8")])
 def test_launch_parameters_are_checked_before_any_launch(monkeypatch, kwargs, message):
     monkeypatch.setattr(g, "refusal", lambda *args: "")  # past the device check: the parameters' own
@@ -345,3 +347,17 @@ def test_another_architecture_is_refused_by_name_and_takes_the_tl_kernel(monkeyp
     assert g.refusal(_q(), _pages(), "fp8") == "sm_100: the Gluon indexer's wgmma is Hopper's (sm_90)"
     tile = {"gluon_stages": {1: 4}, "gluon_more": dict(stages=4, depth=1)}
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=320, rows=64) == {}
+
+
+def test_a_token_stack_wider_than_an_mma_is_refused_and_ignored_where_it_does_not_apply(monkeypatch):
+    monkeypatch.setattr(g, "refusal", lambda *args: "")
+    t = torch.zeros(2, dtype=torch.int32)
+    q64 = _q(heads=64)
+    with pytest.raises(ValueError, match=r"\(gluon\): token_stack 4 at 64 heads \(padded to 64\) expected at most "
+                                         r"128 columns a MMA, got 256"):
+        g.launch(q64, torch.zeros(2, 64), _pages(), torch.zeros(1, 4, dtype=torch.int32), t, t, t, 256,
+                 torch.empty(2, 256), starts=t, group=4, token_stack=4)
+    pages = _pages()
+    assert g.launch_meta(_q(heads=64, dtype=torch.bfloat16), pages, 4, 3, token_stack=4)["TSTACK"] == 1  # bf16 q
+    assert g.launch_meta(_q(heads=64), pages, 1, 3, token_stack=4)["TSTACK"] == 1  # one token a segment
+    assert g.launch_meta(_q(), pages, 5, 3, token_stack=4)["TSTACK"] == 4

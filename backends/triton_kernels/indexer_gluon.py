@@ -792,13 +792,17 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         raise ValueError(f"{name}: stages expected 2..{MAX_STAGES}, got {stages}")
     if not 1 <= depth <= MAX_GROUP:
         raise ValueError(f"{name}: depth expected 1..{MAX_GROUP}, got {depth}")
-    if token_stack not in (1, 2, 4) or token_stack * max(16, triton.next_power_of_2(q.shape[1])) > 128:
-        raise ValueError(f"{name}: token_stack expected 1, 2 or 4 with at most 128 columns (heads padded to a power "
-                         f"of two >= 16), got {token_stack} at {q.shape[1]} heads")
+    if token_stack not in (1, 2, 4):
+        raise ValueError(f"{name}: token_stack expected 1, 2 or 4, got {token_stack!r}")
+    if maxnreg is not None and not (isinstance(maxnreg, int) and 24 <= maxnreg <= 255):
+        raise ValueError(f"{name}: maxnreg expected None or an int in 24..255, got {maxnreg!r}")
     if num_warps != 4:
         raise ValueError(f"{name}: one warpgroup a program (num_warps=4), got {num_warps}")
     tokens = q.shape[0]
     meta = launch_meta(q, index_pages, group, stages, depth, stacked, mx_registers, token_stack)
+    if meta["TSTACK"] * meta["BLOCK_H"] > 128:  # (an MMA's N and its accumulator's registers)
+        raise ValueError(f"{name}: token_stack {token_stack} at {q.shape[1]} heads (padded to {meta['BLOCK_H']}) "
+                         f"expected at most 128 columns a MMA, got {meta['TSTACK'] * meta['BLOCK_H']}")
     if maxnreg:
         meta["maxnreg"] = maxnreg
     failure = compile_failure(meta["HI_LO"], meta["MX"])
