@@ -361,3 +361,16 @@ def test_a_token_stack_wider_than_an_mma_is_refused_and_ignored_where_it_does_no
     assert g.launch_meta(_q(heads=64, dtype=torch.bfloat16), pages, 4, 3, token_stack=4)["TSTACK"] == 1  # bf16 q
     assert g.launch_meta(_q(heads=64), pages, 1, 3, token_stack=4)["TSTACK"] == 1  # one token a segment
     assert g.launch_meta(_q(), pages, 5, 3, token_stack=4)["TSTACK"] == 4
+
+
+@pytest.mark.parametrize("tstack", (1, 2, 4))
+def test_the_token_units_cover_each_segment_once_with_power_of_two_widths(tstack):
+    # token_stack's decomposition of a segment of GROUP tokens into stacked MMAs (Gluon has no interpreter: the
+    # kernel's scores are checked on the H200, its unit arithmetic here)
+    for group in range(1, g.MAX_GROUP + 1):
+        covered = []
+        for u in range(g._units(group, tstack)):
+            tokens, width = g._unit_tokens(u, group, tstack), g._unit_width(u, group, tstack)
+            assert 1 <= tokens <= width <= tstack and width & (width - 1) == 0
+            covered += [u * tstack + j for j in range(tokens)]
+        assert covered == list(range(group))
