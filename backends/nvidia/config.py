@@ -198,7 +198,7 @@ _FP8_KEYS_L2 = dict(l2_ahead=2, l2_ahead_tokens=2)
 # programs a SM); 8-token segments at prefill 1.664-1.920 (no gain); depth 2 or 3 stages under the cap the same.
 _FP8_Q_GLUON = dict(gluon_stages={1: 5, 2: 5}, gluon_more=dict(stages=4, depth=1, maxnreg=128))
 # 33-64 index heads (DeepSeek-V3.2's indexer has 64; a token's queries and accumulators twice as large). Twenty-fifth
-# session, R3 (the same sweep at 64 heads, same run, every variant checked first): from 3 tokens a request one token's
+# session, R4 (the same sweep at 64 heads, same run, every variant checked first): from 3 tokens a request one token's
 # MMA in flight, 3 stages, no register cap (168 registers; the cap of 128 spilled 64 bytes and ran 1.048 ms): 0.880 ms
 # at 64x5 at 128K, 2.545 at the 4096-token prefill, against the tl kernel's 0.943 / 2.674 (1.07x / 1.05x); at 2
 # tokens 4 stages 0.390 against the 32-head counts' 0.414 (1.06x); 1 token 0.296-0.300 either way (88.5% of copy).
@@ -211,7 +211,7 @@ _FP8_Q_GLUON_WIDE = dict(gluon_stages={1: 5, 2: 4}, gluon_more=dict(stages=3, de
 # kernel, hi and lo stacked, 4 stages, one token's MMA in flight (168 registers, 3 programs a SM): 0.825 / 2.366 ms
 # against the tl kernel's 0.979 / 2.920 (1.19x / 1.23x; 31.8% of copy at 64x5); two tokens in flight 0.891 / 2.669.
 _BF16_Q_GLUON = dict(gluon_stages={1: 5, 2: 4}, gluon_stacked=True, gluon_more=dict(stages=4, depth=1))
-# 33-64 index heads (R3, 64 heads): the stacked hi and lo parts are 128 query rows a token, so fewer stages: 3 at 1-2
+# 33-64 index heads (R4, 64 heads): the stacked hi and lo parts are 128 query rows a token, so fewer stages: 3 at 1-2
 # tokens (0.355 / 0.619 ms at 64x1 / 64x2 against 5 / 4 stages' 0.374 / 0.625), 2 from 3 tokens a request (1.445 at
 # 64x5, 4.319 at the prefill, against the tl kernel's 1.763 / 5.048: 1.22x / 1.17x; 4 stages held one program a SM,
 # 2.660 / 6.373).

@@ -116,9 +116,9 @@ def variants(torch):
         # R2: its neighbours, and 8-token segments for the prefill (fewer tile reads a token)
         # (R2, 32 heads: depth 1 / 2, 3 / 4 stages, 120 / 128 / 160 registers, 8-token segments for FP8 q: within
         # 1-3% of the default at 5 tokens and prefill, 8-token segments 0.88-0.98x; bf16 q at depth 1 1.08x / 1.13x
-        # the depth-2 default then, so depth 1 since.) R3, 64 heads (DeepSeek-V3.2's indexer): no register cap
+        # the depth-2 default then, so depth 1 since.) R4, 64 heads (DeepSeek-V3.2's indexer): no register cap
         # (168 registers; 128 spilled 64 bytes there), fewer stages (the queries' shared memory doubles)
-        # (R3 at 64 heads, BENCHMARKS.md: the 33-64-head launches of config._FP8_Q_GLUON_WIDE / _BF16_Q_GLUON_WIDE.)
+        # (R4 at 64 heads, BENCHMARKS.md: the 33-64-head launches of config._FP8_Q_GLUON_WIDE / _BF16_Q_GLUON_WIDE.)
         # R9, 32 heads: five programs a SM at 5 tokens (2 stages, 38.5 KB, a 96-register cap: 56 bytes spilled, 9
         # reloads and 478 loop instructions a tile against the default's 436, sm_90, Triton 3.6); 104 registers (4
         # programs, the control) and the default's neighbour at 3 stages
