@@ -65,16 +65,7 @@ def main() -> int:
         graphs = {}
         for name, fn in (("default", call), ("forced", call)):
             with use_routes(**({"sparse_mla": "flashmla_prefill"} if name == "forced" else {})):
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    for _ in range(3):
-                        fn()
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    fn()
-                graphs[name] = timing.bench_ms(graph.replay, "cuda")
+                graphs[name] = timing.bench_ms(timing.captured(torch, fn).replay, "cuda")
         sync()
         print(f"| {tokens} x H={heads} | {route} ({declined or '-'}) | {ms['default']:.3f} | "
               f"{ms['forced']:.3f} | {ms['bare']:.3f} | {graphs['default']:.3f} | {graphs['forced']:.3f} |",

@@ -38,17 +38,8 @@ def per_call_us(fn, sync, calls: int = 200, rounds: int = 9) -> float:
 
 
 def graph_us(torch, fn, replays: int = 50, rounds: int = 9) -> float:
-    """GPU time per call: ``fn`` captured once in a CUDA graph, replayed."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return per_call_us(graph.replay, torch.cuda.synchronize, calls=replays, rounds=rounds)
+    """GPU time per call: ``fn`` captured once in a CUDA graph (:func:`timing.captured`), replayed."""
+    return per_call_us(timing.captured(torch, fn).replay, torch.cuda.synchronize, calls=replays, rounds=rounds)
 
 
 def sparse_mla_case(torch, tokens, heads, pool_tokens=1 << 20, block_tokens=64):

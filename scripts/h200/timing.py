@@ -34,6 +34,21 @@ def bench_ms(fn, device: str, *, warmup: int = 10, rep: int = 60) -> float:
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+def captured(torch, fn):
+    """``fn`` captured once in a CUDA graph (after three warm-up calls on a side stream): the graph, whose
+    ``replay`` times the call's GPU work alone."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def copy_ceiling_tbps(torch, device: str, *, smoke_bytes: int = 1 << 20) -> float:
     """Bytes read plus written per second by a 1 GiB device-to-device copy (``smoke_bytes`` on the CPU)."""
     size = 1 << 30 if device == "cuda" else smoke_bytes
