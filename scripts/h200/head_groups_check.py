@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
 import pools as cache_pools  # scripts/h200/pools.py
+from mla_check import edge_errors  # scripts/h200/mla_check.py
 from script_cli import edge_then_sweep, run  # scripts/h200/script_cli.py
 from wgmma_mla_check import TOPK, check, flash_mla, serving_inputs
 
@@ -52,21 +53,13 @@ def edge_cases(torch, failures):
                 want_o, want_lse = reference(q.float(), records, safe, fmt, None, 0.07)
                 o, lse = launcher(q.cuda(), pages, slots.cuda(), fmt, None, 0.07, split_size=split)
                 torch.cuda.synchronize()
-                o, lse = o.float().cpu(), lse.cpu()
-                o_err = float((o[:-1].double() - want_o[:-1].double()).norm() / want_o[:-1].double().norm())
-                finite = torch.isfinite(want_lse)
-                diff = (lse[finite].double() - want_lse[finite].double()).abs()
-                lse_err = float((diff / want_lse[finite].double().abs().clamp(min=1.0)).max())
-                empty = bool(torch.isneginf(lse[-1]).all()) and bool((o[-1] == 0).all())
+                err = edge_errors(torch, o, lse, want_o, want_lse)
                 tol_o, tol_lse = TOL[fmt]
-                ok = o_err < tol_o and lse_err < tol_lse and empty and bool(torch.isfinite(lse[:-1]).all())
                 # every head's own error too: a group offset wrong by a head would show in one group only
-                per_head = ((o[:-1].double() - want_o[:-1].double()).norm(dim=(0, 2))
-                            / want_o[:-1].double().norm(dim=(0, 2)).clamp(min=1e-30))
-                ok = ok and float(per_head.max()) < 4 * tol_o
+                ok = err.o < tol_o and err.head < 4 * tol_o and err.lse < tol_lse and err.empty and err.finite
                 case = f"{fmt} H={heads} split {split}"
-                print(f"  {case:<32s} o rel err {o_err:.2e} (worst head {float(per_head.max()):.2e})  lse err "
-                      f"{lse_err:.2e}  empty row ok {empty}  {'pass' if ok else 'FAIL'}", flush=True)
+                print(f"  {case:<32s} o rel err {err.o:.2e} (worst head {err.head:.2e})  lse err "
+                      f"{err.lse:.2e}  empty row ok {err.empty}  {'pass' if ok else 'FAIL'}", flush=True)
                 if not ok:
                     failures.append(case)
 

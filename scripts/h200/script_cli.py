@@ -76,20 +76,28 @@ def start(name: str, device: str):
     return torch, triton, started, timing.announce(torch, triton, device)
 
 
-def edge_then_sweep(name: str, doc: str, edge_cases, sweep, argv=None) -> int:
+def edge_then_sweep(name: str, doc: str, edge_cases, sweep, argv=None, profile=None) -> int:
     """A check script's main: ``--pool-tokens`` and ``--no-sweep`` parsed, the device and copy ceiling printed, then
     ``edge_cases(torch, failures)`` and (unless ``--no-sweep``) ``sweep(torch, pool_tokens, ceiling TB/s, failures)``;
-    the failures reported by :func:`finish`."""
+    the failures reported by :func:`finish`. With ``profile`` (``profile(torch, pool_tokens)``: a few launches, no
+    checks, for Nsight Compute) the script also takes ``--profile``, which runs that alone."""
     import argparse
 
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--pool-tokens", type=int, default=1 << 20)
     parser.add_argument("--no-sweep", action="store_true", help="the edge cases only")
+    if profile is not None:
+        parser.add_argument("--profile", action="store_true",
+                            help=f"no checks: {(profile.__doc__ or 'the launch to profile').strip()}")
     args = parser.parse_args(argv)
     import torch
     import triton
 
     import timing  # scripts/h200/timing.py
+
+    if profile is not None and args.profile:
+        profile(torch, args.pool_tokens)
+        return 0
 
     started = time.time()
     failures = []

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
 import pools as cache_pools  # scripts/h200/pools.py
+from mla_check import edge_errors  # scripts/h200/mla_check.py
 from script_cli import edge_then_sweep, run  # scripts/h200/script_cli.py
 # FlashMLA's decode on fp8_ds_mla bytes (heads padded to 64), the reference check, the serving shapes' inputs
 from wgmma_mla_check import check, flash_mla, serving_inputs
@@ -92,13 +93,9 @@ def edge_cases(torch, failures):
             failures.append(f"edge case H={heads} {kind}: {type(exc).__name__}: {str(exc)[:300]}")
             print(f"  H={heads} {kind}: {type(exc).__name__}: {str(exc)[:300]}  FAIL", flush=True)
             continue
-        o, lse = o.float().cpu(), lse.cpu()
-        o_err = float((o[:-1].double() - want_o[:-1].double()).norm() / want_o[:-1].double().norm())
-        finite = torch.isfinite(want_lse)
-        diff = (lse[finite].double() - want_lse[finite].double()).abs()
-        lse_err = float((diff / want_lse[finite].double().abs().clamp(min=1.0)).max())
-        empty = bool(torch.isneginf(lse[-1]).all()) and bool((o[-1] == 0).all())
-        ok = o_err < TOL_O and lse_err < TOL_LSE and empty and bool(torch.isfinite(lse[:-1]).all())
+        err = edge_errors(torch, o, lse, want_o, want_lse)
+        o_err, lse_err, empty = err.o, err.lse, err.empty
+        ok = o_err < TOL_O and lse_err < TOL_LSE and empty and err.finite
         case = (f"H={heads} blocks of {block_tokens} width {width} split {split} stages {stages} |q|~{q_mag:g} {kind}"
                 + (" strided" if strided else "") + (f" first {lead_skip} skipped" if lead_skip else ""))
         print(f"  {case:<88s} o rel err {o_err:.2e}  lse err {lse_err:.2e}  empty row ok {empty}  "

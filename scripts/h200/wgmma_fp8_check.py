@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import timing  # scripts/h200/timing.py (this folder is on sys.path when the script runs)
 import pools as cache_pools  # scripts/h200/pools.py
+from mla_check import edge_errors  # scripts/h200/mla_check.py
 from script_cli import edge_then_sweep, run  # scripts/h200/script_cli.py
 from wgmma_mla_check import TOPK, serving_inputs
 
@@ -61,20 +62,12 @@ def edge_cases(torch, failures):
         o, lse = sparse_mla_wgmma(q.cuda(), pages, slots.cuda(), "fp8", kv_scale.cuda(), 0.07, stages=stages,
                                   split_size=split)
         torch.cuda.synchronize()
-        o, lse = o.float().cpu(), lse.cpu()
-        o_err = float((o[:-1].double() - want_o[:-1].double()).norm() / want_o[:-1].double().norm())
-        per_head = ((o[:-1].double() - want_o[:-1].double()).norm(dim=(0, 2))
-                    / want_o[:-1].double().norm(dim=(0, 2)).clamp(min=1e-30))
-        finite = torch.isfinite(want_lse)
-        diff = (lse[finite].double() - want_lse[finite].double()).abs()
-        lse_err = float((diff / want_lse[finite].double().abs().clamp(min=1.0)).max())
-        empty = bool(torch.isneginf(lse[-1]).all()) and bool((o[-1] == 0).all())
-        ok = (o_err < TOL_O and float(per_head.max()) < 4 * TOL_O and lse_err < TOL_LSE and empty
-              and bool(torch.isfinite(lse[:-1]).all()))
+        err = edge_errors(torch, o, lse, want_o, want_lse)
+        ok = err.o < TOL_O and err.head < 4 * TOL_O and err.lse < TOL_LSE and err.empty and err.finite
         case = (f"H={heads} blocks of {block_tokens} width {width} split {split} stages {stages} |q|~{q_mag:g} "
                 f"scale {scale:g}" + (" strided" if strided else ""))
-        print(f"  {case:<72s} o rel err {o_err:.2e} (worst head {float(per_head.max()):.2e})  lse err {lse_err:.2e}  "
-              f"empty row ok {empty}  {'pass' if ok else 'FAIL'}", flush=True)
+        print(f"  {case:<72s} o rel err {err.o:.2e} (worst head {err.head:.2e})  lse err {err.lse:.2e}  "
+              f"empty row ok {err.empty}  {'pass' if ok else 'FAIL'}", flush=True)
         if not ok:
             failures.append(case)
 
