@@ -137,13 +137,13 @@ def test_indexer_score_sends_only_the_configured_tokens_per_request_to_it(monkey
     monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False: "")
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     tile = {"gluon_stages": {1: 3, 2: 4}, "gluon_depth": 1}
-    plain = dict(stacked=False, mx_registers=False)
+    plain = dict(stacked=False, mx_registers=False, head_sum_mma=False)
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=64, rows=64) == dict(plain, stages=3, depth=1)
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=128, rows=64) == dict(plain, stages=4, depth=1)
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=320, rows=64) == {}  # 5 a request: tl
     more = dict(tile, gluon_more=dict(stages=4, depth=1, maxnreg=128), gluon_stacked=True)
     assert idx._gluon_plan(more, _q(), _pages(), "fp8", tokens=320, rows=64) == dict(
-        stages=4, depth=1, maxnreg=128, stacked=True, mx_registers=False)  # more than the named counts
+        stages=4, depth=1, maxnreg=128, stacked=True, mx_registers=False, head_sum_mma=False)  # more than named
     assert idx._gluon_plan(more, _q(), _pages(), "fp8", tokens=4096, rows=1)["maxnreg"] == 128  # prefill
     assert idx._gluon_plan({"gluon_more": more["gluon_more"]}, _q(), _pages(), "fp8", tokens=320, rows=64) == {}
     assert idx._gluon_plan({}, _q(), _pages(), "fp8", tokens=64, rows=64) == {}  # not configured (batch invariant)

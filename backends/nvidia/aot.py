@@ -624,7 +624,7 @@ def _gluon_indexer_variants() -> list[Variant]:
                     + (f", {launch['maxnreg']} registers" if launch.get("maxnreg") else ""),
                     indexer_gluon.indexer_gluon_kernel,
                     dict(H=heads, BLOCK_H=heads, GROUP=group, STAGES=launch["stages"], DEPTH=launch["depth"],
-                         WHOLE=True, HI_LO=label == "bf16", MX=False, STACK=stacked, TSTACK=1),
+                         WHOLE=True, HI_LO=label == "bf16", MX=False, STACK=stacked, TSTACK=1, HSUM=False),
                     dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 33),
                     gluon=True, maxnreg=launch.get("maxnreg")))
     mx_registers = config._MXFP4_GLUON.get("gluon_mx_registers", False)
@@ -635,7 +635,7 @@ def _gluon_indexer_variants() -> list[Variant]:
                 + (", register operands" if mx_registers else ""),
                 indexer_gluon.indexer_gluon_kernel,
                 dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=4, DEPTH=1, WHOLE=True,
-                     HI_LO=label == "bf16", MX=True, STACK=False, MX_REG=mx_registers, TSTACK=1),
+                     HI_LO=label == "bf16", MX=True, STACK=False, MX_REG=mx_registers, TSTACK=1, HSUM=False),
                 dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 17),
                 gluon=True))
     return out

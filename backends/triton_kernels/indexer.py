@@ -445,7 +445,8 @@ def _gluon_plan(tile: dict, q, index_pages, index_fmt, tokens: int, rows: int) -
         return {}
     if indexer_gluon.compile_failure(q.dtype == torch.bfloat16, index_fmt == "mxfp4"):
         return {}
-    return dict(plan, stacked=tile.get("gluon_stacked", False), mx_registers=tile.get("gluon_mx_registers", False))
+    return dict(plan, stacked=tile.get("gluon_stacked", False), mx_registers=tile.get("gluon_mx_registers", False),
+                head_sum_mma=tile.get("gluon_head_sum", False))
 
 
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,

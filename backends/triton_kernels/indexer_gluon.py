@@ -374,6 +374,65 @@ def _epilogue(acc, w_s, key_scale, mapped, s, ok, pos, t, out_ptr, stride_ot, ma
     gl.store(row + s, value, mask=(s < max_context) & ok)
 
 
+@gluon.constexpr_function
+def _sum_layout():
+    """The head sum's MMA (``HSUM``): tf32 ``wgmma`` of N = 8, K = 8 a step."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 8])
+
+
+@gluon.jit
+def head_of_k(k):
+    """The head that the head-sum MMA's k index ``k`` holds (``HSUM``): ``k = 8 i + 4 j + c`` is head ``8 i + 2 c +
+    j``, the token MMA's accumulator column that lane ``c`` holds as its tf32 A operand's k index (:func:`_relu_operand`;
+    the weights' rows in the same order)."""
+    return (k >> 3) * 8 + 2 * (k & 3) + ((k >> 2) & 1)
+
+
+@gluon.jit
+def _relu_operand(acc, BLOCK_H: gl.constexpr):
+    """relu of a token's accumulator ``[64, BLOCK_H]`` as the head-sum MMA's tf32 A operand, columns in
+    :func:`head_of_k` order: a thread's columns ``8 i + 2 c + j`` of the token MMA's layout are the k indices ``8 i +
+    4 j + c`` that the tf32 operand gives lane ``c``, so the reordering moves no data (the conversion is asserted
+    trivial)."""
+    relu = gl.maximum(acc, 0.0, propagate_nan=_NAN_KEPT)
+    a = gl.reshape(gl.permute(gl.reshape(relu, [64, BLOCK_H // 8, 4, 2]), (0, 1, 3, 2)), [64, BLOCK_H])
+    return gl.convert_layout(a, gl.DotOperandLayout(operand_index=0, parent=_sum_layout(), k_width=1),
+                             assert_trivial=True)
+
+
+@gluon.jit
+def _tf32(x):
+    """fp32 -> the nearest tf32 (10 mantissa bits, ties away from zero; NaN and Inf kept), as fp32 bits."""
+    return gl.inline_asm_elementwise("cvt.rna.tf32.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
+                                     pack=1)
+
+
+@gluon.jit
+def _sum_weights(ws, BLOCK_H: gl.constexpr, GROUP: gl.constexpr, WL: gl.constexpr):
+    """The segment's head weights (``ws``: fp32 ``[BLOCK_H]`` in ``WL`` a token) as the head-sum MMA's B operand,
+    ``[8, BLOCK_H]`` in shared memory: row ``g`` token ``g``'s weights rounded to tf32, in :func:`head_of_k` order
+    (zeros past the segment). Every token's MMA reads the whole buffer; its column ``g`` is its scores."""
+    W2: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])
+    rows = gl.zeros([8, BLOCK_H], gl.float32, W2)
+    g_of_row = gl.arange(0, 8, gl.SliceLayout(1, W2))
+    for g in gl.static_range(GROUP):
+        # index 8 i + 2 c + j -> 8 i + 4 j + c (head_of_k's inverse: a register permutation, once a program)
+        ordered = gl.reshape(gl.permute(gl.reshape(_tf32(ws[g]), [BLOCK_H // 8, 4, 2]), (0, 2, 1)), [BLOCK_H])
+        rows = gl.where((g_of_row == g)[:, None], gl.convert_layout(ordered, gl.SliceLayout(0, W2))[None, :], rows)
+    return gl.allocate_shared_memory(gl.float32, [8, BLOCK_H],
+                                     gl.NVMMASharedLayout.get_default_for([8, BLOCK_H], gl.float32), rows)
+
+
+@gluon.jit
+def _head_sum_store(out8, g: gl.constexpr, key_scale, mapped, s, ok, pos, t, out_ptr, stride_ot, max_context):
+    """Token ``g``'s scores from its head-sum MMA's result ``out8`` ``[64, 8]`` (column ``g``; the others are its
+    relu scores against the other tokens' weights, not stored): times the key scale, -inf where not visible, stored."""
+    cols = gl.arange(0, 8, gl.SliceLayout(0, _sum_layout()))
+    value = gl.where((mapped & (s <= pos))[:, None], out8 * key_scale[:, None], float("-inf"))
+    row = out_ptr + gl.where(ok, t, 0).to(gl.int64) * stride_ot
+    gl.store(row + s[:, None] + cols[None, :] * 0, value, mask=((s < max_context) & ok)[:, None] & (cols == g)[None, :])
+
+
 @gluon.jit
 def _block(a, b: gl.constexpr, MX_REG: gl.constexpr):
     """Block ``b``'s keys as an MMA's A operand: a register tensor of ``a`` (``MX_REG``) or a shared buffer of it."""
@@ -413,6 +472,12 @@ def _token_mmas(a, qs, qs_lo, g: gl.constexpr, zeros, HI_LO: gl.constexpr, MX: g
 def _issued_after(g, depth, group, per_token):
     """Commit groups issued after token ``g``'s when its MMAs are waited on: tokens up to ``g + depth - 1``."""
     return (min(g + depth, group) - g - 1) * per_token
+
+
+@gluon.constexpr_function
+def _issued_after_sum(g, depth, group, per_token):
+    """Commit groups issued after token ``g``'s head-sum MMA (``HSUM``) when it is waited on: token ``g + depth``'s."""
+    return per_token if g + depth < group else 0
 
 
 @gluon.constexpr_function
@@ -504,7 +569,7 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
           stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, a_blocks,
           BLOCK_H: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr,
           WHOLE: gl.constexpr, HI_LO: gl.constexpr, MX: gl.constexpr, STACK: gl.constexpr,
-          MX_REG: gl.constexpr = False, TSTACK: gl.constexpr = 1):
+          MX_REG: gl.constexpr = False, TSTACK: gl.constexpr = 1, HSUM: gl.constexpr = False):
     """Key tile ``i`` from stage ``here``; the tile ``STAGES - 1`` ahead is copied into ``refill`` (the stage read by
     tile ``i - 1``). Returns the table entry of the tile copied next."""
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
@@ -548,11 +613,20 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
         toks = ()
         for g in gl.static_range(D):  # the first D tokens' MMAs in flight before the first epilogue
             toks = toks + (_token_mmas(a, qs, qs_lo, g, zeros, HI_LO, MX, STACK, MX_REG),)
-        if not MX:
-            key_scale = _scales(here, ROWS)
+        if HSUM:  # the head sums' MMA (tf32, N = 8) and its layout's rows
+            SUM_ROWS: gl.constexpr = gl.SliceLayout(1, _sum_layout())
+            sum_zeros = gl.zeros([64, 8], gl.float32, _sum_layout())
+            s = (first + i) * 64 + gl.arange(0, 64, SUM_ROWS)
+            if MX:
+                key_scale = gl.full([64], 64.0, gl.float32, SUM_ROWS)  # (the codes decoded as value x 2^-6)
+            else:
+                key_scale = _scales(here, SUM_ROWS)
+        else:
+            s = (first + i) * 64 + gl.arange(0, 64, ROWS)
+            if not MX:
+                key_scale = _scales(here, ROWS)
         entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
         mapped = (entry >= 0) & (entry < num_blocks)
-        s = (first + i) * 64 + gl.arange(0, 64, ROWS)
         for g in gl.static_range(GROUP):
             # tokens 0 .. min(g + D, GROUP) - 1 issued; wait for token g's, then issue token g + D's before g's epilogue
             if MX:
@@ -569,9 +643,17 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
                 acc = acc_hi + acc_lo * 0.0625  # (lo is 16 x the residual)
             else:
                 acc = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g]])
+            if HSUM:  # relu(acc) . w on the tensor cores, issued before token g + D's MMAs (groups retire in order)
+                summed = warpgroup_mma(_relu_operand(acc, BLOCK_H), w_s.permute((1, 0)), sum_zeros,
+                                       use_acc=False, is_async=True)
             if g + D < GROUP:
                 toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG),)
-            _epilogue(acc, w_s[g], key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot, max_context, COLS)
+            if HSUM:
+                out8 = warpgroup_mma_wait(_issued_after_sum(g, D, GROUP, P), deps=[summed])
+                _head_sum_store(out8, g, key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot, max_context)
+            else:
+                _epilogue(acc, w_s[g], key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot, max_context,
+                          COLS)
     return ahead_entry
 
 
@@ -592,6 +674,7 @@ def indexer_gluon_kernel(
     STACK: gl.constexpr = False,  # (HI_LO, FP8 keys) a token's hi and lo parts as one N = 2 BLOCK_H MMA
     MX_REG: gl.constexpr = False,  # (MX) the decoded keys as register operands, not through shared memory
     TSTACK: gl.constexpr = 1,  # (FP8 queries, FP8 keys) tokens a MMA: their heads side by side on its N side
+    HSUM: gl.constexpr = False,  # (TSTACK 1) each token's head sum as a tf32 MMA: relu(scores) x weights
 ):
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)  # [64] per key
@@ -658,10 +741,15 @@ def indexer_gluon_kernel(
             else:
                 qv = gl.load(rows + qk[None, :], mask=((qh < H) & ok)[:, None], other=0.0)
                 qs = qs + (gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_H, 128], Q_SMEM, qv),)
-            ws = ws + (gl.allocate_shared_memory(gl.float32, [BLOCK_H], _LINEAR, wv),)
+            if HSUM:
+                ws = ws + (wv,)  # (one shared buffer for the segment, below)
+            else:
+                ws = ws + (gl.allocate_shared_memory(gl.float32, [BLOCK_H], _LINEAR, wv),)
             oks = oks + (ok,)
             poss = poss + (pos,)
             reach = gl.maximum(reach, pos)
+        if HSUM:
+            ws = _sum_weights(ws, BLOCK_H, GROUP, WL)
         if TSTACK > 1:  # a [width * BLOCK_H, 128] buffer a unit of TSTACK tokens, token j's rows at j * BLOCK_H
             rows_q = qs
             qs = ()
@@ -701,7 +789,7 @@ def indexer_gluon_kernel(
                                         qs, qs_lo, ws, oks, poss, t0, pages_i32, s32_b, block_table_ptr, stride_bt,
                                         req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
                                         a_blocks, BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG,
-                                        TSTACK)
+                                        TSTACK, HSUM)
         async_copy.wait_group(0)
         dead = gl.full([64], float("-inf"), gl.float32, ROWS)
         keys = gl.arange(0, 64, ROWS)
@@ -757,7 +845,7 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
 
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, max_context, out, *, starts,
            group, index_fmt="fp8", tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, stacked=False,
-           mx_registers=False, token_stack=1, maxnreg=None, num_warps=4):
+           mx_registers=False, token_stack=1, maxnreg=None, head_sum_mma=False, num_warps=4):
     """Run :func:`indexer_gluon_kernel` (a call :func:`refusal` names a reason for raises).
 
     Args:
@@ -799,7 +887,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     if num_warps != 4:
         raise ValueError(f"{name}: one warpgroup a program (num_warps=4), got {num_warps}")
     tokens = q.shape[0]
-    meta = launch_meta(q, index_pages, group, stages, depth, stacked, mx_registers, token_stack)
+    meta = launch_meta(q, index_pages, group, stages, depth, stacked, mx_registers, token_stack, head_sum_mma)
     if meta["TSTACK"] * meta["BLOCK_H"] > 128:  # (an MMA's N and its accumulator's registers)
         raise ValueError(f"{name}: token_stack {token_stack} at {q.shape[1]} heads (padded to {meta['BLOCK_H']}) "
                          f"expected at most 128 columns a MMA, got {meta['TSTACK'] * meta['BLOCK_H']}")
@@ -824,14 +912,15 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
 
 
 def launch_meta(q: torch.Tensor, index_pages: torch.Tensor, group: int, stages: int, depth: int = 2,
-                stacked: bool = False, mx_registers: bool = False, token_stack: int = 1) -> dict:
+                stacked: bool = False, mx_registers: bool = False, token_stack: int = 1,
+                head_sum_mma: bool = False) -> dict:
     """The kernel's constexprs (and warps) for a call."""
     hi_lo, mx = q.dtype == torch.bfloat16, index_pages.shape[2] == MX_RECORD_BYTES
     tstack = token_stack if group > 1 and not (hi_lo or mx) else 1
     return dict(H=q.shape[1], BLOCK_H=max(16, triton.next_power_of_2(q.shape[1])), GROUP=group, STAGES=stages,
                 DEPTH=depth, WHOLE=index_pages.shape[1] == TILE, HI_LO=hi_lo, MX=mx,
                 STACK=bool(stacked) and hi_lo and not mx, MX_REG=bool(mx_registers) and mx,
-                TSTACK=tstack, num_warps=4)
+                TSTACK=tstack, HSUM=bool(head_sum_mma) and tstack == 1, num_warps=4)
 
 
 def compile_failure(hi_lo: bool, mx: bool = False) -> str:
@@ -847,7 +936,7 @@ def compile_failure(hi_lo: bool, mx: bool = False) -> str:
 
         kernel = triton_launch(indexer_gluon_kernel)  # (the Gluon function behind the launch cache)
         constexprs = dict(H=32, BLOCK_H=32, GROUP=1, STAGES=3, DEPTH=2, WHOLE=True, HI_LO=hi_lo, MX=mx,
-                          STACK=hi_lo and not mx, MX_REG=False, TSTACK=1)
+                          STACK=hi_lo and not mx, MX_REG=False, TSTACK=1, HSUM=False)
         pointers = dict(q_ptr="bf16" if hi_lo else "fp8e4nv", w_ptr="fp32", pages_i32="i32", block_table_ptr="i32",
                         req_ptr="i32", pos_ptr="i32", off_ptr="i32", seg_ptr="i32", out_ptr="fp32")
         signature = {arg: "constexpr" if arg in constexprs else ("*" + pointers[arg] if arg in pointers else "i32")

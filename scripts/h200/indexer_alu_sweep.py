@@ -121,9 +121,19 @@ def variants(torch):
         # (R4 at 64 heads, BENCHMARKS.md: the 33-64-head launches of config._FP8_Q_GLUON_WIDE / _BF16_Q_GLUON_WIDE.)
         # R9, 32 heads: five programs a SM at 5 tokens (2 stages, 38.5 KB, a 96-register cap: 56 bytes spilled, 9
         # reloads and 478 loop instructions a tile against the default's 436, sm_90, Triton 3.6); 104 registers (4
-        # programs, the control) and the default's neighbour at 3 stages
-        out += [(fp8, f"gluon, depth 1, {s} stages, {r} registers", dict(gluon=True, stages=s, depth=1, maxnreg=r))
-                for s, r in ((2, 96), (2, 104), (3, 128))]
+        # programs, the control) and the default's neighbour at 3 stages (not timed since: BENCHMARKS.md)
+        # twenty-sixth session: each token's head sum as a tf32 MMA (head_sum_mma: relu(scores) as the register A
+        # operand of a N = 8 wgmma against the segment's weights; sm_90, Triton 3.6, 32 heads, 5 tokens: 1,303 loop
+        # instructions for 4 tiles against 1,745, 64 heads 1,309 against 1,848), at the backend's launches and more
+        bf16 = torch.bfloat16
+        out += [(dt, "default, head sum MMA", dict(backend_tile=dict(gluon_head_sum=True))) for dt in (fp8, bf16)]
+        out += [(fp8, f"gluon, depth 1, {s} stages, {r} registers, head sum MMA",
+                 dict(gluon=True, stages=s, depth=1, maxnreg=r, head_sum_mma=True))
+                for s, r in ((4, 128), (3, 128), (4, None), (4, 120))]
+        out += [(fp8, "gluon, depth 2, 4 stages, head sum MMA", dict(gluon=True, stages=4, depth=2, head_sum_mma=True))]
+        out += [(bf16, f"gluon, stacked, depth 1, {s} stages, {r} registers, head sum MMA",
+                 dict(gluon=True, stacked=True, stages=s, depth=1, maxnreg=r, head_sum_mma=True))
+                for s, r in ((4, None), (3, None), (4, 168), (3, 128))]
     return out
 
 
@@ -138,6 +148,9 @@ def _runner(torch, q_dtype, changes, per_request):
     from dsahal.backends.triton_kernels.indexer import indexer_score, pick_dot, run_offsets
 
     cfg = dict(indexer_config(HEADS, q_dtype, "fp8"))
+    if changes is not None and "backend_tile" in changes:  # the backend's routing with these block-tile options
+        cfg["block_tiles"] = dict(cfg["block_tiles"], **changes["backend_tile"])
+        changes = None
     if changes is not None and changes.get("gluon"):  # the Gluon kernel (indexer_gluon), segments as the backend's
         def gluon(q, w, pages, table, req, pos, width, out):
             return launch_as_backend(q, w, pages, table, req, pos, width, out,
@@ -232,6 +245,12 @@ def check_gluon_shapes(torch, failures):
             return same and err < TOL_FP8_MMA, f"rel err {err:.2e}"
         check_gluon(torch, name, (q, w, pages, table, req, pos), context, out, group, judge, failures, tiles=2,
                     wide_tiles=None, **({"token_stack": stack} if stack > 1 else {}))
+        if stack == 1:  # the head sums as tf32 MMAs (twenty-sixth session), at depth 1 and 2
+            for depth in (1, 2):
+                out.fill_(float("nan"))
+                check_gluon(torch, f"{name}, head sum MMA, depth {depth}", (q, w, pages, table, req, pos), context,
+                            out, group, judge, failures, tiles=2, wide_tiles=None, head_sum_mma=True, depth=depth,
+                            stacked=q_dtype == bf16)
 
 
 def check_gluon_nan(torch, failures):
@@ -258,6 +277,9 @@ def check_gluon_nan(torch, failures):
                                                         f"rel err {err:.2e}"
     check_gluon(torch, "gluon, a bf16 q row holding NaN", (q, w, pages, table, req, pos), context, out, per_request,
                 judge, failures, stages=3)
+    out.fill_(7.0)
+    check_gluon(torch, "gluon, a bf16 q row holding NaN, head sum MMA", (q, w, pages, table, req, pos), context, out,
+                per_request, judge, failures, stages=3, stacked=True, head_sum_mma=True)
 
 
 def time_all(torch, chosen, passed, ceiling):
@@ -287,7 +309,7 @@ def time_all(torch, chosen, passed, ceiling):
             except Exception as exc:  # noqa: BLE001 - reported in the table
                 rows.append((shape, name, None, None, None, f"{type(exc).__name__}: {str(exc)[:80]}"))
                 continue
-            if changes is None:
+            if changes is None and q_dtype not in default_ms:
                 default_ms[q_dtype] = ms
             tbps = requests * context * pages.shape[2] / (ms * 1e-3) / 1e12
             ratio = default_ms.get(q_dtype, float("nan")) / ms
