@@ -39,6 +39,9 @@ HEADS = int(os.environ.get("SWEEP_HEADS", "32"))  # index heads (DeepSeek-V3.2's
 BLOCK_TOKENS = 64
 TOL = 1e-4
 TOL_FP8_MMA = 5e-4
+# the head sums as tf32 MMAs (head_sum_mma): each relu'd score truncated to tf32 by the MMA (up to 2^-10 of it, 2^-11
+# on average, always toward zero) on top of the FP8 MMA's error: 5.2-6.4e-4 measured (R1, twenty-sixth session)
+TOL_HEAD_SUM_MMA = 1e-3
 DEVICE = "cuda"  # --cpu-smoke: "cpu" under TRITON_INTERPRET=1
 
 
@@ -207,7 +210,7 @@ def check(torch, chosen, failures):
             want = wants[q_dtype]
             err, same = score_error(torch, got, want)
             # (FP8 MMAs: FP8 queries, and bf16 ones split into hi/lo, through Hopper's FP8 accumulator)
-            tol = TOL if "widened" in label else TOL_FP8_MMA
+            tol = TOL if "widened" in label else TOL_HEAD_SUM_MMA if "head sum" in label else TOL_FP8_MMA
             ok = same and err < tol
             status = f"rel err {err:.2e}  {'ok' if ok else 'FAIL'}"
         except Exception as exc:  # noqa: BLE001 - a variant that does not compile or run is a failure, listed
@@ -240,16 +243,17 @@ def check_gluon_shapes(torch, failures):
         name = (f"gluon, {str(q_dtype).split('.')[-1]} q, {heads} heads, {block_tokens}-token blocks, "
                 f"{requests}x{per_request}, group {group}" + (f", {stack} tokens a MMA" if stack > 1 else ""))
 
-        def judge(got, want):
+        def judge(got, want, tol=TOL_FP8_MMA):
             err, same = score_error(torch, got, want)
-            return same and err < TOL_FP8_MMA, f"rel err {err:.2e}"
+            return same and err < tol, f"rel err {err:.2e}"
         check_gluon(torch, name, (q, w, pages, table, req, pos), context, out, group, judge, failures, tiles=2,
                     wide_tiles=None, **({"token_stack": stack} if stack > 1 else {}))
         if stack == 1:  # the head sums as tf32 MMAs (twenty-sixth session), at depth 1 and 2
             for depth in (1, 2):
                 out.fill_(float("nan"))
                 check_gluon(torch, f"{name}, head sum MMA, depth {depth}", (q, w, pages, table, req, pos), context,
-                            out, group, judge, failures, tiles=2, wide_tiles=None, head_sum_mma=True, depth=depth,
+                            out, group, lambda got, want: judge(got, want, TOL_HEAD_SUM_MMA), failures, tiles=2,
+                            wide_tiles=None, head_sum_mma=True, depth=depth,
                             stacked=q_dtype == bf16)
 
 
@@ -269,17 +273,17 @@ def check_gluon_nan(torch, failures):
     w = torch.randn(requests * per_request, heads, device=DEVICE, generator=gen)
     out = torch.full((q.shape[0], context), 7.0, device=DEVICE)
 
-    def judge(got, want):
+    def judge(got, want, tol=TOL_FP8_MMA):
         same_nan = torch.equal(torch.isnan(got), torch.isnan(want)) and bool(torch.isnan(want[0]).any())
         rows = [1, 2, 3, 4, 5]  # the rows without NaN in their query
         err, same = score_error(torch, got[rows], want[rows])
-        return same_nan and same and err < TOL_FP8_MMA, f"NaN where the reference has NaN: {same_nan}, other rows " \
+        return same_nan and same and err < tol, f"NaN where the reference has NaN: {same_nan}, other rows " \
                                                         f"rel err {err:.2e}"
     check_gluon(torch, "gluon, a bf16 q row holding NaN", (q, w, pages, table, req, pos), context, out, per_request,
                 judge, failures, stages=3)
     out.fill_(7.0)
     check_gluon(torch, "gluon, a bf16 q row holding NaN, head sum MMA", (q, w, pages, table, req, pos), context, out,
-                per_request, judge, failures, stages=3, stacked=True, head_sum_mma=True)
+                per_request, lambda got, want: judge(got, want, TOL_HEAD_SUM_MMA), failures, stages=3, stacked=True, head_sum_mma=True)
 
 
 def time_all(torch, chosen, passed, ceiling):
