@@ -475,9 +475,15 @@ def _issued_after(g, depth, group, per_token):
 
 
 @gluon.constexpr_function
-def _issued_after_sum(g, depth, group, per_token):
-    """Commit groups issued after token ``g``'s head-sum MMA (``HSUM``) when it is waited on: token ``g + depth``'s."""
-    return per_token if g + depth < group else 0
+def _pending(g, depth, group, per_token, hsum):
+    """Commit groups left pending when token ``g``'s MMAs are waited on: :func:`_issued_after`; with ``hsum``, when
+    they and token ``g - 1``'s head sum are: at ``g`` 0 the other first tokens' MMAs; after, at depth 1 none (token
+    ``g``'s MMAs were issued before ``g - 1``'s head sum), deeper token ``g + depth - 1``'s (issued after it)."""
+    if not hsum:
+        return _issued_after(g, depth, group, per_token)
+    if g == 0:
+        return (min(depth, group) - 1) * per_token
+    return per_token if depth > 1 and g - 1 + depth < group else 0
 
 
 @gluon.constexpr_function
@@ -629,29 +635,46 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
         mapped = (entry >= 0) & (entry < num_blocks)
         for g in gl.static_range(GROUP):
             # tokens 0 .. min(g + D, GROUP) - 1 issued; wait for token g's, then issue token g + D's before g's epilogue
+            # (HSUM: and token g - 1's head sum, issued before token g + D - 1's MMAs; each token's scores stored one
+            # token later, after the next head sum's issue)
             if MX:
-                acc0, acc1, acc2, acc3 = warpgroup_mma_wait(_issued_after(g, D, GROUP, P),
+                acc0, acc1, acc2, acc3 = warpgroup_mma_wait(_pending(g, D, GROUP, P, HSUM),
                                                             deps=[toks[g][0], toks[g][1], toks[g][2], toks[g][3]])
                 acc = (acc0 * block_scales[0][:, None] + acc1 * block_scales[1][:, None]
                        + acc2 * block_scales[2][:, None] + acc3 * block_scales[3][:, None])
             elif STACK:  # columns 0 .. BLOCK_H - 1 hi, the rest lo: a thread holds column n and n + BLOCK_H
-                both = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g]])
+                both = warpgroup_mma_wait(_pending(g, D, GROUP, P, HSUM), deps=[toks[g]])
                 acc_hi, acc_lo = gl.split(gl.permute(gl.reshape(both, [64, 2, BLOCK_H]), (0, 2, 1)))
                 acc = gl.convert_layout(acc_hi + acc_lo * 0.0625, MMA)
             elif HI_LO:
-                acc_hi, acc_lo = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g][0], toks[g][1]])
+                acc_hi, acc_lo = warpgroup_mma_wait(_pending(g, D, GROUP, P, HSUM), deps=[toks[g][0], toks[g][1]])
                 acc = acc_hi + acc_lo * 0.0625  # (lo is 16 x the residual)
             else:
-                acc = warpgroup_mma_wait(_issued_after(g, D, GROUP, P), deps=[toks[g]])
-            if HSUM:  # relu(acc) . w on the tensor cores, issued before token g + D's MMAs (groups retire in order)
-                summed = warpgroup_mma(_relu_operand(acc, BLOCK_H), w_s.permute((1, 0)), sum_zeros,
-                                       use_acc=False, is_async=True)
-            if g + D < GROUP:
-                toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG),)
-            if HSUM:
-                out8 = warpgroup_mma_wait(_issued_after_sum(g, D, GROUP, P), deps=[summed])
-                _head_sum_store(out8, g, key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot, max_context)
+                acc = warpgroup_mma_wait(_pending(g, D, GROUP, P, HSUM), deps=[toks[g]])
+            if HSUM:  # relu(acc) . w on the tensor cores
+                if g > 0:
+                    # (retired by the wait above: no stall)
+                    done = warpgroup_mma_wait(_pending(g, D, GROUP, P, HSUM), deps=[summed])
+                if D == 1:  # token g + 1's MMAs first: they run during this token's relu and the last one's store
+                    if g + 1 < GROUP:
+                        toks = toks + (_token_mmas(a, qs, qs_lo, g + 1, zeros, HI_LO, MX, STACK, MX_REG),)
+                    summed = warpgroup_mma(_relu_operand(acc, BLOCK_H), w_s.permute((1, 0)), sum_zeros,
+                                           use_acc=False, is_async=True)
+                else:  # the head sum first: waiting for it then leaves D - 1 tokens' MMAs in flight
+                    summed = warpgroup_mma(_relu_operand(acc, BLOCK_H), w_s.permute((1, 0)), sum_zeros,
+                                           use_acc=False, is_async=True)
+                    if g + D < GROUP:
+                        toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG),)
+                if g > 0:
+                    _head_sum_store(done, g - 1, key_scale, mapped, s, oks[g - 1], poss[g - 1], t0 + g - 1, out_ptr,
+                                    stride_ot, max_context)
+                if g == GROUP - 1:
+                    done = warpgroup_mma_wait(0, deps=[summed])
+                    _head_sum_store(done, g, key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot,
+                                    max_context)
             else:
+                if g + D < GROUP:
+                    toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG),)
                 _epilogue(acc, w_s[g], key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot, max_context,
                           COLS)
     return ahead_entry

@@ -130,13 +130,14 @@ def variants(torch):
         # instructions for 4 tiles against 1,745, 64 heads 1,309 against 1,848), at the backend's launches and more
         bf16 = torch.bfloat16
         out += [(dt, "default, head sum MMA", dict(backend_tile=dict(gluon_head_sum=True))) for dt in (fp8, bf16)]
-        out += [(fp8, f"gluon, depth 1, {s} stages, {r} registers, head sum MMA",
-                 dict(gluon=True, stages=s, depth=1, maxnreg=r, head_sum_mma=True))
-                for s, r in ((4, 128), (3, 128), (4, None), (4, 120))]
-        out += [(fp8, "gluon, depth 2, 4 stages, head sum MMA", dict(gluon=True, stages=4, depth=2, head_sum_mma=True))]
-        out += [(bf16, f"gluon, stacked, depth 1, {s} stages, {r} registers, head sum MMA",
-                 dict(gluon=True, stacked=True, stages=s, depth=1, maxnreg=r, head_sum_mma=True))
-                for s, r in ((4, None), (3, None), (4, 168), (3, 128))]
+        # (R2: each head sum waited on at once; R3: a token's scores stored after the next one's head sum is issued,
+        # depth 1 issuing the next token's MMAs first, depth 2 the head sum first)
+        out += [(fp8, f"gluon, depth {d}, {s} stages, {r} registers, head sum MMA",
+                 dict(gluon=True, stages=s, depth=d, maxnreg=r, head_sum_mma=True))
+                for d, s, r in ((1, 4, 128), (1, 3, 128), (1, 4, 120), (2, 4, None), (2, 3, None))]
+        out += [(bf16, f"gluon, stacked, depth {d}, {s} stages, {r} registers, head sum MMA",
+                 dict(gluon=True, stacked=True, stages=s, depth=d, maxnreg=r, head_sum_mma=True))
+                for d, s, r in ((1, 4, None), (1, 3, None), (2, 3, None))]
     return out
 
 
@@ -283,7 +284,8 @@ def check_gluon_nan(torch, failures):
                 judge, failures, stages=3)
     out.fill_(7.0)
     check_gluon(torch, "gluon, a bf16 q row holding NaN, head sum MMA", (q, w, pages, table, req, pos), context, out,
-                per_request, lambda got, want: judge(got, want, TOL_HEAD_SUM_MMA), failures, stages=3, stacked=True, head_sum_mma=True)
+                per_request, lambda got, want: judge(got, want, TOL_HEAD_SUM_MMA), failures, stages=3, stacked=True,
+                head_sum_mma=True)
 
 
 def time_all(torch, chosen, passed, ceiling):
