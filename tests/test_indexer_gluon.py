@@ -137,13 +137,13 @@ def test_indexer_score_sends_only_the_configured_tokens_per_request_to_it(monkey
     monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False: "")
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     tile = {"gluon_stages": {1: 3, 2: 4}, "gluon_depth": 1}
-    plain = dict(stacked=False, mx_registers=False, head_sum_mma=False)
+    plain = dict(stacked=False, mx_registers=False)
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=64, rows=64) == dict(plain, stages=3, depth=1)
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=128, rows=64) == dict(plain, stages=4, depth=1)
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=320, rows=64) == {}  # 5 a request: tl
     more = dict(tile, gluon_more=dict(stages=4, depth=1, maxnreg=128), gluon_stacked=True)
     assert idx._gluon_plan(more, _q(), _pages(), "fp8", tokens=320, rows=64) == dict(
-        stages=4, depth=1, maxnreg=128, stacked=True, mx_registers=False, head_sum_mma=False)  # more than named
+        stages=4, depth=1, maxnreg=128, stacked=True, mx_registers=False)  # more than the named counts
     assert idx._gluon_plan(more, _q(), _pages(), "fp8", tokens=4096, rows=1)["maxnreg"] == 128  # prefill
     assert idx._gluon_plan({"gluon_more": more["gluon_more"]}, _q(), _pages(), "fp8", tokens=320, rows=64) == {}
     assert idx._gluon_plan({}, _q(), _pages(), "fp8", tokens=64, rows=64) == {}  # not configured (batch invariant)
@@ -374,3 +374,85 @@ def test_the_token_units_cover_each_segment_once_with_power_of_two_widths(tstack
             assert 1 <= tokens <= width <= tstack and width & (width - 1) == 0
             covered += [u * tstack + j for j in range(tokens)]
         assert covered == list(range(group))
+
+
+def _host(fn):
+    """A Gluon ``constexpr_function`` / ``jit`` helper as a plain host function."""
+    return fn.fn if hasattr(fn, "fn") else fn
+
+
+def test_the_head_sum_operand_pairs_each_relu_score_with_its_heads_weight():
+    # HSUM: lane c holds the token MMA's accumulator columns 8 i + 2 c + j (j < 2); the tf32 MMA's register A operand
+    # gives lane c the k indices 8 i + c and 8 i + c + 4. The kernel's reshape / permute of the relu'd accumulator
+    # (_relu_operand) and of the weights (_sum_weights) must both put head 8 i + 2 c + j at k = 8 i + 4 j + c
+    # (head_of_k), so each product pairs a head's relu'd score with that head's weight
+    head_of_k = _host(g.head_of_k)
+    gen = torch.Generator().manual_seed(2)
+    for heads in (16, 32, 64):
+        acc = torch.randn(64, heads, generator=gen, dtype=torch.float64)
+        w = torch.randn(heads, generator=gen, dtype=torch.float64)
+        relu = acc.clamp_min(0)
+        operand = relu.reshape(64, heads // 8, 4, 2).permute(0, 1, 3, 2).reshape(64, heads)  # _relu_operand
+        ordered = w.reshape(heads // 8, 4, 2).permute(0, 2, 1).reshape(heads)  # _sum_weights
+        order = [head_of_k(k) for k in range(heads)]
+        assert sorted(order) == list(range(heads))
+        assert torch.equal(operand, relu[:, order]) and torch.equal(ordered, w[order])
+        torch.testing.assert_close(operand @ ordered, relu @ w)
+        for lane_c in range(4):  # the columns a lane holds are the k indices its tf32 operand takes: no data moves
+            held = {8 * i + 2 * lane_c + j for i in range(heads // 8) for j in range(2)}
+            assert {order[k] for i in range(heads // 8) for k in (8 * i + lane_c, 8 * i + lane_c + 4)} == held
+
+
+@pytest.mark.parametrize("per_token", (1, 2, 4, 8))
+@pytest.mark.parametrize("depth", (1, 2, 3))
+def test_the_head_sum_waits_retire_every_group_a_token_reads_and_no_more(depth, per_token):
+    # the commit groups of _tile's HSUM loop in issue order; wgmma groups retire in order, so waiting with n pending
+    # retires all but the n last issued: each wait must retire token g's MMAs and token g - 1's head sum (its result is
+    # read then), and leaves as many pending as it can (the MMAs still in flight)
+    pending = _host(g._pending)
+    for group in range(1, 9):
+        d = min(depth, group)
+        issued = []
+        for t in range(d):
+            issued += [("mma", t)] * per_token
+        for t in range(group):
+            n = pending(t, d, group, per_token, True)
+            retired = issued[:len(issued) - n] if n else issued
+            need = {("mma", t)} | ({("sum", t - 1)} if t else set())
+            assert need <= set(retired), (group, t)
+            tail = issued[len(issued) - n:] if n else []
+            assert all(kind == "mma" and u > t for kind, u in tail), (group, t)  # only later tokens' MMAs in flight
+            assert issued[len(issued) - n - 1] in need, (group, t)  # and all of them: the group before is needed
+            if d == 1:  # the next token's MMAs, then this token's head sum
+                if t + 1 < group:
+                    issued += [("mma", t + 1)] * per_token
+                issued.append(("sum", t))
+            else:  # the head sum, then the token depth ahead's MMAs
+                issued.append(("sum", t))
+                if t + d < group:
+                    issued += [("mma", t + d)] * per_token
+        assert issued.count(("sum", group - 1)) == 1  # the last head sum: waited on with none pending after the loop
+
+
+def test_the_head_sum_mma_serves_calls_of_more_than_two_tokens_a_request(monkeypatch):
+    # twenty-sixth session (H200): 1.10-1.12x at 64 x 5 with <= 32 heads, 1.03x / 1.07x with FP8 queries at 64 heads;
+    # 1.00-1.04x at 1-2 tokens a request and slower with bf16 queries at 64 heads: not taken there
+    from dsahal.backends.nvidia import config
+
+    monkeypatch.setattr(config, "batch_invariant", lambda: False)
+    for heads, dtype, taken in ((8, torch.float8_e4m3fn, True), (32, torch.float8_e4m3fn, True),
+                                (64, torch.float8_e4m3fn, True), (32, torch.bfloat16, True),
+                                (33, torch.bfloat16, False), (64, torch.bfloat16, False)):
+        config.indexer_config.cache_clear()
+        tiles = config.indexer_config(heads, dtype, "fp8")["block_tiles"]
+        assert tiles["gluon_more"].get("head_sum_mma", False) is taken, (heads, dtype)
+        assert "head_sum_mma" not in tiles  # (an option of the longer calls' launch only)
+    config.indexer_config.cache_clear()
+    monkeypatch.setattr(g, "refusal", lambda *args: "")
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False: "")
+    monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
+    tile = {"gluon_stages": {1: 5}, "gluon_more": dict(stages=4, depth=1, head_sum_mma=True)}
+    assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=320, rows=64)["head_sum_mma"] is True
+    assert "head_sum_mma" not in idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=64, rows=64)
+    assert g.launch_meta(_q(), _pages(), 5, 4, 1, head_sum_mma=True)["HSUM"] is True
+    assert g.launch_meta(_q(), _pages(), 5, 4, 1, token_stack=2, head_sum_mma=True)["HSUM"] is False  # one MMA a token

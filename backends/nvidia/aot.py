@@ -621,10 +621,12 @@ def _gluon_indexer_variants() -> list[Variant]:
                 out.append(Variant(
                     f"indexer Gluon, fp8 keys, {heads} heads, {label} q, {group} token(s) a request, "
                     f"{launch['stages']} stages, depth {launch['depth']}" + (", hi and lo stacked" if stacked else "")
-                    + (f", {launch['maxnreg']} registers" if launch.get("maxnreg") else ""),
+                    + (f", {launch['maxnreg']} registers" if launch.get("maxnreg") else "")
+                    + (", head sums as MMAs" if launch.get("head_sum_mma") else ""),
                     indexer_gluon.indexer_gluon_kernel,
                     dict(H=heads, BLOCK_H=heads, GROUP=group, STAGES=launch["stages"], DEPTH=launch["depth"],
-                         WHOLE=True, HI_LO=label == "bf16", MX=False, STACK=stacked, TSTACK=1, HSUM=False),
+                         WHOLE=True, HI_LO=label == "bf16", MX=False, STACK=stacked, TSTACK=1,
+                         HSUM=launch.get("head_sum_mma", False)),
                     dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 33),
                     gluon=True, maxnreg=launch.get("maxnreg")))
     mx_registers = config._MXFP4_GLUON.get("gluon_mx_registers", False)

@@ -196,13 +196,20 @@ _FP8_KEYS_L2 = dict(l2_ahead=2, l2_ahead_tokens=2)
 # against 1.760-1.831 / 1.673 (1.00-1.11x). Tokens stacked on the MMA's N side (indexer_gluon token_stack: 2 or 4
 # tokens a MMA, 8 QGMMA a tile instead of 20) 0.598-0.615 at 64x5: the MMAs are not what bounds it (168 registers, 3
 # programs a SM); 8-token segments at prefill 1.664-1.920 (no gain); depth 2 or 3 stages under the cap the same.
-_FP8_Q_GLUON = dict(gluon_stages={1: 5, 2: 5}, gluon_more=dict(stages=4, depth=1, maxnreg=128))
+# Twenty-sixth session (R3, the same sweep, every variant checked first): from 3 tokens a request each token's head sum
+# as a tf32 MMA (indexer_gluon head_sum_mma: relu(scores) as the register A operand of a N = 8 wgmma against the
+# segment's weights; sm_90 loop 1,307 instructions for 4 tiles against 1,745): 0.499 ms at 64x5 against 0.561 (1.12x;
+# 52.6% of copy), 1.436 at the prefill against 1.611 (1.12x); scores within 4.5-5.2e-4 of the float64 reference
+# (normwise) against 1.2-1.4e-4: the MMA truncates each relu'd score to tf32. At 1-2 tokens 1.00-1.02x: not taken there.
+_FP8_Q_GLUON = dict(gluon_stages={1: 5, 2: 5}, gluon_more=dict(stages=4, depth=1, maxnreg=128, head_sum_mma=True))
 # 33-64 index heads (DeepSeek-V3.2's indexer has 64; a token's queries and accumulators twice as large). Twenty-fifth
 # session, R4 (the same sweep at 64 heads, same run, every variant checked first): from 3 tokens a request one token's
 # MMA in flight, 3 stages, no register cap (168 registers; the cap of 128 spilled 64 bytes and ran 1.048 ms): 0.880 ms
 # at 64x5 at 128K, 2.545 at the 4096-token prefill, against the tl kernel's 0.943 / 2.674 (1.07x / 1.05x); at 2
 # tokens 4 stages 0.390 against the 32-head counts' 0.414 (1.06x); 1 token 0.296-0.300 either way (88.5% of copy).
-_FP8_Q_GLUON_WIDE = dict(gluon_stages={1: 5, 2: 4}, gluon_more=dict(stages=3, depth=1))
+# Twenty-sixth session (R3 at 64 heads): the head sums as tf32 MMAs (above) 0.851 / 2.491 ms at 64x5 / prefill
+# against 0.880 / 2.658 (1.03x / 1.07x; the loop 29% shorter, but 3 programs a SM by shared memory and registers).
+_FP8_Q_GLUON_WIDE = dict(gluon_stages={1: 5, 2: 4}, gluon_more=dict(stages=3, depth=1, head_sum_mma=True))
 # Twenty-second session (R7, scripts/h200/indexer_stack_check.py, same run): bf16 q with a token's hi and lo parts as
 # one N = 64 MMA (gluon_stacked; the sm_90 loop 10% shorter at 2 tokens, the same errors on every edge case) 0.3002 /
 # 0.3763 / 0.3037 ms at 64x1 / 64x2 / 8x1 against 0.3010 / 0.3838 / 0.3038 (1.00x / 1.02x / 1.00x; 86.8% / 69.2% /
@@ -210,7 +217,11 @@ _FP8_Q_GLUON_WIDE = dict(gluon_stages={1: 5, 2: 4}, gluon_more=dict(stages=3, de
 # Twenty-fifth session (R2, the same sweep, every variant checked first): at 5 tokens a request and prefill the Gluon
 # kernel, hi and lo stacked, 4 stages, one token's MMA in flight (168 registers, 3 programs a SM): 0.825 / 2.366 ms
 # against the tl kernel's 0.979 / 2.920 (1.19x / 1.23x; 31.8% of copy at 64x5); two tokens in flight 0.891 / 2.669.
-_BF16_Q_GLUON = dict(gluon_stages={1: 5, 2: 4}, gluon_stacked=True, gluon_more=dict(stages=4, depth=1))
+# Twenty-sixth session (R3): the head sums as tf32 MMAs (above) 0.757 / 2.397 ms at 64x5 / prefill against 0.832 /
+# 2.364 (1.10x / 0.99x), rel err 5.1-5.6e-4 against 1.2-1.6e-4; at 64 heads 0.99x / 0.94x and at 1-2 tokens 0.93-1.04x:
+# taken at <= 32 heads from 3 tokens a request only.
+_BF16_Q_GLUON = dict(gluon_stages={1: 5, 2: 4}, gluon_stacked=True,
+                     gluon_more=dict(stages=4, depth=1, head_sum_mma=True))
 # 33-64 index heads (R4, 64 heads): the stacked hi and lo parts are 128 query rows a token, so fewer stages: 3 at 1-2
 # tokens (0.355 / 0.619 ms at 64x1 / 64x2 against 5 / 4 stages' 0.374 / 0.625), 2 from 3 tokens a request (1.445 at
 # 64x5, 4.319 at the prefill, against the tl kernel's 1.763 / 5.048: 1.22x / 1.17x; 4 stages held one program a SM,

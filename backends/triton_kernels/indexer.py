@@ -425,8 +425,8 @@ def _l2_ahead(l2_ahead: int, tokens: int, rows: int, up_to_tokens) -> int:
 def _gluon_plan(tile: dict, q, index_pages, index_fmt, tokens: int, rows: int) -> dict:
     """The Gluon kernel's launch options for a call (``{}``: the call takes the ``tl`` block tiles). ``tile``'s
     ``gluon_stages`` maps tokens per request (:func:`_tokens_per_request`) to stages (with ``gluon_depth`` token MMAs
-    in flight, default 2); ``gluon_more``, the options (``stages``, ``depth``, ``maxnreg``, ``group``: tokens a
-    segment) for calls of more tokens a request than ``gluon_stages`` names (speculative decode, prefill). A call of
+    in flight, default 2); ``gluon_more``, the options (``stages``, ``depth``, ``maxnreg``, ``head_sum_mma``,
+    ``group``: tokens a segment) for calls of more tokens a request than ``gluon_stages`` names (speculative decode, prefill). A call of
     another count, or one the kernel refuses (:func:`.indexer_gluon.refusal`: bf16 keys, not an sm_90 GPU, ...), or a
     Triton that does not compile it, gets ``{}``. The scores are the same contract either way."""
     by_tokens = tile.get("gluon_stages") or {}
@@ -445,8 +445,7 @@ def _gluon_plan(tile: dict, q, index_pages, index_fmt, tokens: int, rows: int) -
         return {}
     if indexer_gluon.compile_failure(q.dtype == torch.bfloat16, index_fmt == "mxfp4"):
         return {}
-    return dict(plan, stacked=tile.get("gluon_stacked", False), mx_registers=tile.get("gluon_mx_registers", False),
-                head_sum_mma=tile.get("gluon_head_sum", False))
+    return dict(plan, stacked=tile.get("gluon_stacked", False), mx_registers=tile.get("gluon_mx_registers", False))
 
 
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,

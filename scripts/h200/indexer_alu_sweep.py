@@ -129,7 +129,10 @@ def variants(torch):
         # operand of a N = 8 wgmma against the segment's weights; sm_90, Triton 3.6, 32 heads, 5 tokens: 1,303 loop
         # instructions for 4 tiles against 1,745, 64 heads 1,309 against 1,848), at the backend's launches and more
         bf16 = torch.bfloat16
-        out += [(dt, "default, head sum MMA", dict(backend_tile=dict(gluon_head_sum=True))) for dt in (fp8, bf16)]
+        # (R1-R3: "default, head sum MMA", the backend's launches with it; since R3 the default from 3 tokens a request
+        # at <= 32 heads, and with FP8 q at 33-64: the default before is timed here)
+        out += [(dt, "default before (no head sum MMA)", dict(backend_more=dict(head_sum_mma=False)))
+                for dt in (fp8, bf16)]
         # (R2: each head sum waited on at once; R3: a token's scores stored after the next one's head sum is issued,
         # depth 1 issuing the next token's MMAs first, depth 2 the head sum first)
         out += [(fp8, f"gluon, depth {d}, {s} stages, {r} registers, head sum MMA",
@@ -152,8 +155,9 @@ def _runner(torch, q_dtype, changes, per_request):
     from dsahal.backends.triton_kernels.indexer import indexer_score, pick_dot, run_offsets
 
     cfg = dict(indexer_config(HEADS, q_dtype, "fp8"))
-    if changes is not None and "backend_tile" in changes:  # the backend's routing with these block-tile options
-        cfg["block_tiles"] = dict(cfg["block_tiles"], **changes["backend_tile"])
+    if changes is not None and "backend_more" in changes:  # the backend's routing with these gluon_more options
+        tile = cfg["block_tiles"]
+        cfg["block_tiles"] = dict(tile, gluon_more=dict(tile["gluon_more"], **changes["backend_more"]))
         changes = None
     if changes is not None and changes.get("gluon"):  # the Gluon kernel (indexer_gluon), segments as the backend's
         def gluon(q, w, pages, table, req, pos, width, out):
