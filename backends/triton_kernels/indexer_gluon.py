@@ -383,8 +383,8 @@ def _sum_layout():
 @gluon.jit
 def head_of_k(k):
     """The head that the head-sum MMA's k index ``k`` holds (``HSUM``): ``k = 8 i + 4 j + c`` is head ``8 i + 2 c +
-    j``, the token MMA's accumulator column that lane ``c`` holds as its tf32 A operand's k index (:func:`_relu_operand`;
-    the weights' rows in the same order)."""
+    j``, the token MMA's accumulator column that lane ``c`` holds as its tf32 A operand's k index
+    (:func:`_relu_operand`; the weights' rows in the same order)."""
     return (k >> 3) * 8 + 2 * (k & 3) + ((k >> 2) & 1)
 
 
