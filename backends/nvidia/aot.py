@@ -600,7 +600,7 @@ def _wgmma_fp4_variants() -> list[Variant]:
 def _gluon_indexer_variants() -> list[Variant]:
     """The Gluon indexer (``indexer_gluon``) as the backend launches it: FP8 keys in 64-token blocks, 32 and 64 heads,
     one, two and five tokens a request (five: ``gluon_more``, speculative decode and prefill), FP8 and bf16 queries,
-    the options of ``config.indexer_config``; MXFP4 keys at 32 heads, one and two tokens. Its padded shared layout
+    the options of ``config.indexer_config``; MXFP4 keys at 32 heads, one, two and five tokens. Its padded shared layout
     compiles with the H200's Triton 3.6; Triton 3.9's Gluon refuses it (the backend then keeps the tl kernel)."""
     from ..triton_kernels import indexer_gluon
     from . import config
@@ -629,17 +629,25 @@ def _gluon_indexer_variants() -> list[Variant]:
                          HSUM=launch.get("head_sum_mma", False)),
                     dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 33),
                     gluon=True, maxnreg=launch.get("maxnreg")))
-    mx_registers = config._MXFP4_GLUON.get("gluon_mx_registers", False)
+    options = config._MXFP4_GLUON
+    mx_registers = options.get("gluon_mx_registers", False)
     for label, q_type in (("fp8", "fp8e4nv"), ("bf16", "bf16")):  # MXFP4 keys (config._MXFP4_GLUON)
-        for group in (1, 2):
+        for group in (1, 2, 5):
+            if group in options["gluon_stages"]:
+                launch = dict(stages=options["gluon_stages"][group], depth=options.get("gluon_depth", 2),
+                              head_sum_mma=options.get("gluon_head_sum", False))
+            else:
+                launch = dict(options["gluon_more"])
             out.append(Variant(
-                f"indexer Gluon, mxfp4 keys, {label} q, {group} token(s) a request, 4 stages"
-                + (", register operands" if mx_registers else ""),
+                f"indexer Gluon, mxfp4 keys, {label} q, {group} token(s) a request, {launch['stages']} stages"
+                + (", register operands" if mx_registers else "")
+                + (", head sums as MMAs" if launch.get("head_sum_mma") else ""),
                 indexer_gluon.indexer_gluon_kernel,
-                dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=4, DEPTH=1, WHOLE=True,
-                     HI_LO=label == "bf16", MX=True, STACK=False, MX_REG=mx_registers, TSTACK=1, HSUM=False),
+                dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=launch["stages"],
+                     DEPTH=launch["depth"], WHOLE=True, HI_LO=label == "bf16", MX=True, STACK=False,
+                     MX_REG=mx_registers, TSTACK=1, HSUM=launch.get("head_sum_mma", False)),
                 dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 17),
-                gluon=True))
+                gluon=True, maxnreg=launch.get("maxnreg")))
     return out
 
 

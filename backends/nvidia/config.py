@@ -232,7 +232,14 @@ _BF16_Q_GLUON_WIDE = dict(gluon_stages={1: 3, 2: 3}, gluon_stacked=True, gluon_m
 # (gluon_mx_registers: no shared-memory round trip, no fence or barrier a tile) 0.268 / 0.406 / 0.266 ms at 64x1 /
 # 64x2 at 128K and 8x1 at 1M with FP8 q against 0.305 / 0.449 / 0.310 through shared memory (1.10-1.17x; 50.1% /
 # 33.1% / 50.6% of copy), bf16 q 0.321 / 0.556 / 0.320 against 0.381 / 0.638 / 0.381 (1.15-1.19x).
-_MXFP4_GLUON = dict(gluon_stages={1: 4, 2: 4}, gluon_depth=1, gluon_mx_registers=True)
+# Twenty-sixth session (R5, the same sweep, every variant checked first): each token's head sum as a tf32 MMA
+# (gluon_head_sum at 1-2 tokens, gluon_more's head_sum_mma from 3: indexer_gluon head_sum_mma) 0.261 / 0.377 ms at 64x1
+# / 64x2 with FP8 q against 0.267 / 0.407 (1.02x / 1.08x; 51.5% / 35.6% of copy), bf16 q 0.308 / 0.551 against 0.321 /
+# 0.557 (1.04x / 1.01x); and calls of more tokens a request on the Gluon kernel too (it compiles to 203 / 246
+# registers at 5 tokens with them, two programs a SM): 64x5 0.876 / 1.191 against the tl kernel's 1.040 / 1.380 (1.19x
+# / 1.16x). Scores within 2.4-5.1e-4 of the float64 reference (keys at extreme block scales included).
+_MXFP4_GLUON = dict(gluon_stages={1: 4, 2: 4}, gluon_depth=1, gluon_mx_registers=True, gluon_head_sum=True,
+                    gluon_more=dict(stages=4, depth=1, head_sum_mma=True))
 
 
 @functools.lru_cache(maxsize=64)

@@ -425,14 +425,17 @@ def _l2_ahead(l2_ahead: int, tokens: int, rows: int, up_to_tokens) -> int:
 def _gluon_plan(tile: dict, q, index_pages, index_fmt, tokens: int, rows: int) -> dict:
     """The Gluon kernel's launch options for a call (``{}``: the call takes the ``tl`` block tiles). ``tile``'s
     ``gluon_stages`` maps tokens per request (:func:`_tokens_per_request`) to stages (with ``gluon_depth`` token MMAs
-    in flight, default 2); ``gluon_more``, the options (``stages``, ``depth``, ``maxnreg``, ``head_sum_mma``,
-    ``group``: tokens a segment) for calls of more tokens a request than ``gluon_stages`` names (speculative decode, prefill). A call of
-    another count, or one the kernel refuses (:func:`.indexer_gluon.refusal`: bf16 keys, not an sm_90 GPU, ...), or a
-    Triton that does not compile it, gets ``{}``. The scores are the same contract either way."""
+    in flight, default 2, and ``gluon_head_sum``: the head sums as MMAs); ``gluon_more``, the options (``stages``,
+    ``depth``, ``maxnreg``, ``head_sum_mma``, ``group``: tokens a segment) for calls of more tokens a request than
+    ``gluon_stages`` names (speculative decode, prefill). A call of another count, or one the kernel refuses
+    (:func:`.indexer_gluon.refusal`: bf16 keys, not an sm_90 GPU, ...), or a Triton that does not compile it, gets
+    ``{}``. The scores are the same contract either way."""
     by_tokens = tile.get("gluon_stages") or {}
     per_request = _tokens_per_request(tokens, rows)
     if per_request in by_tokens:
         plan = dict(stages=by_tokens[per_request], depth=tile.get("gluon_depth", 2))
+        if tile.get("gluon_head_sum"):
+            plan["head_sum_mma"] = True
     elif by_tokens and per_request > max(by_tokens) and tile.get("gluon_more"):
         plan = dict(tile["gluon_more"])
     else:

@@ -215,7 +215,9 @@ def check(torch, chosen, failures):
             want = wants[q_dtype]
             err, same = score_error(torch, got, want)
             # (FP8 MMAs: FP8 queries, and bf16 ones split into hi/lo, through Hopper's FP8 accumulator)
-            tol = TOL if "widened" in label else TOL_HEAD_SUM_MMA if "head sum" in label else TOL_FP8_MMA
+            # (the backend's launches from 3 tokens a request, and the check case's 5, take the head-sum MMAs)
+            head_sum = "head sum" in label and "no head sum" not in label or label.startswith("backend default")
+            tol = TOL if "widened" in label else TOL_HEAD_SUM_MMA if head_sum else TOL_FP8_MMA
             ok = same and err < tol
             status = f"rel err {err:.2e}  {'ok' if ok else 'FAIL'}"
         except Exception as exc:  # noqa: BLE001 - a variant that does not compile or run is a failure, listed
