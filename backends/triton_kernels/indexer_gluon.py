@@ -47,6 +47,16 @@ request before (nineteenth and twentieth), MXFP4 keys at 1-2 tokens; BENCHMARKS.
 2 or 4 tokens of a segment on one MMA's N side, DeepGEMM's operand layout (:func:`_stacked_tile`): the same sums, 8
 MMAs a 5-token tile instead of 20, not the backend's launch (no faster on the H200: the MMAs do not bound it).
 
+``HSUM`` (twenty-sixth session; the backend's launch from 3 tokens a request with FP8 keys, and for MXFP4 keys): each
+token's head sum on the tensor cores. Its relu'd accumulator ``[64, BLOCK_H]`` is the register A operand of a tf32
+``wgmma`` (N = 8) against one ``[8, BLOCK_H]`` shared buffer of the segment's head weights (row ``g`` token ``g``'s,
+rounded to tf32 once), whose column ``g`` is then token ``g``'s ``Σ_h w[h] · relu(acc[:, h])`` (:func:`_relu_operand`:
+the reorder of a lane's columns into the operand's k order moves no data). It replaces a thread's 16-32 chained
+``FFMA`` a token, the two shuffle rounds and the weights' shared-memory reads (the sm_90 loop 25-29% shorter); the
+MMA reads each relu'd score as tf32 (low 13 mantissa bits dropped), so scores are within ~5e-4 of the reference
+(normwise) instead of ~1.3e-4. Token ``g``'s scores are stored after token ``g + 1``'s MMA and ``g``'s head sum are
+issued (:func:`_pending` counts the commit groups each wait leaves in flight).
+
 Grid and segments as :mod:`.indexer_decode`: axis 0 the segments (up to ``GROUP`` consecutive tokens of one request;
 programs past the live ones exit), axis 1 chunks of ``n_tiles`` key tiles. Gluon has no interpreter: a CPU machine
 compiles this kernel for sm_90 with Triton 3.6 (``python -m dsahal.backends.nvidia.aot --only "indexer Gluon"``; 3.9's
@@ -888,6 +898,8 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
             token_stack: FP8 queries on FP8 keys, up to that many tokens of a segment as one MMA (their heads side
             by side on its N side, at most 128 columns: 1, 2 or 4; the same sums as one MMA a token); ignored
             otherwise. depth then counts those MMAs. maxnreg: ptxas's register cap (None: its own choice).
+            head_sum_mma: each token's head sum as a tf32 MMA (module docstring, ``HSUM``: scores within ~5e-4 of the
+            reference instead of ~1.3e-4); ignored with token_stack > 1.
 
     Returns:
         ``out``.
