@@ -76,8 +76,11 @@ def check_indexer(device, backend, index_fmt="fp8", q_dtype=torch.float8_e4m3fn)
     finite = torch.isfinite(want)
     err = relative_error(got[finite], want[finite])
     # FP8 MMAs (FP8 queries; bf16 ones on FP8 / MXFP4 keys, split into two e4m3 parts) sum at Hopper's FP8
-    # accumulator precision: ~1.3e-4 relative on the H200 with signed weights (scripts/h200/indexer_alu_sweep.py)
-    tol = 1e-4 if q_dtype not in (torch.float8_e4m3fn, torch.bfloat16) or index_fmt == "bf16" else 5e-4
+    # accumulator precision: ~1.3e-4 relative on the H200 with signed weights (scripts/h200/indexer_alu_sweep.py);
+    # the head sums as tf32 MMAs (nvidia's Gluon route from 3 tokens a request and for MXFP4 keys, twenty-sixth
+    # session) truncate each relu'd score to tf32: 3.2-4.1e-4 here (these weights are >= 0, so the truncation's
+    # bias, 2^-11 a term on average, does not cancel), at most ~2^-10
+    tol = 1e-4 if q_dtype not in (torch.float8_e4m3fn, torch.bfloat16) or index_fmt == "bf16" else 1e-3
     return same_mask and err < tol, f"-inf mask equal={same_mask}, rel err {err:.1e} (tolerance {tol:.0e})"
 
 
