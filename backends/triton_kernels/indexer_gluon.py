@@ -899,7 +899,9 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
             by side on its N side, at most 128 columns: 1, 2 or 4; the same sums as one MMA a token); ignored
             otherwise. depth then counts those MMAs. maxnreg: ptxas's register cap (None: its own choice).
             head_sum_mma: each token's head sum as a tf32 MMA (module docstring, ``HSUM``: scores within ~5e-4 of the
-            reference instead of ~1.3e-4); ignored with token_stack > 1.
+            reference instead of ~1.3e-4); ignored with token_stack > 1. Checked on the H200 with FP8 queries,
+            stacked bf16 queries and MXFP4 keys (the backend's launches); bf16 queries unstacked on FP8 keys take
+            the same code (two commit groups a token) but were not run there.
 
     Returns:
         ``out``.
