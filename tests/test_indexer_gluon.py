@@ -121,8 +121,8 @@ def test_launch_parameters_are_checked_before_any_launch(monkeypatch, kwargs, me
 
 def test_a_triton_that_does_not_compile_it_is_named_and_the_calls_fall_back(monkeypatch):
     monkeypatch.setattr(g, "refusal", lambda *args: "")
-    monkeypatch.setattr(g, "compile_failure",
-                        lambda hi_lo, mx=False: "cannot reinterpret between padded and non-padded layouts")
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False:
+                        "cannot reinterpret between padded and non-padded layouts")
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     assert idx._gluon_plan({"gluon_stages": {1: 3}}, _q(), _pages(), "fp8", tokens=4, rows=4) == {}
     t = torch.zeros(2, dtype=torch.int32)
@@ -134,7 +134,7 @@ def test_a_triton_that_does_not_compile_it_is_named_and_the_calls_fall_back(monk
 
 def test_indexer_score_sends_only_the_configured_tokens_per_request_to_it(monkeypatch):
     monkeypatch.setattr(g, "refusal", lambda *args: "")
-    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False: "")
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False: "")
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     tile = {"gluon_stages": {1: 3, 2: 4}, "gluon_depth": 1}
     plain = dict(stacked=False, mx_registers=False)
@@ -153,7 +153,7 @@ def test_indexer_score_sends_only_the_configured_tokens_per_request_to_it(monkey
 
 def test_a_plan_the_kernel_refuses_takes_the_tl_kernel(monkeypatch):
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
-    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False: "")
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False: "")
     seen = []
     monkeypatch.setattr(g, "refusal", lambda q, pages, fmt, group=1: seen.append(group) or "too many tokens")
     tile = {"gluon_stages": {1: 3}, "gluon_more": dict(stages=4, group=8)}
@@ -218,7 +218,7 @@ def test_mxfp4_calls_go_to_it_and_fp8_records_are_refused_as_mxfp4(monkeypatch):
     monkeypatch.setattr(g, "runs_ptx", lambda device: True)
     monkeypatch.setattr(g, "_capability", lambda index: (9, 0))
     seen = []
-    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False: seen.append(mx) or "")
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False: seen.append(mx) or "")
     pages = _pages(record=68)
     tile = {"gluon_stages": {1: 4}}
     assert idx._gluon_plan(tile, _q(), pages, "mxfp4", tokens=64, rows=64)["stages"] == 4 and seen == [True]
@@ -239,6 +239,7 @@ def test_compile_failure_is_asked_once_a_process(monkeypatch):
     assert "cannot reinterpret" in g.compile_failure(False)
     assert "cannot reinterpret" in g.compile_failure(False)
     assert calls == [1]
+    assert "cannot reinterpret" in g.compile_failure(False, head_sum=True) and calls == [1, 1]  # its own variant
     monkeypatch.setattr(triton, "__version__", "3.6.0")  # the H200's release, verified there
     assert g.compile_failure(True) == ""
 
@@ -454,7 +455,7 @@ def test_the_head_sum_mma_serves_the_calls_where_it_measured_faster(monkeypatch)
         assert tiles["gluon_head_sum"] is True and tiles["gluon_more"]["head_sum_mma"] is True
     config.indexer_config.cache_clear()
     monkeypatch.setattr(g, "refusal", lambda *args: "")
-    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False: "")
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False: "")
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     tile = {"gluon_stages": {1: 5}, "gluon_more": dict(stages=4, depth=1, head_sum_mma=True)}
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=320, rows=64)["head_sum_mma"] is True
@@ -462,3 +463,16 @@ def test_the_head_sum_mma_serves_the_calls_where_it_measured_faster(monkeypatch)
     assert idx._gluon_plan(dict(tile, gluon_head_sum=True), _q(), _pages(), "fp8", tokens=64, rows=64)["head_sum_mma"]
     assert g.launch_meta(_q(), _pages(), 5, 4, 1, head_sum_mma=True)["HSUM"] is True
     assert g.launch_meta(_q(), _pages(), 5, 4, 1, token_stack=2, head_sum_mma=True)["HSUM"] is False  # one MMA a token
+
+
+def test_a_triton_that_compiles_the_kernel_but_not_its_head_sum_mma_keeps_those_calls_on_the_tl_kernel(monkeypatch):
+    # the head-sum MMA's operand reorder is asserted free of data movement: a release that cannot prove it refuses
+    # that variant only, so the plan asks for the variant it would launch
+    monkeypatch.setattr(g, "refusal", lambda *args: "")
+    monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
+    asked = []
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False: asked.append(head_sum) or (
+        "the conversion is not trivial" if head_sum else ""))
+    tile = {"gluon_stages": {1: 5}, "gluon_more": dict(stages=4, depth=1, head_sum_mma=True)}
+    assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=320, rows=64) == {} and asked == [True]
+    assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=64, rows=64)["stages"] == 5 and asked[-1] is False

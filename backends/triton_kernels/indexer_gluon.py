@@ -645,8 +645,8 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
         mapped = (entry >= 0) & (entry < num_blocks)
         for g in gl.static_range(GROUP):
             # tokens 0 .. min(g + D, GROUP) - 1 issued; wait for token g's, then issue token g + D's before g's epilogue
-            # (HSUM: and token g - 1's head sum, issued before token g + D - 1's MMAs; each token's scores stored one
-            # token later, after the next head sum's issue)
+            # (HSUM: and token g - 1's head sum, issued at depth 1 after token g's MMAs, deeper before token g + D -
+            # 1's; each token's scores stored one token later, after the next head sum's issue)
             if MX:
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(_pending(g, D, GROUP, P, HSUM),
                                                             deps=[toks[g][0], toks[g][1], toks[g][2], toks[g][3]])
@@ -930,7 +930,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
                          f"expected at most 128 columns a MMA, got {meta['TSTACK'] * meta['BLOCK_H']}")
     if maxnreg:
         meta["maxnreg"] = maxnreg
-    failure = compile_failure(meta["HI_LO"], meta["MX"])
+    failure = compile_failure(meta["HI_LO"], meta["MX"], meta["HSUM"])
     if failure:
         raise ValueError(f"{name}: this Triton ({triton.__version__}) does not compile the kernel: {failure}")
     if wide_tiles is not None:
@@ -960,20 +960,22 @@ def launch_meta(q: torch.Tensor, index_pages: torch.Tensor, group: int, stages: 
                 TSTACK=tstack, HSUM=bool(head_sum_mma) and tstack == 1, num_warps=4)
 
 
-def compile_failure(hi_lo: bool, mx: bool = False) -> str:
+def compile_failure(hi_lo: bool, mx: bool = False, head_sum: bool = False) -> str:
     """"" if this process's Triton compiles the kernel (FP8 queries, or bf16 ones with ``hi_lo``; MXFP4 keys with
-    ``mx``), else the compiler's message: :data:`VERIFIED_TRITON` releases are taken as compiling it; another is asked
-    once, by compiling a one-token variant for sm_90."""
+    ``mx``, decoded into register operands as the backend launches them; the head sums as MMAs with ``head_sum``),
+    else the compiler's message: :data:`VERIFIED_TRITON` releases are taken as compiling it; another is asked once a
+    combination, by compiling a one-token variant for sm_90 (the head-sum MMA's operand reorder is asserted free of
+    data movement: a release that cannot prove it refuses that variant, and those calls fall back)."""
     if triton.__version__.startswith(VERIFIED_TRITON):
         return ""
-    key = (hi_lo, mx)
+    key = (hi_lo, mx, head_sum)
     if key not in _COMPILE_FAILURES:
         from triton.backends.compiler import GPUTarget
         from triton.experimental.gluon._runtime import GluonASTSource
 
         kernel = triton_launch(indexer_gluon_kernel)  # (the Gluon function behind the launch cache)
         constexprs = dict(H=32, BLOCK_H=32, GROUP=1, STAGES=3, DEPTH=2, WHOLE=True, HI_LO=hi_lo, MX=mx,
-                          STACK=hi_lo and not mx, MX_REG=False, TSTACK=1, HSUM=False)
+                          STACK=hi_lo and not mx, MX_REG=mx, TSTACK=1, HSUM=head_sum)
         pointers = dict(q_ptr="bf16" if hi_lo else "fp8e4nv", w_ptr="fp32", pages_i32="i32", block_table_ptr="i32",
                         req_ptr="i32", pos_ptr="i32", off_ptr="i32", seg_ptr="i32", out_ptr="fp32")
         signature = {arg: "constexpr" if arg in constexprs else ("*" + pointers[arg] if arg in pointers else "i32")
