@@ -603,6 +603,7 @@ def _gluon_indexer_variants() -> list[Variant]:
     the options of ``config.indexer_config``; MXFP4 keys at 32 heads, one, two and five tokens. Its padded shared layout
     compiles with the H200's Triton 3.6; Triton 3.9's Gluon refuses it (the backend then keeps the tl kernel)."""
     from ..triton_kernels import indexer_gluon
+    from ..triton_kernels.indexer import gluon_options
     from . import config
 
     pointers = dict(w_ptr="fp32", pages_i32="i32", block_table_ptr="i32", req_ptr="i32", pos_ptr="i32",
@@ -614,10 +615,7 @@ def _gluon_indexer_variants() -> list[Variant]:
                 ("bf16", "bf16", config._BF16_Q_GLUON if heads <= 32 else config._BF16_Q_GLUON_WIDE)):
             stacked = label == "bf16" and options.get("gluon_stacked", False)
             for group in (1, 2, 5):
-                if group in options["gluon_stages"]:
-                    launch = dict(stages=options["gluon_stages"][group], depth=options.get("gluon_depth", 2))
-                else:
-                    launch = dict(options["gluon_more"])
+                launch = gluon_options(options, group)
                 out.append(Variant(
                     f"indexer Gluon, fp8 keys, {heads} heads, {label} q, {group} token(s) a request, "
                     f"{launch['stages']} stages, depth {launch['depth']}" + (", hi and lo stacked" if stacked else "")
@@ -633,11 +631,7 @@ def _gluon_indexer_variants() -> list[Variant]:
     mx_registers = options.get("gluon_mx_registers", False)
     for label, q_type in (("fp8", "fp8e4nv"), ("bf16", "bf16")):  # MXFP4 keys (config._MXFP4_GLUON)
         for group in (1, 2, 5):
-            if group in options["gluon_stages"]:
-                launch = dict(stages=options["gluon_stages"][group], depth=options.get("gluon_depth", 2),
-                              head_sum_mma=options.get("gluon_head_sum", False))
-            else:
-                launch = dict(options["gluon_more"])
+            launch = gluon_options(options, group)
             out.append(Variant(
                 f"indexer Gluon, mxfp4 keys, {label} q, {group} token(s) a request, {launch['stages']} stages"
                 + (", register operands" if mx_registers else "")

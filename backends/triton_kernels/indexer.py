@@ -422,24 +422,30 @@ def _l2_ahead(l2_ahead: int, tokens: int, rows: int, up_to_tokens) -> int:
     return 0
 
 
-def _gluon_plan(tile: dict, q, index_pages, index_fmt, tokens: int, rows: int) -> dict:
-    """The Gluon kernel's launch options for a call (``{}``: the call takes the ``tl`` block tiles). ``tile``'s
-    ``gluon_stages`` maps tokens per request (:func:`_tokens_per_request`) to stages (with ``gluon_depth`` token MMAs
-    in flight, default 2, and ``gluon_head_sum``: the head sums as MMAs); ``gluon_more``, the options (``stages``,
-    ``depth``, ``maxnreg``, ``head_sum_mma``, ``group``: tokens a segment) for calls of more tokens a request than
-    ``gluon_stages`` names (speculative decode, prefill). A call of another count, or one the kernel refuses
-    (:func:`.indexer_gluon.refusal`: bf16 keys, not an sm_90 GPU, ...), or a Triton that does not compile it, gets
-    ``{}``. The scores are the same contract either way."""
+def gluon_options(tile: dict, per_request: int) -> dict:
+    """The Gluon kernel's launch options that ``tile`` names for calls of ``per_request`` tokens a request (``{}``:
+    none). ``gluon_stages`` maps tokens per request to stages (with ``gluon_depth`` token MMAs in flight, default 2,
+    and ``gluon_head_sum``: the head sums as MMAs); ``gluon_more``, the options (``stages``, ``depth``, ``maxnreg``,
+    ``head_sum_mma``, ``group``: tokens a segment) for calls of more tokens a request than ``gluon_stages`` names
+    (speculative decode, prefill). The one reading of the configuration: the backend's calls and the AOT build's
+    launches (``backends/nvidia/aot.py``)."""
     by_tokens = tile.get("gluon_stages") or {}
-    per_request = _tokens_per_request(tokens, rows)
     if per_request in by_tokens:
         plan = dict(stages=by_tokens[per_request], depth=tile.get("gluon_depth", 2))
         if tile.get("gluon_head_sum"):
             plan["head_sum_mma"] = True
-    elif by_tokens and per_request > max(by_tokens) and tile.get("gluon_more"):
-        plan = dict(tile["gluon_more"])
-    else:
-        return {}
+        return plan
+    if by_tokens and per_request > max(by_tokens) and tile.get("gluon_more"):
+        return dict(tile["gluon_more"])
+    return {}
+
+
+def _gluon_plan(tile: dict, q, index_pages, index_fmt, tokens: int, rows: int) -> dict:
+    """The Gluon kernel's launch options for a call (``{}``: the call takes the ``tl`` block tiles):
+    :func:`gluon_options` for its tokens a request (:func:`_tokens_per_request`). A call the configuration names no
+    launch for, or one the kernel refuses (:func:`.indexer_gluon.refusal`: bf16 keys, not an sm_90 GPU, ...), or a
+    Triton that does not compile it, gets ``{}``. The scores are the same contract either way."""
+    plan = gluon_options(tile, _tokens_per_request(tokens, rows))
     if not plan.get("stages") or not indexer_decode.runs_ptx(q.device):  # (Gluon is not imported for CPU or ROCm)
         return {}
     from . import indexer_gluon  # (imports Gluon)

@@ -489,10 +489,8 @@ def _pending(g, depth, group, per_token, hsum):
     """Commit groups left pending when token ``g``'s MMAs are waited on: :func:`_issued_after`; with ``hsum``, when
     they and token ``g - 1``'s head sum are: at ``g`` 0 the other first tokens' MMAs; after, at depth 1 none (token
     ``g``'s MMAs were issued before ``g - 1``'s head sum), deeper token ``g + depth - 1``'s (issued after it)."""
-    if not hsum:
+    if not hsum or g == 0:
         return _issued_after(g, depth, group, per_token)
-    if g == 0:
-        return (min(depth, group) - 1) * per_token
     return per_token if depth > 1 and g - 1 + depth < group else 0
 
 
