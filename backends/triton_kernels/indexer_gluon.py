@@ -72,7 +72,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mbarrier
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from dsahal.kernel_launch import triton_launch, wrap_launched
@@ -117,6 +117,7 @@ _MX_REG_BYTES = gl.constexpr(gl.DistributedLinearLayout(
     reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]], lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
     warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, 4]))
 _COPY = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))  # 16-byte pieces, 4 words a lane
+_COPY_WARP = gl.constexpr(gl.BlockedLayout([4], [32], [1], [0]))  # (the same from one warp: WS's producer)
 # relu keeps a NaN logit NaN (as the reference's torch.relu; PTX's plain max would return 0 for it)
 _NAN_KEPT = gl.constexpr(triton.language.PropagateNan.ALL)
 
@@ -185,9 +186,11 @@ def _entry(block_table_ptr, stride_bt, req, tile, max_blocks, block_tokens, WHOL
 
 
 @gluon.jit
-def _issue(pages_i32, s32_b, entry, tile, num_blocks, block_tokens, stage, WHOLE: gl.constexpr, MX: gl.constexpr):
+def _issue(pages_i32, s32_b, entry, tile, num_blocks, block_tokens, stage, WHOLE: gl.constexpr, MX: gl.constexpr,
+           COPY: gl.constexpr = _COPY):
     """Start the copy of key tile ``tile`` (in cache block ``entry``; an unmapped one reads block 0, scored -inf
-    after) into ``stage``: its 528 pieces of 16 bytes (272 with ``MX``), 4-5 a thread."""
+    after) into ``stage``: its 528 pieces of 16 bytes (272 with ``MX``), 4-5 a thread of a warpgroup (``COPY``
+    :data:`_COPY`), 16-17 a lane of one warp (:data:`_COPY_WARP`, the warp-specialised kernel's producer)."""
     WORDS: gl.constexpr = MX_STAGE_WORDS if MX else STAGE_WORDS
     RECORD: gl.constexpr = 17 if MX else 33  # words a record
     mapped = (entry >= 0) & (entry < num_blocks)
@@ -198,9 +201,9 @@ def _issue(pages_i32, s32_b, entry, tile, num_blocks, block_tokens, stage, WHOLE
         first = tile * 64
         key0 = first - (first // block_tokens) * block_tokens
     src = pages_i32 + gl.multiple_of(block * s32_b + key0 * RECORD, 4)  # (16-byte aligned: the launcher checks)
-    word = gl.arange(0, WORDS, _COPY)
+    word = gl.arange(0, WORDS, COPY)
     _async_copy(_view(stage, gl.int32, [WORDS], _LINEAR), src + word)  # words 0..WORDS-1, then the 64 after
-    tail = gl.arange(0, 64, _COPY)
+    tail = gl.arange(0, 64, COPY)
     _async_copy(_words(stage, WORDS).slice(WORDS, 64), src + WORDS + tail)
 
 
@@ -586,10 +589,6 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
           MX_REG: gl.constexpr = False, TSTACK: gl.constexpr = 1, HSUM: gl.constexpr = False):
     """Key tile ``i`` from stage ``here``; the tile ``STAGES - 1`` ahead is copied into ``refill`` (the stage read by
     tile ``i - 1``). Returns the table entry of the tile copied next."""
-    MMA: gl.constexpr = _mma_layout(BLOCK_H)
-    DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4)
-    ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
-    COLS: gl.constexpr = gl.SliceLayout(0, MMA)
     async_copy.wait_group(STAGES - 2)  # this thread's pieces of tile i have landed
     _barrier()  # everyone's have; every warp is done reading the stage refilled next
     ahead = i + STAGES - 1
@@ -598,6 +597,25 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
     async_copy.commit_group()
     ahead_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(ahead + 1, live - 1), max_blocks,
                          block_tokens, WHOLE)
+    _tile_scores(i, first, here, a_blocks, here, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt, req64,
+                 num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H, GROUP, DEPTH, WHOLE,
+                 HI_LO, MX, STACK, MX_REG, TSTACK, HSUM, False)
+    return ahead_entry
+
+
+@gluon.jit
+def _tile_scores(i, first, here, a_blocks, release, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt, req64,
+                 num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H: gl.constexpr,
+                 GROUP: gl.constexpr, DEPTH: gl.constexpr, WHOLE: gl.constexpr, HI_LO: gl.constexpr,
+                 MX: gl.constexpr, STACK: gl.constexpr, MX_REG: gl.constexpr, TSTACK: gl.constexpr,
+                 HSUM: gl.constexpr, RELEASE: gl.constexpr):
+    """Key tile ``i``'s scores from stage ``here`` (landed and visible to every thread): the MMAs and epilogues.
+    ``RELEASE`` (the warp-specialised kernel, FP8 keys or MXFP4 ones as register operands): every thread arrives on
+    the mbarrier ``release`` once it has read the stage into registers, freeing it for the producer's next copy."""
+    MMA: gl.constexpr = _mma_layout(BLOCK_H)
+    DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4)
+    ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
+    COLS: gl.constexpr = gl.SliceLayout(0, MMA)
     if MX and MX_REG:  # the keys decoded into the blocks' register operands
         block_scales = _mx_scales(here, ROWS)
         a = _mx_registers(here, DOT_A)
@@ -610,8 +628,18 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
         key_scale = 64.0  # (the codes decoded as value x 2^-6)
     else:
         a = _codes(here, DOT_A)
+    if HSUM and TSTACK == 1:
+        SUM_ROWS: gl.constexpr = gl.SliceLayout(1, _sum_layout())  # the head sums' MMA (tf32, N = 8): its rows
+    if RELEASE:  # the stage read into registers (codes, key scales), then freed
+        if not MX:
+            if HSUM and TSTACK == 1:
+                key_scale = _scales(here, SUM_ROWS)
+            else:
+                key_scale = _scales(here, ROWS)
+        mbarrier.arrive(release)
     if TSTACK > 1:  # FP8 queries, tokens stacked on the MMA's N side
-        key_scale = _scales(here, ROWS)
+        if not RELEASE:
+            key_scale = _scales(here, ROWS)
         entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
         s = (first + i) * 64 + gl.arange(0, 64, ROWS)
         _stacked_tile(a, qs, w_s, key_scale, (entry >= 0) & (entry < num_blocks), s, oks, poss, t0, out_ptr,
@@ -627,17 +655,16 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
         toks = ()
         for g in gl.static_range(D):  # the first D tokens' MMAs in flight before the first epilogue
             toks = toks + (_token_mmas(a, qs, qs_lo, g, zeros, HI_LO, MX, STACK, MX_REG),)
-        if HSUM:  # the head sums' MMA (tf32, N = 8) and its layout's rows
-            SUM_ROWS: gl.constexpr = gl.SliceLayout(1, _sum_layout())
+        if HSUM:  # the head sums' MMA (tf32, N = 8)
             sum_zeros = gl.zeros([64, 8], gl.float32, _sum_layout())
             s = (first + i) * 64 + gl.arange(0, 64, SUM_ROWS)
             if MX:
                 key_scale = gl.full([64], 64.0, gl.float32, SUM_ROWS)  # (the codes decoded as value x 2^-6)
-            else:
+            elif not RELEASE:
                 key_scale = _scales(here, SUM_ROWS)
         else:
             s = (first + i) * 64 + gl.arange(0, 64, ROWS)
-            if not MX:
+            if not (MX or RELEASE):
                 key_scale = _scales(here, ROWS)
         entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
         mapped = (entry >= 0) & (entry < num_blocks)
@@ -685,7 +712,45 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
                     toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG),)
                 _epilogue(acc, w_s[g], key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot, max_context,
                           COLS)
-    return ahead_entry
+
+
+@gluon.jit
+def _ws_consume(bufs, full, empty, live, first, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt, req64,
+                num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H: gl.constexpr,
+                GROUP: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr, WHOLE: gl.constexpr,
+                HI_LO: gl.constexpr, MX: gl.constexpr, STACK: gl.constexpr, MX_REG: gl.constexpr,
+                HSUM: gl.constexpr):
+    """(``WS``) The scoring warpgroup: tile ``i`` waits for its stage's copies (``full``, phase ``i // STAGES``), reads
+    the stage into registers, frees it (``empty``) and scores it; no warp ever waits for another's copies."""
+    for i0 in range(0, live, STAGES):  # unrolled by the stages: tile i0 + u reads bufs[u]
+        phase = (i0 // STAGES) & 1
+        for u in gl.static_range(STAGES):
+            if i0 + u < live:
+                mbarrier.wait(full.index(u), phase)
+                _tile_scores(i0 + u, first, bufs[u], bufs[0], empty.index(u), qs, qs_lo, w_s, oks, poss, t0,
+                             block_table_ptr, stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr,
+                             stride_ot, max_context, BLOCK_H, GROUP, DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG, 1, HSUM,
+                             True)
+
+
+@gluon.jit
+def _ws_produce(bufs, full, empty, live, first, pages_i32, s32_b, block_table_ptr, stride_bt, req64, num_blocks,
+                max_blocks, block_tokens, STAGES: gl.constexpr, WHOLE: gl.constexpr, MX: gl.constexpr):
+    """(``WS``) The producer warp: tile ``i`` waits for its stage to be free (``empty``; the first round passes),
+    copies it with ``cp.async`` and has each lane arrive on ``full`` once its pieces have landed
+    (``cp.async.mbarrier.arrive.noinc``). The next tile's table entry is loaded one tile ahead."""
+    entry = _entry(block_table_ptr, stride_bt, req64, first, max_blocks, block_tokens, WHOLE)
+    for i0 in range(0, live, STAGES):
+        phase = (i0 // STAGES) & 1
+        for u in gl.static_range(STAGES):
+            if i0 + u < live:
+                ahead = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(i0 + u + 1, live - 1),
+                               max_blocks, block_tokens, WHOLE)
+                mbarrier.wait(empty.index(u), phase ^ 1)
+                _issue(pages_i32, s32_b, entry, first + i0 + u, num_blocks, block_tokens, bufs[u], WHOLE, MX,
+                       _COPY_WARP)
+                async_copy.mbarrier_arrive(full.index(u), increment_count=False)
+                entry = ahead
 
 
 @gluon.jit(do_not_specialize=SIZE_ARGS)
@@ -706,6 +771,8 @@ def indexer_gluon_kernel(
     MX_REG: gl.constexpr = False,  # (MX) the decoded keys as register operands, not through shared memory
     TSTACK: gl.constexpr = 1,  # (FP8 queries, FP8 keys) tokens a MMA: their heads side by side on its N side
     HSUM: gl.constexpr = False,  # (TSTACK 1) each token's head sum as a tf32 MMA: relu(scores) x weights
+    WS: gl.constexpr = False,  # (TSTACK 1; MXFP4 keys with MX_REG) a producer warp copying, mbarriers per stage
+    PRODUCER_REGS: gl.constexpr = 40,  # (WS) the producer warp's registers
 ):
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)  # [64] per key
@@ -805,23 +872,39 @@ def indexer_gluon_kernel(
             a_blocks = gl.allocate_shared_memory(gl.float8e4nv, [4, 64, 32], gl.NVMMASharedLayout(32, 8))
         else:
             a_blocks = bufs[0]  # (unused)
-        for j in gl.static_range(STAGES - 1):
-            if j < live:
-                _issue(pages_i32, s32_b, _entry(block_table_ptr, stride_bt, req64, first + j, max_blocks, block_tokens,
-                                                WHOLE), first + j, num_blocks, block_tokens, bufs[j], WHOLE, MX)
-            async_copy.commit_group()
-        # the table entry of the tile copied next, loaded one tile ahead (a copy never waits on its lookup)
-        ahead_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(STAGES - 1, live - 1), max_blocks,
-                             block_tokens, WHOLE)
-        for i0 in range(0, live, STAGES):  # unrolled by the stages: tile i0 + u reads bufs[u]
-            for u in gl.static_range(STAGES):
-                if i0 + u < live:
-                    ahead_entry = _tile(i0 + u, live, first, bufs[u], bufs[(u + STAGES - 1) % STAGES], ahead_entry,
-                                        qs, qs_lo, ws, oks, poss, t0, pages_i32, s32_b, block_table_ptr, stride_bt,
-                                        req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
-                                        a_blocks, BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG,
-                                        TSTACK, HSUM)
-        async_copy.wait_group(0)
+        if WS:  # one producer warp copying, this warpgroup scoring, the stages handed over by mbarriers
+            full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            for j in gl.static_range(STAGES):
+                mbarrier.init(full.index(j), count=32)  # the producer's lanes, each once its copies have landed
+                mbarrier.init(empty.index(j), count=1)  # the consumers, once all have read the stage (one elected arrival)
+            _barrier()
+            gl.warp_specialize([
+                (_ws_consume, (bufs, full, empty, live, first, qs, qs_lo, ws, oks, poss, t0, block_table_ptr,
+                               stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
+                               BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG, HSUM)),
+                (_ws_produce, (bufs, full, empty, live, first, pages_i32, s32_b, block_table_ptr, stride_bt, req64,
+                               num_blocks, max_blocks, block_tokens, STAGES, WHOLE, MX)),
+            ], [1], [PRODUCER_REGS])
+        else:
+            for j in gl.static_range(STAGES - 1):
+                if j < live:
+                    _issue(pages_i32, s32_b, _entry(block_table_ptr, stride_bt, req64, first + j, max_blocks,
+                                                    block_tokens, WHOLE), first + j, num_blocks, block_tokens, bufs[j],
+                           WHOLE, MX)
+                async_copy.commit_group()
+            # the table entry of the tile copied next, loaded one tile ahead (a copy never waits on its lookup)
+            ahead_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(STAGES - 1, live - 1),
+                                 max_blocks, block_tokens, WHOLE)
+            for i0 in range(0, live, STAGES):  # unrolled by the stages: tile i0 + u reads bufs[u]
+                for u in gl.static_range(STAGES):
+                    if i0 + u < live:
+                        ahead_entry = _tile(i0 + u, live, first, bufs[u], bufs[(u + STAGES - 1) % STAGES],
+                                            ahead_entry, qs, qs_lo, ws, oks, poss, t0, pages_i32, s32_b,
+                                            block_table_ptr, stride_bt, req64, num_blocks, max_blocks, block_tokens,
+                                            out_ptr, stride_ot, max_context, a_blocks, BLOCK_H, GROUP, STAGES, DEPTH,
+                                            WHOLE, HI_LO, MX, STACK, MX_REG, TSTACK, HSUM)
+            async_copy.wait_group(0)
         dead = gl.full([64], float("-inf"), gl.float32, ROWS)
         keys = gl.arange(0, 64, ROWS)
         for i in range(live, count):
@@ -876,7 +959,8 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
 
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, max_context, out, *, starts,
            group, index_fmt="fp8", tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, stacked=False,
-           mx_registers=False, token_stack=1, maxnreg=None, head_sum_mma=False, num_warps=4):
+           mx_registers=False, token_stack=1, maxnreg=None, head_sum_mma=False, warp_specialized=False,
+           producer_regs=40, num_warps=4):
     """Run :func:`indexer_gluon_kernel` (a call :func:`refusal` names a reason for raises).
 
     Args:
@@ -900,6 +984,11 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
             reference instead of ~1.3e-4); ignored with token_stack > 1. Checked on the H200 with FP8 queries,
             stacked bf16 queries and MXFP4 keys (the backend's launches); bf16 queries unstacked on FP8 keys take
             the same code (two commit groups a token) but were not run there.
+            warp_specialized: (``WS``) one producer warp copies the tiles and signals each stage's arrival on an
+            mbarrier, the warpgroup only scores (no CTA barrier a tile); not with token_stack > 1, nor MXFP4 keys
+            without mx_registers. The kernel then has 8 warps (the producer's warpgroup padded: ``setmaxnreg`` is
+            a warpgroup's); maxnreg is the launch's registers a thread, the consumers taking what the producer
+            (producer_regs) and the idle warps (24) leave.
 
     Returns:
         ``out``.
@@ -922,7 +1011,13 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     if num_warps != 4:
         raise ValueError(f"{name}: one warpgroup a program (num_warps=4), got {num_warps}")
     tokens = q.shape[0]
-    meta = launch_meta(q, index_pages, group, stages, depth, stacked, mx_registers, token_stack, head_sum_mma)
+    meta = launch_meta(q, index_pages, group, stages, depth, stacked, mx_registers, token_stack, head_sum_mma,
+                       warp_specialized, producer_regs)
+    if meta["WS"] and (meta["TSTACK"] > 1 or (meta["MX"] and not meta["MX_REG"])):
+        raise ValueError(f"{name}: warp_specialized expected token_stack 1 and (MXFP4 keys) mx_registers, got "
+                         f"token_stack {token_stack}, mx_registers {mx_registers}")
+    if not (isinstance(producer_regs, int) and 24 <= producer_regs <= 256 and producer_regs % 8 == 0):
+        raise ValueError(f"{name}: producer_regs expected a multiple of 8 in 24..256, got {producer_regs!r}")
     if meta["TSTACK"] * meta["BLOCK_H"] > 128:  # (an MMA's N and its accumulator's registers)
         raise ValueError(f"{name}: token_stack {token_stack} at {q.shape[1]} heads (padded to {meta['BLOCK_H']}) "
                          f"expected at most 128 columns a MMA, got {meta['TSTACK'] * meta['BLOCK_H']}")
@@ -948,14 +1043,15 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
 
 def launch_meta(q: torch.Tensor, index_pages: torch.Tensor, group: int, stages: int, depth: int = 2,
                 stacked: bool = False, mx_registers: bool = False, token_stack: int = 1,
-                head_sum_mma: bool = False) -> dict:
+                head_sum_mma: bool = False, warp_specialized: bool = False, producer_regs: int = 40) -> dict:
     """The kernel's constexprs (and warps) for a call."""
     hi_lo, mx = q.dtype == torch.bfloat16, index_pages.shape[2] == MX_RECORD_BYTES
     tstack = token_stack if group > 1 and not (hi_lo or mx) else 1
     return dict(H=q.shape[1], BLOCK_H=max(16, triton.next_power_of_2(q.shape[1])), GROUP=group, STAGES=stages,
                 DEPTH=depth, WHOLE=index_pages.shape[1] == TILE, HI_LO=hi_lo, MX=mx,
                 STACK=bool(stacked) and hi_lo and not mx, MX_REG=bool(mx_registers) and mx,
-                TSTACK=tstack, HSUM=bool(head_sum_mma) and tstack == 1, num_warps=4)
+                TSTACK=tstack, HSUM=bool(head_sum_mma) and tstack == 1, WS=bool(warp_specialized),
+                PRODUCER_REGS=producer_regs, num_warps=4)
 
 
 def compile_failure(hi_lo: bool, mx: bool = False, head_sum: bool = False) -> str:
