@@ -110,13 +110,28 @@ def test_launch_takes_unit_last_strides_only(monkeypatch):
                                              (dict(depth=0), "depth expected 1..8, got 0"),
                                              (dict(token_stack=3), "token_stack expected 1, 2 or 4, got 3"),
                                              (dict(maxnreg=8), "maxnreg expected None or an int in 24..255, got 8"),
-                                             (dict(num_warps=8), r"one warpgroup a program \(num_warps=4\), got 8")])
+                                             (dict(num_warps=8), r"one warpgroup a program \(num_warps=4\), got 8"),
+                                             (dict(warp_specialized=True, producer_regs=20),
+                                              "producer_regs expected a multiple of 8 in 24..256, got 20"),
+                                             (dict(warp_specialized=True, group=2, token_stack=2),
+                                              "warp_specialized expected token_stack 1 and"),
+                                             (dict(warp_specialized=True, index_fmt="mxfp4"),
+                                              r"warp_specialized expected .* got token_stack 1, mx_registers False")])
 def test_launch_parameters_are_checked_before_any_launch(monkeypatch, kwargs, message):
     monkeypatch.setattr(g, "refusal", lambda *args: "")  # past the device check: the parameters' own
     t = torch.zeros(2, dtype=torch.int32)
+    kwargs = dict(dict(group=1), **kwargs)
+    pages = _pages(record=g.MX_RECORD_BYTES) if kwargs.get("index_fmt") == "mxfp4" else _pages()
     with pytest.raises(ValueError, match=f"triton indexer_score \\(gluon\\): {message}"):
-        g.launch(_q(), torch.zeros(2, 32), _pages(), torch.zeros(1, 4, dtype=torch.int32), t, t, t, 256,
-                 torch.empty(2, 256), starts=t, group=1, **kwargs)
+        g.launch(_q(), torch.zeros(2, 32), pages, torch.zeros(1, 4, dtype=torch.int32), t, t, t, 256,
+                 torch.empty(2, 256), starts=t, **kwargs)
+
+
+def test_the_warp_specialised_variant_is_a_launch_option_off_by_default():
+    # (twenty-seventh session: measured 0.96-0.99x the backend's launches on the H200, not routed: BENCHMARKS.md)
+    assert g.launch_meta(_q(), _pages(), 5, 4, 1)["WS"] is False
+    meta = g.launch_meta(_q(), _pages(), 5, 4, 1, head_sum_mma=True, warp_specialized=True, producer_regs=24)
+    assert meta["WS"] is True and meta["PRODUCER_REGS"] == 24 and meta["HSUM"] is True
 
 
 def test_a_triton_that_does_not_compile_it_is_named_and_the_calls_fall_back(monkeypatch):

@@ -1069,7 +1069,7 @@ def compile_failure(hi_lo: bool, mx: bool = False, head_sum: bool = False) -> st
 
         kernel = triton_launch(indexer_gluon_kernel)  # (the Gluon function behind the launch cache)
         constexprs = dict(H=32, BLOCK_H=32, GROUP=1, STAGES=3, DEPTH=2, WHOLE=True, HI_LO=hi_lo, MX=mx,
-                          STACK=hi_lo and not mx, MX_REG=mx, TSTACK=1, HSUM=head_sum)
+                          STACK=hi_lo and not mx, MX_REG=mx, TSTACK=1, HSUM=head_sum, WS=False, PRODUCER_REGS=40)
         pointers = dict(q_ptr="bf16" if hi_lo else "fp8e4nv", w_ptr="fp32", pages_i32="i32", block_table_ptr="i32",
                         req_ptr="i32", pos_ptr="i32", off_ptr="i32", seg_ptr="i32", out_ptr="fp32")
         signature = {arg: "constexpr" if arg in constexprs else ("*" + pointers[arg] if arg in pointers else "i32")
