@@ -624,8 +624,7 @@ def _gluon_indexer_variants() -> list[Variant]:
                     indexer_gluon.indexer_gluon_kernel,
                     dict(H=heads, BLOCK_H=heads, GROUP=group, STAGES=launch["stages"], DEPTH=launch["depth"],
                          WHOLE=True, HI_LO=label == "bf16", MX=False, STACK=stacked, TSTACK=1,
-                         HSUM=launch.get("head_sum_mma", False), WS=False, PRODUCER_REGS=40,
-                         HANDOFF=False),
+                         HSUM=launch.get("head_sum_mma", False), WS=False, PRODUCER_REGS=40),
                     dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 33),
                     gluon=True, maxnreg=launch.get("maxnreg")))
     options = config._MXFP4_GLUON
@@ -641,7 +640,7 @@ def _gluon_indexer_variants() -> list[Variant]:
                 dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=launch["stages"],
                      DEPTH=launch["depth"], WHOLE=True, HI_LO=label == "bf16", MX=True, STACK=False,
                      MX_REG=mx_registers, TSTACK=1, HSUM=launch.get("head_sum_mma", False), WS=False,
-                     PRODUCER_REGS=40, HANDOFF=False),
+                     PRODUCER_REGS=40),
                 dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 17),
                 gluon=True, maxnreg=launch.get("maxnreg")))
     return out

@@ -608,13 +608,10 @@ def _tile_scores(i, first, here, a_blocks, release, qs, qs_lo, w_s, oks, poss, t
                  num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H: gl.constexpr,
                  GROUP: gl.constexpr, DEPTH: gl.constexpr, WHOLE: gl.constexpr, HI_LO: gl.constexpr,
                  MX: gl.constexpr, STACK: gl.constexpr, MX_REG: gl.constexpr, TSTACK: gl.constexpr,
-                 HSUM: gl.constexpr, RELEASE: gl.constexpr, handoff=None, HANDOFF: gl.constexpr = False):
+                 HSUM: gl.constexpr, RELEASE: gl.constexpr):
     """Key tile ``i``'s scores from stage ``here`` (landed and visible to every thread): the MMAs and epilogues.
     ``RELEASE`` (the warp-specialised kernel, FP8 keys or MXFP4 ones as register operands): every thread arrives on
-    the mbarrier ``release`` once it has read the stage into registers, freeing it for the producer's next copy.
-    ``HANDOFF`` (the warp-specialised kernel with head sums as MMAs): each token's head sums (times the key scale) go
-    to shared memory (``handoff``: the slabs ``[GROUP, 64, 8]``, mbarriers ``ready`` and ``free``), the producer warp
-    masks and stores them (:func:`_ws_store`); the slabs are written once the last tile's are stored (``free``)."""
+    the mbarrier ``release`` once it has read the stage into registers, freeing it for the producer's next copy."""
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
     DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
@@ -703,23 +700,13 @@ def _tile_scores(i, first, here, a_blocks, release, qs, qs_lo, w_s, oks, poss, t
                                            use_acc=False, is_async=True)
                     if g + D < GROUP:
                         toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG),)
-                if HANDOFF:
-                    if g == 1 or GROUP == 1:  # the slabs free: the last tile's scores stored
-                        mbarrier.wait(handoff[2], (i & 1) ^ 1)
-                    if g > 0:
-                        handoff[0][g - 1].store(done * key_scale[:, None])
-                    if g == GROUP - 1:
-                        done = warpgroup_mma_wait(0, deps=[summed])
-                        handoff[0][g].store(done * key_scale[:, None])
-                        mbarrier.arrive(handoff[1])
-                else:
-                    if g > 0:
-                        _head_sum_store(done, g - 1, key_scale, mapped, s, oks[g - 1], poss[g - 1], t0 + g - 1,
-                                        out_ptr, stride_ot, max_context)
-                    if g == GROUP - 1:
-                        done = warpgroup_mma_wait(0, deps=[summed])
-                        _head_sum_store(done, g, key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot,
-                                        max_context)
+                if g > 0:
+                    _head_sum_store(done, g - 1, key_scale, mapped, s, oks[g - 1], poss[g - 1], t0 + g - 1, out_ptr,
+                                    stride_ot, max_context)
+                if g == GROUP - 1:
+                    done = warpgroup_mma_wait(0, deps=[summed])
+                    _head_sum_store(done, g, key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot,
+                                    max_context)
             else:
                 if g + D < GROUP:
                     toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG),)
@@ -732,7 +719,7 @@ def _ws_consume(bufs, full, empty, live, first, qs, qs_lo, w_s, oks, poss, t0, b
                 num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H: gl.constexpr,
                 GROUP: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr, WHOLE: gl.constexpr,
                 HI_LO: gl.constexpr, MX: gl.constexpr, STACK: gl.constexpr, MX_REG: gl.constexpr,
-                HSUM: gl.constexpr, handoff, HANDOFF: gl.constexpr):
+                HSUM: gl.constexpr):
     """(``WS``) The scoring warpgroup: tile ``i`` waits for its stage's copies (``full``, phase ``i // STAGES``), reads
     the stage into registers, frees it (``empty``) and scores it; no warp ever waits for another's copies."""
     for i0 in range(0, live, STAGES):  # unrolled by the stages: tile i0 + u reads bufs[u]
@@ -743,7 +730,7 @@ def _ws_consume(bufs, full, empty, live, first, qs, qs_lo, w_s, oks, poss, t0, b
                 _tile_scores(i0 + u, first, bufs[u], bufs[0], empty.index(u), qs, qs_lo, w_s, oks, poss, t0,
                              block_table_ptr, stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr,
                              stride_ot, max_context, BLOCK_H, GROUP, DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG, 1, HSUM,
-                             True, handoff, HANDOFF)
+                             True)
 
 
 @gluon.jit
@@ -766,51 +753,6 @@ def _ws_produce(bufs, full, empty, live, first, pages_i32, s32_b, block_table_pt
                 entry = ahead
 
 
-@gluon.jit
-def _ws_produce_store(bufs, full, empty, live, first, pages_i32, s32_b, block_table_ptr, stride_bt, req64, num_blocks,
-                      max_blocks, block_tokens, slabs, ready, free, oks, poss, t0, out_ptr, stride_ot, max_context,
-                      GROUP: gl.constexpr, STAGES: gl.constexpr, WHOLE: gl.constexpr, MX: gl.constexpr):
-    """(``WS`` with ``HANDOFF``) The producer warp, also storing the scores: after copying tile ``j`` it stores tile
-    ``j - STAGES + 1``'s (:func:`_ws_store`), so the copies stay ``STAGES - 1`` tiles ahead of the scoring."""
-    entry = _entry(block_table_ptr, stride_bt, req64, first, max_blocks, block_tokens, WHOLE)
-    for i0 in range(0, live + STAGES - 1, STAGES):
-        phase = (i0 // STAGES) & 1
-        for u in gl.static_range(STAGES):
-            if i0 + u < live:
-                ahead = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(i0 + u + 1, live - 1),
-                               max_blocks, block_tokens, WHOLE)
-                mbarrier.wait(empty.index(u), phase ^ 1)
-                _issue(pages_i32, s32_b, entry, first + i0 + u, num_blocks, block_tokens, bufs[u], WHOLE, MX,
-                       _COPY_WARP)
-                async_copy.mbarrier_arrive(full.index(u), increment_count=False)
-                entry = ahead
-            k = i0 + u - (STAGES - 1)
-            if (k >= 0) & (k < live):
-                _ws_store(k, first, slabs, ready, free, oks, poss, t0, block_table_ptr, stride_bt, req64, num_blocks,
-                          max_blocks, block_tokens, out_ptr, stride_ot, max_context, GROUP, WHOLE)
-
-
-@gluon.jit
-def _ws_store(k, first, slabs, ready, free, oks, poss, t0, block_table_ptr, stride_bt, req64, num_blocks, max_blocks,
-              block_tokens, out_ptr, stride_ot, max_context, GROUP: gl.constexpr, WHOLE: gl.constexpr):
-    """(``HANDOFF``) Tile ``k``'s scores, by one warp: token ``g``'s are column ``g`` of its slab (the head sums times
-    the key scale), -inf where not visible, stored as 64 contiguous floats a token; then the slabs are freed."""
-    SLAB: gl.constexpr = gl.BlockedLayout([2, 8], [32, 1], [1, 1], [1, 0])  # a lane's two rows, whole
-    L1: gl.constexpr = gl.SliceLayout(1, SLAB)
-    cols = gl.arange(0, 8, gl.SliceLayout(0, SLAB))
-    mbarrier.wait(ready, k & 1)
-    entry = _entry(block_table_ptr, stride_bt, req64, first + k, max_blocks, block_tokens, WHOLE)
-    mapped = (entry >= 0) & (entry < num_blocks)
-    s = (first + k) * 64 + gl.arange(0, 64, L1)
-    for g in gl.static_range(GROUP):
-        # column g of the lane's rows (its other columns are other tokens' weights: a register choice, no sum)
-        v = gl.sum(gl.where((cols == g)[None, :], slabs[g].load(SLAB), 0.0), axis=1)
-        value = gl.where(mapped & (s <= poss[g]), v, float("-inf"))
-        row = out_ptr + gl.where(oks[g], t0 + g, 0).to(gl.int64) * stride_ot
-        gl.store(row + s, value, mask=(s < max_context) & oks[g])
-    mbarrier.arrive(free)
-
-
 @gluon.jit(do_not_specialize=SIZE_ARGS)
 def indexer_gluon_kernel(
     q_ptr, stride_qt, stride_qh,  # q [T, H, 128] e4m3, or bf16 with HI_LO
@@ -831,7 +773,6 @@ def indexer_gluon_kernel(
     HSUM: gl.constexpr = False,  # (TSTACK 1) each token's head sum as a tf32 MMA: relu(scores) x weights
     WS: gl.constexpr = False,  # (TSTACK 1; MXFP4 keys with MX_REG) a producer warp copying, mbarriers per stage
     PRODUCER_REGS: gl.constexpr = 40,  # (WS) the producer warp's registers
-    HANDOFF: gl.constexpr = False,  # (WS, HSUM, depth 1) the producer warp stores the scores (_ws_store)
 ):
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)  # [64] per key
@@ -937,35 +878,14 @@ def indexer_gluon_kernel(
             for j in gl.static_range(STAGES):
                 mbarrier.init(full.index(j), count=32)  # the producer's lanes, each once its copies have landed
                 mbarrier.init(empty.index(j), count=1)  # the consumers, once all have read the stage (one elected arrival)
-            if HANDOFF:  # the head sums' slabs for the producer warp to store, and their two mbarriers
-                slabs = ()
-                for g in gl.static_range(GROUP):
-                    slabs = slabs + (gl.allocate_shared_memory(gl.float32, [64, 8], gl.SwizzledSharedLayout(
-                        vec=1, per_phase=1, max_phase=1, order=[1, 0])),)
-                ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-                free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-                mbarrier.init(ready, count=1)
-                mbarrier.init(free, count=1)
             _barrier()
-            if HANDOFF:
-                gl.warp_specialize([
-                    (_ws_consume, (bufs, full, empty, live, first, qs, qs_lo, ws, oks, poss, t0, block_table_ptr,
-                                   stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot,
-                                   max_context, BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG, HSUM,
-                                   (slabs, ready, free), True)),
-                    (_ws_produce_store, (bufs, full, empty, live, first, pages_i32, s32_b, block_table_ptr, stride_bt,
-                                         req64, num_blocks, max_blocks, block_tokens, slabs, ready, free, oks, poss,
-                                         t0, out_ptr, stride_ot, max_context, GROUP, STAGES, WHOLE, MX)),
-                ], [1], [PRODUCER_REGS])
-            else:
-                gl.warp_specialize([
-                    (_ws_consume, (bufs, full, empty, live, first, qs, qs_lo, ws, oks, poss, t0, block_table_ptr,
-                                   stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot,
-                                   max_context, BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG, HSUM,
-                                   full, False)),
-                    (_ws_produce, (bufs, full, empty, live, first, pages_i32, s32_b, block_table_ptr, stride_bt,
-                                   req64, num_blocks, max_blocks, block_tokens, STAGES, WHOLE, MX)),
-                ], [1], [PRODUCER_REGS])
+            gl.warp_specialize([
+                (_ws_consume, (bufs, full, empty, live, first, qs, qs_lo, ws, oks, poss, t0, block_table_ptr,
+                               stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
+                               BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG, HSUM)),
+                (_ws_produce, (bufs, full, empty, live, first, pages_i32, s32_b, block_table_ptr, stride_bt, req64,
+                               num_blocks, max_blocks, block_tokens, STAGES, WHOLE, MX)),
+            ], [1], [PRODUCER_REGS])
         else:
             for j in gl.static_range(STAGES - 1):
                 if j < live:
@@ -1040,7 +960,7 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, max_context, out, *, starts,
            group, index_fmt="fp8", tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, stacked=False,
            mx_registers=False, token_stack=1, maxnreg=None, head_sum_mma=False, warp_specialized=False,
-           producer_regs=40, producer_stores=False, num_warps=4):
+           producer_regs=40, num_warps=4):
     """Run :func:`indexer_gluon_kernel` (a call :func:`refusal` names a reason for raises).
 
     Args:
@@ -1092,10 +1012,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         raise ValueError(f"{name}: one warpgroup a program (num_warps=4), got {num_warps}")
     tokens = q.shape[0]
     meta = launch_meta(q, index_pages, group, stages, depth, stacked, mx_registers, token_stack, head_sum_mma,
-                       warp_specialized, producer_regs, producer_stores)
-    if meta["HANDOFF"] and not (meta["WS"] and meta["HSUM"] and meta["TSTACK"] == 1 and depth == 1):
-        raise ValueError(f"{name}: producer_stores expected warp_specialized, head_sum_mma, token_stack 1 and depth 1, "
-                         f"got {warp_specialized}, {head_sum_mma}, {token_stack} and {depth}")
+                       warp_specialized, producer_regs)
     if meta["WS"] and (meta["TSTACK"] > 1 or (meta["MX"] and not meta["MX_REG"])):
         raise ValueError(f"{name}: warp_specialized expected token_stack 1 and (MXFP4 keys) mx_registers, got "
                          f"token_stack {token_stack}, mx_registers {mx_registers}")
@@ -1126,8 +1043,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
 
 def launch_meta(q: torch.Tensor, index_pages: torch.Tensor, group: int, stages: int, depth: int = 2,
                 stacked: bool = False, mx_registers: bool = False, token_stack: int = 1,
-                head_sum_mma: bool = False, warp_specialized: bool = False, producer_regs: int = 40,
-                producer_stores: bool = False) -> dict:
+                head_sum_mma: bool = False, warp_specialized: bool = False, producer_regs: int = 40) -> dict:
     """The kernel's constexprs (and warps) for a call."""
     hi_lo, mx = q.dtype == torch.bfloat16, index_pages.shape[2] == MX_RECORD_BYTES
     tstack = token_stack if group > 1 and not (hi_lo or mx) else 1
@@ -1135,7 +1051,7 @@ def launch_meta(q: torch.Tensor, index_pages: torch.Tensor, group: int, stages: 
                 DEPTH=depth, WHOLE=index_pages.shape[1] == TILE, HI_LO=hi_lo, MX=mx,
                 STACK=bool(stacked) and hi_lo and not mx, MX_REG=bool(mx_registers) and mx,
                 TSTACK=tstack, HSUM=bool(head_sum_mma) and tstack == 1, WS=bool(warp_specialized),
-                PRODUCER_REGS=producer_regs, HANDOFF=bool(producer_stores), num_warps=4)
+                PRODUCER_REGS=producer_regs, num_warps=4)
 
 
 def compile_failure(hi_lo: bool, mx: bool = False, head_sum: bool = False) -> str:
@@ -1153,8 +1069,7 @@ def compile_failure(hi_lo: bool, mx: bool = False, head_sum: bool = False) -> st
 
         kernel = triton_launch(indexer_gluon_kernel)  # (the Gluon function behind the launch cache)
         constexprs = dict(H=32, BLOCK_H=32, GROUP=1, STAGES=3, DEPTH=2, WHOLE=True, HI_LO=hi_lo, MX=mx,
-                          STACK=hi_lo and not mx, MX_REG=mx, TSTACK=1, HSUM=head_sum, WS=False, PRODUCER_REGS=40,
-                          HANDOFF=False)
+                          STACK=hi_lo and not mx, MX_REG=mx, TSTACK=1, HSUM=head_sum, WS=False, PRODUCER_REGS=40)
         pointers = dict(q_ptr="bf16" if hi_lo else "fp8e4nv", w_ptr="fp32", pages_i32="i32", block_table_ptr="i32",
                         req_ptr="i32", pos_ptr="i32", off_ptr="i32", seg_ptr="i32", out_ptr="fp32")
         signature = {arg: "constexpr" if arg in constexprs else ("*" + pointers[arg] if arg in pointers else "i32")
