@@ -57,6 +57,14 @@ MMA reads each relu'd score as tf32 (low 13 mantissa bits dropped), so scores ar
 (normwise) instead of ~1.3e-4. Token ``g``'s scores are stored after token ``g + 1``'s MMA and ``g``'s head sum are
 issued (:func:`_pending` counts the commit groups each wait leaves in flight).
 
+``WS`` (twenty-seventh session; not the backend's launch): warp-specialised, one producer warp copying each tile
+(``cp.async``, each lane's completion an arrival on the stage's ``full`` mbarrier, :func:`_ws_produce`) and the
+warpgroup scoring (:func:`_ws_consume`: it waits for its stage's bytes only and frees the stage on ``empty`` once read
+into registers), no CTA barrier a tile. Correct on the H200 on every edge case of the sweep, but 0.96-0.99x the
+backend's launches: the program has 8 warps (``setmaxnreg`` works on warpgroups, so the producer's is padded), which
+at 80 launch registers (the consumers 136) holds 3 programs a SM instead of 4, and the consumer's loop is only 8%
+shorter (301 instructions a tile against 327; BENCHMARKS.md).
+
 Grid and segments as :mod:`.indexer_decode`: axis 0 the segments (up to ``GROUP`` consecutive tokens of one request;
 programs past the live ones exit), axis 1 chunks of ``n_tiles`` key tiles. Gluon has no interpreter: a CPU machine
 compiles this kernel for sm_90 with Triton 3.6 (``python -m dsahal.backends.nvidia.aot --only "indexer Gluon"``; 3.9's

@@ -9,7 +9,8 @@ backend's block-tile configuration), ``indexer2`` / ``indexer5`` (the same at 64
 ``indexer_bf16_5`` (bf16 queries, 64 x 1 / 64 x 5), ``mxfp4`` / ``mxfp4_5`` (MXFP4 keys, FP8 queries, 64 x 1 / 64 x
 5; before the eighteenth session the ninth's prepared ``alu`` 28 by a direct launch), ``mxfp4_bf16`` (MXFP4 keys, bf16
 queries, 64 x 1), ``prefill`` (one request's 4096 tokens at positions 28K..32K, the chunked prefill shape), ``indexer5_ws`` (64 x 5,
-the warp-specialised Gluon variant: ``indexer_gluon`` ``warp_specialized``),
+the warp-specialised Gluon variant: ``indexer_gluon`` ``warp_specialized``), ``indexer5_64`` (64 x 5 at 64 index
+heads),
 ``small_heads`` (sparse MLA, few-heads
 kernel, fp8_ds_mla latents, H = 16, 64 x 5 tokens x 2048 slots into a 1M-token pool). Each case runs three
 calls (the first compiles); prints only the cases' order, so ncu's report is the output.
@@ -23,7 +24,8 @@ import pools as cache_pools  # scripts/h200/pools.py
 DEVICE = "cuda"
 
 
-def indexer(per_request, requests=64, context=128 * 1024, q_dtype=torch.float8_e4m3fn, fmt="fp8", more=None):
+def indexer(per_request, requests=64, context=128 * 1024, q_dtype=torch.float8_e4m3fn, fmt="fp8", more=None,
+            heads=32):
     """``requests`` requests of ``per_request`` query tokens each at the end of a ``context``-token sequence
     (decode; one request of 4096 tokens at 32K is the chunked-prefill shape), ``fmt`` keys, ``q_dtype`` queries,
     the backend's configuration (``more``: its Gluon options from 3 tokens a request, ``gluon_more``, replaced)."""
@@ -40,9 +42,9 @@ def indexer(per_request, requests=64, context=128 * 1024, q_dtype=torch.float8_e
     req = torch.arange(requests, device=DEVICE, dtype=torch.int32).repeat_interleave(per_request)
     pos = (context - per_request + torch.arange(per_request, device=DEVICE, dtype=torch.int32)).repeat(requests)
     tokens = requests * per_request
-    q = torch.randn(tokens, 32, 128, device=DEVICE, generator=gen).to(q_dtype)
-    w = torch.randn(tokens, 32, device=DEVICE, generator=gen)
-    cfg = dict(indexer_config(32, q.dtype, fmt))
+    q = torch.randn(tokens, heads, 128, device=DEVICE, generator=gen).to(q_dtype)
+    w = torch.randn(tokens, heads, device=DEVICE, generator=gen)
+    cfg = dict(indexer_config(heads, q.dtype, fmt))
     if more is not None:
         cfg["block_tiles"] = dict(cfg["block_tiles"], gluon_more=more)
     for _ in range(3):
@@ -71,7 +73,8 @@ CASES = {"indexer": lambda: indexer(1), "indexer2": lambda: indexer(2), "indexer
          "prefill": lambda: indexer(4096, requests=1, context=32 * 1024), "small_heads": small_heads,
          # twenty-seventh session: the warp-specialised Gluon variant at 64 x 5 (a producer warp, 3 programs a SM)
          "indexer5_ws": lambda: indexer(5, more=dict(stages=6, depth=1, maxnreg=80, head_sum_mma=True,
-                                                     warp_specialized=True))}
+                                                     warp_specialized=True)),
+         "indexer5_64": lambda: indexer(5, heads=64)}  # (64 index heads: DeepSeek-V3.2's indexer)
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or list(CASES):
