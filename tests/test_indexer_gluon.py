@@ -116,7 +116,8 @@ def test_launch_takes_unit_last_strides_only(monkeypatch):
                                              (dict(warp_specialized=True, group=2, token_stack=2),
                                               "warp_specialized expected token_stack 1 and"),
                                              (dict(warp_specialized=True, index_fmt="mxfp4"),
-                                              r"warp_specialized expected .* got token_stack 1, mx_registers False")])
+                                              "warp_specialized expected token_stack 1 and FP8 keys, got "
+                                              "token_stack 1, mxfp4 keys")])
 def test_launch_parameters_are_checked_before_any_launch(monkeypatch, kwargs, message):
     monkeypatch.setattr(g, "refusal", lambda *args: "")  # past the device check: the parameters' own
     t = torch.zeros(2, dtype=torch.int32)

@@ -238,8 +238,8 @@ _BF16_Q_GLUON_WIDE = dict(gluon_stages={1: 3, 2: 3}, gluon_stacked=True, gluon_m
 # 0.557 (1.04x / 1.01x); and calls of more tokens a request on the Gluon kernel too (it compiles to 203 / 246
 # registers at 5 tokens with them, two programs a SM): 64x5 0.876 / 1.191 against the tl kernel's 1.040 / 1.380 (1.19x
 # / 1.16x). Scores within 2.4-5.1e-4 of the float64 reference (keys at extreme block scales included). Twenty-seventh
-# session (R2, the same sweep with the prefill shape, 4096 tokens at 32K): 2.598 / 3.469 ms with FP8 / bf16 q against the
-# tl kernel's 2.802 / 3.925 (1.08x / 1.13x).
+# session (R2, the same sweep with the prefill shape, 4096 tokens at 32K): 2.598 / 3.469 ms with FP8 / bf16 q against
+# the tl kernel's 2.802 / 3.925 (1.08x / 1.13x).
 _MXFP4_GLUON = dict(gluon_stages={1: 4, 2: 4}, gluon_depth=1, gluon_mx_registers=True, gluon_head_sum=True,
                     gluon_more=dict(stages=4, depth=1, head_sum_mma=True))
 

@@ -34,8 +34,8 @@ def routes() -> dict[str, list[Route]]:
     return {
         "cache_write": [_triton("cache_write")],
         "indexer_score": [_triton("indexer_score", description="block tiles for FP8/MXFP4 keys (one MMA per query token; "
-                                                               "FP8 and MXFP4 keys at <= 2 tokens a request on Hopper: "
-                                                               "the Gluon kernel), the general kernel otherwise")],
+                                                               "on Hopper in default mode the Gluon kernel, any tokens "
+                                                               "a request), the general kernel otherwise")],
         "topk": [_triton("topk", description="exact (tie rule honoured): by row width, group bound >= 64K, lane-max "
                                              "bound 8K-64K, one program per row <= 8K")],
         "topk_merge": [Route("exact_merge", f"{PACKAGE}.collectives:topk_merge",
