@@ -23,6 +23,15 @@ def test_variants_cover_the_fast_and_the_exact_paths():
     assert len(set(names)) == len(names)  # --only picks by name
 
 
+def test_every_variant_names_every_constexpr_of_its_kernel():
+    # a constexpr left out of a variant's constexprs is compiled as a run-time i32 argument (Variant.signature): a
+    # different kernel from the launch's, its branches on that flag no longer resolved at compile time (twenty-seventh
+    # session: the general indexer's SCALED_DOT and the Gluon indexer's MX_REG on its FP8-key launches)
+    for variant in aot.variants():
+        names = {p.name for p in triton_launch(variant.kernel).params if p.is_constexpr}
+        assert names <= set(variant.constexprs), (variant.name, sorted(names - set(variant.constexprs)))
+
+
 def test_variants_see_through_the_compile_budgets_wrapper(monkeypatch):
     """A process that installed the compile budget (batch-invariant mode, or an earlier test) has its launched kernels
     wrapped: the variants still read the JIT function's arguments (CI once failed on the top-k split kernels)."""

@@ -492,3 +492,23 @@ def test_a_triton_that_compiles_the_kernel_but_not_its_head_sum_mma_keeps_those_
     tile = {"gluon_stages": {1: 5}, "gluon_more": dict(stages=4, depth=1, head_sum_mma=True)}
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=320, rows=64) == {} and asked == [True]
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=64, rows=64)["stages"] == 5 and asked[-1] is False
+
+
+def test_the_compile_probe_and_the_aot_build_pass_every_constexpr_as_one(monkeypatch):
+    # a constexpr the probe or the AOT build leaves out of its constexprs becomes a run-time argument of the compile:
+    # then `if WS:` branches at run time and the probe reports a failure the launch would not have (twenty-seventh
+    # session: WS and PRODUCER_REGS were missing from both until the sm_90 compile said so)
+    import triton
+
+    from dsahal.backends.nvidia import aot
+    from dsahal.kernel_launch import triton_launch
+
+    names = {p.name for p in triton_launch(g.indexer_gluon_kernel).params if p.is_constexpr}
+    seen = {}
+    monkeypatch.setattr(triton, "__version__", "0.0.0-not-verified")
+    monkeypatch.setattr(g, "_COMPILE_FAILURES", {})
+    monkeypatch.setattr(triton, "compile", lambda source, target=None, options=None: seen.update(source.signature))
+    assert g.compile_failure(False, mx=True, head_sum=True) == ""
+    assert {name for name, kind in seen.items() if kind == "constexpr"} == names
+    for variant in aot._gluon_indexer_variants():
+        assert set(variant.constexprs) == names, variant.name

@@ -333,7 +333,7 @@ def _indexer_general_variants() -> list[Variant]:
                 indexer.indexer_score_kernel,
                 dict(FMT=1, DOT=dot, TOKEN_BYTES=132, BLOCK_H=block_h, BLOCK_N=cfg["block_n"], GROUP=cfg["group"],
                      TILES=tiles, ALIGNED=True, PIPELINE=pipeline, KEYS_AS_B=keys_as_b,
-                     ONE_BLOCK=cfg.get("one_block_tiles", True) and cfg["block_n"] == 64),
+                     ONE_BLOCK=cfg.get("one_block_tiles", True) and cfg["block_n"] == 64, SCALED_DOT=0),
                 pointers, num_warps=cfg["num_warps"], num_stages=stages))
     return out
 
@@ -623,7 +623,7 @@ def _gluon_indexer_variants() -> list[Variant]:
                     + (", head sums as MMAs" if launch.get("head_sum_mma") else ""),
                     indexer_gluon.indexer_gluon_kernel,
                     dict(H=heads, BLOCK_H=heads, GROUP=group, STAGES=launch["stages"], DEPTH=launch["depth"],
-                         WHOLE=True, HI_LO=label == "bf16", MX=False, STACK=stacked, TSTACK=1,
+                         WHOLE=True, HI_LO=label == "bf16", MX=False, STACK=stacked, MX_REG=False, TSTACK=1,
                          HSUM=launch.get("head_sum_mma", False), WS=False, PRODUCER_REGS=40),
                     dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 33),
                     gluon=True, maxnreg=launch.get("maxnreg")))
