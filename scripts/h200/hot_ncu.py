@@ -8,10 +8,9 @@ Cases (argv, default all): ``indexer`` (FP8 keys, FP8 queries, 64 requests x 1 t
 backend's block-tile configuration), ``indexer2`` / ``indexer5`` (the same at 64 x 2 / 64 x 5), ``indexer_bf16`` /
 ``indexer_bf16_5`` (bf16 queries, 64 x 1 / 64 x 5), ``mxfp4`` / ``mxfp4_5`` (MXFP4 keys, FP8 queries, 64 x 1 / 64 x
 5; before the eighteenth session the ninth's prepared ``alu`` 28 by a direct launch), ``mxfp4_bf16`` (MXFP4 keys, bf16
-queries, 64 x 1), ``prefill`` (one request's 4096 tokens at positions 28K..32K, the chunked prefill shape), ``indexer5_ws`` (64 x 5,
-the warp-specialised Gluon variant: ``indexer_gluon`` ``warp_specialized``), ``indexer5_64`` (64 x 5 at 64 index
-heads),
-``small_heads`` (sparse MLA, few-heads
+queries, 64 x 1), ``prefill`` (one request's 4096 tokens at positions 28K..32K, the chunked prefill shape),
+``indexer5_ws`` (64 x 5, the warp-specialised Gluon variant: ``indexer_gluon`` ``warp_specialized``), ``indexer5_64``
+(64 x 5 at 64 index heads), ``small_heads`` (sparse MLA, few-heads
 kernel, fp8_ds_mla latents, H = 16, 64 x 5 tokens x 2048 slots into a 1M-token pool). Each case runs three
 calls (the first compiles); prints only the cases' order, so ncu's report is the output.
 """
