@@ -153,13 +153,13 @@ def test_indexer_score_sends_only_the_configured_tokens_per_request_to_it(monkey
     monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False: "")
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     tile = {"gluon_stages": {1: 3, 2: 4}, "gluon_depth": 1}
-    plain = dict(stacked=False, mx_registers=False)
+    plain = dict(stacked=False, mx_registers=False, refusal_checked=True)
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=64, rows=64) == dict(plain, stages=3, depth=1)
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=128, rows=64) == dict(plain, stages=4, depth=1)
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=320, rows=64) == {}  # 5 a request: tl
     more = dict(tile, gluon_more=dict(stages=4, depth=1, maxnreg=128), gluon_stacked=True)
     assert idx._gluon_plan(more, _q(), _pages(), "fp8", tokens=320, rows=64) == dict(
-        stages=4, depth=1, maxnreg=128, stacked=True, mx_registers=False)  # more than the named counts
+        stages=4, depth=1, maxnreg=128, stacked=True, mx_registers=False, refusal_checked=True)  # more than named
     assert idx._gluon_plan(more, _q(), _pages(), "fp8", tokens=4096, rows=1)["maxnreg"] == 128  # prefill
     assert idx._gluon_plan({"gluon_more": more["gluon_more"]}, _q(), _pages(), "fp8", tokens=320, rows=64) == {}
     assert idx._gluon_plan({}, _q(), _pages(), "fp8", tokens=64, rows=64) == {}  # not configured (batch invariant)
@@ -174,6 +174,25 @@ def test_a_plan_the_kernel_refuses_takes_the_tl_kernel(monkeypatch):
     monkeypatch.setattr(g, "refusal", lambda q, pages, fmt, group=1: seen.append(group) or "too many tokens")
     tile = {"gluon_stages": {1: 3}, "gluon_more": dict(stages=4, group=8)}
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=640, rows=64) == {} and seen == [8]
+
+
+def test_a_backend_call_runs_the_refusal_once_and_a_direct_launch_runs_it(monkeypatch):
+    # the plan's refusal is the launch's (any plan's group is 1..MAX_GROUP): the launch is told and skips its own
+    from launch_recorder import LaunchRecorder
+
+    monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False: "")
+    asked = []
+    monkeypatch.setattr(g, "refusal", lambda q, pages, fmt, group=1: asked.append(group) or "")
+    recorder = LaunchRecorder()
+    monkeypatch.setattr(g, "indexer_gluon_kernel", recorder)
+    monkeypatch.setattr(idx, "segment_plan", lambda req_ids, group: (req_ids, req_ids))
+    t = torch.zeros(2, dtype=torch.int32)
+    args = (_q(), torch.zeros(2, 32), _pages(), torch.zeros(2, 4, dtype=torch.int32), t, t)
+    idx.indexer_score(*args, "fp8", 256, block_tiles={"gluon_stages": {1: 3}}, out=torch.empty(2, 256))
+    assert len(recorder.calls) == 1 and len(asked) == 1, (len(recorder.calls), asked)
+    g.launch(*args, t, 256, torch.empty(2, 256), starts=t, group=1)
+    assert len(recorder.calls) == 2 and len(asked) == 2, "a direct launch must run the refusal itself"
 
 
 def test_the_backend_configures_it_in_default_mode_only(monkeypatch):

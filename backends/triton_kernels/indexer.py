@@ -450,12 +450,15 @@ def _gluon_plan(tile: dict, q, index_pages, index_fmt, tokens: int, rows: int) -
         return {}
     from . import indexer_gluon  # (imports Gluon)
 
+    # (the group a call's launch gets is 1..MAX_GROUP like any plan's, so this refusal is the launch's: it is
+    # told so and does not run it again)
     if indexer_gluon.refusal(q, index_pages, index_fmt, plan.get("group", 1)):
         return {}
     if indexer_gluon.compile_failure(q.dtype == torch.bfloat16, index_fmt == "mxfp4",
                                      plan.get("head_sum_mma", False)):
         return {}
-    return dict(plan, stacked=tile.get("gluon_stacked", False), mx_registers=tile.get("gluon_mx_registers", False))
+    return dict(plan, stacked=tile.get("gluon_stacked", False), mx_registers=tile.get("gluon_mx_registers", False),
+                refusal_checked=True)
 
 
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,

@@ -933,7 +933,7 @@ _COMPILE_FAILURES: dict = {}
 
 @functools.lru_cache(maxsize=None)
 def _capability(index: int | None) -> tuple[int, int]:
-    """A CUDA device's compute capability, asked of the driver once (the refusal runs on every call, twice)."""
+    """A CUDA device's compute capability, asked of the driver once (the refusal runs on every call)."""
     return torch.cuda.get_device_capability(index)
 
 
@@ -969,7 +969,7 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, max_context, out, *, starts,
            group, index_fmt="fp8", tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, stacked=False,
            mx_registers=False, token_stack=1, maxnreg=None, head_sum_mma=False, warp_specialized=False,
-           producer_regs=40, num_warps=4):
+           producer_regs=40, num_warps=4, refusal_checked=False):
     """Run :func:`indexer_gluon_kernel` (a call :func:`refusal` names a reason for raises).
 
     Args:
@@ -998,12 +998,14 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
             with FP8 and stacked bf16 queries; not the backend's launch: 0.96-0.99x). The kernel then has 8 warps
             (the producer's warpgroup padded: ``setmaxnreg`` is a warpgroup's); maxnreg is the launch's registers a
             thread, the consumers taking what the producer (producer_regs) and the idle warps (24) leave.
+        refusal_checked: the caller ran :func:`refusal` on these tensors already and it named no reason (the
+            backend's calls: :func:`.indexer._gluon_plan`), so it is not run again (~2 us of host a call).
 
     Returns:
         ``out``.
     """
     name = "triton indexer_score (gluon)"
-    reason = refusal(q, index_pages, index_fmt, group)
+    reason = "" if refusal_checked else refusal(q, index_pages, index_fmt, group)
     if reason:
         raise ValueError(f"{name}: {reason}")
     for arg, tensor in (("q", q), ("weights", weights), ("block_table", block_table), ("out", out)):
