@@ -77,8 +77,9 @@ def bound_max_kernel(
 def bound_threshold_kernel(
     maxima_ptr, bound_ptr,  # maxima [T, S * CHUNK] int32 keys; bound [T] int32 (key bits of L)
     lengths_ptr,  # [T]
+    hist_ptr,  # HIST0: [T, S, 256] int32, each segment's histogram of its non-empty maxima's first digit
     N, k, seg_len, segments,
-    CHUNK: tl.constexpr, LEVELS: tl.constexpr,
+    CHUNK: tl.constexpr, LEVELS: tl.constexpr, HIST0: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     base = maxima_ptr + row * segments * CHUNK
@@ -93,9 +94,13 @@ def bound_threshold_kernel(
     nonempty = 0
     for level in tl.static_range(LEVELS):
         hist = tl.zeros([256], tl.int32)
-        for c0 in range(0, live * CHUNK, CHUNK):
-            key = tl.load(base + c0 + lanes).to(tl.uint32, bitcast=True)
-            hist += _digit_histogram(key, (key != 0) & _matches(key, prefix, level), level)
+        if HIST0 and level == 0:  # the first pass's histograms of the same maxima: the same counts
+            for s in range(live):
+                hist += tl.load(hist_ptr + (row * segments + s) * 256 + tl.arange(0, 256))
+        else:
+            for c0 in range(0, live * CHUNK, CHUNK):
+                key = tl.load(base + c0 + lanes).to(tl.uint32, bitcast=True)
+                hist += _digit_histogram(key, (key != 0) & _matches(key, prefix, level), level)
         if level == 0:
             nonempty = tl.sum(hist, axis=0)
         chosen, above = _threshold(hist, need)
@@ -293,8 +298,8 @@ def topk_bound(scores, lengths, k, out, emit, req_ids, block_table, block_tokens
     grid = (tokens, segments)
     bound_max_kernel[grid](scores, scores.stride(0), lengths, maxima, width, seg_len, segments, CHUNK=chunk,
                            num_warps=num_warps)
-    bound_threshold_kernel[(tokens,)](maxima, bound, lengths, width, k, seg_len, segments, CHUNK=chunk,
-                                      LEVELS=BOUND_LEVELS, num_warps=num_warps)
+    bound_threshold_kernel[(tokens,)](maxima, bound, lengths, bound, width, k, seg_len, segments, CHUNK=chunk,
+                                      LEVELS=BOUND_LEVELS, HIST0=False, num_warps=num_warps)
     bound_compact_kernel[grid](scores, scores.stride(0), lengths, bound, cand_idx, cand_key, cand_idx.stride(0),
                                counts, width, seg_len, segments, CHUNK=chunk, num_warps=num_warps)
     bound_finish_kernel[(tokens,)](cand_idx, cand_key, cand_idx.stride(0), counts, bound, out, out.stride(0), req_ids,

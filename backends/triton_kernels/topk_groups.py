@@ -14,6 +14,12 @@ pass must still read and scan the whole row. Here a *group* is ``G`` consecutive
    survivor region, as in :mod:`.topk_bound`;
 4. :func:`.topk_bound.bound_finish_kernel` (``T``): exact ``τ`` over the survivors, the tie rule, padding.
 
+With ``segment_histograms`` the first pass also stores each segment's 256-bin histogram of its maxima's top 8 key
+bits (one histogram of the segment's maxima after its reads, not one a step: Triton's histogram costs ~600
+instructions a warp whatever its length), and the threshold kernel sums the row's instead of reading every maximum
+for its first digit (one pass over the maxima, not two; the same bound bit for bit). The histogram's work moves
+from the threshold's T programs to the first pass's T x S, whose time is its reads.
+
 Scores with locality (neighbouring positions alike) put the best entries in fewer groups: the bound
 is looser and more groups are live (still exact). Four launches, no atomics, no host sync.
 """
@@ -24,18 +30,22 @@ import triton
 import triton.language as tl
 
 from .topk_bound import BOUND_LEVELS, _keep, _row_length, _scratch, bound_finish_kernel, bound_threshold_kernel
-from .topk_common import _sort_key
+from .topk_common import _digit_histogram, _sort_key
 from dsahal.kernel_launch import wrap_launched
 
 SIZE_ARGS = ("N", "seg_len")
+HIST_CHUNK = 1024  # group maxima a step of the first pass's histogram (segment_histograms)
 
 
 @triton.jit(do_not_specialize=SIZE_ARGS)
 def group_max_kernel(
     scores_ptr, stride_st, lengths_ptr,
     maxima_ptr, stride_mt,  # [T, S * seg_len / G] int32 keys (0: no valid entry in the group)
+    hist_ptr,  # SEG_HIST: [T, S, 256] int32, the segment's histogram of its non-empty maxima's top 8 key bits
     N, seg_len,
     ROWS: tl.constexpr, G: tl.constexpr,  # ROWS groups of G entries per step
+    SEG_HIST: tl.constexpr, GROUPS: tl.constexpr,  # GROUPS = seg_len / G (used with SEG_HIST)
+    HIST_CHUNK: tl.constexpr,  # maxima a histogram step (SEG_HIST)
 ):
     row = tl.program_id(0).to(tl.int64)
     seg = tl.program_id(1)
@@ -59,6 +69,15 @@ def group_max_kernel(
         best = tl.max(x, axis=1)
         key = tl.where(best == float("-inf"), tl.zeros([ROWS], tl.uint32), _sort_key(best))
         tl.store(out + r0 + rows, key.to(tl.int32, bitcast=True))
+    if SEG_HIST:  # the threshold's first digit: one histogram of the segment's maxima as stored (L2-hot)
+        tl.debug_barrier()  # (stored by other threads of the program)
+        hist = tl.zeros([256], tl.int32)
+        for g0 in tl.static_range(0, GROUPS, HIST_CHUNK):  # (chunks: 48 registers on sm_90 against 56 for one of 2048)
+            groups = g0 + tl.arange(0, HIST_CHUNK)
+            key = tl.load(out + groups, mask=groups < live_groups, other=0).to(tl.uint32, bitcast=True)
+            hist += _digit_histogram(key, key != 0, 0)
+        segment = row * tl.num_programs(1) + seg
+        tl.store(hist_ptr + segment * 256 + tl.arange(0, 256), hist)
 
 
 @triton.jit(do_not_specialize=SIZE_ARGS)
@@ -106,14 +125,17 @@ def auto_group_size(width: int, k: int) -> int:
 
 
 def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_tokens, *, chunk=1024, steps=16,
-                group_size=None, batch=64, finish_chunk=512, num_warps=4, finish_warps=4, scratch=None, stats=None):
+                group_size=None, batch=64, finish_chunk=512, num_warps=4, finish_warps=4, segment_histograms=False,
+                scratch=None, stats=None):
     """Launch the four kernels for ``scores [T, N]`` into ``out [T, k]`` (arguments as :func:`.topk.topk`).
 
     Args:
         chunk: entries per step of the max pass (power of two, a multiple of the group size).
         steps: steps per segment (``seg_len = chunk * steps``, power of two).
         group_size: ``G`` (power of two; None: :func:`auto_group_size`). batch: live groups per step of
-            the compaction (power of two). finish_chunk, finish_warps, scratch, stats: as
+            the compaction (power of two). segment_histograms: the first pass also stores each segment's
+            histogram of its maxima's first key digit, so the threshold kernel reads the maxima once, not twice
+            (the same bound; segments of at most 2048 groups). finish_chunk, finish_warps, scratch, stats: as
             :func:`.topk_bound.topk_bound`.
     """
     tokens, width = scores.shape
@@ -134,12 +156,19 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
     cand_idx = _scratch(scratch, tokens, width, device)
     cand_key = torch.empty_like(cand_idx)
     grid = (tokens, segments)
-    group_max_kernel[grid](scores, scores.stride(0), lengths, maxima, maxima.stride(0), width, seg_len,
-                           ROWS=chunk // size, G=size, num_warps=num_warps)
     step = min(2048, per_segment)
+    if segment_histograms and step != per_segment:
+        raise ValueError(f"dsahal.topk (triton groups): segment_histograms expected at most 2048 groups a segment, "
+                         f"got {per_segment} (chunk {chunk} / group size {size})")
+    # (the threshold then reads the first pass's segments' histograms: its own segments must be those)
+    hist = torch.empty((tokens, segments, 256), dtype=torch.int32, device=device) if segment_histograms else bound
+    group_max_kernel[grid](scores, scores.stride(0), lengths, maxima, maxima.stride(0), hist, width, seg_len,
+                           ROWS=chunk // size, G=size, SEG_HIST=segment_histograms, GROUPS=per_segment,
+                           HIST_CHUNK=min(per_segment, HIST_CHUNK), num_warps=num_warps)
     # a threshold step of `step` group maxima covers step * size entries of the row
-    bound_threshold_kernel[(tokens,)](maxima, bound, lengths, width, k, step * size, maxima.shape[1] // step,
-                                      CHUNK=step, LEVELS=BOUND_LEVELS, num_warps=num_warps)
+    bound_threshold_kernel[(tokens,)](maxima, bound, lengths, hist, width, k, step * size, maxima.shape[1] // step,
+                                      CHUNK=step, LEVELS=BOUND_LEVELS, HIST0=segment_histograms,
+                                      num_warps=num_warps)
     group_compact_kernel[grid](scores, scores.stride(0), lengths, bound, maxima, live, maxima.stride(0), cand_idx,
                                cand_key, cand_idx.stride(0), counts, width, seg_len, segments, GROUPS=per_segment,
                                G=size, BATCH=batch, num_warps=num_warps)

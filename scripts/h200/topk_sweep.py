@@ -19,7 +19,9 @@ Steps, in order, each printed:
    exactly; the bound kernels' index order too; then one bound and one groups variant captured in a CUDA
    graph and replayed on other scores;
 4. ``triton.testing.do_bench`` medians; one table: case, variant, ms, (scores + output bytes) / time,
-   % of the copy ceiling, torch.topk ms / variant ms, and the bound kernels' survivors per row (mean / max).
+   % of the copy ceiling, torch.topk ms / variant ms, and the bound kernels' survivors per row (mean / max);
+5. the decode case's top-k at the NVIDIA config for 128K (groups) launch by launch, with and without
+   ``segment_histograms`` (:data:`TAIL_PHASES`, :func:`phase_times`): a second table.
 
 ``--prefill`` (where does the top-k spend its time on prefill rows and short rows?): the cases are
 ``prefill 4096x32K`` (causal, as above), ``decode 320x4K`` and two more cut from the same scores,
@@ -73,7 +75,14 @@ VARIANTS = (
                                       finish_chunk=2048, finish_warps=16)),
     ("groups c2048s16w8 f1024", dict(method="groups", chunk=2048, steps=16, batch=64, num_warps=8,
                                      finish_chunk=1024, finish_warps=8)),
+    # twenty-eighth session (written on the CPU, not yet run on the H200): the groups default with the threshold's
+    # first digit from the first pass's per-segment histograms (one read of the maxima in the threshold, not two)
+    ("groups c1024s32 f1024 seg-hist", dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4,
+                                            finish_chunk=1024, finish_warps=8, segment_histograms=True)),
 )
+# The decode case's launches timed one by one (decode mode): the NVIDIA config at 128K (the groups method) with
+# and without segment histograms, so the threshold's and the first pass's times are seen apart.
+TAIL_PHASES = ({}, dict(segment_histograms=True))
 
 # --prefill: rows of 4K-32K entries, many rows. The defaults there are one program per row (<= 8K: chunk 2048, 8
 # warps) and bound (8K-64K: chunk 1024, 4 warps, finish 512 at 4 warps); these are their neighbours. Larger radix
@@ -411,9 +420,15 @@ def main(argv=None) -> int:
         # the prefill case and the 320-row case of the same width (cases[0] and cases[-1])
         for case in (cases[0], cases[-1]):
             phase_times(torch, case, _kwargs(None, PHASE_WIDTH), phase_rows, failures)
-    elif DEVICE == "cuda":
-        for variant in (VARIANTS[2], VARIANTS[4]):
-            check_graph(torch, scores, lengths, _kwargs(variant[1], scores.shape[1]), failures)
+    else:
+        if DEVICE == "cuda":
+            for variant in (VARIANTS[2], VARIANTS[4]):
+                check_graph(torch, scores, lengths, _kwargs(variant[1], scores.shape[1]), failures)
+        from dsahal.backends.nvidia.config import topk_config
+
+        for extra in TAIL_PHASES:  # (the 128K config also under --cpu-smoke, whose rows are narrower)
+            phase_times(torch, cases[0], dict(_kwargs(topk_config(1 << 17), scores.shape[1]), **extra), phase_rows,
+                        failures)
     print(f"\n| case | variant | ms | GB/s | % copy | torch.topk / variant | survivors mean / max |")
     print("|---|---|---:|---:|---:|---:|---|")
     for case, variant, ms, gbps, ratio, survivors in rows:

@@ -85,6 +85,40 @@ def test_group_bound_topk_matches_reference(width, k, size, steps):
     assert not bad, f"rows {bad} differ from the reference (width {width}, k {k}, group size {size}, steps {steps})"
 
 
+@pytest.mark.parametrize("width,k,size,steps,hist_chunk", [(200, 9, 4, 1, None), (256, 20, 16, 4, None),
+                                                           (40, 48, 2, 2, None), (1024, 5, 64, 2, None),
+                                                           (256, 20, 2, 4, 8)])
+def test_segment_histograms_give_the_same_survivors_and_output(width, k, size, steps, hist_chunk, monkeypatch):
+    """The threshold's first digit from the first pass's per-segment histograms: the same bound (so the same
+    survivors, row by row) and the same output bit for bit as reading the maxima twice (the last case histograms a
+    segment's 32 maxima in steps of 8)."""
+    from dsahal.backends.triton_kernels import topk_groups
+
+    if hist_chunk:
+        monkeypatch.setattr(topk_groups, "HIST_CHUNK", hist_chunk)
+    gen = torch.Generator().manual_seed(width * 5 + k)
+    scores, lengths = hard_rows(gen, width, k)
+    results = []
+    for histograms in (False, True):
+        stats = {}
+        out = torch.empty(lengths.numel(), k, dtype=torch.int32)
+        kw = dict(GROUPS, group_size=size, steps=steps, chunk=max(16, size * 2))
+        kw.pop("method")
+        topk_groups.topk_groups(scores, lengths, k, out, False, lengths, lengths.view(1, -1), 1, stats=stats,
+                                segment_histograms=histograms, **kw)
+        results.append((out, stats["survivors"]))
+    assert torch.equal(results[1][0], expected(scores, lengths, k)), "the set differs from the reference"
+    assert torch.equal(results[1][0], results[0][0]), "segment histograms changed the output's bits"
+    assert torch.equal(results[1][1], results[0][1]), "segment histograms changed the bound (survivors differ)"
+
+
+def test_segment_histograms_need_segments_of_at_most_2048_groups():
+    # the threshold's segments are then the first pass's: 4096 one-entry groups a segment are two of its
+    with pytest.raises(ValueError, match="segment_histograms expected at most 2048 groups a segment, got 4096"):
+        topk(torch.zeros(1, 8192), torch.ones(1, dtype=torch.int32), 2,
+             **dict(GROUPS, chunk=4096, group_size=1, steps=1, segment_histograms=True))
+
+
 def test_wide_group_bound_topk_matches_reference():
     """The shape of the backend's choice for rows of >= 1M scores (``config._TOPK_GROUPS_WIDE``: 64-entry groups,
     segments of 64 steps), in miniature: 64-entry groups, 8 segments, k small against the row."""
@@ -175,7 +209,7 @@ def _survivors_by_definition(scores, lengths, k, unit_max):
     return counts
 
 
-@pytest.mark.parametrize("method", ["bound", "groups"])
+@pytest.mark.parametrize("method", ["bound", "groups", "groups + segment histograms"])
 def test_bound_on_causal_rows_is_as_tight_as_over_the_whole_row(method):
     """Rows shorter than the width (a causal prefill) reach only their first segments; the threshold reads
     only those. It must find the same bound as over every segment (so the same survivors), and the same set."""
@@ -192,7 +226,8 @@ def test_bound_on_causal_rows_is_as_tight_as_over_the_whole_row(method):
         def unit_max(x):
             return x.view(-1, group, chunk).amax(dim=1).flatten()
     else:  # groups of `group` consecutive entries
-        launch, kw = topk_groups.topk_groups, dict(common, group_size=group, steps=2, batch=4)
+        launch, kw = topk_groups.topk_groups, dict(common, group_size=group, steps=2, batch=4,
+                                                   segment_histograms=method.endswith("histograms"))
 
         def unit_max(x):
             return x.view(-1, group).amax(dim=1)
