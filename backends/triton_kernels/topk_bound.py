@@ -169,20 +169,31 @@ def _survivor_histogram(idx_row, key_row, counts_row, segments, seg_len, prefix,
 
 
 @triton.jit
-def _relative_histogram(key_row, counts_row, segments, seg_len, base, lanes):
-    """256-bin histogram of ``min(top 16 key bits - base, 255)`` over all survivors (all have top bits >= base)."""
+def _relative_bins(key_list, kept, base, lanes):
+    """256-bin histogram of ``min(top 16 key bits - base, 255)`` over the first ``kept`` keys of ``key_list``
+    (one segment's survivors: all have top bits >= base)."""
     CHUNK: tl.constexpr = lanes.shape[0]
     hist = tl.zeros([256], tl.int32)
+    for c0 in range(0, kept, CHUNK):
+        slot = c0 + lanes
+        inside = slot < kept
+        key = tl.load(key_list + slot, mask=inside, other=0).to(tl.uint32, bitcast=True)
+        digit = tl.where(inside, tl.minimum((key >> 16) - base, 255), 0).to(tl.int32)
+        # lanes past the list were put in bin 0: take them out again
+        hist += tl.histogram(digit, 256) - tl.where(tl.arange(0, 256) == 0, tl.sum((~inside).to(tl.int32), axis=0), 0)
+    return hist
+
+
+@triton.jit
+def _relative_histogram(key_row, counts_row, segments, seg_len, base, lanes, hist_row, SEG_HIST: tl.constexpr):
+    """:func:`_relative_bins` over all survivors of a row; with ``SEG_HIST`` the sum of the segments' own
+    (``hist_row [S, 256]``, stored by the compaction pass) instead of reading the survivors."""
+    hist = tl.zeros([256], tl.int32)
     for s in range(segments):
-        kept = tl.load(counts_row + s)
-        for c0 in range(0, kept, CHUNK):
-            slot = c0 + lanes
-            inside = slot < kept
-            key = tl.load(key_row + s * seg_len + slot, mask=inside, other=0).to(tl.uint32, bitcast=True)
-            digit = tl.where(inside, tl.minimum((key >> 16) - base, 255), 0).to(tl.int32)
-            # lanes past the list were put in bin 0: take them out again
-            hist += tl.histogram(digit, 256) - tl.where(tl.arange(0, 256) == 0,
-                                                        tl.sum((~inside).to(tl.int32), axis=0), 0)
+        if SEG_HIST:
+            hist += tl.load(hist_row + s * 256 + tl.arange(0, 256))
+        else:
+            hist += _relative_bins(key_row + s * seg_len, tl.load(counts_row + s), base, lanes)
     return hist
 
 
@@ -192,7 +203,8 @@ def bound_finish_kernel(
     out_ptr, stride_ot,  # [T, k] int32
     req_ptr, block_table_ptr, stride_bt, max_blocks, block_tokens,  # used when EMIT_SLOTS
     k, seg_len, segments,
-    EMIT_SLOTS: tl.constexpr, CHUNK: tl.constexpr,
+    hist_ptr,  # SEG_HIST: [T, S, 256] int32, each segment's survivors' relative bins (:func:`_relative_bins`)
+    EMIT_SLOTS: tl.constexpr, CHUNK: tl.constexpr, SEG_HIST: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     idx_row = cand_idx_ptr + row * stride_ct
@@ -217,7 +229,9 @@ def bound_finish_kernel(
         base = bound >> 16
         chosen = tl.full([], 255, tl.int32)
         if bound != 1:  # L = 1 (no bound: every valid entry survived) puts every key 128+ steps up: skip the pass
-            chosen, above = _threshold(_relative_histogram(key_row, counts_row, segments, seg_len, base, lanes), k)
+            hist = _relative_histogram(key_row, counts_row, segments, seg_len, base, lanes,
+                                       hist_ptr + row * segments * 256, SEG_HIST)
+            chosen, above = _threshold(hist, k)
             prefix = (base + chosen.to(tl.uint32)) << 16
             need = k - above
         if chosen == 255:  # tau is 255 or more steps above L (a weak bound, e.g. L = 1): two digits instead
@@ -304,7 +318,8 @@ def topk_bound(scores, lengths, k, out, emit, req_ids, block_table, block_tokens
                                counts, width, seg_len, segments, CHUNK=chunk, num_warps=num_warps)
     bound_finish_kernel[(tokens,)](cand_idx, cand_key, cand_idx.stride(0), counts, bound, out, out.stride(0), req_ids,
                                    block_table, block_table.stride(0), block_table.shape[1], block_tokens, k,
-                                   seg_len, segments, EMIT_SLOTS=emit, CHUNK=finish_chunk, num_warps=finish_warps)
+                                   seg_len, segments, bound, EMIT_SLOTS=emit, CHUNK=finish_chunk, SEG_HIST=False,
+                                   num_warps=finish_warps)
     if stats is not None:
         stats["survivors"] = counts.sum(dim=1, dtype=torch.int32)
     return out

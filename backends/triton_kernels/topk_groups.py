@@ -14,11 +14,12 @@ pass must still read and scan the whole row. Here a *group* is ``G`` consecutive
    survivor region, as in :mod:`.topk_bound`;
 4. :func:`.topk_bound.bound_finish_kernel` (``T``): exact ``τ`` over the survivors, the tie rule, padding.
 
-With ``segment_histograms`` the first pass also stores each segment's 256-bin histogram of its maxima's top 8 key
-bits (one histogram of the segment's maxima after its reads, not one a step: Triton's histogram costs ~600
-instructions a warp whatever its length), and the threshold kernel sums the row's instead of reading every maximum
-for its first digit (one pass over the maxima, not two; the same bound bit for bit). The histogram's work moves
-from the threshold's T programs to the first pass's T x S, whose time is its reads.
+With ``segment_histograms`` the two per-row kernels read one histogram fewer each, from the ``T x S`` passes
+before them: the first pass stores each segment's 256-bin histogram of its maxima's top 8 key bits, which the
+threshold kernel sums instead of reading every maximum for its first digit, and the compaction stores each
+segment's histogram of its survivors' top 16 key bits relative to the bound, which the finish sums instead of its
+first pass over the survivors. Each is one histogram of what the program stored, after its reads (L2-hot), not one a
+step: Triton's histogram costs ~600 instructions a warp whatever its length. The same bound and ``τ``, bit for bit.
 
 Scores with locality (neighbouring positions alike) put the best entries in fewer groups: the bound
 is looser and more groups are live (still exact). Four launches, no atomics, no host sync.
@@ -29,12 +30,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .topk_bound import BOUND_LEVELS, _keep, _row_length, _scratch, bound_finish_kernel, bound_threshold_kernel
+from .topk_bound import (BOUND_LEVELS, _keep, _relative_bins, _row_length, _scratch, bound_finish_kernel,
+                         bound_threshold_kernel)
 from .topk_common import _digit_histogram, _sort_key
 from dsahal.kernel_launch import wrap_launched
 
 SIZE_ARGS = ("N", "seg_len")
-HIST_CHUNK = 1024  # group maxima a step of the first pass's histogram (segment_histograms)
+# segment_histograms: entries a step of the first pass's histogram of its maxima and of the compaction's of its survivors
+# (the fewest registers on sm_90 with Triton 3.6: 48 against 35 without, 64 against 72)
+MAXIMA_HIST_CHUNK, SURVIVOR_HIST_CHUNK = 1024, 512
 
 
 @triton.jit(do_not_specialize=SIZE_ARGS)
@@ -72,7 +76,7 @@ def group_max_kernel(
     if SEG_HIST:  # the threshold's first digit: one histogram of the segment's maxima as stored (L2-hot)
         tl.debug_barrier()  # (stored by other threads of the program)
         hist = tl.zeros([256], tl.int32)
-        for g0 in tl.static_range(0, GROUPS, HIST_CHUNK):  # (chunks: 48 registers on sm_90 against 56 for one of 2048)
+        for g0 in tl.static_range(0, GROUPS, HIST_CHUNK):  # (chunks: fewer registers than one histogram of 2048)
             groups = g0 + tl.arange(0, HIST_CHUNK)
             key = tl.load(out + groups, mask=groups < live_groups, other=0).to(tl.uint32, bitcast=True)
             hist += _digit_histogram(key, key != 0, 0)
@@ -85,8 +89,10 @@ def group_compact_kernel(
     scores_ptr, stride_st, lengths_ptr, bound_ptr,
     maxima_ptr, live_ptr, stride_mt,  # [T, S * GROUPS] int32: group maxima; scratch for the live group list
     cand_idx_ptr, cand_key_ptr, stride_ct, counts_ptr,  # as in bound_compact_kernel
+    hist_ptr,  # SEG_HIST: [T, S, 256] int32, the segment's survivors' bins relative to the bound (the finish's first)
     N, seg_len, segments,
     GROUPS: tl.constexpr, G: tl.constexpr, BATCH: tl.constexpr,  # GROUPS = seg_len / G; BATCH groups per step
+    SEG_HIST: tl.constexpr, HIST_CHUNK: tl.constexpr,  # survivors a histogram step (SEG_HIST)
 ):
     row = tl.program_id(0).to(tl.int64)
     seg = tl.program_id(1)
@@ -114,6 +120,10 @@ def group_compact_kernel(
         kept = _keep(tl.reshape(x, [BATCH * G]), tl.reshape(cols, [BATCH * G]), tl.reshape(inside, [BATCH * G]),
                      bound, idx_out, key_out, kept)
     tl.store(counts_ptr + row * segments + seg, kept)
+    if SEG_HIST:  # the finish's first histogram, over the survivors as stored (L2-hot), in T x S programs
+        tl.debug_barrier()  # (stored by other threads of the program)
+        hist = _relative_bins(key_out, kept, bound >> 16, tl.arange(0, HIST_CHUNK))
+        tl.store(hist_ptr + (row * segments + seg) * 256 + tl.arange(0, 256), hist)
 
 
 def auto_group_size(width: int, k: int) -> int:
@@ -133,10 +143,10 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
         chunk: entries per step of the max pass (power of two, a multiple of the group size).
         steps: steps per segment (``seg_len = chunk * steps``, power of two).
         group_size: ``G`` (power of two; None: :func:`auto_group_size`). batch: live groups per step of
-            the compaction (power of two). segment_histograms: the first pass also stores each segment's
-            histogram of its maxima's first key digit, so the threshold kernel reads the maxima once, not twice
-            (the same bound; segments of at most 2048 groups). finish_chunk, finish_warps, scratch, stats: as
-            :func:`.topk_bound.topk_bound`.
+            the compaction (power of two). segment_histograms: the first pass and the compaction also store
+            each segment's histogram of what they wrote, so the threshold kernel reads the maxima once, not twice,
+            and the finish the survivors three times, not four (module docstring; the same result; segments of at
+            most 2048 groups). finish_chunk, finish_warps, scratch, stats: as :func:`.topk_bound.topk_bound`.
     """
     tokens, width = scores.shape
     size = auto_group_size(width, k) if group_size is None else group_size
@@ -164,17 +174,20 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
     hist = torch.empty((tokens, segments, 256), dtype=torch.int32, device=device) if segment_histograms else bound
     group_max_kernel[grid](scores, scores.stride(0), lengths, maxima, maxima.stride(0), hist, width, seg_len,
                            ROWS=chunk // size, G=size, SEG_HIST=segment_histograms, GROUPS=per_segment,
-                           HIST_CHUNK=min(per_segment, HIST_CHUNK), num_warps=num_warps)
+                           HIST_CHUNK=min(per_segment, MAXIMA_HIST_CHUNK), num_warps=num_warps)
     # a threshold step of `step` group maxima covers step * size entries of the row
     bound_threshold_kernel[(tokens,)](maxima, bound, lengths, hist, width, k, step * size, maxima.shape[1] // step,
                                       CHUNK=step, LEVELS=BOUND_LEVELS, HIST0=segment_histograms,
                                       num_warps=num_warps)
+    survivor_hist = torch.empty_like(hist) if segment_histograms else bound
     group_compact_kernel[grid](scores, scores.stride(0), lengths, bound, maxima, live, maxima.stride(0), cand_idx,
-                               cand_key, cand_idx.stride(0), counts, width, seg_len, segments, GROUPS=per_segment,
-                               G=size, BATCH=batch, num_warps=num_warps)
+                               cand_key, cand_idx.stride(0), counts, survivor_hist, width, seg_len, segments,
+                               GROUPS=per_segment, G=size, BATCH=batch, SEG_HIST=segment_histograms,
+                               HIST_CHUNK=SURVIVOR_HIST_CHUNK, num_warps=num_warps)
     bound_finish_kernel[(tokens,)](cand_idx, cand_key, cand_idx.stride(0), counts, bound, out, out.stride(0), req_ids,
                                    block_table, block_table.stride(0), block_table.shape[1], block_tokens, k,
-                                   seg_len, segments, EMIT_SLOTS=emit, CHUNK=finish_chunk, num_warps=finish_warps)
+                                   seg_len, segments, survivor_hist, EMIT_SLOTS=emit, CHUNK=finish_chunk,
+                                   SEG_HIST=segment_histograms, num_warps=finish_warps)
     if stats is not None:
         stats["survivors"] = counts.sum(dim=1, dtype=torch.int32)
     return out

@@ -75,8 +75,8 @@ VARIANTS = (
                                       finish_chunk=2048, finish_warps=16)),
     ("groups c2048s16w8 f1024", dict(method="groups", chunk=2048, steps=16, batch=64, num_warps=8,
                                      finish_chunk=1024, finish_warps=8)),
-    # twenty-eighth session (written on the CPU, not yet run on the H200): the groups default with the threshold's
-    # first digit from the first pass's per-segment histograms (one read of the maxima in the threshold, not two)
+    # twenty-eighth session (written on the CPU, not yet run on the H200): the groups default with segment
+    # histograms (the threshold reads the maxima once, not twice; the finish the survivors three times, not four)
     ("groups c1024s32 f1024 seg-hist", dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4,
                                             finish_chunk=1024, finish_warps=8, segment_histograms=True)),
 )

@@ -90,12 +90,14 @@ def test_group_bound_topk_matches_reference(width, k, size, steps):
                                                            (256, 20, 2, 4, 8)])
 def test_segment_histograms_give_the_same_survivors_and_output(width, k, size, steps, hist_chunk, monkeypatch):
     """The threshold's first digit from the first pass's per-segment histograms: the same bound (so the same
-    survivors, row by row) and the same output bit for bit as reading the maxima twice (the last case histograms a
-    segment's 32 maxima in steps of 8)."""
+    survivors, row by row) and the same output bit for bit as reading the maxima twice, and the finish's first
+    histogram from the compaction's per-segment ones: the same output (the last case histograms a segment's 32
+    maxima and its survivors in steps of 8)."""
     from dsahal.backends.triton_kernels import topk_groups
 
     if hist_chunk:
-        monkeypatch.setattr(topk_groups, "HIST_CHUNK", hist_chunk)
+        monkeypatch.setattr(topk_groups, "MAXIMA_HIST_CHUNK", hist_chunk)
+        monkeypatch.setattr(topk_groups, "SURVIVOR_HIST_CHUNK", hist_chunk)
     gen = torch.Generator().manual_seed(width * 5 + k)
     scores, lengths = hard_rows(gen, width, k)
     results = []
