@@ -335,9 +335,10 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
 _TOPK_SHORT = dict(chunk=2048, row_levels=2, num_warps=8, segments=1)
 _TOPK_BOUND = dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, finish_warps=4)
 _TOPK_GROUPS = dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4, finish_chunk=1024, finish_warps=8)
-# Not set: segment_histograms=True (twenty-eighth session, written without an H200: the same output, checked under the
-# interpreter; the threshold and finish kernels, 70 of the ~182 us at 320 x 128K, each read their rows once fewer).
-# scripts/h200/topk_sweep.py times it beside this config, launch by launch; set it here if it is faster there.
+# Not set here nor in _TOPK_BOUND: segment_histograms=True (twenty-eighth session, written without an H200: the same
+# output, checked under the interpreter; the threshold and finish kernels, 70 of the ~182 us at 320 x 128K, each read
+# their rows once fewer). scripts/h200/topk_sweep.py times it beside this config, launch by launch; set it where it
+# is faster there.
 # Rows of >= 1M scores (H200, 2026-12-03, scripts/h200/topk_wide_sweep.py, R4 of the thirteenth session, real
 # indexer scores): 64-entry groups and 64K-entry segments, 16K group maxima a row instead of 64K for the per-row
 # threshold and finish passes: 8 x 1M 0.183 ms against 0.325 with 16-entry groups (1.78x; torch.topk 0.190), 8 x 2

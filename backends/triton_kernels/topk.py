@@ -123,7 +123,8 @@ def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slot
             more keep the GPU busy when rows are few and long). The result is the same bit for bit.
         method: ``"radix"`` (the kernels above) or ``"bound"`` (:func:`.topk_bound.topk_bound`: a lane-max
             lower bound on the k-th score, then radix select over the few entries above it; uses
-            ``chunk``, ``num_warps``, ``group``, ``finish_chunk``, ``finish_warps``; output in index order),
+            ``chunk``, ``num_warps``, ``group``, ``finish_chunk``, ``finish_warps``, ``segment_histograms``;
+            output in index order),
             or ``"groups"`` (:func:`.topk_groups.topk_groups`: the bound from groups of consecutive entries, the
             second pass reads only the live groups; uses ``chunk``, ``steps``, ``group_size``, ``batch``,
             ``num_warps``, ``finish_chunk``, ``finish_warps``, ``segment_histograms``; the same output as
@@ -152,7 +153,7 @@ def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slot
 
         return topk_bound(scores, lengths, k, out, emit, req_ids, block_table, block_tokens, chunk=chunk, group=group,
                           finish_chunk=finish_chunk, num_warps=num_warps, finish_warps=finish_warps,
-                          scratch=scratch)
+                          segment_histograms=segment_histograms, scratch=scratch)
     if method == "groups":
         from .topk_groups import topk_groups
 

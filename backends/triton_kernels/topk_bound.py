@@ -24,6 +24,12 @@ fraction of the row. Rows are split over ``T x S`` programs (one per row and seg
    then the survivors above ``τ`` and the first ones equal to ``τ`` in index order are written
    (the tie rule: equal scores go to the smaller index), then -1 padding. ``<= k`` survivors: all win.
 
+With ``segment_histograms`` the two per-row kernels each read their inputs once fewer: the first pass stores
+each segment's 256-bin histogram of its lane maxima's top 8 key bits (the threshold sums them for its first
+digit), and the compaction each segment's histogram of its survivors' top 16 key bits relative to ``L`` (the finish
+sums them for its first pass). The same ``L`` and ``τ``, bit for bit; the histograms' work moves to the ``T x S``
+passes, whose time is their reads.
+
 Output order: index order. The result does not depend on ``CHUNK``/``group``/other rows (bitwise the
 same set and order), and nothing waits on the host (CUDA-graph safe). Adversarial rows (all equal,
 or most entries tied at ``L``) let everything survive: still exact, as slow as one program per row.
@@ -39,6 +45,7 @@ from dsahal.kernel_launch import wrap_launched
 
 SIZE_ARGS = ("max_blocks", "block_tokens", "N", "k", "seg_len", "segments")
 BOUND_LEVELS = 2  # 8-bit digits of the k-th largest lane maximum kept in L (16 bits: 1/128 octave)
+SURVIVOR_HIST_CHUNK = 512  # segment_histograms: survivors a step of the compaction's histogram (64 registers on sm_90)
 
 
 @triton.jit
@@ -50,8 +57,9 @@ def _row_length(lengths_ptr, row, N):
 def bound_max_kernel(
     scores_ptr, stride_st, lengths_ptr,  # scores [T, N] fp32, lengths [T]
     maxima_ptr,  # [T, S * CHUNK] int32: per-lane max key (0: no valid entry)
+    hist_ptr,  # SEG_HIST: [T, S, 256] int32, the segment's histogram of its non-empty lane maxima's top 8 key bits
     N, seg_len, segments,
-    CHUNK: tl.constexpr,
+    CHUNK: tl.constexpr, SEG_HIST: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     seg = tl.program_id(1)
@@ -71,6 +79,8 @@ def bound_max_kernel(
     # -inf (masked or absent) must not count as a lane maximum: key 0 sorts below every valid key
     key = tl.where(best == float("-inf"), tl.zeros([CHUNK], tl.uint32), _sort_key(best))
     tl.store(maxima_ptr + (row * segments + seg) * CHUNK + lanes, key.to(tl.int32, bitcast=True))
+    if SEG_HIST:  # the threshold's first digit (the lane maxima are in registers: no reload)
+        tl.store(hist_ptr + (row * segments + seg) * 256 + tl.arange(0, 256), _digit_histogram(key, key != 0, 0))
 
 
 @triton.jit(do_not_specialize=SIZE_ARGS)
@@ -116,8 +126,9 @@ def bound_compact_kernel(
     scores_ptr, stride_st, lengths_ptr, bound_ptr,
     cand_idx_ptr, cand_key_ptr, stride_ct,  # [T, N] int32 each: survivors of segment s from column s * seg_len
     counts_ptr,  # [T, S] int32 survivors per segment
+    hist_ptr,  # SEG_HIST: [T, S, 256] int32, the segment's survivors' bins relative to the bound (:func:`_relative_bins`)
     N, seg_len, segments,
-    CHUNK: tl.constexpr,
+    CHUNK: tl.constexpr, SEG_HIST: tl.constexpr, HIST_CHUNK: tl.constexpr,  # survivors a histogram step (SEG_HIST)
 ):
     row = tl.program_id(0).to(tl.int64)
     seg = tl.program_id(1)
@@ -140,6 +151,10 @@ def bound_compact_kernel(
         x = tl.load(score_row + cols, mask=cols < end, other=float("-inf"))
         kept = _keep(x, cols, cols < end, bound, idx_out, key_out, kept)
     tl.store(counts_ptr + row * segments + seg, kept)
+    if SEG_HIST:  # the finish's first histogram, over the survivors as stored (L2-hot), in T x S programs
+        tl.debug_barrier()  # (stored by other threads of the program)
+        hist = _relative_bins(key_out, kept, bound >> 16, tl.arange(0, HIST_CHUNK))
+        tl.store(hist_ptr + (row * segments + seg) * 256 + tl.arange(0, 256), hist)
 
 
 @triton.jit
@@ -267,6 +282,15 @@ def bound_finish_kernel(
     _pad(out_row, written, k, lanes)
 
 
+def segment_histogram_buffers(on: bool, tokens: int, segments: int, placeholder: torch.Tensor):
+    """``segment_histograms``' two ``[T, S, 256]`` int32 buffers (the first pass's of its maxima, the compaction's
+    of its survivors), or ``placeholder`` twice when off (the kernels then never touch them)."""
+    if not on:
+        return placeholder, placeholder
+    maxima_hist = torch.empty((tokens, segments, 256), dtype=torch.int32, device=placeholder.device)
+    return maxima_hist, torch.empty_like(maxima_hist)
+
+
 def _scratch(scratch, tokens: int, width: int, device) -> torch.Tensor:
     """The survivors' index rows: ``scratch`` when given (a contiguous ``[T, >= N]`` int32 tensor), else new."""
     if scratch is None:
@@ -289,13 +313,16 @@ def auto_group(width: int, k: int, chunk: int) -> int:
 
 
 def topk_bound(scores, lengths, k, out, emit, req_ids, block_table, block_tokens, *, chunk=1024, group=None,
-               finish_chunk=512, num_warps=4, finish_warps=4, scratch=None, stats=None):
+               finish_chunk=512, num_warps=4, finish_warps=4, segment_histograms=False, scratch=None, stats=None):
     """Launch the four kernels for ``scores [T, N]`` into ``out [T, k]`` (arguments as :func:`.topk.topk`).
 
     Args:
         chunk: entries per step of the row passes (power of two). group: entries per lane and
             segment (``seg_len = chunk * group``; None: :func:`auto_group`). finish_chunk: survivors
-            per step of the last kernel (power of two). scratch: optional ``[T, N]`` int32 buffer for
+            per step of the last kernel (power of two). segment_histograms: the first pass and the
+            compaction also store each segment's histogram of what they wrote, so the threshold kernel reads the
+            lane maxima once, not twice, and the finish the survivors three times, not four (module docstring;
+            the same result). scratch: optional ``[T, N]`` int32 buffer for
             the survivors' indices (their keys get a second one). stats: optional dict that gets
             ``"survivors"`` (``[T]`` int32: entries at or above each row's bound; no host sync).
     """
@@ -310,16 +337,18 @@ def topk_bound(scores, lengths, k, out, emit, req_ids, block_table, block_tokens
     cand_idx = _scratch(scratch, tokens, width, device)
     cand_key = torch.empty_like(cand_idx)
     grid = (tokens, segments)
-    bound_max_kernel[grid](scores, scores.stride(0), lengths, maxima, width, seg_len, segments, CHUNK=chunk,
-                           num_warps=num_warps)
-    bound_threshold_kernel[(tokens,)](maxima, bound, lengths, bound, width, k, seg_len, segments, CHUNK=chunk,
-                                      LEVELS=BOUND_LEVELS, HIST0=False, num_warps=num_warps)
+    maxima_hist, survivor_hist = segment_histogram_buffers(segment_histograms, tokens, segments, bound)
+    bound_max_kernel[grid](scores, scores.stride(0), lengths, maxima, maxima_hist, width, seg_len, segments,
+                           CHUNK=chunk, SEG_HIST=segment_histograms, num_warps=num_warps)
+    bound_threshold_kernel[(tokens,)](maxima, bound, lengths, maxima_hist, width, k, seg_len, segments, CHUNK=chunk,
+                                      LEVELS=BOUND_LEVELS, HIST0=segment_histograms, num_warps=num_warps)
     bound_compact_kernel[grid](scores, scores.stride(0), lengths, bound, cand_idx, cand_key, cand_idx.stride(0),
-                               counts, width, seg_len, segments, CHUNK=chunk, num_warps=num_warps)
+                               counts, survivor_hist, width, seg_len, segments, CHUNK=chunk,
+                               SEG_HIST=segment_histograms, HIST_CHUNK=SURVIVOR_HIST_CHUNK, num_warps=num_warps)
     bound_finish_kernel[(tokens,)](cand_idx, cand_key, cand_idx.stride(0), counts, bound, out, out.stride(0), req_ids,
                                    block_table, block_table.stride(0), block_table.shape[1], block_tokens, k,
-                                   seg_len, segments, bound, EMIT_SLOTS=emit, CHUNK=finish_chunk, SEG_HIST=False,
-                                   num_warps=finish_warps)
+                                   seg_len, segments, survivor_hist, EMIT_SLOTS=emit, CHUNK=finish_chunk,
+                                   SEG_HIST=segment_histograms, num_warps=finish_warps)
     if stats is not None:
         stats["survivors"] = counts.sum(dim=1, dtype=torch.int32)
     return out

@@ -30,15 +30,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .topk_bound import (BOUND_LEVELS, _keep, _relative_bins, _row_length, _scratch, bound_finish_kernel,
-                         bound_threshold_kernel)
+from .topk_bound import (BOUND_LEVELS, SURVIVOR_HIST_CHUNK, _keep, _relative_bins, _row_length, _scratch,
+                         bound_finish_kernel, bound_threshold_kernel, segment_histogram_buffers)
 from .topk_common import _digit_histogram, _sort_key
 from dsahal.kernel_launch import wrap_launched
 
 SIZE_ARGS = ("N", "seg_len")
-# segment_histograms: entries a step of the first pass's histogram of its maxima and of the compaction's of its survivors
-# (the fewest registers on sm_90 with Triton 3.6: 48 against 35 without, 64 against 72)
-MAXIMA_HIST_CHUNK, SURVIVOR_HIST_CHUNK = 1024, 512
+# segment_histograms: group maxima a step of the first pass's histogram (48 registers on sm_90 with Triton 3.6, 35
+# without; the compaction's survivors: topk_bound.SURVIVOR_HIST_CHUNK)
+MAXIMA_HIST_CHUNK = 1024
 
 
 @triton.jit(do_not_specialize=SIZE_ARGS)
@@ -171,7 +171,7 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
         raise ValueError(f"dsahal.topk (triton groups): segment_histograms expected at most 2048 groups a segment, "
                          f"got {per_segment} (chunk {chunk} / group size {size})")
     # (the threshold then reads the first pass's segments' histograms: its own segments must be those)
-    hist = torch.empty((tokens, segments, 256), dtype=torch.int32, device=device) if segment_histograms else bound
+    hist, survivor_hist = segment_histogram_buffers(segment_histograms, tokens, segments, bound)
     group_max_kernel[grid](scores, scores.stride(0), lengths, maxima, maxima.stride(0), hist, width, seg_len,
                            ROWS=chunk // size, G=size, SEG_HIST=segment_histograms, GROUPS=per_segment,
                            HIST_CHUNK=min(per_segment, MAXIMA_HIST_CHUNK), num_warps=num_warps)
@@ -179,7 +179,6 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
     bound_threshold_kernel[(tokens,)](maxima, bound, lengths, hist, width, k, step * size, maxima.shape[1] // step,
                                       CHUNK=step, LEVELS=BOUND_LEVELS, HIST0=segment_histograms,
                                       num_warps=num_warps)
-    survivor_hist = torch.empty_like(hist) if segment_histograms else bound
     group_compact_kernel[grid](scores, scores.stride(0), lengths, bound, maxima, live, maxima.stride(0), cand_idx,
                                cand_key, cand_idx.stride(0), counts, survivor_hist, width, seg_len, segments,
                                GROUPS=per_segment, G=size, BATCH=batch, SEG_HIST=segment_histograms,

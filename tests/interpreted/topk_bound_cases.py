@@ -88,26 +88,33 @@ def test_group_bound_topk_matches_reference(width, k, size, steps):
 @pytest.mark.parametrize("width,k,size,steps,hist_chunk", [(200, 9, 4, 1, None), (256, 20, 16, 4, None),
                                                            (40, 48, 2, 2, None), (1024, 5, 64, 2, None),
                                                            (256, 20, 2, 4, 8)])
-def test_segment_histograms_give_the_same_survivors_and_output(width, k, size, steps, hist_chunk, monkeypatch):
+@pytest.mark.parametrize("method", ["bound", "groups"])
+def test_segment_histograms_give_the_same_survivors_and_output(method, width, k, size, steps, hist_chunk,
+                                                               monkeypatch):
     """The threshold's first digit from the first pass's per-segment histograms: the same bound (so the same
     survivors, row by row) and the same output bit for bit as reading the maxima twice, and the finish's first
     histogram from the compaction's per-segment ones: the same output (the last case histograms a segment's 32
     maxima and its survivors in steps of 8)."""
-    from dsahal.backends.triton_kernels import topk_groups
+    from dsahal.backends.triton_kernels import topk_bound, topk_groups
 
     if hist_chunk:
         monkeypatch.setattr(topk_groups, "MAXIMA_HIST_CHUNK", hist_chunk)
         monkeypatch.setattr(topk_groups, "SURVIVOR_HIST_CHUNK", hist_chunk)
+        monkeypatch.setattr(topk_bound, "SURVIVOR_HIST_CHUNK", hist_chunk)
     gen = torch.Generator().manual_seed(width * 5 + k)
     scores, lengths = hard_rows(gen, width, k)
     results = []
     for histograms in (False, True):
         stats = {}
         out = torch.empty(lengths.numel(), k, dtype=torch.int32)
-        kw = dict(GROUPS, group_size=size, steps=steps, chunk=max(16, size * 2))
+        if method == "groups":
+            kw = dict(GROUPS, group_size=size, steps=steps, chunk=max(16, size * 2))
+            launch = topk_groups.topk_groups
+        else:  # (size: entries a lane; segments of 16 lanes)
+            kw, launch = dict(SMALL, group=size), topk_bound.topk_bound
         kw.pop("method")
-        topk_groups.topk_groups(scores, lengths, k, out, False, lengths, lengths.view(1, -1), 1, stats=stats,
-                                segment_histograms=histograms, **kw)
+        launch(scores, lengths, k, out, False, lengths, lengths.view(1, -1), 1, stats=stats,
+               segment_histograms=histograms, **kw)
         results.append((out, stats["survivors"]))
     assert torch.equal(results[1][0], expected(scores, lengths, k)), "the set differs from the reference"
     assert torch.equal(results[1][0], results[0][0]), "segment histograms changed the output's bits"
@@ -211,7 +218,7 @@ def _survivors_by_definition(scores, lengths, k, unit_max):
     return counts
 
 
-@pytest.mark.parametrize("method", ["bound", "groups", "groups + segment histograms"])
+@pytest.mark.parametrize("method", ["bound", "groups", "bound + segment histograms", "groups + segment histograms"])
 def test_bound_on_causal_rows_is_as_tight_as_over_the_whole_row(method):
     """Rows shorter than the width (a causal prefill) reach only their first segments; the threshold reads
     only those. It must find the same bound as over every segment (so the same survivors), and the same set."""
@@ -222,14 +229,15 @@ def test_bound_on_causal_rows_is_as_tight_as_over_the_whole_row(method):
     lengths = torch.tensor([0, 3, 4, 5, 9, 31, 32, 33, 63, 70, 100, 129, 200, 255, 256], dtype=torch.int32)
     scores = torch.randn(lengths.numel(), width, generator=gen)
     common = dict(chunk=chunk, finish_chunk=16, num_warps=1, finish_warps=1)
-    if method == "bound":  # lane j of a segment: entries j, j + chunk, ... (group of them)
-        launch, kw = topk_bound.topk_bound, dict(common, group=group)
+    histograms = method.endswith("histograms")
+    if method.startswith("bound"):  # lane j of a segment: entries j, j + chunk, ... (group of them)
+        launch, kw = topk_bound.topk_bound, dict(common, group=group, segment_histograms=histograms)
 
         def unit_max(x):
             return x.view(-1, group, chunk).amax(dim=1).flatten()
     else:  # groups of `group` consecutive entries
         launch, kw = topk_groups.topk_groups, dict(common, group_size=group, steps=2, batch=4,
-                                                   segment_histograms=method.endswith("histograms"))
+                                                   segment_histograms=histograms)
 
         def unit_max(x):
             return x.view(-1, group).amax(dim=1)
