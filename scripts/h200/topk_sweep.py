@@ -79,6 +79,9 @@ VARIANTS = (
     # histograms (the threshold reads the maxima once, not twice; the finish the survivors three times, not four)
     ("groups c1024s32 f1024 seg-hist", dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4,
                                             finish_chunk=1024, finish_warps=8, segment_histograms=True)),
+    # ... and the bound method's (batch-invariant mode's at every width)
+    ("bound c1024 f512 seg-hist", dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, finish_warps=4,
+                                       segment_histograms=True)),
 )
 # The decode case's launches timed one by one (decode mode): the NVIDIA config at 128K (the groups method) with
 # and without segment histograms, so the threshold's and the first pass's times are seen apart.
@@ -90,7 +93,7 @@ TAIL_PHASES = ({}, dict(segment_histograms=True))
 # them, for a longer candidate list); bound's chunk sets the row passes' width, its finish_chunk / finish_warps
 # the per-row finish (one program per row: a latency chain of small histograms), group 8 halves the lane maxima
 # the per-row threshold pass bins (8192 a row at 32K with the automatic group 4); split rows (topk_split) spread
-# 320 rows of 16K-32K over more programs. 17 variants: ~70 s on an H200 with compiles.
+# 320 rows of 16K-32K over more programs (18 variants with the last: ~75 s on an H200 with compiles).
 PREFILL_VARIANTS = (
     ("default", None),
     ("radix c2048w8", dict(chunk=2048, row_levels=2, num_warps=8, segments=1)),
@@ -113,6 +116,9 @@ PREFILL_VARIANTS = (
     ("radix c2048w8 2 seg", dict(chunk=2048, row_levels=2, num_warps=8, segments=2)),
     ("radix c2048w8 4 seg", dict(chunk=2048, row_levels=2, num_warps=8, segments=4)),
     ("radix c2048w8 8 seg", dict(chunk=2048, row_levels=2, num_warps=8, segments=8)),
+    # twenty-eighth session (not yet run on the H200): the 8K-64K default (bound) with segment histograms
+    ("bound c1024w4 f512w4 seg-hist", dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, finish_warps=4,
+                                           segment_histograms=True)),
 )
 MID_WIDTHS = (16384, 32768)  # --prefill: the 320-row cases besides 4K
 PHASE_WIDTH = 32768  # --prefill: the launches of the NVIDIA default at this width are timed one by one
