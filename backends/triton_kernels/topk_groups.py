@@ -120,7 +120,9 @@ def group_compact_kernel(
         kept = _keep(tl.reshape(x, [BATCH * G]), tl.reshape(cols, [BATCH * G]), tl.reshape(inside, [BATCH * G]),
                      bound, idx_out, key_out, kept)
     tl.store(counts_ptr + row * segments + seg, kept)
-    if SEG_HIST:  # the finish's first histogram, over the survivors as stored (L2-hot), in T x S programs
+    # the finish's first histogram, over the survivors as stored (L2-hot), in T x S programs; none without a bound
+    # (L = 1: every valid entry survived, and the finish goes straight to its two-digit passes)
+    if SEG_HIST and bound != 1:
         tl.debug_barrier()  # (stored by other threads of the program)
         hist = _relative_bins(key_out, kept, bound >> 16, tl.arange(0, HIST_CHUNK))
         tl.store(hist_ptr + (row * segments + seg) * 256 + tl.arange(0, 256), hist)
