@@ -73,7 +73,8 @@ def main(sections=("sparse_mla", "indexer", "topk", "kda")):
 
     Command line: ``python -m dsahal.backends.nvidia.tune [SECTION...]``.
     """
-    from ..triton_kernels import indexer, kda, sparse_mla, topk, topk_split
+    from ..triton_kernels import indexer, kda, sparse_mla, topk, topk_bound, topk_groups, topk_split
+    from . import config
 
     unknown = set(sections) - {"sparse_mla", "indexer", "topk", "kda"}
     if unknown:
@@ -131,14 +132,16 @@ def main(sections=("sparse_mla", "indexer", "topk", "kda")):
     lengths = torch.full((320,), 131072, device=dev, dtype=torch.int32)
     distributions = (("indexer output", indexer_scores), ("gaussian", torch.randn(320, 131072, device=dev)))
     for label, scores in distributions if "topk" in sections else ():
-        configs = [dict(chunk=2048, num_warps=4, row_levels=2)]  # today's choice first: the reference
-        configs += [dict(chunk=c, num_warps=w, row_levels=2, segments=sg)  # rows split over programs
-                    for sg, c, w in itertools.product([4, 8, 16], [1024, 2048], [4, 8])]
-        configs += [dict(chunk=2048, num_warps=4, row_levels=1), dict(chunk=2048, num_warps=4, row_levels=1,
-                                                                      segments=8)]
+        today = config.topk_config(131072)  # today's choice first (the groups method): the reference
+        bound = dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, finish_warps=4)  # 8K-64K's
+        configs = [today, dict(today, segment_histograms=True), bound, dict(bound, segment_histograms=True)]
+        configs += [dict(chunk=c, num_warps=w, row_levels=2, segments=sg)  # radix, rows split over programs
+                    for sg, c, w in itertools.product([1, 8], [1024, 2048], [4, 8])]
         _sweep(f"topk [320, 128K] k=2048 {label}", configs, lambda **c: topk.topk(scores, lengths, 2048, **c),
                lambda a, b: torch.equal(a.sort(1).values, b.sort(1).values),
-               (topk.topk_kernel, topk_split.split_histogram_kernel, topk_split.split_write_kernel))
+               (topk.topk_kernel, topk_split.split_histogram_kernel, topk_split.split_write_kernel,
+                topk_groups.group_max_kernel, topk_groups.group_compact_kernel, topk_bound.bound_max_kernel,
+                topk_bound.bound_threshold_kernel, topk_bound.bound_compact_kernel, topk_bound.bound_finish_kernel))
         print(f"  torch.topk: {time_ms(lambda: torch.topk(scores, 2048, dim=1)):.4f} ms")
     for batch in (64, 256) if "kda" in sections else ():
         pool = torch.randn(batch * 2, 32, 128, 128, device=dev) * 0.05

@@ -126,7 +126,7 @@ def bound_compact_kernel(
     scores_ptr, stride_st, lengths_ptr, bound_ptr,
     cand_idx_ptr, cand_key_ptr, stride_ct,  # [T, N] int32 each: survivors of segment s from column s * seg_len
     counts_ptr,  # [T, S] int32 survivors per segment
-    hist_ptr,  # SEG_HIST: [T, S, 256] int32, the segment's survivors' bins relative to the bound (:func:`_relative_bins`)
+    hist_ptr,  # SEG_HIST: [T, S, 256] int32, the segment's survivors' bins relative to the bound (_relative_bins)
     N, seg_len, segments,
     CHUNK: tl.constexpr, SEG_HIST: tl.constexpr, HIST_CHUNK: tl.constexpr,  # survivors a histogram step (SEG_HIST)
 ):
