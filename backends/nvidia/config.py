@@ -337,8 +337,9 @@ _TOPK_BOUND = dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, fi
 _TOPK_GROUPS = dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4, finish_chunk=1024, finish_warps=8)
 # Not set here nor in _TOPK_BOUND: segment_histograms=True (twenty-eighth session, written without an H200: the same
 # output, checked under the interpreter; the threshold and finish kernels, 70 of the ~182 us at 320 x 128K, each read
-# their rows once fewer). scripts/h200/topk_sweep.py times it beside this config, launch by launch; set it where it
-# is faster there.
+# their rows once fewer), nor compact_prefetch=True (the compaction's next loads before each batch's scan; 96
+# registers against 72). scripts/h200/topk_sweep.py times both beside this config, launch by launch; set them where
+# they are faster there.
 # Rows of >= 1M scores (H200, 2026-12-03, scripts/h200/topk_wide_sweep.py, R4 of the thirteenth session, real
 # indexer scores): 64-entry groups and 64K-entry segments, 16K group maxima a row instead of 64K for the per-row
 # threshold and finish passes: 8 x 1M 0.183 ms against 0.325 with 16-entry groups (1.78x; torch.topk 0.190), 8 x 2

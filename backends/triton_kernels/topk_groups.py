@@ -93,6 +93,7 @@ def group_compact_kernel(
     N, seg_len, segments,
     GROUPS: tl.constexpr, G: tl.constexpr, BATCH: tl.constexpr,  # GROUPS = seg_len / G; BATCH groups per step
     SEG_HIST: tl.constexpr, HIST_CHUNK: tl.constexpr,  # survivors a histogram step (SEG_HIST)
+    PREFETCH: tl.constexpr,  # loads of the next batches issued before this batch's scan
 ):
     row = tl.program_id(0).to(tl.int64)
     seg = tl.program_id(1)
@@ -111,14 +112,37 @@ def group_compact_kernel(
     batch = tl.arange(0, BATCH)
     within = tl.arange(0, G)
     kept = 0
-    for b0 in range(0, num_live, BATCH):
-        listed = b0 + batch < num_live
-        group = tl.load(live_row + b0 + batch, mask=listed, other=0)
-        cols = group[:, None] * G + within[None, :]  # [BATCH, G], index order row-major
-        inside = listed[:, None] & (cols < length)
-        x = tl.load(score_row + cols, mask=inside, other=float("-inf"))
-        kept = _keep(tl.reshape(x, [BATCH * G]), tl.reshape(cols, [BATCH * G]), tl.reshape(inside, [BATCH * G]),
-                     bound, idx_out, key_out, kept)
+    if PREFETCH:
+        # Each step's two dependent loads (its group ids, then their scores) are what a step waits on: here a step
+        # gathers the next batch's scores (ids loaded a step earlier) and loads the ids of the batch after that
+        # before it scans its own, so the loads overlap the scans. The same batches in the same order: the same bits.
+        listed = batch < num_live
+        group = tl.load(live_row + batch, mask=listed, other=0)
+        x = tl.load(score_row + group[:, None] * G + within[None, :],
+                    mask=listed[:, None] & (group[:, None] * G + within[None, :] < length), other=float("-inf"))
+        listed_next = BATCH + batch < num_live
+        group_next = tl.load(live_row + BATCH + batch, mask=listed_next, other=0)
+        for b0 in range(0, num_live, BATCH):
+            listed_after = b0 + 2 * BATCH + batch < num_live
+            group_after = tl.load(live_row + b0 + 2 * BATCH + batch, mask=listed_after, other=0)
+            cols_next = group_next[:, None] * G + within[None, :]
+            x_next = tl.load(score_row + cols_next, mask=listed_next[:, None] & (cols_next < length),
+                             other=float("-inf"))
+            cols = group[:, None] * G + within[None, :]  # [BATCH, G], index order row-major
+            inside = listed[:, None] & (cols < length)
+            kept = _keep(tl.reshape(x, [BATCH * G]), tl.reshape(cols, [BATCH * G]),
+                         tl.reshape(inside, [BATCH * G]), bound, idx_out, key_out, kept)
+            x, group, listed = x_next, group_next, listed_next
+            group_next, listed_next = group_after, listed_after
+    else:
+        for b0 in range(0, num_live, BATCH):
+            listed = b0 + batch < num_live
+            group = tl.load(live_row + b0 + batch, mask=listed, other=0)
+            cols = group[:, None] * G + within[None, :]  # [BATCH, G], index order row-major
+            inside = listed[:, None] & (cols < length)
+            x = tl.load(score_row + cols, mask=inside, other=float("-inf"))
+            kept = _keep(tl.reshape(x, [BATCH * G]), tl.reshape(cols, [BATCH * G]),
+                         tl.reshape(inside, [BATCH * G]), bound, idx_out, key_out, kept)
     tl.store(counts_ptr + row * segments + seg, kept)
     # the finish's first histogram, over the survivors as stored (L2-hot), in T x S programs; none without a bound
     # (L = 1: every valid entry survived, and the finish goes straight to its two-digit passes)
@@ -138,7 +162,7 @@ def auto_group_size(width: int, k: int) -> int:
 
 def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_tokens, *, chunk=1024, steps=16,
                 group_size=None, batch=64, finish_chunk=512, num_warps=4, finish_warps=4, segment_histograms=False,
-                scratch=None, stats=None):
+                compact_prefetch=False, scratch=None, stats=None):
     """Launch the four kernels for ``scores [T, N]`` into ``out [T, k]`` (arguments as :func:`.topk.topk`).
 
     Args:
@@ -148,7 +172,9 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
             the compaction (power of two). segment_histograms: the first pass and the compaction also store
             each segment's histogram of what they wrote, so the threshold kernel reads the maxima once, not twice,
             and the finish the survivors three times, not four (module docstring; the same result; segments of at
-            most 2048 groups). finish_chunk, finish_warps, scratch, stats: as :func:`.topk_bound.topk_bound`.
+            most 2048 groups). compact_prefetch: the compaction issues the next batch's score gather and the
+            group ids of the batch after it before scanning each batch (the same result).
+            finish_chunk, finish_warps, scratch, stats: as :func:`.topk_bound.topk_bound`.
     """
     tokens, width = scores.shape
     size = auto_group_size(width, k) if group_size is None else group_size
@@ -184,7 +210,7 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
     group_compact_kernel[grid](scores, scores.stride(0), lengths, bound, maxima, live, maxima.stride(0), cand_idx,
                                cand_key, cand_idx.stride(0), counts, survivor_hist, width, seg_len, segments,
                                GROUPS=per_segment, G=size, BATCH=batch, SEG_HIST=segment_histograms,
-                               HIST_CHUNK=SURVIVOR_HIST_CHUNK, num_warps=num_warps)
+                               HIST_CHUNK=SURVIVOR_HIST_CHUNK, PREFETCH=compact_prefetch, num_warps=num_warps)
     bound_finish_kernel[(tokens,)](cand_idx, cand_key, cand_idx.stride(0), counts, bound, out, out.stride(0), req_ids,
                                    block_table, block_table.stride(0), block_table.shape[1], block_tokens, k,
                                    seg_len, segments, survivor_hist, EMIT_SLOTS=emit, CHUNK=finish_chunk,

@@ -21,7 +21,7 @@ Steps, in order, each printed:
 4. ``triton.testing.do_bench`` medians; one table: case, variant, ms, (scores + output bytes) / time,
    % of the copy ceiling, torch.topk ms / variant ms, and the bound kernels' survivors per row (mean / max);
 5. the decode case's top-k at the NVIDIA config for 128K (groups) launch by launch, with and without
-   ``segment_histograms`` (:data:`TAIL_PHASES`, :func:`phase_times`): a second table.
+   ``segment_histograms`` and ``compact_prefetch`` (:data:`TAIL_PHASES`, :func:`phase_times`): a second table.
 
 ``--prefill`` (where does the top-k spend its time on prefill rows and short rows?): the cases are
 ``prefill 4096x32K`` (causal, as above), ``decode 320x4K`` and two more cut from the same scores,
@@ -79,13 +79,18 @@ VARIANTS = (
     # histograms (the threshold reads the maxima once, not twice; the finish the survivors three times, not four)
     ("groups c1024s32 f1024 seg-hist", dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4,
                                             finish_chunk=1024, finish_warps=8, segment_histograms=True)),
+    ("groups c1024s32 f1024 prefetch", dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4,
+                                            finish_chunk=1024, finish_warps=8, compact_prefetch=True)),
+    ("groups c1024s32 f1024 seg-hist prefetch", dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4,
+                                                     finish_chunk=1024, finish_warps=8, segment_histograms=True,
+                                                     compact_prefetch=True)),
     # ... and the bound method's (batch-invariant mode's at every width)
     ("bound c1024 f512 seg-hist", dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, finish_warps=4,
                                        segment_histograms=True)),
 )
 # The decode case's launches timed one by one (decode mode): the NVIDIA config at 128K (the groups method) with
-# and without segment histograms, so the threshold's and the first pass's times are seen apart.
-TAIL_PHASES = ({}, dict(segment_histograms=True))
+# and without segment histograms (and the compaction's prefetch), so each launch's change is seen apart.
+TAIL_PHASES = ({}, dict(segment_histograms=True), dict(segment_histograms=True, compact_prefetch=True))
 
 # --prefill: rows of 4K-32K entries, many rows. The defaults there are one program per row (<= 8K: chunk 2048, 8
 # warps) and bound (8K-64K: chunk 1024, 4 warps, finish 512 at 4 warps); these are their neighbours. Larger radix

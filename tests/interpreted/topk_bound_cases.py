@@ -121,6 +121,29 @@ def test_segment_histograms_give_the_same_survivors_and_output(method, width, k,
     assert torch.equal(results[1][1], results[0][1]), "segment histograms changed the bound (survivors differ)"
 
 
+@pytest.mark.parametrize("width,k,size,batch", [(200, 9, 4, 4), (256, 20, 2, 2), (40, 48, 2, 4), (1024, 5, 64, 1)])
+def test_compaction_prefetch_gives_the_same_survivors_and_output(width, k, size, batch):
+    """The compaction's next loads issued before each batch's scan (1, 2, 3 and many batches a segment, and rows
+    with no live group): the same survivors and output bit for bit, with and without segment histograms."""
+    from dsahal.backends.triton_kernels import topk_groups
+
+    gen = torch.Generator().manual_seed(width * 3 + k)
+    scores, lengths = hard_rows(gen, width, k)
+    results = []
+    for prefetch, histograms in ((False, False), (True, False), (True, True)):
+        stats = {}
+        out = torch.empty(lengths.numel(), k, dtype=torch.int32)
+        kw = dict(GROUPS, group_size=size, steps=2, chunk=max(16, size * 2), batch=batch)
+        kw.pop("method")
+        topk_groups.topk_groups(scores, lengths, k, out, False, lengths, lengths.view(1, -1), 1, stats=stats,
+                                compact_prefetch=prefetch, segment_histograms=histograms, **kw)
+        results.append((out, stats["survivors"]))
+    assert torch.equal(results[0][0], expected(scores, lengths, k)), "the set differs from the reference"
+    for out, survivors in results[1:]:
+        assert torch.equal(out, results[0][0]), "the prefetching compaction changed the output's bits"
+        assert torch.equal(survivors, results[0][1]), "the prefetching compaction kept other survivors"
+
+
 def test_segment_histograms_need_segments_of_at_most_2048_groups():
     # the threshold's segments are then the first pass's: 4096 one-entry groups a segment are two of its
     with pytest.raises(ValueError, match="segment_histograms expected at most 2048 groups a segment, got 4096"):
