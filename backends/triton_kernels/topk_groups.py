@@ -20,6 +20,9 @@ threshold kernel sums instead of reading every maximum for its first digit, and 
 segment's histogram of its survivors' top 16 key bits relative to the bound, which the finish sums instead of its
 first pass over the survivors. Each is one histogram of what the program stored, after its reads (L2-hot), not one a
 step: Triton's histogram costs ~600 instructions a warp whatever its length. The same bound and ``τ``, bit for bit.
+With ``compact_prefetch`` the compaction gathers a batch's scores, and loads the group ids of the batch after it, one
+step ahead of the batch's scan (Triton does not pipeline that loop: its loads hang off the live list it just wrote):
+the same batches in the same order, the same bits.
 
 Scores with locality (neighbouring positions alike) put the best entries in fewer groups: the bound
 is looser and more groups are live (still exact). Four launches, no atomics, no host sync.
