@@ -32,6 +32,15 @@ ALL_EQUAL = TopkCase(rows=3, width=2 * TILE + 37, k=TILE + 300, lengths=(2 * TIL
 WIDE_TIES = TopkCase(rows=2, width=2 * TILE + 50, k=700, lengths=(2 * TILE + 50, TILE + 600), mode="palette",
                      neg_inf_fraction=0.0, inf_rows=(), noncontiguous=False, seed=5)
 
+# Rows as long as a DSA layer's context (the drawn rows stay under ~2K): a GPU backend's long-row kernels (the
+# nvidia backend picks its top-k by row width: a lower-bound compaction for 8K-64K, maxima over groups of entries
+# from 64K) see ties straddling the k-th place, -inf entries, a row exactly one short of k, and four-value palettes
+# whose k-th place is one heavily tied value.
+LONG_STRADDLE = TopkCase(rows=3, width=131072, k=2048, lengths=(131072, 100003, 2047), mode="straddle",
+                         neg_inf_fraction=0.2, inf_rows=(), noncontiguous=False, seed=6)
+LONG_PALETTE = TopkCase(rows=3, width=20000, k=2048, lengths=(20000, 9001, 2049), mode="palette",
+                        neg_inf_fraction=0.0, inf_rows=(2,), noncontiguous=True, seed=7)
+
 
 def _run_topk(run, case):
     run.begin(case)
@@ -48,6 +57,8 @@ def _run_topk(run, case):
 @example(case=EDGES)
 @example(case=ALL_EQUAL)
 @example(case=WIDE_TIES)
+@example(case=LONG_STRADDLE)
+@example(case=LONG_PALETTE)
 def test_topk_selects_the_reference_score_multiset(case, conformance):
     args, got, expected = _run_topk(conformance, case)
     A.assert_topk_rows(conformance, got, args.scores, args.lengths, args.k, expected, exact_set=False)
@@ -60,6 +71,8 @@ def test_topk_selects_the_reference_score_multiset(case, conformance):
 @example(case=EDGES)
 @example(case=ALL_EQUAL)
 @example(case=WIDE_TIES)
+@example(case=LONG_STRADDLE)
+@example(case=LONG_PALETTE)
 def test_topk_selects_the_exact_reference_set_under_the_tie_rule(case, conformance):
     args, got, expected = _run_topk(conformance, case)
     A.assert_topk_rows(conformance, got, args.scores, args.lengths, args.k, expected, exact_set=True)
