@@ -184,7 +184,8 @@ def test_bound_topk_emits_slots():
     positions = topk(scores, lengths, 20, **SMALL)
     block = table[req.long()[:, None], (positions.clamp(min=0) // 16).long()]
     want = torch.where((positions >= 0) & (block >= 0), block * 16 + positions % 16, -1)
-    for kw in (SMALL, dict(GROUPS, group_size=4)):
+    for kw in (SMALL, dict(GROUPS, group_size=4), dict(SMALL, segment_histograms=True),
+               dict(GROUPS, group_size=4, segment_histograms=True, compact_prefetch=True)):
         slots = topk(scores, lengths, 20, emit_slots=(req, table, 16), **kw)
         assert torch.equal(slots, want), f"{kw['method']}: slots differ from the positions mapped through the table"
 
