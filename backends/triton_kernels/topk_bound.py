@@ -150,13 +150,7 @@ def bound_compact_kernel(
     if start + full * CHUNK < end:
         x = tl.load(score_row + cols, mask=cols < end, other=float("-inf"))
         kept = _keep(x, cols, cols < end, bound, idx_out, key_out, kept)
-    tl.store(counts_ptr + row * segments + seg, kept)
-    # the finish's first histogram, over the survivors as stored (L2-hot), in T x S programs; none without a bound
-    # (L = 1: every valid entry survived, and the finish goes straight to its two-digit passes)
-    if SEG_HIST and bound != 1:
-        tl.debug_barrier()  # (stored by other threads of the program)
-        hist = _relative_bins(key_out, kept, bound >> 16, tl.arange(0, HIST_CHUNK))
-        tl.store(hist_ptr + (row * segments + seg) * 256 + tl.arange(0, 256), hist)
+    _segment_done(counts_ptr, hist_ptr, row, seg, segments, key_out, kept, bound, SEG_HIST, HIST_CHUNK)
 
 
 @triton.jit
@@ -199,6 +193,19 @@ def _relative_bins(key_list, kept, base, lanes):
         # lanes past the list were put in bin 0: take them out again
         hist += tl.histogram(digit, 256) - tl.where(tl.arange(0, 256) == 0, tl.sum((~inside).to(tl.int32), axis=0), 0)
     return hist
+
+
+@triton.jit
+def _segment_done(counts_ptr, hist_ptr, row, seg, segments, key_out, kept, bound, SEG_HIST: tl.constexpr,
+                  HIST_CHUNK: tl.constexpr):
+    """A compaction program's end (both methods): its survivor count, and with ``SEG_HIST`` the finish's first
+    histogram over the survivors as stored (L2-hot), in T x S programs; none without a bound (L = 1: every valid
+    entry survived, and the finish goes straight to its two-digit passes)."""
+    tl.store(counts_ptr + row * segments + seg, kept)
+    if SEG_HIST and bound != 1:
+        tl.debug_barrier()  # (stored by other threads of the program)
+        hist = _relative_bins(key_out, kept, bound >> 16, tl.arange(0, HIST_CHUNK))
+        tl.store(hist_ptr + (row * segments + seg) * 256 + tl.arange(0, 256), hist)
 
 
 @triton.jit

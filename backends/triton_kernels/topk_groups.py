@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .topk_bound import (BOUND_LEVELS, SURVIVOR_HIST_CHUNK, _keep, _relative_bins, _row_length, _scratch,
+from .topk_bound import (BOUND_LEVELS, SURVIVOR_HIST_CHUNK, _keep, _row_length, _scratch, _segment_done,
                          bound_finish_kernel, bound_threshold_kernel, segment_histogram_buffers)
 from .topk_common import _digit_histogram, _sort_key
 from dsahal.kernel_launch import wrap_launched
@@ -121,8 +121,8 @@ def group_compact_kernel(
         # before it scans its own, so the loads overlap the scans. The same batches in the same order: the same bits.
         listed = batch < num_live
         group = tl.load(live_row + batch, mask=listed, other=0)
-        x = tl.load(score_row + group[:, None] * G + within[None, :],
-                    mask=listed[:, None] & (group[:, None] * G + within[None, :] < length), other=float("-inf"))
+        cols = group[:, None] * G + within[None, :]
+        x = tl.load(score_row + cols, mask=listed[:, None] & (cols < length), other=float("-inf"))
         listed_next = BATCH + batch < num_live
         group_next = tl.load(live_row + BATCH + batch, mask=listed_next, other=0)
         for b0 in range(0, num_live, BATCH):
@@ -146,13 +146,7 @@ def group_compact_kernel(
             x = tl.load(score_row + cols, mask=inside, other=float("-inf"))
             kept = _keep(tl.reshape(x, [BATCH * G]), tl.reshape(cols, [BATCH * G]),
                          tl.reshape(inside, [BATCH * G]), bound, idx_out, key_out, kept)
-    tl.store(counts_ptr + row * segments + seg, kept)
-    # the finish's first histogram, over the survivors as stored (L2-hot), in T x S programs; none without a bound
-    # (L = 1: every valid entry survived, and the finish goes straight to its two-digit passes)
-    if SEG_HIST and bound != 1:
-        tl.debug_barrier()  # (stored by other threads of the program)
-        hist = _relative_bins(key_out, kept, bound >> 16, tl.arange(0, HIST_CHUNK))
-        tl.store(hist_ptr + (row * segments + seg) * 256 + tl.arange(0, 256), hist)
+    _segment_done(counts_ptr, hist_ptr, row, seg, segments, key_out, kept, bound, SEG_HIST, HIST_CHUNK)
 
 
 def auto_group_size(width: int, k: int) -> int:
