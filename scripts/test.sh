@@ -43,6 +43,22 @@ elif [ "${DSAHAL_TPU_AFTER:-0}" = "1" ]; then
 else
     tpu_mode=beside
 fi
+# Free disk, said first: a run that fills the disk fails wherever the disk ran out (a CI run of the twenty-eighth
+# session's work failed that way in part 1's temporary files while part 2's environment was being built). Part 2's
+# environment takes ~12 GiB at its peak (7.1 GiB installed and ~3 GiB of wheels unpacked beside it, measured
+# 2026-12-05 on a clean clone) and part 1 ~1 GiB of temporary files; with less free than both need, the
+# environment is built after part 1 instead of beside it, so that part 1 has the disk to itself.
+free_gib() {  # free GiB of the file system holding $1
+    df -Pk "$1" 2>/dev/null | awk 'NR == 2 { printf "%d", $4 / 1048576 }'
+}
+root_free="$(free_gib "$ROOT")"
+tmp_free="$(free_gib "${TMPDIR:-/tmp}")"
+echo "== disk: ${root_free:-?} GiB free under $ROOT, ${tmp_free:-?} GiB under ${TMPDIR:-/tmp}"
+if [ "$tpu_mode" = beside ] && [ ! -x "$ROOT/.venv-tpu/bin/python" ] \
+    && { [ "${root_free:-99}" -lt 16 ] || [ "${tmp_free:-99}" -lt 16 ]; }; then
+    echo "== less than 16 GiB free: part 2's environment (~12 GiB at its peak) is built after part 1, not beside it"
+    tpu_mode=after
+fi
 stop_env() {  # the environment build's whole process group (pip and its children), if it is still running
     if [ -n "$env_pid" ] && kill -0 "$env_pid" 2>/dev/null; then
         kill -TERM -- "-$env_pid" 2>/dev/null || kill -TERM "$env_pid" 2>/dev/null || true
