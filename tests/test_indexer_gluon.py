@@ -153,13 +153,14 @@ def test_indexer_score_sends_only_the_configured_tokens_per_request_to_it(monkey
     monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False: "")
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     tile = {"gluon_stages": {1: 3, 2: 4}, "gluon_depth": 1}
-    plain = dict(stacked=False, mx_registers=False, refusal_checked=True)
+    plain = dict(stacked=False, mx_registers=False, mx_fold=False, refusal_checked=True)
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=64, rows=64) == dict(plain, stages=3, depth=1)
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=128, rows=64) == dict(plain, stages=4, depth=1)
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=320, rows=64) == {}  # 5 a request: tl
     more = dict(tile, gluon_more=dict(stages=4, depth=1, maxnreg=128), gluon_stacked=True)
     assert idx._gluon_plan(more, _q(), _pages(), "fp8", tokens=320, rows=64) == dict(
-        stages=4, depth=1, maxnreg=128, stacked=True, mx_registers=False, refusal_checked=True)  # more than named
+        stages=4, depth=1, maxnreg=128, stacked=True, mx_registers=False, mx_fold=False,
+        refusal_checked=True)  # more than named
     assert idx._gluon_plan(more, _q(), _pages(), "fp8", tokens=4096, rows=1)["maxnreg"] == 128  # prefill
     assert idx._gluon_plan({"gluon_more": more["gluon_more"]}, _q(), _pages(), "fp8", tokens=320, rows=64) == {}
     assert idx._gluon_plan({}, _q(), _pages(), "fp8", tokens=64, rows=64) == {}  # not configured (batch invariant)
@@ -374,6 +375,145 @@ def test_the_mxfp4_register_operand_columns_match_the_queries_dims():
     dims = torch.tensor([mx_reg_dim(k) for k in range(32)])
     assert sorted(dims.tolist()) == list(range(32))
     assert torch.equal(column * 64, e2m1_decode(codes[0]).float()[dims])
+
+
+def _run_ptx(text: str, inputs: dict[int, int]) -> dict[int, int]:
+    """The few PTX instructions of an inline-asm decode (``and``, ``or``, ``shl``, ``shr``, ``prmt`` on .b32) run on
+    the host: ``inputs`` the ``$n`` operands, returns every ``$n`` written. ``prmt.b32 d, a, b, c`` is the generic
+    form: byte i of d is byte ``c[4i + 2 : 4i]`` of ``{b, a}`` (a its bytes 0-3), sign-replicated where ``c[4i + 3]``
+    is set (PTX ISA)."""
+    regs = {f"${n}": value for n, value in inputs.items()}
+
+    def value(operand: str) -> int:
+        operand = operand.strip()
+        return int(operand, 0) & 0xFFFFFFFF if operand[0].isdigit() else regs[operand]
+
+    for line in text.replace("{", "").replace("}", "").split(";"):
+        parts = line.split(None, 1)
+        if not parts or parts[0] == ".reg":
+            continue
+        op, args = parts[0], [a.strip() for a in parts[1].split(",")]
+        x = [value(a) for a in args[1:]]
+        if op == "and.b32":
+            out = x[0] & x[1]
+        elif op == "or.b32":
+            out = x[0] | x[1]
+        elif op == "shl.b32":
+            out = (x[0] << x[1]) & 0xFFFFFFFF
+        elif op == "shr.b32":
+            out = x[0] >> x[1]
+        elif op == "prmt.b32":
+            pool, out = x[1] << 32 | x[0], 0
+            for i in range(4):
+                sel = x[2] >> 4 * i & 0xF
+                byte = pool >> 8 * (sel & 7) & 0xFF
+                if sel & 8:  # the byte's sign replicated
+                    byte = 0xFF if byte & 0x80 else 0
+                out |= byte << 8 * i
+        else:
+            raise AssertionError(f"an instruction the host runner does not know: {line!r}")
+        regs[args[0]] = out
+    return {int(k[1:]): v for k, v in regs.items() if k.startswith("$")}
+
+
+def _fold_decode(word: int, exponent: int, top: int) -> list[float]:
+    """The 8 codes of ``word`` as ``indexer_gluon._e2m1_folded`` decodes them (its PTX run on the host, the tables from
+    ``_fold_tables``): codes 0-3 in its first output's bytes, 4-7 in its second's."""
+    low, high = (int(getattr(t, "value", t)) & 0xFFFFFFFF for t in _host(g._fold_tables)(exponent, top))
+    out = _run_ptx(str(getattr(g.FOLD_DECODE_PTX, "value", g.FOLD_DECODE_PTX)), {2: word, 6: low, 10: high})
+    raw = torch.tensor([out[0] >> 8 * e & 0xFF for e in range(4)] + [out[1] >> 8 * e & 0xFF for e in range(4)],
+                       dtype=torch.uint8)
+    return raw.view(torch.float8_e4m3fn).double().tolist()
+
+
+def test_the_folded_decode_is_every_code_times_its_blocks_distance_exactly():
+    # MX_FOLD: block b's codes decoded as their values x 2^(6 - (top - e_b)) for every distance the fold takes, each
+    # code at each nibble of a word, and (x the key's factor 2^(top - 133)) the code's true value x 2^(e_b - 127)
+    from dsahal.formats.numerics import e2m1_decode
+
+    span = int(getattr(g.FOLD_SPAN, "value", g.FOLD_SPAN))
+    assert span == 11
+    gen = torch.Generator().manual_seed(3)
+    for top in (11, 140, 254):
+        for distance in range(span + 1):
+            exponent = top - distance
+            for position in range(8):
+                for code in range(16):
+                    others = torch.randint(0, 16, (8,), generator=gen)
+                    others[position] = code
+                    word = sum(int(c) << 4 * i for i, c in enumerate(others))
+                    decoded = _fold_decode(word, exponent, top)
+                    want = e2m1_decode(others.to(torch.uint8)).double()
+                    assert decoded == (want * 2.0 ** (6 - distance)).tolist(), (top, distance, position, code)
+                    # the true values: the factor _fold_scale gives the key, the same for its every block
+                    assert [d * 2.0 ** (top - 133) for d in decoded] == (want * 2.0 ** (exponent - 127)).tolist()
+
+
+def test_the_folded_operand_columns_match_the_queries_dims():
+    # lane c decodes code word c of a block into codes 0-3 and 4-7 of the word; join then the permute (0, 3, 1, 2)
+    # of [key, c, e, a] make column k = e + 4 c + 16 a, code 4 a + e of word c: dim 8 c + 4 a + e = mx_fold_dim(k)
+    from dsahal.formats.numerics import e2m1_decode, pack_nibbles
+
+    gen = torch.Generator().manual_seed(4)
+    codes = torch.randint(0, 16, (1, 32), generator=gen, dtype=torch.uint8)
+    words = (pack_nibbles(codes).view(torch.int32).to(torch.int64) & 0xFFFFFFFF)[0].tolist()  # code word c
+    column = torch.empty(32, dtype=torch.float64)
+    for c, word in enumerate(words):
+        decoded = _fold_decode(word, 127, 127)
+        for a in range(2):
+            for e in range(4):
+                column[e + 4 * c + 16 * a] = decoded[4 * a + e]
+    dims = torch.tensor([_host(g.mx_fold_dim)(k) for k in range(32)])
+    assert sorted(dims.tolist()) == list(range(32))
+    assert torch.equal(column, e2m1_decode(codes[0]).double()[dims] * 64)
+
+
+def test_the_folds_span_is_the_widest_its_tables_hold_and_its_factor_covers_every_scale_byte():
+    # _fold_tables takes the distance off each byte's exponent field: right while the least code (0.5) stays a
+    # normal e4m3 number, up to FOLD_SPAN; one binade more and its byte would be wrong, so such keys are scored
+    # block by block. The key's factor (the bits _fold_scale builds: normal from top 7, subnormal below, NaN at 255)
+    from dsahal.formats.numerics import e2m1_decode
+
+    span = int(getattr(g.FOLD_SPAN, "value", g.FOLD_SPAN))
+    half = 0x11111111  # code 1 (0.5) at every nibble
+    assert _fold_decode(half, 200 - span, 200) == [0.5 * 2.0 ** (6 - span)] * 8
+    assert _fold_decode(half, 200 - span - 1, 200) != [0.5 * 2.0 ** (5 - span)] * 8
+    assert e2m1_decode(torch.tensor([1], dtype=torch.uint8)).item() == 0.5
+    import struct
+
+    import numpy
+
+    f32 = numpy.float32
+    for top in range(256):  # (_fold_scale's arithmetic in fp32 on the host: Gluon's ops do not run here)
+        unit = f32(struct.unpack("<f", struct.pack("<I", max(top << 23, 0x00400000)))[0])
+        with numpy.errstate(invalid="ignore"):
+            factor = unit * f32(0.015625) + unit * f32(0.0)
+        assert numpy.isnan(factor) if top == 255 else factor == 2.0 ** (top - 133)
+
+
+def test_the_folded_scales_are_an_mxfp4_option_of_the_register_operands_and_head_sum_mma(monkeypatch):
+    # mx_fold: a launch option (the backend's configuration names it gluon_mx_fold, unset until the H200 times it);
+    # MXFP4 keys only (ignored for FP8 keys, as mx_registers), and only with the register operands and the head-sum
+    # MMA it is built on: asked otherwise, the launch says so before any launch
+    monkeypatch.setattr(g, "refusal", lambda *args: "")
+    mx_pages, fp8_pages = _pages(record=68), _pages()
+    meta = g.launch_meta(_q(), mx_pages, 2, 4, 1, mx_registers=True, head_sum_mma=True, mx_fold=True)
+    assert meta["MX_FOLD"] and meta["MX_REG"] and meta["HSUM"]
+    assert not g.launch_meta(_q(), mx_pages, 2, 4, 1, mx_registers=True, head_sum_mma=True)["MX_FOLD"]  # default
+    assert not g.launch_meta(_q(), fp8_pages, 2, 4, 1, mx_registers=True, head_sum_mma=True, mx_fold=True)["MX_FOLD"]
+    t = torch.zeros(2, dtype=torch.int32)
+    for registers, head_sum in ((False, True), (True, False)):
+        with pytest.raises(ValueError, match=r"\(gluon\): mx_fold expected mx_registers=True and head_sum_mma=True"):
+            g.launch(_q(), torch.zeros(2, 32), mx_pages, torch.zeros(1, 4, dtype=torch.int32), t, t, t, 256,
+                     torch.empty(2, 256), starts=t, group=1, index_fmt="mxfp4", mx_registers=registers,
+                     head_sum_mma=head_sum, mx_fold=True)
+    from dsahal.backends.nvidia import config
+
+    assert "gluon_mx_fold" not in config.indexer_config(32, torch.float8_e4m3fn, "mxfp4")["block_tiles"]
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False: "")
+    monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
+    tile = {"gluon_stages": {1: 4}, "gluon_mx_registers": True, "gluon_mx_fold": True}
+    assert idx._gluon_plan(tile, _q(), mx_pages, "mxfp4", tokens=64, rows=64)["mx_fold"] is True
 
 
 def test_another_architecture_is_refused_by_name_and_takes_the_tl_kernel(monkeypatch):

@@ -110,6 +110,7 @@ def test_the_block_tile_kernel_scores_nan_where_the_reference_does(interpreted):
     "indexer Gluon, fp8 keys, 32 heads, fp8 q, 5 token(s) a request, 4 stages, depth 1, 128 registers",
     "indexer Gluon, fp8 keys, 64 heads, bf16 q, 5 token(s) a request, 2 stages, depth 1, hi and lo stacked",
     "indexer Gluon, mxfp4 keys, fp8 q, 2 token(s) a request, 4 stages, register operands",
+    "indexer Gluon folded, mxfp4 keys, bf16 q, 5 token(s) a request, 4 stages, register operands",
 ])
 def test_the_kernels_relu_keeps_a_nan_logit_on_hopper(name):
     """Every relu (a float max against zero) in the sm_90 compile is ``FMNMX.NAN``."""

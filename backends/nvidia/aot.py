@@ -624,25 +624,28 @@ def _gluon_indexer_variants() -> list[Variant]:
                     indexer_gluon.indexer_gluon_kernel,
                     dict(H=heads, BLOCK_H=heads, GROUP=group, STAGES=launch["stages"], DEPTH=launch["depth"],
                          WHOLE=True, HI_LO=label == "bf16", MX=False, STACK=stacked, MX_REG=False, TSTACK=1,
-                         HSUM=launch.get("head_sum_mma", False), WS=False, PRODUCER_REGS=40),
+                         HSUM=launch.get("head_sum_mma", False), WS=False, PRODUCER_REGS=40, MX_FOLD=False),
                     dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 33),
                     gluon=True, maxnreg=launch.get("maxnreg")))
     options = config._MXFP4_GLUON
     mx_registers = options.get("gluon_mx_registers", False)
-    for label, q_type in (("fp8", "fp8e4nv"), ("bf16", "bf16")):  # MXFP4 keys (config._MXFP4_GLUON)
-        for group in (1, 2, 5):
-            launch = gluon_options(options, group)
-            out.append(Variant(
-                f"indexer Gluon, mxfp4 keys, {label} q, {group} token(s) a request, {launch['stages']} stages"
-                + (", register operands" if mx_registers else "")
-                + (", head sums as MMAs" if launch.get("head_sum_mma") else ""),
-                indexer_gluon.indexer_gluon_kernel,
-                dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=launch["stages"],
-                     DEPTH=launch["depth"], WHOLE=True, HI_LO=label == "bf16", MX=True, STACK=False,
-                     MX_REG=mx_registers, TSTACK=1, HSUM=launch.get("head_sum_mma", False), WS=False,
-                     PRODUCER_REGS=40),
-                dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 17),
-                gluon=True, maxnreg=launch.get("maxnreg")))
+    # MXFP4 keys (config._MXFP4_GLUON), and the same launches with the launch option mx_fold (each key's block scales
+    # folded into its decoded codes; not the backend's launch until the H200 has timed it)
+    for fold in (False, True):
+        for label, q_type in (("fp8", "fp8e4nv"), ("bf16", "bf16")):
+            for group in (1, 2, 5):
+                launch = gluon_options(options, group)
+                out.append(Variant(
+                    f"indexer Gluon{' folded' if fold else ''}, mxfp4 keys, {label} q, {group} token(s) a request, "
+                    f"{launch['stages']} stages" + (", register operands" if mx_registers else "")
+                    + (", head sums as MMAs" if launch.get("head_sum_mma") else ""),
+                    indexer_gluon.indexer_gluon_kernel,
+                    dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=launch["stages"],
+                         DEPTH=launch["depth"], WHOLE=True, HI_LO=label == "bf16", MX=True, STACK=False,
+                         MX_REG=mx_registers, TSTACK=1, HSUM=launch.get("head_sum_mma", False), WS=False,
+                         PRODUCER_REGS=40, MX_FOLD=fold and mx_registers and launch.get("head_sum_mma", False)),
+                    dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 17),
+                    gluon=True, maxnreg=launch.get("maxnreg")))
     return out
 
 

@@ -458,7 +458,7 @@ def _gluon_plan(tile: dict, q, index_pages, index_fmt, tokens: int, rows: int) -
                                      plan.get("head_sum_mma", False)):
         return {}
     return dict(plan, stacked=tile.get("gluon_stacked", False), mx_registers=tile.get("gluon_mx_registers", False),
-                refusal_checked=True)
+                mx_fold=tile.get("gluon_mx_fold", False), refusal_checked=True)
 
 
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,
@@ -505,7 +505,8 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             ``gluon_depth``: its token MMAs in flight, default 2; ``gluon_more``: its launch options for calls of more
             tokens a request than ``gluon_stages`` names; ``gluon_stacked``: bf16 queries' hi and lo parts as
             one MMA a token there, default False; ``gluon_mx_registers``: MXFP4 keys decoded into the MMAs' register
-            operands there, default False),
+            operands there, default False; ``gluon_mx_fold``: MXFP4 keys' block scales folded into their decoded
+            codes there, :func:`.indexer_gluon.launch`'s ``mx_fold``, default False),
             the other arguments then being the general kernel's, for the calls that fall back to it.
             There ``group`` (or ``tile_group``, <= 8) is the tokens per segment, ``tiles``, ``num_warps``,
             ``num_stages``, ``typed_keys``, ``mxfp4_dot_scaled`` / ``mxfp4_fast_math`` mean the same;

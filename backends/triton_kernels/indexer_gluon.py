@@ -37,6 +37,16 @@ MXFP4 choice: four accumulators instead of eight). Since the twenty-third sessio
 each lane decodes its rows' code word of each block straight into the FP8 wgmma's register operand
 (:func:`_mx_registers`, column order :func:`mx_reg_dim`): no shared-memory round trip, no fence or barrier a tile,
 1.11-1.19x on the H200.
+``MX_FOLD`` (twenty-ninth session, a launch option not yet run on a GPU): each key's four block scales folded into its
+decoded codes (:func:`_folded_tile_scores`): block ``b`` decoded through a per-key table as its values times
+``2^(6 - (top - e_b))`` (``top`` the key's largest scale byte; :func:`_e2m1_folded`, two ``prmt`` byte lookups and two
+sign gathers a code word), exact in e4m3 while a key's scales span at most ``FOLD_SPAN`` (11) binades, so the four
+blocks' MMAs chain into one accumulator and the key's common factor ``2^(top - 133)`` goes on its score after the head
+sum: no FMUL and three FFMA a score a token, one accumulator's registers. A tile holding a wider key is decoded at
+distance 0 and scored block by block, one MMA at a time (:func:`_spread_tile_tokens`, the exact block scales), a
+branch the whole warpgroup takes (one reduction a tile decides it). sm_90 (Triton 3.6), the fast path's main loop a
+64-key tile: 275 / 322 / 484 instructions at 1 / 2 / 5 tokens with FP8 queries against the unfolded launch's 284 / 398
+/ 753, 92 / 114 / 194 registers against 119 / 136 / 203 (bf16 queries 283 / 359 / 566 against 292 / 444 / 835).
 
 Keys are the MMA's M side (64 a tile), one token's heads its N side (``BLOCK_H``: the heads padded to a power of two
 >= 16); the queries sit in shared memory (the ``wgmma`` B operand), one ``[BLOCK_H, 128]`` buffer a token (two for
@@ -118,6 +128,20 @@ MX_STAGE_WORDS = gl.constexpr(1024)  # + 64 padding words = 1,088 = 64 x 17
 _MX_STAGE = gl.constexpr(gl.PaddedSharedLayout([[16, 1], [512, 1]], [[1 << b] for b in range(10)], [], [1024]))
 # a lane: word c of each block of a row (single words: rows 17 words apart are 4-byte aligned only; a layout with 4
 # words a lane in a row compiled to 16-byte shared loads there, misaligned on the H200)
+# (MX_FOLD) a key's block scales folded into its decoded codes: the e4m3 bytes of e2m1 magnitudes 0-3 and 4-7 times 2^6
+# (:func:`_fold_tables`), and the widest span of a key's four scale exponents the fold takes (every e2m1 value times
+# 2^(6 - d) is a normal e4m3 number for d <= 11); a tile holding a wider key is scored block by block
+FOLD_TABLE_LOW = gl.constexpr(0x6C686000)
+FOLD_TABLE_HIGH = gl.constexpr(0x7C787470)
+FOLD_SPAN = gl.constexpr(11)
+# (MX_FOLD) the decode of :func:`_e2m1_folded`: $2 a code word, $6 / $10 its block's tables, $0 / $1 codes 0-3 / 4-7
+FOLD_DECODE_PTX = gl.constexpr(
+    "{\n\t.reg .b32 m, mh, w4, s;"
+    "\n\tand.b32 m, $2, 0x77777777;\n\tshr.b32 mh, m, 16;"
+    "\n\tprmt.b32 $0, $6, $10, m;\n\tprmt.b32 $1, $6, $10, mh;"
+    "\n\tshl.b32 w4, $2, 4;"
+    "\n\tprmt.b32 s, w4, $2, 0x5140;\n\tand.b32 s, s, 0x80808080;\n\tor.b32 $0, $0, s;"
+    "\n\tprmt.b32 s, w4, $2, 0x7362;\n\tand.b32 s, s, 0x80808080;\n\tor.b32 $1, $1, s;\n\t}")
 _MX_WORDS = gl.constexpr(gl.BlockedLayout([1, 1], [8, 4], [4, 1], [1, 0]))
 # (MX_REG) a block's code words repeated over their 4 bytes, [64 keys, 4 c, 4 e]: a lane's rows as the FP8 wgmma's
 # register operand takes them (16 w + r, + 8), word c of the block
@@ -386,6 +410,79 @@ def _mx_registers(stage, DOT_A: gl.constexpr):
 
 
 @gluon.jit
+def mx_fold_dim(k):
+    """(``MX_FOLD``) The dim (within its 32-dim block) that column ``k`` of a block's folded register operand holds
+    (:func:`_e2m1_folded`): ``k = e + 4 c + 16 a`` is byte ``e`` of output word ``a`` of the block's code word ``c``,
+    its code ``4 a + e``: dim ``8 c + 4 a + e``."""
+    return 8 * ((k >> 2) & 3) + 4 * (k >> 4) + (k & 3)
+
+
+@gluon.jit
+def _e2m1_folded(words, lut_low, lut_high):
+    """(``MX_FOLD``) Code words (int32, each repeated over a last axis of 4, as :func:`_e2m1_as_e4m3`'s) -> (codes
+    0-3, codes 4-7) of each word as e4m3 bytes looked up in a per-key table: ``lut_low`` / ``lut_high`` (int32, the
+    same shape) hold the e4m3 bytes of magnitudes 0-3 / 4-7 (:func:`_fold_tables`). A ``prmt`` picks four bytes of
+    the eight by four 3-bit magnitudes (the word's low or high 16 bits, signs masked off); a second ``prmt`` gathers
+    the four codes' sign bits into their bytes' bit 7 (codes 0 and 2 from the word shifted left by 4, 1 and 3 as
+    they are). 9 instructions a word against the shift decode's 7: the table carries the block's scale."""
+    return gl.inline_asm_elementwise(FOLD_DECODE_PTX, "=r,=r,r,r,r,r,r,r,r,r,r,r,r,r", [words, lut_low, lut_high],
+                                     dtype=(gl.float8e4nv, gl.float8e4nv), is_pure=True, pack=4)
+
+
+@gluon.jit
+def _fold_tables(exponent, top):
+    """(``MX_FOLD``) A block's lookup tables (int32 ``(low, high)``) for its scale byte ``exponent``, ``top - exponent
+    <= FOLD_SPAN`` binades below its key's largest ``top``: the e4m3 bytes of magnitudes 0-7 (0, 0.5, 1, 1.5, 2, 3, 4,
+    6) times ``2^(6 - (top - exponent))``. Every one is a normal e4m3 number (the smallest, 0.5 x 2^-5, is e4m3's
+    least normal), so the table is the one at distance 0 with the distance taken off each nonzero byte's exponent
+    field (no borrow: each such byte's field is at least 12), one multiply-add a table."""
+    distance = top - exponent
+    return FOLD_TABLE_LOW - distance * 0x08080800, FOLD_TABLE_HIGH - distance * 0x08080808
+
+
+@gluon.jit
+def _mx_fold_exponents(stage, ROWL: gl.constexpr):
+    """(``MX_FOLD``) An MXFP4 stage's four UE8M0 scale bytes a key (int32 ``[64]`` each, in ``ROWL``), their largest,
+    and whether they span more than ``FOLD_SPAN`` binades (the key's codes cannot all be folded exactly)."""
+    word = _view(_words(stage, MX_STAGE_WORDS).slice(16, 16), gl.int32, [64], _mx_scale_layout()).load(ROWL)
+    e0, e1, e2, e3 = word & 0xFF, (word >> 8) & 0xFF, (word >> 16) & 0xFF, (word >> 24) & 0xFF
+    top = gl.maximum(gl.maximum(e0, e1), gl.maximum(e2, e3))
+    low = gl.minimum(gl.minimum(e0, e1), gl.minimum(e2, e3))
+    return (e0, e1, e2, e3), top, top - low > FOLD_SPAN
+
+
+@gluon.jit
+def _fold_scale(top):
+    """(``MX_FOLD``) The factor a folded key's scores take, from its largest scale byte ``top`` (int32 ``[64]``):
+    block ``b``'s codes were decoded as their values times ``2^(6 - (top - e_b))``, so its true values are those
+    times ``2^(e_b - 127) / 2^(6 - (top - e_b)) = 2^(top - 133)``, the same for every block: ``2^(top - 127)`` from
+    the byte's bits (byte 0's raised to 2^-127's, its UE8M0 value, by an integer max; 255 is Inf there), times 2^-6
+    plus 0 x itself, which turns 255's Inf into NaN (the OCP MX NaN scale, as the reference decodes it) and leaves
+    the rest exact."""
+    # (2^-127 as its bits: a subnormal literal would be taken as fp64)
+    unit = gl.maximum(top << 23, 0x00400000).to(gl.float32, bitcast=True)
+    return gl.fma(unit, 0.015625, unit * 0.0)
+
+
+@gluon.jit
+def _mx_folded_registers(stage, exps, top, DOT_A: gl.constexpr):
+    """(``MX_FOLD``) An MXFP4 stage's keys as the four 32-dim blocks' register A operands (e4m3 ``[64, 32]`` each,
+    columns in :func:`mx_fold_dim` order), block ``b``'s codes times ``2^(6 - (top - exps[b]))`` (int32 ``[64]`` each,
+    in the stage's row slice of the decode layout; ``exps`` all ``top``: every block at distance 0): the same lanes
+    and words as :func:`_mx_registers`."""
+    words = _view(stage, gl.int32, [64, 16], _mx_code_layout())
+    zero = gl.zeros([64, 4, 4], gl.int32, _MX_REG_BYTES)
+    out = ()
+    for b in gl.static_range(4):
+        w = words.slice(4 * b, 4, dim=1).load(gl.SliceLayout(2, _MX_REG_BYTES))  # [64 keys, 4 c]
+        low, high = _fold_tables(exps[b], top)
+        lo, hi = _e2m1_folded(w[:, :, None] + zero, low[:, None, None] + zero, high[:, None, None] + zero)
+        v = gl.reshape(gl.permute(gl.join(lo, hi), (0, 3, 1, 2)), [64, 32])  # [key, a, c, e]: k = e + 4 c + 16 a
+        out = out + (gl.convert_layout(v, DOT_A, assert_trivial=True),)
+    return out
+
+
+@gluon.jit
 def _epilogue(acc, w_s, key_scale, mapped, s, ok, pos, t, out_ptr, stride_ot, max_context, COLS: gl.constexpr):
     """One token's scores on a tile: ``Σ_h w[h] · relu(acc[:, h]) · scale``, -inf where not visible, stored."""
     relu = gl.maximum(acc, 0.0, propagate_nan=_NAN_KEPT)
@@ -465,12 +562,18 @@ def _block(a, b: gl.constexpr, MX_REG: gl.constexpr):
 
 @gluon.jit
 def _token_mmas(a, qs, qs_lo, g: gl.constexpr, zeros, HI_LO: gl.constexpr, MX: gl.constexpr, STACK: gl.constexpr,
-                MX_REG: gl.constexpr = False):
+                MX_REG: gl.constexpr = False, CHAINED: gl.constexpr = False):
     """Token ``g``'s MMA(s) on the tile's keys ``a``, issued asynchronously: one, or (``HI_LO``) the hi and lo parts'
     into separate accumulators (chained, the FP8 accumulator's precision cost 4.3e-4 relative error on the H200), or
     (``STACK``) into separate columns of one (``zeros`` then ``[64, 2 BLOCK_H]``)."""
     if STACK:
         out = warpgroup_mma(a, qs[g].permute((1, 0)), zeros, use_acc=False, is_async=True)
+    elif CHAINED:  # (MX_FOLD) every block's MMA (hi then lo with HI_LO) into one accumulator: one handle
+        out = zeros
+        for b in gl.static_range(4):
+            out = warpgroup_mma(_block(a, b, MX_REG), qs[g][b].permute((1, 0)), out, use_acc=b > 0, is_async=True)
+            if HI_LO:
+                out = warpgroup_mma(_block(a, b, MX_REG), qs_lo[g][b].permute((1, 0)), out, is_async=True)
     elif MX and HI_LO:  # a block's lo MMA chained onto its hi MMA's accumulator (lo unscaled: _split's LO 1)
         out = ()
         for b in gl.static_range(4):
@@ -594,7 +697,8 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
           stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, a_blocks,
           BLOCK_H: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr,
           WHOLE: gl.constexpr, HI_LO: gl.constexpr, MX: gl.constexpr, STACK: gl.constexpr,
-          MX_REG: gl.constexpr = False, TSTACK: gl.constexpr = 1, HSUM: gl.constexpr = False):
+          MX_REG: gl.constexpr = False, TSTACK: gl.constexpr = 1, HSUM: gl.constexpr = False,
+          MX_FOLD: gl.constexpr = False):
     """Key tile ``i`` from stage ``here``; the tile ``STAGES - 1`` ahead is copied into ``refill`` (the stage read by
     tile ``i - 1``). Returns the table entry of the tile copied next."""
     async_copy.wait_group(STAGES - 2)  # this thread's pieces of tile i have landed
@@ -605,9 +709,14 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
     async_copy.commit_group()
     ahead_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(ahead + 1, live - 1), max_blocks,
                          block_tokens, WHOLE)
-    _tile_scores(i, first, here, a_blocks, here, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt, req64,
-                 num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H, GROUP, DEPTH, WHOLE,
-                 HI_LO, MX, STACK, MX_REG, TSTACK, HSUM, False)
+    if MX_FOLD:
+        _folded_tile_scores(i, first, here, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt, req64,
+                            num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H, GROUP,
+                            DEPTH, WHOLE, HI_LO)
+    else:
+        _tile_scores(i, first, here, a_blocks, here, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt,
+                     req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H, GROUP,
+                     DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG, TSTACK, HSUM, False)
     return ahead_entry
 
 
@@ -637,6 +746,8 @@ def _tile_scores(i, first, here, a_blocks, release, qs, qs_lo, w_s, oks, poss, t
         key_scale = 64.0  # (the codes decoded as value x 2^-6)
     else:
         a = _codes(here, DOT_A)
+        block_scales = ()  # (MXFP4 keys' only)
+        key_scale = 1.0  # (read from the stage below: the key scales' layout is the epilogue's)
     if HSUM and TSTACK == 1:
         SUM_ROWS: gl.constexpr = gl.SliceLayout(1, _sum_layout())  # the head sums' MMA (tf32, N = 8): its rows
     if RELEASE:  # the stage read into registers (codes, key scales), then freed
@@ -654,73 +765,159 @@ def _tile_scores(i, first, here, a_blocks, release, qs, qs_lo, w_s, oks, poss, t
         _stacked_tile(a, qs, w_s, key_scale, (entry >= 0) & (entry < num_blocks), s, oks, poss, t0, out_ptr,
                       stride_ot, max_context, BLOCK_H, GROUP, DEPTH, TSTACK)
     else:  # a MMA (or two, or four) a token
-        if STACK:
-            zeros = gl.zeros([64, 2 * BLOCK_H], gl.float32, _mma_layout(2 * BLOCK_H))
-        else:
-            zeros = gl.zeros([64, BLOCK_H], gl.float32, MMA)
-        D: gl.constexpr = DEPTH if DEPTH < GROUP else GROUP
-        # MMAs (commit groups) a token: bf16 queries as hi and lo parts (one, stacked); MXFP4 keys one a 32-dim block
-        P: gl.constexpr = (8 if HI_LO else 4) if MX else (2 if HI_LO and not STACK else 1)
-        toks = ()
-        for g in gl.static_range(D):  # the first D tokens' MMAs in flight before the first epilogue
-            toks = toks + (_token_mmas(a, qs, qs_lo, g, zeros, HI_LO, MX, STACK, MX_REG),)
-        if HSUM:  # the head sums' MMA (tf32, N = 8)
-            sum_zeros = gl.zeros([64, 8], gl.float32, _sum_layout())
-            s = (first + i) * 64 + gl.arange(0, 64, SUM_ROWS)
-            if MX:
+        _tokens(a, block_scales, key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt,
+                req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H, GROUP, DEPTH,
+                WHOLE, HI_LO, MX, STACK, MX_REG, HSUM, RELEASE, False)
+
+
+@gluon.jit
+def _folded_tile_scores(i, first, here, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt, req64, num_blocks,
+                        max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H: gl.constexpr,
+                        GROUP: gl.constexpr, DEPTH: gl.constexpr, WHOLE: gl.constexpr, HI_LO: gl.constexpr):
+    """(``MX_FOLD``) MXFP4 key tile ``i``'s scores with each key's block scales folded into its decoded codes.
+
+    Block ``b`` of a key whose largest scale byte is ``top`` is decoded through the table for distance ``top - e_b``
+    (:func:`_fold_tables`): its values times ``2^(e_b - 127)`` times ``2^(133 - top)``, exact in e4m3 while the
+    key's four bytes span at most ``FOLD_SPAN`` binades. Then every block's MMA chains into one accumulator and the
+    key's common factor ``2^(top - 133)`` goes on its score after the head sum (relu and the head sum commute with a
+    positive factor; NaN for a 255 byte): no per-block accumulators, no four-way sum a token (the unfolded kernel's
+    FMUL and three FFMA per score a token). A tile holding a wider key (one the suite's extreme scales draw; real
+    keys' block scales sit within a few binades) is decoded with every distance 0 and scored block by block as the
+    unfolded kernel does (its exact block scales, :func:`_mx_scales`): the choice is the tile's, one branch."""
+    MMA: gl.constexpr = _mma_layout(BLOCK_H)
+    DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4)
+    ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
+    ROWL: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, _MX_REG_BYTES))  # the decode's rows
+    SUM_ROWS: gl.constexpr = gl.SliceLayout(1, _sum_layout())
+    exps, top, wide = _mx_fold_exponents(here, ROWL)
+    if gl.max(wide.to(gl.int32), axis=0) == 0:  # no key of the tile spans more than FOLD_SPAN binades
+        a = _mx_folded_registers(here, exps, top, DOT_A)
+        key_scale = gl.convert_layout(_fold_scale(top), SUM_ROWS)
+        _tokens(a, a, key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt, req64,
+                num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H, GROUP, DEPTH, WHOLE,
+                HI_LO, True, False, True, True, False, True)
+    else:  # every block at distance 0 (its values times 2^6), scored block by block
+        _spread_tile_tokens(_mx_folded_registers(here, (top, top, top, top), top, DOT_A), _mx_scales(here, ROWS), qs,
+                            qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt, req64, num_blocks,
+                            max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H, GROUP, WHOLE, HI_LO)
+
+
+@gluon.jit
+def _spread_tile_tokens(a, block_scales, qs, qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt, req64,
+                        num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H: gl.constexpr,
+                        GROUP: gl.constexpr, WHOLE: gl.constexpr, HI_LO: gl.constexpr):
+    """(``MX_FOLD``) A tile holding a key whose scales span more than ``FOLD_SPAN`` binades, its codes decoded at
+    distance 0 (``a``: the blocks' values times 2^6): each token's blocks one MMA at a time, each summed into the
+    token's accumulator with its exact block scale (``block_scales``, :func:`_mx_scales`), then its head sum, its
+    scores times 2^-6. Sequential (every MMA waited on): the rare tile's path, kept to two accumulators' registers so
+    that the kernel's register count is the folded path's."""
+    MMA: gl.constexpr = _mma_layout(BLOCK_H)
+    SUM_ROWS: gl.constexpr = gl.SliceLayout(1, _sum_layout())
+    zeros = gl.zeros([64, BLOCK_H], gl.float32, MMA)
+    sum_zeros = gl.zeros([64, 8], gl.float32, _sum_layout())
+    key_scale = gl.full([64], 0.015625, gl.float32, SUM_ROWS)
+    s = (first + i) * 64 + gl.arange(0, 64, SUM_ROWS)
+    entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
+    mapped = (entry >= 0) & (entry < num_blocks)
+    for g in gl.static_range(GROUP):
+        total = zeros
+        for b in gl.static_range(4):
+            acc = warpgroup_mma(a[b], qs[g][b].permute((1, 0)), zeros, use_acc=False, is_async=True)
+            if HI_LO:  # (lo unscaled: _split's LO 1)
+                acc = warpgroup_mma(a[b], qs_lo[g][b].permute((1, 0)), acc, is_async=True)
+            total = total + warpgroup_mma_wait(0, deps=[acc]) * block_scales[b][:, None]
+        summed = warpgroup_mma(_relu_operand(total, BLOCK_H), w_s.permute((1, 0)), sum_zeros, use_acc=False,
+                               is_async=True)
+        _head_sum_store(warpgroup_mma_wait(0, deps=[summed]), g, key_scale, mapped, s, oks[g], poss[g], t0 + g,
+                        out_ptr, stride_ot, max_context)
+
+
+@gluon.jit
+def _tokens(a, block_scales, key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt,
+            req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H: gl.constexpr,
+            GROUP: gl.constexpr, DEPTH: gl.constexpr, WHOLE: gl.constexpr, HI_LO: gl.constexpr, MX: gl.constexpr,
+            STACK: gl.constexpr, MX_REG: gl.constexpr, HSUM: gl.constexpr, RELEASE: gl.constexpr,
+            CHAINED: gl.constexpr):
+    """The segment's tokens on key tile ``i`` (keys ``a``, TSTACK 1): each token's MMA (or two, or four), ``DEPTH`` in
+    flight, and its epilogue. MXFP4 keys (``MX``): the four blocks' MMAs into their own accumulators, summed with
+    ``block_scales``, the scores times 64 (:func:`_mx_registers`' codes are the values times 2^-6); ``CHAINED``
+    (:func:`_folded_tile_scores`, every key's scales folded into its codes) the four chained into one accumulator,
+    the scores times ``key_scale`` (:func:`_fold_scale`, in the head sums' rows)."""
+    MMA: gl.constexpr = _mma_layout(BLOCK_H)
+    ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
+    COLS: gl.constexpr = gl.SliceLayout(0, MMA)
+    if HSUM:
+        SUM_ROWS: gl.constexpr = gl.SliceLayout(1, _sum_layout())  # the head sums' MMA (tf32, N = 8): its rows
+    if STACK:
+        zeros = gl.zeros([64, 2 * BLOCK_H], gl.float32, _mma_layout(2 * BLOCK_H))
+    else:
+        zeros = gl.zeros([64, BLOCK_H], gl.float32, MMA)
+    D: gl.constexpr = DEPTH if DEPTH < GROUP else GROUP
+    # MMAs (commit groups) a token: bf16 queries as hi and lo parts (one, stacked); MXFP4 keys one a 32-dim block
+    P: gl.constexpr = (8 if HI_LO else 4) if MX else (2 if HI_LO and not STACK else 1)
+    toks = ()
+    for g in gl.static_range(D):  # the first D tokens' MMAs in flight before the first epilogue
+        toks = toks + (_token_mmas(a, qs, qs_lo, g, zeros, HI_LO, MX, STACK, MX_REG, CHAINED),)
+    if HSUM:  # the head sums' MMA (tf32, N = 8)
+        sum_zeros = gl.zeros([64, 8], gl.float32, _sum_layout())
+        s = (first + i) * 64 + gl.arange(0, 64, SUM_ROWS)
+        if MX:  # (CHAINED: the keys' own factors, given)
+            if not CHAINED:
                 key_scale = gl.full([64], 64.0, gl.float32, SUM_ROWS)  # (the codes decoded as value x 2^-6)
-            elif not RELEASE:
-                key_scale = _scales(here, SUM_ROWS)
+        elif not RELEASE:
+            key_scale = _scales(here, SUM_ROWS)
+    else:
+        s = (first + i) * 64 + gl.arange(0, 64, ROWS)
+        if not (MX or RELEASE):
+            key_scale = _scales(here, ROWS)
+    entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
+    mapped = (entry >= 0) & (entry < num_blocks)
+    for g in gl.static_range(GROUP):
+        # tokens 0 .. min(g + D, GROUP) - 1 issued; wait for token g's, then issue token g + D's before g's epilogue
+        # (HSUM: and token g - 1's head sum, issued at depth 1 after token g's MMAs, deeper before token g + D -
+        # 1's; each token's scores stored one token later, after the next head sum's issue)
+        if CHAINED:  # the blocks' MMAs chained into one accumulator
+            acc = warpgroup_mma_wait(_pending(g, D, GROUP, P, HSUM), deps=[toks[g]])
+        elif MX:
+            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(_pending(g, D, GROUP, P, HSUM),
+                                                        deps=[toks[g][0], toks[g][1], toks[g][2], toks[g][3]])
+            acc = (acc0 * block_scales[0][:, None] + acc1 * block_scales[1][:, None]
+                   + acc2 * block_scales[2][:, None] + acc3 * block_scales[3][:, None])
+        elif STACK:  # columns 0 .. BLOCK_H - 1 hi, the rest lo: a thread holds column n and n + BLOCK_H
+            both = warpgroup_mma_wait(_pending(g, D, GROUP, P, HSUM), deps=[toks[g]])
+            acc_hi, acc_lo = gl.split(gl.permute(gl.reshape(both, [64, 2, BLOCK_H]), (0, 2, 1)))
+            acc = gl.convert_layout(acc_hi + acc_lo * 0.0625, MMA)
+        elif HI_LO:
+            acc_hi, acc_lo = warpgroup_mma_wait(_pending(g, D, GROUP, P, HSUM), deps=[toks[g][0], toks[g][1]])
+            acc = acc_hi + acc_lo * 0.0625  # (lo is 16 x the residual)
         else:
-            s = (first + i) * 64 + gl.arange(0, 64, ROWS)
-            if not (MX or RELEASE):
-                key_scale = _scales(here, ROWS)
-        entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
-        mapped = (entry >= 0) & (entry < num_blocks)
-        for g in gl.static_range(GROUP):
-            # tokens 0 .. min(g + D, GROUP) - 1 issued; wait for token g's, then issue token g + D's before g's epilogue
-            # (HSUM: and token g - 1's head sum, issued at depth 1 after token g's MMAs, deeper before token g + D -
-            # 1's; each token's scores stored one token later, after the next head sum's issue)
-            if MX:
-                acc0, acc1, acc2, acc3 = warpgroup_mma_wait(_pending(g, D, GROUP, P, HSUM),
-                                                            deps=[toks[g][0], toks[g][1], toks[g][2], toks[g][3]])
-                acc = (acc0 * block_scales[0][:, None] + acc1 * block_scales[1][:, None]
-                       + acc2 * block_scales[2][:, None] + acc3 * block_scales[3][:, None])
-            elif STACK:  # columns 0 .. BLOCK_H - 1 hi, the rest lo: a thread holds column n and n + BLOCK_H
-                both = warpgroup_mma_wait(_pending(g, D, GROUP, P, HSUM), deps=[toks[g]])
-                acc_hi, acc_lo = gl.split(gl.permute(gl.reshape(both, [64, 2, BLOCK_H]), (0, 2, 1)))
-                acc = gl.convert_layout(acc_hi + acc_lo * 0.0625, MMA)
-            elif HI_LO:
-                acc_hi, acc_lo = warpgroup_mma_wait(_pending(g, D, GROUP, P, HSUM), deps=[toks[g][0], toks[g][1]])
-                acc = acc_hi + acc_lo * 0.0625  # (lo is 16 x the residual)
-            else:
-                acc = warpgroup_mma_wait(_pending(g, D, GROUP, P, HSUM), deps=[toks[g]])
-            if HSUM:  # relu(acc) . w on the tensor cores
-                if g > 0:
-                    # (retired by the wait above: no stall)
-                    done = warpgroup_mma_wait(_pending(g, D, GROUP, P, HSUM), deps=[summed])
-                if D == 1:  # token g + 1's MMAs first: they run during this token's relu and the last one's store
-                    if g + 1 < GROUP:
-                        toks = toks + (_token_mmas(a, qs, qs_lo, g + 1, zeros, HI_LO, MX, STACK, MX_REG),)
-                    summed = warpgroup_mma(_relu_operand(acc, BLOCK_H), w_s.permute((1, 0)), sum_zeros,
-                                           use_acc=False, is_async=True)
-                else:  # the head sum first: waiting for it then leaves D - 1 tokens' MMAs in flight
-                    summed = warpgroup_mma(_relu_operand(acc, BLOCK_H), w_s.permute((1, 0)), sum_zeros,
-                                           use_acc=False, is_async=True)
-                    if g + D < GROUP:
-                        toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG),)
-                if g > 0:
-                    _head_sum_store(done, g - 1, key_scale, mapped, s, oks[g - 1], poss[g - 1], t0 + g - 1, out_ptr,
-                                    stride_ot, max_context)
-                if g == GROUP - 1:
-                    done = warpgroup_mma_wait(0, deps=[summed])
-                    _head_sum_store(done, g, key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot,
-                                    max_context)
-            else:
+            acc = warpgroup_mma_wait(_pending(g, D, GROUP, P, HSUM), deps=[toks[g]])
+        if HSUM:  # relu(acc) . w on the tensor cores
+            if g > 0:
+                # (retired by the wait above: no stall)
+                done = warpgroup_mma_wait(_pending(g, D, GROUP, P, HSUM), deps=[summed])
+            if D == 1:  # token g + 1's MMAs first: they run during this token's relu and the last one's store
+                if g + 1 < GROUP:
+                    toks = toks + (_token_mmas(a, qs, qs_lo, g + 1, zeros, HI_LO, MX, STACK, MX_REG, CHAINED),)
+                summed = warpgroup_mma(_relu_operand(acc, BLOCK_H), w_s.permute((1, 0)), sum_zeros,
+                                       use_acc=False, is_async=True)
+            else:  # the head sum first: waiting for it then leaves D - 1 tokens' MMAs in flight
+                summed = warpgroup_mma(_relu_operand(acc, BLOCK_H), w_s.permute((1, 0)), sum_zeros,
+                                       use_acc=False, is_async=True)
                 if g + D < GROUP:
-                    toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG),)
-                _epilogue(acc, w_s[g], key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot, max_context,
-                          COLS)
+                    toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG, CHAINED),)
+            if g > 0:
+                _head_sum_store(done, g - 1, key_scale, mapped, s, oks[g - 1], poss[g - 1], t0 + g - 1, out_ptr,
+                                stride_ot, max_context)
+            if g == GROUP - 1:
+                done = warpgroup_mma_wait(0, deps=[summed])
+                _head_sum_store(done, g, key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot,
+                                max_context)
+        else:
+            if g + D < GROUP:
+                toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG, CHAINED),)
+            _epilogue(acc, w_s[g], key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot, max_context,
+                      COLS)
 
 
 @gluon.jit
@@ -782,6 +979,7 @@ def indexer_gluon_kernel(
     HSUM: gl.constexpr = False,  # (TSTACK 1) each token's head sum as a tf32 MMA: relu(scores) x weights
     WS: gl.constexpr = False,  # (TSTACK 1, FP8 keys) a producer warp copying, mbarriers per stage
     PRODUCER_REGS: gl.constexpr = 40,  # (WS) the producer warp's registers
+    MX_FOLD: gl.constexpr = False,  # (MX, MX_REG, HSUM) block scales folded into the codes: _folded_tile_scores
 ):
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)  # [64] per key
@@ -797,7 +995,9 @@ def indexer_gluon_kernel(
         off0 = gl.load(off_ptr + t0)
         qh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, QL))
         qk = dim_of_k(gl.arange(0, 128, gl.SliceLayout(0, QL)))
-        if MX_REG:
+        if MX_FOLD:
+            qb = mx_fold_dim(gl.arange(0, 32, gl.SliceLayout(0, QL)))
+        elif MX_REG:
             qb = mx_reg_dim(gl.arange(0, 32, gl.SliceLayout(0, QL)))
         else:
             qb = mx_dim(gl.arange(0, 32, gl.SliceLayout(0, QL)))
@@ -912,7 +1112,7 @@ def indexer_gluon_kernel(
                                             ahead_entry, qs, qs_lo, ws, oks, poss, t0, pages_i32, s32_b,
                                             block_table_ptr, stride_bt, req64, num_blocks, max_blocks, block_tokens,
                                             out_ptr, stride_ot, max_context, a_blocks, BLOCK_H, GROUP, STAGES, DEPTH,
-                                            WHOLE, HI_LO, MX, STACK, MX_REG, TSTACK, HSUM)
+                                            WHOLE, HI_LO, MX, STACK, MX_REG, TSTACK, HSUM, MX_FOLD)
             async_copy.wait_group(0)
         dead = gl.full([64], float("-inf"), gl.float32, ROWS)
         keys = gl.arange(0, 64, ROWS)
@@ -969,7 +1169,7 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, max_context, out, *, starts,
            group, index_fmt="fp8", tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, stacked=False,
            mx_registers=False, token_stack=1, maxnreg=None, head_sum_mma=False, warp_specialized=False,
-           producer_regs=40, num_warps=4, refusal_checked=False):
+           producer_regs=40, num_warps=4, refusal_checked=False, mx_fold=False):
     """Run :func:`indexer_gluon_kernel` (a call :func:`refusal` names a reason for raises).
 
     Args:
@@ -1000,6 +1200,10 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
             thread, the consumers taking what the producer (producer_regs) and the idle warps (24) leave.
         refusal_checked: the caller ran :func:`refusal` on these tensors already and it named no reason (the
             backend's calls: :func:`.indexer._gluon_plan`), so it is not run again (~2 us of host a call).
+        mx_fold: MXFP4 keys with ``mx_registers`` and ``head_sum_mma``: each key's four block scales folded into
+            its decoded codes, one MMA accumulator a token and no per-score sum over the blocks
+            (:func:`_folded_tile_scores`; a tile holding a key whose scales span more than ``FOLD_SPAN`` binades is
+            scored block by block); ignored for FP8 keys. Compiled here only (sm_90 SASS), not yet run on a GPU.
 
     Returns:
         ``out``.
@@ -1023,7 +1227,10 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         raise ValueError(f"{name}: one warpgroup a program (num_warps=4), got {num_warps}")
     tokens = q.shape[0]
     meta = launch_meta(q, index_pages, group, stages, depth, stacked, mx_registers, token_stack, head_sum_mma,
-                       warp_specialized, producer_regs)
+                       warp_specialized, producer_regs, mx_fold)
+    if mx_fold and meta["MX"] and not (meta["MX_REG"] and meta["HSUM"]):
+        raise ValueError(f"{name}: mx_fold expected mx_registers=True and head_sum_mma=True (the folded scores are "
+                         f"the head sums' MMA's), got mx_registers={mx_registers!r}, head_sum_mma={head_sum_mma!r}")
     if meta["WS"] and (meta["TSTACK"] > 1 or meta["MX"]):  # (MXFP4 keys compile but were not run with it)
         raise ValueError(f"{name}: warp_specialized expected token_stack 1 and FP8 keys, got token_stack "
                          f"{token_stack}, {index_fmt} keys")
@@ -1054,7 +1261,8 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
 
 def launch_meta(q: torch.Tensor, index_pages: torch.Tensor, group: int, stages: int, depth: int = 2,
                 stacked: bool = False, mx_registers: bool = False, token_stack: int = 1,
-                head_sum_mma: bool = False, warp_specialized: bool = False, producer_regs: int = 40) -> dict:
+                head_sum_mma: bool = False, warp_specialized: bool = False, producer_regs: int = 40,
+                mx_fold: bool = False) -> dict:
     """The kernel's constexprs (and warps) for a call."""
     hi_lo, mx = q.dtype == torch.bfloat16, index_pages.shape[2] == MX_RECORD_BYTES
     tstack = token_stack if group > 1 and not (hi_lo or mx) else 1
@@ -1062,7 +1270,8 @@ def launch_meta(q: torch.Tensor, index_pages: torch.Tensor, group: int, stages: 
                 DEPTH=depth, WHOLE=index_pages.shape[1] == TILE, HI_LO=hi_lo, MX=mx,
                 STACK=bool(stacked) and hi_lo and not mx, MX_REG=bool(mx_registers) and mx,
                 TSTACK=tstack, HSUM=bool(head_sum_mma) and tstack == 1, WS=bool(warp_specialized),
-                PRODUCER_REGS=producer_regs, num_warps=4)
+                PRODUCER_REGS=producer_regs, MX_FOLD=bool(mx_fold) and mx and bool(mx_registers) and bool(head_sum_mma),
+                num_warps=4)
 
 
 def compile_failure(hi_lo: bool, mx: bool = False, head_sum: bool = False) -> str:
@@ -1080,7 +1289,8 @@ def compile_failure(hi_lo: bool, mx: bool = False, head_sum: bool = False) -> st
 
         kernel = triton_launch(indexer_gluon_kernel)  # (the Gluon function behind the launch cache)
         constexprs = dict(H=32, BLOCK_H=32, GROUP=1, STAGES=3, DEPTH=2, WHOLE=True, HI_LO=hi_lo, MX=mx,
-                          STACK=hi_lo and not mx, MX_REG=mx, TSTACK=1, HSUM=head_sum, WS=False, PRODUCER_REGS=40)
+                          STACK=hi_lo and not mx, MX_REG=mx, TSTACK=1, HSUM=head_sum, WS=False, PRODUCER_REGS=40,
+                          MX_FOLD=False)
         pointers = dict(q_ptr="bf16" if hi_lo else "fp8e4nv", w_ptr="fp32", pages_i32="i32", block_table_ptr="i32",
                         req_ptr="i32", pos_ptr="i32", off_ptr="i32", seg_ptr="i32", out_ptr="fp32")
         signature = {arg: "constexpr" if arg in constexprs else ("*" + pointers[arg] if arg in pointers else "i32")

@@ -113,6 +113,14 @@ def variants(torch):
             ("mxfp4", q_dtype, f"gluon, 4 stages, depth {depth}, register operands, head sum MMA", "gluon",
              dict(stages=4, depth=depth, mx_registers=True, head_sum_mma=True))
             for q_dtype in (fp8, bf16) for depth in (1, 2)] + [
+            # twenty-ninth session (built on the CPU, first run here): each key's block scales folded into its decoded
+            # codes (mx_fold: one accumulator a token, no four-way sum a score; a tile holding a key whose scales span
+            # more than 11 binades scored block by block). sm_90 main loop a tile, fast path: 275 / 322 / 484
+            # instructions at 1 / 2 / 5 tokens (FP8 q) against 284 / 398 / 753; 92 / 114 / 194 registers against
+            # 119 / 136 / 203
+            ("mxfp4", q_dtype, "gluon, 4 stages, depth 1, register operands, head sum MMA, folded scales", "gluon",
+             dict(stages=4, depth=1, mx_registers=True, head_sum_mma=True, mx_fold=True))
+            for q_dtype in (fp8, bf16)] + [
             # twenty-seventh session: the tl block tiles from 3 tokens a request (the backend's launch there before
             # the twenty-sixth session moved those calls to the Gluon kernel), for the prefill shape it had not timed
             ("mxfp4", q_dtype, "tl block tiles from 3 tokens a request (the default before)", "backend",
@@ -258,9 +266,43 @@ def check_gluon_shapes(torch, failures):
         for depth in (1, 2):  # the head sums as tf32 MMAs (twenty-sixth session)
             out.fill_(float("nan"))
             check_gluon(torch, f"{name}, register operands, head sum MMA, depth {depth}",
-                        (q, w, pages, table, req, pos), context, out, group, lambda got, want: judge(got, want, TOL_HEAD_SUM_MMA), failures,
+                        (q, w, pages, table, req, pos), context, out, group,
+                        lambda got, want: judge(got, want, TOL_HEAD_SUM_MMA), failures,
                         index_fmt="mxfp4", tiles=2, wide_tiles=None, mx_registers=True, head_sum_mma=True,
                         depth=depth)
+        # the folded scales (twenty-ninth session): blocks 1-3 hold keys spanning more than 11 binades (their tiles
+        # scored block by block), the others fold
+        out.fill_(float("nan"))
+        check_gluon(torch, f"{name}, register operands, head sum MMA, folded scales", (q, w, pages, table, req, pos),
+                    context, out, group, lambda got, want: judge(got, want, TOL_HEAD_SUM_MMA), failures,
+                    index_fmt="mxfp4", tiles=2, wide_tiles=None, mx_registers=True, head_sum_mma=True, mx_fold=True)
+    check_fold_nan(torch, gen, failures)
+
+
+def check_fold_nan(torch, gen, failures):
+    """The folded scales' NaN scale byte (255, OCP MX's NaN: the reference's scores of such keys are NaN): a block
+    of keys whose bytes are 255 and 250-254 (within the fold's span: the folded path's NaN factor) and a block with
+    255 beside 127 (wider: scored block by block), FP8 and bf16 queries; NaN exactly where the reference has it,
+    the rest within the head-sum MMA's bound."""
+    def nan_scales(pages):  # blocks 0-7 of the pool (of 24: some are in every request's table)
+        pages[0:8:2, :, 64:68] = torch.tensor([255, 250, 252, 254], dtype=torch.uint8, device=pages.device)
+        pages[1:8:2, :, 64:68] = torch.tensor([127, 255, 127, 126], dtype=torch.uint8, device=pages.device)
+
+    def judge(got, want):
+        nan = torch.isnan(want)
+        if not nan.any():
+            return False, "the reference has no NaN score: the case missed its NaN keys"
+        if not torch.equal(torch.isnan(got), nan):
+            return False, f"NaN at {int(torch.isnan(got).sum())} scores, the reference at {int(nan.sum())}"
+        err, same = score_error(torch, torch.where(nan, 0.0, got), torch.where(nan, 0.0, want))
+        return same and err < TOL_HEAD_SUM_MMA, f"{int(nan.sum())} NaN as the reference, rel err {err:.2e}"
+
+    for q_dtype in (torch.float8_e4m3fn, torch.bfloat16):
+        q, w, pages, table, req, pos, out = paged_case(torch, "mxfp4", 32, 64, 2, 2, 600, q_dtype, gen, DEVICE,
+                                                       nan_scales)
+        check_gluon(torch, f"gluon mxfp4 folded scales, NaN scale bytes, {str(q_dtype).split('.')[-1]} q",
+                    (q, w, pages, table, req, pos), 600, out, 2, judge, failures, index_fmt="mxfp4", tiles=2,
+                    wide_tiles=None, mx_registers=True, head_sum_mma=True, mx_fold=True)
 
 
 def time_all(torch, chosen, passed, ceiling, big):
