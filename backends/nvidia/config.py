@@ -241,7 +241,7 @@ _BF16_Q_GLUON_WIDE = dict(gluon_stages={1: 3, 2: 3}, gluon_stacked=True, gluon_m
 # session (R2, the same sweep with the prefill shape, 4096 tokens at 32K): 2.598 / 3.469 ms with FP8 / bf16 q against
 # the tl kernel's 2.802 / 3.925 (1.08x / 1.13x).
 # Twenty-ninth session (no H200): gluon_mx_fold (each key's block scales folded into its decoded codes, one
-# accumulator a token: sm_90 main loop 275 / 322 / 484 instructions a tile at 1 / 2 / 5 tokens with FP8 q against
+# accumulator a token: sm_90 main loop 271 / 318 / 478 instructions a tile at 1 / 2 / 5 tokens with FP8 q against
 # 284 / 398 / 753) is not set: it has not run on a GPU (scripts/h200/mxfp4_indexer_sweep.py checks and times it).
 _MXFP4_GLUON = dict(gluon_stages={1: 4, 2: 4}, gluon_depth=1, gluon_mx_registers=True, gluon_head_sum=True,
                     gluon_more=dict(stages=4, depth=1, head_sum_mma=True))

@@ -44,9 +44,10 @@ sign gathers a code word), exact in e4m3 while a key's scales span at most ``FOL
 blocks' MMAs chain into one accumulator and the key's common factor ``2^(top - 133)`` goes on its score after the head
 sum: no FMUL and three FFMA a score a token, one accumulator's registers. A tile holding a wider key is decoded at
 distance 0 and scored block by block, one MMA at a time (:func:`_spread_tile_tokens`, the exact block scales), a
-branch the whole warpgroup takes (one reduction a tile decides it). sm_90 (Triton 3.6), the fast path's main loop a
-64-key tile: 275 / 322 / 484 instructions at 1 / 2 / 5 tokens with FP8 queries against the unfolded launch's 284 / 398
-/ 753, 92 / 114 / 194 registers against 119 / 136 / 203 (bf16 queries 283 / 359 / 566 against 292 / 444 / 835).
+branch the whole warpgroup takes (each warp reads all 64 keys' scale words to decide it: no barrier). sm_90 (Triton
+3.6), the fast path's main loop a 64-key tile: 271 / 318 / 478 instructions at 1 / 2 / 5 tokens with FP8 queries
+against the unfolded launch's 284 / 398 / 753, 79 / 138 / 166 registers against 119 / 136 / 203 (bf16 queries 279 /
+351 / 562 against 292 / 444 / 835, 79 / 150 / 206 registers against 119 / 181 / 246).
 
 Keys are the MMA's M side (64 a tile), one token's heads its N side (``BLOCK_H``: the heads padded to a power of two
 >= 16); the queries sit in shared memory (the ``wgmma`` B operand), one ``[BLOCK_H, 128]`` buffer a token (two for
@@ -789,7 +790,10 @@ def _folded_tile_scores(i, first, here, qs, qs_lo, w_s, oks, poss, t0, block_tab
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
     ROWL: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, _MX_REG_BYTES))  # the decode's rows
     SUM_ROWS: gl.constexpr = gl.SliceLayout(1, _sum_layout())
-    exps, top, wide = _mx_fold_exponents(here, ROWL)
+    exps, top, _ = _mx_fold_exponents(here, ROWL)
+    # whether the tile holds a key wider than the fold takes, from each warp's own read of all 64 keys' scales: the
+    # reduction stays inside the warp (no shared-memory round or barrier), the warps reaching the same answer
+    _, _, wide = _mx_fold_exponents(here, gl.BlockedLayout([2], [32], [4], [0]))
     if gl.max(wide.to(gl.int32), axis=0) == 0:  # no key of the tile spans more than FOLD_SPAN binades
         a = _mx_folded_registers(here, exps, top, DOT_A)
         key_scale = gl.convert_layout(_fold_scale(top), SUM_ROWS)

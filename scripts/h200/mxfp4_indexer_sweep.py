@@ -115,12 +115,12 @@ def variants(torch):
             for q_dtype in (fp8, bf16) for depth in (1, 2)] + [
             # twenty-ninth session (built on the CPU, first run here): each key's block scales folded into its decoded
             # codes (mx_fold: one accumulator a token, no four-way sum a score; a tile holding a key whose scales span
-            # more than 11 binades scored block by block). sm_90 main loop a tile, fast path: 275 / 322 / 484
-            # instructions at 1 / 2 / 5 tokens (FP8 q) against 284 / 398 / 753; 92 / 114 / 194 registers against
-            # 119 / 136 / 203
-            ("mxfp4", q_dtype, "gluon, 4 stages, depth 1, register operands, head sum MMA, folded scales", "gluon",
-             dict(stages=4, depth=1, mx_registers=True, head_sum_mma=True, mx_fold=True))
-            for q_dtype in (fp8, bf16)] + [
+            # more than 11 binades scored block by block). sm_90 main loop a tile, fast path: 271 / 318 / 478
+            # instructions at 1 / 2 / 5 tokens (FP8 q) against 284 / 398 / 753; 79 / 138 / 166 registers against
+            # 119 / 136 / 203 (a 128-register cap at 2 tokens: 4 programs a SM, 8 bytes of stack)
+            ("mxfp4", q_dtype, f"gluon, 4 stages, depth 1, register operands, head sum MMA, folded scales{cap_label}",
+             "gluon", dict(stages=4, depth=1, mx_registers=True, head_sum_mma=True, mx_fold=True, **cap))
+            for q_dtype in (fp8, bf16) for cap_label, cap in (("", {}), (", 128 registers", dict(maxnreg=128)))] + [
             # twenty-seventh session: the tl block tiles from 3 tokens a request (the backend's launch there before
             # the twenty-sixth session moved those calls to the Gluon kernel), for the prefill shape it had not timed
             ("mxfp4", q_dtype, "tl block tiles from 3 tokens a request (the default before)", "backend",
