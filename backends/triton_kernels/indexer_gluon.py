@@ -37,6 +37,7 @@ MXFP4 choice: four accumulators instead of eight). Since the twenty-third sessio
 each lane decodes its rows' code word of each block straight into the FP8 wgmma's register operand
 (:func:`_mx_registers`, column order :func:`mx_reg_dim`): no shared-memory round trip, no fence or barrier a tile,
 1.11-1.19x on the H200.
+
 ``MX_FOLD`` (twenty-ninth session, a launch option not yet run on a GPU): each key's four block scales folded into its
 decoded codes (:func:`_folded_tile_scores`): block ``b`` decoded through a per-key table as its values times
 ``2^(6 - (top - e_b))`` (``top`` the key's largest scale byte; :func:`_e2m1_folded`, two ``prmt`` byte lookups and two
@@ -129,6 +130,12 @@ MX_STAGE_WORDS = gl.constexpr(1024)  # + 64 padding words = 1,088 = 64 x 17
 _MX_STAGE = gl.constexpr(gl.PaddedSharedLayout([[16, 1], [512, 1]], [[1 << b] for b in range(10)], [], [1024]))
 # a lane: word c of each block of a row (single words: rows 17 words apart are 4-byte aligned only; a layout with 4
 # words a lane in a row compiled to 16-byte shared loads there, misaligned on the H200)
+_MX_WORDS = gl.constexpr(gl.BlockedLayout([1, 1], [8, 4], [4, 1], [1, 0]))
+# (MX_REG) a block's code words repeated over their 4 bytes, [64 keys, 4 c, 4 e]: a lane's rows as the FP8 wgmma's
+# register operand takes them (16 w + r, + 8), word c of the block
+_MX_REG_BYTES = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]], lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+    warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, 4]))
 # (MX_FOLD) a key's block scales folded into its decoded codes: the e4m3 bytes of e2m1 magnitudes 0-3 and 4-7 times 2^6
 # (:func:`_fold_tables`), and the widest span of a key's four scale exponents the fold takes (every e2m1 value times
 # 2^(6 - d) is a normal e4m3 number for d <= 11); a tile holding a wider key is scored block by block
@@ -143,12 +150,6 @@ FOLD_DECODE_PTX = gl.constexpr(
     "\n\tshl.b32 w4, $2, 4;"
     "\n\tprmt.b32 s, w4, $2, 0x5140;\n\tand.b32 s, s, 0x80808080;\n\tor.b32 $0, $0, s;"
     "\n\tprmt.b32 s, w4, $2, 0x7362;\n\tand.b32 s, s, 0x80808080;\n\tor.b32 $1, $1, s;\n\t}")
-_MX_WORDS = gl.constexpr(gl.BlockedLayout([1, 1], [8, 4], [4, 1], [1, 0]))
-# (MX_REG) a block's code words repeated over their 4 bytes, [64 keys, 4 c, 4 e]: a lane's rows as the FP8 wgmma's
-# register operand takes them (16 w + r, + 8), word c of the block
-_MX_REG_BYTES = gl.constexpr(gl.DistributedLinearLayout(
-    reg_bases=[[0, 0, 1], [0, 0, 2], [8, 0, 0]], lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-    warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, 4]))
 _COPY = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))  # 16-byte pieces, 4 words a lane
 _COPY_WARP = gl.constexpr(gl.BlockedLayout([4], [32], [1], [0]))  # (the same from one warp: WS's producer)
 # relu keeps a NaN logit NaN (as the reference's torch.relu; PTX's plain max would return 0 for it)
