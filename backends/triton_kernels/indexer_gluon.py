@@ -783,9 +783,10 @@ def _folded_tile_scores(i, first, here, qs, qs_lo, w_s, oks, poss, t0, block_tab
     key's four bytes span at most ``FOLD_SPAN`` binades. Then every block's MMA chains into one accumulator and the
     key's common factor ``2^(top - 133)`` goes on its score after the head sum (relu and the head sum commute with a
     positive factor; NaN for a 255 byte): no per-block accumulators, no four-way sum a token (the unfolded kernel's
-    FMUL and three FFMA per score a token). A tile holding a wider key (one the suite's extreme scales draw; real
-    keys' block scales sit within a few binades) is decoded with every distance 0 and scored block by block as the
-    unfolded kernel does (its exact block scales, :func:`_mx_scales`): the choice is the tile's, one branch."""
+    FMUL and three FFMA per score a token). A tile holding a wider key (the conformance suite's outlier keys, one
+    element 1000x the rest, come within a binade of the span on either side; keys at 2^-127 / 2^60 block scales pass
+    it) is decoded with every distance 0 and scored block by block as the unfolded kernel does (its exact block
+    scales, :func:`_mx_scales`): the choice is the tile's, one branch."""
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
     DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
