@@ -137,7 +137,7 @@ def test_the_warp_specialised_variant_is_a_launch_option_off_by_default():
 
 def test_a_triton_that_does_not_compile_it_is_named_and_the_calls_fall_back(monkeypatch):
     monkeypatch.setattr(g, "refusal", lambda *args: "")
-    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False:
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False, fold=False:
                         "cannot reinterpret between padded and non-padded layouts")
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     assert idx._gluon_plan({"gluon_stages": {1: 3}}, _q(), _pages(), "fp8", tokens=4, rows=4) == {}
@@ -150,7 +150,7 @@ def test_a_triton_that_does_not_compile_it_is_named_and_the_calls_fall_back(monk
 
 def test_indexer_score_sends_only_the_configured_tokens_per_request_to_it(monkeypatch):
     monkeypatch.setattr(g, "refusal", lambda *args: "")
-    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False: "")
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False, fold=False: "")
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     tile = {"gluon_stages": {1: 3, 2: 4}, "gluon_depth": 1}
     plain = dict(stacked=False, mx_registers=False, mx_fold=False, refusal_checked=True)
@@ -170,7 +170,7 @@ def test_indexer_score_sends_only_the_configured_tokens_per_request_to_it(monkey
 
 def test_a_plan_the_kernel_refuses_takes_the_tl_kernel(monkeypatch):
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
-    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False: "")
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False, fold=False: "")
     seen = []
     monkeypatch.setattr(g, "refusal", lambda q, pages, fmt, group=1: seen.append(group) or "too many tokens")
     tile = {"gluon_stages": {1: 3}, "gluon_more": dict(stages=4, group=8)}
@@ -182,7 +182,7 @@ def test_a_backend_call_runs_the_refusal_once_and_a_direct_launch_runs_it(monkey
     from launch_recorder import LaunchRecorder
 
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
-    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False: "")
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False, fold=False: "")
     asked = []
     monkeypatch.setattr(g, "refusal", lambda q, pages, fmt, group=1: asked.append(group) or "")
     recorder = LaunchRecorder()
@@ -254,7 +254,7 @@ def test_mxfp4_calls_go_to_it_and_fp8_records_are_refused_as_mxfp4(monkeypatch):
     monkeypatch.setattr(g, "runs_ptx", lambda device: True)
     monkeypatch.setattr(g, "_capability", lambda index: (9, 0))
     seen = []
-    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False: seen.append(mx) or "")
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False, fold=False: seen.append(mx) or "")
     pages = _pages(record=68)
     tile = {"gluon_stages": {1: 4}}
     assert idx._gluon_plan(tile, _q(), pages, "mxfp4", tokens=64, rows=64)["stages"] == 4 and seen == [True]
@@ -510,7 +510,7 @@ def test_the_folded_scales_are_an_mxfp4_option_of_the_register_operands_and_head
     from dsahal.backends.nvidia import config
 
     assert "gluon_mx_fold" not in config.indexer_config(32, torch.float8_e4m3fn, "mxfp4")["block_tiles"]
-    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False: "")
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False, fold=False: "")
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     tile = {"gluon_stages": {1: 4}, "gluon_mx_registers": True, "gluon_mx_fold": True}
     assert idx._gluon_plan(tile, _q(), mx_pages, "mxfp4", tokens=64, rows=64)["mx_fold"] is True
@@ -630,7 +630,7 @@ def test_the_head_sum_mma_serves_the_calls_where_it_measured_faster(monkeypatch)
         assert tiles["gluon_head_sum"] is True and tiles["gluon_more"]["head_sum_mma"] is True
     config.indexer_config.cache_clear()
     monkeypatch.setattr(g, "refusal", lambda *args: "")
-    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False: "")
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False, fold=False: "")
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     tile = {"gluon_stages": {1: 5}, "gluon_more": dict(stages=4, depth=1, head_sum_mma=True)}
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=320, rows=64)["head_sum_mma"] is True
@@ -646,11 +646,38 @@ def test_a_triton_that_compiles_the_kernel_but_not_its_head_sum_mma_keeps_those_
     monkeypatch.setattr(g, "refusal", lambda *args: "")
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     asked = []
-    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False: asked.append(head_sum) or (
-        "the conversion is not trivial" if head_sum else ""))
+    monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False, fold=False: (
+        asked.append(head_sum) or ("the conversion is not trivial" if head_sum else "")))
     tile = {"gluon_stages": {1: 5}, "gluon_more": dict(stages=4, depth=1, head_sum_mma=True)}
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=320, rows=64) == {} and asked == [True]
     assert idx._gluon_plan(tile, _q(), _pages(), "fp8", tokens=64, rows=64)["stages"] == 5 and asked[-1] is False
+
+
+def test_a_triton_that_compiles_the_mxfp4_kernel_but_not_its_folded_scales_keeps_those_calls_off_it(monkeypatch):
+    # the probe compiles the folded variant when the plan would launch it (its own entry: a release may take the
+    # unfolded kernel and not the fold's inline PTX), and a refusal sends those calls to the tl kernel
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", "0.0.0-not-verified")
+    monkeypatch.setattr(g, "_COMPILE_FAILURES", {})
+    folds = []
+
+    def compile_(source, target=None, options=None):
+        folds.append(source.constants[(source.fn.arg_names.index("MX_FOLD"),)])
+        if folds[-1]:
+            raise RuntimeError("inline asm refused")
+
+    monkeypatch.setattr(triton, "compile", compile_)
+    assert g.compile_failure(False, mx=True, head_sum=True) == ""
+    assert "inline asm refused" in g.compile_failure(False, mx=True, head_sum=True, fold=True)
+    assert g.compile_failure(False, mx=True, head_sum=False, fold=True) == ""  # (no fold without the head sums)
+    assert folds == [False, True, False]  # (the last: the unfolded head-sum-free variant, its own entry)
+    monkeypatch.setattr(g, "refusal", lambda *args: "")
+    monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
+    tile = {"gluon_stages": {1: 4}, "gluon_mx_registers": True, "gluon_head_sum": True}
+    assert idx._gluon_plan(tile, _q(), _pages(record=68), "mxfp4", tokens=64, rows=64)["stages"] == 4
+    assert idx._gluon_plan(dict(tile, gluon_mx_fold=True), _q(), _pages(record=68), "mxfp4", tokens=64,
+                           rows=64) == {}
 
 
 def test_the_compile_probe_and_the_aot_build_pass_every_constexpr_as_one(monkeypatch):

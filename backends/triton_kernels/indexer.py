@@ -455,7 +455,7 @@ def _gluon_plan(tile: dict, q, index_pages, index_fmt, tokens: int, rows: int) -
     if indexer_gluon.refusal(q, index_pages, index_fmt, plan.get("group", 1)):
         return {}
     if indexer_gluon.compile_failure(q.dtype == torch.bfloat16, index_fmt == "mxfp4",
-                                     plan.get("head_sum_mma", False)):
+                                     plan.get("head_sum_mma", False), tile.get("gluon_mx_fold", False)):
         return {}
     return dict(plan, stacked=tile.get("gluon_stacked", False), mx_registers=tile.get("gluon_mx_registers", False),
                 mx_fold=tile.get("gluon_mx_fold", False), refusal_checked=True)

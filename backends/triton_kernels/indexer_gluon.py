@@ -1247,7 +1247,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
                          f"expected at most 128 columns a MMA, got {meta['TSTACK'] * meta['BLOCK_H']}")
     if maxnreg:
         meta["maxnreg"] = maxnreg
-    failure = compile_failure(meta["HI_LO"], meta["MX"], meta["HSUM"])
+    failure = compile_failure(meta["HI_LO"], meta["MX"], meta["HSUM"], meta["MX_FOLD"])
     if failure:
         raise ValueError(f"{name}: this Triton ({triton.__version__}) does not compile the kernel: {failure}")
     if wide_tiles is not None:
@@ -1280,15 +1280,17 @@ def launch_meta(q: torch.Tensor, index_pages: torch.Tensor, group: int, stages: 
                 num_warps=4)
 
 
-def compile_failure(hi_lo: bool, mx: bool = False, head_sum: bool = False) -> str:
+def compile_failure(hi_lo: bool, mx: bool = False, head_sum: bool = False, fold: bool = False) -> str:
     """"" if this process's Triton compiles the kernel (FP8 queries, or bf16 ones with ``hi_lo``; MXFP4 keys with
-    ``mx``, decoded into register operands as the backend launches them; the head sums as MMAs with ``head_sum``),
+    ``mx``, decoded into register operands as the backend launches them; the head sums as MMAs with ``head_sum``; the
+    MXFP4 keys' folded scales with ``fold``, which needs both),
     else the compiler's message: :data:`VERIFIED_TRITON` releases are taken as compiling it; another is asked once a
     combination, by compiling a one-token variant for sm_90 (the head-sum MMA's operand reorder is asserted free of
     data movement: a release that cannot prove it refuses that variant, and those calls fall back)."""
     if triton.__version__.startswith(VERIFIED_TRITON):
         return ""
-    key = (hi_lo, mx, head_sum)
+    fold = bool(fold) and mx and head_sum
+    key = (hi_lo, mx, head_sum, fold)
     if key not in _COMPILE_FAILURES:
         from triton.backends.compiler import GPUTarget
         from triton.experimental.gluon._runtime import GluonASTSource
@@ -1296,7 +1298,7 @@ def compile_failure(hi_lo: bool, mx: bool = False, head_sum: bool = False) -> st
         kernel = triton_launch(indexer_gluon_kernel)  # (the Gluon function behind the launch cache)
         constexprs = dict(H=32, BLOCK_H=32, GROUP=1, STAGES=3, DEPTH=2, WHOLE=True, HI_LO=hi_lo, MX=mx,
                           STACK=hi_lo and not mx, MX_REG=mx, TSTACK=1, HSUM=head_sum, WS=False, PRODUCER_REGS=40,
-                          MX_FOLD=False)
+                          MX_FOLD=fold)
         pointers = dict(q_ptr="bf16" if hi_lo else "fp8e4nv", w_ptr="fp32", pages_i32="i32", block_table_ptr="i32",
                         req_ptr="i32", pos_ptr="i32", off_ptr="i32", seg_ptr="i32", out_ptr="fp32")
         signature = {arg: "constexpr" if arg in constexprs else ("*" + pointers[arg] if arg in pointers else "i32")
