@@ -492,7 +492,7 @@ def test_the_folds_span_is_the_widest_its_tables_hold_and_its_factor_covers_ever
 
 
 def test_the_folded_scales_are_an_mxfp4_option_of_the_register_operands_and_head_sum_mma(monkeypatch):
-    # mx_fold: a launch option (the backend's configuration names it gluon_mx_fold, unset until the H200 times it);
+    # mx_fold: a launch option (the backend's configuration names it gluon_mx_fold);
     # MXFP4 keys only (ignored for FP8 keys, as mx_registers), and only with the register operands and the head-sum
     # MMA it is built on: asked otherwise, the launch says so before any launch
     monkeypatch.setattr(g, "refusal", lambda *args: "")
@@ -509,7 +509,8 @@ def test_the_folded_scales_are_an_mxfp4_option_of_the_register_operands_and_head
                      head_sum_mma=head_sum, mx_fold=True)
     from dsahal.backends.nvidia import config
 
-    assert "gluon_mx_fold" not in config.indexer_config(32, torch.float8_e4m3fn, "mxfp4")["block_tiles"]
+    for q_dtype in (torch.float8_e4m3fn, torch.bfloat16):  # the backend's launch since the H200 timed it (R1, S29)
+        assert config.indexer_config(32, q_dtype, "mxfp4")["block_tiles"]["gluon_mx_fold"] is True
     monkeypatch.setattr(g, "compile_failure", lambda hi_lo, mx=False, head_sum=False, fold=False: "")
     monkeypatch.setattr(idx.indexer_decode, "runs_ptx", lambda device: True)
     tile = {"gluon_stages": {1: 4}, "gluon_mx_registers": True, "gluon_mx_fold": True}

@@ -629,8 +629,8 @@ def _gluon_indexer_variants() -> list[Variant]:
                     gluon=True, maxnreg=launch.get("maxnreg")))
     options = config._MXFP4_GLUON
     mx_registers = options.get("gluon_mx_registers", False)
-    # MXFP4 keys (config._MXFP4_GLUON), and the same launches with the launch option mx_fold (each key's block scales
-    # folded into its decoded codes; not the backend's launch until the H200 has timed it)
+    # MXFP4 keys (config._MXFP4_GLUON): the launches without and with mx_fold (each key's block scales folded into its
+    # decoded codes: the backend's launch since the twenty-ninth session's R1)
     for fold in (False, True):
         for label, q_type in (("fp8", "fp8e4nv"), ("bf16", "bf16")):
             for group in (1, 2, 5):

@@ -240,11 +240,15 @@ _BF16_Q_GLUON_WIDE = dict(gluon_stages={1: 3, 2: 3}, gluon_stacked=True, gluon_m
 # / 1.16x). Scores within 2.4-5.1e-4 of the float64 reference (keys at extreme block scales included). Twenty-seventh
 # session (R2, the same sweep with the prefill shape, 4096 tokens at 32K): 2.598 / 3.469 ms with FP8 / bf16 q against
 # the tl kernel's 2.802 / 3.925 (1.08x / 1.13x).
-# Twenty-ninth session (no H200): gluon_mx_fold (each key's block scales folded into its decoded codes, one
-# accumulator a token: sm_90 main loop 271 / 318 / 478 instructions a tile at 1 / 2 / 5 tokens with FP8 q against
-# 284 / 398 / 753) is not set: it has not run on a GPU (scripts/h200/mxfp4_indexer_sweep.py checks and times it).
+# Twenty-ninth session (R1, the same sweep at ed30c15, every variant checked first): each key's block scales folded
+# into its decoded codes (gluon_mx_fold: one accumulator a token; sm_90 main loop 271 / 318 / 478 instructions a tile at
+# 1 / 2 / 5 tokens with FP8 q against 284 / 398 / 753): FP8 q 0.261 / 0.356 / 0.629 ms at 64x1 / 64x2 / 64x5 at 128K
+# and 1.803 at the prefill (4096 tokens at 32K) against the unfolded launch's 0.260 / 0.378 / 0.869 / 2.571 (1.00x /
+# 1.06x / 1.38x / 1.43x; 8x1 at 1M 0.264 against 0.263), bf16 q 0.305 / 0.463 / 1.003 / 2.979 against 0.307 / 0.554 /
+# 1.184 / 3.494 (1.01x / 1.20x / 1.18x / 1.17x); scores within 2.4-5.5e-4 of the float64 reference (keys at extreme
+# block scales and NaN scale bytes included). A 128-register cap: 0.342 at 64x2 with FP8 q, slower elsewhere: not set.
 _MXFP4_GLUON = dict(gluon_stages={1: 4, 2: 4}, gluon_depth=1, gluon_mx_registers=True, gluon_head_sum=True,
-                    gluon_more=dict(stages=4, depth=1, head_sum_mma=True))
+                    gluon_mx_fold=True, gluon_more=dict(stages=4, depth=1, head_sum_mma=True))
 
 
 @functools.lru_cache(maxsize=64)
