@@ -801,7 +801,7 @@ def _folded_tile_scores(i, first, here, qs, qs_lo, w_s, oks, poss, t0, block_tab
     if gl.max(wide.to(gl.int32), axis=0) == 0:  # no key of the tile spans more than FOLD_SPAN binades
         a = _mx_folded_registers(here, exps, top, DOT_A)
         key_scale = gl.convert_layout(_fold_scale(top), SUM_ROWS)
-        _tokens(a, a, key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt, req64,
+        _tokens(a, (), key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt, req64,
                 num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H, GROUP, DEPTH, WHOLE,
                 HI_LO, True, False, True, True, False, True)
     else:  # every block at distance 0 (its values times 2^6), scored block by block
