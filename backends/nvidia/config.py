@@ -341,33 +341,40 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
 #   320 x 4K:   one program per row 0.047 ms vs 0.112 (2.4x), bound 0.085, groups 0.17.
 _TOPK_SHORT = dict(chunk=2048, row_levels=2, num_warps=8, segments=1)
 _TOPK_BOUND = dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, finish_warps=4)
-_TOPK_GROUPS = dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4, finish_chunk=1024, finish_warps=8)
-# Not set here nor in _TOPK_BOUND: segment_histograms=True (twenty-eighth session, written without an H200: the same
-# output, checked under the interpreter; the threshold and finish kernels, 70 of the ~182 us at 320 x 128K, each read
-# their rows once fewer), nor compact_prefetch=True (the compaction's next loads before each batch's scan; 96
-# registers against 72). scripts/h200/topk_sweep.py times both beside this config, launch by launch; set them where
-# they are faster there.
+_TOPK_GROUPS_BASE = dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4, finish_chunk=1024,
+                         finish_warps=8)
+# From 64K: the groups method with segment histograms (the first pass and the compaction store each segment's
+# histogram, so the per-row threshold and finish kernels each read their rows once fewer) and the compaction's
+# prefetch (its next loads issued before each batch's scan). H200, 2026-12-05, scripts/h200/topk_sweep.py, R1 of the
+# thirtieth session, real FP8 indexer scores, torch.topk in the same run: 320 x 128K 0.177 ms against 0.191 without
+# them (1.08x; 3.74x torch.topk's 0.663); segment histograms alone 0.183, the prefetch alone 0.188. Launch by launch
+# (each alone): the threshold 35.2 -> 25.4 us, the finish 41.6 -> 33.5, the first pass 57.3 -> 64.0 (its histograms).
+# The bound method (8K-64K) was slower with segment histograms (prefill 4096 x 32K 0.786 ms against 0.755, 320 x 16K
+# 0.168 against 0.110): not set there.
+_TOPK_GROUPS = dict(_TOPK_GROUPS_BASE, segment_histograms=True, compact_prefetch=True)
 # Rows of >= 1M scores (H200, 2026-12-03, scripts/h200/topk_wide_sweep.py, R4 of the thirteenth session, real
 # indexer scores): 64-entry groups and 64K-entry segments, 16K group maxima a row instead of 64K for the per-row
 # threshold and finish passes: 8 x 1M 0.183 ms against 0.325 with 16-entry groups (1.78x; torch.topk 0.190), 8 x 2
 # tokens 0.196 against 0.343 (torch.topk 0.303). At 128K the same groups leave every group live (G k = N) and ran
-# 0.36-0.41x the 16-entry default, so it starts where it was measured, at 1M.
-_TOPK_GROUPS_WIDE = dict(_TOPK_GROUPS, group_size=64, steps=64)
+# 0.36-0.41x the 16-entry default, so it starts where it was measured, at 1M. It keeps the launch measured there
+# (the options above are not measured at 1M).
+_TOPK_GROUPS_WIDE = dict(_TOPK_GROUPS_BASE, group_size=64, steps=64)
 WIDE_TOPK_ROWS = 1 << 20
 
 
 @functools.lru_cache(maxsize=64)
 def topk_config(width: int) -> dict:
-    """Kernel and parameters for rows of ``width`` scores. Every method returns the same set (the tie
-    rule), but the valid entries' order differs between them, and that order is the sparse-MLA sum's:
-    batch-invariant mode uses one method at every width, so a row's slots never depend on the call's width."""
-    if batch_invariant():
-        return _TOPK_BOUND
-    if width <= 8192:
-        return _TOPK_SHORT
+    """Kernel and parameters for rows of ``width`` scores. Every method returns the same set (the tie rule), and
+    the bound and groups methods write it in index order, the same bits; the radix method (one program a row, rows
+    of <= 8K) orders the valid entries otherwise, and that order is the sparse-MLA sum's: batch-invariant mode
+    never takes the radix method, so a row's slots never depend on the call's width."""
     if width >= WIDE_TOPK_ROWS:
         return _TOPK_GROUPS_WIDE
-    return _TOPK_GROUPS if width >= 65536 else _TOPK_BOUND
+    if width >= 65536:
+        return _TOPK_GROUPS
+    if width <= 8192 and not batch_invariant():
+        return _TOPK_SHORT
+    return _TOPK_BOUND
 
 
 @functools.lru_cache(maxsize=16)
