@@ -24,8 +24,8 @@ Steps, in order, each printed:
    ``segment_histograms`` and ``compact_prefetch`` (:data:`TAIL_PHASES`, :func:`phase_times`): a second table.
 
 ``--prefill`` (where does the top-k spend its time on prefill rows and short rows?): the cases are
-``prefill 4096x32K`` (causal, as above), ``decode 320x4K`` and two more cut from the same scores,
-``decode 320x16K`` and ``decode 320x32K`` (the first 16384 / 32768 columns; every row full length, since each
+``prefill 4096x32K`` (causal, as above), ``decode 320x4K`` and three more cut from the same scores,
+``decode 320x16K``, ``decode 320x32K`` and ``decode 320x48K`` (the first 16384 / 32768 / 49152 columns; every row full length, since each
 token's position is near 128K); the variants are :data:`PREFILL_VARIANTS` (one program per row at larger chunks
 and more warps, bound and groups at other chunk / finish sizes, split rows) instead of :data:`VARIANTS`; no CUDA
 graph check. Then a second table: the NVIDIA default at 32K (the bound method: four launches) split into its
@@ -137,7 +137,7 @@ PREFILL_VARIANTS = (
     ("bound c1024w4 f512w4 seg-hist", dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, finish_warps=4,
                                            segment_histograms=True)),
 )
-MID_WIDTHS = (16384, 32768)  # --prefill: the 320-row cases besides 4K
+MID_WIDTHS = (16384, 32768, 49152)  # --prefill: the 320-row cases besides 4K (early decode: the bound method)
 PHASE_WIDTH = 32768  # --prefill: the launches of the NVIDIA default at this width are timed one by one
 
 
@@ -188,7 +188,7 @@ def build_cases(torch, scores, lengths):
 
 
 def build_prefill_cases(torch, scores, lengths):
-    """--prefill: ``prefill 4096x32K`` (causal), ``decode 320x4K``, then the first 16K and 32K columns of the
+    """--prefill: ``prefill 4096x32K`` (causal), ``decode 320x4K``, then the first 16K, 32K and 48K columns of the
     decode scores (every row full length: each token's position is near the 128K context)."""
     _, short, prefill = build_cases(torch, scores, lengths)
     mid = [(f"decode {scores.shape[0]}x{_width(width)}", scores[:, :width].contiguous(),
@@ -440,8 +440,8 @@ def main(argv=None) -> int:
     for case in cases:
         run_case(torch, case, PREFILL_VARIANTS if args.prefill else VARIANTS, rows, failures)
     if args.prefill:
-        # the prefill case and the 320-row case of the same width (cases[0] and cases[-1])
-        for case in (cases[0], cases[-1]):
+        # the prefill case and the 320-row case of the same width (cases[0] and cases[3]: MID_WIDTHS[1])
+        for case in (cases[0], cases[3]):
             phase_times(torch, case, _kwargs(None, PHASE_WIDTH), phase_rows, failures)
     else:
         if DEVICE == "cuda":
