@@ -20,8 +20,9 @@ threshold kernel sums instead of reading every maximum for its first digit, and 
 segment's histogram of its survivors' top 16 key bits relative to the bound, which the finish sums instead of its
 first pass over the survivors. Each is one histogram of what the program stored, after its reads (L2-hot), not one a
 step: Triton's histogram costs ~600 instructions a warp whatever its length. The same bound and ``τ``, bit for bit.
-With ``max_prefetch`` the first pass loads each step's scores a step ahead of its max. With ``compact_prefetch`` the compaction gathers a batch's scores, and loads the group ids of the batch after it, one
-step ahead of the batch's scan (Triton does not pipeline that loop: its loads hang off the live list it just wrote):
+With ``max_prefetch`` the first pass loads each step's scores a step ahead of its max. With ``compact_prefetch``
+the compaction gathers a batch's scores, and loads the group ids of the batch after it, one step ahead of the
+batch's scan (Triton does not pipeline that loop: its loads hang off the live list it just wrote):
 the same batches in the same order, the same bits.
 
 Scores with locality (neighbouring positions alike) put the best entries in fewer groups: the bound
@@ -223,7 +224,8 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
     hist, survivor_hist = segment_histogram_buffers(segment_histograms, tokens, segments, bound)
     group_max_kernel[grid](scores, scores.stride(0), lengths, maxima, maxima.stride(0), hist, width, seg_len,
                            ROWS=chunk // size, G=size, SEG_HIST=segment_histograms, GROUPS=per_segment,
-                           HIST_CHUNK=min(per_segment, MAXIMA_HIST_CHUNK), PREFETCH=max_prefetch, num_warps=num_warps)
+                           HIST_CHUNK=min(per_segment, MAXIMA_HIST_CHUNK), PREFETCH=max_prefetch,
+                           num_warps=num_warps)
     # a threshold step of `step` group maxima covers step * size entries of the row
     bound_threshold_kernel[(tokens,)](maxima, bound, lengths, hist, width, k, step * size, maxima.shape[1] // step,
                                       CHUNK=step, LEVELS=BOUND_LEVELS, HIST0=segment_histograms,

@@ -26,9 +26,9 @@ Steps, in order, each printed:
 ``--prefill`` (where does the top-k spend its time on prefill rows and short rows?): the cases are
 ``prefill 4096x32K`` (causal, as above), ``decode 320x4K`` and three more cut from the same scores,
 ``decode 320x16K``, ``decode 320x32K`` and ``decode 320x48K`` (the first 16384 / 32768 / 49152 columns; every row
-full length, since each token's position is near 128K); the variants are :data:`PREFILL_VARIANTS` (one program per row at larger chunks
-and more warps, bound and groups at other chunk / finish sizes, split rows) instead of :data:`VARIANTS`; no CUDA
-graph check. Then a second table: the NVIDIA default at 32K (the bound method: four launches) split into its
+full length, since each token's position is near 128K); the variants are :data:`PREFILL_VARIANTS` (one program
+per row at larger chunks and more warps, bound and groups at other chunk / finish sizes, split rows) instead of
+:data:`VARIANTS`; no CUDA graph check. Then a second table: the NVIDIA default at 32K (the bound method: four launches) split into its
 launches, each timed alone at ``prefill 4096x32K`` and ``decode 320x32K`` (:func:`phase_times`), with one line
 of its survivors per row by row length (quarters of the width).
 
