@@ -1,5 +1,6 @@
 """dsa_attention: one layer (indexer -> top-k -> slots -> sparse MLA) agrees with the composition of
-the reference ops, per (latent, index) format pair. Rows whose k-th place is tied or nearly tied
+the reference ops, per (latent, index) format pair, and gives a token the same bits alone and in any batch when the
+backend claims batch invariance. Rows whose k-th place is tied or nearly tied
 in the reference scores are excluded from the output comparison unless the backend claims
 determinism: a valid selection there may differ from the reference's, and so may the output."""
 from __future__ import annotations
@@ -33,6 +34,18 @@ def _reference(ref, a):
     return scores, lengths, o, lse
 
 
+def _layer(a, rows=slice(None), flip=False):
+    """``ops.dsa_attention`` of case ``a``'s tokens ``rows`` (reversed with ``flip``)."""
+    def pick(x):
+        x = x[rows]
+        return x.flip(0) if flip else x
+
+    return ops.dsa_attention(pick(a.q_index), pick(a.index_weights), a.index_pages, pick(a.q), a.kv_pages,
+                             a.block_table, pick(a.req_ids), pick(a.positions), index_fmt=a.index_fmt,
+                             kv_fmt=a.kv_fmt, topk=a.topk, max_context=a.max_context,
+                             softmax_scale=a.softmax_scale, kv_scale=a.kv_scale)
+
+
 def ambiguous_rows(scores: torch.Tensor, lengths: torch.Tensor, k: int, exact_ties_too: bool) -> torch.Tensor:
     """Rows whose k-th and (k+1)-th best finite scores are (nearly) equal (a CPU bool mask)."""
     scores, lengths = scores.cpu(), lengths.cpu()
@@ -55,10 +68,7 @@ def test_dsa_attention_matches_the_composition_of_reference_ops(fmt, case, confo
     case = bind(case, fmt)
     conformance.begin(case)
     a = conformance.build(case)
-    o, lse = conformance.call(lambda: ops.dsa_attention(
-        a.q_index, a.index_weights, a.index_pages, a.q, a.kv_pages, a.block_table, a.req_ids, a.positions,
-        index_fmt=a.index_fmt, kv_fmt=a.kv_fmt, topk=a.topk, max_context=a.max_context,
-        softmax_scale=a.softmax_scale, kv_scale=a.kv_scale))
+    o, lse = conformance.call(lambda: _layer(a))
     scores, lengths, ref_o, ref_lse = _reference(conformance.table.reference, a)
     A.assert_shape_dtype(conformance, "o", o, (a.q.shape[0], a.q.shape[1], LATENT_NOPE_DIM), a.q.dtype)
     A.assert_shape_dtype(conformance, "lse", lse, a.q.shape[:2], torch.float32)
@@ -67,6 +77,25 @@ def test_dsa_attention_matches_the_composition_of_reference_ops(fmt, case, confo
     rtol = A.output_rtol(a.q.dtype, torch.bfloat16)
     A.assert_lse_close(conformance, "lse", lse[keep], ref_lse[keep], rtol)
     A.assert_rows_close(conformance, "o", o[keep], ref_o[keep], rtol)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@conformance_property("dsa_attention", "dsa_attention.batch_invariant", needs=("batch_invariant",), scale=0.3)
+@given(case=dsa_cases())
+@example(case=EDGES)
+def test_dsa_attention_tokens_do_not_depend_on_the_batch(fmt, case, conformance):
+    case = bind(case, fmt)
+    conformance.begin(case)
+    a = conformance.build(case)
+    o, lse = conformance.call(lambda: _layer(a))
+    tokens = o.shape[0]
+    for t in range(tokens):
+        o_t, lse_t = conformance.call(lambda: _layer(a, rows=slice(t, t + 1)))
+        A.assert_bitwise(conformance, "o", o_t[0], o[t], f"for token {t} alone vs in a batch of {tokens}")
+        A.assert_bitwise(conformance, "lse", lse_t[0], lse[t], f"for token {t} alone vs in a batch of {tokens}")
+    flipped_o, flipped_lse = conformance.call(lambda: _layer(a, flip=True))
+    A.assert_bitwise(conformance, "o", flipped_o.flip(0), o, "with the batch's tokens reversed")
+    A.assert_bitwise(conformance, "lse", flipped_lse.flip(0), lse, "with the batch's tokens reversed")
 
 
 @pytest.mark.parametrize("fmt", FORMATS[:1])

@@ -1,5 +1,6 @@
 """topk: a valid selection with the reference's score multiset; the exact tie-rule set when the
-backend claims determinism; documented errors on bad input."""
+backend claims determinism; the same bits for a row alone, in any batch and in a wider call when it claims batch
+invariance; documented errors on bad input."""
 from __future__ import annotations
 
 import torch
@@ -76,6 +77,34 @@ def test_topk_selects_the_reference_score_multiset(case, conformance):
 def test_topk_selects_the_exact_reference_set_under_the_tie_rule(case, conformance):
     args, got, expected = _run_topk(conformance, case)
     A.assert_topk_rows(conformance, got, args.scores, args.lengths, args.k, expected, exact_set=True)
+
+
+# Extra columns a row is called with in the batch-invariance property: enough to cross a GPU backend's width
+# thresholds (the nvidia backend picks its kernel by the call's width: 8K, 64K), as a DSA layer's score rows are as wide
+# as the call's max_context whatever each row's own length.
+WIDER_BY = (8192, 65536)
+# Past a row's length the wider call holds large finite scores: a kernel reading beyond the length would choose them.
+FILLER = 3.0e38
+
+
+@conformance_property("topk", "topk.batch_invariant", needs=("batch_invariant",))
+@given(case=topk_cases())
+@example(case=STRADDLE)
+@example(case=WIDE_TIES)
+def test_topk_rows_do_not_depend_on_the_batch_or_its_width(case, conformance):
+    args, got, _ = _run_topk(conformance, case)
+    rows = args.scores.shape[0]
+    for t in range(rows):
+        row, length = args.scores[t: t + 1], args.lengths[t: t + 1]
+        alone = conformance.call(lambda: ops.topk(row, length, args.k))
+        A.assert_bitwise(conformance, "topk", alone[0], got[t], f"for row {t} alone vs in a batch of {rows}")
+        for extra in WIDER_BY:
+            wider = torch.cat([row, torch.full((1, extra), FILLER, dtype=row.dtype, device=row.device)], dim=1)
+            in_wider = conformance.call(lambda: ops.topk(wider, length, args.k))
+            A.assert_bitwise(conformance, "topk", in_wider[0], got[t],
+                             f"for row {t} in a call {extra} columns wider than the batch's {row.shape[1]}")
+    flipped = conformance.call(lambda: ops.topk(args.scores.flip(0), args.lengths.flip(0), args.k))
+    A.assert_bitwise(conformance, "topk", flipped.flip(0), got, "with the batch's rows reversed")
 
 
 @conformance_property("topk", "topk.rejects_bad_input", scale=0.2)

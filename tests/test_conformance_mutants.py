@@ -33,6 +33,9 @@ MUTANTS = {
                                      "test_cache_write_touches_nothing_outside_its_target_slots"),
     "mutant_batch_split": ("sparse_mla", "sparse_mla.batch_invariant",
                            "test_sparse_mla_rows_do_not_depend_on_the_batch"),
+    "mutant_topk_width": ("topk", "topk.batch_invariant", "test_topk_rows_do_not_depend_on_the_batch_or_its_width"),
+    "mutant_dsa_batch_split": ("dsa_attention", "dsa_attention.batch_invariant",
+                               "test_dsa_attention_tokens_do_not_depend_on_the_batch"),
 }
 
 
