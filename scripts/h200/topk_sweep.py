@@ -444,10 +444,11 @@ def main(argv=None) -> int:
         for case in (cases[0], cases[3]):
             phase_times(torch, case, _kwargs(None, PHASE_WIDTH), phase_rows, failures)
     else:
-        if DEVICE == "cuda":
-            for variant in (VARIANTS[2], VARIANTS[4]):
-                check_graph(torch, scores, lengths, _kwargs(variant[1], scores.shape[1]), failures)
         from dsahal.backends.nvidia.config import topk_config
+
+        if DEVICE == "cuda":  # the bound and groups methods as such, then the backend's 128K launch (its options)
+            for kw in (VARIANTS[2][1], VARIANTS[4][1], topk_config(1 << 17)):
+                check_graph(torch, scores, lengths, _kwargs(kw, scores.shape[1]), failures)
 
         timed = []
         for extra in TAIL_PHASES:  # (the 128K config also under --cpu-smoke, whose rows are narrower)
