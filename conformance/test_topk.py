@@ -83,8 +83,6 @@ def test_topk_selects_the_exact_reference_set_under_the_tie_rule(case, conforman
 # thresholds (the nvidia backend picks its kernel by the call's width: 8K, 64K), as a DSA layer's score rows are as wide
 # as the call's max_context whatever each row's own length.
 WIDER_BY = (8192, 65536)
-# Past a row's length the wider call holds large finite scores: a kernel reading beyond the length would choose them.
-FILLER = 3.0e38
 
 
 @conformance_property("topk", "topk.batch_invariant", needs=("batch_invariant",))
@@ -99,7 +97,9 @@ def test_topk_rows_do_not_depend_on_the_batch_or_its_width(case, conformance):
         alone = conformance.call(lambda: ops.topk(row, length, args.k))
         A.assert_bitwise(conformance, "topk", alone[0], got[t], f"for row {t} alone vs in a batch of {rows}")
         for extra in WIDER_BY:
-            wider = torch.cat([row, torch.full((1, extra), FILLER, dtype=row.dtype, device=row.device)], dim=1)
+            # past the row's length the wider call holds the largest finite score: a kernel reading there chooses it
+            filler = torch.full((1, extra), torch.finfo(row.dtype).max, dtype=row.dtype, device=row.device)
+            wider = torch.cat([row, filler], dim=1)
             in_wider = conformance.call(lambda: ops.topk(wider, length, args.k))
             A.assert_bitwise(conformance, "topk", in_wider[0], got[t],
                              f"for row {t} in a call {extra} columns wider than the batch's {row.shape[1]}")
