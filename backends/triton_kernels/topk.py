@@ -106,7 +106,7 @@ METHODS = ("radix", "bound", "groups")
 
 def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slots=None, scratch=None,
          segments=1, method="radix", group=None, finish_chunk=512, finish_warps=4, steps=16, group_size=None,
-         batch=64, segment_histograms=False, compact_prefetch=False, max_prefetch=False):
+         batch=64, segment_histograms=False, compact_prefetch=False):
     """Launch :func:`topk_kernel` (or, with ``segments > 1``, :mod:`.topk_split`'s passes; or, with
     ``method="bound"``, :mod:`.topk_bound`'s max-bound filter).
 
@@ -127,8 +127,8 @@ def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slot
             output in index order),
             or ``"groups"`` (:func:`.topk_groups.topk_groups`: the bound from groups of consecutive entries, the
             second pass reads only the live groups; uses ``chunk``, ``steps``, ``group_size``, ``batch``,
-            ``num_warps``, ``finish_chunk``, ``finish_warps``, ``segment_histograms``, ``compact_prefetch``,
-            ``max_prefetch``; the same output as ``"bound"``).
+            ``num_warps``, ``finish_chunk``, ``finish_warps``, ``segment_histograms``, ``compact_prefetch``; the
+            same output as ``"bound"``).
 
     Returns:
         ``[T, k]`` int32 indices (or slots), -1 padding last.
@@ -160,7 +160,7 @@ def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slot
         return topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_tokens, chunk=chunk,
                            steps=steps, group_size=group_size, batch=batch, finish_chunk=finish_chunk,
                            num_warps=num_warps, finish_warps=finish_warps, segment_histograms=segment_histograms,
-                           compact_prefetch=compact_prefetch, max_prefetch=max_prefetch, scratch=scratch)
+                           compact_prefetch=compact_prefetch, scratch=scratch)
     if segments > 1 and width > chunk:  # (a row of one chunk has nothing to split)
         from .topk_split import topk_split
 

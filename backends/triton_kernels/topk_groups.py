@@ -20,9 +20,8 @@ threshold kernel sums instead of reading every maximum for its first digit, and 
 segment's histogram of its survivors' top 16 key bits relative to the bound, which the finish sums instead of its
 first pass over the survivors. Each is one histogram of what the program stored, after its reads (L2-hot), not one a
 step: Triton's histogram costs ~600 instructions a warp whatever its length. The same bound and ``τ``, bit for bit.
-With ``max_prefetch`` the first pass loads each step's scores a step ahead of its max. With ``compact_prefetch``
-the compaction gathers a batch's scores, and loads the group ids of the batch after it, one step ahead of the
-batch's scan (Triton does not pipeline that loop: its loads hang off the live list it just wrote):
+With ``compact_prefetch`` the compaction gathers a batch's scores, and loads the group ids of the batch after it, one
+step ahead of the batch's scan (Triton does not pipeline that loop: its loads hang off the live list it just wrote):
 the same batches in the same order, the same bits.
 
 Scores with locality (neighbouring positions alike) put the best entries in fewer groups: the bound
@@ -45,14 +44,6 @@ SIZE_ARGS = ("N", "seg_len")
 MAXIMA_HIST_CHUNK = 1024
 
 
-@triton.jit
-def _store_group_max(dest, x, ROWS: tl.constexpr):
-    """Store each group's max of ``x [ROWS, G]`` as its sort key at ``dest [ROWS]`` (0: no valid entry)."""
-    best = tl.max(x, axis=1)
-    key = tl.where(best == float("-inf"), tl.zeros([ROWS], tl.uint32), _sort_key(best))
-    tl.store(dest, key.to(tl.int32, bitcast=True))
-
-
 @triton.jit(do_not_specialize=SIZE_ARGS)
 def group_max_kernel(
     scores_ptr, stride_st, lengths_ptr,
@@ -62,7 +53,6 @@ def group_max_kernel(
     ROWS: tl.constexpr, G: tl.constexpr,  # ROWS groups of G entries per step
     SEG_HIST: tl.constexpr, GROUPS: tl.constexpr,  # GROUPS = seg_len / G (used with SEG_HIST)
     HIST_CHUNK: tl.constexpr,  # maxima a histogram step (SEG_HIST)
-    PREFETCH: tl.constexpr,  # each step's scores loaded one step ahead (two steps' loads in flight a program)
 ):
     row = tl.program_id(0).to(tl.int64)
     seg = tl.program_id(1)
@@ -76,30 +66,16 @@ def group_max_kernel(
     live_groups = tl.cdiv(tl.maximum(end - start, 0), ROWS * G) * ROWS  # steps that hold entries of the row
     for r0 in range(live_groups, seg_len // G, ROWS):  # past the row's length (causal prefill rows): empty
         tl.store(out + r0 + rows, tl.zeros([ROWS], tl.int32))
-    if PREFETCH:
-        # The loop's one load is what a step waits on, and Triton does not pipeline it: here each step loads the
-        # next step's scores before it reduces its own (a step past the row's end loads nothing: all masked). (The
-        # loads stay inline: through a helper function Triton's compile lost their 16-byte vectors and layout.)
-        cols = start + rows[:, None] * G + within[None, :]  # [ROWS, G]
-        x = tl.load(score_row + cols, mask=cols < end, other=float("-inf"))
-        for r0 in range(0, live_groups, ROWS):
-            following = tl.multiple_of(start + (r0 + ROWS) * G, ROWS * G)
-            cols = following + rows[:, None] * G + within[None, :]
-            if following + ROWS * G <= end:
-                x_next = tl.load(score_row + cols)
-            else:
-                x_next = tl.load(score_row + cols, mask=cols < end, other=float("-inf"))
-            _store_group_max(out + r0 + rows, x, ROWS)
-            x = x_next
-    else:
-        for r0 in range(0, live_groups, ROWS):
-            first = tl.multiple_of(start + r0 * G, ROWS * G)
-            cols = first + rows[:, None] * G + within[None, :]  # [ROWS, G]
-            if first + ROWS * G <= end:  # a whole step: unmasked 16-byte loads
-                x = tl.load(score_row + cols)
-            else:
-                x = tl.load(score_row + cols, mask=cols < end, other=float("-inf"))
-            _store_group_max(out + r0 + rows, x, ROWS)
+    for r0 in range(0, live_groups, ROWS):
+        first = tl.multiple_of(start + r0 * G, ROWS * G)
+        cols = first + rows[:, None] * G + within[None, :]  # [ROWS, G]
+        if first + ROWS * G <= end:  # a whole step: unmasked 16-byte loads
+            x = tl.load(score_row + cols)
+        else:
+            x = tl.load(score_row + cols, mask=cols < end, other=float("-inf"))
+        best = tl.max(x, axis=1)
+        key = tl.where(best == float("-inf"), tl.zeros([ROWS], tl.uint32), _sort_key(best))
+        tl.store(out + r0 + rows, key.to(tl.int32, bitcast=True))
     if SEG_HIST:  # the threshold's first digit: one histogram of the segment's maxima as stored (L2-hot)
         tl.debug_barrier()  # (stored by other threads of the program)
         hist = tl.zeros([256], tl.int32)
@@ -183,7 +159,7 @@ def auto_group_size(width: int, k: int) -> int:
 
 def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_tokens, *, chunk=1024, steps=16,
                 group_size=None, batch=64, finish_chunk=512, num_warps=4, finish_warps=4, segment_histograms=False,
-                compact_prefetch=False, max_prefetch=False, scratch=None, stats=None):
+                compact_prefetch=False, scratch=None, stats=None):
     """Launch the four kernels for ``scores [T, N]`` into ``out [T, k]`` (arguments as :func:`.topk.topk`).
 
     Args:
@@ -194,8 +170,7 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
             each segment's histogram of what they wrote, so the threshold kernel reads the maxima once, not twice,
             and the finish the survivors three times, not four (module docstring; the same result; segments of at
             most 2048 groups). compact_prefetch: the compaction issues the next batch's score gather and the
-            group ids of the batch after it before scanning each batch (the same result). max_prefetch: the max
-            pass loads each step's scores one step ahead (the same result).
+            group ids of the batch after it before scanning each batch (the same result).
             finish_chunk, finish_warps, scratch, stats: as :func:`.topk_bound.topk_bound`.
     """
     tokens, width = scores.shape
@@ -224,8 +199,7 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
     hist, survivor_hist = segment_histogram_buffers(segment_histograms, tokens, segments, bound)
     group_max_kernel[grid](scores, scores.stride(0), lengths, maxima, maxima.stride(0), hist, width, seg_len,
                            ROWS=chunk // size, G=size, SEG_HIST=segment_histograms, GROUPS=per_segment,
-                           HIST_CHUNK=min(per_segment, MAXIMA_HIST_CHUNK), PREFETCH=max_prefetch,
-                           num_warps=num_warps)
+                           HIST_CHUNK=min(per_segment, MAXIMA_HIST_CHUNK), num_warps=num_warps)
     # a threshold step of `step` group maxima covers step * size entries of the row
     bound_threshold_kernel[(tokens,)](maxima, bound, lengths, hist, width, k, step * size, maxima.shape[1] // step,
                                       CHUNK=step, LEVELS=BOUND_LEVELS, HIST0=segment_histograms,

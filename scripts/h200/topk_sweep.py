@@ -84,15 +84,6 @@ VARIANTS = (
     ("groups c1024s32 f1024 seg-hist prefetch", dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4,
                                                      finish_chunk=1024, finish_warps=8, segment_histograms=True,
                                                      compact_prefetch=True)),
-    # thirtieth session: the max pass's loads a step ahead (max_prefetch), on the new default (both options above)
-    ("groups c1024s32 f1024 seg-hist prefetch maxpf", dict(method="groups", chunk=1024, steps=32, batch=64,
-                                                           num_warps=4, finish_chunk=1024, finish_warps=8,
-                                                           segment_histograms=True, compact_prefetch=True,
-                                                           max_prefetch=True)),
-    ("groups c1024s16 f1024 seg-hist prefetch maxpf", dict(method="groups", chunk=1024, steps=16, batch=64,
-                                                           num_warps=4, finish_chunk=1024, finish_warps=8,
-                                                           segment_histograms=True, compact_prefetch=True,
-                                                           max_prefetch=True)),
     # ... and the bound method's (batch-invariant mode's at every width)
     ("bound c1024 f512 seg-hist", dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, finish_warps=4,
                                        segment_histograms=True)),
@@ -101,8 +92,7 @@ VARIANTS = (
 # and without segment histograms (and the compaction's prefetch), so each launch's change is seen apart.
 TAIL_PHASES = (dict(segment_histograms=False, compact_prefetch=False),
                dict(segment_histograms=True, compact_prefetch=False),
-               dict(segment_histograms=True, compact_prefetch=True),
-               dict(segment_histograms=True, compact_prefetch=True, max_prefetch=True))
+               dict(segment_histograms=True, compact_prefetch=True))
 
 # --prefill: rows of 4K-32K entries, many rows. The defaults there are one program per row (<= 8K: chunk 2048, 8
 # warps) and bound (8K-64K: chunk 1024, 4 warps, finish 512 at 4 warps); these are their neighbours. Larger radix
@@ -454,8 +444,7 @@ def main(argv=None) -> int:
         for extra in TAIL_PHASES:  # (the 128K config also under --cpu-smoke, whose rows are narrower)
             kw = dict(_kwargs(topk_config(1 << 17), scores.shape[1]), **extra)
             if kw.get("method") != "groups":
-                for option in ("compact_prefetch", "max_prefetch"):  # (the bound method has neither)
-                    kw.pop(option, None)
+                kw.pop("compact_prefetch", None)  # the bound method's compaction has no prefetch option
             if kw not in timed:  # (the config may already hold an extra: each launch set is timed once)
                 timed.append(kw)
                 phase_times(torch, cases[0], kw, phase_rows, failures)

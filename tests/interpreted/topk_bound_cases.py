@@ -172,8 +172,7 @@ def test_bound_topk_int64_lengths_and_chunking_invariance():
     assert torch.equal(topk(scores, lengths, 12, group=4, **other), first), "chunking changed the bits"
     assert torch.equal(topk(scores[7:8], lengths[7:8], 12, group=2, **SMALL), first[7:8]), "not batch-invariant"
     for kw in (dict(GROUPS, group_size=8, chunk=32, batch=2),
-               dict(GROUPS, group_size=8, chunk=32, batch=2, segment_histograms=True, compact_prefetch=True,
-                    max_prefetch=True)):
+               dict(GROUPS, group_size=8, chunk=32, batch=2, segment_histograms=True, compact_prefetch=True)):
         assert torch.equal(topk(scores, lengths.to(torch.int64), 12, **kw), first), f"groups {kw} differ from bound"
 
 
