@@ -280,3 +280,23 @@ def test_the_compile_is_told_what_a_launch_on_aligned_tensors_tells_triton():
     assert set(facts) >= {"q_ptr", "state_ptr", "stride_qn", "stride_sp", "K"}
     assert not {"scale", "H", "V", "P", "BLOCK_K"} & set(facts)
     assert all(attrs == [["tt.divisibility", 16]] for attrs in facts.values())
+
+
+def test_the_invariant_twin_keeps_the_caches_and_the_launcher_aligned_facts_only():
+    """``--invariant`` compiles each variant as batch-invariant mode does (compile_budget's cache twin): the facts of
+    the kernel module's CACHE_ARGS and LAUNCHER_ALIGNED_ARGS; a kernel without cache arguments runs the fully generic
+    twin (no facts); a Gluon kernel is not twinned."""
+    from dsahal.backends.triton_kernels import sparse_mla
+
+    chosen = {v.name: v for v in aot.variants()}
+    mla = chosen["sparse MLA fp8_ds_mla latents, bf16 q, H=128"]
+    twin = aot.invariant_twin(mla)
+    names = triton_launch(mla.kernel).arg_names
+    kept = {names[i] for (i,) in aot.run_time_alignment(twin)}
+    everything = {names[i] for (i,) in aot.run_time_alignment(mla)}
+    allowed = set(sparse_mla.CACHE_ARGS["sparse_mla_kernel"]) | set(sparse_mla.LAUNCHER_ALIGNED_ARGS["sparse_mla_kernel"])
+    assert kept == everything & allowed and {"q_ptr", "o_ptr", "pages_u8", "s8_t"} <= kept
+    assert not kept & {"slots_ptr", "stride_st", "lse_ptr", "stride_ls"}  # the batch's own, unaligned possibly
+    assert "s16_t" not in kept  # fp8_ds_mla's 656-byte records: 328 elements of 16 bits, not a multiple of 16
+    assert aot.run_time_alignment(aot.invariant_twin(chosen["top-k"])) == {}
+    assert aot.invariant_twin(next(v for v in chosen.values() if v.gluon)) is None

@@ -175,19 +175,20 @@ def test_a_plugin_that_does_not_name_the_mode_keeps_batch_invariant_launches(mon
     assert all(w.budget == 4 for w in compile_budget._installed.values())
 
 
-def cache_budgeted(budget):
+def cache_budgeted(budget, launcher_aligned=()):
     """``copy_kernel`` with ``src`` and ``stride`` named as its cache's arguments."""
-    wrapper = BudgetedKernel(copy_kernel, budget, ("src", "stride"))
+    wrapper = BudgetedKernel(copy_kernel, budget, ("src", "stride"), launcher_aligned)
     params = {p.name: p for p in wrapper.cache_twin.params}
-    # the cache twin: no facts about dst (a batch's own tensor), the cache's kept; `n` stays unspecialised
-    assert params["dst"].do_not_specialize and params["n"].do_not_specialize
+    # the cache twin: no facts about dst (a batch's own tensor) unless its launcher aligns it, the cache's kept;
+    # `n` stays unspecialised
+    assert params["dst"].do_not_specialize == ("dst" not in launcher_aligned) and params["n"].do_not_specialize
     assert not params["src"].do_not_specialize and not params["stride"].do_not_specialize
     assert {p.name for p in wrapper.twin.params if p.do_not_specialize} >= {"src", "dst", "stride", "n"}
     wrapper.kernel, wrapper.twin, wrapper.cache_twin = Recorder(), Recorder(), Recorder()
     return wrapper
 
 
-def test_batch_invariant_mode_keeps_an_aligned_caches_facts_whatever_the_batchs_tensors():
+def test_batch_invariant_mode_keeps_the_caches_facts_whatever_the_batchs_tensors():
     wrapper = cache_budgeted(0)
     base = torch.zeros(64, dtype=torch.uint8)
     aligned, odd = offset_view(base, 0), offset_view(base, 3)
@@ -195,11 +196,41 @@ def test_batch_invariant_mode_keeps_an_aligned_caches_facts_whatever_the_batchs_
         wrapper[(1,)](aligned, dst, 16, 7, BLOCK=16)
         wrapper[(1,)](aligned, dst, 32, 7, BLOCK=16)
     assert len(wrapper.cache_twin.calls) == 4 and not wrapper.twin.calls and not wrapper.kernel.calls
-    # a cache argument unaligned or not a multiple of 16 (or 1): the fully generic twin
+    # a cache unaligned or with strides not multiples of 16 (fp8_ds_mla's 656-byte records: 328 / 164-element
+    # strides in the 16- and 32-bit views) keeps its own facts too: the cache twin, specialised on them at run time
     for src, stride in ((odd, 16), (aligned, 5), (aligned, 1)):
         wrapper[(1,)](src, aligned, stride, 7, BLOCK=16)
-    assert len(wrapper.twin.calls) == 3 and len(wrapper.cache_twin.calls) == 4
-    assert wrapper.stats() == {"specialised_patterns": 0, "generic_calls": 3, "cache_twin_calls": 4}
+    assert len(wrapper.cache_twin.calls) == 7 and not wrapper.twin.calls
+    assert wrapper.stats() == {"specialised_patterns": 0, "generic_calls": 0, "cache_twin_calls": 7}
+
+
+def test_batch_invariant_mode_bounds_the_cache_patterns_and_decides_each_once(monkeypatch):
+    """Each configuration compiles the cache twin for INVARIANT_CACHE_PATTERNS cache patterns; a cache beyond them runs
+    the fully generic twin, and keeps that choice whatever the batch (so a row's bits still depend on the cache
+    alone)."""
+    monkeypatch.setattr(compile_budget, "INVARIANT_CACHE_PATTERNS", 2)
+    wrapper = cache_budgeted(0)
+    base = torch.zeros(64, dtype=torch.uint8)
+    for stride in (16, 5, 1, 16, 5):  # three cache patterns: (16-multiple), (neither), (== 1)
+        for dst in (base, base[3:]):
+            wrapper[(1,)](base, dst, stride, 7, BLOCK=16)
+    assert len(wrapper.cache_twin.calls) == 8 and len(wrapper.twin.calls) == 2
+    assert all(call[1][2] == 1 for call in wrapper.twin.calls)  # the third pattern, both batches
+    wrapper[(1,)](base, base, 32, 7, BLOCK=32)  # another configuration has its own count
+    assert len(wrapper.cache_twin.calls) == 9
+
+
+def test_the_launcher_aligned_arguments_are_kept_and_checked():
+    """Arguments a launcher aligns on every call (LAUNCHER_ALIGNED_ARGS) keep their facts in the cache twin; a call
+    that breaks the promise is a dsahal bug: it raises, naming the kernel and the argument."""
+    wrapper = cache_budgeted(0, launcher_aligned=("dst",))
+    base = torch.zeros(64, dtype=torch.uint8)
+    wrapper[(1,)](base, base[16:], 16, 7, BLOCK=16)
+    assert len(wrapper.cache_twin.calls) == 1
+    with pytest.raises(RuntimeError, match=r"copy_kernel's launcher promises dst 16-byte aligned .* a dsahal bug"):
+        wrapper[(1,)](base, base[3:], 16, 7, BLOCK=16)
+    with pytest.raises(ValueError, match=r"launcher-aligned arguments \['BLOCK'\] are not run-time parameters"):
+        BudgetedKernel(copy_kernel, 0, ("src",), ("BLOCK",))
 
 
 def test_a_budget_beyond_zero_keeps_the_fully_generic_twin_for_the_patterns_it_does_not_keep():
@@ -222,13 +253,37 @@ def test_cache_arguments_must_be_run_time_parameters():
 def test_the_kernels_name_their_caches_arguments(monkeypatch, plain_kernels):
     """The sparse-MLA and indexer kernels' pages and page strides: every name a parameter of its kernel, installed
     with the budget's wrappers."""
-    from dsahal.backends.triton_kernels import indexer, indexer_decode, sparse_mla
+    from dsahal.backends.triton_kernels import (indexer, indexer_decode, kda, kda_chunk, lse_combine, sparse_mla,
+                                                sparse_mla_small_heads, sparse_mla_small_heads_raw)
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     compile_budget.install(invariant=True)
-    for module in (sparse_mla, indexer, indexer_decode):
+    for module in (sparse_mla, sparse_mla_small_heads, sparse_mla_small_heads_raw, indexer, indexer_decode, kda,
+                   kda_chunk, lse_combine):
+        for name, args in module.LAUNCHER_ALIGNED_ARGS.items():
+            assert set(getattr(module, name).launcher_aligned) == set(args)
+    for module in (kda, kda_chunk):  # the state pool and its dims (and pass B's output, shaped by them)
+        for name, args in module.CACHE_ARGS.items():
+            wrapper = getattr(module, name)
+            assert set(wrapper.cache_args) == set(args) and {"K", "V"} <= set(args)
+    for module in (sparse_mla, sparse_mla_small_heads, sparse_mla_small_heads_raw, indexer, indexer_decode):
         for name, args in module.CACHE_ARGS.items():
             wrapper = getattr(module, name)
             assert isinstance(wrapper, BudgetedKernel) and wrapper.cache_twin is not None
             assert set(wrapper.cache_args) == set(args) and all(a.startswith(("pages_", "s8_", "s16_", "s32_"))
                                                                for a in args)
+
+
+def test_the_sparse_mla_launchers_align_the_queries():
+    """``aligned_queries``: queries already 16-byte aligned with strides multiples of 16 pass through (no copy);
+    any other start or stride (a slice of a fused projection) is copied contiguous: the same values, aligned."""
+    from dsahal.backends.triton_kernels.sparse_mla import aligned_queries
+
+    q = torch.randn(3, 4, 576)
+    assert aligned_queries(q) is q
+    wide = torch.randn(3, 4, 640)
+    assert aligned_queries(wide[:, :, 64:]).data_ptr() == wide[:, :, 64:].data_ptr()  # 256 bytes in, strides 2560 / 640
+    for view in (wide[:, :, 1:577], torch.randn(3, 4, 577)[:, :, :576], torch.randn(3 * 4 * 576 + 1)[1:].view(3, 4, 576)):
+        out = aligned_queries(view)
+        assert out.data_ptr() % 16 == 0 and out.stride(0) % 16 == 0 and out.stride(1) % 16 == 0
+        assert out.stride(-1) == 1 and torch.equal(out, view)

@@ -48,6 +48,9 @@ def _sparse_mla_cases(results):
         slots[0, 5] = 96 + 1000  # out of range: skipped, never read
         safe = torch.where(slots >= 96, -1, slots)
         want_o, want_lse = reference(q, pages, safe, fmt, scale, 0.08)
+        # the queries one element into rows of 577: unaligned start and strides (the launcher copies them)
+        wide = torch.randn(4, 16, 577)
+        wide[:, :, 1:] = q
         for split in (None, 16, "unaligned"):
             source = _unaligned(pages) if split == "unaligned" else pages
             ok = True
@@ -57,6 +60,11 @@ def _sparse_mla_cases(results):
                 finite = torch.isfinite(want_lse)
                 ok &= (_rel(o, want_o) < 1e-5 and bool((lse[finite] - want_lse[finite]).abs().max() < 1e-4)
                        and bool(torch.isneginf(lse[3]).all()) and bool((o[3] == 0).all()))
+            if split == "unaligned":
+                o2, lse2 = sparse_mla(wide[:, :, 1:], source, slots, fmt, scale, 0.08, block_h=16, block_n=16,
+                                      split_size=16)
+                o1, lse1 = sparse_mla(q, source, slots, fmt, scale, 0.08, block_h=16, block_n=16, split_size=16)
+                ok &= bool(torch.equal(o1, o2) and torch.equal(lse1, lse2))
             results[f"sparse_mla_{fmt}_split{split}"] = ok
 
 

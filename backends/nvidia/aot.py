@@ -65,6 +65,8 @@ class Variant:
     # ``stride*`` argument the kernel specialises): what Triton's run-time specialisation tells the compiler.
     divisible: tuple = ()
     gluon: bool = False  # a ``gluon.jit`` kernel (compiled from its Gluon source)
+    # Batch-invariant mode's compile (:func:`invariant_twin`): the run-time facts of these arguments only; None: all.
+    kept_facts: frozenset | None = None
 
     def signature(self) -> dict:
         sig = {}
@@ -102,9 +104,28 @@ def run_time_alignment(variant: Variant) -> dict:
     for index, arg in enumerate(kernel.arg_names):
         if arg in variant.constexprs or arg in variant.floats or arg in skip:
             continue
+        if variant.kept_facts is not None and arg not in variant.kept_facts:
+            continue
         if arg in variant.pointers or arg.startswith("stride") or arg in variant.divisible:
             facts[(index,)] = [["tt.divisibility", 16]]
     return facts
+
+
+def invariant_twin(variant: Variant) -> Variant | None:
+    """``variant`` as batch-invariant mode compiles it (:mod:`dsahal.backends.triton_kernels.compile_budget`'s cache
+    twin): the facts of its kernel module's ``CACHE_ARGS`` and ``LAUNCHER_ALIGNED_ARGS`` only; a kernel with no
+    cache arguments runs the fully generic twin (no facts). None for a Gluon kernel (not twinned: its layouts are
+    written out)."""
+    import dataclasses
+
+    if variant.gluon:
+        return None
+    fn = triton_launch(variant.kernel)
+    module = sys.modules[fn.fn.__module__]
+    name = fn.fn.__name__
+    cache = getattr(module, "CACHE_ARGS", {}).get(name, ())
+    kept = frozenset(cache) | frozenset(getattr(module, "LAUNCHER_ALIGNED_ARGS", {}).get(name, ())) if cache else frozenset()
+    return dataclasses.replace(variant, name=f"{variant.name} [batch-invariant twin]", kept_facts=kept)
 
 
 def multiples_of_16(**values: int) -> tuple:
@@ -299,6 +320,7 @@ def variants() -> list[Variant]:
     """The launches of the NVIDIA backend worth watching, built from its own configuration code."""
     return (_indexer_general_variants() + _indexer_block_tile_variants() + _indexer_mxfp4_word_variants()
             + _indexer_l2_variants() + _sparse_mla_variants()
+            + _lse_combine_variants()
             + _small_heads_variants() + _gluon_variants() + _wgmma_variants() + _wgmma_fp4_variants()
             + _gluon_indexer_variants()
             + _topk_variants()
@@ -476,8 +498,10 @@ def _sparse_mla_variants() -> list[Variant]:
     """The general sparse MLA kernel (``sparse_mla.sparse_mla_kernel``): 128 heads, and the exact paths."""
     import torch
 
+    from dsahal.formats import LATENT_FORMATS
+
     from ..triton_kernels import sparse_mla
-    from ..triton_kernels.bytes import LATENT_CODES
+    from ..triton_kernels.bytes import LATENT_CODES, typed_views
     from . import config
 
     out = []
@@ -485,6 +509,7 @@ def _sparse_mla_variants() -> list[Variant]:
                     o_ptr="fp32", lse_ptr="fp32")
     for heads, fmt, q_dtype, v_split in ((128, "bf16", torch.bfloat16, 1), (128, "bf16", torch.bfloat16, 2),
                                          (128, "fp8", torch.bfloat16, 1), (128, "fp8", torch.bfloat16, 2),
+                                         (128, "fp8_ds_mla", torch.bfloat16, 1),
                                          (16, "bf16", torch.bfloat16, 1), (128, "bf16", torch.float32, 1),
                                          (4, "fp8_ds_mla", torch.float32, 1)):
         cfg = config.sparse_mla_config(320, heads, TOPK, fmt, q_dtype)
@@ -492,14 +517,29 @@ def _sparse_mla_variants() -> list[Variant]:
         pointers = dict(mla_ptrs, q_ptr="bf16" if as_bf16 else "fp32")
         if as_bf16 and fmt == "bf16":
             pointers["pages_u16"] = "bf16"  # the launcher's bf16 view
+        pages = torch.empty((2, BLOCK_TOKENS, LATENT_FORMATS[fmt].token_bytes), dtype=torch.uint8, device="meta")
+        strides = {f"s{bits}_{axis}": stride for bits, (_, block, token) in zip((8, 16, 32), typed_views(pages))
+                   for axis, stride in (("b", block), ("t", token))}
         out.append(Variant(
             f"sparse MLA {fmt} latents, {'bf16' if as_bf16 else 'fp32 (exact)'} q, H={heads}"
             + (f", values split {v_split} ways" if v_split > 1 else ""),
             sparse_mla.sparse_mla_kernel,
             dict(FMT=LATENT_CODES[fmt], AS_BF16=as_bf16, BLOCK_H=cfg["block_h"], BLOCK_N=cfg["block_n"], ALIGNED=True,
                  V_SPLIT=v_split),
-            pointers, floats=("logit_scale",), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+            pointers, floats=("logit_scale",), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            divisible=multiples_of_16(**strides)))
     return out
+
+
+def _lse_combine_variants() -> list[Variant]:
+    """The LSE combine after a split sparse-MLA launch (``lse_combine.lse_combine_kernel``): four fp32 partials of 512
+    value columns (the 512-slot splits of top-k 2048), the output in bf16."""
+    from ..triton_kernels import lse_combine
+
+    return [Variant("lse combine, 4 fp32 parts of 512", lse_combine.lse_combine_kernel,
+                    dict(BLOCK_W=lse_combine._block_w(4), BLOCK_D=lse_combine._block_d(512, 512)),
+                    dict(o_ptr="fp32", lse_ptr="fp32", out_ptr="bf16", out_lse_ptr="fp32"), num_warps=4,
+                    divisible=multiples_of_16(D=512))]
 
 
 def _small_heads_variants() -> list[Variant]:
@@ -780,6 +820,9 @@ def main(argv=None) -> int:
                         help="compile only variants whose name contains one of these")
     parser.add_argument("--sass", action="store_true",
                         help="also print the SASS opcode counts of each kernel's main loop, by class")
+    parser.add_argument("--invariant", action="store_true",
+                        help="also compile each variant as batch-invariant mode does (its twin: the facts of the "
+                             "cache's and the launcher-aligned arguments only)")
     args = parser.parse_args(argv)
     if importlib.util.find_spec("triton") is None:
         print("error: Triton is not installed (pip install 'dsahal[test]')", file=sys.stderr)
@@ -791,6 +834,9 @@ def main(argv=None) -> int:
         return 2
     width = max(58, *(len(v.name) for v in chosen))
     print(f"{'variant':<{width}} {'warps':>5} {'stages':>6} {'compile s':>9} {'regs':>5} {'stack B':>7} {'smem KB':>7}")
+    if args.invariant:
+        chosen = [v for variant in chosen for v in (variant, invariant_twin(variant)) if v is not None]
+        width = max(width, *(len(v.name) for v in chosen))
     for variant in chosen:
         result = compile_variant(variant)
         if result.error:

@@ -23,13 +23,29 @@ sliced out of a batch at an odd offset then gave other bits than the same reques
 2026-12-01, ``kda_decode``, 1 of 179 examples at 200). With one alignment-free compile per configuration,
 a row's result cannot depend on where its tensors start.
 
-A kernel module may name, per kernel, the arguments that describe the cache (``CACHE_ARGS``: the pages'
-pointers and strides): a property of the cache, the same whichever rows a batch holds. In batch-invariant mode
-a call whose cache arguments are all 16-byte aligned pointers and multiples of 16 runs a second twin that keeps
-those facts (and assumes none about the batch's own tensors): the cache's loads stay vectorised. Byte-addressed
-formats were 7.7-9x slower on the fully generic twin (the general sparse-MLA kernel on fp8 latents, H200,
-twenty-fourth session). Which twin serves a call depends on the cache alone, so a row still gets the same bits
-in any batch over that cache.
+A kernel module may name, per kernel, the arguments whose facts are the same whichever rows a batch holds
+(``CACHE_ARGS``): the cache's (the latent or index pages, the KDA state pool: their pointers, strides and dims) and
+values fixed with it (a head dim; an output the launcher allocates from those dims). In batch-invariant mode a call
+runs a second twin that keeps the facts of those arguments, whatever they are (Triton specialises them at run time as
+usual: one compile per pattern), and assumes none about the batch's own tensors: the cache's loads stay vectorised.
+Byte-addressed formats were 7.7-9x slower on the fully generic twin (the general sparse-MLA kernel on fp8 latents,
+H200, twenty-fourth session). Which twin serves a call, and what it knows, depends on the cache alone, so a row still
+gets the same bits in any batch over that cache. Each constexpr configuration keeps
+:data:`INVARIANT_CACHE_PATTERNS` cache patterns (a serving process has one cache; the conformance suite draws many);
+calls over a cache beyond them run the fully generic twin, decided once per cache pattern. (Until the thirty-first
+session only a cache whose every fact was "aligned" took this twin: fp8_ds_mla pages, whose 16- and 32-bit views
+have token strides of 328 and 164 elements, ran the fully generic twin, 3.5x the default compile's main-loop
+instructions at H = 128: the DSA layer took 7.59 ms in batch-invariant mode against 2.09 without FlashMLA, H200,
+thirtieth session.)
+
+A kernel module may also name arguments its launcher makes 16-byte aligned pointers and multiples of 16 on every
+call, whatever the batch (``LAUNCHER_ALIGNED_ARGS``: it copies (:mod:`.alignment`) or allocates those tensors so):
+their facts are then the same in every batch, and the cache twin keeps them too. A call that breaks the promise is a
+dsahal bug and raises. Without them the general sparse-MLA kernel's queries and outputs were unaligned in that twin,
+and its sm_90 main loop (H = 128, fp8_ds_mla) ran 2,874 instructions against the default compile's 1,866 (thirty-first
+session, ``python -m dsahal.backends.nvidia.aot --invariant``); with both declared, every twinned kernel of the
+sparse-MLA, indexer block-tile, KDA and LSE-combine launches compiles to the default compile's SASS, instruction for
+instruction.
 
 Without either variable nothing is installed: launches are the launch cache's (:mod:`dsahal.kernel_launch`)
 with no added cost. Under ``TRITON_INTERPRET=1`` nothing is compiled and nothing is installed.
@@ -52,6 +68,10 @@ LAUNCH_OPTIONS = launcher.LAUNCH_OPTIONS
 
 _installed: dict[str, "BudgetedKernel"] = {}
 
+# Cache patterns (the cache arguments' alignment facts) each constexpr configuration compiles a cache twin for in
+# batch-invariant mode; a serving process sees one, the conformance suite's drawn page views several.
+INVARIANT_CACHE_PATTERNS = 4
+
 
 def budget_from_env() -> int | None:
     """The budget ``DSAHAL_TRITON_COMPILE_BUDGET`` asks for (``None``: unset, empty or 0)."""
@@ -72,31 +92,37 @@ class BudgetedKernel:
 
     Args:
         kernel: a ``triton.jit`` function (launched, not a device helper).
-        budget: specialised alignment patterns kept per constexpr configuration (>= 1).
+        budget: specialised alignment patterns kept per constexpr configuration (>= 1); 0 is batch-invariant mode.
+        cache_args: the arguments that describe the cache (the module's ``CACHE_ARGS``).
+        launcher_aligned: the arguments the launcher makes aligned on every call (``LAUNCHER_ALIGNED_ARGS``).
     """
 
-    def __init__(self, kernel, budget: int, cache_args: tuple = ()):
+    def __init__(self, kernel, budget: int, cache_args: tuple = (), launcher_aligned: tuple = ()):
         if not isinstance(kernel, launcher.LaunchedKernel):
             kernel = launcher.LaunchedKernel(kernel, launcher.cache_enabled())
         self.kernel = kernel
+        self.kernel_name = getattr(kernel.fn, "__name__", str(kernel))
         self.budget = budget
         self.params = list(kernel.params)
         self.names = [p.name for p in self.params]
         self.constexpr = {p.name for p in self.params if p.is_constexpr}
         self.unspecialised = {p.name for p in self.params if p.do_not_specialize}
         runtime = [p.name for p in self.params if not p.is_constexpr]
-        unknown = [name for name in cache_args if name not in runtime]
-        if unknown:
-            raise ValueError(f"compile budget: cache arguments {unknown} are not run-time parameters of "
-                             f"{getattr(kernel.fn, '__name__', kernel)}")
+        for role, names in (("cache", cache_args), ("launcher-aligned", launcher_aligned)):
+            unknown = [name for name in names if name not in runtime]
+            if unknown:
+                raise ValueError(f"compile budget: {role} arguments {unknown} are not run-time parameters of "
+                                 f"{self.kernel_name}")
         self.twin = self._twin(runtime)
-        # the cache's arguments the kernel itself specialises (its do_not_specialize ones stay generic)
+        # the arguments the kernel itself specialises (its do_not_specialize ones stay generic)
         self.cache_args = tuple(name for name in cache_args if name not in self.unspecialised)
+        self.launcher_aligned = tuple(name for name in launcher_aligned if name not in self.unspecialised)
         self.cache_positions = tuple(self.names.index(name) for name in self.cache_args)
-        self.cache_twin = (self._twin([name for name in runtime if name not in self.cache_args])
-                           if self.cache_args else None)
+        self.aligned_positions = tuple(self.names.index(name) for name in self.launcher_aligned)
+        kept = set(self.cache_args) | set(self.launcher_aligned)
+        self.cache_twin = (self._twin([name for name in runtime if name not in kept]) if self.cache_args else None)
         self.seen: dict[tuple, set] = {}
-        self.decided: dict[tuple, bool] = {}  # (config, pattern) -> specialised?
+        self.decided: dict[tuple, bool] = {}  # (config, pattern) -> specialised (or: a cache twin)?
         self.generic_calls = 0
         self.cache_calls = 0
 
@@ -110,16 +136,38 @@ class BudgetedKernel:
             twin = triton.jit(self.kernel.fn, do_not_specialize=generic)
         return launcher.LaunchedKernel(twin, self.kernel.enabled)
 
-    def cache_aligned(self, args, kwargs) -> bool:
-        """Whether every cache argument of this call is a 16-byte aligned tensor or a multiple of 16."""
+    @staticmethod
+    def _value(args, kwargs, position: int, name: str):
+        return args[position] if position < len(args) else kwargs.get(name)
+
+    def cache_pattern(self, args, kwargs) -> tuple:
+        """The cache arguments' alignment facts, as Triton specialises them: a tensor's 16-byte alignment, an
+        integer's being a multiple of 16 and being 1."""
+        pattern = []
         for position, name in zip(self.cache_positions, self.cache_args):
-            value = args[position] if position < len(args) else kwargs.get(name)
+            value = self._value(args, kwargs, position, name)
             if isinstance(value, torch.Tensor):
-                if value.data_ptr() % 16:
-                    return False
-            elif isinstance(value, bool) or not isinstance(value, int) or value % 16:
-                return False
-        return True
+                pattern.append(value.data_ptr() % 16 == 0)
+            elif isinstance(value, int) and not isinstance(value, bool):
+                pattern.append((value % 16 == 0, value == 1))
+            else:
+                pattern.append(None)
+        return tuple(pattern)
+
+    def check_launcher_aligned(self, args, kwargs) -> None:
+        """Raise unless every launcher-aligned argument is a 16-byte aligned tensor or a multiple of 16 (the
+        launcher's promise: a call that broke it would give a row other bits in another batch)."""
+        for position, name in zip(self.aligned_positions, self.launcher_aligned):
+            value = self._value(args, kwargs, position, name)
+            if isinstance(value, torch.Tensor):
+                ok = value.data_ptr() % 16 == 0
+            else:
+                ok = isinstance(value, int) and not isinstance(value, bool) and value % 16 == 0
+            if not ok:
+                shown = f"address {value.data_ptr():#x}" if isinstance(value, torch.Tensor) else repr(value)
+                raise RuntimeError(f"compile budget: {self.kernel_name}'s launcher "
+                                   f"promises {name} 16-byte aligned or a multiple of 16 (LAUNCHER_ALIGNED_ARGS), "
+                                   f"got {shown}: a dsahal bug")
 
     def _pattern(self, args, kwargs) -> tuple[tuple, tuple]:
         config = []
@@ -140,6 +188,18 @@ class BudgetedKernel:
         else:
             pattern.append(None)
 
+    def _keep(self, config: tuple, pattern: tuple, limit: int) -> bool:
+        """Whether ``pattern`` is among the first ``limit`` of ``config`` (decided once, never changed)."""
+        key = (config, pattern)
+        choice = self.decided.get(key)
+        if choice is None:
+            kept = self.seen.setdefault(config, set())
+            choice = len(kept) < limit
+            if choice:
+                kept.add(pattern)
+            self.decided[key] = choice
+        return choice
+
     def specialised(self, args, kwargs) -> bool:
         """Whether this call's pattern runs the specialised kernel (decided once per pattern; never with a
         budget of 0, always with ``None``)."""
@@ -147,22 +207,23 @@ class BudgetedKernel:
             return True
         if self.budget == 0:
             return False
-        key = self._pattern(args, kwargs)
-        choice = self.decided.get(key)
-        if choice is None:
-            kept = self.seen.setdefault(key[0], set())
-            choice = len(kept) < self.budget
-            if choice:
-                kept.add(key[1])
-            self.decided[key] = choice
-        return choice
+        return self._keep(*self._pattern(args, kwargs), self.budget)
+
+    def cache_twin_serves(self, args, kwargs) -> bool:
+        """Batch-invariant mode: whether the cache twin serves this call (its cache's pattern among the first
+        :data:`INVARIANT_CACHE_PATTERNS` of its configuration; decided by the cache alone)."""
+        if self.cache_twin is None:
+            return False
+        self.check_launcher_aligned(args, kwargs)
+        config = ("cache twin",) + self._pattern(args, kwargs)[0]
+        return self._keep(config, self.cache_pattern(args, kwargs), INVARIANT_CACHE_PATTERNS)
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             if self.specialised(args, kwargs):
                 return self.kernel[grid](*args, **kwargs)
-            if self.budget == 0 and self.cache_twin is not None and self.cache_aligned(args, kwargs):
-                self.cache_calls += 1  # batch-invariant mode, an aligned cache: its facts kept
+            if self.budget == 0 and self.cache_twin_serves(args, kwargs):
+                self.cache_calls += 1  # batch-invariant mode: the cache's facts kept
                 return self.cache_twin[grid](*args, **kwargs)
             self.generic_calls += 1
             return self.twin[grid](*args, **kwargs)
@@ -171,8 +232,8 @@ class BudgetedKernel:
 
     def stats(self) -> dict:
         """Patterns kept specialised and calls sent to the twins (for reports and tests)."""
-        return {"specialised_patterns": sum(len(p) for p in self.seen.values()), "generic_calls": self.generic_calls,
-                "cache_twin_calls": self.cache_calls}
+        kept = sum(len(p) for c, p in self.seen.items() if c[:1] != ("cache twin",))
+        return {"specialised_patterns": kept, "generic_calls": self.generic_calls, "cache_twin_calls": self.cache_calls}
 
 
 def kernel_modules():
@@ -216,7 +277,8 @@ def install(budget: int | None = None, *, invariant: bool = False) -> dict[str, 
                 # depend on where its tensors start), and its copies need the 16-byte alignment its verifier checks:
                 # an alignment-free twin (a plain triton.jit of its source, besides) would not compile
                 continue
-            wrapper = BudgetedKernel(kernel, budget, getattr(module, "CACHE_ARGS", {}).get(name, ()))
+            wrapper = BudgetedKernel(kernel, budget, getattr(module, "CACHE_ARGS", {}).get(name, ()),
+                                     getattr(module, "LAUNCHER_ALIGNED_ARGS", {}).get(name, ()))
             setattr(module, name, wrapper)
             _installed[f"{module.__name__}:{name}"] = wrapper
     return dict(_installed)

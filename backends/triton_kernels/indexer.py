@@ -32,6 +32,7 @@ import triton.language as tl
 
 from . import grid as launch_grid
 from . import indexer_decode
+from .alignment import aligned_rows
 from .segments import run_offsets, segment_plan  # noqa: F401 (run_offsets: this module's name for it, kept)
 from .bytes import (INDEX_CODES, INDEX_MXFP4, e2m1_ue8m0_value, load_f32_bytewise, load_u16_bytewise, typed_views,
                     views_usable, widen_bf16)
@@ -227,6 +228,9 @@ SIZE_ARGS = ("T", "H", "max_context", "num_blocks", "max_blocks", "block_tokens"
 # mode keeps their alignment facts)
 CACHE_ARGS = {"indexer_score_kernel": ("pages_u8", "s8_b", "s8_t", "pages_u16", "s16_b", "s16_t", "pages_f32",
                                        "s32_b", "s32_t")}
+# the queries and weights, which :func:`indexer_score` makes aligned on every call (.alignment.aligned_rows): batch-
+# invariant mode keeps their facts too
+LAUNCHER_ALIGNED_ARGS = {"indexer_score_kernel": ("q_ptr", "stride_qt", "stride_qh", "w_ptr", "stride_wt")}
 
 
 @triton.jit(do_not_specialize=SIZE_ARGS)
@@ -518,8 +522,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         ``[T, max_context]`` fp32 scores, -inf where not visible.
     """
     tokens, heads, _ = q.shape
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    weights = weights if weights.stride(-1) == 1 else weights.contiguous()
+    q, weights = aligned_rows(q), aligned_rows(weights)  # (LAUNCHER_ALIGNED_ARGS)
     if out is None:
         out = torch.empty((tokens, max_context), dtype=torch.float32, device=q.device)
     if tokens == 0:

@@ -33,7 +33,21 @@ import triton
 import triton.language as tl
 
 from . import grid
+from .alignment import aligned_rows
 from dsahal.kernel_launch import wrap_launched
+
+
+# The arguments whose alignment facts are the same whichever rows a batch holds (compile_budget: batch-invariant mode
+# keeps them): the state pool (the cache) and its K and V; and those the launchers align on every call (the token
+# tensors, :func:`~.alignment.aligned_rows`). With neither, the sm_90 compiles of batch-invariant mode were the fully
+# generic twin's: the decode step 223 registers against 127, the token-by-token prefill 255 and a 312-byte spill
+# against 218 and none (thirty-first session, ``python -m dsahal.backends.nvidia.aot --invariant``); with them the
+# same SASS as the default compiles.
+_TOKEN_ARGS = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "stride_qn", "stride_qh", "stride_kn", "stride_kh",
+               "stride_vn", "stride_vh", "stride_gn", "stride_gh", "stride_bn", "stride_bh")
+CACHE_ARGS = {"kda_recurrent_kernel": ("state_ptr", "stride_sp", "stride_sh", "stride_sk", "K", "V"),
+              "kda_decode_step_kernel": ("state_ptr", "stride_sp", "stride_sh", "K", "V")}
+LAUNCHER_ALIGNED_ARGS = {"kda_recurrent_kernel": _TOKEN_ARGS, "kda_decode_step_kernel": _TOKEN_ARGS}
 
 
 @triton.jit
@@ -207,6 +221,7 @@ def _check_state_pool(state_pool):
 
 def _launch(q, k, v, g, beta, state_pool, state_ids, cu_seqlens, scale, use_qk_l2norm, block_v, num_warps,
             decode):
+    q, k, v, g, beta = (aligned_rows(t) for t in (q, k, v, g, beta))  # (LAUNCHER_ALIGNED_ARGS)
     heads, key_dim, value_dim = q.shape[1], q.shape[2], v.shape[2]
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     sequences = state_ids.shape[0]
@@ -238,6 +253,7 @@ def _launch(q, k, v, g, beta, state_pool, state_ids, cu_seqlens, scale, use_qk_l
 
 def _launch_scalar_row(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm, block_v, num_warps,
                        num_stages, fused_output, stream_state, maxnreg):
+    q, k, v, g, beta = (aligned_rows(t) for t in (q, k, v, g, beta))  # (LAUNCHER_ALIGNED_ARGS)
     heads, key_dim, value_dim = q.shape[1], q.shape[2], v.shape[2]
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     sequences = state_ids.shape[0]

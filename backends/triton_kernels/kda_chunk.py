@@ -90,7 +90,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .kda import _check_state_pool, sequence_ranges
+from .alignment import aligned_rows
+from .kda import _TOKEN_ARGS, _check_state_pool, sequence_ranges
 from dsahal.kernel_launch import wrap_launched
 
 CHUNK = 16
@@ -102,6 +103,19 @@ PAIRS = {"ieee": 0, "tf32x3": 1, "bf16x3": 2}  # how the tf32 and mixed modes fo
 OPERANDS = {"fp32": (0, torch.float32, torch.float32), "bf16": (1, torch.bfloat16, torch.bfloat16),
             "fp16": (2, torch.float16, torch.float16), "tf32": (3, torch.float32, torch.float32),
             "mixed": (4, torch.bfloat16, torch.float32)}
+
+
+# The arguments whose alignment facts are the same whichever rows a batch holds (compile_budget: batch-invariant mode
+# keeps them): the state pool (the cache), K and V, and the output pass B writes (allocated by the launcher, its
+# strides H x V and V); and those the launcher aligns on every call: the token tensors (:func:`~.alignment.aligned_rows`)
+# and the scratch regions (one allocation, each region a multiple of 16 bytes). With neither, pass B's sm_90 compile
+# in batch-invariant mode was the fully generic twin's, 255 registers and a 440-byte spill against 242 and none
+# (thirty-first session, ``python -m dsahal.backends.nvidia.aot --invariant``); with them the default compile's SASS.
+_SCRATCH_ARGS = ("w_ptr", "kg_ptr", "qg_ptr", "u_ptr", "aqk_ptr", "decay_ptr")
+CACHE_ARGS = {"kda_chunk_prepare_kernel": ("K", "V"),
+              "kda_chunk_state_kernel": ("state_ptr", "stride_sp", "stride_sh", "stride_sk", "K", "V", "out_ptr",
+                                         "stride_on", "stride_oh")}
+LAUNCHER_ALIGNED_ARGS = {"kda_chunk_prepare_kernel": _TOKEN_ARGS + _SCRATCH_ARGS, "kda_chunk_state_kernel": _SCRATCH_ARGS}
 
 
 @triton.jit
@@ -387,6 +401,7 @@ def prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, *, op
             num_warps=4, inverse="ieee", scan_mma=False, maxnreg=None):
     """Pass A alone: allocates the scratch and fills it; returns its views ``(w, kg, qg, uᵀ, A_qkᵀ, e^{G_C})``.
     (The launcher's first half; separate so that a benchmark can time the passes one by one.)"""
+    q, k, v, g, beta = (aligned_rows(t) for t in (q, k, v, g, beta))  # (LAUNCHER_ALIGNED_ARGS)
     heads, key_dim, value_dim, tokens = q.shape[1], q.shape[2], v.shape[2], q.shape[0]
     code, dtype, query_dtype = OPERANDS[operands]
     scratch = _scratch(tokens, sequences, heads, _block(key_dim), _block(value_dim), dtype, query_dtype, q.device)

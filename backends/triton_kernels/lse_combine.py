@@ -10,12 +10,19 @@ import torch
 import triton
 import triton.language as tl
 
+from .alignment import aligned_rows
 from dsahal.kernel_launch import triton_launch, wrap_launched
 
 
 # Counts and sizes that vary from call to call are not specialised on (Triton would compile a
 # variant per value pattern: ==1, multiple of 16); strides stay specialised for wide loads.
 SIZE_ARGS = ("W", "H")
+# The value dim (the same whichever rows a batch holds) and the tensors :func:`lse_combine` aligns on every call (the
+# partials, :func:`~.alignment.aligned_rows`; the output it allocates): compile_budget's batch-invariant mode keeps
+# their facts. Without them the sm_90 loop read the partials 4 bytes a load (32 LDG.32 against 8 LDG.128 a row of 4
+# parts; thirty-first session, ``python -m dsahal.backends.nvidia.aot --invariant``); with them the default's SASS.
+CACHE_ARGS = {"lse_combine_kernel": ("D",)}
+LAUNCHER_ALIGNED_ARGS = {"lse_combine_kernel": ("o_ptr", "stride_ow", "stride_ot", "stride_oh", "out_ptr")}
 
 
 @triton.jit(do_not_specialize=SIZE_ARGS)
@@ -107,7 +114,8 @@ def lse_combine(o_parts, lse_parts, *, out_dtype=None, block_d=512, num_warps=4)
     """Launch :func:`lse_combine_kernel`.
 
     Args:
-        o_parts: ``[W, T, H, D]`` fp32/bf16/fp16 (unit stride in D).
+        o_parts: ``[W, T, H, D]`` fp32/bf16/fp16 (any strides: copied when not 16-byte aligned with unit stride in D
+            and the others multiples of 16).
         lse_parts: ``[W, T, H]`` fp32.
         out_dtype: dtype of ``o`` (default o_parts' dtype).
 
@@ -115,10 +123,8 @@ def lse_combine(o_parts, lse_parts, *, out_dtype=None, block_d=512, num_warps=4)
         ``(o [T, H, D], lse [T, H] fp32)``.
     """
     parts, tokens, heads, dim = o_parts.shape
+    o_parts = aligned_rows(o_parts)  # (LAUNCHER_ALIGNED_ARGS)
     so = o_parts.stride()
-    if so[3] != 1:
-        o_parts = o_parts.contiguous()
-        so = o_parts.stride()
     out = o_parts.new_empty((tokens, heads, dim), dtype=out_dtype) if out_dtype is not None else \
         o_parts.new_empty((tokens, heads, dim))
     lse = o_parts.new_empty((tokens, heads), dtype=torch.float32)
