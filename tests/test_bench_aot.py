@@ -171,6 +171,47 @@ def test_the_new_variants_are_what_the_backend_launches(monkeypatch):
     launches("KDA decode step", "kda_decode_step_kernel", lambda: ops.kda_decode(*step))
 
 
+def test_the_general_sparse_mla_combine_and_groups_top_k_variants_are_what_the_backend_launches(monkeypatch):
+    """As above for the general sparse-MLA kernel at H = 128 on fp8_ds_mla pages (a DSA layer's latents where
+    FlashMLA is not installed), the LSE combine after a 4-way split, and the groups top-k's four launches at 128K."""
+    import torch
+
+    from dsahal.backends.nvidia import ops
+    from dsahal.backends.triton_kernels import lse_combine, sparse_mla, topk_groups
+
+    by_name = {v.name: v for v in aot.variants()}
+    recorders = {}
+    for module, name in ((sparse_mla, "sparse_mla_kernel"), (lse_combine, "lse_combine_kernel"),
+                         (topk_groups, "group_max_kernel"), (topk_groups, "bound_threshold_kernel"),
+                         (topk_groups, "group_compact_kernel"), (topk_groups, "bound_finish_kernel")):
+        recorders[name] = _Recorder()
+        monkeypatch.setattr(module, name, recorders[name])
+
+    def launches(name, kernel, call):
+        recorders[kernel].calls.clear()
+        call()
+        assert len(recorders[kernel].calls) == 1, (name, len(recorders[kernel].calls))
+        _assert_variant_is_the_launch(by_name[name], *recorders[kernel].calls[0])
+
+    q = torch.zeros(320, 128, 576, dtype=torch.bfloat16)
+    pages = torch.zeros(3, aot.BLOCK_TOKENS, 656, dtype=torch.uint8)
+    slots = torch.zeros(320, aot.TOPK, dtype=torch.int32)
+    launches("sparse MLA fp8_ds_mla latents, bf16 q, H=128", "sparse_mla_kernel",
+             lambda: ops.sparse_mla(q, pages, slots, "fp8_ds_mla", None, 0.1))
+    parts = torch.zeros(4, 16, 16, 512), torch.zeros(4, 16, 16)
+    launches("lse combine, 4 fp32 parts of 512", "lse_combine_kernel",
+             lambda: lse_combine.lse_combine(*parts, out_dtype=torch.bfloat16))
+    scores, lengths = torch.zeros(2, 1 << 17), torch.full((2,), 1 << 17, dtype=torch.int32)
+    req, table = torch.zeros(2, dtype=torch.int32), torch.zeros(1, (1 << 17) // aot.BLOCK_TOKENS, dtype=torch.int32)
+    from dsahal.backends.triton_kernels import topk as topk_module
+
+    for name, kernel in (("group maxima", "group_max_kernel"), ("threshold", "bound_threshold_kernel"),
+                         ("compaction", "group_compact_kernel"), ("finish emitting slots", "bound_finish_kernel")):
+        launches(f"top-k groups (128K rows): {name}", kernel,
+                 lambda: topk_module.topk(scores, lengths, aot.TOPK, emit_slots=(req, table, aot.BLOCK_TOKENS),
+                                          **ops.config.topk_config(1 << 17)))
+
+
 # cuobjdump -sass lines (one instruction and its encoding line each); a loop 0x20..0xe0 with an inner loop
 # 0x90..0xa0, a forward branch and the tail BRA to itself
 _SASS = """

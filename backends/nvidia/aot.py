@@ -514,7 +514,9 @@ def _sparse_mla_variants() -> list[Variant]:
                                          (4, "fp8_ds_mla", torch.float32, 1)):
         cfg = config.sparse_mla_config(320, heads, TOPK, fmt, q_dtype)
         as_bf16 = q_dtype == torch.bfloat16
-        pointers = dict(mla_ptrs, q_ptr="bf16" if as_bf16 else "fp32")
+        q_type = "bf16" if as_bf16 else "fp32"
+        split = cfg["split_size"] is not None and cfg["split_size"] < TOPK
+        pointers = dict(mla_ptrs, q_ptr=q_type, o_ptr="fp32" if split else q_type)  # (fp32 partials, else final)
         if as_bf16 and fmt == "bf16":
             pointers["pages_u16"] = "bf16"  # the launcher's bf16 view
         pages = torch.empty((2, BLOCK_TOKENS, LATENT_FORMATS[fmt].token_bytes), dtype=torch.uint8, device="meta")
@@ -533,13 +535,14 @@ def _sparse_mla_variants() -> list[Variant]:
 
 def _lse_combine_variants() -> list[Variant]:
     """The LSE combine after a split sparse-MLA launch (``lse_combine.lse_combine_kernel``): four fp32 partials of 512
-    value columns (the 512-slot splits of top-k 2048), the output in bf16."""
+    value columns (the 512-slot splits of top-k 2048), the output in bf16; the partial lse's head stride is 1 (a
+    constexpr at run time)."""
     from ..triton_kernels import lse_combine
 
     return [Variant("lse combine, 4 fp32 parts of 512", lse_combine.lse_combine_kernel,
-                    dict(BLOCK_W=lse_combine._block_w(4), BLOCK_D=lse_combine._block_d(512, 512)),
+                    dict(BLOCK_W=lse_combine._block_w(4), BLOCK_D=lse_combine._block_d(512, 512), stride_lh=1),
                     dict(o_ptr="fp32", lse_ptr="fp32", out_ptr="bf16", out_lse_ptr="fp32"), num_warps=4,
-                    divisible=multiples_of_16(D=512))]
+                    num_stages=_default_stages(), divisible=multiples_of_16(D=512))]
 
 
 def _small_heads_variants() -> list[Variant]:
@@ -712,7 +715,38 @@ def _topk_variants() -> list[Variant]:
             dict(extra, ROW_LEVELS=cfg["row_levels"], CHUNK=cfg["chunk"]),
             {name: kind for name, kind in split_ptrs.items() if name in triton_launch(kernel).arg_names},
             num_warps=cfg["num_warps"]))
-    return out
+    return out + _topk_groups_variants()
+
+
+def _topk_groups_variants() -> list[Variant]:
+    """The groups method's four launches as ``config.topk_config`` picks them for rows of 128K (a DSA layer's decode
+    top-k: group maxima, the per-row threshold, the compaction of the live groups, the finish writing slots)."""
+    from ..triton_kernels import topk_bound, topk_groups
+    from . import config
+
+    cfg = config.topk_config(1 << 17)
+    size = topk_groups.auto_group_size(1 << 17, TOPK)
+    per_segment = min(cfg["chunk"] * cfg["steps"], 2048 * size) // size
+    hist = cfg.get("segment_histograms", False)
+    i32, stages = "i32", _default_stages()  # (the launches pass no num_stages)
+    return [
+        Variant("top-k groups (128K rows): group maxima", topk_groups.group_max_kernel,
+                dict(ROWS=cfg["chunk"] // size, G=size, SEG_HIST=hist, GROUPS=per_segment,
+                     HIST_CHUNK=min(per_segment, topk_groups.MAXIMA_HIST_CHUNK)),
+                dict(scores_ptr="fp32", lengths_ptr=i32, maxima_ptr=i32, hist_ptr=i32), num_warps=cfg["num_warps"], num_stages=stages),
+        Variant("top-k groups (128K rows): threshold", topk_bound.bound_threshold_kernel,
+                dict(CHUNK=min(2048, per_segment), LEVELS=topk_bound.BOUND_LEVELS, HIST0=hist),
+                dict(maxima_ptr=i32, bound_ptr=i32, lengths_ptr=i32, hist_ptr=i32), num_warps=cfg["num_warps"], num_stages=stages),
+        Variant("top-k groups (128K rows): compaction", topk_groups.group_compact_kernel,
+                dict(GROUPS=per_segment, G=size, BATCH=cfg["batch"], SEG_HIST=hist,
+                     HIST_CHUNK=topk_bound.SURVIVOR_HIST_CHUNK, PREFETCH=cfg.get("compact_prefetch", False)),
+                dict(scores_ptr="fp32", lengths_ptr=i32, bound_ptr=i32, maxima_ptr=i32, live_ptr=i32,
+                     cand_idx_ptr=i32, cand_key_ptr=i32, counts_ptr=i32, hist_ptr=i32), num_warps=cfg["num_warps"], num_stages=stages),
+        Variant("top-k groups (128K rows): finish emitting slots", topk_bound.bound_finish_kernel,
+                dict(EMIT_SLOTS=True, CHUNK=cfg["finish_chunk"], SEG_HIST=hist),
+                dict(cand_idx_ptr=i32, cand_key_ptr=i32, counts_ptr=i32, bound_ptr=i32, out_ptr=i32, req_ptr=i32,
+                     block_table_ptr=i32, hist_ptr=i32), num_warps=cfg["finish_warps"], num_stages=stages),
+    ]
 
 
 # KDA inputs as the model's layer passes them (dsahal.model.kda_layer): q, k, v bf16; g and beta fp32 from the
