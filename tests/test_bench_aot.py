@@ -173,11 +173,12 @@ def test_the_new_variants_are_what_the_backend_launches(monkeypatch):
 
 def test_the_general_sparse_mla_combine_and_groups_top_k_variants_are_what_the_backend_launches(monkeypatch):
     """As above for the general sparse-MLA kernel at H = 128 on fp8_ds_mla pages (a DSA layer's latents where
-    FlashMLA is not installed), the LSE combine after a 4-way split, and the groups top-k's four launches at 128K."""
+    FlashMLA is not installed), the LSE combine after a 4-way split, the groups top-k's four launches at 128K and the
+    bound method's at 32K."""
     import torch
 
     from dsahal.backends.nvidia import ops
-    from dsahal.backends.triton_kernels import lse_combine, sparse_mla, topk_groups
+    from dsahal.backends.triton_kernels import lse_combine, sparse_mla, topk_bound, topk_groups
 
     by_name = {v.name: v for v in aot.variants()}
     recorders = {}
@@ -210,6 +211,15 @@ def test_the_general_sparse_mla_combine_and_groups_top_k_variants_are_what_the_b
         launches(f"top-k groups (128K rows): {name}", kernel,
                  lambda: topk_module.topk(scores, lengths, aot.TOPK, emit_slots=(req, table, aot.BLOCK_TOKENS),
                                           **ops.config.topk_config(1 << 17)))
+    for name in ("bound_max_kernel", "bound_threshold_kernel", "bound_compact_kernel", "bound_finish_kernel"):
+        recorders[name] = _Recorder()
+        monkeypatch.setattr(topk_bound, name, recorders[name])
+    scores, lengths = torch.zeros(2, 1 << 15), torch.full((2,), 1 << 15, dtype=torch.int32)
+    for name, kernel in (("lane maxima", "bound_max_kernel"), ("threshold", "bound_threshold_kernel"),
+                         ("compaction", "bound_compact_kernel"), ("finish emitting slots", "bound_finish_kernel")):
+        launches(f"top-k bound (32K rows): {name}", kernel,
+                 lambda: topk_module.topk(scores, lengths, aot.TOPK, emit_slots=(req, table, aot.BLOCK_TOKENS),
+                                          **ops.config.topk_config(1 << 15)))
 
 
 # cuobjdump -sass lines (one instruction and its encoding line each); a loop 0x20..0xe0 with an inner loop

@@ -254,14 +254,17 @@ def test_the_kernels_name_their_caches_arguments(monkeypatch, plain_kernels):
     """The sparse-MLA and indexer kernels' pages and page strides: every name a parameter of its kernel, installed
     with the budget's wrappers."""
     from dsahal.backends.triton_kernels import (indexer, indexer_decode, kda, kda_chunk, lse_combine, sparse_mla,
-                                                sparse_mla_small_heads, sparse_mla_small_heads_raw)
+                                                sparse_mla_small_heads, sparse_mla_small_heads_raw, topk_bound,
+                                                topk_groups)
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     compile_budget.install(invariant=True)
     for module in (sparse_mla, sparse_mla_small_heads, sparse_mla_small_heads_raw, indexer, indexer_decode, kda,
-                   kda_chunk, lse_combine):
-        for name, args in module.LAUNCHER_ALIGNED_ARGS.items():
-            assert set(getattr(module, name).launcher_aligned) == set(args)
+                   kda_chunk, lse_combine, topk_bound, topk_groups):
+        for name, args in module.LAUNCHER_ALIGNED_ARGS.items():  # (topk_groups also launches two of topk_bound's)
+            wrapper = getattr(module, name)
+            assert isinstance(wrapper, BudgetedKernel) and wrapper.cache_twin is not None
+            assert set(wrapper.launcher_aligned) == set(args)
     for module in (kda, kda_chunk):  # the state pool and its dims (and pass B's output, shaped by them)
         for name, args in module.CACHE_ARGS.items():
             wrapper = getattr(module, name)

@@ -113,8 +113,8 @@ def run_time_alignment(variant: Variant) -> dict:
 
 def invariant_twin(variant: Variant) -> Variant | None:
     """``variant`` as batch-invariant mode compiles it (:mod:`dsahal.backends.triton_kernels.compile_budget`'s cache
-    twin): the facts of its kernel module's ``CACHE_ARGS`` and ``LAUNCHER_ALIGNED_ARGS`` only; a kernel with no
-    cache arguments runs the fully generic twin (no facts). None for a Gluon kernel (not twinned: its layouts are
+    twin): the facts of its kernel module's ``CACHE_ARGS`` and ``LAUNCHER_ALIGNED_ARGS`` only; a kernel that declares
+    neither runs the fully generic twin (no facts). None for a Gluon kernel (not twinned: its layouts are
     written out)."""
     import dataclasses
 
@@ -124,7 +124,7 @@ def invariant_twin(variant: Variant) -> Variant | None:
     module = sys.modules[fn.fn.__module__]
     name = fn.fn.__name__
     cache = getattr(module, "CACHE_ARGS", {}).get(name, ())
-    kept = frozenset(cache) | frozenset(getattr(module, "LAUNCHER_ALIGNED_ARGS", {}).get(name, ())) if cache else frozenset()
+    kept = frozenset(cache) | frozenset(getattr(module, "LAUNCHER_ALIGNED_ARGS", {}).get(name, ()))
     return dataclasses.replace(variant, name=f"{variant.name} [batch-invariant twin]", kept_facts=kept)
 
 
@@ -715,7 +715,7 @@ def _topk_variants() -> list[Variant]:
             dict(extra, ROW_LEVELS=cfg["row_levels"], CHUNK=cfg["chunk"]),
             {name: kind for name, kind in split_ptrs.items() if name in triton_launch(kernel).arg_names},
             num_warps=cfg["num_warps"]))
-    return out + _topk_groups_variants()
+    return out + _topk_groups_variants() + _topk_bound_variants()
 
 
 def _topk_groups_variants() -> list[Variant]:
@@ -743,6 +743,35 @@ def _topk_groups_variants() -> list[Variant]:
                 dict(scores_ptr="fp32", lengths_ptr=i32, bound_ptr=i32, maxima_ptr=i32, live_ptr=i32,
                      cand_idx_ptr=i32, cand_key_ptr=i32, counts_ptr=i32, hist_ptr=i32), num_warps=cfg["num_warps"], num_stages=stages),
         Variant("top-k groups (128K rows): finish emitting slots", topk_bound.bound_finish_kernel,
+                dict(EMIT_SLOTS=True, CHUNK=cfg["finish_chunk"], SEG_HIST=hist),
+                dict(cand_idx_ptr=i32, cand_key_ptr=i32, counts_ptr=i32, bound_ptr=i32, out_ptr=i32, req_ptr=i32,
+                     block_table_ptr=i32, hist_ptr=i32), num_warps=cfg["finish_warps"], num_stages=stages),
+    ]
+
+
+def _topk_bound_variants() -> list[Variant]:
+    """The bound method's four launches as ``config.topk_config`` picks them for rows of 32K (a causal prefill's top-k
+    at 32K: lane maxima, the per-row threshold, the compaction of the entries at or above it, the finish)."""
+    from ..triton_kernels import topk_bound
+    from . import config
+
+    cfg = config.topk_config(1 << 15)
+    hist = cfg.get("segment_histograms", False)
+    i32, stages = "i32", _default_stages()  # (the launches pass no num_stages)
+    return [
+        Variant("top-k bound (32K rows): lane maxima", topk_bound.bound_max_kernel,
+                dict(CHUNK=cfg["chunk"], SEG_HIST=hist),
+                dict(scores_ptr="fp32", lengths_ptr=i32, maxima_ptr=i32, hist_ptr=i32), num_warps=cfg["num_warps"],
+                num_stages=stages),
+        Variant("top-k bound (32K rows): threshold", topk_bound.bound_threshold_kernel,
+                dict(CHUNK=cfg["chunk"], LEVELS=topk_bound.BOUND_LEVELS, HIST0=hist),
+                dict(maxima_ptr=i32, bound_ptr=i32, lengths_ptr=i32, hist_ptr=i32), num_warps=cfg["num_warps"],
+                num_stages=stages),
+        Variant("top-k bound (32K rows): compaction", topk_bound.bound_compact_kernel,
+                dict(CHUNK=cfg["chunk"], SEG_HIST=hist, HIST_CHUNK=topk_bound.SURVIVOR_HIST_CHUNK),
+                dict(scores_ptr="fp32", lengths_ptr=i32, bound_ptr=i32, cand_idx_ptr=i32, cand_key_ptr=i32,
+                     counts_ptr=i32, hist_ptr=i32), num_warps=cfg["num_warps"], num_stages=stages),
+        Variant("top-k bound (32K rows): finish emitting slots", topk_bound.bound_finish_kernel,
                 dict(EMIT_SLOTS=True, CHUNK=cfg["finish_chunk"], SEG_HIST=hist),
                 dict(cand_idx_ptr=i32, cand_key_ptr=i32, counts_ptr=i32, bound_ptr=i32, out_ptr=i32, req_ptr=i32,
                      block_table_ptr=i32, hist_ptr=i32), num_warps=cfg["finish_warps"], num_stages=stages),

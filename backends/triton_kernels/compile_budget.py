@@ -44,8 +44,8 @@ their facts are then the same in every batch, and the cache twin keeps them too.
 dsahal bug and raises. Without them the general sparse-MLA kernel's queries and outputs were unaligned in that twin,
 and its sm_90 main loop (H = 128, fp8_ds_mla) ran 2,874 instructions against the default compile's 1,866 (thirty-first
 session, ``python -m dsahal.backends.nvidia.aot --invariant``); with both declared, every twinned kernel of the
-sparse-MLA, indexer block-tile, KDA and LSE-combine launches compiles to the default compile's SASS, instruction for
-instruction.
+sparse-MLA, indexer block-tile, top-k (bound and groups methods), KDA and LSE-combine launches compiles to the default
+compile's SASS, instruction for instruction.
 
 Without either variable nothing is installed: launches are the launch cache's (:mod:`dsahal.kernel_launch`)
 with no added cost. Under ``TRITON_INTERPRET=1`` nothing is compiled and nothing is installed.
@@ -120,7 +120,7 @@ class BudgetedKernel:
         self.cache_positions = tuple(self.names.index(name) for name in self.cache_args)
         self.aligned_positions = tuple(self.names.index(name) for name in self.launcher_aligned)
         kept = set(self.cache_args) | set(self.launcher_aligned)
-        self.cache_twin = (self._twin([name for name in runtime if name not in kept]) if self.cache_args else None)
+        self.cache_twin = self._twin([name for name in runtime if name not in kept]) if kept else None
         self.seen: dict[tuple, set] = {}
         self.decided: dict[tuple, bool] = {}  # (config, pattern) -> specialised (or: a cache twin)?
         self.generic_calls = 0

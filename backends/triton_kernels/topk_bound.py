@@ -40,12 +40,24 @@ import torch
 import triton
 import triton.language as tl
 
+from .alignment import aligned_rows
 from .topk_common import _digit_histogram, _emit, _matches, _pad, _sort_key, _threshold
 from dsahal.kernel_launch import wrap_launched
 
 SIZE_ARGS = ("max_blocks", "block_tokens", "N", "k", "seg_len", "segments")
 BOUND_LEVELS = 2  # 8-bit digits of the k-th largest lane maximum kept in L (16 bits: 1/128 octave)
 SURVIVOR_HIST_CHUNK = 512  # segment_histograms: survivors a step of the compaction's histogram (64 registers on sm_90)
+# The arguments whose alignment facts compile_budget's batch-invariant mode keeps: the scores (:func:`topk_bound` and
+# .topk_groups align them: .alignment.aligned_rows) and the buffers the launchers allocate (LAUNCHER_ALIGNED_ARGS,
+# checked); the output's row stride, k (CACHE_ARGS: the same whichever rows a batch holds). Without them the sm_90
+# compiles of the lane-maxima and compaction passes read the scores 4 bytes a load, and the groups method's first pass
+# ran 193 instructions a step against the default compile's 96 (thirty-first session, ``python -m
+# dsahal.backends.nvidia.aot --invariant``); with them every pass compiles to the default's SASS.
+CACHE_ARGS = {"bound_finish_kernel": ("stride_ot",)}
+LAUNCHER_ALIGNED_ARGS = {"bound_max_kernel": ("scores_ptr", "stride_st", "maxima_ptr", "hist_ptr"),
+                         "bound_threshold_kernel": ("maxima_ptr", "hist_ptr"),
+                         "bound_compact_kernel": ("scores_ptr", "stride_st", "hist_ptr"),
+                         "bound_finish_kernel": ("out_ptr",)}
 
 
 @triton.jit
@@ -335,6 +347,7 @@ def topk_bound(scores, lengths, k, out, emit, req_ids, block_table, block_tokens
             the survivors' indices (their keys get a second one). stats: optional dict that gets
             ``"survivors"`` (``[T]`` int32: entries at or above each row's bound; no host sync).
     """
+    scores = aligned_rows(scores)  # (LAUNCHER_ALIGNED_ARGS)
     tokens, width = scores.shape
     group = auto_group(width, k, chunk) if group is None else group
     seg_len = chunk * group
