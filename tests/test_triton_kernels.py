@@ -249,11 +249,46 @@ def _cache_write_cases(results):
         results[f"cache_write_{kind}_{fmt}"] = bool(ok)
 
 
+def _dsa_cases(results):
+    """The NVIDIA backend's fused DSA layer (``ops.dsa_attention``: its indexer writes score rows padded to a multiple of
+    16 floats, so the top-k never copies them to align them) at a context of 40 (rows of 40 scores in a 48-float
+    stride): the same output, bit for bit, as its stages run one by one on unpadded scores, and the float64 reference
+    layer's within the tolerance."""
+    import torch
+
+    from dsahal import ops
+    from dsahal.backends.nvidia import config
+    from dsahal.backends.nvidia import ops as nvidia_ops
+    from dsahal.backends.triton_kernels.indexer import indexer_score
+    from dsahal.backends.triton_kernels.topk import topk
+    from dsahal.formats import index_format, latent_format
+
+    gen = torch.Generator().manual_seed(11)
+    index_pages = index_format("fp8").pack(torch.randn(6 * 8, 128, generator=gen)).view(6, 8, -1)
+    kv_pages = latent_format("bf16").pack(torch.randn(6 * 8, 576, generator=gen)).view(6, 8, -1)
+    table = torch.tensor([[2, 0, 5, 1, 4], [3, 1, 0, -1, -1]], dtype=torch.int32)
+    req = torch.tensor([0, 0, 1, 0, 1], dtype=torch.int32)
+    pos = torch.tensor([3, 39, 17, 25, 0], dtype=torch.int32)
+    q_index, weights = torch.randn(5, 4, 128, generator=gen), torch.rand(5, 4, generator=gen)
+    q = torch.randn(5, 4, 576, generator=gen)
+    args = (q_index, weights, index_pages, q, kv_pages, table, req, pos, "fp8", "bf16", None, 6, 40, 0.1)
+    o, lse = nvidia_ops.dsa_attention(*args)
+    scores = indexer_score(q_index, weights, index_pages, table, req, pos, "fp8", 40,
+                           **config.indexer_config(4, q_index.dtype, "fp8"))
+    slots = topk(scores, torch.clamp(pos + 1, max=40), 6, emit_slots=(req, table, 8), **config.topk_config(40))
+    o2, lse2 = ops.sparse_mla(q, kv_pages, slots, kv_fmt="bf16", softmax_scale=0.1)
+    want_o, want_lse = ops.dsa_attention(*args[:8], index_fmt="fp8", kv_fmt="bf16", topk=6, max_context=40,
+                                         softmax_scale=0.1)
+    results["dsa_padded_scores_same_bits"] = bool(torch.equal(o, o2) and torch.equal(lse, lse2))
+    results["dsa_matches_reference"] = _rel(o, want_o) < 1e-5 and bool((lse - want_lse).abs().max() < 1e-4)
+
+
 def _run_all() -> dict:
     import torch
 
     torch.manual_seed(0)
-    return run_groups((_sparse_mla_cases, _indexer_cases, _topk_cases, _small_op_cases, _kda_cases, _cache_write_cases))
+    return run_groups((_sparse_mla_cases, _indexer_cases, _topk_cases, _small_op_cases, _kda_cases, _cache_write_cases,
+                       _dsa_cases))
 
 
 @pytest.fixture(scope="module")
@@ -312,6 +347,11 @@ def test_kda_recurrent_prefill_matches_reference_with_empty_sequences(interprete
 @pytest.mark.parametrize("case", ["index_fp8", "latent_fp8", "latent_fp8_ds_mla"])
 def test_cache_write_packs_like_the_format_into_an_unaligned_pool_and_writes_only_valid_slots(interpreted, case):
     assert interpreted[f"cache_write_{case}"]
+
+
+def test_the_fused_dsa_layer_pads_its_score_rows_and_gives_the_stages_bits(interpreted):
+    assert interpreted["dsa_padded_scores_same_bits"]
+    assert interpreted["dsa_matches_reference"]
 
 
 def test_indexer_exact_fp32_path_launches_small_tiles(monkeypatch):

@@ -109,8 +109,12 @@ def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table,
     """Indexer -> top-k with the slot translation fused into its output write -> sparse MLA on the best
     route the table has for these arguments (FlashMLA where it serves them), so the layer is never slower
     than its sparse-MLA stage run alone."""
-    scores = indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt,
-                           max_context)
+    # score rows of a multiple of 16 floats: the top-k's launchers then never copy them to align them (.alignment)
+    padded = -(-max_context // 16) * 16
+    scores = torch.empty((q_index.shape[0], padded), dtype=torch.float32, device=q_index.device)[:, :max_context]
+    scores = _indexer.indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt,
+                                    max_context, out=scores,
+                                    **config.indexer_config(q_index.shape[1], q_index.dtype, index_fmt))
     lengths = torch.clamp(positions.to(torch.int32) + 1, max=max_context)
     slots = _topk.topk(scores, lengths, topk, emit_slots=(req_ids, block_table, index_pages.shape[1]),
                        **config.topk_config(scores.shape[1]))
