@@ -21,6 +21,12 @@ def _take_budget_wrappers_off():
         module, name = key.split(":")
         setattr(importlib.import_module(module), name, wrapper.kernel)
     compile_budget._installed.clear()
+    # a kernel module imported while wrappers were installed took another module's wrapped kernel by name
+    # (topk_groups imports two of topk_bound's): unwrap those too
+    for module in compile_budget.kernel_modules():
+        for name, value in list(vars(module).items()):
+            if isinstance(value, BudgetedKernel):
+                setattr(module, name, value.kernel)
 
 
 @pytest.fixture
@@ -290,3 +296,79 @@ def test_the_sparse_mla_launchers_align_the_queries():
         out = aligned_queries(view)
         assert out.data_ptr() % 16 == 0 and out.stride(0) % 16 == 0 and out.stride(1) % 16 == 0
         assert out.stride(-1) == 1 and torch.equal(out, view)
+
+
+def test_every_launcher_keeps_its_alignment_promise_in_batch_invariant_mode(monkeypatch, plain_kernels):
+    """Batch-invariant mode's wrappers (budget 0) around every kernel that declares LAUNCHER_ALIGNED_ARGS, with the
+    compiles replaced by recorders: the NVIDIA backend's launchers, called with tensors at odd offsets and strides
+    (slices of wider buffers, 4 heads, odd widths), must hand each kernel what it promised (a broken promise raises)
+    and every call must take the twin that keeps the declared facts."""
+    import importlib
+
+    from dsahal.backends.nvidia import config
+    from dsahal.backends.nvidia import ops
+    from dsahal.backends.triton_kernels import segments
+    from dsahal.formats import index_format, latent_format
+
+    monkeypatch.setattr(config, "batch_invariant", lambda: True)
+    for fn in config._CACHED:
+        fn.cache_clear()
+    wrappers = {}
+    modules = ("sparse_mla", "sparse_mla_small_heads", "sparse_mla_small_heads_raw", "indexer", "indexer_decode", "kda",
+               "kda_chunk", "lse_combine", "topk_bound", "topk_groups")
+    for module_name in modules:  # (all imported before any is wrapped: topk_groups imports topk_bound's by name)
+        importlib.import_module(f"dsahal.backends.triton_kernels.{module_name}")
+    for module_name in ("sparse_mla", "sparse_mla_small_heads", "sparse_mla_small_heads_raw", "indexer",
+                        "indexer_decode", "kda", "kda_chunk", "lse_combine", "topk_bound", "topk_groups"):
+        module = importlib.import_module(f"dsahal.backends.triton_kernels.{module_name}")
+        for name, aligned in module.LAUNCHER_ALIGNED_ARGS.items():
+            wrapper = BudgetedKernel(getattr(module, name), 0, module.CACHE_ARGS.get(name, ()), aligned)
+            wrapper.kernel, wrapper.twin, wrapper.cache_twin = Recorder(), Recorder(), Recorder()
+            monkeypatch.setattr(module, name, wrapper)
+            wrappers[f"{module_name}:{name}"] = wrapper
+    monkeypatch.setattr(segments, "_plan_kernel", Recorder())  # (the segment plan: no declarations)
+    try:
+        gen = torch.Generator().manual_seed(3)
+
+        def odd(*shape, dtype=torch.float32):
+            """A tensor of ``shape`` one element into a buffer whose rows are one element wider."""
+            wide = torch.randn(*shape[:-1], shape[-1] + 1, generator=gen).to(dtype)
+            return wide[..., 1:]
+
+        tokens = 5
+        for fmt, heads in (("fp8_ds_mla", 4), ("fp8_ds_mla", 16), ("nvfp4", 16), ("fp8_ds_mla", 128)):
+            pages = torch.zeros(3, 64, latent_format(fmt).token_bytes, dtype=torch.uint8)
+            q = odd(tokens, heads, 576, dtype=torch.bfloat16)
+            slots = torch.zeros(tokens, 2048, dtype=torch.int32)
+            ops.sparse_mla(q, pages, slots, fmt, None, 0.1)
+            if heads <= 16:
+                ops.sparse_mla_small_heads(q, pages, slots, fmt, None, 0.1)
+        table = torch.zeros(2, 4, dtype=torch.int32)
+        req, pos = torch.tensor([0, 0, 1, 1, 1], dtype=torch.int32), torch.arange(tokens, dtype=torch.int32)
+        for fmt, q_dtype in (("fp8", torch.float8_e4m3fn), ("fp8", torch.bfloat16), ("bf16", torch.bfloat16)):
+            index_pages = torch.zeros(3, 64, index_format(fmt).token_bytes, dtype=torch.uint8)
+            ops.indexer_score(odd(tokens, 4, 128).to(q_dtype), odd(tokens, 4), index_pages, table, req, pos, fmt, 200)
+        for width in (1 << 17, 40003, 5000):  # groups, bound and (invariant mode) bound below 8K
+            ops.topk(odd(tokens, width), torch.full((tokens,), width, dtype=torch.int32), 64)
+        heads, dim = 4, 24
+        qkv = [odd(tokens, heads, dim, dtype=torch.bfloat16) for _ in range(3)]
+        gates = odd(tokens, heads, dim), odd(tokens, heads)
+        pool, ids = torch.zeros(3, heads, dim, dim), torch.tensor([0, 2], dtype=torch.int32)
+        cu = torch.tensor([0, 2, tokens], dtype=torch.int32)
+        ops.kda_prefill(*qkv, *gates, cu, pool, ids, 0.1, True)
+        ops.kda_prefill_chunked_mixed(*qkv, *gates, cu, pool, ids, 0.1, True)
+        ops.kda_decode(*(x[:2] for x in (*qkv, *gates)), pool, ids, 0.1, True)
+        ops.lse_combine(odd(4, tokens, heads, 512), odd(4, tokens, heads))
+    finally:
+        for fn in config._CACHED:
+            fn.cache_clear()
+    used = {key: w.cache_calls for key, w in wrappers.items()}
+    assert all(not w.twin.calls and not w.kernel.calls for w in wrappers.values())
+    # every declared kernel the NVIDIA backend launches on these calls was reached
+    assert {key for key, calls in used.items() if calls} >= {
+        "sparse_mla:sparse_mla_kernel", "sparse_mla_small_heads:sparse_mla_small_heads_kernel",
+        "sparse_mla_small_heads_raw:sparse_mla_small_heads_raw_kernel", "indexer:indexer_score_kernel",
+        "indexer_decode:indexer_tiles_kernel", "kda:kda_recurrent_kernel", "kda:kda_decode_step_kernel",
+        "kda_chunk:kda_chunk_prepare_kernel", "kda_chunk:kda_chunk_state_kernel", "lse_combine:lse_combine_kernel",
+        "topk_groups:group_max_kernel", "topk_groups:group_compact_kernel", "topk_bound:bound_max_kernel",
+        "topk_bound:bound_compact_kernel"}, used

@@ -125,7 +125,11 @@ def invariant_twin(variant: Variant) -> Variant | None:
     name = fn.fn.__name__
     cache = getattr(module, "CACHE_ARGS", {}).get(name, ())
     kept = frozenset(cache) | frozenset(getattr(module, "LAUNCHER_ALIGNED_ARGS", {}).get(name, ()))
-    return dataclasses.replace(variant, name=f"{variant.name} [batch-invariant twin]", kept_facts=kept)
+    # a run-time integer a launch passes as 1 is a constexpr only where the twin specialises it
+    declared = {p.name for p in fn.params if p.is_constexpr}
+    constexprs = {k: v for k, v in variant.constexprs.items() if k in declared or k in kept}
+    return dataclasses.replace(variant, name=f"{variant.name} [batch-invariant twin]", kept_facts=kept,
+                               constexprs=constexprs)
 
 
 def multiples_of_16(**values: int) -> tuple:

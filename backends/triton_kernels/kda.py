@@ -43,10 +43,11 @@ from dsahal.kernel_launch import wrap_launched
 # generic twin's: the decode step 223 registers against 127, the token-by-token prefill 255 and a 312-byte spill
 # against 218 and none (thirty-first session, ``python -m dsahal.backends.nvidia.aot --invariant``); with them the
 # same SASS as the default compiles.
+# (beta's head stride is its unit last-dim stride once aligned: 1 on every call, a fact kept with the cache's)
 _TOKEN_ARGS = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "stride_qn", "stride_qh", "stride_kn", "stride_kh",
-               "stride_vn", "stride_vh", "stride_gn", "stride_gh", "stride_bn", "stride_bh")
-CACHE_ARGS = {"kda_recurrent_kernel": ("state_ptr", "stride_sp", "stride_sh", "stride_sk", "K", "V"),
-              "kda_decode_step_kernel": ("state_ptr", "stride_sp", "stride_sh", "K", "V")}
+               "stride_vn", "stride_vh", "stride_gn", "stride_gh", "stride_bn")
+CACHE_ARGS = {"kda_recurrent_kernel": ("state_ptr", "stride_sp", "stride_sh", "stride_sk", "K", "V", "stride_bh"),
+              "kda_decode_step_kernel": ("state_ptr", "stride_sp", "stride_sh", "K", "V", "stride_bh")}
 LAUNCHER_ALIGNED_ARGS = {"kda_recurrent_kernel": _TOKEN_ARGS, "kda_decode_step_kernel": _TOKEN_ARGS}
 
 

@@ -112,7 +112,7 @@ OPERANDS = {"fp32": (0, torch.float32, torch.float32), "bf16": (1, torch.bfloat1
 # in batch-invariant mode was the fully generic twin's, 255 registers and a 440-byte spill against 242 and none
 # (thirty-first session, ``python -m dsahal.backends.nvidia.aot --invariant``); with them the default compile's SASS.
 _SCRATCH_ARGS = ("w_ptr", "kg_ptr", "qg_ptr", "u_ptr", "aqk_ptr", "decay_ptr")
-CACHE_ARGS = {"kda_chunk_prepare_kernel": ("K", "V"),
+CACHE_ARGS = {"kda_chunk_prepare_kernel": ("K", "V", "stride_bh"),
               "kda_chunk_state_kernel": ("state_ptr", "stride_sp", "stride_sh", "stride_sk", "K", "V", "out_ptr",
                                          "stride_on", "stride_oh")}
 LAUNCHER_ALIGNED_ARGS = {"kda_chunk_prepare_kernel": _TOKEN_ARGS + _SCRATCH_ARGS, "kda_chunk_state_kernel": _SCRATCH_ARGS}

@@ -18,11 +18,13 @@ from dsahal.kernel_launch import triton_launch, wrap_launched
 # variant per value pattern: ==1, multiple of 16); strides stay specialised for wide loads.
 SIZE_ARGS = ("W", "H")
 # The value dim (the same whichever rows a batch holds) and the tensors :func:`lse_combine` aligns on every call (the
-# partials, :func:`~.alignment.aligned_rows`; the output it allocates): compile_budget's batch-invariant mode keeps
+# partials and their lse, :func:`~.alignment.aligned_rows`; the outputs it allocates): compile_budget's batch-invariant mode keeps
 # their facts. Without them the sm_90 loop read the partials 4 bytes a load (32 LDG.32 against 8 LDG.128 a row of 4
 # parts; thirty-first session, ``python -m dsahal.backends.nvidia.aot --invariant``); with them the default's SASS.
-CACHE_ARGS = {"lse_combine_kernel": ("D",)}
-LAUNCHER_ALIGNED_ARGS = {"lse_combine_kernel": ("o_ptr", "stride_ow", "stride_ot", "stride_oh", "out_ptr")}
+# (the partial lse's head stride is its unit last-dim stride once aligned: 1 on every call, kept with D)
+CACHE_ARGS = {"lse_combine_kernel": ("D", "stride_lh")}
+LAUNCHER_ALIGNED_ARGS = {"lse_combine_kernel": ("o_ptr", "stride_ow", "stride_ot", "stride_oh", "lse_ptr", "stride_lw",
+                                                "stride_lt", "out_ptr", "out_lse_ptr")}
 
 
 @triton.jit(do_not_specialize=SIZE_ARGS)
@@ -116,14 +118,14 @@ def lse_combine(o_parts, lse_parts, *, out_dtype=None, block_d=512, num_warps=4)
     Args:
         o_parts: ``[W, T, H, D]`` fp32/bf16/fp16 (any strides: copied when not 16-byte aligned with unit stride in D
             and the others multiples of 16).
-        lse_parts: ``[W, T, H]`` fp32.
+        lse_parts: ``[W, T, H]`` fp32 (any strides: copied as ``o_parts``).
         out_dtype: dtype of ``o`` (default o_parts' dtype).
 
     Returns:
         ``(o [T, H, D], lse [T, H] fp32)``.
     """
     parts, tokens, heads, dim = o_parts.shape
-    o_parts = aligned_rows(o_parts)  # (LAUNCHER_ALIGNED_ARGS)
+    o_parts, lse_parts = aligned_rows(o_parts), aligned_rows(lse_parts)  # (LAUNCHER_ALIGNED_ARGS)
     so = o_parts.stride()
     out = o_parts.new_empty((tokens, heads, dim), dtype=out_dtype) if out_dtype is not None else \
         o_parts.new_empty((tokens, heads, dim))
