@@ -111,7 +111,9 @@ def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slot
     ``method="bound"``, :mod:`.topk_bound`'s max-bound filter).
 
     Args:
-        scores: ``[T, N]`` fp32 (unit stride in N). lengths: ``[T]`` int32 in ``[0, N]``.
+        scores: ``[T, N]`` fp32 (unit stride in N; the bound and groups methods copy rows that do not start 16-byte
+            aligned with a row stride a multiple of 16: :func:`~.alignment.aligned_rows`). lengths: ``[T]`` int32 in
+            ``[0, N]``.
         k: entries to keep per row.
         chunk: entries per step (power of two, <= 16384: a chunk's two counts share one int32 scan).
         row_levels: key digits (8 bits each) resolved over the whole row before the candidate list
