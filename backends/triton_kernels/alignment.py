@@ -20,6 +20,8 @@ def aligned_rows(x: torch.Tensor) -> torch.Tensor:
     of 16 elements; else a copy with those facts (rows padded to a multiple of 16 elements, the view of their first
     D: the same values). Queries ``[T, H, 576]`` or ``[T, H, 128]`` copy contiguous; weights ``[T, H]`` of 4 heads
     copy into rows of 16."""
+    if x.dim() == 0:
+        return x
     *outer, last = x.stride()  # (one call each: this runs on every launch, ~0.6 us on a CPU host)
     if last == 1 and not x.data_ptr() % 16:
         for stride in outer:

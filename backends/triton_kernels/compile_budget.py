@@ -119,6 +119,8 @@ class BudgetedKernel:
         self.launcher_aligned = tuple(name for name in launcher_aligned if name not in self.unspecialised)
         self.cache_positions = tuple(self.names.index(name) for name in self.cache_args)
         self.aligned_positions = tuple(self.names.index(name) for name in self.launcher_aligned)
+        self.constexpr_positions = tuple(i for i, name in enumerate(self.names) if name in self.constexpr)
+        self.config_names = frozenset(self.constexpr) | frozenset(LAUNCH_OPTIONS)
         kept = set(self.cache_args) | set(self.launcher_aligned)
         self.cache_twin = self._twin([name for name in runtime if name not in kept]) if kept else None
         self.seen: dict[tuple, set] = {}
@@ -136,20 +138,17 @@ class BudgetedKernel:
             twin = triton.jit(self.kernel.fn, do_not_specialize=generic)
         return launcher.LaunchedKernel(twin, self.kernel.enabled)
 
-    @staticmethod
-    def _value(args, kwargs, position: int, name: str):
-        return args[position] if position < len(args) else kwargs.get(name)
-
     def cache_pattern(self, args, kwargs) -> tuple:
         """The cache arguments' alignment facts, as Triton specialises them: a tensor's 16-byte alignment, an
-        integer's being a multiple of 16 and being 1."""
+        integer's being a multiple of 16 and being 1. (Runs on every batch-invariant launch: kept lean.)"""
+        count = len(args)
         pattern = []
         for position, name in zip(self.cache_positions, self.cache_args):
-            value = self._value(args, kwargs, position, name)
+            value = args[position] if position < count else kwargs.get(name)
             if isinstance(value, torch.Tensor):
-                pattern.append(value.data_ptr() % 16 == 0)
-            elif isinstance(value, int) and not isinstance(value, bool):
-                pattern.append((value % 16 == 0, value == 1))
+                pattern.append(not value.data_ptr() % 16)
+            elif type(value) is int:
+                pattern.append((not value % 16, value == 1))
             else:
                 pattern.append(None)
         return tuple(pattern)
@@ -157,17 +156,19 @@ class BudgetedKernel:
     def check_launcher_aligned(self, args, kwargs) -> None:
         """Raise unless every launcher-aligned argument is a 16-byte aligned tensor or a multiple of 16 (the
         launcher's promise: a call that broke it would give a row other bits in another batch)."""
+        count = len(args)
         for position, name in zip(self.aligned_positions, self.launcher_aligned):
-            value = self._value(args, kwargs, position, name)
+            value = args[position] if position < count else kwargs.get(name)
             if isinstance(value, torch.Tensor):
-                ok = value.data_ptr() % 16 == 0
+                if not value.data_ptr() % 16:
+                    continue
+                shown = f"address {value.data_ptr():#x}"
+            elif type(value) is int and not value % 16:
+                continue
             else:
-                ok = isinstance(value, int) and not isinstance(value, bool) and value % 16 == 0
-            if not ok:
-                shown = f"address {value.data_ptr():#x}" if isinstance(value, torch.Tensor) else repr(value)
-                raise RuntimeError(f"compile budget: {self.kernel_name}'s launcher "
-                                   f"promises {name} 16-byte aligned or a multiple of 16 (LAUNCHER_ALIGNED_ARGS), "
-                                   f"got {shown}: a dsahal bug")
+                shown = repr(value)
+            raise RuntimeError(f"compile budget: {self.kernel_name}'s launcher promises {name} 16-byte aligned or a "
+                               f"multiple of 16 (LAUNCHER_ALIGNED_ARGS), got {shown}: a dsahal bug")
 
     def _pattern(self, args, kwargs) -> tuple[tuple, tuple]:
         config = []
@@ -215,8 +216,15 @@ class BudgetedKernel:
         if self.cache_twin is None:
             return False
         self.check_launcher_aligned(args, kwargs)
-        config = ("cache twin",) + self._pattern(args, kwargs)[0]
-        return self._keep(config, self.cache_pattern(args, kwargs), INVARIANT_CACHE_PATTERNS)
+        return self._keep(self._config(args, kwargs), self.cache_pattern(args, kwargs), INVARIANT_CACHE_PATTERNS)
+
+    def _config(self, args, kwargs) -> tuple:
+        """The call's constexpr configuration as a cache-twin key (this runs on every batch-invariant launch: the
+        run-time arguments are not classified here, unlike :meth:`_pattern`)."""
+        config = [(self.names[i], args[i]) for i in self.constexpr_positions if i < len(args)]
+        keyed = self.config_names
+        config += sorted(item for item in kwargs.items() if item[0] in keyed)
+        return ("cache twin", *config)
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
