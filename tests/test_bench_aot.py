@@ -351,3 +351,23 @@ def test_the_invariant_twin_keeps_the_caches_and_the_launcher_aligned_facts_only
     assert "s16_t" not in kept  # fp8_ds_mla's 656-byte records: 328 elements of 16 bits, not a multiple of 16
     assert aot.run_time_alignment(aot.invariant_twin(chosen["top-k"])) == {}
     assert aot.invariant_twin(next(v for v in chosen.values() if v.gluon)) is None
+
+
+@pytest.mark.parametrize("name", [
+    "sparse MLA fp8_ds_mla latents, bf16 q, H=128",  # the DSA layer's latents without FlashMLA (was 3.5x)
+    "sparse MLA few heads, raw e4m3, fp8_ds_mla, H=16",
+    "indexer block tiles, fp8 keys, bf16 q, 32 heads, alu 133, 5-token segments",
+    "top-k groups (128K rows): group maxima",
+    "KDA decode step (scalar row)",
+    "lse combine, 4 fp32 parts of 512",
+])
+def test_batch_invariant_compiles_are_the_default_compiles(name):
+    """Batch-invariant mode's compile (the facts of CACHE_ARGS and LAUNCHER_ALIGNED_ARGS only) of the backend's hot
+    launches is the default compile's SASS, line for line: a declaration dropped or a launcher that stops aligning
+    a tensor shows here as slower code (the thirtieth session's 7.59 ms against 2.09 was such a gap)."""
+    variant = next(v for v in aot.variants() if v.name == name)
+    default, twin = (aot.compile_variant(v) for v in (variant, aot.invariant_twin(variant)))
+    assert default.error == "" and twin.error == "", (default.error, twin.error)
+    lines = [aot.sass_instructions(aot._cuobjdump(c.cubin, "-sass")) for c in (default, twin)]
+    assert aot.same_sass_verdict(*lines).startswith("batch-invariant compile: the default compile's SASS"), \
+        aot.same_sass_verdict(*lines)

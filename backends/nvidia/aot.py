@@ -128,8 +128,26 @@ def invariant_twin(variant: Variant) -> Variant | None:
     # a run-time integer a launch passes as 1 is a constexpr only where the twin specialises it
     declared = {p.name for p in fn.params if p.is_constexpr}
     constexprs = {k: v for k, v in variant.constexprs.items() if k in declared or k in kept}
-    return dataclasses.replace(variant, name=f"{variant.name} [batch-invariant twin]", kept_facts=kept,
-                               constexprs=constexprs)
+    return dataclasses.replace(variant, name=f"{variant.name}{TWIN_SUFFIX}", kept_facts=kept, constexprs=constexprs)
+
+
+TWIN_SUFFIX = " [batch-invariant twin]"
+
+
+def sass_instructions(sass: str) -> list[str]:
+    """``cuobjdump -sass`` text as its instruction and encoding lines, their address markers dropped (two compiles
+    compare equal when they would run the same code, predicates, operands and branch targets included)."""
+    return [_ADDRESS.sub("", line).strip() for line in sass.splitlines() if "/*" in line and "Function" not in line]
+
+
+_ADDRESS = re.compile(r"/\*[0-9a-f]{4,}\*/")
+
+
+def same_sass_verdict(default: list[str], twin: list[str]) -> str:
+    """One line: whether batch-invariant mode's compile is the default compile's code."""
+    if default == twin:
+        return f"batch-invariant compile: the default compile's SASS ({len(default)} lines)"
+    return f"batch-invariant compile DIFFERS: {len(twin)} SASS lines against the default's {len(default)}"
 
 
 def multiples_of_16(**values: int) -> tuple:
@@ -904,6 +922,7 @@ def main(argv=None) -> int:
     if args.invariant:
         chosen = [v for variant in chosen for v in (variant, invariant_twin(variant)) if v is not None]
         width = max(width, *(len(v.name) for v in chosen))
+    sass_of = {}  # a variant's name -> its SASS instructions (with --invariant: its twin is compared with it)
     for variant in chosen:
         result = compile_variant(variant)
         if result.error:
@@ -912,8 +931,14 @@ def main(argv=None) -> int:
         else:
             print(f"{variant.name:<{width}} {variant.num_warps:>5} {variant.num_stages:>6} {result.seconds:>9.1f} "
                   f"{result.registers:>5} {result.stack_bytes:>7} {result.shared_bytes / 1024:>7.1f}")
+            sass = _cuobjdump(result.cubin, "-sass") if args.sass or args.invariant else ""
             if args.sass:
-                print(format_profile(loop_profile(_cuobjdump(result.cubin, "-sass"))))
+                print(format_profile(loop_profile(sass)))
+            if args.invariant:
+                sass_of[variant.name] = sass_instructions(sass)
+                base = variant.name.removesuffix(TWIN_SUFFIX)
+                if base != variant.name and base in sass_of:
+                    print(f"    {same_sass_verdict(sass_of[base], sass_of[variant.name])}")
         sys.stdout.flush()
     return 0
 
