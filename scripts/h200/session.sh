@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call on an H200: install the carried wheels and dsahal, then the steps named on the command
 # line, each under its own time limit, logs in $OUT. Steps: backends dispatch routes mla fp4 flacfg model bench
-# firstrun run conformance conformance2 (both modes side by side), and py:NAME[:SECONDS] for scripts/h200/NAME.py.
+# bench_noflashmla (the carried wheels off the path) firstrun run conformance conformance2 (both modes side by side),
+# and py:NAME[:SECONDS] for scripts/h200/NAME.py.
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -26,6 +27,8 @@ for s in "$@"; do case "$s" in
   flacfg) step flacfg "${T_FLACFG:-300}" python3 scripts/h200/fla_configs.py ;;
   model) step model "${T_MODEL:-200}" dsahal bench --backend nvidia --op model ${MODEL_ARGS:-} ;;
   bench) step bench "${T_BENCH:-400}" dsahal bench --backend nvidia ${BENCH_ARGS:-} --json "$OUT/bench.json" ;;
+  bench_noflashmla) step bench_noflashmla "${T_BENCH:-400}" env -u PYTHONPATH dsahal bench --backend nvidia ${BENCH_ARGS:-} \
+       --json "$OUT/bench_noflashmla.json" ;;  # the carried wheels off the path: FlashMLA and fla absent
   firstrun) for mode in ${FIRSTRUN_MODES:-warm}; do rm -rf /tmp/fresh-triton-cache  # empty cache (a warm machine keeps /tmp)
        TAIL=30 step "firstrun_$mode" 200 env TRITON_CACHE_DIR=/tmp/fresh-triton-cache dsahal run --config k31-pro-slice \
          --backend nvidia $([ "$mode" = cold ] && echo --no-warmup) --json "$OUT/firstrun_$mode.json" ${RUN_ARGS:-}; done ;;
