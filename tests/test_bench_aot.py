@@ -345,7 +345,8 @@ def test_the_invariant_twin_keeps_the_caches_and_the_launcher_aligned_facts_only
     names = triton_launch(mla.kernel).arg_names
     kept = {names[i] for (i,) in aot.run_time_alignment(twin)}
     everything = {names[i] for (i,) in aot.run_time_alignment(mla)}
-    allowed = set(sparse_mla.CACHE_ARGS["sparse_mla_kernel"]) | set(sparse_mla.LAUNCHER_ALIGNED_ARGS["sparse_mla_kernel"])
+    allowed = (set(sparse_mla.CACHE_ARGS["sparse_mla_kernel"])
+               | set(sparse_mla.LAUNCHER_ALIGNED_ARGS["sparse_mla_kernel"]))
     assert kept == everything & allowed and {"q_ptr", "o_ptr", "pages_u8", "s8_t"} <= kept
     assert not kept & {"slots_ptr", "stride_st", "lse_ptr", "stride_ls"}  # the batch's own, unaligned possibly
     assert "s16_t" not in kept  # fp8_ds_mla's 656-byte records: 328 elements of 16 bits, not a multiple of 16

@@ -292,7 +292,8 @@ def test_the_sparse_mla_launchers_align_the_queries():
     assert aligned_queries(q) is q
     wide = torch.randn(3, 4, 640)
     assert aligned_queries(wide[:, :, 64:]).data_ptr() == wide[:, :, 64:].data_ptr()  # 256 bytes in, strides 2560 / 640
-    for view in (wide[:, :, 1:577], torch.randn(3, 4, 577)[:, :, :576], torch.randn(3 * 4 * 576 + 1)[1:].view(3, 4, 576)):
+    shifted = torch.randn(3 * 4 * 576 + 1)[1:].view(3, 4, 576)  # 4 bytes in
+    for view in (wide[:, :, 1:577], torch.randn(3, 4, 577)[:, :, :576], shifted):
         out = aligned_queries(view)
         assert out.data_ptr() % 16 == 0 and out.stride(0) % 16 == 0 and out.stride(1) % 16 == 0
         assert out.stride(-1) == 1 and torch.equal(out, view)

@@ -250,10 +250,10 @@ def _cache_write_cases(results):
 
 
 def _dsa_cases(results):
-    """The NVIDIA backend's fused DSA layer (``ops.dsa_attention``: its indexer writes score rows padded to a multiple of
-    16 floats, so the top-k never copies them to align them) at a context of 40 (rows of 40 scores in a 48-float
-    stride): the same output, bit for bit, as its stages run one by one on unpadded scores, and the float64 reference
-    layer's within the tolerance."""
+    """The NVIDIA backend's fused DSA layer (``ops.dsa_attention``: its indexer writes score rows padded to a multiple
+    of 16 floats, so the top-k never copies them to align them) at a context of 40 (rows of 40 scores in a 48-float
+    stride): the same output, bit for bit, as its stages run one by one on unpadded scores, and the float64
+    reference layer's within the tolerance."""
     import torch
 
     from dsahal import ops

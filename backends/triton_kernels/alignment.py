@@ -2,7 +2,8 @@
 
 Triton compiles what it knows of a tensor's alignment (a 16-byte aligned start, strides that are multiples of 16
 elements) into how it lays the tensor out for loads and MMAs. Queries sliced out of a fused projection can start
-anywhere, and a head count of 4 gives weights rows of 4 floats; a launcher that copies such tensors (:func:`aligned_rows`) gives its kernel the same facts on every call:
+anywhere, and a head count of 4 gives weights rows of 4 floats; a launcher that copies such tensors
+(:func:`aligned_rows`) gives its kernel the same facts on every call:
 
 - default mode: the fast compile, whatever the caller's queries (unaligned ones cost the general sparse-MLA kernel's
   sm_90 main loop 1.54x the instructions at H = 128, fp8_ds_mla, and the block-tile indexer's 1.65x with bf16

@@ -107,15 +107,17 @@ OPERANDS = {"fp32": (0, torch.float32, torch.float32), "bf16": (1, torch.bfloat1
 
 # The arguments whose alignment facts are the same whichever rows a batch holds (compile_budget: batch-invariant mode
 # keeps them): the state pool (the cache), K and V, and the output pass B writes (allocated by the launcher, its
-# strides H x V and V); and those the launcher aligns on every call: the token tensors (:func:`~.alignment.aligned_rows`)
-# and the scratch regions (one allocation, each region a multiple of 16 bytes). With neither, pass B's sm_90 compile
-# in batch-invariant mode was the fully generic twin's, 255 registers and a 440-byte spill against 242 and none
-# (thirty-first session, ``python -m dsahal.backends.nvidia.aot --invariant``); with them the default compile's SASS.
+# strides H x V and V); and those the launcher aligns on every call: the token tensors
+# (:func:`~.alignment.aligned_rows`) and the scratch regions (one allocation, each region a multiple of 16 bytes).
+# With neither, pass B's sm_90 compile in batch-invariant mode was the fully generic twin's, 255 registers and a
+# 440-byte spill against 242 and none (thirty-first session, ``python -m dsahal.backends.nvidia.aot --invariant``);
+# with them the default compile's SASS.
 _SCRATCH_ARGS = ("w_ptr", "kg_ptr", "qg_ptr", "u_ptr", "aqk_ptr", "decay_ptr")
 CACHE_ARGS = {"kda_chunk_prepare_kernel": ("K", "V", "stride_bh"),
               "kda_chunk_state_kernel": ("state_ptr", "stride_sp", "stride_sh", "stride_sk", "K", "V", "out_ptr",
                                          "stride_on", "stride_oh")}
-LAUNCHER_ALIGNED_ARGS = {"kda_chunk_prepare_kernel": _TOKEN_ARGS + _SCRATCH_ARGS, "kda_chunk_state_kernel": _SCRATCH_ARGS}
+LAUNCHER_ALIGNED_ARGS = {"kda_chunk_prepare_kernel": _TOKEN_ARGS + _SCRATCH_ARGS,
+                         "kda_chunk_state_kernel": _SCRATCH_ARGS}
 
 
 @triton.jit

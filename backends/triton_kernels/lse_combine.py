@@ -18,9 +18,10 @@ from dsahal.kernel_launch import triton_launch, wrap_launched
 # variant per value pattern: ==1, multiple of 16); strides stay specialised for wide loads.
 SIZE_ARGS = ("W", "H")
 # The value dim (the same whichever rows a batch holds) and the tensors :func:`lse_combine` aligns on every call (the
-# partials and their lse, :func:`~.alignment.aligned_rows`; the outputs it allocates): compile_budget's batch-invariant mode keeps
-# their facts. Without them the sm_90 loop read the partials 4 bytes a load (32 LDG.32 against 8 LDG.128 a row of 4
-# parts; thirty-first session, ``python -m dsahal.backends.nvidia.aot --invariant``); with them the default's SASS.
+# partials and their lse, :func:`~.alignment.aligned_rows`; the outputs it allocates): compile_budget's
+# batch-invariant mode keeps their facts. Without them the sm_90 loop read the partials 4 bytes a load (32 LDG.32
+# against 8 LDG.128 a row of 4 parts; thirty-first session, ``python -m dsahal.backends.nvidia.aot --invariant``);
+# with them the default's SASS.
 # (the partial lse's head stride is its unit last-dim stride once aligned: 1 on every call, kept with D)
 CACHE_ARGS = {"lse_combine_kernel": ("D", "stride_lh")}
 LAUNCHER_ALIGNED_ARGS = {"lse_combine_kernel": ("o_ptr", "stride_ow", "stride_ot", "stride_oh", "lse_ptr", "stride_lw",

@@ -170,8 +170,9 @@ SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")
 CACHE_ARGS = {"sparse_mla_kernel": ("pages_u8", "pages_u16", "pages_f32", "s8_b", "s8_t", "s16_b", "s16_t", "s32_b",
                                     "s32_t")}
 # the arguments :func:`sparse_mla` makes 16-byte aligned (pointers) and multiples of 16 (strides) on every call: the
-# queries (:func:`.alignment.aligned_queries`) and the outputs it allocates. compile_budget: batch-invariant mode keeps their
-# facts too; without them the sm_90 main loop (H = 128, fp8_ds_mla) ran 1.54x the default compile's instructions.
+# queries (:func:`.alignment.aligned_queries`) and the outputs it allocates. compile_budget: batch-invariant mode
+# keeps their facts too; without them the sm_90 main loop (H = 128, fp8_ds_mla) ran 1.54x the default compile's
+# instructions.
 LAUNCHER_ALIGNED_ARGS = {"sparse_mla_kernel": ("q_ptr", "stride_qt", "stride_qh", "o_ptr", "stride_os", "stride_ot",
                                                "stride_oh")}
 

@@ -326,9 +326,9 @@ def check_launch(name: str, heads: int, block_n: int, split_size, max_heads: int
 
 
 def unit_stride_and_outputs(q: torch.Tensor, slots: torch.Tensor, split_size):
-    """A few-heads launcher's inputs with unit stride in their last dim (q also 16-byte aligned with strides multiples of
-    16: :func:`~.alignment.aligned_queries`), and :func:`split_outputs` for them: ``(q, slots, slots per split,
-    splits, o, lse)``."""
+    """A few-heads launcher's inputs with unit stride in their last dim (q also 16-byte aligned with strides
+    multiples of 16: :func:`~.alignment.aligned_queries`), and :func:`split_outputs` for them: ``(q, slots, slots
+    per split, splits, o, lse)``."""
     q = aligned_queries(q)
     slots = slots if slots.stride(-1) == 1 else slots.contiguous()
     return (q, slots, *split_outputs(q, slots.shape[1], split_size))

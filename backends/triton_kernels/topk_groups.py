@@ -44,9 +44,9 @@ SIZE_ARGS = ("N", "seg_len")
 # segment_histograms: group maxima a step of the first pass's histogram (48 registers on sm_90 with Triton 3.6, 35
 # without; the compaction's survivors: topk_bound.SURVIVOR_HIST_CHUNK)
 MAXIMA_HIST_CHUNK = 1024
-# compile_budget's batch-invariant facts (as .topk_bound's, whose threshold and finish kernels this module launches too):
-# the scores (aligned by :func:`topk_groups`), the buffers it allocates, and the maxima's row stride (fixed by the
-# call's width and configuration, the same whichever rows a batch holds)
+# compile_budget's batch-invariant facts (as .topk_bound's, whose threshold and finish kernels this module launches
+# too): the scores (aligned by :func:`topk_groups`), the buffers it allocates, and the maxima's row stride (fixed by
+# the call's width and configuration, the same whichever rows a batch holds)
 _SHARED = ("bound_threshold_kernel", "bound_finish_kernel")
 CACHE_ARGS = dict({name: topk_bound.CACHE_ARGS[name] for name in _SHARED if name in topk_bound.CACHE_ARGS},
                   group_max_kernel=("stride_mt",), group_compact_kernel=("stride_mt",))
