@@ -121,6 +121,7 @@ class BudgetedKernel:
         self.aligned_positions = tuple(self.names.index(name) for name in self.launcher_aligned)
         self.constexpr_positions = tuple(i for i, name in enumerate(self.names) if name in self.constexpr)
         self.config_names = frozenset(self.constexpr) | frozenset(LAUNCH_OPTIONS)
+        self.config_of: dict[tuple, tuple] = {}  # _config's memo: a call's keywords -> its configuration key
         kept = set(self.cache_args) | set(self.launcher_aligned)
         self.cache_twin = self._twin([name for name in runtime if name not in kept]) if kept else None
         self.seen: dict[tuple, set] = {}
@@ -221,10 +222,20 @@ class BudgetedKernel:
     def _config(self, args, kwargs) -> tuple:
         """The call's constexpr configuration as a cache-twin key (this runs on every batch-invariant launch: the
         run-time arguments are not classified here, unlike :meth:`_pattern`)."""
+        try:  # a launch site passes the same keywords in the same order every time: memoised on them
+            seen = (tuple(args[i] for i in self.constexpr_positions if i < len(args)), tuple(kwargs.items()))
+            return self.config_of[seen]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable keyword value: not memoised
+            seen = None
         config = [(self.names[i], args[i]) for i in self.constexpr_positions if i < len(args)]
         keyed = self.config_names
         config += sorted(item for item in kwargs.items() if item[0] in keyed)
-        return ("cache twin", *config)
+        config = ("cache twin", *config)
+        if seen is not None:
+            self.config_of[seen] = config
+        return config
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
