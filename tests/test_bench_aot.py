@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from dsahal.backends.nvidia import aot  # noqa: E402
+from dsahal.backends.nvidia import aot, sass  # noqa: E402
 from dsahal.kernel_launch import triton_launch  # noqa: E402
 
 
@@ -250,18 +250,18 @@ _SASS = """
 
 
 def test_the_sass_profile_counts_the_largest_backward_branch_region_by_class():
-    profile = aot.loop_profile(_SASS)
+    profile = sass.loop_profile(_SASS)
     assert (profile.first, profile.last, profile.kernel_instructions) == (0x20, 0xF0, 18)
     assert {name: dict(counts) for name, counts in profile.classes.items()} == {
         "global": {"LDG.128": 1, "LDG.8": 1}, "shared": {"STS.64": 1}, "barrier": {"BAR": 1}, "mma": {"HGMMA": 1},
         "convert": {"F2FP": 1}, "permute": {"PRMT": 1}, "integer": {"IMAD": 1, "UIADD3": 1}, "float": {"FFMA": 1},
         "move": {"MOV": 1}, "other": {"BRA": 3}}
     assert profile.instructions == 14  # 0x20 .. 0xf0, the LDC / S2R before it and the EXIT after it left out
-    text = aot.format_profile(profile)
+    text = sass.format_profile(profile)
     assert "main loop 0x20-0xf0: 14 of the kernel's 18 instructions" in text
     assert "  global       2  LDG.128 1, LDG.8 1" in text and "  integer      2  IMAD 1, UIADD3 1" in text
     straight = "\n".join(line for line in _SASS.splitlines() if "BRA" not in line)
-    assert aot.loop_profile(straight) is None and "straight-line" in aot.format_profile(None)
+    assert sass.loop_profile(straight) is None and "straight-line" in sass.format_profile(None)
 
 
 @pytest.mark.parametrize("opcode, expected", [
@@ -276,7 +276,7 @@ def test_the_sass_profile_counts_the_largest_backward_branch_region_by_class():
     ("MUFU.EX2", ("float", "MUFU")), ("UMOV", ("move", "UMOV")), ("SHFL.BFLY", ("move", "SHFL")),
     ("BSSY", ("other", "BSSY"))])
 def test_opcodes_fall_in_their_classes(opcode, expected):
-    assert aot.classify(opcode) == expected
+    assert sass.classify(opcode) == expected
 
 
 def test_only_with_no_matching_variant_is_one_error_line(capsys):
@@ -369,6 +369,6 @@ def test_batch_invariant_compiles_are_the_default_compiles(name):
     variant = next(v for v in aot.variants() if v.name == name)
     default, twin = (aot.compile_variant(v) for v in (variant, aot.invariant_twin(variant)))
     assert default.error == "" and twin.error == "", (default.error, twin.error)
-    lines = [aot.sass_instructions(aot._cuobjdump(c.cubin, "-sass")) for c in (default, twin)]
-    assert aot.same_sass_verdict(*lines).startswith("batch-invariant compile: the default compile's SASS"), \
-        aot.same_sass_verdict(*lines)
+    lines = [sass.sass_instructions(sass.cuobjdump(c.cubin, "-sass")) for c in (default, twin)]
+    assert sass.same_sass_verdict(*lines).startswith("batch-invariant compile: the default compile's SASS"), \
+        sass.same_sass_verdict(*lines)
