@@ -27,7 +27,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from script_cli import CheckError, finish, run, smoke_args, start  # noqa: E402
+import pools as cache_pools  # noqa: E402 (scripts/h200/pools.py)
+from script_cli import finish, run, smoke_args, start  # noqa: E402
 
 SCALE = 192 ** -0.5
 BLOCK = 64
@@ -46,18 +47,9 @@ def set_mode(invariant: bool) -> None:
 
 
 def make_case(torch, gen, fmt: str, pool_tokens: int, tokens: int, heads: int, k: int, q_dtype, device: str):
-    """fp8_ds_mla or bf16 pages of ``pool_tokens`` random latents, q ``[tokens, heads, 576]`` and slots
-    ``[tokens, k]`` (every 17th from the 4th -1)."""
-    from dsahal.conformance.paged import store
-    from dsahal.formats import cache_format
-
-    spec = cache_format("latent", fmt)
-    pages = torch.zeros(pool_tokens // BLOCK, BLOCK, spec.token_bytes, dtype=torch.uint8, device=device)
-    chunk = 1 << 18
-    for first in range(0, pool_tokens, chunk):
-        n = min(chunk, pool_tokens - first)
-        store(spec, pages, torch.arange(first, first + n, device=device),
-              torch.randn(n, spec.dim, generator=gen, device=device), None)
+    """fp8_ds_mla or bf16 pages of ``pool_tokens`` random latents (:mod:`pools`), q ``[tokens, heads, 576]`` and
+    slots ``[tokens, k]`` (every 17th from the 4th -1)."""
+    pages, _ = cache_pools.latent_pools(torch, [fmt], pool_tokens, device, BLOCK)[fmt]
     slots = torch.randint(0, pool_tokens, (tokens, k), generator=gen, dtype=torch.int32, device=device)
     slots[:, 3::17] = -1
     q = torch.randn(tokens, heads, 576, generator=gen, device=device).to(q_dtype)
