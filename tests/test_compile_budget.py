@@ -373,3 +373,19 @@ def test_every_launcher_keeps_its_alignment_promise_in_batch_invariant_mode(monk
         "kda_chunk:kda_chunk_prepare_kernel", "kda_chunk:kda_chunk_state_kernel", "lse_combine:lse_combine_kernel",
         "topk_groups:group_max_kernel", "topk_groups:group_compact_kernel", "topk_bound:bound_max_kernel",
         "topk_bound:bound_compact_kernel"}, used
+
+
+def test_the_configuration_memo_is_bounded_and_gives_the_unmemoised_key(monkeypatch):
+    """The batch-invariant configuration key is memoised per launch site's keywords (5 us a decision, not 9): the
+    memoised key is the computed one, and keywords that change every call (a tensor passed by keyword) stop
+    filling the memo at its bound."""
+    monkeypatch.setattr(compile_budget, "CONFIG_MEMO", 3)
+    wrapper = cache_budgeted(0)
+    base = torch.zeros(64, dtype=torch.uint8)
+    first = wrapper._config((base, base, 16, 7), {"BLOCK": 16, "num_warps": 4})
+    assert wrapper._config((base, base, 16, 7), {"BLOCK": 16, "num_warps": 4}) is first
+    assert first == ("cache twin", ("BLOCK", 16), ("num_warps", 4))
+    assert wrapper._config((base, base, 16, 7), {"num_warps": 4, "BLOCK": 16}) == first  # another order, same key
+    for _ in range(5):
+        wrapper._config((base, base, 16), {"BLOCK": 16, "n": torch.zeros(1)})
+    assert len(wrapper.config_of) == 3

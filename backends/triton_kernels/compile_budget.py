@@ -71,6 +71,7 @@ _installed: dict[str, "BudgetedKernel"] = {}
 # Cache patterns (the cache arguments' alignment facts) each constexpr configuration compiles a cache twin for in
 # batch-invariant mode; a serving process sees one, the conformance suite's drawn page views several.
 INVARIANT_CACHE_PATTERNS = 4
+CONFIG_MEMO = 256  # launch sites' keyword tuples memoised per kernel (BudgetedKernel._config)
 
 
 def budget_from_env() -> int | None:
@@ -233,7 +234,7 @@ class BudgetedKernel:
         keyed = self.config_names
         config += sorted(item for item in kwargs.items() if item[0] in keyed)
         config = ("cache twin", *config)
-        if seen is not None:
+        if seen is not None and len(self.config_of) < CONFIG_MEMO:  # (bounded: a caller could pass tensors by keyword)
             self.config_of[seen] = config
         return config
 
