@@ -11,7 +11,7 @@ import triton.language as tl
 
 from dsahal.backends.triton_kernels import compile_budget
 from dsahal.backends.triton_kernels.compile_budget import BudgetedKernel, budget_from_env
-from dsahal.kernel_launch import LaunchedKernel
+from dsahal.kernel_launch import LaunchedKernel, launched_kernels
 
 
 def _take_budget_wrappers_off():
@@ -267,10 +267,16 @@ def test_the_kernels_name_their_caches_arguments(monkeypatch, plain_kernels):
     compile_budget.install(invariant=True)
     for module in (sparse_mla, sparse_mla_small_heads, sparse_mla_small_heads_raw, indexer, indexer_decode, kda,
                    kda_chunk, lse_combine, topk_bound, topk_groups):
-        for name, args in module.LAUNCHER_ALIGNED_ARGS.items():  # (topk_groups also launches two of topk_bound's)
+        for name, args in module.LAUNCHER_ALIGNED_ARGS.items():
             wrapper = getattr(module, name)
             assert isinstance(wrapper, BudgetedKernel) and wrapper.cache_twin is not None
             assert set(wrapper.launcher_aligned) == set(args)
+    # a kernel launched by another module (topk_groups launches two of topk_bound's) keeps its own module's
+    for name in ("bound_threshold_kernel", "bound_finish_kernel"):
+        wrapper = getattr(topk_groups, name)
+        assert isinstance(wrapper, BudgetedKernel)
+        assert set(wrapper.launcher_aligned) == set(topk_bound.LAUNCHER_ALIGNED_ARGS[name])
+        assert set(wrapper.cache_args) == set(topk_bound.CACHE_ARGS.get(name, ()))
     for module in (kda, kda_chunk):  # the state pool and its dims (and pass B's output, shaped by them)
         for name, args in module.CACHE_ARGS.items():
             wrapper = getattr(module, name)
@@ -284,17 +290,17 @@ def test_the_kernels_name_their_caches_arguments(monkeypatch, plain_kernels):
 
 
 def test_the_sparse_mla_launchers_align_the_queries():
-    """``aligned_queries``: queries already 16-byte aligned with strides multiples of 16 pass through (no copy);
+    """``aligned_rows`` (the sparse-MLA launchers' queries): queries already 16-byte aligned with strides multiples of 16 pass through (no copy);
     any other start or stride (a slice of a fused projection) is copied contiguous: the same values, aligned."""
-    from dsahal.backends.triton_kernels.sparse_mla import aligned_queries
+    from dsahal.backends.triton_kernels.alignment import aligned_rows
 
     q = torch.randn(3, 4, 576)
-    assert aligned_queries(q) is q
+    assert aligned_rows(q) is q
     wide = torch.randn(3, 4, 640)
-    assert aligned_queries(wide[:, :, 64:]).data_ptr() == wide[:, :, 64:].data_ptr()  # 256 bytes in, strides 2560 / 640
+    assert aligned_rows(wide[:, :, 64:]).data_ptr() == wide[:, :, 64:].data_ptr()  # 256 bytes in, strides 2560 / 640
     shifted = torch.randn(3 * 4 * 576 + 1)[1:].view(3, 4, 576)  # 4 bytes in
     for view in (wide[:, :, 1:577], torch.randn(3, 4, 577)[:, :, :576], shifted):
-        out = aligned_queries(view)
+        out = aligned_rows(view)
         assert out.data_ptr() % 16 == 0 and out.stride(0) % 16 == 0 and out.stride(1) % 16 == 0
         assert out.stride(-1) == 1 and torch.equal(out, view)
 
@@ -319,11 +325,13 @@ def test_every_launcher_keeps_its_alignment_promise_in_batch_invariant_mode(monk
                "kda_chunk", "lse_combine", "topk_bound", "topk_groups")
     for module_name in modules:  # (all imported before any is wrapped: topk_groups imports topk_bound's by name)
         importlib.import_module(f"dsahal.backends.triton_kernels.{module_name}")
-    for module_name in ("sparse_mla", "sparse_mla_small_heads", "sparse_mla_small_heads_raw", "indexer",
-                        "indexer_decode", "kda", "kda_chunk", "lse_combine", "topk_bound", "topk_groups"):
+    for module_name in modules:  # as install wraps them: every launched kernel, its defining module's declarations
         module = importlib.import_module(f"dsahal.backends.triton_kernels.{module_name}")
-        for name, aligned in module.LAUNCHER_ALIGNED_ARGS.items():
-            wrapper = BudgetedKernel(getattr(module, name), 0, module.CACHE_ARGS.get(name, ()), aligned)
+        for name, kernel in launched_kernels(module).items():
+            cache, aligned = compile_budget.declarations(kernel)
+            if not aligned:
+                continue
+            wrapper = BudgetedKernel(kernel, 0, cache, aligned)
             wrapper.kernel, wrapper.twin, wrapper.cache_twin = Recorder(), Recorder(), Recorder()
             monkeypatch.setattr(module, name, wrapper)
             wrappers[f"{module_name}:{name}"] = wrapper

@@ -121,13 +121,13 @@ def invariant_twin(variant: Variant) -> Variant | None:
     written out)."""
     import dataclasses
 
+    from ..triton_kernels.compile_budget import declarations
+
     if variant.gluon:
         return None
     fn = triton_launch(variant.kernel)
-    module = sys.modules[fn.fn.__module__]
-    name = fn.fn.__name__
-    cache = getattr(module, "CACHE_ARGS", {}).get(name, ())
-    kept = frozenset(cache) | frozenset(getattr(module, "LAUNCHER_ALIGNED_ARGS", {}).get(name, ()))
+    cache, aligned = declarations(variant.kernel)
+    kept = frozenset(cache) | frozenset(aligned)
     # a run-time integer a launch passes as 1 is a constexpr only where the twin specialises it
     declared = {p.name for p in fn.params if p.is_constexpr}
     constexprs = {k: v for k, v in variant.constexprs.items() if k in declared or k in kept}

@@ -34,6 +34,3 @@ def aligned_rows(x: torch.Tensor) -> torch.Tensor:
     rows = torch.empty((*x.shape[:-1], width), dtype=x.dtype, device=x.device)[..., :x.shape[-1]]
     rows.copy_(x)
     return rows
-
-
-aligned_queries = aligned_rows  # (the name the sparse-MLA launchers use)

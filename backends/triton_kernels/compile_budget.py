@@ -88,6 +88,16 @@ def budget_from_env() -> int | None:
     return value or None
 
 
+def _fact(value) -> Any:
+    """What Triton specialises a run-time argument on: a tensor's 16-byte alignment, an integer's being a multiple of
+    16 and being 1 (None for anything else)."""
+    if isinstance(value, torch.Tensor):
+        return not value.data_ptr() % 16
+    if type(value) is int:  # (not a bool)
+        return (not value % 16, value == 1)
+    return None
+
+
 class BudgetedKernel:
     """``kernel[grid](*args, **kwargs)`` that sends alignment patterns beyond the budget to a generic twin.
 
@@ -144,16 +154,8 @@ class BudgetedKernel:
         """The cache arguments' alignment facts, as Triton specialises them: a tensor's 16-byte alignment, an
         integer's being a multiple of 16 and being 1. (Runs on every batch-invariant launch: kept lean.)"""
         count = len(args)
-        pattern = []
-        for position, name in zip(self.cache_positions, self.cache_args):
-            value = args[position] if position < count else kwargs.get(name)
-            if isinstance(value, torch.Tensor):
-                pattern.append(not value.data_ptr() % 16)
-            elif type(value) is int:
-                pattern.append((not value % 16, value == 1))
-            else:
-                pattern.append(None)
-        return tuple(pattern)
+        return tuple(_fact(args[position] if position < count else kwargs.get(name))
+                     for position, name in zip(self.cache_positions, self.cache_args))
 
     def check_launcher_aligned(self, args, kwargs) -> None:
         """Raise unless every launcher-aligned argument is a 16-byte aligned tensor or a multiple of 16 (the
@@ -184,10 +186,8 @@ class BudgetedKernel:
     def _classify(self, name: str, value: Any, config: list, pattern: list) -> None:
         if name in self.constexpr or name in LAUNCH_OPTIONS:
             config.append((name, value))
-        elif isinstance(value, torch.Tensor):
-            pattern.append(value.data_ptr() % 16 == 0)
-        elif isinstance(value, int) and not isinstance(value, bool) and name not in self.unspecialised:
-            pattern.append((value % 16 == 0, value == 1))
+        elif isinstance(value, torch.Tensor) or name not in self.unspecialised:
+            pattern.append(_fact(value))
         else:
             pattern.append(None)
 
@@ -297,11 +297,20 @@ def install(budget: int | None = None, *, invariant: bool = False) -> dict[str, 
                 # depend on where its tensors start), and its copies need the 16-byte alignment its verifier checks:
                 # an alignment-free twin (a plain triton.jit of its source, besides) would not compile
                 continue
-            wrapper = BudgetedKernel(kernel, budget, getattr(module, "CACHE_ARGS", {}).get(name, ()),
-                                     getattr(module, "LAUNCHER_ALIGNED_ARGS", {}).get(name, ()))
+            wrapper = BudgetedKernel(kernel, budget, *declarations(kernel))
             setattr(module, name, wrapper)
             _installed[f"{module.__name__}:{name}"] = wrapper
     return dict(_installed)
+
+
+def declarations(kernel) -> tuple[tuple, tuple]:
+    """``(CACHE_ARGS, LAUNCHER_ALIGNED_ARGS)`` of ``kernel`` (possibly behind the launch cache), as the module that
+    defines it declares them: a module launching another's kernel by name (topk_groups launches two of topk_bound's)
+    gets the same declarations."""
+    fn = launcher.triton_launch(kernel).fn
+    owner = importlib.import_module(fn.__module__)
+    return (getattr(owner, "CACHE_ARGS", {}).get(fn.__name__, ()),
+            getattr(owner, "LAUNCHER_ALIGNED_ARGS", {}).get(fn.__name__, ()))
 
 
 def _is_gluon(kernel) -> bool:

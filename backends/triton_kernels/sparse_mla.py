@@ -24,7 +24,7 @@ import triton.language as tl
 from . import grid as launch_grid
 from .bytes import (LATENT_BF16, LATENT_CODES, LATENT_FP8, load_f32_bytewise, load_u16_bytewise, typed_views,
                     views_usable, widen_bf16)
-from .alignment import aligned_queries
+from .alignment import aligned_rows
 from .lse_combine import lse_combine
 from dsahal.kernel_launch import wrap_launched
 
@@ -170,7 +170,7 @@ SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")
 CACHE_ARGS = {"sparse_mla_kernel": ("pages_u8", "pages_u16", "pages_f32", "s8_b", "s8_t", "s16_b", "s16_t", "s32_b",
                                     "s32_t")}
 # the arguments :func:`sparse_mla` makes 16-byte aligned (pointers) and multiples of 16 (strides) on every call: the
-# queries (:func:`.alignment.aligned_queries`) and the outputs it allocates. compile_budget: batch-invariant mode
+# queries (:func:`.alignment.aligned_rows`) and the outputs it allocates. compile_budget: batch-invariant mode
 # keeps their facts too; without them the sm_90 main loop (H = 128, fp8_ds_mla) ran 1.54x the default compile's
 # instructions.
 LAUNCHER_ALIGNED_ARGS = {"sparse_mla_kernel": ("q_ptr", "stride_qt", "stride_qh", "o_ptr", "stride_os", "stride_ot",
@@ -296,7 +296,7 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=6
     k = slots.shape[1]
     fmt = LATENT_CODES[kv_fmt]
     as_bf16 = (q.dtype == torch.bfloat16) if exact_fp32 is None else not exact_fp32
-    q = aligned_queries(q)
+    q = aligned_rows(q)
     if split_size is None or split_size >= k:
         split_size, splits = max(k, 1), 1
     else:

@@ -47,7 +47,7 @@ from . import grid as launch_grid
 from .bytes import load_f32_bytewise, load_u16_bytewise, row_alignment, widen_bf16
 from .limits import MAX_SMALL_MLA_HEADS
 from .lse_combine import lse_combine
-from .alignment import aligned_queries
+from .alignment import aligned_rows
 from .sparse_mla import LOG2E, NOPE
 from dsahal.kernel_launch import wrap_launched
 
@@ -327,9 +327,9 @@ def check_launch(name: str, heads: int, block_n: int, split_size, max_heads: int
 
 def unit_stride_and_outputs(q: torch.Tensor, slots: torch.Tensor, split_size):
     """A few-heads launcher's inputs with unit stride in their last dim (q also 16-byte aligned with strides
-    multiples of 16: :func:`~.alignment.aligned_queries`), and :func:`split_outputs` for them: ``(q, slots, slots
+    multiples of 16: :func:`~.alignment.aligned_rows`), and :func:`split_outputs` for them: ``(q, slots, slots
     per split, splits, o, lse)``."""
-    q = aligned_queries(q)
+    q = aligned_rows(q)
     slots = slots if slots.stride(-1) == 1 else slots.contiguous()
     return (q, slots, *split_outputs(q, slots.shape[1], split_size))
 

@@ -33,7 +33,6 @@ import torch
 import triton
 import triton.language as tl
 
-from . import topk_bound
 from .alignment import aligned_rows
 from .topk_bound import (BOUND_LEVELS, SURVIVOR_HIST_CHUNK, _keep, _row_length, _scratch, _segment_done,
                          bound_finish_kernel, bound_threshold_kernel, segment_histogram_buffers)
@@ -44,15 +43,12 @@ SIZE_ARGS = ("N", "seg_len")
 # segment_histograms: group maxima a step of the first pass's histogram (48 registers on sm_90 with Triton 3.6, 35
 # without; the compaction's survivors: topk_bound.SURVIVOR_HIST_CHUNK)
 MAXIMA_HIST_CHUNK = 1024
-# compile_budget's batch-invariant facts (as .topk_bound's, whose threshold and finish kernels this module launches
-# too): the scores (aligned by :func:`topk_groups`), the buffers it allocates, and the maxima's row stride (fixed by
-# the call's width and configuration, the same whichever rows a batch holds)
-_SHARED = ("bound_threshold_kernel", "bound_finish_kernel")
-CACHE_ARGS = dict({name: topk_bound.CACHE_ARGS[name] for name in _SHARED if name in topk_bound.CACHE_ARGS},
-                  group_max_kernel=("stride_mt",), group_compact_kernel=("stride_mt",))
-LAUNCHER_ALIGNED_ARGS = dict({name: topk_bound.LAUNCHER_ALIGNED_ARGS[name] for name in _SHARED},
-                             group_max_kernel=("scores_ptr", "stride_st", "maxima_ptr", "hist_ptr"),
-                             group_compact_kernel=("scores_ptr", "stride_st", "maxima_ptr", "live_ptr", "hist_ptr"))
+# compile_budget's batch-invariant facts (those of topk_bound's threshold and finish kernels, which this module launches
+# too, are topk_bound's): the scores (aligned by :func:`topk_groups`), the buffers it allocates, and the maxima's row
+# stride (fixed by the call's width and configuration, the same whichever rows a batch holds)
+CACHE_ARGS = {"group_max_kernel": ("stride_mt",), "group_compact_kernel": ("stride_mt",)}
+LAUNCHER_ALIGNED_ARGS = {"group_max_kernel": ("scores_ptr", "stride_st", "maxima_ptr", "hist_ptr"),
+                         "group_compact_kernel": ("scores_ptr", "stride_st", "maxima_ptr", "live_ptr", "hist_ptr")}
 
 
 @triton.jit(do_not_specialize=SIZE_ARGS)
