@@ -6,7 +6,8 @@
 # modules; delete the stamp to force one.
 # Where the machine has no local torch wheel, torch 2.13.0 comes from PyPI, whose Linux build is the
 # CUDA one (several GB of nvidia-* libraries); TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-# takes the CPU build instead.
+# takes the CPU build instead. Without pip's cache (--no-cache-dir): a CI machine's disk is small, and a
+# wheel kept in the cache after its install is disk that part 2's environment needs.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${DSAHAL_VENV:-$ROOT/.venv}"
@@ -19,11 +20,11 @@ _dsahal_pip_steps() {  # run inside `if`, where set -e does not apply: each step
     "$VENV/bin/python" -m pip install -q --upgrade pip || true  # an old pip still installs; not fatal
     # A local wheel where the machine has one, else PyPI's CUDA build: retried when the link drops.
     # shellcheck disable=SC2046  # the options are words
-    retry_on_network_error "$VENV/bin/python" -m pip install -q --progress-bar off \
+    retry_on_network_error "$VENV/bin/python" -m pip install -q --progress-bar off --no-cache-dir \
         $(pip_network_options "$VENV/bin/python") ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
         "torch==2.13.0" || return
     # shellcheck disable=SC2046
-    retry_on_network_error "$VENV/bin/python" -m pip install -q --progress-bar off \
+    retry_on_network_error "$VENV/bin/python" -m pip install -q --progress-bar off --no-cache-dir \
         $(pip_network_options "$VENV/bin/python") -e "$ROOT[test]" || return
 }
 install_if_changed "$VENV" dsahal "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/scripts/env.sh" \

@@ -71,3 +71,33 @@ pip_network_options() {
     fi
     echo "$options"
 }
+
+# install_one_wheel_at_a_time PYTHON REQUIREMENT...: install REQUIREMENT... and everything they pull into
+# PYTHON's environment without pip's cache, one distribution at a time. pip first resolves the whole set from the
+# index's metadata (`--dry-run --report`: no wheel is downloaded), then each distribution it would install is
+# downloaded, installed and its wheel deleted before the next, and last the set is asked for once more (all of it
+# installed by then: pip checks it and downloads nothing). Why: one `pip install` of the TPU environment's set
+# downloads all its wheels before installing any and keeps them in pip's cache, 3.9 GiB beside the 7.1 GiB
+# installed; this way the disk holds the installed packages and at most one wheel (the largest, torch 2.9.0's,
+# is 0.86 GiB). A CI run failed with "No space left on device" installing that set (2026-12-05). Each download is
+# retried on the network (retry_on_network_error), one wheel again, not the set.
+install_one_wheel_at_a_time() {
+    local python=$1; shift
+    local report pins pin options
+    read -r -a options <<<"--progress-bar off --no-cache-dir $(pip_network_options "$python")"
+    report="$(mktemp)"
+    retry_on_network_error "$python" -m pip install -q "${options[@]}" --dry-run --report "$report" "$@" \
+        || { rm -f "$report"; return 1; }
+    pins="$("$python" - "$report" <<'PY'
+import json, sys
+# "name==version" for each distribution the resolve would install (none already present)
+for item in json.load(open(sys.argv[1]))["install"]:
+    print(f'{item["metadata"]["name"]}=={item["metadata"]["version"]}')
+PY
+)" || { rm -f "$report"; return 1; }
+    rm -f "$report"
+    for pin in $pins; do
+        retry_on_network_error "$python" -m pip install -q "${options[@]}" --no-deps "$pin" || return
+    done
+    "$python" -m pip install -q "${options[@]}" "$@"
+}

@@ -4,7 +4,7 @@
 #   1. pytest over tests/ in .venv (torch 2.13.0; scripts/env.sh builds it);
 #   2. the TPU backend's job, scripts/test-tpu.sh: tests_tpu/ and the conformance suite against `tpu`
 #      on XLA's CPU client, in its own environment .venv-tpu (torch 2.9.0 + torch-xla 2.9.0).
-# Without arguments both parts run, one after the other; part 2's environment (a 7 GB download and install,
+# Without arguments both parts run, one after the other; part 2's environment (a 3.9 GiB download, 7.1 GiB installed,
 # scripts/tpu-env.sh) is built beside part 1, its output kept in reports/tpu-env.log (printed if it fails):
 # the download waits on the network, not on the two cores part 1 keeps busy. The whole of part 2 beside part
 # 1 was no faster (fourteenth session: 14:29 against 13:53 one after the other on this 2-core machine, the cores
@@ -44,10 +44,12 @@ else
     tpu_mode=beside
 fi
 # Free disk, said first: a run that fills the disk fails wherever the disk ran out (a CI run of the twenty-eighth
-# session's work failed that way in part 1's temporary files while part 2's environment was being built). Part 2's
-# environment takes ~12 GiB at its peak (7.1 GiB installed and ~3 GiB of wheels unpacked beside it, measured
-# 2026-12-05 on a clean clone) and part 1 ~1 GiB of temporary files; with less free than both need, the
-# environment is built after part 1 instead of beside it, so that part 1 has the disk to itself.
+# session's work failed that way in part 1's temporary files while part 2's environment was being built, and the
+# thirty-first's in part 2's install, after part 1). Part 2's environment is installed one wheel at a time without
+# pip's cache (scripts/pip-quiet.sh): 7.1 GiB installed, at most one wheel (< 1 GiB) more at its peak (measured
+# 2026-12-05; one `pip install` of it had kept 3.9 GiB of wheels in pip's cache beside it). Part 1 takes ~1 GiB of
+# temporary files; with less free than both need, the environment is built after part 1 instead of beside it, so
+# that part 1 has the disk to itself.
 free_gib() {  # free GiB of the file system holding $1
     df -Pk "$1" 2>/dev/null | awk 'NR == 2 { printf "%d", $4 / 1048576 }'
 }
@@ -55,9 +57,12 @@ root_free="$(free_gib "$ROOT")"
 tmp_free="$(free_gib "${TMPDIR:-/tmp}")"
 echo "== disk: ${root_free:-?} GiB free under $ROOT, ${tmp_free:-?} GiB under ${TMPDIR:-/tmp}"
 if [ "$tpu_mode" = beside ] && [ ! -x "$ROOT/.venv-tpu/bin/python" ] \
-    && { [ "${root_free:-99}" -lt 16 ] || [ "${tmp_free:-99}" -lt 16 ]; }; then
-    echo "== less than 16 GiB free: part 2's environment (~12 GiB at its peak) is built after part 1, not beside it"
+    && { [ "${root_free:-99}" -lt 10 ] || [ "${tmp_free:-99}" -lt 10 ]; }; then
+    echo "== less than 10 GiB free: part 2's environment (~8 GiB at its peak) is built after part 1, not beside it"
     tpu_mode=after
+fi
+if [ "$tpu_mode" != skip ] && [ ! -x "$ROOT/.venv-tpu/bin/python" ] && [ "${root_free:-99}" -lt 9 ]; then
+    echo "== warning: ${root_free} GiB free under $ROOT; part 2's environment needs ~8 GiB and may not fit"
 fi
 stop_env() {  # the environment build's whole process group (pip and its children), if it is still running
     if [ -n "$env_pid" ] && kill -0 "$env_pid" 2>/dev/null; then

@@ -18,11 +18,10 @@ source "$ROOT/scripts/pip-quiet.sh"
 # setup.py or this script changed since the last install (.venv-tpu/.dsahal-dsahal-tpu.stamp).
 _tpu_pip_steps() {  # run inside `if`, where set -e does not apply: each step returns on failure
     "$TPU_VENV/bin/python" -m pip install -q --upgrade pip || true  # an old pip still installs; not fatal
-    # torch 2.9.0 and torch-xla 2.9.0 in one resolve so pip cannot pick mismatched releases.
-    # About 7 GB from PyPI (the CUDA build's nvidia-* wheels): retried when the link drops (pip-quiet.sh).
-    # shellcheck disable=SC2046  # the options are words
-    retry_on_network_error "$TPU_VENV/bin/python" -m pip install -q --progress-bar off \
-        $(pip_network_options "$TPU_VENV/bin/python") "torch==2.9.0" "torch-xla==2.9.0" \
+    # torch 2.9.0 and torch-xla 2.9.0 in one resolve so pip cannot pick mismatched releases. 3.9 GiB of
+    # wheels from PyPI (the CUDA build's nvidia-* wheels), 7.1 GiB installed: installed one wheel at a time
+    # without pip's cache, so the disk never holds the wheels beside the installed set (pip-quiet.sh).
+    install_one_wheel_at_a_time "$TPU_VENV/bin/python" "torch==2.9.0" "torch-xla==2.9.0" \
         "pytest>=8" "hypothesis>=6.100" "pluggy>=1.5" "safetensors>=0.4" "numpy>=1.24" || return
     "$TPU_VENV/bin/python" -m pip install -q --progress-bar off --no-deps -e "$ROOT" || return
 }

@@ -1,5 +1,6 @@
 """``scripts/pip-quiet.sh`` (used by env.sh and tpu-env.sh): pip runs only when the packaging files
 changed since the last install, its output is shown only when it fails."""
+import json
 import os
 import subprocess
 import sys
@@ -99,3 +100,53 @@ def test_pip_network_options_ask_a_new_pip_to_resume_downloads(tmp_path):
     help_text = subprocess.run([sys.executable, "-m", "pip", "install", "--help"], capture_output=True,
                                text=True, timeout=60).stdout
     assert ("--resume-retries" in options) == ("--resume-retries" in help_text)
+
+
+def _fake_python(tmp_path, fail_on=""):
+    """A ``python`` whose pip logs each call and answers ``--dry-run --report`` with a two-wheel resolve;
+    ``python -`` (the helper's report parser) is the real interpreter."""
+    log = tmp_path / "pip-calls"
+    report = {"install": [{"metadata": {"name": "torch", "version": "2.9.0"}},
+                          {"metadata": {"name": "nvidia-cudnn-cu12", "version": "9.10.2.21"}}]}
+    fake = tmp_path / "python"
+    fake.write_text(f"""#!/usr/bin/env bash
+if [ "$1" = "-" ]; then exec "{sys.executable}" "$@"; fi
+[ "$4" = "--help" ] && exit 0  # pip_network_options asks what pip offers
+echo "$*" >> "{log}"
+args=("$@")
+for i in "${{!args[@]}}"; do
+    if [ "${{args[$i]}}" = "--report" ]; then echo '{json.dumps(report)}' > "${{args[$((i + 1))]}}"; fi
+done
+case "$*" in *"{fail_on or '@never@'}"*) echo "ERROR: broken wheel"; exit 3 ;; esac
+""")
+    fake.chmod(0o755)
+    return fake, log
+
+
+def _one_wheel_at_a_time(fake):
+    script = (f'set -euo pipefail; source "{HELPER}"; '
+              f'install_one_wheel_at_a_time "{fake}" "torch==2.9.0" "numpy>=1.24"')
+    env = dict(os.environ, DSAHAL_PIP_ATTEMPTS="1")
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_a_large_set_is_resolved_first_then_installed_one_wheel_at_a_time_without_the_cache(tmp_path):
+    fake, log = _fake_python(tmp_path)
+    done = _one_wheel_at_a_time(fake)
+    assert done.returncode == 0, done.stdout + done.stderr
+    calls = log.read_text().splitlines()
+    assert len(calls) == 4, calls
+    assert "--dry-run" in calls[0] and "torch==2.9.0 numpy>=1.24" in calls[0]
+    assert calls[1].endswith("--no-deps torch==2.9.0")
+    assert calls[2].endswith("--no-deps nvidia-cudnn-cu12==9.10.2.21")
+    assert "--dry-run" not in calls[3] and calls[3].endswith("torch==2.9.0 numpy>=1.24")  # the set, checked
+    assert all("--no-cache-dir" in call for call in calls)
+
+
+def test_a_wheel_that_fails_to_install_stops_the_rest(tmp_path):
+    fake, log = _fake_python(tmp_path, fail_on="--no-deps torch==")
+    failed = _one_wheel_at_a_time(fake)
+    assert failed.returncode == 3
+    assert "broken wheel" in failed.stdout
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2 and "nvidia-cudnn" not in log.read_text()
