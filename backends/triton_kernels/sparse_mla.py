@@ -26,6 +26,7 @@ from .bytes import (LATENT_BF16, LATENT_CODES, LATENT_FP8, load_f32_bytewise, lo
                     views_usable, widen_bf16)
 from .alignment import aligned_rows
 from .lse_combine import lse_combine
+from .partials import bounded_partials
 from dsahal.kernel_launch import wrap_launched
 
 NOPE = 512
@@ -270,6 +271,7 @@ def sparse_mla_kernel(
     tl.store(lse_ptr + split * stride_ls + t * stride_lt + heads, lse, mask=head_ok & ((heads * 0 + v_part) == 0))
 
 
+@bounded_partials
 def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=64, block_n=32,
                split_size=None, num_warps=8, num_stages=1, exact_fp32=None, bf16_view=True, v_split=1):
     """Launch :func:`sparse_mla_kernel`.

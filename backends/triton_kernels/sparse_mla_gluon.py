@@ -47,6 +47,7 @@ from . import grid as launch_grid
 from .bytes import row_alignment
 from .indexer_decode import runs_ptx
 from .lse_combine import lse_combine
+from .partials import bounded_partials
 from .sparse_mla import LOG2E
 from .sparse_mla_small_heads_raw import check_launch, unit_stride_and_outputs
 
@@ -411,6 +412,7 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
     return not refusal(q, kv_pages, kv_fmt)
 
 
+@bounded_partials
 def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=DEFAULT_BLOCK_N,
                      stages=DEFAULT_STAGES, split_size=512, maxnreg=None, lazy=True, q_smem=False,
                      warps_per_tile=DEFAULT_SPLIT):

@@ -42,6 +42,7 @@ import triton.language as tl
 from . import grid as launch_grid
 from .bytes import LATENT_BF16, LATENT_CODES, LATENT_FP8, typed_views, views_usable
 from .lse_combine import lse_combine
+from .partials import bounded_partials
 from .sparse_mla import LOG2E, NOPE, decode_nope, decode_rope, load_nope_raw, load_rope_raw, record_rows
 # (MAX_HEADS: this module's public name, kept; the raw module holds it)
 from .sparse_mla_small_heads_raw import (  # noqa: F401
@@ -245,6 +246,7 @@ def hopper_config(heads: int, kv_fmt: str = "fp8_ds_mla", q_dtype: torch.dtype =
                 reuse=False, gather_first=True)
 
 
+@bounded_partials
 def sparse_mla_small_heads(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=32, split_size=512,
                            num_warps=4, num_stages=1, reuse=False, gather_first=True, exact_fp32=None,
                            prefetch=None, raw_fp8=False, maxnreg=None):

@@ -47,6 +47,7 @@ from . import grid as launch_grid
 from .bytes import load_f32_bytewise, load_u16_bytewise, row_alignment, widen_bf16
 from .limits import MAX_SMALL_MLA_HEADS
 from .lse_combine import lse_combine
+from .partials import bounded_partials
 from .alignment import aligned_rows
 from .sparse_mla import LOG2E, NOPE
 from dsahal.kernel_launch import wrap_launched
@@ -264,6 +265,7 @@ def block_heads(heads: int) -> int:
     return max(16, triton.next_power_of_2(max(heads, 1)))
 
 
+@bounded_partials
 def sparse_mla_small_heads_raw(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_n=64, split_size=512,
                                num_warps=4, num_stages=1, reuse=False, gather_first=True, maxnreg=None):
     """Launch :func:`sparse_mla_small_heads_raw_kernel`.

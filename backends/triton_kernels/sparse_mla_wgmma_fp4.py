@@ -50,6 +50,7 @@ from dsahal.kernel_launch import wrap_launched
 
 from .indexer_gluon import _row_amax, _view
 from .sparse_mla import LOG2E
+from .partials import bounded_partials
 from .sparse_mla_gluon import _as_f16, _rows, head_group, launch_over_tokens, records_refusal, unserved
 from .sparse_mla_small_heads_raw import check_launch, unit_stride_and_outputs
 from .sparse_mla_wgmma import online_softmax, softmax_totals
@@ -457,6 +458,7 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
     return not refusal(q, kv_pages, kv_fmt)
 
 
+@bounded_partials
 def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, stages=DEFAULT_STAGES,
                          split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, in_flight=1):
     """Launch :func:`sparse_mla_wgmma_fp4_kernel` (a call :func:`serves` refuses raises, naming what it got).
