@@ -16,6 +16,8 @@ from dsahal.backends.triton_kernels import sparse_mla as _mla
 from dsahal.backends.triton_kernels import sparse_mla_small_heads as _mla_small
 from dsahal.backends.triton_kernels import topk as _topk
 
+from dsahal.ops.score_ranges import score_ranges
+
 from . import config
 
 
@@ -108,16 +110,23 @@ def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table,
                   kv_fmt, kv_scale, topk, max_context, softmax_scale):
     """Indexer -> top-k with the slot translation fused into its output write -> sparse MLA on the best
     route the table has for these arguments (FlashMLA where it serves them), so the layer is never slower
-    than its sparse-MLA stage run alone."""
+    than its sparse-MLA stage run alone. The first two run over token ranges whose scores fit
+    :data:`dsahal.ops.score_ranges.SCORES_BUDGET_BYTES` (one range for a decode batch), in one reused buffer."""
     # score rows of a multiple of 16 floats: the top-k's launchers then never copy them to align them (.alignment)
     padded = -(-max_context // 16) * 16
-    scores = torch.empty((q_index.shape[0], padded), dtype=torch.float32, device=q_index.device)[:, :max_context]
-    scores = _indexer.indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt,
-                                    max_context, out=scores,
-                                    **config.indexer_config(q_index.shape[1], q_index.dtype, index_fmt))
-    lengths = torch.clamp(positions.to(torch.int32) + 1, max=max_context)
-    slots = _topk.topk(scores, lengths, topk, emit_slots=(req_ids, block_table, index_pages.shape[1]),
-                       **config.topk_config(scores.shape[1]))
+    ranges = score_ranges(q_index.shape[0], padded)  # (one range up to 1024 tokens at 128K: the scores bounded)
+    buffer = torch.empty((ranges[0][1], padded), dtype=torch.float32, device=q_index.device)  # (reused by each)
+    indexer_options = config.indexer_config(q_index.shape[1], q_index.dtype, index_fmt)
+    parts = []
+    for start, stop in ranges:
+        rows = slice(start, stop)
+        scores = _indexer.indexer_score(q_index[rows], index_weights[rows], index_pages, block_table, req_ids[rows],
+                                        positions[rows], index_fmt, max_context,
+                                        out=buffer[:stop - start, :max_context], **indexer_options)
+        lengths = torch.clamp(positions[rows].to(torch.int32) + 1, max=max_context)
+        parts.append(_topk.topk(scores, lengths, topk, emit_slots=(req_ids[rows], block_table, index_pages.shape[1]),
+                                **config.topk_config(max_context)))
+    slots = parts[0] if len(parts) == 1 else torch.cat(parts)
     from dsahal import ops  # (the public op: its table picks the route and observers see the stage)
 
     return ops.sparse_mla(q, kv_pages, slots, kv_fmt=kv_fmt, kv_scale=kv_scale, softmax_scale=softmax_scale,

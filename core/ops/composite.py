@@ -10,11 +10,13 @@ from __future__ import annotations
 import torch
 
 from .. import ops
+from .score_ranges import score_ranges
 
 
 def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions, index_fmt,
                   kv_fmt, kv_scale, topk, max_context, softmax_scale):
-    """``dsahal.ops.dsa_attention`` as indexer -> top-k -> position-to-slot -> sparse MLA.
+    """``dsahal.ops.dsa_attention`` as indexer -> top-k -> position-to-slot -> sparse MLA, the first three over
+    token ranges whose scores fit :data:`~.score_ranges.SCORES_BUDGET_BYTES` (one range up to 1024 tokens at 128K).
 
     Arguments in the op spec's order (:data:`dsahal.ops.catalog.SPECS`), as the registry passes them:
     q_index ``[T, Hi, 128]``, index_weights ``[T, Hi]`` fp32, index_pages / kv_pages
@@ -24,10 +26,14 @@ def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table,
     Returns:
         ``o`` ``[T, H, 512]`` in q's dtype and ``lse`` ``[T, H]`` fp32.
     """
-    scores = ops.indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions,
-                               index_fmt=index_fmt, max_context=max_context, check=False)
-    lengths = torch.clamp(positions.to(torch.int32) + 1, max=max_context)  # causal bound of each query
-    chosen = ops.topk(scores, lengths, topk, check=False)
-    slots = ops.positions_to_slots(chosen, req_ids, block_table, index_pages.shape[1], check=False)
+    parts = []
+    for start, stop in score_ranges(q_index.shape[0], max_context):  # (the scores bounded: .score_ranges)
+        rows = slice(start, stop)
+        scores = ops.indexer_score(q_index[rows], index_weights[rows], index_pages, block_table, req_ids[rows],
+                                   positions[rows], index_fmt=index_fmt, max_context=max_context, check=False)
+        lengths = torch.clamp(positions[rows].to(torch.int32) + 1, max=max_context)  # causal bound of each query
+        chosen = ops.topk(scores, lengths, topk, check=False)
+        parts.append(ops.positions_to_slots(chosen, req_ids[rows], block_table, index_pages.shape[1], check=False))
+    slots = parts[0] if len(parts) == 1 else torch.cat(parts)
     return ops.sparse_mla(q, kv_pages, slots, kv_fmt=kv_fmt, kv_scale=kv_scale, softmax_scale=softmax_scale,
                           check=False)

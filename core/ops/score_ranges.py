@@ -1,0 +1,27 @@
+"""Token ranges of a DSA layer whose ``[T, context]`` fp32 index scores stay within a budget.
+
+The layer (``dsahal.ops.dsa_attention``) scores every query token against its request's context and keeps each
+row's top-k. Its score matrix is ``T x max_context`` fp32: 320 MiB for a 640-token decode batch at 128K, but 8 GiB
+for a 16K-token prefill at 128K and 64 GiB at 1M. A layer whose scores would pass :data:`SCORES_BUDGET_BYTES`
+scores and selects over consecutive ranges of tokens instead, reusing one range's buffer (serving engines chunk
+their DSA indexer's prefill logits the same way); the slots of every range then feed one sparse-MLA call. Each
+token's score row, and so its top-k, is its own: the ranges change the memory a layer takes, not its result.
+
+Read at call time (``score_ranges.SCORES_BUDGET_BYTES``), so a test can lower it.
+"""
+from __future__ import annotations
+
+SCORES_BUDGET_BYTES = 512 * 2**20  # 512 MiB: 1024 tokens at 128K, 128 at 1M
+
+
+def tokens_per_range(row_floats: int) -> int:
+    """Most tokens whose fp32 score rows of ``row_floats`` entries fit :data:`SCORES_BUDGET_BYTES` (at least 1)."""
+    return max(1, SCORES_BUDGET_BYTES // max(1, 4 * row_floats))
+
+
+def score_ranges(tokens: int, row_floats: int) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]`` covering ``[0, tokens)``, each range's ``[stop - start, row_floats]`` fp32 scores
+    within :data:`SCORES_BUDGET_BYTES`; one range when the whole matrix fits (``[(0, 0)]`` for no tokens: the layer's
+    stages then run once on their empty inputs, as without ranges)."""
+    step = tokens_per_range(row_floats)
+    return [(start, min(start + step, tokens)) for start in range(0, max(tokens, 1), step)]
