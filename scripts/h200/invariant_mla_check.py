@@ -11,13 +11,16 @@ default compile's SASS (``python -m dsahal.backends.nvidia.aot --invariant``). T
 times it. Checks first, with the compile budget installed in batch-invariant mode as the NVIDIA plugin installs it:
 
 1. every launch took the twin that keeps the cache's and the launcher-aligned facts (never the fully generic one);
-2. rows computed in batches of 1, 7 and 64 tokens, the batch shuffled, and the batch's queries at an odd offset
-   (a slice of a wider buffer) are bitwise equal to the same rows of the whole batch; the float64 reference within
+2. rows computed in batches of 1, 7 and 64 tokens, the batch shuffled, the batch's queries at an odd offset
+   (a slice of a wider buffer) and the batch run in launches of 40 tokens (the partials' bound lowered,
+   ``triton_kernels/partials.py``) are bitwise equal to the same rows of the whole batch; the float64 reference within
    its bound; fp8_ds_mla and bf16 latents, H = 128 and 64, -1 slots and an empty row;
 
 then times, in the same run (median of CUDA events): default mode, batch-invariant mode with its fixed 512-slot
 splits, and batch-invariant mode with 1024- and 2048-slot splits (candidates for 64+ heads, where the default mode
-does not split a large batch), at 64 x 5, 64 x 1 and 8 x 1 tokens, 2048 slots each, in one table.
+does not split a large batch), at 64 x 5, 64 x 1 and 8 x 1 tokens, 2048 slots each, in one table; and a
+4096-token batch-invariant prefill at H = 128 as one launch (4 GiB of partials) against launches of 512 tokens (the
+partials' 512 MiB bound): the bound's cost.
 ``--cpu-smoke``: tiny shapes under the Triton interpreter (no compile, so no twin: step 1 says so); every other step
 runs and the times mean nothing.
 """
@@ -64,8 +67,9 @@ def checks(torch, gen, device: str, smoke: bool) -> tuple[list, list]:
     """Steps 1 and 2 in batch-invariant mode: (lines, failures)."""
     import dsahal
     from dsahal import ops
+    from dsahal.backends.nvidia import config
     from dsahal.backends.nvidia import ops as nvidia_ops
-    from dsahal.backends.triton_kernels import compile_budget
+    from dsahal.backends.triton_kernels import compile_budget, partials
 
     lines, failures = [], []
     set_mode(True)
@@ -98,13 +102,21 @@ def checks(torch, gen, device: str, smoke: bool) -> tuple[list, list]:
             o, lse = nvidia_ops.sparse_mla(q[perm], pages, slots[perm], fmt, None, SCALE)
             if not (torch.equal(o, o_all[perm]) and torch.equal(lse, lse_all[perm])):
                 bad.append("shuffled")
+            real_budget = partials.PARTIALS_BUDGET_BYTES  # launches of 40 tokens: the partials bounded
+            partials.PARTIALS_BUDGET_BYTES = 40 * partials.partial_bytes_per_token(heads, k, config.INVARIANT_SPLIT)
+            try:
+                o, lse = nvidia_ops.sparse_mla(q, pages, slots, fmt, None, SCALE)
+            finally:
+                partials.PARTIALS_BUDGET_BYTES = real_budget
+            if not (torch.equal(o, o_all) and torch.equal(lse, lse_all)):
+                bad.append("launches of 40 tokens (partials bounded)")
             wide = torch.zeros(tokens, heads, 577, dtype=q.dtype, device=device)
             wide[:, :, 1:] = q
             o, lse = nvidia_ops.sparse_mla(wide[:, :, 1:], pages, slots, fmt, None, SCALE)
             if not (torch.equal(o, o_all) and torch.equal(lse, lse_all)):
                 bad.append("queries at an odd offset")
             lines.append(f"{'pass' if not bad else 'FAIL'} invariance {name}: rows of batches 1/7/64, shuffled, "
-                         f"odd-offset queries vs the whole batch " + ("bitwise equal" if not bad else f"differ: {bad}"))
+                         f"odd-offset queries, launches of 40 tokens vs the whole batch " + ("bitwise equal" if not bad else f"differ: {bad}"))
             failures += [] if not bad else [lines[-1]]
     if smoke:
         lines.append("info twins: none under the interpreter (nothing is compiled)")
@@ -125,6 +137,7 @@ def timings(torch, gen, device: str, smoke: bool) -> list:
     """Step 3: one table of ms, same run."""
     import timing
     from dsahal.backends.nvidia import config
+    from dsahal.backends.triton_kernels import partials
     from dsahal.backends.triton_kernels import sparse_mla as mla
 
     pool = 1 << 10 if smoke else 1 << 21  # 2M tokens of 656 B: the gathers miss L2 as at 128K x 64 requests
@@ -152,6 +165,23 @@ def timings(torch, gen, device: str, smoke: bool) -> list:
         d, i = times[("default", None)], times[("invariant", None)]
         rows.append(f"| {label}, H={heads} | {d:.3f} | {i:.3f} | {i / d:.2f}x | {times[('invariant', 1024)]:.3f} | "
                     f"{times[('invariant', 2048)]:.3f} |")
+    rows += ["", "| batch-invariant, H=128, 4096-token prefill, 2048 slots | one launch (4 GiB of partials) ms | "
+                 "launches of 512 tokens (the 512 MiB bound) ms | ratio |", "| --- | ---: | ---: | ---: |"]
+    tokens = 16 if smoke else 4096
+    _, q, _ = make_case(torch, gen, "fp8_ds_mla", BLOCK, tokens, 128 if not smoke else 16, k, q_dtype, device)
+    slots = torch.randint(0, pool, (tokens, k), generator=gen, dtype=torch.int32, device=device)
+    set_mode(True)
+    cfg = config.sparse_mla_config(tokens, q.shape[1], k, "fp8_ds_mla", q.dtype)
+    call = (lambda: mla.sparse_mla(q, pages, slots, "fp8_ds_mla", None, SCALE, **cfg))
+    bounded = timing.bench_ms(call, device)
+    real_budget = partials.PARTIALS_BUDGET_BYTES
+    partials.PARTIALS_BUDGET_BYTES = 1 << 40
+    try:
+        whole = timing.bench_ms(call, device)
+    finally:
+        partials.PARTIALS_BUDGET_BYTES = real_budget
+        set_mode(False)
+    rows.append(f"| fp8_ds_mla | {whole:.3f} | {bounded:.3f} | {bounded / whole:.2f}x |")
     return rows
 
 
