@@ -13,6 +13,7 @@ def test_the_cpu_smoke_run_passes_its_checks():
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("pass ") == 4 and "FAIL" not in done.stdout
     assert "| 8 tok, H=16 |" in done.stdout  # the timing table's row (times meaningless here)
+    assert "| fp8_ds_mla |" in done.stdout  # the bounded partials' row
 
 
 def test_a_run_without_a_gpu_is_one_error_line():

@@ -1,0 +1,90 @@
+"""The DSA layer over token ranges of its index scores: the bound's cost, and whether ranges small enough to stay in
+L2 make the layer faster (issue 18, item 4: the score matrix round trip).
+
+Usage (on the H200, from the repository with dsahal importable)::
+
+    python3 scripts/h200/score_range_sweep.py [--cpu-smoke]
+
+Since the thirty-second session the layer (`dsahal.ops.dsa_attention` on `nvidia`) scores and selects over token
+ranges whose `[T, context]` fp32 scores fit ``dsahal.ops.score_ranges.SCORES_BUDGET_BYTES`` (512 MiB): one range for
+the seed's 64 x 5 decode batch at 128K (168 MiB of scores). Ranges of a few tens of MiB would leave a range's scores
+in the H200's 50 MiB L2 between the indexer writing them and the top-k reading them (if the key stream does not evict
+them first), at the price of more, smaller launches. Cases as ``dsahal bench`` builds them
+(``dsahal.bench.cases.build_dsa``'s inputs, the nvidia layer called directly: 64 x 5 tokens at 128K, fp8_ds_mla latents, FP8 index keys, top-k 2048) at H = 128
+and 16. First each budget's output is checked bitwise against the one-range output; then one table of ms (median of
+CUDA events), budget by budget, same run. ``--cpu-smoke``: tiny shapes under the Triton interpreter, nothing timed.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import timing  # noqa: E402 (scripts/h200/timing.py)
+from script_cli import finish, run, smoke_args, start  # noqa: E402
+
+MIB = 2**20
+BUDGETS = (None, 128 * MIB, 64 * MIB, 32 * MIB, 16 * MIB, 8 * MIB)  # None: the shipped budget
+
+
+def layer(torch, requests: int, per_request: int, context: int, heads: int, device: str, topk: int):
+    """The bench's DSA case (``dsahal.bench.cases.build_dsa``'s inputs) as a call of the nvidia backend's layer."""
+    from dsahal.backends.nvidia import ops as nvidia_ops
+    from dsahal.bench.cases import INDEX_HEADS, MLA_SCALE
+    from dsahal.bench.inputs import decode_batch, random_pages
+
+    block_table, req_ids, positions, blocks = decode_batch(requests, per_request, context, 64, device)
+    index_pages = random_pages("index", "fp8", blocks, 64, device)
+    kv_pages = random_pages("latent", "fp8_ds_mla", blocks, 64, device)
+    tokens = req_ids.shape[0]
+    q_index = torch.randn(tokens, INDEX_HEADS, 128, device=device).to(torch.float8_e4m3fn)
+    weights = torch.rand(tokens, INDEX_HEADS, device=device)
+    # (bf16 queries on the GPU; fp32 under the interpreter, whose bf16 dots are wrong)
+    q = torch.randn(tokens, heads, 576, device=device).to(torch.bfloat16 if device == "cuda" else torch.float32)
+    args = (q_index, weights, index_pages, q, kv_pages, block_table, req_ids, positions, "fp8", "fp8_ds_mla", None,
+            topk, context, MLA_SCALE)
+    return lambda: nvidia_ops.dsa_attention(*args)
+
+
+def main(argv=None) -> int:
+    args = smoke_args(__doc__.splitlines()[0], argv)
+    device = "cpu" if args.cpu_smoke else "cuda"
+    torch, _, started, _ = start("score_range_sweep", device)
+    import contextlib
+
+    from dsahal.ops import score_ranges
+    from dsahal.registry import use_backend
+
+    shipped = score_ranges.SCORES_BUDGET_BYTES
+    requests, per_request, context, topk = (2, 3, 256, 16) if args.cpu_smoke else (64, 5, 128 * 1024, 2048)
+    budgets = (None, 4 * 1024, 2 * 1024) if args.cpu_smoke else BUDGETS
+    failures, rows = [], ["| case | budget | ranges | ms | vs one range |", "| --- | --- | ---: | ---: | ---: |"]
+    # (the layer's sparse-MLA stage goes through the public op: on the GPU the nvidia backend's routes)
+    with contextlib.nullcontext() if args.cpu_smoke else use_backend("nvidia"):
+        for heads in ((16,) if args.cpu_smoke else (128, 16)):
+            call = layer(torch, requests, per_request, context, heads, device, topk)
+            tokens, padded = requests * per_request, -(-context // 16) * 16
+            want_o, want_lse = call()
+            base = None
+            for budget in budgets:
+                score_ranges.SCORES_BUDGET_BYTES = shipped if budget is None else budget
+                try:
+                    count = len(score_ranges.score_ranges(tokens, padded))
+                    o, lse = call()
+                    if not (torch.equal(o, want_o) and torch.equal(lse, want_lse)):
+                        failures.append(f"H={heads} budget {budget}: output differs from the one-range output")
+                        continue
+                    ms = timing.bench_ms(call, device)
+                finally:
+                    score_ranges.SCORES_BUDGET_BYTES = shipped
+                base = ms if budget is None else base
+                label = "shipped (512 MiB)" if budget is None else f"{budget / MIB:g} MiB"
+                rows.append(f"| {requests} x {per_request} at {context}, H={heads} | {label} | {count} | {ms:.3f} | "
+                            f"{ms / base:.2f}x |")
+            del call
+    print("\n".join(rows))
+    return finish("score_range_sweep", failures, started)
+
+
+if __name__ == "__main__":
+    run("score_range_sweep", main)
