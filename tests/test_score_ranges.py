@@ -14,6 +14,7 @@ import json
 import pytest
 import torch
 
+from dsa_layer_case import small_layer_args
 from interpreter_child import child_results, run_groups
 
 from dsahal.ops import score_ranges as budget
@@ -27,19 +28,6 @@ def test_ranges_cover_the_tokens_within_the_budget():
     assert all(a[1] == b[0] for a, b in zip(prefill, prefill[1:]))
     assert score_ranges(3, 2**40) == [(0, 1), (1, 2), (2, 3)]  # a row past the budget: a token a range
     assert score_ranges(0, 131072) == [(0, 0)]  # the stages still run once, on empty inputs
-
-
-def _layer_args(gen):
-    from dsahal.formats import index_format, latent_format
-
-    index_pages = index_format("fp8").pack(torch.randn(6 * 8, 128, generator=gen)).view(6, 8, -1)
-    kv_pages = latent_format("bf16").pack(torch.randn(6 * 8, 576, generator=gen)).view(6, 8, -1)
-    table = torch.tensor([[2, 0, 5, 1, 4], [3, 1, 0, -1, -1]], dtype=torch.int32)
-    req = torch.tensor([0, 0, 1, 0, 1], dtype=torch.int32)
-    pos = torch.tensor([3, 39, 17, 25, 0], dtype=torch.int32)
-    q_index, weights = torch.randn(5, 4, 128, generator=gen), torch.rand(5, 4, generator=gen)
-    q = torch.randn(5, 4, 576, generator=gen)
-    return (q_index, weights, index_pages, q, kv_pages, table, req, pos, "fp8", "bf16", None, 6, 40, 0.1)
 
 
 def _in_ranges_of_two(layer, args):
@@ -56,7 +44,7 @@ def test_the_composite_layer_over_ranges_gives_the_one_range_result(monkeypatch)
     from dsahal.ops import composite
 
     monkeypatch.delenv("DSAHAL_BACKEND", raising=False)  # the reference's stages
-    args = _layer_args(torch.Generator().manual_seed(3))
+    args = small_layer_args(3)
     calls = []
     real_indexer = composite.ops.indexer_score
     monkeypatch.setattr(composite.ops, "indexer_score", lambda *a, **k: calls.append(a[0].shape[0]) or
@@ -78,7 +66,7 @@ def _fused_cases(results):
     from dsahal.backends.nvidia import ops as nvidia_ops
     from dsahal.backends.triton_kernels import indexer
 
-    args = _layer_args(torch.Generator().manual_seed(11))
+    args = small_layer_args(11)
     o1, lse1 = nvidia_ops.dsa_attention(*args)
     launches = []
     real = indexer.indexer_score

@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from dsa_layer_case import small_layer_args
 from interpreter_child import child_results, run_groups
 
 
@@ -261,17 +262,9 @@ def _dsa_cases(results):
     from dsahal.backends.nvidia import ops as nvidia_ops
     from dsahal.backends.triton_kernels.indexer import indexer_score
     from dsahal.backends.triton_kernels.topk import topk
-    from dsahal.formats import index_format, latent_format
 
-    gen = torch.Generator().manual_seed(11)
-    index_pages = index_format("fp8").pack(torch.randn(6 * 8, 128, generator=gen)).view(6, 8, -1)
-    kv_pages = latent_format("bf16").pack(torch.randn(6 * 8, 576, generator=gen)).view(6, 8, -1)
-    table = torch.tensor([[2, 0, 5, 1, 4], [3, 1, 0, -1, -1]], dtype=torch.int32)
-    req = torch.tensor([0, 0, 1, 0, 1], dtype=torch.int32)
-    pos = torch.tensor([3, 39, 17, 25, 0], dtype=torch.int32)
-    q_index, weights = torch.randn(5, 4, 128, generator=gen), torch.rand(5, 4, generator=gen)
-    q = torch.randn(5, 4, 576, generator=gen)
-    args = (q_index, weights, index_pages, q, kv_pages, table, req, pos, "fp8", "bf16", None, 6, 40, 0.1)
+    args = small_layer_args(11)
+    q_index, weights, index_pages, q, kv_pages, table, req, pos = args[:8]
     o, lse = nvidia_ops.dsa_attention(*args)
     scores = indexer_score(q_index, weights, index_pages, table, req, pos, "fp8", 40,
                            **config.indexer_config(4, q_index.dtype, "fp8"))
