@@ -95,3 +95,22 @@ def test_fused_dsa_attention_equals_the_reference_composition(index_fmt, kv_fmt,
                  **kwargs)
     assert_close(got[0], expected[0], atol=1e-4, rtol=1e-4, what="dsa_attention o")
     assert_close(got[1], expected[1], atol=1e-4, rtol=1e-5, what="dsa_attention lse")
+
+
+def test_fused_dsa_attention_over_score_ranges_gives_the_one_range_result(xla, monkeypatch):
+    """A layer whose scores pass the budget (lowered here to two 32-float rows) scores and selects over token ranges
+    (dsahal.ops.score_ranges): bitwise the one-range result."""
+    from dsahal.ops import score_ranges
+
+    index_pages, kv_pages = filled_pages("index", "fp8", seed=7), filled_pages("latent", "bf16", seed=8)
+    gen = torch.Generator().manual_seed(19)
+    q_index, weights, q = (torch.randn(6, 4, 128, generator=gen), torch.randn(6, 4, generator=gen),
+                           torch.randn(6, 2, 576, generator=gen))
+    block_table, req_ids, positions = batch_metadata()
+    args = to(xla, q_index, weights, index_pages, q, kv_pages, block_table, req_ids, positions)
+    kwargs = dict(index_fmt="fp8", kv_fmt="bf16", kv_scale=None, topk=12, max_context=32, softmax_scale=0.05)
+    whole = on_tpu(ops.dsa_attention, *args, **kwargs)
+    monkeypatch.setattr(score_ranges, "SCORES_BUDGET_BYTES", 2 * 4 * 32)
+    assert len(score_ranges.score_ranges(6, 32)) == 3
+    ranged = on_tpu(ops.dsa_attention, *args, **kwargs)
+    assert torch.equal(ranged[0].cpu(), whole[0].cpu()) and torch.equal(ranged[1].cpu(), whole[1].cpu())

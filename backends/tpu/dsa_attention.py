@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from dsahal.ops.score_ranges import score_ranges
+
 from .indexer import indexer_score
 from .slots import positions_to_slots
 from .sparse_mla import sparse_mla
@@ -17,9 +19,15 @@ from .topk import topk as exact_topk
 
 def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions, index_fmt,
                   kv_fmt, kv_scale, topk, max_context, softmax_scale):
-    scores = indexer_score(q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt,
-                           max_context)
-    lengths = torch.clamp(positions.to(torch.int32) + 1, max=max_context)
-    chosen = exact_topk(scores, lengths, topk)
-    slots = positions_to_slots(chosen, req_ids, block_table, index_pages.shape[1])
+    parts = []
+    # token ranges whose [T, context] fp32 scores fit dsahal.ops.score_ranges' budget: one for a decode step (the same
+    # graph as without ranges); a long prefill's graph holds one indexer and top-k a range, its scores bounded
+    for start, stop in score_ranges(q_index.shape[0], max_context):
+        rows = slice(start, stop)
+        scores = indexer_score(q_index[rows], index_weights[rows], index_pages, block_table, req_ids[rows],
+                               positions[rows], index_fmt, max_context)
+        lengths = torch.clamp(positions[rows].to(torch.int32) + 1, max=max_context)
+        chosen = exact_topk(scores, lengths, topk)
+        parts.append(positions_to_slots(chosen, req_ids[rows], block_table, index_pages.shape[1]))
+    slots = parts[0] if len(parts) == 1 else torch.cat(parts)
     return sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
