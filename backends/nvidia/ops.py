@@ -16,7 +16,7 @@ from dsahal.backends.triton_kernels import sparse_mla as _mla
 from dsahal.backends.triton_kernels import sparse_mla_small_heads as _mla_small
 from dsahal.backends.triton_kernels import topk as _topk
 
-from dsahal.ops.score_ranges import score_ranges
+from dsahal.ops.score_ranges import slots_over_score_ranges, tokens_per_range
 
 from . import config
 
@@ -114,19 +114,20 @@ def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table,
     :data:`dsahal.ops.score_ranges.SCORES_BUDGET_BYTES` (one range for a decode batch), in one reused buffer."""
     # score rows of a multiple of 16 floats: the top-k's launchers then never copy them to align them (.alignment)
     padded = -(-max_context // 16) * 16
-    ranges = score_ranges(q_index.shape[0], padded)  # (one range up to 1024 tokens at 128K: the scores bounded)
-    buffer = torch.empty((ranges[0][1], padded), dtype=torch.float32, device=q_index.device)  # (reused by each)
+    tokens = q_index.shape[0]
+    # one score buffer, reused by each token range (dsahal.ops.score_ranges: one range up to 1024 tokens at 128K)
+    buffer = torch.empty((min(tokens, tokens_per_range(padded)), padded), dtype=torch.float32, device=q_index.device)
     indexer_options = config.indexer_config(q_index.shape[1], q_index.dtype, index_fmt)
-    parts = []
-    for start, stop in ranges:
-        rows = slice(start, stop)
+
+    def slots_of(rows: slice) -> torch.Tensor:
         scores = _indexer.indexer_score(q_index[rows], index_weights[rows], index_pages, block_table, req_ids[rows],
                                         positions[rows], index_fmt, max_context,
-                                        out=buffer[:stop - start, :max_context], **indexer_options)
+                                        out=buffer[:rows.stop - rows.start, :max_context], **indexer_options)
         lengths = torch.clamp(positions[rows].to(torch.int32) + 1, max=max_context)
-        parts.append(_topk.topk(scores, lengths, topk, emit_slots=(req_ids[rows], block_table, index_pages.shape[1]),
-                                **config.topk_config(max_context)))
-    slots = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return _topk.topk(scores, lengths, topk, emit_slots=(req_ids[rows], block_table, index_pages.shape[1]),
+                          **config.topk_config(max_context))
+
+    slots = slots_over_score_ranges(tokens, padded, slots_of)
     from dsahal import ops  # (the public op: its table picks the route and observers see the stage)
 
     return ops.sparse_mla(q, kv_pages, slots, kv_fmt=kv_fmt, kv_scale=kv_scale, softmax_scale=softmax_scale,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from dsahal.ops.score_ranges import score_ranges
+from dsahal.ops.score_ranges import slots_over_score_ranges
 
 from .indexer import indexer_score
 from .slots import positions_to_slots
@@ -19,15 +19,14 @@ from .topk import topk as exact_topk
 
 def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions, index_fmt,
                   kv_fmt, kv_scale, topk, max_context, softmax_scale):
-    parts = []
     # token ranges whose [T, context] fp32 scores fit dsahal.ops.score_ranges' budget: one for a decode step (the same
     # graph as without ranges); a long prefill's graph holds one indexer and top-k a range, its scores bounded
-    for start, stop in score_ranges(q_index.shape[0], max_context):
-        rows = slice(start, stop)
+    def slots_of(rows: slice) -> torch.Tensor:
         scores = indexer_score(q_index[rows], index_weights[rows], index_pages, block_table, req_ids[rows],
                                positions[rows], index_fmt, max_context)
         lengths = torch.clamp(positions[rows].to(torch.int32) + 1, max=max_context)
         chosen = exact_topk(scores, lengths, topk)
-        parts.append(positions_to_slots(chosen, req_ids[rows], block_table, index_pages.shape[1]))
-    slots = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return positions_to_slots(chosen, req_ids[rows], block_table, index_pages.shape[1])
+
+    slots = slots_over_score_ranges(q_index.shape[0], max_context, slots_of)
     return sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from .score_ranges import score_ranges
+from .score_ranges import slots_over_score_ranges
 
 
 def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table, req_ids, positions, index_fmt,
@@ -26,14 +26,13 @@ def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table,
     Returns:
         ``o`` ``[T, H, 512]`` in q's dtype and ``lse`` ``[T, H]`` fp32.
     """
-    parts = []
-    for start, stop in score_ranges(q_index.shape[0], max_context):  # (the scores bounded: .score_ranges)
-        rows = slice(start, stop)
+    def slots_of(rows: slice) -> torch.Tensor:
         scores = ops.indexer_score(q_index[rows], index_weights[rows], index_pages, block_table, req_ids[rows],
                                    positions[rows], index_fmt=index_fmt, max_context=max_context, check=False)
         lengths = torch.clamp(positions[rows].to(torch.int32) + 1, max=max_context)  # causal bound of each query
         chosen = ops.topk(scores, lengths, topk, check=False)
-        parts.append(ops.positions_to_slots(chosen, req_ids[rows], block_table, index_pages.shape[1], check=False))
-    slots = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return ops.positions_to_slots(chosen, req_ids[rows], block_table, index_pages.shape[1], check=False)
+
+    slots = slots_over_score_ranges(q_index.shape[0], max_context, slots_of)  # (the scores bounded: .score_ranges)
     return ops.sparse_mla(q, kv_pages, slots, kv_fmt=kv_fmt, kv_scale=kv_scale, softmax_scale=softmax_scale,
                           check=False)

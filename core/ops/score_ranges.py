@@ -11,6 +11,10 @@ Read at call time (``score_ranges.SCORES_BUDGET_BYTES``), so a test can lower it
 """
 from __future__ import annotations
 
+from typing import Callable
+
+import torch
+
 SCORES_BUDGET_BYTES = 512 * 2**20  # 512 MiB: 1024 tokens at 128K, 128 at 1M
 
 
@@ -25,3 +29,10 @@ def score_ranges(tokens: int, row_floats: int) -> list[tuple[int, int]]:
     stages then run once on their empty inputs, as without ranges)."""
     step = tokens_per_range(row_floats)
     return [(start, min(start + step, tokens)) for start in range(0, max(tokens, 1), step)]
+
+
+def slots_over_score_ranges(tokens: int, row_floats: int, slots_of: Callable[[slice], torch.Tensor]) -> torch.Tensor:
+    """The layer's slots ``[tokens, k]``: ``slots_of(rows)`` (the indexer and top-k of the tokens at ``rows``, a
+    slice) for each of :func:`score_ranges`, in token order; the one range's own tensor when there is one."""
+    parts = [slots_of(slice(start, stop)) for start, stop in score_ranges(tokens, row_floats)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
