@@ -8,7 +8,8 @@ batch-invariant mode, where the output itself is 2 GiB. :func:`bounded_partials`
 consecutive ranges of at most :func:`tokens_per_launch` tokens when its partials would pass
 :data:`PARTIALS_BUDGET_BYTES`, each range's output copied into the call's. Every token's result is bitwise the same
 (a program's work depends on its token alone, and every range takes the launch options of the whole call), so the
-bound changes memory, never numbers; calls under it (a 512-token decode batch at 128 heads) launch once, as before.
+bound changes memory, never numbers; calls under it (up to 511 tokens at 128 heads and 4 splits: the seed's 320-token
+decode batch) launch once, as before.
 
 Launchers read :data:`PARTIALS_BUDGET_BYTES` from this module at call time, so a test can lower it to exercise the
 ranges on tiny inputs.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-PARTIALS_BUDGET_BYTES = 512 * 2**20  # fp32 partials one launch may allocate (512 MiB: 512 tokens at H = 128, 4 splits)
+PARTIALS_BUDGET_BYTES = 512 * 2**20  # fp32 partials one launch may allocate (512 MiB: 511 tokens at H = 128, 4 splits)
 VALUE_DIM = 512  # the value (nope) columns of a partial output row
 
 

@@ -19,7 +19,7 @@ times it. Checks first, with the compile budget installed in batch-invariant mod
 then times, in the same run (median of CUDA events): default mode, batch-invariant mode with its fixed 512-slot
 splits, and batch-invariant mode with 1024- and 2048-slot splits (candidates for 64+ heads, where the default mode
 does not split a large batch), at 64 x 5, 64 x 1 and 8 x 1 tokens, 2048 slots each, in one table; and a
-4096-token batch-invariant prefill at H = 128 as one launch (4 GiB of partials) against launches of 512 tokens (the
+4096-token batch-invariant prefill at H = 128 as one launch (4 GiB of partials) against launches of 511 tokens (the
 partials' 512 MiB bound): the bound's cost.
 ``--cpu-smoke``: tiny shapes under the Triton interpreter (no compile, so no twin: step 1 says so); every other step
 runs and the times mean nothing.
@@ -166,7 +166,7 @@ def timings(torch, gen, device: str, smoke: bool) -> list:
         rows.append(f"| {label}, H={heads} | {d:.3f} | {i:.3f} | {i / d:.2f}x | {times[('invariant', 1024)]:.3f} | "
                     f"{times[('invariant', 2048)]:.3f} |")
     rows += ["", "| batch-invariant, H=128, 4096-token prefill, 2048 slots | one launch (4 GiB of partials) ms | "
-                 "launches of 512 tokens (the 512 MiB bound) ms | ratio |", "| --- | ---: | ---: | ---: |"]
+                 "launches of 511 tokens (the 512 MiB bound) ms | ratio |", "| --- | ---: | ---: | ---: |"]
     tokens = 16 if smoke else 4096
     _, q, _ = make_case(torch, gen, "fp8_ds_mla", BLOCK, tokens, 128 if not smoke else 16, k, q_dtype, device)
     slots = torch.randint(0, pool, (tokens, k), generator=gen, dtype=torch.int32, device=device)
