@@ -21,7 +21,8 @@ from dsahal.ops import score_ranges as budget
 from dsahal.ops.score_ranges import score_ranges
 
 
-def test_ranges_cover_the_tokens_within_the_budget():
+def test_ranges_cover_the_tokens_within_the_budget(monkeypatch):
+    monkeypatch.setattr(budget, "SCORES_BUDGET_BYTES", 512 * 2**20)  # the default (DSAHAL_SCRATCH_MIB unset)
     assert score_ranges(640, 131072) == [(0, 640)]  # a decode batch: one range
     prefill = score_ranges(16384, 131072)
     assert len(prefill) == 16 and prefill[0] == (0, 1024) and prefill[-1] == (15360, 16384)

@@ -4,6 +4,8 @@ Before it, each flag was "set and not 0": DSAHAL_BATCH_INVARIANT=false turned ba
 DSAHAL_STRICT=off made every fallback an error; a mistyped DSAHAL_ROUTES or flag reached `dsahal backends` silently.
 """
 
+import os
+
 import pytest
 import torch
 
@@ -91,6 +93,7 @@ def test_check_environment_reads_every_flag(monkeypatch):
 
 @pytest.mark.parametrize("env, expected", [
     ({"DSAHAL_BATCH_INVARIANT": "enabled"}, "DSAHAL_BATCH_INVARIANT: expected one of"),
+    ({"DSAHAL_SCRATCH_MIB": "0"}, "DSAHAL_SCRATCH_MIB: expected a whole number of MiB >= 1"),
     ({"DSAHAL_ROUTES": "garbage"}, "DSAHAL_ROUTES: item 'garbage' expected 'op:route'"),
     ({"DSAHAL_ROUTES": "sparse_mla:nosuch"}, "no route 'nosuch' for sparse_mla"),
 ])
@@ -99,3 +102,32 @@ def test_dsahal_backends_reports_a_bad_setting_as_one_error_line(env, expected):
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stdout + done.stderr
     assert len(errors) == 1 and expected in errors[0], done.stderr
+
+
+@pytest.mark.parametrize("raw, mib", [(None, 512), ("", 512), ("64", 64), (" 2048 ", 2048)])
+def test_the_scratch_bound_is_a_whole_number_of_mib(monkeypatch, raw, mib):
+    if raw is None:
+        monkeypatch.delenv(settings.SCRATCH_MIB, raising=False)
+    else:
+        monkeypatch.setenv(settings.SCRATCH_MIB, raw)
+    assert settings.env_mib(settings.SCRATCH_MIB, 512) == mib and settings.scratch_bytes() == mib * 2**20
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "1.5", "512MiB", "lots"])
+def test_a_scratch_bound_it_does_not_take_is_an_error_at_start_up(monkeypatch, raw):
+    monkeypatch.setenv(settings.SCRATCH_MIB, raw)
+    with pytest.raises(SettingError, match=rf"DSAHAL_SCRATCH_MIB: expected a whole number of MiB >= 1, .* got {raw!r}"):
+        settings.check_environment()
+    assert settings.scratch_bytes() == 512 * 2**20  # (the modules importing it keep the default until then)
+
+
+def test_the_long_call_bounds_read_the_scratch_bound():
+    import subprocess
+    import sys
+
+    code = ("from dsahal.ops import score_ranges; from dsahal.backends.triton_kernels import partials; "
+            "print(score_ranges.SCORES_BUDGET_BYTES, partials.PARTIALS_BUDGET_BYTES)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DSAHAL_SCRATCH_MIB": "64"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(64 * 2**20)] * 2

@@ -11,15 +11,20 @@ consecutive ranges of at most :func:`tokens_per_launch` tokens when its partials
 bound changes memory, never numbers; calls under it (up to 511 tokens at 128 heads and 4 splits: the seed's 320-token
 decode batch) launch once, as before.
 
-Launchers read :data:`PARTIALS_BUDGET_BYTES` from this module at call time, so a test can lower it to exercise the
-ranges on tiny inputs.
+The budget is ``DSAHAL_SCRATCH_MIB`` (default 512 MiB), the one scratch bound of long calls. Launchers read
+:data:`PARTIALS_BUDGET_BYTES` from this module at call time, so a test can lower it to exercise the ranges on tiny
+inputs.
 """
 from __future__ import annotations
 
 import functools
 import inspect
 
-PARTIALS_BUDGET_BYTES = 512 * 2**20  # fp32 partials one launch may allocate (512 MiB: 511 tokens at H = 128, 4 splits)
+from dsahal.registry.settings import scratch_bytes
+
+# fp32 partials one launch may allocate: DSAHAL_SCRATCH_MIB (default 512 MiB: 511 tokens at H = 128, 4 splits), read
+# when this module is imported
+PARTIALS_BUDGET_BYTES = scratch_bytes()
 VALUE_DIM = 512  # the value (nope) columns of a partial output row
 
 

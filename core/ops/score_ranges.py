@@ -7,7 +7,8 @@ scores and selects over consecutive ranges of tokens instead, reusing one range'
 their DSA indexer's prefill logits the same way); the slots of every range then feed one sparse-MLA call. Each
 token's score row, and so its top-k, is its own: the ranges change the memory a layer takes, not its result.
 
-Read at call time (``score_ranges.SCORES_BUDGET_BYTES``), so a test can lower it.
+The budget is ``DSAHAL_SCRATCH_MIB`` (default 512 MiB), the one scratch bound of long calls; read at call time from
+this module (``score_ranges.SCORES_BUDGET_BYTES``), so a test can lower it.
 """
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from typing import Callable
 
 import torch
 
-SCORES_BUDGET_BYTES = 512 * 2**20  # 512 MiB: 1024 tokens at 128K, 128 at 1M
+from ..registry.settings import scratch_bytes
+
+# DSAHAL_SCRATCH_MIB (default 512 MiB: 1024 tokens at 128K, 128 at 1M), read when this module is imported
+SCORES_BUDGET_BYTES = scratch_bytes()
 
 
 def tokens_per_range(row_floats: int) -> int:

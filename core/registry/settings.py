@@ -25,6 +25,11 @@ PPU_TRITON = "DSAHAL_PPU_TRITON"
 FAST_LAUNCH = "DSAHAL_FAST_LAUNCH"  # the Triton routes' launch cache (dsahal.kernel_launch)
 # every flag dsahal reads, with its default (a vendor plugin reading its own flag calls env_flag directly)
 FLAGS = {STRICT: False, BATCH_INVARIANT: False, PPU_TRITON: True, FAST_LAUNCH: True}
+# The most scratch memory one stage of a long call allocates, in MiB: the DSA layer's [T, context] fp32 index scores
+# (dsahal.ops.score_ranges) and a split sparse-MLA launch's fp32 partials (backends/triton_kernels/partials.py); past
+# it a call runs over token ranges (bitwise the same result). Read when those modules are imported.
+SCRATCH_MIB = "DSAHAL_SCRATCH_MIB"
+SCRATCH_MIB_DEFAULT = 512
 
 
 class SettingError(RegistryError, ValueError):
@@ -49,14 +54,39 @@ def env_flag(name: str, default: bool = False) -> bool:
                        f"got {raw!r}")
 
 
+def env_mib(name: str, default: int) -> int:
+    """The whole number of MiB (>= 1) in the environment variable ``name``: ``default`` when unset or empty.
+
+    Raises:
+        SettingError: the value is not a whole number >= 1.
+    """
+    raw = os.environ.get(name)
+    value = "" if raw is None else raw.strip()
+    if not value:
+        return default
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise SettingError(f"{name}: expected a whole number of MiB >= 1, or unset, got {raw!r}")
+
+
+def scratch_bytes() -> int:
+    """:data:`SCRATCH_MIB` in bytes (default :data:`SCRATCH_MIB_DEFAULT` MiB). A value it does not take gives the
+    default here: :func:`check_environment`, run when the registry is first built, is where it raises."""
+    try:
+        return env_mib(SCRATCH_MIB, SCRATCH_MIB_DEFAULT) * 2**20
+    except SettingError:
+        return SCRATCH_MIB_DEFAULT * 2**20
+
+
 def check_environment() -> None:
-    """Read every flag of :data:`FLAGS` and parse ``DSAHAL_ROUTES`` (its syntax: which routes it may name
+    """Read every flag of :data:`FLAGS` and :data:`SCRATCH_MIB`, and parse ``DSAHAL_ROUTES`` (its syntax: which routes it may name
     depends on the backend, checked when that backend's op table is built).
 
     Raises:
-        SettingError: a flag's value is not on/off.
+        SettingError: a flag's value is not on/off, or ``DSAHAL_SCRATCH_MIB`` not a whole number >= 1.
         RouteOverrideError: ``DSAHAL_ROUTES`` is malformed.
     """
     for name, default in FLAGS.items():
         env_flag(name, default)
+    env_mib(SCRATCH_MIB, SCRATCH_MIB_DEFAULT)
     overrides.parse(os.environ.get(overrides.ENV))
