@@ -42,6 +42,8 @@ def test_the_partials_of_a_long_invariant_prefill_are_bounded(monkeypatch):
     assert partials.tokens_per_launch(128, 2048, None) is None
     assert partials.tokens_per_launch(128, 2048, 4096) is None
     assert partials.splits_of(2049, 512) == 5 and partials.splits_of(7, None) == 1
+    # not a split size: left to the launcher, which names it (tests/test_sparse_mla_gluon.py and others)
+    assert partials.splits_of(2048, 0) == partials.splits_of(2048, -4) == partials.splits_of(2048, 1.5) == 1
 
 
 def _recording_launcher(calls):
@@ -69,6 +71,17 @@ def test_a_call_past_the_budget_runs_over_token_ranges_with_the_calls_options(mo
     calls.clear()  # within the budget: one launch
     launch(q[:3], None, slots[:3], "bf16", None, 0.1)
     assert [c[0] for c in calls] == [3]
+
+
+def test_a_call_of_other_shapes_goes_to_the_launcher_whole(monkeypatch):
+    calls = []
+    launch = partials.bounded_partials(_recording_launcher(calls))
+    monkeypatch.setattr(partials, "PARTIALS_BUDGET_BYTES", 1)  # every shaped call would be cut into tokens
+    q = torch.randn(3, 2, 576)
+    for slots in (torch.zeros(4, 10, dtype=torch.int32), torch.zeros(30, dtype=torch.int32)):  # T differs; 1-d
+        with pytest.raises(Exception):  # (the stand-in launcher's own failure: it is not reached through ranges)
+            launch(q, None, slots, "bf16", None, 0.1)
+    assert calls == [(3, 4, None), (3, 4, None)]
 
 
 @pytest.mark.parametrize("module", sorted(SPLIT_LAUNCHERS))

@@ -20,6 +20,8 @@ from __future__ import annotations
 import functools
 import inspect
 
+import torch
+
 from dsahal.registry.settings import scratch_bytes
 
 # fp32 partials one launch may allocate: DSAHAL_SCRATCH_MIB (default 512 MiB: 511 tokens at H = 128, 4 splits), read
@@ -29,8 +31,9 @@ VALUE_DIM = 512  # the value (nope) columns of a partial output row
 
 
 def splits_of(k: int, split_size: int | None) -> int:
-    """How many splits a launcher makes of ``k`` slots a token with ``split_size`` slots a split (None: one)."""
-    if split_size is None or split_size >= k:
+    """How many splits a launcher makes of ``k`` slots a token with ``split_size`` slots a split (None: one). A
+    ``split_size`` that is not a whole number >= 1 counts as one split: the launcher itself rejects it, naming it."""
+    if split_size is None or type(split_size) is not int or split_size < 1 or split_size >= k:
         return 1
     return -(-k // split_size)
 
@@ -56,8 +59,12 @@ def bounded_partials(launcher):
 
     @functools.wraps(launcher)
     def launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **options):
-        tokens = q.shape[0]
-        most = tokens_per_launch(q.shape[1], slots.shape[1], options.get("split_size", default_split))
+        shaped = (isinstance(q, torch.Tensor) and isinstance(slots, torch.Tensor) and q.dim() == 3
+                  and slots.dim() == 2 and q.shape[0] == slots.shape[0])
+        # (a call of other shapes goes to the launcher whole: its own checks name what is wrong)
+        most = tokens_per_launch(q.shape[1], slots.shape[1], options.get("split_size", default_split)) if shaped \
+            else None
+        tokens = q.shape[0] if shaped else 0
         if most is None or tokens <= most:
             return launcher(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **options)
         out = lse = None
