@@ -87,6 +87,22 @@ def test_fused_and_separate_dsa_ops_give_the_same_layer_output():
     torch.testing.assert_close(fused, separate, rtol=0, atol=0)
 
 
+def test_the_separate_dsa_ops_over_score_ranges_give_the_one_range_output(monkeypatch):
+    from dsahal.ops import score_ranges
+
+    tokens = 30
+    layer = mla_layer(small_config(index_topk=16))
+    x = torch.randn(tokens, layer.q_down.in_features, generator=torch.Generator().manual_seed(4))
+    whole = layer(x, one_request_meta(tokens), mla_cache(), LocalDsaAttention(fused=False))
+    widths = []
+    real = score_ranges.score_ranges
+    monkeypatch.setattr(score_ranges, "score_ranges", lambda t, w: widths.append(w) or real(t, w))
+    monkeypatch.setattr(score_ranges, "SCORES_BUDGET_BYTES", 1)  # a token a range
+    ranged = layer(x, one_request_meta(tokens), mla_cache(), LocalDsaAttention(fused=False))
+    assert widths and len(real(tokens, widths[0])) == tokens
+    torch.testing.assert_close(ranged, whole, rtol=0, atol=0)
+
+
 def kda_layer(seed=0):
     config = small_config()
     return next(b.attn for b in small_model(config, seed=seed).blocks if b.kind == "kda"), config
