@@ -4,8 +4,10 @@ The layer (``dsahal.ops.dsa_attention``) scores every query token against its re
 row's top-k. Its score matrix is ``T x max_context`` fp32: 320 MiB for a 640-token decode batch at 128K, but 8 GiB
 for a 16K-token prefill at 128K and 64 GiB at 1M. A layer whose scores would pass :data:`SCORES_BUDGET_BYTES`
 scores and selects over consecutive ranges of tokens instead, reusing one range's buffer (serving engines chunk
-their DSA indexer's prefill logits the same way); the slots of every range then feed one sparse-MLA call. Each
-token's score row, and so its top-k, is its own: the ranges change the memory a layer takes, not its result.
+their DSA indexer's prefill logits the same way); the slots of every range then feed one sparse-MLA call. A range is
+a smaller batch of the same tokens: where a row's scores do not depend on its batch (batch-invariant mode, the
+reference, the kernels tested bitwise on the CPU) the ranges change the memory a layer takes, not its result; in
+default mode on a GPU a row is as batch-dependent as it already was (an indexer may group a request's tokens).
 
 The budget is ``DSAHAL_SCRATCH_MIB`` (default 512 MiB), the one scratch bound of long calls; read at call time from
 this module (``score_ranges.SCORES_BUDGET_BYTES``), so a test can lower it.
