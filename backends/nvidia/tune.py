@@ -81,7 +81,7 @@ def main(sections=("sparse_mla", "indexer", "topk", "kda")):
         raise SystemExit(f"tune: unknown section(s) {sorted(unknown)}; expected sparse_mla, indexer, topk, kda")
     dev = torch.device("cuda")
     for heads, tokens in ((128, 320), (16, 320), (128, 8)) if "sparse_mla" in sections else ():
-        for fmt in ("bf16", "fp8"):
+        for fmt in ("bf16", "fp8", "fp8_ds_mla"):  # (fp8_ds_mla: the general kernel where FlashMLA is not installed)
             pages = random_pages("latent", fmt, (1 << 20) // 64, 64, dev)
             scale = torch.tensor(0.5, device=dev) if fmt == "fp8" else None
             q = torch.randn(tokens, heads, 576, device=dev, dtype=torch.bfloat16)
@@ -89,7 +89,10 @@ def main(sections=("sparse_mla", "indexer", "topk", "kda")):
             if heads >= 64 and tokens > 64:
                 shapes = [(64, 32, 8, 1, None), (64, 32, 8, 2, None), (64, 32, 8, 3, None), (64, 64, 8, 1, None),
                           (64, 64, 8, 2, None), (64, 64, 4, 2, None), (32, 64, 4, 2, None), (64, 16, 4, 2, None),
-                          (64, 64, 8, 2, 1024)]
+                          (64, 64, 8, 2, 1024),
+                          # 16 warps: half the accumulator registers a thread (sm_90 compiles, 32nd session: 128
+                          # registers; bf16 latents at 32 slots a step and 2 stages spill 8 B, fp8_ds_mla ~900 B)
+                          (64, 32, 16, 2, None), (64, 64, 16, 1, None)]
             elif heads >= 64:
                 shapes = [(64, 32, 8, 1, None), (64, 32, 8, 1, 512), (64, 32, 8, 1, 256), (64, 64, 8, 2, 256),
                           (64, 32, 8, 2, 256), (32, 64, 4, 2, 256)]
