@@ -99,5 +99,5 @@ PY
     for pin in $pins; do
         retry_on_network_error "$python" -m pip install -q "${options[@]}" --no-deps "$pin" || return
     done
-    "$python" -m pip install -q "${options[@]}" "$@"
+    retry_on_network_error "$python" -m pip install -q "${options[@]}" "$@"  # (asks the index: retried too)
 }
