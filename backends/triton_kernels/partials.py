@@ -59,12 +59,11 @@ def bounded_partials(launcher):
 
     @functools.wraps(launcher)
     def launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **options):
-        shaped = (isinstance(q, torch.Tensor) and isinstance(slots, torch.Tensor) and q.dim() == 3
-                  and slots.dim() == 2 and q.shape[0] == slots.shape[0])
-        # (a call of other shapes goes to the launcher whole: its own checks name what is wrong)
-        most = tokens_per_launch(q.shape[1], slots.shape[1], options.get("split_size", default_split)) if shaped \
-            else None
-        tokens = q.shape[0] if shaped else 0
+        if not (isinstance(q, torch.Tensor) and isinstance(slots, torch.Tensor) and q.dim() == 3 and slots.dim() == 2
+                and q.shape[0] == slots.shape[0]):  # other shapes: the launcher's own checks name what is wrong
+            return launcher(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **options)
+        tokens = q.shape[0]
+        most = tokens_per_launch(q.shape[1], slots.shape[1], options.get("split_size", default_split))
         if most is None or tokens <= most:
             return launcher(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **options)
         out = lse = None

@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 
 from .. import ops
-from ..ops.score_ranges import slots_over_score_ranges
+from ..ops.composite import separate_slots
 from .batch import BatchMeta, DsaLayerCache
 
 
@@ -91,16 +91,8 @@ class LocalDsaAttention:
                 max_context=meta.max_context, softmax_scale=softmax_scale, kv_scale=cache.latent_scale,
                 check=self.check)
             return o
-        def slots_of(rows: slice) -> torch.Tensor:  # (the fused op's token ranges: the scores bounded)
-            scores = ops.indexer_score(q_index[rows], index_weights[rows], cache.index_pages, meta.block_table,
-                                       meta.req_ids[rows], meta.positions[rows], index_fmt=cache.index_fmt,
-                                       max_context=meta.max_context, check=self.check)
-            lengths = torch.clamp(meta.positions[rows] + 1, max=meta.max_context).to(torch.int32)
-            chosen = ops.topk(scores, lengths, topk, check=self.check)
-            return ops.positions_to_slots(chosen, meta.req_ids[rows], meta.block_table, cache.block_tokens,
-                                          check=self.check)
-
-        slots = slots_over_score_ranges(q_index.shape[0], meta.max_context, slots_of)
+        slots = separate_slots(q_index, index_weights, cache.index_pages, meta.block_table, meta.req_ids,
+                               meta.positions, cache.index_fmt, topk, meta.max_context, check=self.check)
         o, _ = ops.sparse_mla(q, cache.latent_pages, slots, kv_fmt=cache.latent_fmt, softmax_scale=softmax_scale,
                               kv_scale=cache.latent_scale, check=self.check)
         return o

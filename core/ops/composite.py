@@ -26,13 +26,23 @@ def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table,
     Returns:
         ``o`` ``[T, H, 512]`` in q's dtype and ``lse`` ``[T, H]`` fp32.
     """
-    def slots_of(rows: slice) -> torch.Tensor:
-        scores = ops.indexer_score(q_index[rows], index_weights[rows], index_pages, block_table, req_ids[rows],
-                                   positions[rows], index_fmt=index_fmt, max_context=max_context, check=False)
-        lengths = torch.clamp(positions[rows].to(torch.int32) + 1, max=max_context)  # causal bound of each query
-        chosen = ops.topk(scores, lengths, topk, check=False)
-        return ops.positions_to_slots(chosen, req_ids[rows], block_table, index_pages.shape[1], check=False)
-
-    slots = slots_over_score_ranges(q_index.shape[0], max_context, slots_of)  # (the scores bounded: .score_ranges)
+    slots = separate_slots(q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt, topk,
+                           max_context)
     return ops.sparse_mla(q, kv_pages, slots, kv_fmt=kv_fmt, kv_scale=kv_scale, softmax_scale=softmax_scale,
                           check=False)
+
+
+def separate_slots(q_index, index_weights, index_pages, block_table, req_ids, positions, index_fmt, topk, max_context,
+                   check: bool = False) -> torch.Tensor:
+    """The layer's physical slots ``[T, topk]`` int32 (-1 padded) from the public ``indexer_score`` -> ``topk`` ->
+    ``positions_to_slots``, over the token ranges whose scores fit :data:`~.score_ranges.SCORES_BUDGET_BYTES`
+    (:func:`~.score_ranges.slots_over_score_ranges`); ``check``: each stage validates its arguments. Serves the
+    composite layer and the model's separate-ops path (``LocalDsaAttention(fused=False)``)."""
+    def slots_of(rows: slice) -> torch.Tensor:
+        scores = ops.indexer_score(q_index[rows], index_weights[rows], index_pages, block_table, req_ids[rows],
+                                   positions[rows], index_fmt=index_fmt, max_context=max_context, check=check)
+        lengths = torch.clamp(positions[rows].to(torch.int32) + 1, max=max_context)  # causal bound of each query
+        chosen = ops.topk(scores, lengths, topk, check=check)
+        return ops.positions_to_slots(chosen, req_ids[rows], block_table, index_pages.shape[1], check=check)
+
+    return slots_over_score_ranges(q_index.shape[0], max_context, slots_of)
