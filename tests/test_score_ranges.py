@@ -31,6 +31,26 @@ def test_ranges_cover_the_tokens_within_the_budget(monkeypatch):
     assert score_ranges(0, 131072) == [(0, 0)]  # the stages still run once, on empty inputs
 
 
+def test_a_range_is_planned_for_its_share_of_the_requests():
+    from dsahal.ops.score_ranges import requests_in_range
+
+    assert requests_in_range(64, 320, 320) == 64  # the one range: the block table's rows
+    # ranges of whole requests of a 64 x 5 decode batch: 5 tokens a request, as the whole call
+    assert requests_in_range(64, 160, 320) == 32 and requests_in_range(64, 80, 320) == 16
+    assert requests_in_range(4, 1024, 16384) == 1  # a range of a long prefill: one request's tokens
+    assert requests_in_range(64, 1, 320) == 1 and requests_in_range(3, 0, 0) == 1  # never below one
+
+
+def test_the_indexer_names_a_bad_requests_count():
+    from dsahal.backends.triton_kernels.indexer import indexer_score
+
+    args = small_layer_args(5)
+    q_index, weights, index_pages, _, _, table, req, pos = args[:8]
+    for bad in (0, -3, 1.5, True):
+        with pytest.raises(ValueError, match=r"triton indexer_score: requests expected an int >= 1, got " + str(bad)):
+            indexer_score(q_index, weights, index_pages, table, req, pos, "fp8", 40, requests=bad)
+
+
 def _in_ranges_of_two(layer, args):
     """``layer(*args)`` with the budget lowered to two 40-float score rows (48 with the nvidia layer's padding)."""
     real = budget.SCORES_BUDGET_BYTES
@@ -68,11 +88,11 @@ def _fused_cases(results):
     from dsahal.backends.triton_kernels import indexer
 
     args = small_layer_args(11)
-    o1, lse1 = nvidia_ops.dsa_attention(*args)
-    launches = []
+    launches = []  # (tokens, the requests it is planned for) of each indexer launch
     real = indexer.indexer_score
-    indexer.indexer_score = lambda q, *a, **k: launches.append(q.shape[0]) or real(q, *a, **k)
+    indexer.indexer_score = lambda q, *a, **k: launches.append((q.shape[0], k["requests"])) or real(q, *a, **k)
     try:
+        o1, lse1 = nvidia_ops.dsa_attention(*args)
         o, lse = _in_ranges_of_two(nvidia_ops.dsa_attention, args)
     finally:
         indexer.indexer_score = real
@@ -94,7 +114,8 @@ def interpreted():
 
 
 def test_the_fused_nvidia_layer_over_ranges_gives_the_one_range_bits(interpreted):
-    assert interpreted["fused_ranges"] == "[2, 2, 1]"
+    # the one range planned for the block table's 2 rows, each range of 2 or 1 of the 5 tokens for its share: 1
+    assert interpreted["fused_ranges"] == "[(5, 2), (2, 1), (2, 1), (1, 1)]"
     assert interpreted["fused_bitwise"]
     assert interpreted["fused_reference"]
 

@@ -16,7 +16,7 @@ from dsahal.backends.triton_kernels import sparse_mla as _mla
 from dsahal.backends.triton_kernels import sparse_mla_small_heads as _mla_small
 from dsahal.backends.triton_kernels import topk as _topk
 
-from dsahal.ops.score_ranges import slots_over_score_ranges, tokens_per_range
+from dsahal.ops.score_ranges import requests_in_range, slots_over_score_ranges, tokens_per_range
 
 from . import config
 
@@ -120,9 +120,12 @@ def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table,
     indexer_options = config.indexer_config(q_index.shape[1], q_index.dtype, index_fmt)
 
     def slots_of(rows: slice) -> torch.Tensor:
+        # (planned as the whole call: a range's tokens a request are the call's, not its share of the table's rows)
         scores = _indexer.indexer_score(q_index[rows], index_weights[rows], index_pages, block_table, req_ids[rows],
                                         positions[rows], index_fmt, max_context,
-                                        out=buffer[:rows.stop - rows.start, :max_context], **indexer_options)
+                                        out=buffer[:rows.stop - rows.start, :max_context],
+                                        requests=requests_in_range(block_table.shape[0], rows.stop - rows.start,
+                                                                   tokens), **indexer_options)
         lengths = torch.clamp(positions[rows].to(torch.int32) + 1, max=max_context)
         return _topk.topk(scores, lengths, topk, emit_slots=(req_ids[rows], block_table, index_pages.shape[1]),
                           **config.topk_config(max_context))

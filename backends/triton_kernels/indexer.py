@@ -468,7 +468,7 @@ def _gluon_plan(tile: dict, q, index_pages, index_fmt, tokens: int, rows: int) -
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,
                   block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, pipeline=False, typed_keys=False,
                   keys_as_b=False, one_block_tiles=True, mxfp4_dot_scaled=True, mxfp4_fast_math=False, dot=None,
-                  block_tiles: bool | dict = False, tile_group=None, tile_loop=None, out=None):
+                  block_tiles: bool | dict = False, tile_group=None, tile_loop=None, out=None, requests=None):
     """Launch :func:`indexer_score_kernel`.
 
     Args:
@@ -517,11 +517,19 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             ``tile_loop``: 0 unrolled tiles, 1 a rolled loop prefetching the next tile into registers, 2 a
             rolled loop for the software pipeliner (default: 2 with ``pipeline``, else 0).
         out: optional ``[T, max_context]`` fp32 buffer (unit stride in the last dim).
+        requests: how many requests the call's tokens come from, where the caller knows it better than the block
+            table's rows (default): a DSA layer scoring a token range of a larger batch passes the range's share of
+            the batch's requests, so the range gets the whole batch's launch plan (tokens a segment, the Gluon
+            kernel's options: :func:`_tokens_per_request`). It plans the launch only; every row's scores are
+            computed the same either way, up to the plan's last bits.
 
     Returns:
         ``[T, max_context]`` fp32 scores, -inf where not visible.
     """
     tokens, heads, _ = q.shape
+    if requests is not None and not (isinstance(requests, int) and not isinstance(requests, bool) and requests >= 1):
+        raise ValueError(f"triton indexer_score: requests expected an int >= 1, got {requests!r}")
+    rows = block_table.shape[0] if requests is None else requests
     q, weights = aligned_rows(q), aligned_rows(weights)  # (LAUNCHER_ALIGNED_ARGS)
     if out is None:
         out = torch.empty((tokens, max_context), dtype=torch.float32, device=q.device)
@@ -547,17 +555,17 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         alu = indexer_decode.fitting_alu(tile.get("alu", 0), index_fmt, tile["block_n"], index_pages.shape[1],
                                          mxfp4_mode, dot=dot, q_dtype=q.dtype)
         group = min(tile["tile_group"] or tile["group"], indexer_decode.MAX_GROUP)
-        group = _request_group(group, tokens, block_table.shape[0], tile.get("group_per_request", False))
-        plan = _gluon_plan(tile, q, index_pages, index_fmt, tokens, block_table.shape[0])
+        group = _request_group(group, tokens, rows, tile.get("group_per_request", False))
+        plan = _gluon_plan(tile, q, index_pages, index_fmt, tokens, rows)
         if plan:
             from . import indexer_gluon  # (imports Gluon)
 
             # segments of the call's tokens a request, at most the plan's group (the kernel runs every member's MMA,
             # present or not)
-            group = _request_group(plan.pop("group", group), tokens, block_table.shape[0], True)
+            group = _request_group(plan.pop("group", group), tokens, rows, True)
             offsets, starts = segment_plan(req_ids, group)
             return indexer_gluon.launch(q, weights, index_pages, block_table, req_ids, positions, offsets, max_context,
-                                        out, starts=starts, group=group, index_fmt=index_fmt, **plan)
+                                        out, starts=starts, group=group, index_fmt=index_fmt, requests=rows, **plan)
         offsets, starts = segment_plan(req_ids, group)  # one launch
         return indexer_decode.launch(
             q, weights, index_pages, block_table, req_ids, positions, offsets, index_fmt, max_context,
@@ -566,8 +574,8 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             loop=(2 if tile["pipeline"] else 0) if tile["tile_loop"] is None else tile["tile_loop"],
             num_warps=tile["num_warps"], num_stages=tile["num_stages"], typed_keys=tile["typed_keys"],
             scaled_dot=((2 if mxfp4_fast_math else 1) if mxfp4 and mxfp4_dot_scaled and not mxfp4_mode else 0),
-            mxfp4_mode=mxfp4_mode, alu=alu, wide_tiles=tile.get("wide_tiles"),
-            l2_ahead=_l2_ahead(tile.get("l2_ahead", 0), tokens, block_table.shape[0], tile.get("l2_ahead_tokens")))
+            mxfp4_mode=mxfp4_mode, alu=alu, wide_tiles=tile.get("wide_tiles"), requests=rows,
+            l2_ahead=_l2_ahead(tile.get("l2_ahead", 0), tokens, rows, tile.get("l2_ahead_tokens")))
     block_h, block_n, group, tiles = tile_shape(heads, dot, block_n, group, tiles)
     views = typed_views(index_pages)
     if typed_keys and aligned:

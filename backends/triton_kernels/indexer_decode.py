@@ -1040,7 +1040,8 @@ def _check_alu(alu, index_fmt, block_n, block_tokens, mxfp4_mode=0, dot=DOT_BF16
 
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, index_fmt, max_context, out, *,
            dot, block_n=64, group=5, tiles=4, loop=0, num_warps=4, num_stages=1, scaled_dot=0,
-           typed_keys=False, mxfp4_mode=0, alu=0, starts=None, wide_tiles=None, l2_ahead=0, maxnreg=None):
+           typed_keys=False, mxfp4_mode=0, alu=0, starts=None, wide_tiles=None, l2_ahead=0, maxnreg=None,
+           requests=None):
     """Run :func:`indexer_tiles_kernel` (the caller checked :func:`serves`). ``group`` tokens per
     segment (<= 8), ``tiles`` key tiles per program, ``loop``: 0 unrolled, 1 rolled with the next tile
     prefetched into registers (3: the next two), 2 rolled for the software pipeliner (``num_stages``); ``scaled_dot``:
@@ -1053,7 +1054,8 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     to spare (:func:`tiles_per_program`); ``l2_ahead`` (``loop`` 1): ask L2 for the lines of the tile that
     many tiles ahead (0 off, 2..:data:`L2_AHEAD_MAX`; a hint: no score changes; CPU launches, which are the
     interpreter's and cannot run PTX, skip it, as they skip ``alu`` flag 64's PTX stores); ``maxnreg``: ptxas's
-    register cap (None: its own choice; a lower cap fits more programs on a SM, spills permitting)."""
+    register cap (None: its own choice; a lower cap fits more programs on a SM, spills permitting); ``requests``: the
+    requests the tokens come from, for ``wide_tiles``' count of segments (default the block table's rows)."""
     q, weights = aligned_rows(q), aligned_rows(weights)  # (LAUNCHER_ALIGNED_ARGS)
     tokens, heads, _ = q.shape
     if not 1 <= group <= MAX_GROUP:
@@ -1085,7 +1087,8 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     # together, so a prefill's segments share that chunk in L2), key chunks on axis 1
     # (axis 1 holds at most 65535: longer rows get more tiles per program; a score does not depend on it)
     if wide_tiles is not None:
-        tiles = tiles_per_program(expected_segments(tokens, group, block_table.shape[0]), max_context, block_n,
+        rows = block_table.shape[0] if requests is None else requests
+        tiles = tiles_per_program(expected_segments(tokens, group, rows), max_context, block_n,
                                   tiles, wide_tiles)
     tiles = max(tiles, triton.cdiv(max_context, block_n * grid_limits.MAX_GRID_YZ))
     grid = (tokens, triton.cdiv(max_context, block_n * tiles))

@@ -1177,7 +1177,7 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, max_context, out, *, starts,
            group, index_fmt="fp8", tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, stacked=False,
            mx_registers=False, token_stack=1, maxnreg=None, head_sum_mma=False, warp_specialized=False,
-           producer_regs=40, num_warps=4, refusal_checked=False, mx_fold=False):
+           producer_regs=40, num_warps=4, refusal_checked=False, mx_fold=False, requests=None):
     """Run :func:`indexer_gluon_kernel` (a call :func:`refusal` names a reason for raises).
 
     Args:
@@ -1212,6 +1212,8 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
             its decoded codes, one MMA accumulator a token and no per-score sum over the blocks
             (:func:`_folded_tile_scores`; a tile holding a key whose scales span more than ``FOLD_SPAN`` binades is
             scored block by block); ignored for FP8 keys. Checked and timed on the H200 (twenty-ninth session).
+        requests: the requests the tokens come from, for ``wide_tiles``' count of segments (default the block
+            table's rows; :func:`.indexer.indexer_score`'s ``requests``).
 
     Returns:
         ``out``.
@@ -1253,7 +1255,8 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     if failure:
         raise ValueError(f"{name}: this Triton ({triton.__version__}) does not compile the kernel: {failure}")
     if wide_tiles is not None:
-        tiles = tiles_per_program(expected_segments(tokens, group, block_table.shape[0]), max_context, TILE, tiles,
+        rows = block_table.shape[0] if requests is None else requests
+        tiles = tiles_per_program(expected_segments(tokens, group, rows), max_context, TILE, tiles,
                                   wide_tiles)
     tiles = max(tiles, triton.cdiv(max_context, TILE * grid_limits.MAX_GRID_YZ))
     grid = (tokens, triton.cdiv(max_context, TILE * tiles))

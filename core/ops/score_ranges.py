@@ -37,6 +37,15 @@ def score_ranges(tokens: int, row_floats: int) -> list[tuple[int, int]]:
     return [(start, min(start + step, tokens)) for start in range(0, max(tokens, 1), step)]
 
 
+def requests_in_range(requests: int, range_tokens: int, tokens: int) -> int:
+    """The requests a range of ``range_tokens`` of a call's ``tokens`` (from ``requests`` block-table rows) is
+    planned for: its share, ``ceil(requests * range_tokens / tokens)`` (all of them for the one range), so an
+    indexer that plans its launch by tokens a request (``ceil(tokens / requests)``) plans a range as the whole call.
+    Without it a range of 160 of a 64 x 5 decode batch's 320 tokens reads as 3 tokens a request and gets a
+    launch plan with other last bits (H200, thirty-third session: ``scripts/h200/score_range_sweep.py``)."""
+    return max(1, -(-requests * range_tokens // max(1, tokens)))
+
+
 def slots_over_score_ranges(tokens: int, row_floats: int, slots_of: Callable[[slice], torch.Tensor]) -> torch.Tensor:
     """The layer's slots ``[tokens, k]``: ``slots_of(rows)`` (the indexer and top-k of the tokens at ``rows``, a
     slice) for each of :func:`score_ranges`, in token order; the one range's own tensor when there is one."""
