@@ -570,7 +570,25 @@ def _topk_variants() -> list[Variant]:
             dict(extra, ROW_LEVELS=cfg["row_levels"], CHUNK=cfg["chunk"]),
             {name: kind for name, kind in split_ptrs.items() if name in triton_launch(kernel).arg_names},
             num_warps=cfg["num_warps"]))
-    return out + _topk_groups_variants() + _topk_bound_variants()
+    return out + _topk_groups_variants() + _topk_bound_variants() + _topk_registers_variants()
+
+
+def _topk_registers_variants() -> list[Variant]:
+    """The registers method's launch (rows whole in one program) at 4K, 8K and 16K rows, emitting slots (a DSA
+    layer's early decode and short prefill), with the warps its launcher picks."""
+    import triton
+
+    from ..triton_kernels import topk_registers
+
+    out = []
+    for width in (4096, 8192, topk_registers.MAX_WIDTH):
+        warps = topk_registers.default_warps(width)
+        out.append(Variant(
+            f"top-k registers ({width // 1024}K rows, {warps} warps)", topk_registers.topk_registers_kernel,
+            dict(EMIT_SLOTS=True, BLOCK=triton.next_power_of_2(width), PAD_CHUNK=1024),
+            dict(scores_ptr="fp32", lengths_ptr="i32", out_ptr="i32", req_ptr="i32", block_table_ptr="i32"),
+            num_warps=warps))
+    return out
 
 
 def _topk_groups_variants() -> list[Variant]:

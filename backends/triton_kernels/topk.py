@@ -101,7 +101,7 @@ def topk_kernel(
     _pad(out_row, written, k, lanes)
 
 
-METHODS = ("radix", "bound", "groups")
+METHODS = ("radix", "bound", "groups", "registers")
 
 
 def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slots=None, scratch=None,
@@ -130,7 +130,10 @@ def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slot
             or ``"groups"`` (:func:`.topk_groups.topk_groups`: the bound from groups of consecutive entries, the
             second pass reads only the live groups; uses ``chunk``, ``steps``, ``group_size``, ``batch``,
             ``num_warps``, ``finish_chunk``, ``finish_warps``, ``segment_histograms``, ``compact_prefetch``; the
-            same output as ``"bound"``).
+            same output as ``"bound"``),
+            or ``"registers"`` (:func:`.topk_registers.topk_registers`: rows of at most
+            :data:`.topk_registers.MAX_WIDTH` scores held whole in one program's registers, read once; uses
+            ``num_warps`` (None: by the width); the same output as ``"bound"``).
 
     Returns:
         ``[T, k]`` int32 indices (or slots), -1 padding last.
@@ -142,14 +145,18 @@ def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slot
     out = torch.empty((tokens, k), dtype=torch.int32, device=scores.device)
     if tokens == 0:
         return out
-    if scratch is None:
-        scratch = torch.empty((tokens, max(width, 1)), dtype=torch.int32, device=scores.device)
     if emit_slots is None:
         req_ids, block_table, block_tokens = lengths, lengths.view(1, -1), 1
         emit = False
     else:
         req_ids, block_table, block_tokens = emit_slots
         emit = True
+    if method == "registers":
+        from .topk_registers import topk_registers
+
+        return topk_registers(scores, lengths, k, out, emit, req_ids, block_table, block_tokens, num_warps=num_warps)
+    if scratch is None:
+        scratch = torch.empty((tokens, max(width, 1)), dtype=torch.int32, device=scores.device)
     if method == "bound":
         from .topk_bound import topk_bound
 

@@ -54,6 +54,13 @@ REFERENCE_ROWS = 8
 DEVICE = "cuda"  # --cpu-smoke: "cpu" under TRITON_INTERPRET=1
 SMOKE_DIVISOR = 1  # --cpu-smoke: chunk sizes divided by this (tiny rows)
 
+# Thirty-third session: rows of <= 16K whole in one program's registers (topk_registers), read once; the cases of
+# wider rows skip them.
+REGISTERS = (
+    ("registers w4", dict(method="registers", num_warps=4)),
+    ("registers w8", dict(method="registers", num_warps=8)),
+    ("registers w16", dict(method="registers", num_warps=16)),
+)
 # (name, kwargs of dsahal.backends.triton_kernels.topk.topk); "default" (None) is the NVIDIA config's for the
 # case's width, labelled with its method
 VARIANTS = (
@@ -87,6 +94,7 @@ VARIANTS = (
     # ... and the bound method's (batch-invariant mode's at every width)
     ("bound c1024 f512 seg-hist", dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, finish_warps=4,
                                        segment_histograms=True)),
+    *REGISTERS,
 )
 # The decode case's launches timed one by one (decode mode): the NVIDIA config at 128K (the groups method) with
 # and without segment histograms (and the compaction's prefetch), so each launch's change is seen apart.
@@ -126,7 +134,9 @@ PREFILL_VARIANTS = (
     # twenty-eighth session (not yet run on the H200): the 8K-64K default (bound) with segment histograms
     ("bound c1024w4 f512w4 seg-hist", dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, finish_warps=4,
                                            segment_histograms=True)),
+    *REGISTERS,
 )
+REGISTERS_MAX_WIDTH = 16384  # topk_registers.MAX_WIDTH (not imported here: Triton is imported after the mode is set)
 MID_WIDTHS = (16384, 32768, 49152)  # --prefill: the 320-row cases besides 4K (early decode: the bound method)
 PHASE_WIDTH = 32768  # --prefill: the launches of the NVIDIA default at this width are timed one by one
 
@@ -277,11 +287,14 @@ def run_case(torch, case, variants, rows, failures):
     rows.append((name, "torch.topk", peer_ms, nbytes / (peer_ms * 1e-3) / 1e9, 1.0, ""))
     for variant, raw in variants:
         kw = _kwargs(raw, width)
+        if kw.get("method") == "registers" and width > REGISTERS_MAX_WIDTH:
+            continue  # (rows wider than one program's registers hold: not served)
         if raw is None:
             variant = f"{variant} ({kw.get('method', 'radix')})"
         try:
             got = topk(scores, lengths, K, **kw)
-            problem = check(torch, variant, got, scores, lengths, K, want_mask, kw.get("method") in ("bound", "groups"))
+            problem = check(torch, variant, got, scores, lengths, K, want_mask,
+                            kw.get("method") in ("bound", "groups", "registers"))
         except Exception as exc:  # noqa: BLE001 - a variant that fails to compile or run is listed
             problem = f"{variant}: {type(exc).__name__}: {str(exc)[:200]}"
         print(f"  check {name:<18s} {variant:<24s} {problem or 'ok'}", flush=True)

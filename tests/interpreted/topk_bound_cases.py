@@ -272,3 +272,61 @@ def test_bound_on_causal_rows_is_as_tight_as_over_the_whole_row(method):
     assert torch.equal(got, expected(scores, lengths, k)), "the set differs from the reference"
     want = _survivors_by_definition(scores, lengths, k, unit_max)
     assert stats["survivors"].tolist() == want, f"survivors {stats['survivors'].tolist()} against {want}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# The registers method (topk_registers): short rows whole in one program, the bound method's bits
+
+
+REGISTERS = dict(method="registers", num_warps=1)
+
+
+@pytest.mark.parametrize("width,k", [(200, 9), (160, 24), (64, 64), (40, 48), (64, 1), (96, 95), (17, 3), (256, 128)])
+def test_registers_topk_matches_reference_and_the_bound_bits(width, k):
+    gen = torch.Generator().manual_seed(width * 17 + k)
+    scores, lengths = hard_rows(gen, width, k)
+    got = topk(scores, lengths, k, **REGISTERS)
+    want = expected(scores, lengths, k)
+    bad = (got != want).any(dim=1).nonzero().flatten().tolist()
+    assert not bad, f"rows {bad} differ from the reference (width {width}, k {k})"
+    assert torch.equal(got, topk(scores, lengths, k, **SMALL)), "not the bound method's bits"
+    # a row alone gives its row of the batch; int64 lengths and other warps the same bits
+    assert torch.equal(topk(scores[5:6], lengths[5:6], k, **REGISTERS), got[5:6]), "not batch-invariant"
+    assert torch.equal(topk(scores, lengths.to(torch.int64), k, method="registers", num_warps=4), got)
+
+
+def test_registers_topk_on_strided_rows_nans_and_extreme_keys():
+    gen = torch.Generator().manual_seed(11)
+    wide = torch.randn(4, 80, generator=gen)
+    wide[0, :8] = torch.tensor([float("inf"), -float("inf"), 3.4e38, -3.4e38, 1e-45, -1e-45, 0.0, -0.0])
+    scores = wide[:, 5:70]  # rows that do not start aligned, row stride 80
+    lengths = torch.tensor([65, 65, 30, 2], dtype=torch.int32)
+    got = topk(scores, lengths, 7, **REGISTERS)
+    assert torch.equal(got, expected(scores.contiguous(), lengths, 7))
+    assert torch.equal(got, topk(scores.contiguous(), lengths, 7, **SMALL))
+
+
+def test_registers_topk_emits_slots_and_pads_past_the_width():
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.randn(3, 90, generator=gen)
+    lengths = torch.tensor([90, 40, 5], dtype=torch.int32)
+    req = torch.tensor([1, 0, 1], dtype=torch.int32)
+    table = torch.tensor([[3, -1, 0, 1, 2, 4], [5, 2, -1, 0, 1, 3]], dtype=torch.int32)  # 16-token blocks
+    positions = topk(scores, lengths, 20, **REGISTERS)
+    block = table[req.long()[:, None], (positions.clamp(min=0) // 16).long()]
+    want = torch.where((positions >= 0) & (block >= 0), block * 16 + positions % 16, -1)
+    assert torch.equal(topk(scores, lengths, 20, emit_slots=(req, table, 16), **REGISTERS), want)
+    # k past the width (a context shorter than k): every valid entry, then -1 to column k - 1
+    short = topk(scores, lengths, 130, **REGISTERS)
+    assert torch.equal(short, expected(scores, lengths, 130))
+    assert torch.equal(topk(scores[:, :0], torch.zeros(3, dtype=torch.int32), 4, **REGISTERS),
+                       torch.full((3, 4), -1, dtype=torch.int32))
+
+
+def test_registers_topk_names_a_row_too_wide_and_bad_warps():
+    from dsahal.backends.triton_kernels.topk_registers import MAX_WIDTH
+
+    with pytest.raises(ValueError, match=f"rows of at most {MAX_WIDTH} scores, got {MAX_WIDTH + 1}"):
+        topk(torch.zeros(1, MAX_WIDTH + 1), torch.ones(1, dtype=torch.int32), 2, method="registers")
+    with pytest.raises(ValueError, match="num_warps expected 1, 2, 4, 8 or 16, got 3"):
+        topk(torch.zeros(1, 4), torch.ones(1, dtype=torch.int32), 2, method="registers", num_warps=3)
