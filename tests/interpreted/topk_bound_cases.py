@@ -186,7 +186,7 @@ def test_bound_topk_emits_slots():
     block = table[req.long()[:, None], (positions.clamp(min=0) // 16).long()]
     want = torch.where((positions >= 0) & (block >= 0), block * 16 + positions % 16, -1)
     for kw in (SMALL, dict(GROUPS, group_size=4), dict(SMALL, segment_histograms=True),
-               dict(GROUPS, group_size=4, segment_histograms=True, compact_prefetch=True)):
+               dict(GROUPS, group_size=4, segment_histograms=True, compact_prefetch=True), REGISTERS):
         slots = topk(scores, lengths, 20, emit_slots=(req, table, 16), **kw)
         assert torch.equal(slots, want), f"{kw['method']}: slots differ from the positions mapped through the table"
 
@@ -306,16 +306,10 @@ def test_registers_topk_on_strided_rows_nans_and_extreme_keys():
     assert torch.equal(got, topk(scores.contiguous(), lengths, 7, **SMALL))
 
 
-def test_registers_topk_emits_slots_and_pads_past_the_width():
+def test_registers_topk_pads_past_the_width():  # (its slot emission: test_bound_topk_emits_slots)
     gen = torch.Generator().manual_seed(3)
     scores = torch.randn(3, 90, generator=gen)
     lengths = torch.tensor([90, 40, 5], dtype=torch.int32)
-    req = torch.tensor([1, 0, 1], dtype=torch.int32)
-    table = torch.tensor([[3, -1, 0, 1, 2, 4], [5, 2, -1, 0, 1, 3]], dtype=torch.int32)  # 16-token blocks
-    positions = topk(scores, lengths, 20, **REGISTERS)
-    block = table[req.long()[:, None], (positions.clamp(min=0) // 16).long()]
-    want = torch.where((positions >= 0) & (block >= 0), block * 16 + positions % 16, -1)
-    assert torch.equal(topk(scores, lengths, 20, emit_slots=(req, table, 16), **REGISTERS), want)
     # k past the width (a context shorter than k): every valid entry, then -1 to column k - 1
     short = topk(scores, lengths, 130, **REGISTERS)
     assert torch.equal(short, expected(scores, lengths, 130))
