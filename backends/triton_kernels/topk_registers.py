@@ -23,7 +23,7 @@ import triton.language as tl
 from .topk_common import _emit, _pad, _sort_key
 from dsahal.kernel_launch import wrap_launched
 
-MAX_WIDTH = 16384  # widest row a program holds (64 keys a thread at 8 warps; the launcher picks the warps)
+MAX_WIDTH = 16384  # widest row a program holds (32 keys a thread at the default 16 warps: default_warps)
 SIZE_ARGS = ("max_blocks", "block_tokens", "N", "k")
 
 
