@@ -506,6 +506,7 @@ def _gluon_indexer_variants() -> list[Variant]:
 
     pointers = dict(w_ptr="fp32", pages_i32="i32", block_table_ptr="i32", req_ptr="i32", pos_ptr="i32",
                     off_ptr="i32", seg_ptr="i32", out_ptr="fp32")
+    unfused = dict(maxima_ptr=None, MAXIMA_G=16)  # (the scores alone; the fused group maxima: _fused_maxima_variants)
     out = []
     for heads in (INDEXER_HEADS, 64):
         for label, q_type, options in (
@@ -522,7 +523,8 @@ def _gluon_indexer_variants() -> list[Variant]:
                     indexer_gluon.indexer_gluon_kernel,
                     dict(H=heads, BLOCK_H=heads, GROUP=group, STAGES=launch["stages"], DEPTH=launch["depth"],
                          WHOLE=True, HI_LO=label == "bf16", MX=False, STACK=stacked, MX_REG=False, TSTACK=1,
-                         HSUM=launch.get("head_sum_mma", False), WS=False, PRODUCER_REGS=40, MX_FOLD=False),
+                         HSUM=launch.get("head_sum_mma", False), WS=False, PRODUCER_REGS=40, MX_FOLD=False,
+                         **unfused),
                     dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 33),
                     gluon=True, maxnreg=launch.get("maxnreg")))
     options = config._MXFP4_GLUON
@@ -541,10 +543,25 @@ def _gluon_indexer_variants() -> list[Variant]:
                     dict(H=INDEXER_HEADS, BLOCK_H=INDEXER_HEADS, GROUP=group, STAGES=launch["stages"],
                          DEPTH=launch["depth"], WHOLE=True, HI_LO=label == "bf16", MX=True, STACK=False,
                          MX_REG=mx_registers, TSTACK=1, HSUM=launch.get("head_sum_mma", False), WS=False,
-                         PRODUCER_REGS=40, MX_FOLD=fold and mx_registers and launch.get("head_sum_mma", False)),
+                         PRODUCER_REGS=40, MX_FOLD=fold and mx_registers and launch.get("head_sum_mma", False),
+                         **unfused),
                     dict(pointers, q_ptr=q_type), num_warps=4, divisible=multiples_of_16(s32_b=BLOCK_TOKENS * 17),
                     gluon=True, maxnreg=launch.get("maxnreg")))
-    return out
+    return out + _fused_maxima_variants(out)
+
+
+def _fused_maxima_variants(unfused: list[Variant]) -> list[Variant]:
+    """The fused indexer -> top-k: the DSA layer's Gluon indexer launches at 32 heads (FP8 and bf16 queries on FP8 keys,
+    FP8 queries on MXFP4 keys folded) that also store the top-k's 16-key group maxima (``maxima_ptr``): the registers
+    and instructions the maxima cost, beside the same launch without them."""
+    import dataclasses
+
+    wanted = (f"fp8 keys, {INDEXER_HEADS} heads, fp8 q", f"fp8 keys, {INDEXER_HEADS} heads, bf16 q",
+              "folded, mxfp4 keys, fp8 q")
+    return [dataclasses.replace(v, name=v.name + ", fused group maxima",
+                                constexprs={k: x for k, x in v.constexprs.items() if k != "maxima_ptr"},
+                                pointers=dict(v.pointers, maxima_ptr="i32"))
+            for v in unfused if any(w in v.name for w in wanted)]
 
 
 def _topk_variants() -> list[Variant]:

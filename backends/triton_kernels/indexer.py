@@ -468,7 +468,8 @@ def _gluon_plan(tile: dict, q, index_pages, index_fmt, tokens: int, rows: int) -
 def indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, *,
                   block_n=64, group=8, tiles=4, num_warps=4, num_stages=1, pipeline=False, typed_keys=False,
                   keys_as_b=False, one_block_tiles=True, mxfp4_dot_scaled=True, mxfp4_fast_math=False, dot=None,
-                  block_tiles: bool | dict = False, tile_group=None, tile_loop=None, out=None, requests=None):
+                  block_tiles: bool | dict = False, tile_group=None, tile_loop=None, out=None, requests=None,
+                  group_maxima=None, maxima_group=16):
     """Launch :func:`indexer_score_kernel`.
 
     Args:
@@ -522,9 +523,14 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             the batch's requests, so the range gets the whole batch's launch plan (tokens a segment, the Gluon
             kernel's options: :func:`_tokens_per_request`). It plans the launch only; every row's scores are
             computed the same either way, up to the plan's last bits.
+        group_maxima: the fused indexer -> top-k: an int32 ``[T, >= cdiv(max_context, maxima_group)]`` tensor (unit
+            last stride) that the call fills with the maxima of each token's groups of ``maxima_group`` consecutive
+            scores, as the top-k's groups method would make them (:func:`.indexer_gluon.launch`'s ``maxima``), where
+            the Gluon kernel takes the call; no other kernel makes them.
 
     Returns:
-        ``[T, max_context]`` fp32 scores, -inf where not visible.
+        ``[T, max_context]`` fp32 scores, -inf where not visible; with ``group_maxima``, ``(scores, filled)``:
+        whether the call filled them.
     """
     tokens, heads, _ = q.shape
     if requests is not None and not (isinstance(requests, int) and not isinstance(requests, bool) and requests >= 1):
@@ -533,8 +539,25 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
     q, weights = aligned_rows(q), aligned_rows(weights)  # (LAUNCHER_ALIGNED_ARGS)
     if out is None:
         out = torch.empty((tokens, max_context), dtype=torch.float32, device=q.device)
+    scores, filled = _scores(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, out,
+                             rows, (group_maxima, maxima_group) if group_maxima is not None else None,
+                             block_n=block_n, group=group, tiles=tiles, num_warps=num_warps, num_stages=num_stages,
+                             pipeline=pipeline, typed_keys=typed_keys, keys_as_b=keys_as_b,
+                             one_block_tiles=one_block_tiles, mxfp4_dot_scaled=mxfp4_dot_scaled,
+                             mxfp4_fast_math=mxfp4_fast_math, dot=dot, block_tiles=block_tiles, tile_group=tile_group,
+                             tile_loop=tile_loop)
+    return scores if group_maxima is None else (scores, filled)
+
+
+def _scores(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, out, rows, maxima, *,
+            block_n, group, tiles, num_warps, num_stages, pipeline, typed_keys, keys_as_b, one_block_tiles,
+            mxfp4_dot_scaled, mxfp4_fast_math, dot, block_tiles, tile_group, tile_loop):
+    """:func:`indexer_score`'s launches into ``out`` for ``rows`` requests; ``maxima``: ``(tensor, group size)`` for
+    the Gluon kernel to fill, or None. Returns ``(out, whether the maxima were filled)``."""
+    tokens = q.shape[0]
+    heads = q.shape[1]
     if tokens == 0:
-        return out
+        return out, False
     aligned = views_usable(index_pages)
     packed_bytes = index_pages.shape[-1] if index_pages.stride(1) == index_pages.shape[-1] else 0
     if index_fmt not in INDEX_CODES:
@@ -564,8 +587,11 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             # present or not)
             group = _request_group(plan.pop("group", group), tokens, rows, True)
             offsets, starts = segment_plan(req_ids, group)
+            if maxima is not None:
+                plan.update(maxima=maxima[0], maxima_group=maxima[1])
             return indexer_gluon.launch(q, weights, index_pages, block_table, req_ids, positions, offsets, max_context,
-                                        out, starts=starts, group=group, index_fmt=index_fmt, requests=rows, **plan)
+                                        out, starts=starts, group=group, index_fmt=index_fmt, requests=rows,
+                                        **plan), maxima is not None
         offsets, starts = segment_plan(req_ids, group)  # one launch
         return indexer_decode.launch(
             q, weights, index_pages, block_table, req_ids, positions, offsets, index_fmt, max_context,
@@ -575,7 +601,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
             num_warps=tile["num_warps"], num_stages=tile["num_stages"], typed_keys=tile["typed_keys"],
             scaled_dot=((2 if mxfp4_fast_math else 1) if mxfp4 and mxfp4_dot_scaled and not mxfp4_mode else 0),
             mxfp4_mode=mxfp4_mode, alu=alu, wide_tiles=tile.get("wide_tiles"), requests=rows,
-            l2_ahead=_l2_ahead(tile.get("l2_ahead", 0), tokens, rows, tile.get("l2_ahead_tokens")))
+            l2_ahead=_l2_ahead(tile.get("l2_ahead", 0), tokens, rows, tile.get("l2_ahead_tokens"))), False
     block_h, block_n, group, tiles = tile_shape(heads, dot, block_n, group, tiles)
     views = typed_views(index_pages)
     if typed_keys and aligned:
@@ -602,7 +628,7 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
         for start, stop in launch_grid.ranges(tokens):
             _launch(chunks, stop - start, q[start:], weights[start:], views, block_table, req_ids[start:],
                     positions[start:], offsets[start:], out[start:], sizes, meta)
-    return out
+    return out, False
 
 
 def _launch(chunks, programs, q, weights, views, block_table, req_ids, positions, offsets, out, sizes, meta):

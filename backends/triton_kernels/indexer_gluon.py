@@ -111,6 +111,7 @@ TILE = 64  # keys per tile: the wgmma's M
 RECORD_BYTES = 132  # an FP8 key: 128 e4m3 codes, then its fp32 scale
 MAX_HEADS = 64
 MAX_GROUP = 8
+MAXIMA_GROUPS = (8, 16, 32, 64)  # (maxima) keys a group maximum covers: whole groups of a 64-key tile
 DEFAULT_STAGES = 5
 MAX_STAGES = 6
 
@@ -487,13 +488,45 @@ def _mx_folded_registers(stage, exps, top, DOT_A: gl.constexpr):
 
 
 @gluon.jit
-def _epilogue(acc, w_s, key_scale, mapped, s, ok, pos, t, out_ptr, stride_ot, max_context, COLS: gl.constexpr):
-    """One token's scores on a tile: ``Σ_h w[h] · relu(acc[:, h]) · scale``, -inf where not visible, stored."""
+def _epilogue(acc, w_s, key_scale, mapped, s, s0, ok, pos, t, out_ptr, stride_ot, maxima_ptr, stride_mt,
+              MAXIMA_G: gl.constexpr, max_context, COLS: gl.constexpr):
+    """One token's scores on a tile: ``Σ_h w[h] · relu(acc[:, h]) · scale``, -inf where not visible, stored (and
+    their group maxima, :func:`_store_group_maxima`)."""
     relu = gl.maximum(acc, 0.0, propagate_nan=_NAN_KEPT)
     score = gl.sum(relu * w_s.load(COLS)[None, :], axis=1) * key_scale
     value = gl.where(mapped & (s <= pos), score, float("-inf"))
     row = out_ptr + gl.where(ok, t, 0).to(gl.int64) * stride_ot
     gl.store(row + s, value, mask=(s < max_context) & ok)
+    if maxima_ptr is not None:
+        _store_group_maxima(value, s, s0, ok, t, maxima_ptr, stride_mt, MAXIMA_G, max_context)
+
+
+@gluon.jit
+def _store_group_maxima(value, s, s0, ok, t, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context,
+                        COL: gl.constexpr = 0):
+    """The fused indexer -> top-k (``maxima_ptr``): token ``t``'s scores on a tile's 64 keys ``s`` (``s0`` the first)
+    -> the ``64 / MAXIMA_G`` maxima of their groups of ``MAXIMA_G`` consecutive keys, as the top-k's groups method
+    makes them (:func:`.topk_groups.group_max_kernel`: the order-preserving key of the largest score below
+    ``max_context``, -0.0 as +0.0, NaN ignored unless all are, 0 for a group with no score above -inf), stored at
+    ``maxima[t, s // MAXIMA_G]``. ``value``: the scores ``[64]``, or ``[64, C]`` whose column ``COL`` they are (the
+    head sums' MMA result: every column is reduced, column ``COL`` stored, so no column's NaN meets another's -inf).
+    A group's keys lie in one warp's rows for groups of up to 16 (the MMA layouts give a warp 16 consecutive rows):
+    a thread's rows, then shuffles."""
+    NG: gl.constexpr = 64 // MAXIMA_G
+    if len(value.shape) == 1:
+        value = value[:, None]
+    C: gl.constexpr = value.shape[1]
+    cols = gl.arange(0, C, gl.SliceLayout(0, value.type.layout))
+    best = gl.max(gl.reshape(gl.where((s < max_context)[:, None], value, float("-inf")), [NG, MAXIMA_G, C]), axis=1)
+    L: gl.constexpr = best.type.layout
+    group = s0 // MAXIMA_G + gl.arange(0, NG, gl.SliceLayout(1, L))  # (s0: a multiple of 64)
+    col = gl.arange(0, C, gl.SliceLayout(0, L))
+    best = gl.where(best == 0.0, 0.0, best)  # (-0.0 and +0.0 one key, as the top-k's _sort_key)
+    bits = best.to(gl.int32, bitcast=True)
+    key = gl.where(best == float("-inf"), 0, bits ^ ((bits >> 31) | -2147483648))
+    row = maxima_ptr + gl.where(ok, t, 0).to(gl.int64) * stride_mt
+    gl.store(row + group[:, None] + col[None, :] * 0, key,
+             mask=((group * MAXIMA_G < max_context) & ok)[:, None] & (col == COL)[None, :])
 
 
 @gluon.constexpr_function
@@ -546,13 +579,17 @@ def _sum_weights(ws, BLOCK_H: gl.constexpr, GROUP: gl.constexpr, WL: gl.constexp
 
 
 @gluon.jit
-def _head_sum_store(out8, g: gl.constexpr, key_scale, mapped, s, ok, pos, t, out_ptr, stride_ot, max_context):
+def _head_sum_store(out8, g: gl.constexpr, key_scale, mapped, s, s0, ok, pos, t, out_ptr, stride_ot, maxima_ptr,
+                    stride_mt, MAXIMA_G: gl.constexpr, max_context):
     """Token ``g``'s scores from its head-sum MMA's result ``out8`` ``[64, 8]`` (column ``g``; the others are its
-    relu scores against the other tokens' weights, not stored): times the key scale, -inf where not visible, stored."""
+    relu scores against the other tokens' weights, not stored): times the key scale, -inf where not visible, stored
+    (and their group maxima, :func:`_store_group_maxima`)."""
     cols = gl.arange(0, 8, gl.SliceLayout(0, _sum_layout()))
     value = gl.where((mapped & (s <= pos))[:, None], out8 * key_scale[:, None], float("-inf"))
     row = out_ptr + gl.where(ok, t, 0).to(gl.int64) * stride_ot
     gl.store(row + s[:, None] + cols[None, :] * 0, value, mask=((s < max_context) & ok)[:, None] & (cols == g)[None, :])
+    if maxima_ptr is not None:
+        _store_group_maxima(value, s, s0, ok, t, maxima_ptr, stride_mt, MAXIMA_G, max_context, g)
 
 
 @gluon.jit
@@ -654,7 +691,7 @@ def _token_columns(acc, WIDTH: gl.constexpr, BLOCK_H: gl.constexpr):
 
 
 @gluon.jit
-def _stacked_tile(a, qs, w_s, key_scale, mapped, s, oks, poss, t0, out_ptr, stride_ot, max_context,
+def _stacked_tile(a, qs, w_s, key_scale, mapped, s, s0, oks, poss, t0, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context,
                   BLOCK_H: gl.constexpr, GROUP: gl.constexpr, DEPTH: gl.constexpr, TSTACK: gl.constexpr):
     """FP8 queries, ``TSTACK`` tokens a MMA (DeepGEMM's operand layout: the keys the M side, tokens x heads the N
     side): one wide MMA per unit of tokens (``qs[u]`` ``[width * BLOCK_H, 128]``), ``DEPTH`` units in flight, each
@@ -670,8 +707,8 @@ def _stacked_tile(a, qs, w_s, key_scale, mapped, s, oks, poss, t0, out_ptr, stri
             units = units + (_unit_mma(a, qs, u + D, GROUP, TSTACK, BLOCK_H),)
         cols = _token_columns(acc, _unit_width(u, GROUP, TSTACK), BLOCK_H)
         for j in gl.static_range(_unit_tokens(u, GROUP, TSTACK)):
-            _epilogue(cols[j], w_s[u * TSTACK + j], key_scale, mapped, s, oks[u * TSTACK + j], poss[u * TSTACK + j],
-                      t0 + u * TSTACK + j, out_ptr, stride_ot, max_context, gl.SliceLayout(0, _mma_layout(BLOCK_H)))
+            _epilogue(cols[j], w_s[u * TSTACK + j], key_scale, mapped, s, s0, oks[u * TSTACK + j], poss[u * TSTACK + j],
+                      t0 + u * TSTACK + j, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, gl.SliceLayout(0, _mma_layout(BLOCK_H)))
 
 
 @gluon.jit
@@ -698,7 +735,7 @@ def _unit_queries(rows_q, u: gl.constexpr, GROUP: gl.constexpr, TSTACK: gl.const
 
 @gluon.jit
 def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, t0, pages_i32, s32_b, block_table_ptr,
-          stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, a_blocks,
+          stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context, a_blocks,
           BLOCK_H: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr,
           WHOLE: gl.constexpr, HI_LO: gl.constexpr, MX: gl.constexpr, STACK: gl.constexpr,
           MX_REG: gl.constexpr = False, TSTACK: gl.constexpr = 1, HSUM: gl.constexpr = False,
@@ -715,18 +752,18 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
                          block_tokens, WHOLE)
     if MX_FOLD:
         _folded_tile_scores(i, first, here, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt, req64,
-                            num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H, GROUP,
+                            num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP,
                             DEPTH, WHOLE, HI_LO)
     else:
         _tile_scores(i, first, here, a_blocks, here, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt,
-                     req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H, GROUP,
+                     req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP,
                      DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG, TSTACK, HSUM, False)
     return ahead_entry
 
 
 @gluon.jit
 def _tile_scores(i, first, here, a_blocks, release, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt, req64,
-                 num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H: gl.constexpr,
+                 num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
                  GROUP: gl.constexpr, DEPTH: gl.constexpr, WHOLE: gl.constexpr, HI_LO: gl.constexpr,
                  MX: gl.constexpr, STACK: gl.constexpr, MX_REG: gl.constexpr, TSTACK: gl.constexpr,
                  HSUM: gl.constexpr, RELEASE: gl.constexpr):
@@ -766,17 +803,17 @@ def _tile_scores(i, first, here, a_blocks, release, qs, qs_lo, w_s, oks, poss, t
             key_scale = _scales(here, ROWS)
         entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
         s = (first + i) * 64 + gl.arange(0, 64, ROWS)
-        _stacked_tile(a, qs, w_s, key_scale, (entry >= 0) & (entry < num_blocks), s, oks, poss, t0, out_ptr,
-                      stride_ot, max_context, BLOCK_H, GROUP, DEPTH, TSTACK)
+        _stacked_tile(a, qs, w_s, key_scale, (entry >= 0) & (entry < num_blocks), s, (first + i) * 64, oks, poss, t0, out_ptr,
+                      stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP, DEPTH, TSTACK)
     else:  # a MMA (or two, or four) a token
         _tokens(a, block_scales, key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt,
-                req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H, GROUP, DEPTH,
+                req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP, DEPTH,
                 WHOLE, HI_LO, MX, STACK, MX_REG, HSUM, RELEASE, False)
 
 
 @gluon.jit
 def _folded_tile_scores(i, first, here, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt, req64, num_blocks,
-                        max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H: gl.constexpr,
+                        max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
                         GROUP: gl.constexpr, DEPTH: gl.constexpr, WHOLE: gl.constexpr, HI_LO: gl.constexpr):
     """(``MX_FOLD``) MXFP4 key tile ``i``'s scores with each key's block scales folded into its decoded codes.
 
@@ -802,17 +839,17 @@ def _folded_tile_scores(i, first, here, qs, qs_lo, w_s, oks, poss, t0, block_tab
         a = _mx_folded_registers(here, exps, top, DOT_A)
         key_scale = gl.convert_layout(_fold_scale(top), SUM_ROWS)
         _tokens(a, (), key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt, req64,
-                num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H, GROUP, DEPTH, WHOLE,
+                num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP, DEPTH, WHOLE,
                 HI_LO, True, False, True, True, False, True)
     else:  # every block at distance 0 (its values times 2^6), scored block by block
         _spread_tile_tokens(_mx_folded_registers(here, (top, top, top, top), top, DOT_A), _mx_scales(here, ROWS), qs,
                             qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt, req64, num_blocks,
-                            max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H, GROUP, WHOLE, HI_LO)
+                            max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP, WHOLE, HI_LO)
 
 
 @gluon.jit
 def _spread_tile_tokens(a, block_scales, qs, qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt, req64,
-                        num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H: gl.constexpr,
+                        num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
                         GROUP: gl.constexpr, WHOLE: gl.constexpr, HI_LO: gl.constexpr):
     """(``MX_FOLD``) A tile holding a key whose scales span more than ``FOLD_SPAN`` binades, its codes decoded at
     distance 0 (``a``: the blocks' values times 2^6): each token's blocks one MMA at a time, each summed into the
@@ -836,13 +873,13 @@ def _spread_tile_tokens(a, block_scales, qs, qs_lo, w_s, oks, poss, t0, i, first
             total = total + warpgroup_mma_wait(0, deps=[acc]) * block_scales[b][:, None]
         summed = warpgroup_mma(_relu_operand(total, BLOCK_H), w_s.permute((1, 0)), sum_zeros, use_acc=False,
                                is_async=True)
-        _head_sum_store(warpgroup_mma_wait(0, deps=[summed]), g, key_scale, mapped, s, oks[g], poss[g], t0 + g,
-                        out_ptr, stride_ot, max_context)
+        _head_sum_store(warpgroup_mma_wait(0, deps=[summed]), g, key_scale, mapped, s, (first + i) * 64, oks[g], poss[g], t0 + g,
+                        out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context)
 
 
 @gluon.jit
 def _tokens(a, block_scales, key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt,
-            req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H: gl.constexpr,
+            req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
             GROUP: gl.constexpr, DEPTH: gl.constexpr, WHOLE: gl.constexpr, HI_LO: gl.constexpr, MX: gl.constexpr,
             STACK: gl.constexpr, MX_REG: gl.constexpr, HSUM: gl.constexpr, RELEASE: gl.constexpr,
             CHAINED: gl.constexpr):
@@ -915,22 +952,22 @@ def _tokens(a, block_scales, key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, 
                 if g + D < GROUP:
                     toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG, CHAINED),)
             if g > 0:
-                _head_sum_store(done, g - 1, key_scale, mapped, s, oks[g - 1], poss[g - 1], t0 + g - 1, out_ptr,
-                                stride_ot, max_context)
+                _head_sum_store(done, g - 1, key_scale, mapped, s, (first + i) * 64, oks[g - 1], poss[g - 1], t0 + g - 1, out_ptr,
+                                stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context)
             if g == GROUP - 1:
                 done = warpgroup_mma_wait(0, deps=[summed])
-                _head_sum_store(done, g, key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot,
+                _head_sum_store(done, g, key_scale, mapped, s, (first + i) * 64, oks[g], poss[g], t0 + g, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G,
                                 max_context)
         else:
             if g + D < GROUP:
                 toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG, CHAINED),)
-            _epilogue(acc, w_s[g], key_scale, mapped, s, oks[g], poss[g], t0 + g, out_ptr, stride_ot, max_context,
+            _epilogue(acc, w_s[g], key_scale, mapped, s, (first + i) * 64, oks[g], poss[g], t0 + g, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context,
                       COLS)
 
 
 @gluon.jit
 def _ws_consume(bufs, full, empty, live, first, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt, req64,
-                num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context, BLOCK_H: gl.constexpr,
+                num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
                 GROUP: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr, WHOLE: gl.constexpr,
                 HI_LO: gl.constexpr, MX: gl.constexpr, STACK: gl.constexpr, MX_REG: gl.constexpr,
                 HSUM: gl.constexpr):
@@ -943,7 +980,7 @@ def _ws_consume(bufs, full, empty, live, first, qs, qs_lo, w_s, oks, poss, t0, b
                 mbarrier.wait(full.index(u), phase)
                 _tile_scores(i0 + u, first, bufs[u], bufs[0], empty.index(u), qs, qs_lo, w_s, oks, poss, t0,
                              block_table_ptr, stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr,
-                             stride_ot, max_context, BLOCK_H, GROUP, DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG, 1, HSUM,
+                             stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP, DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG, 1, HSUM,
                              True)
 
 
@@ -975,6 +1012,7 @@ def indexer_gluon_kernel(
     block_table_ptr, stride_bt,  # [B, max_blocks] int32, -1 unmapped
     req_ptr, pos_ptr, off_ptr, seg_ptr,  # [T] request, position, index in its request run; [T] segment starts
     out_ptr, stride_ot,  # [T, max_context] fp32
+    maxima_ptr, stride_mt,  # [T, >= cdiv(max_context, MAXIMA_G)] int32 group maxima' keys, or None (none made)
     T, max_context, num_blocks, max_blocks, block_tokens, n_tiles,
     H: gl.constexpr, BLOCK_H: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr,
     DEPTH: gl.constexpr = 8,  # token MMAs in flight at once (the accumulators' registers)
@@ -988,6 +1026,7 @@ def indexer_gluon_kernel(
     WS: gl.constexpr = False,  # (TSTACK 1, FP8 keys) a producer warp copying, mbarriers per stage
     PRODUCER_REGS: gl.constexpr = 40,  # (WS) the producer warp's registers
     MX_FOLD: gl.constexpr = False,  # (MX, MX_REG, HSUM) block scales folded into the codes: _folded_tile_scores
+    MAXIMA_G: gl.constexpr = 16,  # (maxima_ptr) keys a group maximum covers: 8, 16, 32 or 64 (_store_group_maxima)
 ):
     MMA: gl.constexpr = _mma_layout(BLOCK_H)
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)  # [64] per key
@@ -1098,7 +1137,7 @@ def indexer_gluon_kernel(
             _barrier()
             gl.warp_specialize([
                 (_ws_consume, (bufs, full, empty, live, first, qs, qs_lo, ws, oks, poss, t0, block_table_ptr,
-                               stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, max_context,
+                               stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context,
                                BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG, HSUM)),
                 (_ws_produce, (bufs, full, empty, live, first, pages_i32, s32_b, block_table_ptr, stride_bt, req64,
                                num_blocks, max_blocks, block_tokens, STAGES, WHOLE, MX)),
@@ -1119,7 +1158,7 @@ def indexer_gluon_kernel(
                         ahead_entry = _tile(i0 + u, live, first, bufs[u], bufs[(u + STAGES - 1) % STAGES],
                                             ahead_entry, qs, qs_lo, ws, oks, poss, t0, pages_i32, s32_b,
                                             block_table_ptr, stride_bt, req64, num_blocks, max_blocks, block_tokens,
-                                            out_ptr, stride_ot, max_context, a_blocks, BLOCK_H, GROUP, STAGES, DEPTH,
+                                            out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, a_blocks, BLOCK_H, GROUP, STAGES, DEPTH,
                                             WHOLE, HI_LO, MX, STACK, MX_REG, TSTACK, HSUM, MX_FOLD)
             async_copy.wait_group(0)
         dead = gl.full([64], float("-inf"), gl.float32, ROWS)
@@ -1129,6 +1168,8 @@ def indexer_gluon_kernel(
             for g in gl.static_range(GROUP):
                 row = out_ptr + gl.where(oks[g], t0 + g, 0).to(gl.int64) * stride_ot
                 gl.store(row + s, dead, mask=(s < max_context) & oks[g])
+                if maxima_ptr is not None:  # (key 0: no score above -inf)
+                    _store_group_maxima(dead, s, (first + i) * 64, oks[g], t0 + g, maxima_ptr, stride_mt, MAXIMA_G, max_context)
 
 
 # Whether this process's Triton compiles the kernel, by query kind (hi_lo) -> "" or the compiler's message. Triton 3.6
@@ -1177,7 +1218,8 @@ def refusal(q: torch.Tensor, index_pages: torch.Tensor, index_fmt: str, group: i
 def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset, max_context, out, *, starts,
            group, index_fmt="fp8", tiles=16, wide_tiles=64, stages=DEFAULT_STAGES, depth=2, stacked=False,
            mx_registers=False, token_stack=1, maxnreg=None, head_sum_mma=False, warp_specialized=False,
-           producer_regs=40, num_warps=4, refusal_checked=False, mx_fold=False, requests=None):
+           producer_regs=40, num_warps=4, refusal_checked=False, mx_fold=False, requests=None, maxima=None,
+           maxima_group=16):
     """Run :func:`indexer_gluon_kernel` (a call :func:`refusal` names a reason for raises).
 
     Args:
@@ -1214,6 +1256,14 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
             scored block by block); ignored for FP8 keys. Checked and timed on the H200 (twenty-ninth session).
         requests: the requests the tokens come from, for ``wide_tiles``' count of segments (default the block
             table's rows; :func:`.indexer.indexer_score`'s ``requests``).
+        maxima: the fused indexer -> top-k: a contiguous ``[T, >= cdiv(max_context, maxima_group)]`` int32 tensor
+            that the kernel fills with the maxima of each token's groups of ``maxima_group`` (8, 16, 32 or 64)
+            consecutive scores, as the top-k's groups method makes them for itself
+            (:func:`.topk_groups.group_max_kernel`; :func:`.topk_groups.maxima_layout`), so that it need not read the
+            scores for them: column ``j`` the order-preserving key of the largest of scores ``j G .. j G + G - 1``
+            below ``max_context`` (0 where none is above -inf). Columns past ``cdiv(max_context, G)`` are not
+            written. A token's scores past its position are -inf, so a row's maxima are those the top-k makes for
+            it with its length ``min(position + 1, max_context)``.
 
     Returns:
         ``out``.
@@ -1249,6 +1299,16 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
     if meta["TSTACK"] * meta["BLOCK_H"] > 128:  # (an MMA's N and its accumulator's registers)
         raise ValueError(f"{name}: token_stack {token_stack} at {q.shape[1]} heads (padded to {meta['BLOCK_H']}) "
                          f"expected at most 128 columns a MMA, got {meta['TSTACK'] * meta['BLOCK_H']}")
+    if maxima is not None:
+        if maxima_group not in MAXIMA_GROUPS:
+            raise ValueError(f"{name}: maxima_group expected one of {MAXIMA_GROUPS}, got {maxima_group!r}")
+        columns = triton.cdiv(max_context, maxima_group)
+        if (maxima.dtype != torch.int32 or maxima.dim() != 2 or maxima.shape[0] != tokens
+                or maxima.shape[1] < columns or maxima.stride(1) != 1 or maxima.device != out.device):
+            raise ValueError(f"{name}: maxima expected an int32 [{tokens}, >= {columns}] tensor with unit last stride "
+                             f"on {out.device}, got {maxima.dtype} {list(maxima.shape)} strides {maxima.stride()} "
+                             f"on {maxima.device}")
+        meta["MAXIMA_G"] = maxima_group
     if maxnreg:
         meta["maxnreg"] = maxnreg
     failure = compile_failure(meta["HI_LO"], meta["MX"], meta["HSUM"], meta["MX_FOLD"])
@@ -1265,7 +1325,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         index_pages.view(torch.int32), index_pages.stride(0) // 4,
         block_table, block_table.stride(0),
         req_ids, positions, run_offset, starts,
-        out, out.stride(0),
+        out, out.stride(0), maxima, 0 if maxima is None else maxima.stride(0),
         tokens, max_context, index_pages.shape[0], block_table.shape[1], index_pages.shape[1], tiles, **meta)
     return out
 
@@ -1303,7 +1363,7 @@ def compile_failure(hi_lo: bool, mx: bool = False, head_sum: bool = False, fold:
         kernel = triton_launch(indexer_gluon_kernel)  # (the Gluon function behind the launch cache)
         constexprs = dict(H=32, BLOCK_H=32, GROUP=1, STAGES=3, DEPTH=2, WHOLE=True, HI_LO=hi_lo, MX=mx,
                           STACK=hi_lo and not mx, MX_REG=mx, TSTACK=1, HSUM=head_sum, WS=False, PRODUCER_REGS=40,
-                          MX_FOLD=fold)
+                          MX_FOLD=fold, maxima_ptr=None, MAXIMA_G=16)
         pointers = dict(q_ptr="bf16" if hi_lo else "fp8e4nv", w_ptr="fp32", pages_i32="i32", block_table_ptr="i32",
                         req_ptr="i32", pos_ptr="i32", off_ptr="i32", seg_ptr="i32", out_ptr="fp32")
         signature = {arg: "constexpr" if arg in constexprs else ("*" + pointers[arg] if arg in pointers else "i32")

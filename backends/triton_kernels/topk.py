@@ -106,7 +106,7 @@ METHODS = ("radix", "bound", "groups", "registers")
 
 def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slots=None, scratch=None,
          segments=1, method="radix", group=None, finish_chunk=512, finish_warps=4, steps=16, group_size=None,
-         batch=64, segment_histograms=False, compact_prefetch=False):
+         batch=64, segment_histograms=False, compact_prefetch=False, group_maxima=None):
     """Launch :func:`topk_kernel` (or, with ``segments > 1``, :mod:`.topk_split`'s passes; or, with
     ``method="bound"``, :mod:`.topk_bound`'s max-bound filter).
 
@@ -134,12 +134,18 @@ def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slot
             or ``"registers"`` (:func:`.topk_registers.topk_registers`: rows of at most
             :data:`.topk_registers.MAX_WIDTH` scores held whole in one program's registers, read once; uses
             ``num_warps`` (None: by the width); the same output as ``"bound"``).
+        group_maxima: (``method="groups"`` only) the rows' group maxima made by the scores' producer, which the
+            groups method then does not make (:func:`.topk_groups.topk_groups`' ``maxima``,
+            :func:`.topk_groups.maxima_layout`); the same output.
 
     Returns:
         ``[T, k]`` int32 indices (or slots), -1 padding last.
     """
     if method not in METHODS:
         raise ValueError(f"dsahal.topk (triton): argument 'method' expected one of {METHODS}, got {method!r}")
+    if group_maxima is not None and method != "groups":
+        raise ValueError(f"dsahal.topk (triton): argument 'group_maxima' is read by method 'groups' only, got "
+                         f"method {method!r}")
     tokens, width = scores.shape
     scores = scores if scores.stride(-1) == 1 else scores.contiguous()
     out = torch.empty((tokens, k), dtype=torch.int32, device=scores.device)
@@ -169,7 +175,7 @@ def topk(scores, lengths, k, *, chunk=2048, row_levels=2, num_warps=8, emit_slot
         return topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_tokens, chunk=chunk,
                            steps=steps, group_size=group_size, batch=batch, finish_chunk=finish_chunk,
                            num_warps=num_warps, finish_warps=finish_warps, segment_histograms=segment_histograms,
-                           compact_prefetch=compact_prefetch, scratch=scratch)
+                           compact_prefetch=compact_prefetch, scratch=scratch, maxima=group_maxima)
     if segments > 1 and width > chunk:  # (a row of one chunk has nothing to split)
         from .topk_split import topk_split
 

@@ -164,9 +164,21 @@ def auto_group_size(width: int, k: int) -> int:
     return size
 
 
+def maxima_layout(width: int, k: int, *, chunk=1024, steps=16, group_size=None, **_ignored) -> tuple[int, int]:
+    """``(G, columns)``: the group size and the ``maxima [T, columns]`` width that :func:`topk_groups` launches with
+    for rows of ``width`` scores (its own arguments; others ignored, so a whole :func:`.topk.topk` configuration may be
+    passed): what a producer of the scores (the indexer, ``group_maxima``) fills so that the first pass is skipped.
+    Group ``j`` of a row is entries ``j G .. j G + G - 1``; columns past ``ceil(width / G)`` belong to no entry and
+    must hold 0 (no valid entry)."""
+    size = auto_group_size(width, k) if group_size is None else group_size
+    steps = min(steps, max(1, 2048 * size // chunk))
+    seg_len = chunk * steps
+    return size, triton.cdiv(max(width, 1), seg_len) * (seg_len // size)
+
+
 def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_tokens, *, chunk=1024, steps=16,
                 group_size=None, batch=64, finish_chunk=512, num_warps=4, finish_warps=4, segment_histograms=False,
-                compact_prefetch=False, scratch=None, stats=None):
+                compact_prefetch=False, scratch=None, stats=None, maxima=None):
     """Launch the four kernels for ``scores [T, N]`` into ``out [T, k]`` (arguments as :func:`.topk.topk`).
 
     Args:
@@ -179,6 +191,13 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
             most 2048 groups). compact_prefetch: the compaction issues the next batch's score gather and the
             group ids of the batch after it before scanning each batch (the same result).
             finish_chunk, finish_warps, scratch, stats: as :func:`.topk_bound.topk_bound`.
+        maxima: the group maxima already made by whoever wrote the scores (the fused indexer -> top-k:
+            :func:`.indexer_gluon.launch`'s ``maxima``): a contiguous ``[T, columns]`` int32 tensor of
+            :func:`maxima_layout`, ``maxima[t, j]`` the order-preserving key (:func:`.topk_common._sort_key`) of the
+            largest of entries ``j G .. j G + G - 1`` of row ``t`` below its length, 0 where there is none (and in
+            the columns past the width). The first pass is then not launched and the threshold reads the maxima for
+            its first digit too (``segment_histograms`` then shapes the compaction and finish only): the same bound,
+            survivors and output, bit for bit.
     """
     scores = aligned_rows(scores)  # (LAUNCHER_ALIGNED_ARGS)
     tokens, width = scores.shape
@@ -191,7 +210,11 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
     segments = triton.cdiv(max(width, 1), seg_len)
     per_segment = seg_len // size
     device = scores.device
-    maxima = torch.empty((tokens, segments * per_segment), dtype=torch.int32, device=device)
+    given = maxima is not None
+    if given:
+        _check_maxima(maxima, tokens, segments * per_segment, size, device)
+    else:
+        maxima = torch.empty((tokens, segments * per_segment), dtype=torch.int32, device=device)
     live = torch.empty_like(maxima)
     bound = torch.empty((tokens,), dtype=torch.int32, device=device)
     counts = torch.empty((tokens, segments), dtype=torch.int32, device=device)
@@ -205,12 +228,14 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
                          f"got {per_segment} (chunk {chunk} / group size {size})")
     # (the threshold then reads the first pass's segments' histograms: its own segments must be those)
     hist, survivor_hist = segment_histogram_buffers(segment_histograms, tokens, segments, bound)
-    group_max_kernel[grid](scores, scores.stride(0), lengths, maxima, maxima.stride(0), hist, width, seg_len,
-                           ROWS=chunk // size, G=size, SEG_HIST=segment_histograms, GROUPS=per_segment,
-                           HIST_CHUNK=min(per_segment, MAXIMA_HIST_CHUNK), num_warps=num_warps)
-    # a threshold step of `step` group maxima covers step * size entries of the row
+    if not given:
+        group_max_kernel[grid](scores, scores.stride(0), lengths, maxima, maxima.stride(0), hist, width, seg_len,
+                               ROWS=chunk // size, G=size, SEG_HIST=segment_histograms, GROUPS=per_segment,
+                               HIST_CHUNK=min(per_segment, MAXIMA_HIST_CHUNK), num_warps=num_warps)
+    # a threshold step of `step` group maxima covers step * size entries of the row (given maxima: no histograms of
+    # them were made, so the threshold's first digit reads them too)
     bound_threshold_kernel[(tokens,)](maxima, bound, lengths, hist, width, k, step * size, maxima.shape[1] // step,
-                                      CHUNK=step, LEVELS=BOUND_LEVELS, HIST0=segment_histograms,
+                                      CHUNK=step, LEVELS=BOUND_LEVELS, HIST0=segment_histograms and not given,
                                       num_warps=num_warps)
     group_compact_kernel[grid](scores, scores.stride(0), lengths, bound, maxima, live, maxima.stride(0), cand_idx,
                                cand_key, cand_idx.stride(0), counts, survivor_hist, width, seg_len, segments,
@@ -223,6 +248,15 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
     if stats is not None:
         stats["survivors"] = counts.sum(dim=1, dtype=torch.int32)
     return out
+
+
+def _check_maxima(maxima, tokens: int, columns: int, size: int, device) -> None:
+    if (not isinstance(maxima, torch.Tensor) or maxima.dtype != torch.int32 or tuple(maxima.shape) != (tokens, columns)
+            or not maxima.is_contiguous() or maxima.device != device):
+        got = (f"{maxima.dtype} {list(maxima.shape)} on {maxima.device}, contiguous {maxima.is_contiguous()}"
+               if isinstance(maxima, torch.Tensor) else type(maxima).__name__)
+        raise ValueError(f"dsahal.topk (triton groups): argument 'maxima' expected a contiguous int32 [{tokens}, "
+                         f"{columns}] tensor on {device} (groups of {size}: maxima_layout), got {got}")
 
 
 # Last: every launched kernel above goes through the launch cache (launcher module docstring).

@@ -144,6 +144,61 @@ def test_compaction_prefetch_gives_the_same_survivors_and_output(width, k, size,
         assert torch.equal(survivors, results[0][1]), "the prefetching compaction kept other survivors"
 
 
+def group_maxima(scores, lengths, size, columns):
+    """The contract of ``topk_groups``' ``maxima`` built in torch: group ``j``'s largest entry below the row's
+    length as an order-preserving key (-0.0 as +0.0), 0 for a group with none and for the columns past the width."""
+    tokens, width = scores.shape
+    x = scores.clone()
+    x[torch.arange(width)[None, :] >= lengths.long()[:, None]] = float("-inf")
+    x = torch.nn.functional.pad(x, (0, columns * size - width), value=float("-inf"))
+    best = x.view(tokens, columns, size).amax(dim=2)
+    best = torch.where(best == 0, torch.zeros_like(best), best)  # -0.0 -> +0.0
+    bits = best.view(torch.int32)
+    keys = bits ^ ((bits >> 31) | torch.tensor(-(1 << 31), dtype=torch.int32))
+    return torch.where(best == float("-inf"), torch.zeros_like(keys), keys).contiguous()
+
+
+@pytest.mark.parametrize("width,k,size,steps,histograms", [(200, 9, 4, 2, False), (200, 9, 4, 2, True),
+                                                           (256, 20, 2, 4, True), (40, 48, 2, 2, True),
+                                                           (1000, 7, 8, 1, False)])
+def test_given_group_maxima_give_the_same_survivors_and_output(width, k, size, steps, histograms):
+    """The fused indexer -> top-k's contract: maxima made by the scores' producer (here torch) in place of the first
+    pass give the same bound (the same survivors, row by row) and the same output bit for bit, with and without the
+    compaction's and finish's segment histograms (the threshold then reads the maxima for its first digit)."""
+    from dsahal.backends.triton_kernels import topk_groups
+
+    gen = torch.Generator().manual_seed(width * 11 + k)
+    scores, lengths = hard_rows(gen, width, k)
+    kw = dict(GROUPS, group_size=size, steps=steps, chunk=max(16, size * 2), segment_histograms=histograms)
+    kw.pop("method")
+    got_size, columns = topk_groups.maxima_layout(width, k, **kw)
+    assert got_size == size
+    results = []
+    for maxima in (None, group_maxima(scores, lengths, size, columns)):
+        stats = {}
+        out = torch.empty(lengths.numel(), k, dtype=torch.int32)
+        topk_groups.topk_groups(scores, lengths, k, out, False, lengths, lengths.view(1, -1), 1, stats=stats,
+                                maxima=maxima, **kw)
+        results.append((out, stats["survivors"]))
+    assert torch.equal(results[0][0], expected(scores, lengths, k)), "the set differs from the reference"
+    assert torch.equal(results[1][0], results[0][0]), "given maxima changed the output's bits"
+    assert torch.equal(results[1][1], results[0][1]), "given maxima changed the bound (survivors differ)"
+
+
+def test_given_group_maxima_are_checked():
+    from dsahal.backends.triton_kernels import topk_groups
+
+    scores, lengths = torch.randn(3, 64), torch.full((3,), 64, dtype=torch.int32)
+    kw = dict(GROUPS, group_size=2, steps=2)
+    size, columns = topk_groups.maxima_layout(64, 4, **kw)
+    for bad in (torch.zeros(3, columns - 1, dtype=torch.int32), torch.zeros(3, columns, dtype=torch.int64),
+                torch.zeros(columns, 3, dtype=torch.int32).t()):
+        with pytest.raises(ValueError, match=f"argument 'maxima' expected a contiguous int32 \\[3, {columns}\\]"):
+            topk(scores, lengths, 4, group_maxima=bad, **kw)
+    with pytest.raises(ValueError, match="'group_maxima' is read by method 'groups' only, got method 'bound'"):
+        topk(scores, lengths, 4, group_maxima=torch.zeros(3, columns, dtype=torch.int32), **SMALL)
+
+
 def test_segment_histograms_need_segments_of_at_most_2048_groups():
     # the threshold's segments are then the first pass's: 4096 one-entry groups a segment are two of its
     with pytest.raises(ValueError, match="segment_histograms expected at most 2048 groups a segment, got 4096"):
