@@ -362,6 +362,23 @@ _TOPK_GROUPS_WIDE = dict(_TOPK_GROUPS_BASE, group_size=64, steps=64)
 WIDE_TOPK_ROWS = 1 << 20
 
 
+# The fused indexer -> top-k (the DSA layer, default mode): the Gluon indexer also stores the top-k's group maxima, and
+# the groups method skips its first pass (a read of every score: 49 us of the layer's 180 us of top-k at 64 x 5 at 128K,
+# R7 of an earlier session). Pairs (index format, query dtype) it is on for. sm_90 compiles (Triton 3.6, thirty-fourth
+# session, `python -m dsahal.backends.nvidia.aot --only "indexer Gluon"`): FP8 keys at 32 heads with FP8 queries the
+# same registers at 1 and 5 tokens a request (64; the 5-token launch's cap of 128, the same 48-56 bytes of stack),
+# +8 at 2 tokens; bf16 queries 166 -> 202 at 5 tokens (3 programs a SM -> 2), MXFP4 keys folded 166 -> 197. Not yet
+# run on a GPU: off until scripts/h200/fused_maxima_check.py has checked it (the maxima bit for bit the top-k's own,
+# the layer's slots equal) and timed it against the separate pass.
+FUSED_GROUP_MAXIMA: frozenset = frozenset()
+
+
+def fused_group_maxima(index_fmt: str, q_dtype: torch.dtype) -> bool:
+    """Whether the DSA layer asks its indexer for the top-k's group maxima (:data:`FUSED_GROUP_MAXIMA`); batch-invariant
+    mode's indexer (the ``tl`` kernel) never makes them."""
+    return (index_fmt, q_dtype) in FUSED_GROUP_MAXIMA and not batch_invariant()
+
+
 @functools.lru_cache(maxsize=64)
 def topk_config(width: int) -> dict:
     """Kernel and parameters for rows of ``width`` scores. Every method returns the same set (the tie rule), and

@@ -118,23 +118,48 @@ def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table,
     # one score buffer, reused by each token range (dsahal.ops.score_ranges: one range up to 1024 tokens at 128K)
     buffer = torch.empty((min(tokens, tokens_per_range(padded)), padded), dtype=torch.float32, device=q_index.device)
     indexer_options = config.indexer_config(q_index.shape[1], q_index.dtype, index_fmt)
+    topk_options = config.topk_config(max_context)
+    maxima = _group_maxima_buffer(buffer.shape[0], max_context, topk, topk_options, index_fmt, q_index)
 
     def slots_of(rows: slice) -> torch.Tensor:
+        count = rows.stop - rows.start
         # (planned as the whole call: a range's tokens a request are the call's, not its share of the table's rows)
         scores = _indexer.indexer_score(q_index[rows], index_weights[rows], index_pages, block_table, req_ids[rows],
-                                        positions[rows], index_fmt, max_context,
-                                        out=buffer[:rows.stop - rows.start, :max_context],
-                                        requests=requests_in_range(block_table.shape[0], rows.stop - rows.start,
-                                                                   tokens), **indexer_options)
+                                        positions[rows], index_fmt, max_context, out=buffer[:count, :max_context],
+                                        requests=requests_in_range(block_table.shape[0], count, tokens),
+                                        **indexer_options,
+                                        **({} if maxima is None else dict(group_maxima=maxima[0][:count],
+                                                                          maxima_group=maxima[1])))
+        filled = False
+        if maxima is not None:  # (the indexer then says whether its kernel filled them: the Gluon kernel only)
+            scores, filled = scores
         lengths = torch.clamp(positions[rows].to(torch.int32) + 1, max=max_context)
         return _topk.topk(scores, lengths, topk, emit_slots=(req_ids[rows], block_table, index_pages.shape[1]),
-                          **config.topk_config(max_context))
+                          group_maxima=maxima[0][:count] if filled else None, **topk_options)
 
     slots = slots_over_score_ranges(tokens, padded, slots_of)
     from dsahal import ops  # (the public op: its table picks the route and observers see the stage)
 
     return ops.sparse_mla(q, kv_pages, slots, kv_fmt=kv_fmt, kv_scale=kv_scale, softmax_scale=softmax_scale,
                           check=False)
+
+
+def _group_maxima_buffer(rows: int, max_context: int, k: int, topk_options: dict, index_fmt: str, q_index):
+    """The fused indexer -> top-k (:func:`.config.fused_group_maxima`, the groups method's rows): ``(maxima, G)``, the
+    DSA layer's ``[rows, columns]`` int32 buffer of the top-k's group maxima (groups of ``G`` scores) for its ranges,
+    the columns past the rows' groups zero (the indexer writes only those its scores cover;
+    :func:`~dsahal.backends.triton_kernels.topk_groups.maxima_layout`); None where the layer runs the stages apart."""
+    if topk_options.get("method") != "groups" or not config.fused_group_maxima(index_fmt, q_index.dtype):
+        return None
+    from dsahal.backends.triton_kernels.indexer_gluon import MAXIMA_GROUPS
+    from dsahal.backends.triton_kernels.topk_groups import maxima_layout
+
+    size, columns = maxima_layout(max_context, k, **topk_options)
+    if size not in MAXIMA_GROUPS:
+        return None
+    maxima = torch.empty((rows, columns), dtype=torch.int32, device=q_index.device)
+    maxima[:, -(-max_context // size):].zero_()
+    return maxima, size
 
 
 def kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm):

@@ -1,0 +1,123 @@
+"""The fused indexer -> top-k on the nvidia DSA layer (``config.FUSED_GROUP_MAXIMA``): the layer asks its indexer for
+the top-k's group maxima and hands them to the groups method only where the indexer says it filled them.
+
+Gluon (the kernel that fills them) has no interpreter: here, in a child process under ``TRITON_INTERPRET=1``, the
+layer runs once with the real indexer (the ``tl`` kernel: nothing filled, the top-k makes its own maxima) and once with
+an indexer stand-in that fills them in torch as the Gluon kernel's contract says; both must give the unfused layer's
+output bit for bit, and the top-k must have been handed the maxima exactly when they were filled. The Gluon kernel's
+own maxima are checked on the H200 (``scripts/h200/fused_maxima_check.py``, whose CPU smoke run is the last test)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from dsa_layer_case import small_layer_args
+from interpreter_child import child_results, run_groups
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# the groups method at the small layer's 40-key rows (the backend's starts at 64K): groups of 8
+SMALL_GROUPS = dict(method="groups", chunk=16, steps=2, batch=4, group_size=8, num_warps=1, finish_chunk=16,
+                    finish_warps=1, segment_histograms=True)
+
+
+def torch_group_maxima(scores, lengths, size, columns):
+    """The maxima contract in torch (``topk_groups.topk_groups``' ``maxima``)."""
+    tokens, width = scores.shape
+    x = scores.masked_fill(torch.arange(width)[None, :] >= lengths.long()[:, None], float("-inf"))
+    best = torch.nn.functional.pad(x, (0, columns * size - width), value=float("-inf")).view(tokens, columns,
+                                                                                            size).amax(2)
+    best = torch.where(best == 0, torch.zeros_like(best), best)
+    bits = best.view(torch.int32)
+    keys = bits ^ ((bits >> 31) | torch.tensor(-(1 << 31), dtype=torch.int32))
+    return torch.where(best == float("-inf"), torch.zeros_like(keys), keys)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Child process (TRITON_INTERPRET=1)
+
+
+def _layer_cases(results):
+    from dsahal.backends.nvidia import config, ops as nvidia_ops
+    from dsahal.backends.triton_kernels import indexer, topk
+
+    args = small_layer_args(5)
+    real_indexer, real_topk, real_config = indexer.indexer_score, topk.topk, config.topk_config
+    handed = []  # whether each top-k call got group maxima
+
+    def recording_topk(*a, group_maxima=None, **k):
+        handed.append(group_maxima is not None)
+        return real_topk(*a, group_maxima=group_maxima, **k)
+
+    def filling_indexer(q, weights, pages, table, req, pos, fmt, max_context, *, group_maxima=None, maxima_group=16,
+                        **k):  # the Gluon kernel's contract, in torch
+        scores = real_indexer(q, weights, pages, table, req, pos, fmt, max_context, **k)
+        if group_maxima is None:
+            return scores
+        lengths = torch.clamp(pos.to(torch.int32) + 1, max=max_context)
+        filled = torch_group_maxima(scores, lengths, maxima_group, group_maxima.shape[1])
+        tail = -(-max_context // maxima_group)
+        assert bool((group_maxima[:, tail:] == 0).all()), "the layer must zero the columns past the groups"
+        group_maxima[:, :tail] = filled[:, :tail]
+        return scores, True
+
+    config.topk_config = lambda width: SMALL_GROUPS
+    topk.topk = recording_topk
+    try:
+        config.FUSED_GROUP_MAXIMA = frozenset()
+        want = nvidia_ops.dsa_attention(*args)
+        results["apart_handed"] = str(handed)
+        handed.clear()
+        config.FUSED_GROUP_MAXIMA = frozenset({("fp8", torch.float32)})
+        got = nvidia_ops.dsa_attention(*args)  # the tl indexer: nothing filled
+        results["unfilled_handed"] = str(handed)
+        results["unfilled_bitwise"] = all(torch.equal(a, b) for a, b in zip(got, want))
+        handed.clear()
+        indexer.indexer_score = filling_indexer
+        got = nvidia_ops.dsa_attention(*args)
+        results["filled_handed"] = str(handed)
+        results["filled_bitwise"] = all(torch.equal(a, b) for a, b in zip(got, want))
+    finally:
+        indexer.indexer_score, topk.topk, config.topk_config = real_indexer, real_topk, real_config
+        config.FUSED_GROUP_MAXIMA = frozenset()
+
+
+def _run_all() -> dict:
+    return run_groups((_layer_cases,))
+
+
+_RESULTS: dict = {}
+
+
+def interpreted() -> dict:
+    if not _RESULTS:
+        _RESULTS.update(child_results(__file__))
+    return _RESULTS
+
+
+def test_the_layer_hands_the_top_k_no_maxima_when_off_or_unfilled():
+    results = interpreted()
+    assert results["apart_handed"] == "[False]"
+    assert results["unfilled_handed"] == "[False]"
+    assert results["unfilled_bitwise"]
+
+
+def test_the_layer_hands_the_filled_maxima_to_the_top_k_and_gets_the_same_bits():
+    results = interpreted()
+    assert results["filled_handed"] == "[True]"
+    assert results["filled_bitwise"]
+
+
+def test_the_h200_check_scripts_cpu_smoke_run():
+    script = os.path.join(HERE, "..", "scripts", "h200", "fused_maxima_check.py")
+    done = subprocess.run([sys.executable, script, "--cpu-smoke"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "2 x 3 at 300, fp8 keys: ok" in done.stdout, done.stdout
+
+
+if __name__ == "__main__":
+    # Child process: TRITON_INTERPRET=1 is already in the environment, before triton's import.
+    print(json.dumps(_run_all()))
