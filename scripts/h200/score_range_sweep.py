@@ -63,9 +63,10 @@ def stages(call):
     indexer, over_ranges, seen = nvidia_ops._indexer.indexer_score, nvidia_ops.slots_over_score_ranges, {}
 
     def scoring(*args, **kwargs):
-        scores = indexer(*args, **kwargs)
+        result = indexer(*args, **kwargs)
+        scores = result[0] if isinstance(result, tuple) else result  # (with the fused group maxima: (scores, filled))
         seen.setdefault("scores", []).append(scores.clone())  # (the layer reuses its buffer range by range)
-        return scores
+        return result
 
     def selecting(*args, **kwargs):
         seen["slots"] = over_ranges(*args, **kwargs)
