@@ -691,7 +691,8 @@ def _token_columns(acc, WIDTH: gl.constexpr, BLOCK_H: gl.constexpr):
 
 
 @gluon.jit
-def _stacked_tile(a, qs, w_s, key_scale, mapped, s, s0, oks, poss, t0, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context,
+def _stacked_tile(a, qs, w_s, key_scale, mapped, s, s0, oks, poss, t0, out_ptr, stride_ot, maxima_ptr, stride_mt,
+                  MAXIMA_G: gl.constexpr, max_context,
                   BLOCK_H: gl.constexpr, GROUP: gl.constexpr, DEPTH: gl.constexpr, TSTACK: gl.constexpr):
     """FP8 queries, ``TSTACK`` tokens a MMA (DeepGEMM's operand layout: the keys the M side, tokens x heads the N
     side): one wide MMA per unit of tokens (``qs[u]`` ``[width * BLOCK_H, 128]``), ``DEPTH`` units in flight, each
@@ -708,7 +709,8 @@ def _stacked_tile(a, qs, w_s, key_scale, mapped, s, s0, oks, poss, t0, out_ptr, 
         cols = _token_columns(acc, _unit_width(u, GROUP, TSTACK), BLOCK_H)
         for j in gl.static_range(_unit_tokens(u, GROUP, TSTACK)):
             _epilogue(cols[j], w_s[u * TSTACK + j], key_scale, mapped, s, s0, oks[u * TSTACK + j], poss[u * TSTACK + j],
-                      t0 + u * TSTACK + j, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, gl.SliceLayout(0, _mma_layout(BLOCK_H)))
+                      t0 + u * TSTACK + j, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context,
+                      gl.SliceLayout(0, _mma_layout(BLOCK_H)))
 
 
 @gluon.jit
@@ -735,7 +737,8 @@ def _unit_queries(rows_q, u: gl.constexpr, GROUP: gl.constexpr, TSTACK: gl.const
 
 @gluon.jit
 def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, t0, pages_i32, s32_b, block_table_ptr,
-          stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context, a_blocks,
+          stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt,
+          MAXIMA_G: gl.constexpr, max_context, a_blocks,
           BLOCK_H: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr,
           WHOLE: gl.constexpr, HI_LO: gl.constexpr, MX: gl.constexpr, STACK: gl.constexpr,
           MX_REG: gl.constexpr = False, TSTACK: gl.constexpr = 1, HSUM: gl.constexpr = False,
@@ -752,18 +755,21 @@ def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, 
                          block_tokens, WHOLE)
     if MX_FOLD:
         _folded_tile_scores(i, first, here, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt, req64,
-                            num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP,
+                            num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G,
+                            max_context, BLOCK_H, GROUP,
                             DEPTH, WHOLE, HI_LO)
     else:
         _tile_scores(i, first, here, a_blocks, here, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt,
-                     req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP,
+                     req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G,
+                     max_context, BLOCK_H, GROUP,
                      DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG, TSTACK, HSUM, False)
     return ahead_entry
 
 
 @gluon.jit
 def _tile_scores(i, first, here, a_blocks, release, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt, req64,
-                 num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
+                 num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt,
+                 MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
                  GROUP: gl.constexpr, DEPTH: gl.constexpr, WHOLE: gl.constexpr, HI_LO: gl.constexpr,
                  MX: gl.constexpr, STACK: gl.constexpr, MX_REG: gl.constexpr, TSTACK: gl.constexpr,
                  HSUM: gl.constexpr, RELEASE: gl.constexpr):
@@ -803,17 +809,20 @@ def _tile_scores(i, first, here, a_blocks, release, qs, qs_lo, w_s, oks, poss, t
             key_scale = _scales(here, ROWS)
         entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
         s = (first + i) * 64 + gl.arange(0, 64, ROWS)
-        _stacked_tile(a, qs, w_s, key_scale, (entry >= 0) & (entry < num_blocks), s, (first + i) * 64, oks, poss, t0, out_ptr,
+        _stacked_tile(a, qs, w_s, key_scale, (entry >= 0) & (entry < num_blocks), s, (first + i) * 64, oks, poss, t0,
+                      out_ptr,
                       stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP, DEPTH, TSTACK)
     else:  # a MMA (or two, or four) a token
         _tokens(a, block_scales, key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt,
-                req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP, DEPTH,
+                req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G,
+                max_context, BLOCK_H, GROUP, DEPTH,
                 WHOLE, HI_LO, MX, STACK, MX_REG, HSUM, RELEASE, False)
 
 
 @gluon.jit
 def _folded_tile_scores(i, first, here, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt, req64, num_blocks,
-                        max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
+                        max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr,
+                        max_context, BLOCK_H: gl.constexpr,
                         GROUP: gl.constexpr, DEPTH: gl.constexpr, WHOLE: gl.constexpr, HI_LO: gl.constexpr):
     """(``MX_FOLD``) MXFP4 key tile ``i``'s scores with each key's block scales folded into its decoded codes.
 
@@ -839,17 +848,20 @@ def _folded_tile_scores(i, first, here, qs, qs_lo, w_s, oks, poss, t0, block_tab
         a = _mx_folded_registers(here, exps, top, DOT_A)
         key_scale = gl.convert_layout(_fold_scale(top), SUM_ROWS)
         _tokens(a, (), key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt, req64,
-                num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP, DEPTH, WHOLE,
+                num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context,
+                BLOCK_H, GROUP, DEPTH, WHOLE,
                 HI_LO, True, False, True, True, False, True)
     else:  # every block at distance 0 (its values times 2^6), scored block by block
         _spread_tile_tokens(_mx_folded_registers(here, (top, top, top, top), top, DOT_A), _mx_scales(here, ROWS), qs,
                             qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt, req64, num_blocks,
-                            max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP, WHOLE, HI_LO)
+                            max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context,
+                            BLOCK_H, GROUP, WHOLE, HI_LO)
 
 
 @gluon.jit
 def _spread_tile_tokens(a, block_scales, qs, qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt, req64,
-                        num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
+                        num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt,
+                        MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
                         GROUP: gl.constexpr, WHOLE: gl.constexpr, HI_LO: gl.constexpr):
     """(``MX_FOLD``) A tile holding a key whose scales span more than ``FOLD_SPAN`` binades, its codes decoded at
     distance 0 (``a``: the blocks' values times 2^6): each token's blocks one MMA at a time, each summed into the
@@ -873,13 +885,15 @@ def _spread_tile_tokens(a, block_scales, qs, qs_lo, w_s, oks, poss, t0, i, first
             total = total + warpgroup_mma_wait(0, deps=[acc]) * block_scales[b][:, None]
         summed = warpgroup_mma(_relu_operand(total, BLOCK_H), w_s.permute((1, 0)), sum_zeros, use_acc=False,
                                is_async=True)
-        _head_sum_store(warpgroup_mma_wait(0, deps=[summed]), g, key_scale, mapped, s, (first + i) * 64, oks[g], poss[g], t0 + g,
+        _head_sum_store(warpgroup_mma_wait(0, deps=[summed]), g, key_scale, mapped, s, (first + i) * 64, oks[g],
+                        poss[g], t0 + g,
                         out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context)
 
 
 @gluon.jit
 def _tokens(a, block_scales, key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt,
-            req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
+            req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt,
+            MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
             GROUP: gl.constexpr, DEPTH: gl.constexpr, WHOLE: gl.constexpr, HI_LO: gl.constexpr, MX: gl.constexpr,
             STACK: gl.constexpr, MX_REG: gl.constexpr, HSUM: gl.constexpr, RELEASE: gl.constexpr,
             CHAINED: gl.constexpr):
@@ -952,22 +966,26 @@ def _tokens(a, block_scales, key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, 
                 if g + D < GROUP:
                     toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG, CHAINED),)
             if g > 0:
-                _head_sum_store(done, g - 1, key_scale, mapped, s, (first + i) * 64, oks[g - 1], poss[g - 1], t0 + g - 1, out_ptr,
+                _head_sum_store(done, g - 1, key_scale, mapped, s, (first + i) * 64, oks[g - 1], poss[g - 1],
+                                t0 + g - 1, out_ptr,
                                 stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context)
             if g == GROUP - 1:
                 done = warpgroup_mma_wait(0, deps=[summed])
-                _head_sum_store(done, g, key_scale, mapped, s, (first + i) * 64, oks[g], poss[g], t0 + g, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G,
+                _head_sum_store(done, g, key_scale, mapped, s, (first + i) * 64, oks[g], poss[g], t0 + g, out_ptr,
+                                stride_ot, maxima_ptr, stride_mt, MAXIMA_G,
                                 max_context)
         else:
             if g + D < GROUP:
                 toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG, CHAINED),)
-            _epilogue(acc, w_s[g], key_scale, mapped, s, (first + i) * 64, oks[g], poss[g], t0 + g, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context,
+            _epilogue(acc, w_s[g], key_scale, mapped, s, (first + i) * 64, oks[g], poss[g], t0 + g, out_ptr, stride_ot,
+                      maxima_ptr, stride_mt, MAXIMA_G, max_context,
                       COLS)
 
 
 @gluon.jit
 def _ws_consume(bufs, full, empty, live, first, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt, req64,
-                num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
+                num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt,
+                MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
                 GROUP: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr, WHOLE: gl.constexpr,
                 HI_LO: gl.constexpr, MX: gl.constexpr, STACK: gl.constexpr, MX_REG: gl.constexpr,
                 HSUM: gl.constexpr):
@@ -980,7 +998,8 @@ def _ws_consume(bufs, full, empty, live, first, qs, qs_lo, w_s, oks, poss, t0, b
                 mbarrier.wait(full.index(u), phase)
                 _tile_scores(i0 + u, first, bufs[u], bufs[0], empty.index(u), qs, qs_lo, w_s, oks, poss, t0,
                              block_table_ptr, stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr,
-                             stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP, DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG, 1, HSUM,
+                             stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP, DEPTH, WHOLE,
+                             HI_LO, MX, STACK, MX_REG, 1, HSUM,
                              True)
 
 
@@ -1137,7 +1156,8 @@ def indexer_gluon_kernel(
             _barrier()
             gl.warp_specialize([
                 (_ws_consume, (bufs, full, empty, live, first, qs, qs_lo, ws, oks, poss, t0, block_table_ptr,
-                               stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context,
+                               stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr,
+                               stride_mt, MAXIMA_G, max_context,
                                BLOCK_H, GROUP, STAGES, DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG, HSUM)),
                 (_ws_produce, (bufs, full, empty, live, first, pages_i32, s32_b, block_table_ptr, stride_bt, req64,
                                num_blocks, max_blocks, block_tokens, STAGES, WHOLE, MX)),
@@ -1158,7 +1178,8 @@ def indexer_gluon_kernel(
                         ahead_entry = _tile(i0 + u, live, first, bufs[u], bufs[(u + STAGES - 1) % STAGES],
                                             ahead_entry, qs, qs_lo, ws, oks, poss, t0, pages_i32, s32_b,
                                             block_table_ptr, stride_bt, req64, num_blocks, max_blocks, block_tokens,
-                                            out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, a_blocks, BLOCK_H, GROUP, STAGES, DEPTH,
+                                            out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, a_blocks,
+                                            BLOCK_H, GROUP, STAGES, DEPTH,
                                             WHOLE, HI_LO, MX, STACK, MX_REG, TSTACK, HSUM, MX_FOLD)
             async_copy.wait_group(0)
         dead = gl.full([64], float("-inf"), gl.float32, ROWS)
@@ -1169,7 +1190,8 @@ def indexer_gluon_kernel(
                 row = out_ptr + gl.where(oks[g], t0 + g, 0).to(gl.int64) * stride_ot
                 gl.store(row + s, dead, mask=(s < max_context) & oks[g])
                 if maxima_ptr is not None:  # (key 0: no score above -inf)
-                    _store_group_maxima(dead, s, (first + i) * 64, oks[g], t0 + g, maxima_ptr, stride_mt, MAXIMA_G, max_context)
+                    _store_group_maxima(dead, s, (first + i) * 64, oks[g], t0 + g, maxima_ptr, stride_mt, MAXIMA_G,
+                                        max_context)
 
 
 # Whether this process's Triton compiles the kernel, by query kind (hi_lo) -> "" or the compiler's message. Triton 3.6
