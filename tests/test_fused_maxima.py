@@ -111,6 +111,22 @@ def test_the_layer_hands_the_filled_maxima_to_the_top_k_and_gets_the_same_bits()
     assert results["filled_bitwise"]
 
 
+def test_the_indexer_names_bad_group_maxima():
+    import pytest
+
+    from dsahal.backends.triton_kernels import indexer
+
+    q_index, weights, index_pages, _, _, table, req, pos = small_layer_args(2)[:8]
+    call = (q_index, weights, index_pages, table, req, pos, "fp8", 40)
+    good = torch.zeros(5, 3, dtype=torch.int32)  # cdiv(40, 16) = 3 columns
+    for bad, size in ((torch.zeros(5, 2, dtype=torch.int32), 16), (good.long(), 16), (torch.zeros(4, 3, dtype=torch.int32), 16),
+                      (torch.zeros(3, 5, dtype=torch.int32).t(), 16), ([[0] * 3] * 5, 16)):
+        with pytest.raises(ValueError, match=r"group_maxima expected an int32 \[5, >= 3\] tensor with unit last stride"):
+            indexer.indexer_score(*call, group_maxima=bad, maxima_group=size)
+    with pytest.raises(ValueError, match=r"maxima_group expected one of \(8, 16, 32, 64\), got 12"):
+        indexer.indexer_score(*call, group_maxima=good, maxima_group=12)
+
+
 def test_the_h200_check_scripts_cpu_smoke_run():
     script = os.path.join(HERE, "..", "scripts", "h200", "fused_maxima_check.py")
     done = subprocess.run([sys.executable, script, "--cpu-smoke"], capture_output=True, text=True, timeout=600)

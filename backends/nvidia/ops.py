@@ -151,8 +151,7 @@ def _group_maxima_buffer(rows: int, max_context: int, k: int, topk_options: dict
     :func:`~dsahal.backends.triton_kernels.topk_groups.maxima_layout`); None where the layer runs the stages apart."""
     if topk_options.get("method") != "groups" or not config.fused_group_maxima(index_fmt, q_index.dtype):
         return None
-    from dsahal.backends.triton_kernels.indexer_gluon import MAXIMA_GROUPS
-    from dsahal.backends.triton_kernels.topk_groups import maxima_layout
+    from dsahal.backends.triton_kernels.topk_groups import MAXIMA_GROUPS, maxima_layout
 
     size, columns = maxima_layout(max_context, k, **topk_options)
     if size not in MAXIMA_GROUPS:

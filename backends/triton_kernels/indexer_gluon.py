@@ -101,6 +101,7 @@ from dsahal.kernel_launch import triton_launch, wrap_launched
 
 from . import grid as grid_limits
 from .indexer_decode import expected_segments, runs_ptx, tiles_per_program
+from .topk_groups import MAXIMA_GROUPS  # (maxima) keys a group maximum covers: whole groups of a 64-key tile
 
 # Triton 3.6 (the H200's) names the copy async_copy_global_to_shared; later releases renamed it async_load
 _async_copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -111,7 +112,6 @@ TILE = 64  # keys per tile: the wgmma's M
 RECORD_BYTES = 132  # an FP8 key: 128 e4m3 codes, then its fp32 scale
 MAX_HEADS = 64
 MAX_GROUP = 8
-MAXIMA_GROUPS = (8, 16, 32, 64)  # (maxima) keys a group maximum covers: whole groups of a 64-key tile
 DEFAULT_STAGES = 5
 MAX_STAGES = 6
 

@@ -40,6 +40,8 @@ from .topk_common import _digit_histogram, _sort_key
 from dsahal.kernel_launch import wrap_launched
 
 SIZE_ARGS = ("N", "seg_len")
+# group sizes a scores' producer may make the maxima for (the fused indexer -> top-k: whole groups of its 64-key tiles)
+MAXIMA_GROUPS = (8, 16, 32, 64)
 # segment_histograms: group maxima a step of the first pass's histogram (48 registers on sm_90 with Triton 3.6, 35
 # without; the compaction's survivors: topk_bound.SURVIVOR_HIST_CHUNK)
 MAXIMA_HIST_CHUNK = 1024

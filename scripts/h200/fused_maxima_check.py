@@ -98,8 +98,8 @@ def main(argv=None) -> int:
         options = config.indexer_config(q.shape[1], q_dtype, index_fmt)
         topk_options = dict(config.topk_config(context))
         if smoke:  # the groups method at the smoke's width (the backend's starts at 64K)
-            topk_options = dict(method="groups", chunk=16, steps=2, batch=4, num_warps=1, finish_chunk=16,
-                                finish_warps=1, segment_histograms=True)
+            topk_options = dict(method="groups", chunk=16, steps=2, batch=4, group_size=8, num_warps=1,
+                                finish_chunk=16, finish_warps=1, segment_histograms=True)
         size, columns = maxima_layout(context, k, **topk_options)
         lengths = torch.clamp(positions + 1, max=context).to(torch.int32)
         maxima = torch.full((q.shape[0], columns), GARBAGE, dtype=torch.int32, device=device)
