@@ -68,6 +68,7 @@ def _layer_cases(results):
     topk.topk = recording_topk
     try:
         config.FUSED_GROUP_MAXIMA = frozenset()
+        config.FUSED_MAXIMA_TOKENS = 8  # (the small layer's 5 tokens of 2 requests: 3 a request)
         want = nvidia_ops.dsa_attention(*args)
         results["apart_handed"] = str(handed)
         handed.clear()
@@ -80,9 +81,13 @@ def _layer_cases(results):
         got = nvidia_ops.dsa_attention(*args)
         results["filled_handed"] = str(handed)
         results["filled_bitwise"] = all(torch.equal(a, b) for a, b in zip(got, want))
+        handed.clear()
+        config.FUSED_MAXIMA_TOKENS = 2  # the shipped limit: the small layer's 3 tokens a request are past it
+        got = nvidia_ops.dsa_attention(*args)
+        results["past_limit_handed"] = str(handed)
+        results["past_limit_bitwise"] = all(torch.equal(a, b) for a, b in zip(got, want))
     finally:
         indexer.indexer_score, topk.topk, config.topk_config = real_indexer, real_topk, real_config
-        config.FUSED_GROUP_MAXIMA = frozenset()
 
 
 def _run_all() -> dict:
@@ -109,6 +114,24 @@ def test_the_layer_hands_the_filled_maxima_to_the_top_k_and_gets_the_same_bits()
     results = interpreted()
     assert results["filled_handed"] == "[True]"
     assert results["filled_bitwise"]
+
+
+def test_the_layer_runs_the_stages_apart_past_the_tokens_a_request_limit():
+    results = interpreted()
+    assert results["past_limit_handed"] == "[False]"
+    assert results["past_limit_bitwise"]
+
+
+def test_the_fused_maxima_are_asked_for_fp8_keys_and_queries_at_one_or_two_tokens_a_request(monkeypatch):
+    from dsahal.backends.nvidia import config
+
+    fp8 = torch.float8_e4m3fn
+    monkeypatch.setattr(config, "batch_invariant", lambda: False)
+    assert [config.fused_group_maxima("fp8", fp8, n) for n in (1, 2, 3, 5)] == [True, True, False, False]
+    assert not config.fused_group_maxima("fp8", torch.bfloat16, 1)
+    assert not config.fused_group_maxima("mxfp4", fp8, 1)
+    monkeypatch.setattr(config, "batch_invariant", lambda: True)  # (its indexer, the tl kernel, makes none)
+    assert not config.fused_group_maxima("fp8", fp8, 1)
 
 
 def test_the_indexer_names_bad_group_maxima():

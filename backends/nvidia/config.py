@@ -12,9 +12,18 @@ import torch
 
 from ..batch_mode import invariant_requested
 
-# Programs wanted in flight before sparse MLA splits a row's slot list (two per SM on an H200).
-TARGET_PROGRAMS = 264
-INVARIANT_SPLIT = 512  # slots per split in batch-invariant mode, for every batch size
+# The general sparse-MLA kernel at 64+ heads (fp8 per-tensor latents, every format without FlashMLA, batch-invariant
+# mode). Default mode splits a row's slots until TARGET_PROGRAMS programs are in flight; batch-invariant mode splits
+# every call at INVARIANT_SPLIT slots (a row's result must not depend on the batch). Thirty-fourth session, R1 on an
+# H100 (132 SMs, as the H200), scripts/h200/split_sweep.py (every split checked against the unsplit output first; the
+# sums of ms over calls of 8, 16, 32, 64, 128, 192 and 320 tokens, 2048 slots): TARGET_PROGRAMS 100 against the old
+# 264 (two a SM) fp8_ds_mla 3.441 / 2.238 ms at H = 128 / 64 against 3.630 / 2.274, fp8 2.915 / 1.811 against 3.122 /
+# 1.885, bf16 3.311 / 2.109 against 3.470 / 2.103 (200 best at H = 64 by 1-2%); invariant 1024-slot splits against the
+# old 512 fp8_ds_mla 3.860 / 2.253 against 4.159 / 2.355, fp8 3.385 / 1.964 against 3.643 / 1.984, bf16 3.638 / 2.122
+# against 3.909 / 2.153 (the H200's R1 of the thirty-third session, fp8_ds_mla at 64 x 5 and 64 x 1: 1.08-1.10x too).
+TARGET_PROGRAMS = 100
+INVARIANT_SPLIT = 1024  # slots per split in batch-invariant mode at 64+ heads, for every batch size
+FEW_HEADS_SPLIT = 512  # slots per split of the general kernel below 64 heads, both modes
 # The few-heads sparse MLA route (every head of a token in one program) takes calls up to this many
 # heads; above it FlashMLA (64/128-head tiles) or the general kernel serve.
 SMALL_HEADS_MAX = 32
@@ -123,9 +132,12 @@ def sparse_mla_config(tokens: int, heads: int, k: int, kv_fmt: str = "bf16",
         cfg = dict(block_h=32, block_n=64, num_warps=4, num_stages=2)
     else:
         cfg = dict(block_h=16, block_n=64, num_warps=4, num_stages=3 if fp8 else 2)
-    if batch_invariant() or heads < 64:
+    if heads < 64:
         # Few heads: memory-bound, and the fixed split measured faster on the H200 (H=16, 320 tokens:
         # 0.46 ms vs 0.62 ms unsplit, 2026-11-29), so it is the default there too.
+        cfg["split_size"] = FEW_HEADS_SPLIT
+        return cfg
+    if batch_invariant():
         cfg["split_size"] = INVARIANT_SPLIT
         return cfg
     programs = tokens * -(-heads // cfg["block_h"])
@@ -363,20 +375,26 @@ WIDE_TOPK_ROWS = 1 << 20
 
 
 # The fused indexer -> top-k (the DSA layer, default mode): the Gluon indexer also stores the top-k's group maxima, and
-# the groups method skips its first pass (a read of every score: 49 us of the layer's 180 us of top-k at 64 x 5 at 128K,
-# R7 of an earlier session). Pairs (index format, query dtype) it is on for. sm_90 compiles (Triton 3.6, thirty-fourth
-# session, `python -m dsahal.backends.nvidia.aot --only "indexer Gluon"`): FP8 keys at 32 heads with FP8 queries the
-# same registers at 1 and 5 tokens a request (64; the 5-token launch's cap of 128, the same 48-56 bytes of stack),
-# +8 at 2 tokens; bf16 queries 166 -> 202 at 5 tokens (3 programs a SM -> 2), MXFP4 keys folded 166 -> 197. Not yet
-# run on a GPU: off until scripts/h200/fused_maxima_check.py has checked it (the maxima bit for bit the top-k's own,
-# the layer's slots equal) and timed it against the separate pass.
-FUSED_GROUP_MAXIMA: frozenset = frozenset()
+# the groups method skips its first pass (a read of every score). sm_90 compiles (Triton 3.6, thirty-fourth session,
+# `python -m dsahal.backends.nvidia.aot --only "indexer Gluon"`): FP8 keys at 32 heads with FP8 queries 64 -> 64
+# registers at 1 token a request, 92 -> 107 at 2, 128 (the cap) at 5 with the same 48-56 bytes of stack; bf16
+# queries 166 -> 202 at 5 tokens, MXFP4 keys folded 166 -> 197. Measured on an H100 (thirty-fourth session, R1,
+# scripts/h200/fused_maxima_check.py, every case checked first: scores, maxima, slots bit for bit; same run), indexer +
+# top-k apart -> fused, ms: FP8 q 64 x 1 at 128K 0.503 -> 0.479 (0.95x), 64 x 2 0.539 -> 0.507 (0.94x) (the top-k
+# 0.088 -> 0.061 / 0.109 -> 0.071, the indexer +0.003 / +0.006); but from 3 tokens a request (the head sums' MMA
+# launch) the indexer's maxima cost more than the pass they save: 64 x 5 0.719 -> 0.820 (indexer 0.521 -> 0.675),
+# bf16 q 0.963 -> 1.126, MXFP4 keys 0.827 -> 1.040; the 64 x 5 DSA layer 1.07x / 1.05x slower at H = 128 / 16. So:
+# FP8 keys with FP8 queries, at most FUSED_MAXIMA_TOKENS tokens a request (not yet timed on the H200).
+FUSED_GROUP_MAXIMA: frozenset = frozenset({("fp8", torch.float8_e4m3fn)})
+FUSED_MAXIMA_TOKENS = 2
 
 
-def fused_group_maxima(index_fmt: str, q_dtype: torch.dtype) -> bool:
-    """Whether the DSA layer asks its indexer for the top-k's group maxima (:data:`FUSED_GROUP_MAXIMA`); batch-invariant
-    mode's indexer (the ``tl`` kernel) never makes them."""
-    return (index_fmt, q_dtype) in FUSED_GROUP_MAXIMA and not batch_invariant()
+def fused_group_maxima(index_fmt: str, q_dtype: torch.dtype, per_request: int) -> bool:
+    """Whether the DSA layer asks its indexer for the top-k's group maxima (:data:`FUSED_GROUP_MAXIMA`, calls of at
+    most :data:`FUSED_MAXIMA_TOKENS` query tokens a request); batch-invariant mode's indexer (the ``tl`` kernel) never
+    makes them."""
+    return ((index_fmt, q_dtype) in FUSED_GROUP_MAXIMA and per_request <= FUSED_MAXIMA_TOKENS
+            and not batch_invariant())
 
 
 @functools.lru_cache(maxsize=64)

@@ -119,7 +119,8 @@ def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table,
     buffer = torch.empty((min(tokens, tokens_per_range(padded)), padded), dtype=torch.float32, device=q_index.device)
     indexer_options = config.indexer_config(q_index.shape[1], q_index.dtype, index_fmt)
     topk_options = config.topk_config(max_context)
-    maxima = _group_maxima_buffer(buffer.shape[0], max_context, topk, topk_options, index_fmt, q_index)
+    maxima = _group_maxima_buffer(buffer.shape[0], max_context, topk, topk_options, index_fmt, q_index,
+                                  -(-tokens // max(1, block_table.shape[0])))
 
     def slots_of(rows: slice) -> torch.Tensor:
         count = rows.stop - rows.start
@@ -144,12 +145,14 @@ def dsa_attention(q_index, index_weights, index_pages, q, kv_pages, block_table,
                           check=False)
 
 
-def _group_maxima_buffer(rows: int, max_context: int, k: int, topk_options: dict, index_fmt: str, q_index):
+def _group_maxima_buffer(rows: int, max_context: int, k: int, topk_options: dict, index_fmt: str, q_index,
+                         per_request: int):
     """The fused indexer -> top-k (:func:`.config.fused_group_maxima`, the groups method's rows): ``(maxima, G)``, the
     DSA layer's ``[rows, columns]`` int32 buffer of the top-k's group maxima (groups of ``G`` scores) for its ranges,
     the columns past the rows' groups zero (the indexer writes only those its scores cover;
-    :func:`~dsahal.backends.triton_kernels.topk_groups.maxima_layout`); None where the layer runs the stages apart."""
-    if topk_options.get("method") != "groups" or not config.fused_group_maxima(index_fmt, q_index.dtype):
+    :func:`~dsahal.backends.triton_kernels.topk_groups.maxima_layout`); None where the layer runs the stages apart.
+    ``per_request``: the call's query tokens a request, as the indexer counts them (the block table's rows)."""
+    if topk_options.get("method") != "groups" or not config.fused_group_maxima(index_fmt, q_index.dtype, per_request):
         return None
     from dsahal.backends.triton_kernels.topk_groups import MAXIMA_GROUPS, maxima_layout
 

@@ -143,29 +143,31 @@ def main(argv=None) -> int:
 
 
 def layer_on_and_off(torch, config, device) -> list:
-    """The nvidia DSA layer (64 x 5 at 128K, fp8_ds_mla latents, FP8 index keys and queries) with the fused maxima
-    on and off: the same output bit for bit, and ms each."""
+    """The nvidia DSA layer (64 x 1 / 2 / 5 at 128K, fp8_ds_mla latents, FP8 index keys and queries) with the fused
+    maxima on (at every call length) and off: the same output bit for bit, and ms each."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from score_range_sweep import layer
 
     from dsahal.registry import use_backend
 
-    failures, rows = [], ["| DSA layer 64 x 5 at 128K | apart ms | fused ms | fused / apart |", "| --- | ---: | ---: | ---: |"]
-    shipped = config.FUSED_GROUP_MAXIMA
+    failures = []
+    rows = ["| DSA layer at 128K | apart ms | fused ms | fused / apart |", "| --- | ---: | ---: | ---: |"]
+    shipped = config.FUSED_GROUP_MAXIMA, config.FUSED_MAXIMA_TOKENS
     with use_backend("nvidia"):
-        for heads in (128, 16):
-            call = layer(torch, 64, 5, 128 * 1024, heads, device, 2048)
+        for per_request, heads in ((1, 128), (1, 16), (2, 16), (5, 128), (5, 16)):
+            call = layer(torch, 64, per_request, 128 * 1024, heads, device, 2048)
             results = {}
             for on in (False, True):
                 config.FUSED_GROUP_MAXIMA = frozenset({("fp8", torch.float8_e4m3fn)}) if on else frozenset()
+                config.FUSED_MAXIMA_TOKENS = 8
                 try:
                     o, _ = call()
                     results[on] = (o, timing.bench_ms(call, device))
                 finally:
-                    config.FUSED_GROUP_MAXIMA = shipped
+                    config.FUSED_GROUP_MAXIMA, config.FUSED_MAXIMA_TOKENS = shipped
             if not torch.equal(results[True][0], results[False][0]):
-                failures.append(f"DSA layer H={heads}: the fused layer's output differs")
-            rows.append(f"| H = {heads} | {results[False][1]:.3f} | {results[True][1]:.3f} | "
+                failures.append(f"DSA layer 64 x {per_request}, H={heads}: the fused layer's output differs")
+            rows.append(f"| 64 x {per_request}, H = {heads} | {results[False][1]:.3f} | {results[True][1]:.3f} | "
                         f"{results[True][1] / results[False][1]:.3f} |")
             del call
     print("\n".join(rows))

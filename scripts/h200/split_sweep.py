@@ -7,8 +7,9 @@ Usage (on the H200, from the repository with dsahal importable)::
 The general kernel (``backends/triton_kernels/sparse_mla.py``) serves 64+ heads where FlashMLA does not: fp8
 per-tensor latents always (FlashMLA has no such format), every format without FlashMLA, and batch-invariant mode
 always (FlashMLA's SM90 kernels have none). A row's 2048 slots may be split into ``split_size`` parts merged by their
-LSE. Default mode splits until ``config.TARGET_PROGRAMS`` (264) programs are in flight; batch-invariant mode splits
-every call at ``config.INVARIANT_SPLIT`` (512) slots. The thirty-third session's first H200 run (R1,
+LSE. Default mode splits until ``config.TARGET_PROGRAMS`` programs are in flight; batch-invariant mode splits
+every call at ``config.INVARIANT_SPLIT`` slots (264 and 512 until this sweep's first run, on an H100 in the
+thirty-fourth session, set 100 and 1024: ``backends/nvidia/config.py``). The thirty-third session's first H200 run (R1,
 ``invariant_mla_check.py``, fp8_ds_mla) had the default's split slower than fewer splits at 64 x 1 tokens (H = 128:
 0.350 ms at 512 slots against 0.296 unsplit; H = 64: 0.215 at 256 against 0.169 at 1024), and 1024-slot invariant
 splits faster than 512 at 64 x 5 and 64 x 1 (1.08-1.10x). This sweep measures the whole grid, every split checked
