@@ -24,18 +24,6 @@ SMALL_GROUPS = dict(method="groups", chunk=16, steps=2, batch=4, group_size=8, n
                     finish_warps=1, segment_histograms=True)
 
 
-def torch_group_maxima(scores, lengths, size, columns):
-    """The maxima contract in torch (``topk_groups.topk_groups``' ``maxima``)."""
-    tokens, width = scores.shape
-    x = scores.masked_fill(torch.arange(width)[None, :] >= lengths.long()[:, None], float("-inf"))
-    best = torch.nn.functional.pad(x, (0, columns * size - width), value=float("-inf")).view(tokens, columns,
-                                                                                            size).amax(2)
-    best = torch.where(best == 0, torch.zeros_like(best), best)
-    bits = best.view(torch.int32)
-    keys = bits ^ ((bits >> 31) | torch.tensor(-(1 << 31), dtype=torch.int32))
-    return torch.where(best == float("-inf"), torch.zeros_like(keys), keys)
-
-
 # ----------------------------------------------------------------------------------------------------
 # Child process (TRITON_INTERPRET=1)
 
@@ -43,6 +31,7 @@ def torch_group_maxima(scores, lengths, size, columns):
 def _layer_cases(results):
     from dsahal.backends.nvidia import config, ops as nvidia_ops
     from dsahal.backends.triton_kernels import indexer, topk
+    from dsahal.backends.triton_kernels.topk_groups import maxima_of
 
     args = small_layer_args(5)
     real_indexer, real_topk, real_config = indexer.indexer_score, topk.topk, config.topk_config
@@ -58,7 +47,7 @@ def _layer_cases(results):
         if group_maxima is None:
             return scores
         lengths = torch.clamp(pos.to(torch.int32) + 1, max=max_context)
-        filled = torch_group_maxima(scores, lengths, maxima_group, group_maxima.shape[1])
+        filled = maxima_of(scores, lengths, maxima_group, group_maxima.shape[1])
         tail = -(-max_context // maxima_group)
         assert bool((group_maxima[:, tail:] == 0).all()), "the layer must zero the columns past the groups"
         group_maxima[:, :tail] = filled[:, :tail]

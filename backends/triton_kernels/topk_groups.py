@@ -252,6 +252,24 @@ def topk_groups(scores, lengths, k, out, emit, req_ids, block_table, block_token
     return out
 
 
+def maxima_of(scores: torch.Tensor, lengths: torch.Tensor, size: int, columns: int) -> torch.Tensor:
+    """The ``maxima`` that :func:`topk_groups` takes, in torch (the contract a scores' producer meets, as the tests and
+    the H200 check build it): ``[T, columns]`` int32, column ``j`` the order-preserving key of the largest of scores
+    ``j size .. j size + size - 1`` of ``scores [T, N]`` below the row's length (``lengths [T]``; -0.0 as +0.0; NaN
+    only where all are), 0 for a group with none above -inf and for the columns past the width."""
+    tokens, width = scores.shape
+    x = scores.masked_fill(torch.arange(width, device=scores.device)[None, :] >= lengths.long()[:, None],
+                           float("-inf"))
+    x = torch.nn.functional.pad(x, (0, columns * size - width), value=float("-inf")).view(tokens, columns, size)
+    nan = x.isnan()
+    best = x.masked_fill(nan, float("-inf")).amax(dim=2)
+    best = torch.where(nan.all(dim=2), torch.full_like(best, float("nan")), best)
+    best = torch.where(best == 0, torch.zeros_like(best), best)
+    bits = best.view(torch.int32)
+    keys = bits ^ ((bits >> 31) | torch.tensor(-(1 << 31), dtype=torch.int32, device=bits.device))
+    return torch.where(best == float("-inf"), torch.zeros_like(keys), keys).contiguous()
+
+
 def _check_maxima(maxima, tokens: int, columns: int, size: int, device) -> None:
     if (not isinstance(maxima, torch.Tensor) or maxima.dtype != torch.int32 or tuple(maxima.shape) != (tokens, columns)
             or not maxima.is_contiguous() or maxima.device != device):

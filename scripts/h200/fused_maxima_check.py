@@ -12,8 +12,8 @@ of a shorter context), 32 index heads, FP8 keys with FP8 and bf16 queries, MXFP4
 backend's indexer launch (``config.indexer_config``) and top-k configuration (``config.topk_config``: the groups
 method from 64K). Checks, per case: the call took the Gluon kernel and filled the maxima (their buffer starts as
 garbage but for the tail columns the layer zeroes); the scores are the unfused launch's, bit for bit; the maxima are the
-group maxima of those scores below each row's length, bit for bit (built in torch: the contract of
-``topk_groups.topk_groups``' ``maxima``); the top-k with them is the top-k without them, bit for bit. Then ms (median
+group maxima of those scores below each row's length, bit for bit (built in torch: ``topk_groups.maxima_of``, the
+contract of ``topk_groups.topk_groups``' ``maxima``); the top-k with them is the top-k without them, bit for bit. Then ms (median
 of CUDA events) of the indexer with and without the maxima and of the top-k with and without them, and of the nvidia
 DSA layer (64 x 5 at 128K, fp8_ds_mla latents, H = 128 and 16) with ``config.FUSED_GROUP_MAXIMA`` on and off (its
 output bitwise the same). ``--cpu-smoke``: tiny shapes, the interpreter; Gluon does not run there, so it checks that the
@@ -29,23 +29,6 @@ import timing  # noqa: E402 (scripts/h200/timing.py)
 from script_cli import finish, run, smoke_args, start  # noqa: E402
 
 GARBAGE = 0x5A5A5A5A  # what the maxima buffer holds before the indexer writes it (a key no score has here)
-
-
-def group_maxima(torch, scores, lengths, size: int, columns: int):
-    """``topk_groups``' ``maxima`` built in torch from ``scores [T, N]``: group ``j``'s largest score below the row's
-    length as an order-preserving int32 key (-0.0 as +0.0; NaN ignored unless the group is all NaN), 0 for a group
-    with none above -inf and for the columns past the width."""
-    tokens, width = scores.shape
-    x = scores.masked_fill(torch.arange(width, device=scores.device)[None, :] >= lengths.long()[:, None],
-                           float("-inf"))
-    x = torch.nn.functional.pad(x, (0, columns * size - width), value=float("-inf")).view(tokens, columns, size)
-    nan = x.isnan()
-    best = x.masked_fill(nan, float("-inf")).amax(dim=2)
-    best = torch.where(nan.all(dim=2), torch.full_like(best, float("nan")), best)
-    best = torch.where(best == 0, torch.zeros_like(best), best)
-    bits = best.view(torch.int32)
-    keys = bits ^ ((bits >> 31) | torch.tensor(-(1 << 31), dtype=torch.int32, device=bits.device))
-    return torch.where(best == float("-inf"), torch.zeros_like(keys), keys)
 
 
 def cases(torch, smoke: bool):
@@ -86,7 +69,7 @@ def main(argv=None) -> int:
     torch, _, started, _ = start("fused_maxima_check", device)
     from dsahal.backends.nvidia import config
     from dsahal.backends.triton_kernels import indexer, topk as topk_module
-    from dsahal.backends.triton_kernels.topk_groups import maxima_layout
+    from dsahal.backends.triton_kernels.topk_groups import maxima_layout, maxima_of
 
     k = 16 if smoke else 2048
     failures = []
@@ -107,7 +90,7 @@ def main(argv=None) -> int:
         args_ = (q, weights, pages, block_table, req_ids, positions, index_fmt, context)
         scores, filled = indexer.indexer_score(*args_, group_maxima=maxima, maxima_group=size, **options)
         plain = indexer.indexer_score(*args_, **options)
-        want = group_maxima(torch, plain, lengths, size, columns)
+        want = maxima_of(plain, lengths, size, columns)
         problems = []
         if filled == smoke:
             problems.append(f"filled={filled} ({'no Gluon kernel here' if smoke else 'the Gluon kernel expected'})")

@@ -144,20 +144,6 @@ def test_compaction_prefetch_gives_the_same_survivors_and_output(width, k, size,
         assert torch.equal(survivors, results[0][1]), "the prefetching compaction kept other survivors"
 
 
-def group_maxima(scores, lengths, size, columns):
-    """The contract of ``topk_groups``' ``maxima`` built in torch: group ``j``'s largest entry below the row's
-    length as an order-preserving key (-0.0 as +0.0), 0 for a group with none and for the columns past the width."""
-    tokens, width = scores.shape
-    x = scores.clone()
-    x[torch.arange(width)[None, :] >= lengths.long()[:, None]] = float("-inf")
-    x = torch.nn.functional.pad(x, (0, columns * size - width), value=float("-inf"))
-    best = x.view(tokens, columns, size).amax(dim=2)
-    best = torch.where(best == 0, torch.zeros_like(best), best)  # -0.0 -> +0.0
-    bits = best.view(torch.int32)
-    keys = bits ^ ((bits >> 31) | torch.tensor(-(1 << 31), dtype=torch.int32))
-    return torch.where(best == float("-inf"), torch.zeros_like(keys), keys).contiguous()
-
-
 @pytest.mark.parametrize("width,k,size,steps,histograms", [(200, 9, 4, 2, False), (200, 9, 4, 2, True),
                                                            (256, 20, 2, 4, True), (40, 48, 2, 2, True),
                                                            (1000, 7, 8, 1, False)])
@@ -174,7 +160,7 @@ def test_given_group_maxima_give_the_same_survivors_and_output(width, k, size, s
     got_size, columns = topk_groups.maxima_layout(width, k, **kw)
     assert got_size == size
     results = []
-    for maxima in (None, group_maxima(scores, lengths, size, columns)):
+    for maxima in (None, topk_groups.maxima_of(scores, lengths, size, columns)):
         stats = {}
         out = torch.empty(lengths.numel(), k, dtype=torch.int32)
         topk_groups.topk_groups(scores, lengths, k, out, False, lengths, lengths.view(1, -1), 1, stats=stats,
