@@ -502,21 +502,18 @@ def _epilogue(acc, w_s, key_scale, mapped, s, s0, ok, pos, t, out_ptr, stride_ot
 
 
 @gluon.jit
-def _store_group_maxima(value, s, s0, ok, t, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context,
-                        COL: gl.constexpr = 0):
-    """The fused indexer -> top-k (``maxima_ptr``): token ``t``'s scores on a tile's 64 keys ``s`` (``s0`` the first)
-    -> the ``64 / MAXIMA_G`` maxima of their groups of ``MAXIMA_G`` consecutive keys, as the top-k's groups method
-    makes them (:func:`.topk_groups.group_max_kernel`: the order-preserving key of the largest score below
-    ``max_context``, -0.0 as +0.0, NaN ignored unless all are, 0 for a group with no score above -inf), stored at
-    ``maxima[t, s // MAXIMA_G]``. ``value``: the scores ``[64]``, or ``[64, C]`` whose column ``COL`` they are (the
-    head sums' MMA result: every column is reduced, column ``COL`` stored, so no column's NaN meets another's -inf).
-    A group's keys lie in one warp's rows for groups of up to 16 (the MMA layouts give a warp 16 consecutive rows):
-    a thread's rows, then shuffles."""
+def _group_maxima_keys(value, s, s0, MAXIMA_G: gl.constexpr, max_context):
+    """The fused indexer -> top-k (``maxima_ptr``): scores on a tile's 64 keys ``s`` (``s0`` the first), ``value``
+    ``[64]`` or ``[64, C]`` (a column a token) -> the ``64 / MAXIMA_G`` maxima of their groups of ``MAXIMA_G``
+    consecutive keys, each column on its own, as the top-k's groups method makes them
+    (:func:`.topk_groups.group_max_kernel`: the order-preserving key of the largest score below ``max_context``, -0.0 as
+    +0.0, NaN ignored unless all are, 0 for a group with no score above -inf): ``(keys [NG, C], group indices [NG],
+    columns [C])``. A group's keys lie in one warp's rows for groups of up to 16 (the MMA layouts give a warp 16
+    consecutive rows): a thread's rows, then shuffles, a column per register."""
     NG: gl.constexpr = 64 // MAXIMA_G
     if len(value.shape) == 1:
         value = value[:, None]
     C: gl.constexpr = value.shape[1]
-    cols = gl.arange(0, C, gl.SliceLayout(0, value.type.layout))
     best = gl.max(gl.reshape(gl.where((s < max_context)[:, None], value, float("-inf")), [NG, MAXIMA_G, C]), axis=1)
     L: gl.constexpr = best.type.layout
     group = s0 // MAXIMA_G + gl.arange(0, NG, gl.SliceLayout(1, L))  # (s0: a multiple of 64)
@@ -524,9 +521,33 @@ def _store_group_maxima(value, s, s0, ok, t, maxima_ptr, stride_mt, MAXIMA_G: gl
     best = gl.where(best == 0.0, 0.0, best)  # (-0.0 and +0.0 one key, as the top-k's _sort_key)
     bits = best.to(gl.int32, bitcast=True)
     key = gl.where(best == float("-inf"), 0, bits ^ ((bits >> 31) | -2147483648))
+    return key, group, col
+
+
+@gluon.jit
+def _store_group_maxima(value, s, s0, ok, t, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context,
+                        COL: gl.constexpr = 0):
+    """Token ``t``'s group maxima (:func:`_group_maxima_keys`) stored at ``maxima[t, s // MAXIMA_G]``: its scores
+    ``value [64]``, or column ``COL`` of ``value [64, C]`` (every column reduced, one stored)."""
+    key, group, col = _group_maxima_keys(value, s, s0, MAXIMA_G, max_context)
     row = maxima_ptr + gl.where(ok, t, 0).to(gl.int64) * stride_mt
     gl.store(row + group[:, None] + col[None, :] * 0, key,
              mask=((group * MAXIMA_G < max_context) & ok)[:, None] & (col == COL)[None, :])
+
+
+@gluon.jit
+def _store_segment_group_maxima(value, s, s0, oks, t0, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context,
+                                GROUP: gl.constexpr):
+    """(``HSUM``) The segment's tokens' group maxima in one reduction: ``value [64, 8]`` holds token ``t0 + g``'s
+    scores in column ``g`` (``oks[g]``: whether it is a member), each column reduced on its own
+    (:func:`_group_maxima_keys`) and stored at ``maxima[t0 + g, s // MAXIMA_G]``: the same shuffles as one token's."""
+    key, group, col = _group_maxima_keys(value, s, s0, MAXIMA_G, max_context)
+    member = col < 0
+    for g in gl.static_range(GROUP):
+        member = member | ((col == g) & oks[g])
+    rows = gl.where(member, t0 + col, 0).to(gl.int64) * stride_mt
+    gl.store(maxima_ptr + rows[None, :] + group[:, None], key,
+             mask=(group * MAXIMA_G < max_context)[:, None] & member[None, :])
 
 
 @gluon.constexpr_function
@@ -583,13 +604,15 @@ def _head_sum_store(out8, g: gl.constexpr, key_scale, mapped, s, s0, ok, pos, t,
                     stride_mt, MAXIMA_G: gl.constexpr, max_context):
     """Token ``g``'s scores from its head-sum MMA's result ``out8`` ``[64, 8]`` (column ``g``; the others are its
     relu scores against the other tokens' weights, not stored): times the key scale, -inf where not visible, stored
-    (and their group maxima, :func:`_store_group_maxima`)."""
+    (and their group maxima, :func:`_store_group_maxima`, unless ``maxima_ptr`` is None); returned (``[64, 8]``, the
+    other columns as they are)."""
     cols = gl.arange(0, 8, gl.SliceLayout(0, _sum_layout()))
     value = gl.where((mapped & (s <= pos))[:, None], out8 * key_scale[:, None], float("-inf"))
     row = out_ptr + gl.where(ok, t, 0).to(gl.int64) * stride_ot
     gl.store(row + s[:, None] + cols[None, :] * 0, value, mask=((s < max_context) & ok)[:, None] & (cols == g)[None, :])
     if maxima_ptr is not None:
         _store_group_maxima(value, s, s0, ok, t, maxima_ptr, stride_mt, MAXIMA_G, max_context, g)
+    return value
 
 
 @gluon.jit
@@ -919,6 +942,8 @@ def _tokens(a, block_scales, key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, 
         toks = toks + (_token_mmas(a, qs, qs_lo, g, zeros, HI_LO, MX, STACK, MX_REG, CHAINED),)
     if HSUM:  # the head sums' MMA (tf32, N = 8)
         sum_zeros = gl.zeros([64, 8], gl.float32, _sum_layout())
+        sum_cols = gl.arange(0, 8, gl.SliceLayout(0, _sum_layout()))
+        segment = gl.full([64, 8], float("-inf"), gl.float32, _sum_layout())  # (the group maxima's scores)
         s = (first + i) * 64 + gl.arange(0, 64, SUM_ROWS)
         if MX:  # (CHAINED: the keys' own factors, given)
             if not CHAINED:
@@ -965,15 +990,19 @@ def _tokens(a, block_scales, key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, 
                                        use_acc=False, is_async=True)
                 if g + D < GROUP:
                     toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG, CHAINED),)
+            # (the group maxima: each token's scores gathered into its column of `segment`, one reduction a tile)
             if g > 0:
-                _head_sum_store(done, g - 1, key_scale, mapped, s, (first + i) * 64, oks[g - 1], poss[g - 1],
-                                t0 + g - 1, out_ptr,
-                                stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context)
+                value = _head_sum_store(done, g - 1, key_scale, mapped, s, (first + i) * 64, oks[g - 1], poss[g - 1],
+                                        t0 + g - 1, out_ptr, stride_ot, None, stride_mt, MAXIMA_G, max_context)
+                segment = gl.where((sum_cols == g - 1)[None, :], value, segment)
             if g == GROUP - 1:
                 done = warpgroup_mma_wait(0, deps=[summed])
-                _head_sum_store(done, g, key_scale, mapped, s, (first + i) * 64, oks[g], poss[g], t0 + g, out_ptr,
-                                stride_ot, maxima_ptr, stride_mt, MAXIMA_G,
-                                max_context)
+                value = _head_sum_store(done, g, key_scale, mapped, s, (first + i) * 64, oks[g], poss[g], t0 + g,
+                                        out_ptr, stride_ot, None, stride_mt, MAXIMA_G, max_context)
+                if maxima_ptr is not None:
+                    segment = gl.where((sum_cols == g)[None, :], value, segment)
+                    _store_segment_group_maxima(segment, s, (first + i) * 64, oks, t0, maxima_ptr, stride_mt,
+                                                MAXIMA_G, max_context, GROUP)
         else:
             if g + D < GROUP:
                 toks = toks + (_token_mmas(a, qs, qs_lo, g + D, zeros, HI_LO, MX, STACK, MX_REG, CHAINED),)
