@@ -76,7 +76,7 @@ def test_sparse_mla_split_depends_on_the_batch_only_outside_invariant_mode(monke
 def test_topk_never_takes_the_radix_method_in_invariant_mode(monkeypatch):
     # the radix method orders a row's slots otherwise than bound and groups (index order, the same bits): a row's
     # slots would depend on the call's width if invariant mode took it for short rows
-    widths = (2048, 8192, 8193, 32768, 65536, 131072, 1 << 20)
+    widths = (100, 2048, 4096, 4097, 8192, 8193, 32768, 65536, 131072, 1 << 20)
     monkeypatch.delenv("DSAHAL_BATCH_INVARIANT", raising=False)
     config.read_mode()
     default = {w: config.topk_config(w).get("method", "radix") for w in widths}
@@ -85,9 +85,14 @@ def test_topk_never_takes_the_radix_method_in_invariant_mode(monkeypatch):
     invariant = {w: config.topk_config(w).get("method", "radix") for w in widths}
     monkeypatch.delenv("DSAHAL_BATCH_INVARIANT")
     config.read_mode()
-    assert default[2048] == default[8192] == "radix"
-    assert invariant[2048] == invariant[8192] == "bound"
+    # rows of <= 4K: the registers method in both modes (index order, the bound method's bits)
+    assert all(default[w] == invariant[w] == "registers" for w in (100, 2048, 4096)), (default, invariant)
+    assert default[4097] == default[8192] == "radix"
+    assert invariant[4097] == invariant[8192] == "bound"
     assert all(invariant[w] == default[w] for w in widths if w > 8192), (default, invariant)
+    from dsahal.backends.triton_kernels import topk_registers
+
+    assert config.REGISTERS_TOPK_ROWS <= topk_registers.MAX_WIDTH  # (the rows it routes fit the kernel)
     assert config.topk_config(131072)["segment_histograms"] and config.topk_config(131072)["compact_prefetch"]
     assert not config.topk_config(1 << 20).get("segment_histograms"), "the 1M launch is the one measured there"
 

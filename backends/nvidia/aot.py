@@ -570,7 +570,7 @@ def _topk_variants() -> list[Variant]:
     from . import config
 
     out = []
-    cfg = config.topk_config(4096)  # the one-program radix kernel (short rows; see config.topk_config)
+    cfg = config.topk_config(8192)  # the one-program radix kernel (rows of 4K-8K; see config.topk_config)
     for emit in (False, True):
         out.append(Variant(
             f"top-k{' emitting slots' if emit else ''}", topk.topk_kernel,

@@ -352,6 +352,14 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
 #   4096 x 32K (causal prefill): bound (lane-max lower bound) 0.857 ms vs 1.809 (2.1x), groups 0.868, radix 1.25;
 #   320 x 4K:   one program per row 0.047 ms vs 0.112 (2.4x), bound 0.085, groups 0.17.
 _TOPK_SHORT = dict(chunk=2048, row_levels=2, num_warps=8, segments=1)
+# Rows of <= 4K (early decode, short prefill): the registers method (the row whole in one program at 4 warps, read
+# once; its output the bound method's bit for bit, index order, so both modes take it). H100 (thirty-fifth session,
+# 2026-12-05, scripts/h200/topk_sweep.py on real FP8 indexer scores, every variant checked first; same run):
+# 320 x 4K 0.0299 ms against the radix program's 0.0472 (1.58x) and the bound method's 0.141 (batch-invariant mode's
+# until now: 4.7x); torch.topk 0.1165 (3.89x); 8 warps 0.0328, 16 warps 0.0456. Not measured at 4K-16K rows: those
+# keep the radix program (default mode) and the bound method (batch-invariant mode).
+REGISTERS_TOPK_ROWS = 4096
+_TOPK_REGISTERS = dict(method="registers", num_warps=4)
 _TOPK_BOUND = dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, finish_warps=4)
 _TOPK_GROUPS_BASE = dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4, finish_chunk=1024,
                          finish_warps=8)
@@ -384,8 +392,14 @@ WIDE_TOPK_ROWS = 1 << 20
 # 0.088 -> 0.061 / 0.109 -> 0.071, the indexer +0.003 / +0.006); but from 3 tokens a request (the head sums' MMA
 # launch) the indexer's maxima cost more than the pass they save: 64 x 5 0.719 -> 0.820 (indexer 0.521 -> 0.675),
 # bf16 q 0.963 -> 1.126, MXFP4 keys 0.827 -> 1.040; the 64 x 5 DSA layer 1.07x / 1.05x slower at H = 128 / 16. So:
-# FP8 keys with FP8 queries, at most FUSED_MAXIMA_TOKENS tokens a request (not yet timed on the H200).
-FUSED_GROUP_MAXIMA: frozenset = frozenset({("fp8", torch.float8_e4m3fn)})
+# FP8 keys with FP8 queries, at most FUSED_MAXIMA_TOKENS tokens a request. Thirty-fifth session (H100, same script,
+# the head-sum launch's maxima now one reduction a tile for the segment's tokens): 64 x 5 indexer + top-k 0.710 ->
+# 0.730 (1.03x; bf16 q 1.10x, MXFP4 keys 1.12x), 64 x 1 / 64 x 2 0.548 -> 0.525 / 0.621 -> 0.590; but the DSA layer
+# (fp8_ds_mla, the stages apart -> fused) 64 x 1 H = 128 0.906 -> 0.897 (0.99x), H = 16 0.695 -> 0.718 (1.03x),
+# 64 x 2 H = 16 0.685 -> 0.722 (1.05x), 64 x 5 1.04x / 1.00x at H = 128 / 16. No layer measured faster beyond the
+# noise, two slower: off (no format listed) until a layer measurement says otherwise; the kernel path stays checked
+# (scripts/h200/fused_maxima_check.py forces it on).
+FUSED_GROUP_MAXIMA: frozenset = frozenset()
 FUSED_MAXIMA_TOKENS = 2
 
 
@@ -400,13 +414,15 @@ def fused_group_maxima(index_fmt: str, q_dtype: torch.dtype, per_request: int) -
 @functools.lru_cache(maxsize=64)
 def topk_config(width: int) -> dict:
     """Kernel and parameters for rows of ``width`` scores. Every method returns the same set (the tie rule), and
-    the bound and groups methods write it in index order, the same bits; the radix method (one program a row, rows
-    of <= 8K) orders the valid entries otherwise, and that order is the sparse-MLA sum's: batch-invariant mode
-    never takes the radix method, so a row's slots never depend on the call's width."""
+    the bound, groups and registers methods write it in index order, the same bits; the radix method (one program a
+    row, rows of 4K-8K) orders the valid entries otherwise, and that order is the sparse-MLA sum's: batch-invariant
+    mode never takes the radix method, so a row's slots never depend on the call's width."""
     if width >= WIDE_TOPK_ROWS:
         return _TOPK_GROUPS_WIDE
     if width >= 65536:
         return _TOPK_GROUPS
+    if width <= REGISTERS_TOPK_ROWS:
+        return _TOPK_REGISTERS
     if width <= 8192 and not batch_invariant():
         return _TOPK_SHORT
     return _TOPK_BOUND
