@@ -37,7 +37,8 @@ def routes() -> dict[str, list[Route]]:
                                                                "on Hopper in default mode the Gluon kernel, any tokens "
                                                                "a request), the general kernel otherwise")],
         "topk": [_triton("topk", description="exact (tie rule honoured): by row width, group bound >= 64K, lane-max "
-                                             "bound 8K-64K, one program per row <= 8K")],
+                                             "bound 8K-64K, one radix program per row 4K-8K, the row in "
+                                             "one program's registers <= 4K")],
         "topk_merge": [Route("exact_merge", f"{PACKAGE}.collectives:topk_merge",
                              description="packed 32-bit exact DCP merge over NCCL")],
         "positions_to_slots": [_triton("positions_to_slots")],
