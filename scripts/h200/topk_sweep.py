@@ -24,9 +24,9 @@ Steps, in order, each printed:
    ``segment_histograms`` and ``compact_prefetch`` (:data:`TAIL_PHASES`, :func:`phase_times`): a second table.
 
 ``--prefill`` (where does the top-k spend its time on prefill rows and short rows?): the cases are
-``prefill 4096x32K`` (causal, as above), ``decode 320x4K`` and three more cut from the same scores,
-``decode 320x16K``, ``decode 320x32K`` and ``decode 320x48K`` (the first 16384 / 32768 / 49152 columns; every row
-full length, since each token's position is near 128K); the variants are :data:`PREFILL_VARIANTS` (one program
+``prefill 4096x32K`` (causal, as above), ``decode 320x4K`` and four more cut from the same scores,
+``decode 320x8K``, ``decode 320x16K``, ``decode 320x32K`` and ``decode 320x48K`` (the first 8192 / 16384 / 32768 /
+49152 columns; every row full length, since each token's position is near 128K); the variants are :data:`PREFILL_VARIANTS` (one program
 per row at larger chunks and more warps, bound and groups at other chunk / finish sizes, split rows) instead of
 :data:`VARIANTS`; no CUDA graph check. Then a second table: the NVIDIA default at 32K (the bound method: four launches) split into its
 launches, each timed alone at ``prefill 4096x32K`` and ``decode 320x32K`` (:func:`phase_times`), with one line
@@ -137,7 +137,8 @@ PREFILL_VARIANTS = (
     *REGISTERS,
 )
 REGISTERS_MAX_WIDTH = 16384  # topk_registers.MAX_WIDTH (not imported here: Triton is imported after the mode is set)
-MID_WIDTHS = (16384, 32768, 49152)  # --prefill: the 320-row cases besides 4K (early decode: the bound method)
+MID_WIDTHS = (8192, 16384, 32768, 49152)  # --prefill: the 320-row cases besides 4K (8K and 16K: the registers
+# method beside the radix program and the bound method; the rest the bound method)
 PHASE_WIDTH = 32768  # --prefill: the launches of the NVIDIA default at this width are timed one by one
 
 
@@ -188,7 +189,7 @@ def build_cases(torch, scores, lengths):
 
 
 def build_prefill_cases(torch, scores, lengths):
-    """--prefill: ``prefill 4096x32K`` (causal), ``decode 320x4K``, then the first 16K, 32K and 48K columns of the
+    """--prefill: ``prefill 4096x32K`` (causal), ``decode 320x4K``, then the first 8K, 16K, 32K and 48K columns of the
     decode scores (every row full length: each token's position is near the 128K context)."""
     _, short, prefill = build_cases(torch, scores, lengths)
     mid = [(f"decode {scores.shape[0]}x{_width(width)}", scores[:, :width].contiguous(),
@@ -410,7 +411,7 @@ def _smoke_mode() -> None:
     global MID_WIDTHS
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
     DEVICE, K, REQUESTS, PER_REQUEST, CONTEXT, BLOCK_TOKENS = "cpu", 16, 2, 2, 512, 16
-    SHORT, PREFILL_ROWS, PREFILL_WIDTH, SMOKE_DIVISOR, MID_WIDTHS = 64, 16, 128, 64, (128, 256)
+    SHORT, PREFILL_ROWS, PREFILL_WIDTH, SMOKE_DIVISOR, MID_WIDTHS = 64, 16, 128, 64, (96, 128, 256)
 
 
 def main(argv=None) -> int:
@@ -419,7 +420,7 @@ def main(argv=None) -> int:
                         help="tiny shapes on the CPU under TRITON_INTERPRET=1 (fp32 queries): runs every step of "
                              "the script, times nothing meaningful")
     parser.add_argument("--prefill", action="store_true",
-                        help="prefill 4096x32K and decode 320 x 4K/16K/32K only, the PREFILL_VARIANTS, then the "
+                        help="prefill 4096x32K and decode 320 x 4K/8K/16K/32K/48K only, the PREFILL_VARIANTS, then the "
                              "NVIDIA default at 32K (bound) timed launch by launch")
     args = parser.parse_args(argv)
     if args.cpu_smoke:
@@ -443,8 +444,8 @@ def main(argv=None) -> int:
     for case in cases:
         run_case(torch, case, PREFILL_VARIANTS if args.prefill else VARIANTS, rows, failures)
     if args.prefill:
-        # the prefill case and the 320-row case of the same width (cases[0] and cases[3]: MID_WIDTHS[1])
-        for case in (cases[0], cases[3]):
+        # the prefill case and the 320-row case of the same width (cases[0] and cases[4]: MID_WIDTHS[2])
+        for case in (cases[0], cases[4]):
             phase_times(torch, case, _kwargs(None, PHASE_WIDTH), phase_rows, failures)
     else:
         from dsahal.backends.nvidia.config import topk_config
