@@ -16,8 +16,8 @@ Steps, in order, each printed:
 3. every variant checked before it is timed, on every row: the chosen set equals the set torch.topk implies
    under the tie rule (everything above the k-th value, then the first entries equal to it in index
    order; no -inf), no duplicates, -1 padding last, and on 8 rows per case the float64 reference's set
-   exactly; the bound kernels' index order too; then one bound and one groups variant captured in a CUDA
-   graph and replayed on other scores;
+   exactly; the bound kernels' index order too; then one bound and one groups variant, the backend's 128K
+   launch and its 4K launch (the registers method) captured in a CUDA graph and replayed on other scores;
 4. ``triton.testing.do_bench`` medians; one table: case, variant, ms, (scores + output bytes) / time,
    % of the copy ceiling, torch.topk ms / variant ms, and the bound kernels' survivors per row (mean / max);
 5. the decode case's top-k at the NVIDIA config for 128K (groups) launch by launch, with and without
@@ -246,7 +246,7 @@ def check(torch, name, got, scores, lengths, k, want_mask, index_order):
 
 
 def check_graph(torch, scores, lengths, kw, failures):
-    """The bound kernel captured in a CUDA graph (no host sync may happen inside), replayed on new scores."""
+    """A top-k launch (``kw``) captured in a CUDA graph (no host sync may happen inside), replayed on new scores."""
     from dsahal.backends.triton_kernels.topk import topk
 
     static = scores.clone()
@@ -453,6 +453,8 @@ def main(argv=None) -> int:
         if DEVICE == "cuda":  # the bound and groups methods as such, then the backend's 128K launch (its options)
             for kw in (VARIANTS[2][1], VARIANTS[4][1], topk_config(1 << 17)):
                 check_graph(torch, scores, lengths, _kwargs(kw, scores.shape[1]), failures)
+            _, short, short_lengths = cases[1]  # and the 4K launch (the registers method since the 35th session)
+            check_graph(torch, short, short_lengths, _kwargs(topk_config(SHORT), SHORT), failures)
 
         timed = []
         for extra in TAIL_PHASES:  # (the 128K config also under --cpu-smoke, whose rows are narrower)
