@@ -2,7 +2,7 @@
 # One device call on an H200: install the carried wheels and dsahal, then the steps named on the command
 # line, each under its own time limit, logs in $OUT. Steps: backends dispatch routes mla fp4 flacfg model bench
 # bench_noflashmla (the carried wheels off the path) firstrun run conformance conformance2 (both modes side by side),
-# and py:NAME[:SECONDS] for scripts/h200/NAME.py.
+# and py:NAME[:SECONDS] for scripts/h200/NAME.py (its arguments in $ARGS_NAME).
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -36,7 +36,8 @@ for s in "$@"; do case "$s" in
        TAIL=30 step run_graph 150 env DSAHAL_ROUTES=kda_prefill:triton_recurrent dsahal run --config k31-pro-slice --backend nvidia --batch 64 --prompt-len 4096 --decode 16 --cuda-graph ${RUN_ARGS:-} ;;
   conformance) step conformance "${T_CONF:-300}" dsahal conformance --backend nvidia ${CONF_ARGS:-} --report-dir "$OUT/conf" ;;
   conformance2) TAIL=20 step conformance2 "${T_CONF:-420}" bash scripts/h200/conformance_both.sh ${CONF_ARGS:-} ;;  # both modes
-  py:*) n=${s#py:}; lim=${n#*:}; n=${n%%:*}; [ "$lim" = "$n" ] && lim=150
-        step "$n" "$lim" python3 "scripts/h200/$n.py" ;;  # py:NAME[:SECONDS]: scripts/h200/NAME.py
+  py:*) n=${s#py:}; lim=${n#*:}; n=${n%%:*}; [ "$lim" = "$n" ] && lim=150; args_var="ARGS_$n"
+        # py:NAME[:SECONDS]: scripts/h200/NAME.py, with the words of $ARGS_NAME (e.g. ARGS_topk_sweep=--prefill)
+        step "$n" "$lim" python3 "scripts/h200/$n.py" ${!args_var:-} ;;
   *) echo "unknown step $s" ;;
 esac; done
