@@ -150,6 +150,24 @@ def test_the_indexer_names_bad_group_maxima():
         indexer.indexer_score(*call, group_maxima=good, maxima_group=12)
 
 
+def test_the_gluon_launch_names_bad_maxima_with_the_same_check():
+    # (its checks run before any compile: the launch is called directly here, its refusal said to be checked)
+    import pytest
+
+    from dsahal.backends.triton_kernels import indexer_gluon
+
+    q_index, weights, index_pages, _, _, table, req, pos = small_layer_args(2)[:8]
+    zeros = torch.zeros(q_index.shape[0], dtype=torch.int32)
+    out = torch.empty(q_index.shape[0], 40)
+    call = (q_index, weights, index_pages, table, req, pos, zeros, 40, out)
+    for bad in (torch.zeros(5, 2, dtype=torch.int32), torch.zeros(5, 3, dtype=torch.int64)):
+        with pytest.raises(ValueError, match=r"\(gluon\): maxima expected an int32 \[5, >= 3\] tensor"):
+            indexer_gluon.launch(*call, starts=zeros, group=1, refusal_checked=True, maxima=bad)
+    with pytest.raises(ValueError, match=r"\(gluon\): maxima_group expected one of \(8, 16, 32, 64\), got 24"):
+        indexer_gluon.launch(*call, starts=zeros, group=1, refusal_checked=True, maxima=zeros.view(5, 1),
+                             maxima_group=24)
+
+
 def test_the_h200_check_scripts_cpu_smoke_run():
     script = os.path.join(HERE, "..", "scripts", "h200", "fused_maxima_check.py")
     done = subprocess.run([sys.executable, script, "--cpu-smoke"], capture_output=True, text=True, timeout=600)

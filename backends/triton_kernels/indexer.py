@@ -539,8 +539,11 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
     q, weights = aligned_rows(q), aligned_rows(weights)  # (LAUNCHER_ALIGNED_ARGS)
     if out is None:
         out = torch.empty((tokens, max_context), dtype=torch.float32, device=q.device)
-    if group_maxima is not None:
-        _check_group_maxima(group_maxima, maxima_group, tokens, max_context, q.device)
+    if group_maxima is not None:  # (checked whichever kernel takes the call)
+        from .topk_groups import check_producer_maxima
+
+        check_producer_maxima("triton indexer_score", "group_maxima", group_maxima, maxima_group, tokens, max_context,
+                              q.device)
     scores, filled = _scores(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, out,
                              rows, (group_maxima, maxima_group) if group_maxima is not None else None,
                              block_n=block_n, group=group, tiles=tiles, num_warps=num_warps, num_stages=num_stages,
@@ -549,22 +552,6 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
                              mxfp4_fast_math=mxfp4_fast_math, dot=dot, block_tiles=block_tiles, tile_group=tile_group,
                              tile_loop=tile_loop)
     return scores if group_maxima is None else (scores, filled)
-
-
-def _check_group_maxima(maxima, size, tokens: int, max_context: int, device) -> None:
-    """``group_maxima`` as :func:`.indexer_gluon.launch` takes it, checked whichever kernel the call takes."""
-    from .topk_groups import MAXIMA_GROUPS
-
-    if size not in MAXIMA_GROUPS:
-        raise ValueError(f"triton indexer_score: maxima_group expected one of {MAXIMA_GROUPS}, got {size!r}")
-    columns = -(-max_context // size)
-    if (not isinstance(maxima, torch.Tensor) or maxima.dtype != torch.int32 or maxima.dim() != 2
-            or maxima.shape[0] != tokens or maxima.shape[1] < columns or maxima.stride(1) != 1
-            or maxima.device != device):
-        got = (f"{maxima.dtype} {list(maxima.shape)} strides {maxima.stride()} on {maxima.device}"
-               if isinstance(maxima, torch.Tensor) else type(maxima).__name__)
-        raise ValueError(f"triton indexer_score: group_maxima expected an int32 [{tokens}, >= {columns}] tensor with "
-                         f"unit last stride on {device}, got {got}")
 
 
 def _scores(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context, out, rows, maxima, *,

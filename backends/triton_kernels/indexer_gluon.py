@@ -101,7 +101,7 @@ from dsahal.kernel_launch import triton_launch, wrap_launched
 
 from . import grid as grid_limits
 from .indexer_decode import expected_segments, runs_ptx, tiles_per_program
-from .topk_groups import MAXIMA_GROUPS  # (maxima) keys a group maximum covers: whole groups of a 64-key tile
+from .topk_groups import check_producer_maxima  # (maxima: whole groups of a 64-key tile, topk_groups.MAXIMA_GROUPS)
 
 # Triton 3.6 (the H200's) names the copy async_copy_global_to_shared; later releases renamed it async_load
 _async_copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -1351,14 +1351,7 @@ def launch(q, weights, index_pages, block_table, req_ids, positions, run_offset,
         raise ValueError(f"{name}: token_stack {token_stack} at {q.shape[1]} heads (padded to {meta['BLOCK_H']}) "
                          f"expected at most 128 columns a MMA, got {meta['TSTACK'] * meta['BLOCK_H']}")
     if maxima is not None:
-        if maxima_group not in MAXIMA_GROUPS:
-            raise ValueError(f"{name}: maxima_group expected one of {MAXIMA_GROUPS}, got {maxima_group!r}")
-        columns = triton.cdiv(max_context, maxima_group)
-        if (maxima.dtype != torch.int32 or maxima.dim() != 2 or maxima.shape[0] != tokens
-                or maxima.shape[1] < columns or maxima.stride(1) != 1 or maxima.device != out.device):
-            raise ValueError(f"{name}: maxima expected an int32 [{tokens}, >= {columns}] tensor with unit last stride "
-                             f"on {out.device}, got {maxima.dtype} {list(maxima.shape)} strides {maxima.stride()} "
-                             f"on {maxima.device}")
+        check_producer_maxima(name, "maxima", maxima, maxima_group, tokens, max_context, out.device)
         meta["MAXIMA_G"] = maxima_group
     if maxnreg:
         meta["maxnreg"] = maxnreg

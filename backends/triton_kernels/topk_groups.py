@@ -270,6 +270,23 @@ def maxima_of(scores: torch.Tensor, lengths: torch.Tensor, size: int, columns: i
     return torch.where(best == float("-inf"), torch.zeros_like(keys), keys).contiguous()
 
 
+def check_producer_maxima(name: str, argument: str, maxima, size, tokens: int, width: int, device) -> None:
+    """A scores' producer's ``maxima`` argument (the fused indexer -> top-k; the one check of
+    :func:`.indexer.indexer_score`'s ``group_maxima`` and :func:`.indexer_gluon.launch`'s ``maxima``): ``size`` one of
+    :data:`MAXIMA_GROUPS`, ``maxima`` an int32 ``[tokens, >= cdiv(width, size)]`` tensor with unit last stride on
+    ``device``. Raises ValueError naming ``name`` and ``argument``."""
+    if size not in MAXIMA_GROUPS:
+        raise ValueError(f"{name}: maxima_group expected one of {MAXIMA_GROUPS}, got {size!r}")
+    columns = triton.cdiv(width, size)
+    if (not isinstance(maxima, torch.Tensor) or maxima.dtype != torch.int32 or maxima.dim() != 2
+            or maxima.shape[0] != tokens or maxima.shape[1] < columns or maxima.stride(1) != 1
+            or maxima.device != device):
+        got = (f"{maxima.dtype} {list(maxima.shape)} strides {maxima.stride()} on {maxima.device}"
+               if isinstance(maxima, torch.Tensor) else type(maxima).__name__)
+        raise ValueError(f"{name}: {argument} expected an int32 [{tokens}, >= {columns}] tensor with unit last stride "
+                         f"on {device}, got {got}")
+
+
 def _check_maxima(maxima, tokens: int, columns: int, size: int, device) -> None:
     if (not isinstance(maxima, torch.Tensor) or maxima.dtype != torch.int32 or tuple(maxima.shape) != (tokens, columns)
             or not maxima.is_contiguous() or maxima.device != device):
