@@ -11,7 +11,8 @@ backend's block-tile configuration), ``indexer2`` / ``indexer5`` (the same at 64
 queries, 64 x 1), ``prefill`` (one request's 4096 tokens at positions 28K..32K, the chunked prefill shape),
 ``indexer5_ws`` (64 x 5, the warp-specialised Gluon variant: ``indexer_gluon`` ``warp_specialized``), ``indexer5_64``
 (64 x 5 at 64 index heads), ``small_heads`` (sparse MLA, few-heads
-kernel, fp8_ds_mla latents, H = 16, 64 x 5 tokens x 2048 slots into a 1M-token pool). Each case runs three
+kernel, fp8_ds_mla latents, H = 16, 64 x 5 tokens x 2048 slots into a 1M-token pool), ``wgmma16`` / ``wgmma12`` (the
+same call on the route's kernel, ``sparse_mla_wgmma`` at the backend's launch, H = 16 / 12). Each case runs three
 calls (the first compiles); prints only the cases' order, so ncu's report is the output.
 """
 import sys
@@ -63,6 +64,20 @@ def small_heads():
         chunked.sparse_mla_small_heads(q, pages, slots, "fp8_ds_mla", scale, 192**-0.5, **cfg)
 
 
+def wgmma(heads):
+    """The few-heads route's kernel (``sparse_mla_wgmma``, the backend's launch for 320 tokens) at ``heads``."""
+    from dsahal.backends.nvidia.ops import wgmma_launch
+    from dsahal.backends.triton_kernels.sparse_mla_wgmma import sparse_mla_wgmma
+
+    pages, _ = cache_pools.latent_pools(torch, ("fp8_ds_mla",), 1 << 20, DEVICE)["fp8_ds_mla"]
+    gen = torch.Generator(device=DEVICE).manual_seed(16)
+    tokens = 320
+    slots = torch.randint(0, pages.shape[0] * 64, (tokens, 2048), device=DEVICE, dtype=torch.int32, generator=gen)
+    q = torch.randn(tokens, heads, 576, device=DEVICE, generator=gen).to(torch.bfloat16)
+    for _ in range(3):
+        sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None, 192**-0.5, **wgmma_launch(tokens))
+
+
 BF16 = torch.bfloat16
 CASES = {"indexer": lambda: indexer(1), "indexer2": lambda: indexer(2), "indexer5": lambda: indexer(5),
          "indexer_bf16": lambda: indexer(1, q_dtype=BF16), "indexer_bf16_2": lambda: indexer(2, q_dtype=BF16),
@@ -70,6 +85,7 @@ CASES = {"indexer": lambda: indexer(1), "indexer2": lambda: indexer(2), "indexer
          "mxfp4": lambda: indexer(1, fmt="mxfp4"), "mxfp4_5": lambda: indexer(5, fmt="mxfp4"),
          "mxfp4_bf16": lambda: indexer(1, q_dtype=BF16, fmt="mxfp4"),
          "prefill": lambda: indexer(4096, requests=1, context=32 * 1024), "small_heads": small_heads,
+         "wgmma16": lambda: wgmma(16), "wgmma12": lambda: wgmma(12),
          # twenty-seventh session: the warp-specialised Gluon variant at 64 x 5 (a producer warp, 3 programs a SM)
          "indexer5_ws": lambda: indexer(5, more=dict(stages=6, depth=1, maxnreg=80, head_sum_mma=True,
                                                      warp_specialized=True)),

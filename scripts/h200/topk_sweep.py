@@ -3,7 +3,7 @@ kernels (``dsahal.backends.triton_kernels.topk_bound`` / ``topk_groups``), on re
 
 Usage (on a CUDA machine, from the repository with dsahal importable)::
 
-    python scripts/h200/topk_sweep.py [--cpu-smoke] [--prefill]
+    python scripts/h200/topk_sweep.py [--cpu-smoke] [--prefill | --short]
 
 Steps, in order, each printed:
 
@@ -31,6 +31,10 @@ per row at larger chunks and more warps, bound and groups at other chunk / finis
 :data:`VARIANTS`; no CUDA graph check. Then a second table: the NVIDIA default at 32K (the bound method: four launches) split into its
 launches, each timed alone at ``prefill 4096x32K`` and ``decode 320x32K`` (:func:`phase_times`), with one line
 of its survivors per row by row length (quarters of the width).
+
+``--short`` (which method for rows of 4K-16K, the registers method's widths?): ``decode 320x4K``, ``320x8K`` and
+``320x16K`` only, with :data:`SHORT_VARIANTS` (the defaults, the radix program, the bound method, the registers method
+at 4 / 8 / 16 warps): a dozen compiles (the whole ``--prefill`` sweep outran a 100 s step on an H100).
 
 A failed check is listed and the script exits with one ``error:`` line (after timing what did pass).
 Runs in about a minute on an H200 (``--prefill``: 1-1.5 minutes, ~30 Triton compiles), most of it Triton
@@ -140,6 +144,15 @@ REGISTERS_MAX_WIDTH = 16384  # topk_registers.MAX_WIDTH (not imported here: Trit
 MID_WIDTHS = (8192, 16384, 32768, 49152)  # --prefill: the 320-row cases besides 4K (8K and 16K: the registers
 # method beside the radix program and the bound method; the rest the bound method)
 PHASE_WIDTH = 32768  # --prefill: the launches of the NVIDIA default at this width are timed one by one
+# --short (which method for rows of 4K-16K? the registers route's width): decode 320 x 4K / 8K / 16K, the defaults and
+# the registers method only (a dozen compiles: the whole --prefill sweep outran a 100 s step on an H100)
+SHORT_WIDTHS = (4096, 8192, 16384)
+SHORT_VARIANTS = (
+    ("default", None),
+    ("radix c2048w8", dict(chunk=2048, row_levels=2, num_warps=8, segments=1)),
+    ("bound c1024w4 f512w4", dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, finish_warps=4)),
+    *REGISTERS,
+)
 
 
 
@@ -195,6 +208,12 @@ def build_prefill_cases(torch, scores, lengths):
     mid = [(f"decode {scores.shape[0]}x{_width(width)}", scores[:, :width].contiguous(),
             torch.clamp(lengths, max=width)) for width in MID_WIDTHS]
     return [prefill, short, *mid]
+
+
+def build_short_cases(torch, scores, lengths):
+    """--short: the first 4K, 8K and 16K columns of the decode scores (every row full length)."""
+    return [(f"decode {scores.shape[0]}x{_width(width)}", scores[:, :width].contiguous(),
+             torch.clamp(lengths, max=width)) for width in SHORT_WIDTHS]
 
 
 def _width(n: int) -> str:
@@ -408,10 +427,11 @@ def _smoke_mode() -> None:
     import os
 
     global DEVICE, K, REQUESTS, PER_REQUEST, CONTEXT, SHORT, PREFILL_ROWS, PREFILL_WIDTH, SMOKE_DIVISOR, BLOCK_TOKENS
-    global MID_WIDTHS
+    global MID_WIDTHS, SHORT_WIDTHS
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
     DEVICE, K, REQUESTS, PER_REQUEST, CONTEXT, BLOCK_TOKENS = "cpu", 16, 2, 2, 512, 16
     SHORT, PREFILL_ROWS, PREFILL_WIDTH, SMOKE_DIVISOR, MID_WIDTHS = 64, 16, 128, 64, (96, 128, 256)
+    SHORT_WIDTHS = (64, 128, 256)
 
 
 def main(argv=None) -> int:
@@ -422,7 +442,12 @@ def main(argv=None) -> int:
     parser.add_argument("--prefill", action="store_true",
                         help="prefill 4096x32K and decode 320 x 4K/8K/16K/32K/48K only, the PREFILL_VARIANTS, then the "
                              "NVIDIA default at 32K (bound) timed launch by launch")
+    parser.add_argument("--short", action="store_true",
+                        help="decode 320 x 4K/8K/16K only, the defaults, the radix program, the bound method and the "
+                             "registers method (:data:`SHORT_VARIANTS`): which method for rows of 4K-16K")
     args = parser.parse_args(argv)
+    if args.prefill and args.short:
+        raise CheckError("topk_sweep: --prefill and --short are two sweeps; give one")
     if args.cpu_smoke:
         _smoke_mode()
     import torch
@@ -440,10 +465,17 @@ def main(argv=None) -> int:
           f"{100 * (finite == 0).float().mean().item():.1f}% zeros ({time.time() - started:.0f} s)", flush=True)
     del finite
     rows, failures, phase_rows = [], [], []
-    cases = build_prefill_cases(torch, scores, lengths) if args.prefill else build_cases(torch, scores, lengths)
+    if args.short:
+        cases, variants = build_short_cases(torch, scores, lengths), SHORT_VARIANTS
+    elif args.prefill:
+        cases, variants = build_prefill_cases(torch, scores, lengths), PREFILL_VARIANTS
+    else:
+        cases, variants = build_cases(torch, scores, lengths), VARIANTS
     for case in cases:
-        run_case(torch, case, PREFILL_VARIANTS if args.prefill else VARIANTS, rows, failures)
-    if args.prefill:
+        run_case(torch, case, variants, rows, failures)
+    if args.short:
+        pass  # (no launch-by-launch table: each method here is one or two launches)
+    elif args.prefill:
         # the prefill case and the 320-row case of the same width (cases[0] and cases[4]: MID_WIDTHS[2])
         for case in (cases[0], cases[4]):
             phase_times(torch, case, _kwargs(None, PHASE_WIDTH), phase_rows, failures)
