@@ -396,10 +396,13 @@ WIDE_TOPK_ROWS = 1 << 20
 # the head-sum launch's maxima now one reduction a tile for the segment's tokens): 64 x 5 indexer + top-k 0.710 ->
 # 0.730 (1.03x; bf16 q 1.10x, MXFP4 keys 1.12x), 64 x 1 / 64 x 2 0.548 -> 0.525 / 0.621 -> 0.590; but the DSA layer
 # (fp8_ds_mla, the stages apart -> fused) 64 x 1 H = 128 0.906 -> 0.897 (0.99x), H = 16 0.695 -> 0.718 (1.03x),
-# 64 x 2 H = 16 0.685 -> 0.722 (1.05x), 64 x 5 1.04x / 1.00x at H = 128 / 16. No layer measured faster beyond the
-# noise, two slower: off (no format listed) until a layer measurement says otherwise; the kernel path stays checked
-# (scripts/h200/fused_maxima_check.py forces it on).
-FUSED_GROUP_MAXIMA: frozenset = frozenset()
+# 64 x 2 H = 16 0.685 -> 0.722 (1.05x), 64 x 5 1.04x / 1.00x at H = 128 / 16. Those layer times were eager calls,
+# host-bound at 64 x 1 and 64 x 2 (the same apart layer read 0.75-0.91 ms across runs). Thirty-sixth session (H100,
+# R2, the layer's GPU time from CUDA-graph replays, off / on / on / off averaged, the output bit for bit the same):
+# 64 x 1 H = 128 0.637 -> 0.589 (0.925x), H = 16 0.557 -> 0.541 (0.971x), 64 x 2 H = 16 0.637 -> 0.611 (0.960x);
+# 64 x 5 1.180 -> 1.178 / 0.955 -> 0.950 with the maxima at every call length (no gain: the head-sum launch's maxima
+# cost what the top-k saves). So: on for FP8 keys with FP8 queries at <= 2 tokens a request.
+FUSED_GROUP_MAXIMA: frozenset = frozenset({("fp8", torch.float8_e4m3fn)})
 FUSED_MAXIMA_TOKENS = 2
 
 

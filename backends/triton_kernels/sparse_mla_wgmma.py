@@ -90,6 +90,12 @@ _CODE_ROWS = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_b
 _ROPE = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 _SCALES = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))  # [STAGES, 4, 64]
 _SCALE_ROW = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))  # [4 * 64]
+# a stage's tile scales [4, 64] whole in every warp, so each warp finds a step's largest per tile by itself (no
+# cross-warp exchange): a thread holds 8 consecutive slots of one tile (two 16-byte loads; a quarter warp reads 8
+# groups of one tile: no bank conflict), the lanes 8 slot groups x 4 tiles
+_SCALES_ALL = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [0, 4]], lane_bases=[[0, 8], [0, 16], [0, 32], [1, 0], [2, 0]],
+    warp_bases=[[0, 0], [0, 0]], block_bases=[], shape=[4, 64]))
 _P = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[2, 1, 0]))
 _Q = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # [4, 16, 128] e4m3
 _QR = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))  # [16, 64] bf16
@@ -100,10 +106,11 @@ _ROPE8 = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwid
 # slots' RoPE values, 8 slots' 4 scales). A record is 656 bytes, so every other one starts 16 bytes into a 32-byte
 # sector: pieces of half rows split those sectors between two instructions, each requesting them from the L2 (H200,
 # this session's R1: 1.7-4.4% slower, the same results bit for bit)
-_CODES_COPY = gl.constexpr(gl.BlockedLayout([1, 1, 16], [4, 1, 8], [1, 4, 1], [2, 0, 1]))  # [4, 64, 128] bytes
-_ROPE_COPY = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # [64, 64] bf16
-_SCALE_COPY = gl.constexpr(gl.BlockedLayout([1, 1], [4, 8], [1, 4], [0, 1]))  # [4, 64] fp32
-_ROPE8_COPY = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0]))  # [64, 64] e4m3 (FP8 records)
+# (each thread's slots consecutive, so the slot indices of a step load as whole 16-byte words: thirty-sixth session)
+_CODES_COPY = gl.constexpr(gl.BlockedLayout([1, 16, 16], [4, 1, 8], [1, 4, 1], [2, 0, 1]))  # [4, 64, 128] bytes
+_ROPE_COPY = gl.constexpr(gl.BlockedLayout([4, 8], [4, 8], [4, 1], [1, 0]))  # [64, 64] bf16
+_SCALE_COPY = gl.constexpr(gl.BlockedLayout([1, 2], [4, 8], [1, 4], [0, 1]))  # [4, 64] fp32
+_ROPE8_COPY = gl.constexpr(gl.BlockedLayout([2, 16], [8, 4], [4, 1], [1, 0]))  # [64, 64] e4m3 (FP8 records)
 _QUERY = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # [16, 128] / [16, 64] as loaded
 
 # The value operand. mma.sync's B fragment gives lane (r = lane // 4, c = lane % 4) the columns n = 8 j + r of the
@@ -121,6 +128,14 @@ _LOAD = gl.constexpr(gl.DistributedLinearLayout(
 _VALUE_BASES = gl.constexpr([[0, 0, 8], [0, 0, 16], [0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 0, 32], [0, 0, 64],
                              [0, 1, 4], [0, 2, 32], [0, 4, 64], [0, 8, 0], [0, 16, 0], [0, 32, 0],
                              [1, 0, 0], [2, 0, 0]])
+# The output [4 parts, 16 heads, 128 dims] as the value MMA's accumulator holds it once its columns are un-permuted
+# (value_dim: column n = 32 a + 8 b + r is dim 32 a + 4 r + b), with the registers ordered so each thread's 8
+# consecutive dims come first: two 16-byte stores a run. mma.sync's accumulator gives lane l the columns 2 (l % 4) +
+# {0, 1} of each 8-column n-tile at rows l // 4 and l // 4 + 8; the n-tiles are registers, the warps the parts.
+_OUT = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 8, 0], [0, 0, 32], [0, 0, 64]],
+    lane_bases=[[0, 0, 8], [0, 0, 16], [0, 1, 0], [0, 2, 0], [0, 4, 0]],
+    warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[4, 16, 128]))
 
 
 @gluon.constexpr_function
@@ -183,11 +198,12 @@ def _per_part(v0, v1, v2, v3, layout: gl.constexpr):
 
 
 @gluon.jit
-def _largest_scales(pages_u8, slot_row, start, end, num_slots, s8_b, s8_t, block_tokens, FLAT: gl.constexpr,
-                    OFF32: gl.constexpr):
-    """The largest scale of each 128-dim tile over the valid slots ``start .. end - 1`` of the token's list (four
-    scalars; 1.0 for a tile whose scales are all 0 or that has no valid slot): one 16-byte load a slot, 1024 slots
-    (a split's, usually) in one round of independent loads (their latency hidden behind the first steps' copies)."""
+def _split_scale_maxima(pages_u8, slot_row, start, end, num_slots, s8_b, s8_t, block_tokens, FLAT: gl.constexpr,
+                        OFF32: gl.constexpr):
+    """(``PREPASS``, the kernel before the thirty-sixth session) The largest scale of each 128-dim tile over the valid
+    slots ``start .. end - 1`` of the token's list, read before the first step (four scalars; 1.0 for a tile whose
+    scales are all 0 or that has no valid slot): one 16-byte load a slot, 1024 slots in one round of loads. Two
+    dependent gathers before the first step: 12.6% of the warps' stall samples at 64 x 5, H = 16 (H100)."""
     L: gl.constexpr = gl.BlockedLayout([8, 4], [32, 1], [4, 1], [1, 0])  # [1024 slots, 4 tiles], 8 slots a thread
     part = gl.arange(0, 4, gl.SliceLayout(0, L))
     big = gl.zeros([1024, 4], gl.float32, L)
@@ -204,10 +220,36 @@ def _largest_scales(pages_u8, slot_row, start, end, num_slots, s8_b, s8_t, block
 
 
 @gluon.jit
+def _step_scale_maxima(scales):
+    """The largest scale of each 128-dim tile over a step's 64 slots (``scales [4, 64]`` fp32 in shared memory, skipped
+    slots zero-filled): four scalars, every warp reducing its own copy (no cross-warp exchange, no barrier)."""
+    sc = scales.load(_SCALES_ALL)
+    top = gl.max(sc, axis=1)
+    part = gl.arange(0, 4, gl.SliceLayout(1, _SCALES_ALL))
+    return (gl.max(gl.where(part == 0, top, 0.0), axis=0), gl.max(gl.where(part == 1, top, 0.0), axis=0),
+            gl.max(gl.where(part == 2, top, 0.0), axis=0), gl.max(gl.where(part == 3, top, 0.0), axis=0))
+
+
+@gluon.jit
+def _raise_maximum(m, step_max):
+    """A tile's running scale maximum ``m`` after a step whose largest is ``step_max``: ``(new m, old / new`` (the
+    factor the accumulated values of the tile take: they were weighted by ``σ / old``), ``1 / new)``; 1 while every
+    scale so far is 0 (no weight yet)."""
+    new = gl.maximum(m, step_max)
+    inverse = gl.where(new > 0.0, 1.0 / gl.where(new > 0.0, new, 1.0), 1.0)
+    return new, gl.where(new == m, 1.0, m * inverse), inverse
+
+
+@gluon.jit
 def _slot_rows(slot_row, n0, end, layout: gl.constexpr):
-    """Slots ``n0 .. n0 + 64`` of the token's list in ``layout`` (-1 past the split's end)."""
+    """Slots ``n0 .. n0 + 64`` of the token's list in ``layout`` (-1 past the split's end): unmasked (16-byte words
+    where ``n0`` is known a multiple of 64, ``ALIGNED``) unless the split ends inside the step."""
     n = n0 + gl.arange(0, TILE, layout)
-    return gl.load(slot_row + n, mask=n < end, other=-1)
+    if n0 + TILE <= end:
+        rows = gl.load(slot_row + n)
+    else:
+        rows = gl.load(slot_row + n, mask=n < end, other=-1)
+    return rows
 
 
 @gluon.jit
@@ -289,6 +331,9 @@ def sparse_mla_wgmma_kernel(
     FLAT: gl.constexpr,  # record s at byte s * s8_t (blocks back to back)
     OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
     FP8: gl.constexpr = False,  # per-tensor FP8 records (576 e4m3 codes x kv_scale) instead of fp8_ds_mla's
+    ALIGNED: gl.constexpr = False,  # every split starts at a multiple of 64 slots (the slot indices' loads vectorised)
+    PREPASS: gl.constexpr = False,  # fp8_ds_mla: the split's tile-scale maxima read before the first step (the kernel
+    # before the thirty-sixth session, for A/B runs) instead of raised step by step
 ):
     W8: gl.constexpr = _logit_layout(32)  # the FP8 logit MMAs' accumulator [64 slots, 16 heads]
     W16: gl.constexpr = _logit_layout(16)  # the RoPE MMA's (the same registers)
@@ -299,9 +344,36 @@ def sparse_mla_wgmma_kernel(
     DOT_B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=PV, k_width=2)
     PV_HEADS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, PV))
     PV_PARTS: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, PV))
+    PV_PH: gl.constexpr = gl.SliceLayout(2, PV)  # [4 parts, 16 heads]: a thread's 2 (its warp's part, 2 heads)
     split = gl.program_id(0)
     t = gl.program_id(1).to(gl.int64)
     q_ptr, o_ptr, lse_ptr, H = head_group(q_ptr, stride_qh, o_ptr, stride_oh, lse_ptr, H, BLOCK_H)
+
+    # the first steps' gathers first: the queries' loads and split below overlap their flight (a program's work
+    # outside its loop was 29% of the warps' stall samples, H100, thirty-sixth session)
+    codes_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, 4, TILE, 128], _CODES)
+    if FP8:
+        rope_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, TILE, 64], _ROPE8)
+        scale_s = rope_s  # (FP8 records have no scales: _issue never writes this one, the loop never reads it)
+    else:
+        rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, TILE, 64], _ROPE)
+        scale_s = gl.allocate_shared_memory(gl.float32, [STAGES, 4, TILE], _SCALES)
+    p_s = gl.allocate_shared_memory(gl.float16, [4, TILE, BLOCK_H], _P)
+
+    slot_row = slots_ptr + t * stride_st
+    start = split * split_size
+    if ALIGNED:
+        start = gl.multiple_of(start, 64)
+    end = gl.minimum(start + split_size, K)
+    steps = gl.cdiv(end - start, TILE)
+    for j in gl.static_range(STAGES - 1):
+        if j < steps:
+            sc, sr, ss = _copy_slots(slot_row, start + j * TILE, end, FP8)
+            _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens, codes_s.index(j), rope_s.index(j),
+                   scale_s.index(j), FLAT, OFF32, FP8)
+        async_copy.commit_group()
+    ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end, FP8)
+    here = _slot_rows(slot_row, start, end, ROWS)  # step 0's slots, for its mask
 
     # the queries: each head scaled by a power of two over its 512 nope dims and split exactly into e4m3 hi + lo
     qh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, _QUERY))
@@ -335,44 +407,28 @@ def sparse_mla_wgmma_kernel(
         head_scale = gl.convert_layout(down * logit_scale, HEADS)  # NaN for a head holding Inf or NaN
     fence_async_shared()  # the queries' stores, before the first wgmma reads them (after the first barrier)
 
-    codes_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, 4, TILE, 128], _CODES)
-    if FP8:
-        rope_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, TILE, 64], _ROPE8)
-        scale_s = rope_s  # (FP8 records have no scales: _issue never writes this one, the loop never reads it)
-    else:
-        rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, TILE, 64], _ROPE)
-        scale_s = gl.allocate_shared_memory(gl.float32, [STAGES, 4, TILE], _SCALES)
-    p_s = gl.allocate_shared_memory(gl.float16, [4, TILE, BLOCK_H], _P)
-
-    slot_row = slots_ptr + t * stride_st
-    start = split * split_size
-    end = gl.minimum(start + split_size, K)
-    steps = gl.cdiv(end - start, TILE)
-    for j in gl.static_range(STAGES - 1):
-        if j < steps:
-            sc, sr, ss = _copy_slots(slot_row, start + j * TILE, end, FP8)
-            _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens, codes_s.index(j), rope_s.index(j),
-                   scale_s.index(j), FLAT, OFF32, FP8)
-        async_copy.commit_group()
-    ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end, FP8)
-    here = _slot_rows(slot_row, start, end, ROWS)  # step 0's slots, for its mask
-
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS)
     l_acc = gl.zeros([TILE, BLOCK_H], gl.float32, W8)  # per-thread partial sums of p, summed at the end
-    # M_c, the split's largest tile-c scale: P_c = p · σ_c / M_c <= 1 in fp16 (1 where every σ_c is 0: p · 0 = 0);
-    # FP8 records: P_c = p, the values times the tensor scale at the end
+    # M_c, the largest tile-c scale of the split's slots so far (a running maximum, raised step by step):
+    # P_c = p · σ_c / M_c <= 1 in fp16, the accumulated values of tile c taking M_old / M_new when it rises, the
+    # output times M_c at the end; FP8 records: P_c = p, the output times the tensor scale
     if FP8:
         b0 = kv_scale
         b1 = kv_scale
         b2 = kv_scale
         b3 = kv_scale
-    else:
-        b0, b1, b2, b3 = _largest_scales(pages_u8, slot_row, start, end, num_slots, s8_b, s8_t, block_tokens, FLAT,
-                                         OFF32)
+    elif PREPASS:
+        b0, b1, b2, b3 = _split_scale_maxima(pages_u8, slot_row, start, end, num_slots, s8_b, s8_t, block_tokens,
+                                             FLAT, OFF32)
         r0 = 1.0 / b0
         r1 = 1.0 / b1
         r2 = 1.0 / b2
         r3 = 1.0 / b3
+    else:
+        b0 = logit_scale * 0.0  # (fp32 scalars: loop-carried)
+        b1 = b0
+        b2 = b0
+        b3 = b0
     acc = gl.zeros([4, BLOCK_H, 128], gl.float32, PV)
     zeros16 = gl.zeros([TILE, BLOCK_H], gl.float32, W16)
     zeros32 = gl.zeros([TILE, 2 * BLOCK_H], gl.float32, _logit_layout(32, 2 * BLOCK_H))
@@ -408,6 +464,12 @@ def sparse_mla_wgmma_kernel(
             s1 = _scale_row(scale_s.index(stage), 1).load(ROWS)
             s2 = _scale_row(scale_s.index(stage), 2).load(ROWS)
             s3 = _scale_row(scale_s.index(stage), 3).load(ROWS)
+            if not PREPASS:
+                t0, t1, t2, t3 = _step_scale_maxima(scale_s.index(stage))
+                b0, f0, r0 = _raise_maximum(b0, t0)
+                b1, f1, r1 = _raise_maximum(b1, t1)
+                b2, f2, r2 = _raise_maximum(b2, t2)
+                b3, f3, r3 = _raise_maximum(b3, t3)
             a0, a1, a2, a3, ar = warpgroup_mma_wait(0, deps=[a0, a1, a2, a3, ar])
             nope = (_hi_plus_lo(a0, W8) * s0[:, None] + _hi_plus_lo(a1, W8) * s1[:, None]
                     + _hi_plus_lo(a2, W8) * s2[:, None] + _hi_plus_lo(a3, W8) * s3[:, None])
@@ -418,11 +480,16 @@ def sparse_mla_wgmma_kernel(
         # [64, 16, 2, 2] with P_c at [.., c % 2, c // 2] (join adds its dim last), as [4, 64, 16] in tile order
         if FP8:
             pc = gl.join(gl.join(p, p), gl.join(p, p))
+            acc = acc * gl.convert_layout(alpha, PV_HEADS)[None, :, None]
         else:
             pc = gl.join(gl.join(p * (s0 * r0)[:, None], p * (s1 * r1)[:, None]),
                          gl.join(p * (s2 * r2)[:, None], p * (s3 * r3)[:, None]))
+            if PREPASS:
+                acc = acc * gl.convert_layout(alpha, PV_HEADS)[None, :, None]
+            else:  # (the factor per part and head first: 2 a thread, then one multiply a value)
+                factor = gl.convert_layout(alpha, PV_HEADS)[None, :] * _per_part(f0, f1, f2, f3, PV_PARTS)[:, None]
+                acc = acc * factor[:, :, None]
         p_s.store(gl.reshape(gl.permute(pc, (3, 2, 0, 1)), [4, TILE, BLOCK_H]).to(gl.float16))
-        acc = acc * gl.convert_layout(alpha, PV_HEADS)[None, :, None]
         _barrier()  # every warp's P stored
 
         values = _value_view(codes)
@@ -435,11 +502,15 @@ def sparse_mla_wgmma_kernel(
     lse, inv_l = softmax_totals(l_acc, m_i, 1.0)
     norm = gl.convert_layout(inv_l, PV_HEADS)
     out = acc * (norm[None, :, None] * _per_part(b0, b1, b2, b3, PV_PARTS)[:, None, None])
-    op = gl.arange(0, 4, PV_PARTS)
-    oh = gl.arange(0, BLOCK_H, PV_HEADS)
-    on = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, PV)))
+    # the columns un-permuted in registers (n = 32 a + 8 b + r holds dim 32 a + 4 r + b: value_dim), so each thread's
+    # values are runs of 4 consecutive dims: 16-byte stores
+    out = gl.reshape(gl.permute(gl.reshape(out, [4, BLOCK_H, 4, 4, 8]), (0, 1, 2, 4, 3)), [4, BLOCK_H, 128])
+    out = gl.convert_layout(out, _OUT)  # (the same registers in another order: no data moves)
+    op = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _OUT)))
+    oh = gl.arange(0, BLOCK_H, gl.SliceLayout(0, gl.SliceLayout(2, _OUT)))
+    od = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, _OUT)))
     o_rows = o_ptr + split.to(gl.int64) * stride_os + t * stride_ot + oh[None, :, None] * stride_oh
-    gl.store(o_rows + (op * 128)[:, None, None] + value_dim(on)[None, None, :], out.to(o_ptr.dtype.element_ty),
+    gl.store(o_rows + (op * 128)[:, None, None] + od[None, None, :], out.to(o_ptr.dtype.element_ty),
              mask=(oh < H)[None, :, None])
     lh = gl.arange(0, BLOCK_H, HEADS)
     gl.store(lse_ptr + split * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
@@ -464,7 +535,7 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
 
 @bounded_partials
 def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, stages=DEFAULT_STAGES,
-                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None):
+                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, prepass=False):
     """Launch :func:`sparse_mla_wgmma_kernel` (a call :func:`serves` refuses raises, naming what it got).
 
     Args:
@@ -480,6 +551,8 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
             stages let two programs share a SM).
         split_size: slots per split, a fixed count (batch invariance); None = one split a token.
         maxnreg: ptxas's register cap (None: its own choice).
+        prepass: fp8_ds_mla: read the split's tile-scale maxima before the first step (the kernel before the
+            thirty-sixth session, kept for A/B runs) instead of raising them step by step.
 
     Returns:
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
@@ -504,7 +577,8 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
-    meta = dict(STAGES=stages, FP8=fp8, num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
+    meta = dict(STAGES=stages, FP8=fp8, ALIGNED=splits == 1 or split_size % 64 == 0, PREPASS=prepass, num_warps=4,
+                **({"maxnreg": maxnreg} if maxnreg else {}))
     # (fp8_ds_mla: the kernel reads no tensor scale; q stands in for the pointer)
     scale_arg = kv_scale.reshape(()) if fp8 else q
     return launch_over_tokens(sparse_mla_wgmma_kernel, q, kv_pages, slots, o, lse, splits,
