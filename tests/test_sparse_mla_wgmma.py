@@ -137,6 +137,54 @@ def test_each_copy_instruction_covers_whole_records(warp):
     assert w._CODES_COPY.value.warps_per_cta == [1, 4, 1]
 
 
+@pytest.mark.parametrize("name, slot_dim", [("_CODES_COPY", 1), ("_ROPE_COPY", 0), ("_SCALE_COPY", 1),
+                                            ("_ROPE8_COPY", 0)])
+def test_a_thread_copies_consecutive_slots_so_its_slot_indices_load_as_words(name, slot_dim):
+    """One tile of the copy layout covers a step's 64 slots once, each thread a run of consecutive slots (the slot
+    indices of a step are then one 8- or 16-byte load a run, not one 4-byte load a slot)."""
+    layout = getattr(w, name).value
+    assert (layout.size_per_thread[slot_dim] * layout.threads_per_warp[slot_dim]
+            * layout.warps_per_cta[slot_dim]) == 64
+    assert layout.size_per_thread[slot_dim] >= 2
+
+
+def _accumulator_bases():
+    """mma.sync m16n8's accumulator over [4 parts, 16 heads, 128 columns] with a warp a part (PTX ISA): lane l holds
+    columns 2 (l % 4) + {0, 1} of each 8-column n-tile at rows l // 4 and l // 4 + 8; the n-tiles are registers."""
+    reg = [[0, 0, 1], [0, 8, 0], [0, 0, 8], [0, 0, 16], [0, 0, 32], [0, 0, 64]]
+    lane = [[0, 0, 2], [0, 0, 4], [0, 1, 0], [0, 2, 0], [0, 4, 0]]
+    warp = [[1, 0, 0], [2, 0, 0]]
+    return reg, lane, warp
+
+
+def test_the_output_layout_is_the_accumulator_with_its_columns_at_their_dims_and_runs_of_8_dims_first():
+    """The epilogue un-permutes the value columns (column n holds dim value_dim(n)) by reshape and permute, then takes
+    the _OUT layout: the same lanes and warps (no data moves), the registers reordered so each thread's first 8
+    registers are 8 consecutive dims (16-byte stores)."""
+    out = w._OUT.value
+
+    def at_dim(basis):
+        part, head, n = basis
+        return [part, head, _value_dim(n) if n else 0]
+
+    reg, lane, warp = _accumulator_bases()
+    assert out.lane_bases == [at_dim(b) for b in lane]
+    assert out.warp_bases == [at_dim(b) for b in warp]
+    assert sorted(map(tuple, out.reg_bases)) == sorted(tuple(at_dim(b)) for b in reg)
+    assert out.reg_bases[:3] == [[0, 0, 1], [0, 0, 2], [0, 0, 4]]
+
+
+def test_every_warp_holds_a_steps_tile_scales_whole():
+    """A step's largest scale per tile is reduced by each warp alone: the layout's warps hold the same elements and
+    its registers and lanes cover the [4, 64] scales once."""
+    layout = w._SCALES_ALL.value
+    assert layout.warp_bases == [[0, 0], [0, 0]] and layout.shape == [4, 64]
+    held = {(0, 0)}
+    for basis in layout.reg_bases + layout.lane_bases:
+        held |= {(p ^ basis[0], s ^ basis[1]) for p, s in held}
+    assert held == {(p, s) for p in range(4) for s in range(64)}
+
+
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8"])
 def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm(fmt):
     """The backend's launch, on either record format."""
