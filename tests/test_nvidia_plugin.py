@@ -85,11 +85,12 @@ def test_topk_never_takes_the_radix_method_in_invariant_mode(monkeypatch):
     invariant = {w: config.topk_config(w).get("method", "radix") for w in widths}
     monkeypatch.delenv("DSAHAL_BATCH_INVARIANT")
     config.read_mode()
-    # rows of <= 4K: the registers method in both modes (index order, the bound method's bits)
-    assert all(default[w] == invariant[w] == "registers" for w in (100, 2048, 4096)), (default, invariant)
-    assert default[4097] == default[8192] == "radix"
-    assert invariant[4097] == invariant[8192] == "bound"
-    assert all(invariant[w] == default[w] for w in widths if w > 8192), (default, invariant)
+    # rows of <= 8K: the registers method in both modes (index order, the bound method's bits), 8 warps past 4K;
+    # wider rows the same method in both modes; the radix method in neither
+    assert all(default[w] == invariant[w] == "registers" for w in (100, 2048, 4096, 4097, 8192)), (default, invariant)
+    assert [config.topk_config(w)["num_warps"] for w in (4096, 4097, 8192)] == [4, 8, 8]
+    assert default[8193] == invariant[8193] == "bound"
+    assert all(invariant[w] == default[w] != "radix" for w in widths), (default, invariant)
     from dsahal.backends.triton_kernels import topk_registers
 
     assert config.REGISTERS_TOPK_ROWS <= topk_registers.MAX_WIDTH  # (the rows it routes fit the kernel)

@@ -570,7 +570,9 @@ def _topk_variants() -> list[Variant]:
     from . import config
 
     out = []
-    cfg = config.topk_config(8192)  # the one-program radix kernel (rows of 4K-8K; see config.topk_config)
+    # the one-program radix kernel: no longer a default (the registers method took rows of <= 8K, thirty-sixth session),
+    # a launch option of topk.topk at the parameters it last served with
+    cfg = dict(chunk=2048, row_levels=2, num_warps=8)
     for emit in (False, True):
         out.append(Variant(
             f"top-k{' emitting slots' if emit else ''}", topk.topk_kernel,

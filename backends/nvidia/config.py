@@ -351,15 +351,18 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
 #               bound 0.246, rows split over 8 programs (the old default) 0.613;
 #   4096 x 32K (causal prefill): bound (lane-max lower bound) 0.857 ms vs 1.809 (2.1x), groups 0.868, radix 1.25;
 #   320 x 4K:   one program per row 0.047 ms vs 0.112 (2.4x), bound 0.085, groups 0.17.
-_TOPK_SHORT = dict(chunk=2048, row_levels=2, num_warps=8, segments=1)
-# Rows of <= 4K (early decode, short prefill): the registers method (the row whole in one program at 4 warps, read
-# once; its output the bound method's bit for bit, index order, so both modes take it). H100 (thirty-fifth session,
-# 2026-12-05, scripts/h200/topk_sweep.py on real FP8 indexer scores, every variant checked first; same run):
-# 320 x 4K 0.0299 ms against the radix program's 0.0472 (1.58x) and the bound method's 0.141 (batch-invariant mode's
-# until now: 4.7x); torch.topk 0.1165 (3.89x); 8 warps 0.0328, 16 warps 0.0456. Not measured at 4K-16K rows: those
-# keep the radix program (default mode) and the bound method (batch-invariant mode).
-REGISTERS_TOPK_ROWS = 4096
+# Rows of <= 8K (early decode, short prefill): the registers method (the row whole in one program, read once; its
+# output the bound method's bit for bit, index order, so both modes take it). H100 (2026-12-05, scripts/h200/
+# topk_sweep.py on real FP8 indexer scores, every variant checked first; same run): thirty-fifth session, 320 x 4K
+# 0.0299 ms at 4 warps against the one-program radix kernel's 0.0472 (1.58x; the default until then) and the bound
+# method's 0.141 (batch-invariant mode's: 4.7x), torch.topk 0.1165 (3.89x), 8 warps 0.0328, 16 warps 0.0456;
+# thirty-sixth session (R5, `--short`), 320 x 8K 0.0575 ms at 8 warps against the radix kernel's 0.0704 (1.22x) and
+# the bound method's 0.1116 (1.94x), torch.topk 0.1287 (2.24x), 4 warps 0.0938, 16 warps 0.0686; at 320 x 16K the
+# registers method lost (16 warps 0.1424 against the bound method's 0.1116): rows past 8K keep the bound method. The
+# radix kernel is no longer a default (a launch option of topk.topk).
+REGISTERS_TOPK_ROWS = 8192
 _TOPK_REGISTERS = dict(method="registers", num_warps=4)
+_TOPK_REGISTERS_8K = dict(method="registers", num_warps=8)  # rows of 4K-8K
 _TOPK_BOUND = dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, finish_warps=4)
 _TOPK_GROUPS_BASE = dict(method="groups", chunk=1024, steps=32, batch=64, num_warps=4, finish_chunk=1024,
                          finish_warps=8)
@@ -417,17 +420,15 @@ def fused_group_maxima(index_fmt: str, q_dtype: torch.dtype, per_request: int) -
 @functools.lru_cache(maxsize=64)
 def topk_config(width: int) -> dict:
     """Kernel and parameters for rows of ``width`` scores. Every method returns the same set (the tie rule), and
-    the bound, groups and registers methods write it in index order, the same bits; the radix method (one program a
-    row, rows of 4K-8K) orders the valid entries otherwise, and that order is the sparse-MLA sum's: batch-invariant
-    mode never takes the radix method, so a row's slots never depend on the call's width."""
+    the registers, bound and groups methods, the only ones routed, write it in index order, the same bits (the radix
+    method, a launch option, orders the valid entries otherwise, and that order is the sparse-MLA sum's): a row's
+    slots never depend on the call's width, in either mode."""
     if width >= WIDE_TOPK_ROWS:
         return _TOPK_GROUPS_WIDE
     if width >= 65536:
         return _TOPK_GROUPS
     if width <= REGISTERS_TOPK_ROWS:
-        return _TOPK_REGISTERS
-    if width <= 8192 and not batch_invariant():
-        return _TOPK_SHORT
+        return _TOPK_REGISTERS if width <= 4096 else _TOPK_REGISTERS_8K
     return _TOPK_BOUND
 
 
