@@ -305,12 +305,15 @@ def test_fp8_records_pass_their_tensor_scale_to_the_kernel_and_a_bad_one_is_refu
 def test_the_launch_takes_smaller_splits_below_the_token_count_in_default_mode_only(monkeypatch):
     from dsahal.backends.nvidia import config, ops
 
-    small = config.WGMMA_SMALL_SPLIT
-    assert config.WGMMA_MIN_TOKENS < small["below_tokens"]  # the route's smallest calls are the ones split smaller
+    tiers = config.WGMMA_SMALL_SPLITS
+    assert config.WGMMA_MIN_TOKENS < tiers[0][0]  # the route's smallest calls are the ones split smallest
+    assert [below for below, _ in tiers] == sorted(below for below, _ in tiers)
     monkeypatch.setattr(config, "batch_invariant", lambda: False)
-    assert ops.wgmma_launch(small["below_tokens"] - 1) == dict(config.WGMMA_FEW_HEADS, split_size=small["split_size"])
-    assert ops.wgmma_launch(small["below_tokens"]) == config.WGMMA_FEW_HEADS
+    for below, split_size in tiers:
+        assert ops.wgmma_launch(below - 1) == dict(config.WGMMA_FEW_HEADS, split_size=split_size)
+    assert ops.wgmma_launch(config.WGMMA_MIN_TOKENS) == dict(config.WGMMA_FEW_HEADS, split_size=tiers[0][1])
+    assert ops.wgmma_launch(tiers[-1][0]) == config.WGMMA_FEW_HEADS
     assert ops.wgmma_launch(320) == config.WGMMA_FEW_HEADS
     monkeypatch.setattr(config, "batch_invariant", lambda: True)  # a fixed split whatever the batch
-    assert ops.wgmma_launch(small["below_tokens"] - 1) == config.WGMMA_FEW_HEADS
+    assert ops.wgmma_launch(tiers[-1][0] - 1) == config.WGMMA_FEW_HEADS
     assert ops.wgmma_launch(1) == config.WGMMA_FEW_HEADS

@@ -45,9 +45,14 @@ GLUON_FEW_HEADS = dict(block_n=16, stages=3, q_smem=True, maxnreg=168, split_siz
 # scripts/h200/wgmma_probe.py, H = 16, 2048 slots) 63.5 / 103.5 us against FlashMLA's 76.2 / 113.6 at 64 / 128
 # tokens, but 56.8 / 54.2 / 53.2 against 48.4 / 29.1 / 19.9 at 32 / 16 / 8 (too few programs to fill the GPU). With
 # 512-slot splits (twice the programs) it measured 42.4 / 66.8 us at 32 / 64 tokens (1.14x FlashMLA at both), 35.5 at
-# 16: so in default mode a call of WGMMA_MIN_TOKENS .. WGMMA_SMALL_SPLIT["below_tokens"] - 1 query tokens runs with
-# WGMMA_SMALL_SPLIT's splits (batch-invariant mode keeps the fixed 1024: a split chosen by batch size would make a
-# row's sums depend on its batch).
+# 16: so in default mode a call of WGMMA_MIN_TOKENS .. 63 query tokens runs with WGMMA_SMALL_SPLITS' smaller
+# splits (batch-invariant mode keeps the fixed 1024: a split chosen by batch size would make a
+# row's sums depend on its batch). Thirty-sixth session (H100, R4 wgmma_probe.py, the kernel without its tile-scale
+# pre-pass, GPU time from CUDA-graph replays, us, FlashMLA / ours at 1024 / 512 / 256-slot splits): 8 tokens 21.4 /
+# 48.4 / 29.0 / 20.9, 16 tokens 32.6 / 48.3 / 28.9 / 21.9, 32 tokens 52.7 / 47.9 / 33.0 / 36.6, 64 tokens 80.7 / 51.6 /
+# 54.9 / 65.7, 128 tokens 117.5 / 88.5 / 101.1 / 118.6. So the route now takes calls from 16 tokens (16-31 with
+# 256-slot splits: 1.49x at 16), 32-63 keep 512-slot splits (1.60x at 32), 64 on 1024 (1.56x at 64); at 8 tokens the
+# two tie and FlashMLA's host time is lower: left to it. (Eager calls of < 64 tokens are host-bound on both.)
 WGMMA_FEW_HEADS = dict(stages=2, split_size=1024)
 # The wgmma kernels serve a call of more than 16 heads as groups of 16, one program each (every group gathers the
 # records again, the L2 serving some: 32 heads cost 1.7-1.9x 16). H200, twenty-fourth session, 64 x 5 tokens x 2048
@@ -64,8 +69,9 @@ WGMMA_GROUPED_MAX_HEADS = 64
 # the suite's bound 1.56e-2. Those calls keep the routes before (FlashMLA's decode, the Triton kernels); the kernel
 # serves them when called directly.
 WGMMA_ROUTE_MAX_HEADS = 16
-WGMMA_SMALL_SPLIT = dict(below_tokens=64, split_size=512)
-WGMMA_MIN_TOKENS = 32
+# default mode: (calls of fewer than this many query tokens, their slots a split), the first that holds
+WGMMA_SMALL_SPLITS = ((32, 256), (64, 512))
+WGMMA_MIN_TOKENS = 16
 
 # The wgmma NVFP4 kernel (sparse_mla_wgmma_fp4; the nvidia route "gluon_wgmma_nvfp4"): 3 stages of 22.5 KB (two
 # programs a SM, 221 registers) and a fixed 1024 slots a split in both modes (batch invariant); 512- and 768-slot splits

@@ -92,10 +92,11 @@ def wgmma_fp4_launch(tokens: int) -> dict:
 
 def wgmma_launch(tokens: int) -> dict:
     """The wgmma few-heads kernel's launch parameters for a call of ``tokens`` query tokens: ``config.WGMMA_FEW_HEADS``,
-    with ``config.WGMMA_SMALL_SPLIT``'s smaller splits (more programs) below its token count in default mode."""
-    small = config.WGMMA_SMALL_SPLIT
-    if tokens < small["below_tokens"] and not config.batch_invariant():
-        return dict(config.WGMMA_FEW_HEADS, split_size=small["split_size"])
+    with ``config.WGMMA_SMALL_SPLITS``' smaller splits (more programs) below their token counts in default mode."""
+    if not config.batch_invariant():
+        for below, split_size in config.WGMMA_SMALL_SPLITS:
+            if tokens < below:
+                return dict(config.WGMMA_FEW_HEADS, split_size=split_size)
     return config.WGMMA_FEW_HEADS
 
 

@@ -44,10 +44,10 @@ def routes() -> dict[str, list[Route]]:
         "positions_to_slots": [_triton("positions_to_slots")],
         "sparse_mla": [
             # The wgmma few-heads kernel, fp8_ds_mla at <= 16 heads on sm_90: the gathered slots as the logit MMA's M
-            # side, so 12 or 16 heads are not padded to 64; 1.10x / 1.18x FlashMLA (heads padded) at 64 x 5 tokens,
-            # H = 16 / 12, 1.19x / 1.31x at 64 x 8 (H200, twenty-fourth session). Ahead of FlashMLA: in default mode
-            # it leaves calls of < 32 query tokens (config.WGMMA_MIN_TOKENS) that FlashMLA's decode takes to it
-            # (faster there; 32-63 tokens with 512-slot splits); in batch-invariant mode it takes every call it can
+            # side, so 12 or 16 heads are not padded to 64; 1.31x / 1.35x FlashMLA (heads padded) at 64 x 5 tokens,
+            # H = 16 / 12, 1.40x / 1.44x at 64 x 8 (H100, thirty-sixth session). Ahead of FlashMLA: in default mode
+            # it leaves calls of < 16 query tokens (config.WGMMA_MIN_TOKENS) that FlashMLA's decode takes to it
+            # (as fast there; 16-63 tokens with smaller splits); in batch-invariant mode it takes every call it can
             # (fixed splits: the route must not depend on the batch). The kernel also serves more heads (groups of 16)
             # and per-tensor FP8 records: not routed (config.WGMMA_ROUTE_MAX_HEADS says why).
             Route("gluon_wgmma_few_heads", f"{PACKAGE}.ops:sparse_mla_wgmma",
