@@ -19,7 +19,8 @@ as DeepGEMM's indexer does with keys, a step's 64 gathered slots are the M side 
 
 - the gather: a step's records (512 code bytes, 4 tile scales, 64 RoPE values each) copied by 16-byte ``cp.async``
   pieces straight into 128-byte-swizzled shared tiles, ``STAGES - 1`` steps ahead, each instruction a warp covering
-  whole records (skipped slots zero-filled; the slot indices loaded a step before their copies);
+  whole records (skipped slots zero-filled; the slot indices loaded a step before their copies, a thread's as whole
+  words); the first steps' copies are issued before the queries are loaded and split, so those overlap their flight;
 - the logits ``S^T [64 slots, 16 heads]``: per 128-dim tile ``c`` one FP8 ``wgmma`` on the codes as copied (A from
   shared memory: no widening) against the queries split exactly into e4m3 hi + lo parts (a power of two per head,
   :func:`.indexer_gluon._split`), stacked as its 32 columns (one N = 32 MMA a tile), so each part sums into its own
@@ -28,17 +29,23 @@ as DeepGEMM's indexer does with keys, a step's 64 gathered slots are the M side 
   scaled by its per-slot scale ``σ[s, c]`` (a row of the accumulator is a slot: one multiply); the 64 RoPE dims one bf16
   ``wgmma``;
 - the online softmax over the 64 rows of a step (one cross-warp maximum a step), ``P_c = p · σ_c / M_c`` per tile
-  (``M_c`` the split's largest tile-c scale, read before the first step, :func:`_largest_scales`) stored as fp16
-  ``[4, 64, 16]``;
+  stored as fp16 ``[4, 64, 16]``, ``M_c`` the largest tile-c scale of the split's slots so far (a running maximum: each
+  warp reduces the step's scales from shared memory by itself, :func:`_step_scale_maxima`; when it rises the tile's
+  accumulated values take ``M_old / M_new``, :func:`_raise_maximum`, as the softmax's rescale does; the output takes
+  ``M_c`` at the end);
 - the values: warp ``c`` owns the 128 dims of tile ``c``: ``o_c [16 heads, 128] += P_c^T · V_c`` by ``mma.sync``
   m16n8k16, its B operand (``V_c``, slots x dims) read from the very tile the logit MMA read, through a view
   (:func:`_value_view`) that undoes the swizzle and permutes the dims so each 32-bit shared load holds the 4 dims
   one lane needs for 4 different n-tiles at one slot (bank-conflict free); one ``cvt.rn.f16x2.e4m3x2`` per two
-  values; the output columns are un-permuted at the store (:func:`value_dim`).
+  values; the output columns are un-permuted in registers (:func:`value_dim`, :data:`_OUT`) and stored 16 bytes at a
+  time.
 
-Measured on the H200 (BENCHMARKS.md, twenty-fourth session, 64 x 5 tokens x 2048 slots): 0.266 / 0.245 ms at H = 16 /
-12, 1.12x / 1.21x FlashMLA with its heads padded; latency-bound at two programs of four warps a SM (250 registers, 41 KB
-stages). lse within 2-5e-4 of the float64 reference (FlashMLA's 2e-6), o within 1.0-1.2e-3. The FP8
+Measured (BENCHMARKS.md, 64 x 5 tokens x 2048 slots): on the H200 (twenty-fourth session) 0.266 / 0.245 ms at H = 16 /
+12, 1.12x / 1.21x FlashMLA with its heads padded; on an H100 (thirty-sixth session, the changes above: until then the
+split's tile-scale maxima were gathered before the first step, two dependent DRAM round trips that were 12.6% of the
+warps' stall samples, and the work outside the loop 29%) 0.2331 / 0.2299 ms against 0.2936 / 0.2745 before, 1.34x /
+1.36x FlashMLA. Latency-bound at two programs of four warps a SM (241 registers, 41 KB stages): the gathers' copies
+in flight per SM. lse within 2-5e-4 of the float64 reference (FlashMLA's 2e-6), o within 1.0-1.2e-3. The FP8
 MMAs' accumulation costs a logit about 2^-13 of its products' magnitudes (sum |q k|): rows whose logits reach
 thousands and whose largest two are that close get softmax weights far from the reference's (one such row: o off by
 1.8e-2, lse by 1.3 at logits near 8,600; R4).
@@ -198,28 +205,6 @@ def _per_part(v0, v1, v2, v3, layout: gl.constexpr):
 
 
 @gluon.jit
-def _split_scale_maxima(pages_u8, slot_row, start, end, num_slots, s8_b, s8_t, block_tokens, FLAT: gl.constexpr,
-                        OFF32: gl.constexpr):
-    """(``PREPASS``, the kernel before the thirty-sixth session) The largest scale of each 128-dim tile over the valid
-    slots ``start .. end - 1`` of the token's list, read before the first step (four scalars; 1.0 for a tile whose
-    scales are all 0 or that has no valid slot): one 16-byte load a slot, 1024 slots in one round of loads. Two
-    dependent gathers before the first step: 12.6% of the warps' stall samples at 64 x 5, H = 16 (H100)."""
-    L: gl.constexpr = gl.BlockedLayout([8, 4], [32, 1], [4, 1], [1, 0])  # [1024 slots, 4 tiles], 8 slots a thread
-    part = gl.arange(0, 4, gl.SliceLayout(0, L))
-    big = gl.zeros([1024, 4], gl.float32, L)
-    for n0 in range(start, end, 1024):
-        n = n0 + gl.arange(0, 1024, gl.SliceLayout(1, L))
-        row, ok = _rows(gl.load(slot_row + n, mask=n < end, other=-1), num_slots, s8_b, s8_t, block_tokens, FLAT,
-                        OFF32)
-        floats = (pages_u8 + row[:, None]).to(gl.pointer_type(gl.float32), bitcast=True) + 128
-        big = gl.maximum(big, gl.load(floats + part[None, :], mask=ok[:, None], other=0.0))
-    big = gl.max(big, axis=0)
-    big = gl.where(big > 0.0, big, 1.0)
-    return (gl.sum(gl.where(part == 0, big, 0.0), axis=0), gl.sum(gl.where(part == 1, big, 0.0), axis=0),
-            gl.sum(gl.where(part == 2, big, 0.0), axis=0), gl.sum(gl.where(part == 3, big, 0.0), axis=0))
-
-
-@gluon.jit
 def _step_scale_maxima(scales):
     """The largest scale of each 128-dim tile over a step's 64 slots (``scales [4, 64]`` fp32 in shared memory, skipped
     slots zero-filled): four scalars, every warp reducing its own copy (no cross-warp exchange, no barrier)."""
@@ -332,8 +317,6 @@ def sparse_mla_wgmma_kernel(
     OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
     FP8: gl.constexpr = False,  # per-tensor FP8 records (576 e4m3 codes x kv_scale) instead of fp8_ds_mla's
     ALIGNED: gl.constexpr = False,  # every split starts at a multiple of 64 slots (the slot indices' loads vectorised)
-    PREPASS: gl.constexpr = False,  # fp8_ds_mla: the split's tile-scale maxima read before the first step (the kernel
-    # before the thirty-sixth session, for A/B runs) instead of raised step by step
 ):
     W8: gl.constexpr = _logit_layout(32)  # the FP8 logit MMAs' accumulator [64 slots, 16 heads]
     W16: gl.constexpr = _logit_layout(16)  # the RoPE MMA's (the same registers)
@@ -417,13 +400,6 @@ def sparse_mla_wgmma_kernel(
         b1 = kv_scale
         b2 = kv_scale
         b3 = kv_scale
-    elif PREPASS:
-        b0, b1, b2, b3 = _split_scale_maxima(pages_u8, slot_row, start, end, num_slots, s8_b, s8_t, block_tokens,
-                                             FLAT, OFF32)
-        r0 = 1.0 / b0
-        r1 = 1.0 / b1
-        r2 = 1.0 / b2
-        r3 = 1.0 / b3
     else:
         b0 = logit_scale * 0.0  # (fp32 scalars: loop-carried)
         b1 = b0
@@ -464,12 +440,11 @@ def sparse_mla_wgmma_kernel(
             s1 = _scale_row(scale_s.index(stage), 1).load(ROWS)
             s2 = _scale_row(scale_s.index(stage), 2).load(ROWS)
             s3 = _scale_row(scale_s.index(stage), 3).load(ROWS)
-            if not PREPASS:
-                t0, t1, t2, t3 = _step_scale_maxima(scale_s.index(stage))
-                b0, f0, r0 = _raise_maximum(b0, t0)
-                b1, f1, r1 = _raise_maximum(b1, t1)
-                b2, f2, r2 = _raise_maximum(b2, t2)
-                b3, f3, r3 = _raise_maximum(b3, t3)
+            t0, t1, t2, t3 = _step_scale_maxima(scale_s.index(stage))
+            b0, f0, r0 = _raise_maximum(b0, t0)
+            b1, f1, r1 = _raise_maximum(b1, t1)
+            b2, f2, r2 = _raise_maximum(b2, t2)
+            b3, f3, r3 = _raise_maximum(b3, t3)
             a0, a1, a2, a3, ar = warpgroup_mma_wait(0, deps=[a0, a1, a2, a3, ar])
             nope = (_hi_plus_lo(a0, W8) * s0[:, None] + _hi_plus_lo(a1, W8) * s1[:, None]
                     + _hi_plus_lo(a2, W8) * s2[:, None] + _hi_plus_lo(a3, W8) * s3[:, None])
@@ -484,11 +459,9 @@ def sparse_mla_wgmma_kernel(
         else:
             pc = gl.join(gl.join(p * (s0 * r0)[:, None], p * (s1 * r1)[:, None]),
                          gl.join(p * (s2 * r2)[:, None], p * (s3 * r3)[:, None]))
-            if PREPASS:
-                acc = acc * gl.convert_layout(alpha, PV_HEADS)[None, :, None]
-            else:  # (the factor per part and head first: 2 a thread, then one multiply a value)
-                factor = gl.convert_layout(alpha, PV_HEADS)[None, :] * _per_part(f0, f1, f2, f3, PV_PARTS)[:, None]
-                acc = acc * factor[:, :, None]
+            # (the factor per part and head first: 2 a thread, then one multiply a value)
+            factor = gl.convert_layout(alpha, PV_HEADS)[None, :] * _per_part(f0, f1, f2, f3, PV_PARTS)[:, None]
+            acc = acc * factor[:, :, None]
         p_s.store(gl.reshape(gl.permute(pc, (3, 2, 0, 1)), [4, TILE, BLOCK_H]).to(gl.float16))
         _barrier()  # every warp's P stored
 
@@ -535,7 +508,7 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
 
 @bounded_partials
 def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, stages=DEFAULT_STAGES,
-                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, prepass=False):
+                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None):
     """Launch :func:`sparse_mla_wgmma_kernel` (a call :func:`serves` refuses raises, naming what it got).
 
     Args:
@@ -551,8 +524,6 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
             stages let two programs share a SM).
         split_size: slots per split, a fixed count (batch invariance); None = one split a token.
         maxnreg: ptxas's register cap (None: its own choice).
-        prepass: fp8_ds_mla: read the split's tile-scale maxima before the first step (the kernel before the
-            thirty-sixth session, kept for A/B runs) instead of raising them step by step.
 
     Returns:
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
@@ -577,7 +548,7 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
-    meta = dict(STAGES=stages, FP8=fp8, ALIGNED=splits == 1 or split_size % 64 == 0, PREPASS=prepass, num_warps=4,
+    meta = dict(STAGES=stages, FP8=fp8, ALIGNED=splits == 1 or split_size % 64 == 0, num_warps=4,
                 **({"maxnreg": maxnreg} if maxnreg else {}))
     # (fp8_ds_mla: the kernel reads no tensor scale; q stands in for the pointer)
     scale_arg = kv_scale.reshape(()) if fp8 else q

@@ -13,10 +13,9 @@ Usage (on a CUDA machine, from the repository root)::
    of |lse|, the row's largest sum |q k| and 1 (an FP8-accumulated logit's error grows with its products' magnitudes,
    not with their cancelling sum).
 2. The serving shape: 64 requests x 5 tokens (and x 1, x 8) x top-k 2048 over a 1M-token fp8_ds_mla pool (656 MB,
-   larger than the L2), H = 16 and 12; each variant (the launch with the tile-scale maxima raised step by step and
-   with them read first, ``prepass``; an earlier commit's kernel where :data:`BASELINE_MODULE` is present) checked on
-   its first rows against the reference, then timed (``do_bench`` median); a table of ms, TB/s of gathered bytes, %
-   of the copy ceiling, FlashMLA / ours.
+   larger than the L2), H = 16 and 12; each variant (and an earlier commit's kernel where :data:`BASELINE_MODULE` is
+   present: the thirty-sixth session timed bc0171a's beside its own) checked on its first rows against the reference,
+   then timed (``do_bench`` median); a table of ms, TB/s of gathered bytes, % of the copy ceiling, FlashMLA / ours.
 
 Exits with one ``error:`` line when a check fails (after timing what passed).
 """
@@ -30,11 +29,8 @@ from script_cli import edge_then_sweep, run  # scripts/h200/script_cli.py
 TOPK, BLOCK_TOKENS, SOFTMAX_SCALE = 2048, 64, 192**-0.5
 TOL_O, TOL_LSE = 1e-2, 1e-3  # lse: of max(|lse|, the row's largest sum |q k|, 1)
 CHECK_ROWS = 8
-# thirty-sixth session: the tile-scale maxima raised step by step (the default) and read before the first step (the
-# kernel before, `prepass`), both checked and timed
-EDGE_LAUNCHES = (dict(), dict(prepass=True))
-VARIANTS = {"full": (dict(split_size=1024), dict(split_size=1024, prepass=True)),
-            "small": (dict(split_size=512), dict(split_size=512, prepass=True))}
+EDGE_LAUNCHES = (dict(),)
+VARIANTS = {"full": (dict(split_size=1024),), "small": (dict(split_size=512),)}
 # a frozen copy of an earlier commit's kernel module, timed beside the current one when present: a device call copies
 # it into the package (`cp .baseline/_baseline_wgmma.py backends/triton_kernels/`, .baseline carried; not in the repo)
 BASELINE_MODULE = "dsahal.backends.triton_kernels._baseline_wgmma"
