@@ -206,9 +206,11 @@ def _per_part(v0, v1, v2, v3, layout: gl.constexpr):
 
 @gluon.jit
 def _step_scale_maxima(scales):
-    """The largest scale of each 128-dim tile over a step's 64 slots (``scales [4, 64]`` fp32 in shared memory, skipped
-    slots zero-filled): four scalars, every warp reducing its own copy (no cross-warp exchange, no barrier)."""
-    sc = scales.load(_SCALES_ALL)
+    """The largest scale magnitude of each 128-dim tile over a step's 64 slots (``scales [4, 64]`` fp32 in shared
+    memory, skipped slots zero-filled): four scalars, every warp reducing its own copy (no cross-warp exchange, no
+    barrier). Magnitudes: the format's scales are positive, but a record with a negative one still gets
+    ``|P_c| <= 1`` and the reference's sign."""
+    sc = gl.abs(scales.load(_SCALES_ALL))
     top = gl.max(sc, axis=1)
     part = gl.arange(0, 4, gl.SliceLayout(1, _SCALES_ALL))
     return (gl.max(gl.where(part == 0, top, 0.0), axis=0), gl.max(gl.where(part == 1, top, 0.0), axis=0),
@@ -327,7 +329,6 @@ def sparse_mla_wgmma_kernel(
     DOT_B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=PV, k_width=2)
     PV_HEADS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, PV))
     PV_PARTS: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, PV))
-    PV_PH: gl.constexpr = gl.SliceLayout(2, PV)  # [4 parts, 16 heads]: a thread's 2 (its warp's part, 2 heads)
     split = gl.program_id(0)
     t = gl.program_id(1).to(gl.int64)
     q_ptr, o_ptr, lse_ptr, H = head_group(q_ptr, stride_qh, o_ptr, stride_oh, lse_ptr, H, BLOCK_H)
