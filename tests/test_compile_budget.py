@@ -322,7 +322,7 @@ def test_every_launcher_keeps_its_alignment_promise_in_batch_invariant_mode(monk
         fn.cache_clear()
     wrappers = {}
     modules = ("sparse_mla", "sparse_mla_small_heads", "sparse_mla_small_heads_raw", "indexer", "indexer_decode", "kda",
-               "kda_chunk", "lse_combine", "topk_bound", "topk_groups")
+               "kda_chunk", "lse_combine", "topk_bound", "topk_groups", "topk_registers")
     for module_name in modules:  # (all imported before any is wrapped: topk_groups imports topk_bound's by name)
         importlib.import_module(f"dsahal.backends.triton_kernels.{module_name}")
     for module_name in modules:  # as install wraps them: every launched kernel, its defining module's declarations
@@ -357,7 +357,7 @@ def test_every_launcher_keeps_its_alignment_promise_in_batch_invariant_mode(monk
         for fmt, q_dtype in (("fp8", torch.float8_e4m3fn), ("fp8", torch.bfloat16), ("bf16", torch.bfloat16)):
             index_pages = torch.zeros(3, 64, index_format(fmt).token_bytes, dtype=torch.uint8)
             ops.indexer_score(odd(tokens, 4, 128).to(q_dtype), odd(tokens, 4), index_pages, table, req, pos, fmt, 200)
-        for width in (1 << 17, 40003, 5000):  # groups, bound and (invariant mode) bound below 8K
+        for width in (1 << 17, 40003, 5000):  # groups, bound and (both modes) registers up to 8K
             ops.topk(odd(tokens, width), torch.full((tokens,), width, dtype=torch.int32), 64)
         heads, dim = 4, 24
         qkv = [odd(tokens, heads, dim, dtype=torch.bfloat16) for _ in range(3)]
@@ -380,7 +380,7 @@ def test_every_launcher_keeps_its_alignment_promise_in_batch_invariant_mode(monk
         "indexer_decode:indexer_tiles_kernel", "kda:kda_recurrent_kernel", "kda:kda_decode_step_kernel",
         "kda_chunk:kda_chunk_prepare_kernel", "kda_chunk:kda_chunk_state_kernel", "lse_combine:lse_combine_kernel",
         "topk_groups:group_max_kernel", "topk_groups:group_compact_kernel", "topk_bound:bound_max_kernel",
-        "topk_bound:bound_compact_kernel"}, used
+        "topk_bound:bound_compact_kernel", "topk_registers:topk_registers_kernel"}, used
 
 
 def test_the_configuration_memo_is_bounded_and_gives_the_unmemoised_key(monkeypatch):

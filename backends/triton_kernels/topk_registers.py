@@ -20,11 +20,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .alignment import aligned_rows
 from .topk_common import _emit, _pad, _sort_key
 from dsahal.kernel_launch import wrap_launched
 
 MAX_WIDTH = 16384  # widest row a program holds (32 keys a thread at the default 16 warps: default_warps)
 SIZE_ARGS = ("max_blocks", "block_tokens", "N", "k")
+# The arguments whose alignment facts compile_budget's batch-invariant mode keeps (as topk_bound's, whose bits this
+# kernel writes): the scores (aligned by :func:`topk_registers`: .alignment.aligned_rows) and the output (allocated by
+# .topk.topk), the output's row stride (k: the same whichever rows a batch holds). Both modes take this method for
+# rows of <= 8K since the thirty-sixth session; without these facts batch-invariant mode would run its generic compile.
+CACHE_ARGS = {"topk_registers_kernel": ("stride_ot",)}
+LAUNCHER_ALIGNED_ARGS = {"topk_registers_kernel": ("scores_ptr", "stride_st", "out_ptr")}
 
 
 @triton.jit(do_not_specialize=SIZE_ARGS)
@@ -86,6 +93,7 @@ def topk_registers(scores, lengths, k, out, emit, req_ids, block_table, block_to
     tokens, width = scores.shape
     if not serves(width):
         raise ValueError(f"dsahal.topk (triton registers): rows of at most {MAX_WIDTH} scores, got {width}")
+    scores = aligned_rows(scores)  # (LAUNCHER_ALIGNED_ARGS)
     block = max(16, triton.next_power_of_2(width))
     warps = default_warps(width) if num_warps is None else num_warps
     if warps not in (1, 2, 4, 8, 16):
