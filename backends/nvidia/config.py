@@ -362,7 +362,7 @@ def indexer_config(heads: int, q_dtype: torch.dtype = torch.bfloat16, index_fmt:
 # topk_sweep.py on real FP8 indexer scores, every variant checked first; same run): thirty-fifth session, 320 x 4K
 # 0.0299 ms at 4 warps against the one-program radix kernel's 0.0472 (1.58x; the default until then) and the bound
 # method's 0.141 (batch-invariant mode's: 4.7x), torch.topk 0.1165 (3.89x), 8 warps 0.0328, 16 warps 0.0456;
-# thirty-sixth session (R5, `--short`), 320 x 8K 0.0575 ms at 8 warps against the radix kernel's 0.0704 (1.22x) and
+# thirty-sixth session (R3, `--short`), 320 x 8K 0.0575 ms at 8 warps against the radix kernel's 0.0704 (1.22x) and
 # the bound method's 0.1116 (1.94x), torch.topk 0.1287 (2.24x), 4 warps 0.0938, 16 warps 0.0686; at 320 x 16K the
 # registers method lost (16 warps 0.1424 against the bound method's 0.1116): rows past 8K keep the bound method. The
 # radix kernel is no longer a default (a launch option of topk.topk).

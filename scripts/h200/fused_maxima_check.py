@@ -16,8 +16,9 @@ group maxima of those scores below each row's length, bit for bit (built in torc
 contract of ``topk_groups.topk_groups``' ``maxima``); the top-k with them is the top-k without them, bit for bit. Then ms (median
 of CUDA events) of the indexer with and without the maxima and of the top-k with and without them, and of the nvidia
 DSA layer (64 x 1 / 2 / 5 at 128K, fp8_ds_mla latents, H = 128 and 16) with ``config.FUSED_GROUP_MAXIMA`` forced on
-and off (its output bitwise the same; GPU time from CUDA-graph replays, timed off, on, on, off, two timings averaged a side). ``--cpu-smoke``: tiny shapes, the interpreter; Gluon does not run there, so it checks that the
-calls say they did not fill the maxima and that the top-k takes the torch-built ones (nothing timed).
+and off (its output bitwise the same; GPU time from CUDA-graph replays, timed off, on, on, off, two timings averaged
+a side). ``--cpu-smoke``: tiny shapes, the interpreter; Gluon does not run there, so it checks that the calls say
+they did not fill the maxima and that the top-k takes the torch-built ones (nothing timed).
 """
 from __future__ import annotations
 
