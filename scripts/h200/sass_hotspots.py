@@ -42,7 +42,8 @@ def main(argv=None) -> int:
     if sample is None:
         print(f"error: no stall-sampling column among {names}", file=sys.stderr)
         return 1
-    reasons = [n for n in names if "stall" in n.lower() and n != sample and "Sampling" not in n]
+    # (each reason's "(Not Issued)" twin left out: it repeats the reason's name)
+    reasons = [n for n in names if "stall" in n.lower() and "Sampling" not in n and "Not Issued" not in n]
     executed = next((n for n in names if n.startswith("Instructions Executed")), None)
     total = sum(number(r[sample]) for r in rows) or 1.0
     print(f"{len(rows)} SASS lines, {total:.0f} samples ({sample}); columns: {names}")

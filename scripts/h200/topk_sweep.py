@@ -147,12 +147,8 @@ PHASE_WIDTH = 32768  # --prefill: the launches of the NVIDIA default at this wid
 # --short (which method for rows of 4K-16K? the registers route's width): decode 320 x 4K / 8K / 16K, the defaults and
 # the registers method only (a dozen compiles: the whole --prefill sweep outran a 100 s step on an H100)
 SHORT_WIDTHS = (4096, 8192, 16384)
-SHORT_VARIANTS = (
-    ("default", None),
-    ("radix c2048w8", dict(chunk=2048, row_levels=2, num_warps=8, segments=1)),
-    ("bound c1024w4 f512w4", dict(method="bound", chunk=1024, num_warps=4, finish_chunk=512, finish_warps=4)),
-    *REGISTERS,
-)
+SHORT_VARIANTS = tuple(v for v in VARIANTS if v[0] in ("default", "radix 1 prog/row", "bound c1024 f512")
+                       or v in REGISTERS)
 
 
 
@@ -475,13 +471,11 @@ def main(argv=None) -> int:
         cases, variants = build_cases(torch, scores, lengths), VARIANTS
     for case in cases:
         run_case(torch, case, variants, rows, failures)
-    if args.short:
-        pass  # (no launch-by-launch table: each method here is one or two launches)
-    elif args.prefill:
+    if args.prefill:
         # the prefill case and the 320-row case of the same width (cases[0] and cases[4]: MID_WIDTHS[2])
         for case in (cases[0], cases[4]):
             phase_times(torch, case, _kwargs(None, PHASE_WIDTH), phase_rows, failures)
-    else:
+    elif not args.short:  # (--short: no launch-by-launch table, each method there is one or two launches)
         from dsahal.backends.nvidia.config import topk_config
 
         if DEVICE == "cuda":  # the bound and groups methods as such, then the backend's 128K launch (its options)
