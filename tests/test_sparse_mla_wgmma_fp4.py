@@ -96,25 +96,11 @@ def test_each_view_of_the_codes_is_the_one_swizzled_placement(view):
     assert len(seen) == 64 * 256
 
 
-def _logit_dim(t, g1, k):
-    """``logit_dim`` (a Gluon function, not callable here), as its docstring states it."""
-    c, e, a, g0 = (k >> 1) & 3, (k & 1) + 2 * ((k >> 3) & 1), (k >> 4) & 1, (k >> 5) & 1
-    return 128 * t + 32 * c + 8 * (g0 + 2 * g1) + 2 * e + a
-
-
-def _value_dim(n):
-    r, wp, a, e = n & 7, (n >> 3) & 3, (n >> 5) & 1, n >> 6
-    return 128 * wp + 16 * r + 2 * e + a
-
-
-def _rope_dim(k):
-    return 16 * ((k >> 1) & 3) + (k & 1) + 2 * (k >> 3)
-
-
 def test_the_logit_columns_are_the_dims_the_decoded_nibbles_hold():
     """The decode gives (low, high) nibble of each loaded byte; ``join`` puts the nibble last, the operand's permute
-    (0, 2, 5, 3, 1, 4) of [R, c, g0, e1, e0, a] makes column k = e0 + 2 c + 8 e1 + 16 a + 32 g0; the view gives the
+    (_TO_LOGIT_COLUMNS) of [R, c, g0, e1, e0, a] makes column k = e0 + 2 c + 8 e1 + 16 a + 32 g0; the view gives the
     byte's place in the record (code byte B holds dims 2 B and 2 B + 1)."""
+    assert w._TO_LOGIT_COLUMNS.value == (0, 2, 5, 3, 1, 4)
     _, _, meaning = _views()["logit"]
     dims = set()
     for h in range(8):
@@ -124,7 +110,7 @@ def test_the_logit_columns_are_the_dims_the_decoded_nibbles_hold():
                     for a in range(2):
                         _, code_byte = meaning((h, 0, c, g0, e))
                         k = (e & 1) + 2 * c + 8 * (e >> 1) + 16 * a + 32 * g0
-                        assert _logit_dim(h >> 1, h & 1, k) == 2 * code_byte + a
+                        assert w.logit_dim(h >> 1, h & 1, k) == 2 * code_byte + a
                         dims.add(2 * code_byte + a)
     assert dims == set(range(512))
 
@@ -137,18 +123,77 @@ def test_the_value_columns_are_the_dims_the_decoded_nibbles_hold():
             for e in range(8):
                 for a in range(2):
                     _, code_byte = meaning((0, wp, r, e))
-                    assert _value_dim(r + 8 * wp + 32 * a + 64 * e) == 2 * code_byte + a
-    assert sorted(_value_dim(n) for n in range(512)) == list(range(512))
+                    assert w.value_dim(r + 8 * wp + 32 * a + 64 * e) == 2 * code_byte + a
+    assert sorted(w.value_dim(n) for n in range(512)) == list(range(512))
     # a lane's 16 columns (r fixed, n = r + 8 w + 32 j within its warp w) are one 16-dim scale block
-    assert {_value_dim(3 + 8 * 2 + 32 * j) // 16 for j in range(16)} == {8 * 2 + 3}
+    assert {w.value_dim(3 + 8 * 2 + 32 * j) // 16 for j in range(16)} == {8 * 2 + 3}
 
 
 def test_the_rope_columns_are_a_permutation_of_the_rope_dims():
-    # the operand's permute (0, 2, 3, 4, 1, 5) of [R, c, b3, b2, b1, b0]: column k = b0 + 2 c + 8 b1 + 16 b2 + 32 b3
+    # the operand's permute (_TO_ROPE_COLUMNS) of [R, c, b3, b2, b1, b0]: column k = b0 + 2 c + 8 b1 + 16 b2 + 32 b3
+    assert w._TO_ROPE_COLUMNS.value == (0, 2, 3, 4, 1, 5)
     for c in range(4):
         for b in range(16):
             k = (b & 1) + 2 * c + 8 * ((b >> 1) & 1) + 16 * ((b >> 2) & 1) + 32 * (b >> 3)
-            assert _rope_dim(k) == 16 * c + b
+            assert w.rope_dim(k) == 16 * c + b
+
+
+def _permuted(x, shape, order):
+    """The kernel's register permutation (reshape, permute, reshape back to ``x``'s rank-2 shape) on a torch tensor."""
+    return x.reshape(shape).permute(order).reshape(x.shape[0], -1)
+
+
+@pytest.mark.parametrize("half", range(8))
+def test_each_query_column_meets_the_dim_its_code_column_holds(half):
+    """A half's queries are loaded as [heads, 4 runs, 16 consecutive dims] (run c at 128 t + 16 g1 + 32 c) and put in
+    column order by the codes' own permutation: column k then holds logit_dim(t, g1, k)."""
+    t, g1 = half // 2, half % 2
+    loaded = torch.tensor([[128 * t + 16 * g1 + 32 * c + j for c in range(4) for j in range(16)]])
+    columns = _permuted(loaded, [1, 4, 2, 2, 2, 2], w._TO_LOGIT_COLUMNS.value)
+    assert columns[0].tolist() == [w.logit_dim(t, g1, k) for k in range(64)]
+
+
+def test_each_rope_query_column_meets_the_rope_dim_its_code_column_holds():
+    loaded = torch.arange(64).reshape(1, 64)  # [heads, 4 runs x 16 consecutive dims]: RoPE dim 16 c + b
+    columns = _permuted(loaded, [1, 4, 2, 2, 2, 2], w._TO_ROPE_COLUMNS.value)
+    assert columns[0].tolist() == [w.rope_dim(k) for k in range(64)]
+
+
+def test_the_output_columns_are_un_permuted_to_their_dims():
+    """Column n of the value accumulator holds dim value_dim(n); the epilogue's permutation puts every dim in place."""
+    held = torch.tensor([[w.value_dim(n) for n in range(512)]])
+    assert _permuted(held, [1, 8, 2, 4, 8], w._COLUMNS_TO_DIMS.value)[0].tolist() == list(range(512))
+
+
+def test_the_output_layout_is_the_accumulator_with_its_columns_at_their_dims_and_runs_of_16_dims_first():
+    """mma.sync m16n8's accumulator over [16 heads, 512 columns] with the warps along N (PTX ISA): lane l holds columns
+    2 (l % 4) + {0, 1} of each 8-column n-tile at rows l // 4 and l // 4 + 8, warp w the n-tiles 4 j + w. _OUT is that
+    with each column at its dim (value_dim is linear over the column bits) and the registers reordered so each
+    thread's first 16 registers are 16 consecutive dims (16-byte stores)."""
+    out = w._OUT.value
+    reg = [[0, 1], [8, 0], [0, 32], [0, 64], [0, 128], [0, 256]]
+    lane = [[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]]
+    warp = [[0, 8], [0, 16]]
+
+    def at_dim(basis):
+        head, n = basis
+        return [head, w.value_dim(n) if n else 0]
+
+    assert out.lane_bases == [at_dim(b) for b in lane]
+    assert out.warp_bases == [at_dim(b) for b in warp]
+    assert sorted(map(tuple, out.reg_bases)) == sorted(tuple(at_dim(b)) for b in reg)
+    assert out.reg_bases[:4] == [[0, 1], [0, 2], [0, 4], [0, 8]]
+
+
+@pytest.mark.parametrize("name, run", [("_CODES_COPY", 8), ("_ROPE_COPY", 2), ("_SCALE_COPY", 1)])
+def test_a_thread_copies_consecutive_slots_so_its_slot_indices_load_as_words(name, run):
+    """One tile of a copy layout covers a step's 64 slots once, each thread a run of consecutive slots (a step's slot
+    indices are then one 8- or 16-byte load a run, not one 4-byte load a slot), each warp instruction whole records'
+    parts (a row of the layout is one slot's bytes of that part)."""
+    layout = getattr(w, name).value
+    assert layout.order == [1, 0] and layout.size_per_thread == [run, 16]
+    assert layout.size_per_thread[0] * layout.threads_per_warp[0] * layout.warps_per_cta[0] == 64
+    assert layout.threads_per_warp[1] * 16 == {"_CODES_COPY": 256, "_ROPE_COPY": 64, "_SCALE_COPY": 32}[name]
 
 
 @pytest.mark.parametrize("launch", ["default", "many"])

@@ -489,7 +489,8 @@ def _wgmma_fp4_variants() -> list[Variant]:
         out.append(Variant(
             f"sparse MLA few heads, wgmma, nvfp4, H=16, {stages} stages, {in_flight} logit MMA(s) in flight"
             + (f", {maxnreg} registers" if maxnreg else ""),
-            fp4_mla.sparse_mla_wgmma_fp4_kernel, dict(STAGES=stages, FLAT=True, OFF32=True, IN_FLIGHT=in_flight),
+            fp4_mla.sparse_mla_wgmma_fp4_kernel,
+            dict(STAGES=stages, FLAT=True, OFF32=True, IN_FLIGHT=in_flight, ALIGNED=True),
             dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32"), floats=("logit_scale",),
             num_warps=4, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * 352, s8_t=352), gluon=True, maxnreg=maxnreg))
     return out

@@ -156,11 +156,32 @@ _VALUE_CODES = gl.constexpr(gl.DistributedLinearLayout(
     lane_bases=[[2, 0, 0, 0], [4, 0, 0, 0], [0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 4, 0]],
     warp_bases=[[0, 1, 0, 0], [0, 2, 0, 0]], block_bases=[], shape=[16, 4, 8, 8]))
 
-# copies: 16-byte pieces
-_CODES_COPY = gl.constexpr(gl.BlockedLayout([1, 16], [2, 16], [4, 1], [1, 0]))  # [64, 256]
-_ROPE_COPY = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0]))  # [64, 64]
+# copies: 16-byte pieces, each instruction a warp covering whole records' parts (2 slots' codes, 8 slots' RoPE values,
+# 16 slots' scales), each thread's slots consecutive (8, 2, 1), so a step's slot indices load as whole words (where the
+# split starts at a multiple of 64 slots: ALIGNED) instead of one 4-byte load a slot (thirty-seventh session)
+_CODES_COPY = gl.constexpr(gl.BlockedLayout([8, 16], [2, 16], [4, 1], [1, 0]))  # [64, 256]
+_ROPE_COPY = gl.constexpr(gl.BlockedLayout([2, 16], [8, 4], [4, 1], [1, 0]))  # [64, 64]
 _SCALE_COPY = gl.constexpr(gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0]))  # [64, 32]
-_QUERY = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # [16, 64] as loaded
+# the queries as loaded: [16 heads, 4, 16] runs of 16 consecutive dims (a thread's 8 of them: one 16-byte load)
+_QUERY = gl.constexpr(gl.BlockedLayout([1, 1, 8], [4, 4, 2], [4, 1, 1], [2, 1, 0]))
+# Register permutations (reshape, permute, reshape: no data moves) into the logit MMAs' column orders, applied alike
+# to the decoded codes and to the queries (their columns must meet): [rows, 4 c, 2 g0, 2 e1, 2 e0, 2 a] (a half's 16
+# consecutive dims j = a + 2 e0 + 4 e1 + 8 g0 of each 32-dim piece c) into logit_dim's k = e0 + 2 c + 8 e1 + 16 a + 32
+# g0; [rows, 4 c, 2 b3, 2 b2, 2 b1, 2 b0] (RoPE dim 16 c + b) into rope_dim's k = b0 + 2 c + 8 b1 + 16 b2 + 32 b3. And
+# the output's [16 heads, 8 e, 2 a, 4 w, 8 r] (column n = r + 8 w + 32 a + 64 e) into dim order 128 w + 16 r + 2 e + a
+# (value_dim).
+_TO_LOGIT_COLUMNS = gl.constexpr((0, 2, 5, 3, 1, 4))
+_TO_ROPE_COLUMNS = gl.constexpr((0, 2, 3, 4, 1, 5))
+_COLUMNS_TO_DIMS = gl.constexpr((0, 3, 4, 1, 2))
+# The output [16 heads, 512 dims] as the value MMA's accumulator holds it once its columns are un-permuted (column n =
+# r + 8 w + 32 a + 64 e is dim 128 w + 16 r + 2 e + a: value_dim), the registers ordered so each thread's 16
+# consecutive dims come first. mma.sync's accumulator (warps along N) gives lane l the columns 2 (l % 4) + {0, 1} of
+# each 8-column n-tile at rows l // 4 and l // 4 + 8, warp w the n-tiles 4 j + w: column bits 1-2 the lane's, 3-4 the
+# warp's, bit 0 and 5-8 registers.
+_OUT = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [8, 0]],
+    lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]],
+    warp_bases=[[0, 128], [0, 256]], block_bases=[], shape=[16, 512]))
 
 
 @gluon.constexpr_function
@@ -173,8 +194,7 @@ def _pv_layout():
     return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8])
 
 
-@gluon.jit
-def logit_dim(t: gl.constexpr, g1: gl.constexpr, k):
+def logit_dim(t, g1, k):
     """The nope dim that column ``k`` (0..63) of the logit MMA of tile ``t``'s half ``g1`` reads: ``k = e0 + 2 c + 8 e1
     + 16 a + 32 g0`` is nibble ``a`` of byte ``e0 + 2 e1`` of word ``g0 + 2 g1`` of piece ``c``."""
     c = (k >> 1) & 3
@@ -183,14 +203,12 @@ def logit_dim(t: gl.constexpr, g1: gl.constexpr, k):
     return 128 * t + 32 * c + 8 * word + 2 * byte + ((k >> 4) & 1)
 
 
-@gluon.jit
 def rope_dim(k):
     """The RoPE dim (0..63) that column ``k`` of the RoPE MMA reads: ``k = b0 + 2 c + 8 (b >> 1)`` is byte ``b`` of
     piece ``c``."""
     return 16 * ((k >> 1) & 3) + (k & 1) + 2 * (k >> 3)
 
 
-@gluon.jit
 def value_dim(n):
     """The nope dim that value column ``n`` (0..511) holds: ``n = r + 8 w + 32 a + 64 e`` is nibble ``a`` of byte ``e``
     of the 8 bytes of tile ``w``'s scale block ``r``."""
@@ -262,7 +280,7 @@ def _logit_operand(codes_v, s, h: gl.constexpr, DOT_A: gl.constexpr):
     x = gl.reshape(codes_v.slice(h, 1, dim=0).load(_LOGIT_LOAD), [TILE, 4, 2, 4])  # u8 [64 R, 4 c, 2 g0, 4 e]
     lo, hi = _decode(gl.convert_layout(x, _LOGIT_CODES, assert_trivial=True), s[:, :, None, None])
     v = gl.reshape(gl.join(lo, hi), [TILE, 4, 2, 2, 2, 2])  # R, c, g0, e1, e0, a
-    v = gl.reshape(gl.permute(v, (0, 2, 5, 3, 1, 4)), [TILE, 64])  # k = e0 + 2 c + 8 e1 + 16 a + 32 g0
+    v = gl.reshape(gl.permute(v, _TO_LOGIT_COLUMNS.value), [TILE, 64])  # k = e0 + 2 c + 8 e1 + 16 a + 32 g0
     return gl.convert_layout(v, DOT_A, assert_trivial=True)
 
 
@@ -272,7 +290,7 @@ def _rope_operand(rope_v, DOT_A: gl.constexpr):
     columns in :func:`rope_dim` order)."""
     x = _as_f16(rope_v.load(_ROPE_CODES).to(gl.float8e4nv, bitcast=True))  # [64 R, 4 c, 16 b]
     v = gl.reshape(x, [TILE, 4, 2, 2, 2, 2])  # R, c, b3, b2, b1, b0
-    v = gl.reshape(gl.permute(v, (0, 2, 3, 4, 1, 5)), [TILE, 64])  # k = b0 + 2 c + 8 b1 + 16 b2 + 32 b3
+    v = gl.reshape(gl.permute(v, _TO_ROPE_COLUMNS.value), [TILE, 64])  # k = b0 + 2 c + 8 b1 + 16 b2 + 32 b3
     return gl.convert_layout(v, DOT_A, assert_trivial=True)
 
 
@@ -290,12 +308,20 @@ def _value_operand(values_v, vscales_v, kk: gl.constexpr, DOT_B: gl.constexpr):
 @gluon.jit
 def _copy_slots(slot_row, n0, end):
     """Slots ``n0 .. n0 + 64`` of the token's list (-1 past the split's end) as the three copies of :func:`_issue` hold
-    them (loaded a step before they are issued)."""
+    them (loaded a step before they are issued: the copies never wait on the load of their slot indices): unmasked
+    (16-byte words where ``n0`` is known a multiple of 64, ``ALIGNED``) unless the split ends inside the step."""
     n_c = n0 + gl.arange(0, TILE, gl.SliceLayout(1, _CODES_COPY))
     n_r = n0 + gl.arange(0, TILE, gl.SliceLayout(1, _ROPE_COPY))
     n_s = n0 + gl.arange(0, TILE, gl.SliceLayout(1, _SCALE_COPY))
-    return (gl.load(slot_row + n_c, mask=n_c < end, other=-1), gl.load(slot_row + n_r, mask=n_r < end, other=-1),
-            gl.load(slot_row + n_s, mask=n_s < end, other=-1))
+    if n0 + TILE <= end:
+        c = gl.load(slot_row + n_c)
+        r = gl.load(slot_row + n_r)
+        s = gl.load(slot_row + n_s)
+    else:
+        c = gl.load(slot_row + n_c, mask=n_c < end, other=-1)
+        r = gl.load(slot_row + n_r, mask=n_r < end, other=-1)
+        s = gl.load(slot_row + n_s, mask=n_s < end, other=-1)
+    return c, r, s
 
 
 @gluon.jit
@@ -315,11 +341,33 @@ def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tok
 
 
 @gluon.jit
-def _store_query(q_rows, head_ok, up, t: gl.constexpr, g1: gl.constexpr, dst):
-    """The queries' dims that tile ``t``'s half ``g1`` meets (:func:`logit_dim` order) times ``up``, fp16 ``[16, 64]``."""
-    k = gl.arange(0, 64, gl.SliceLayout(0, _QUERY))
-    q = gl.load(q_rows + logit_dim(t, g1, k)[None, :], mask=head_ok, other=0.0).to(gl.float32)
-    dst.store((q * up[:, None]).to(gl.float16))
+def _query_runs(q_rows, head_ok, first: gl.constexpr, stride: gl.constexpr):
+    """bf16 ``[16 heads, 4, 16]``: the 4 runs of 16 consecutive query dims starting at ``first + stride r``."""
+    r = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, _QUERY)))
+    j = gl.arange(0, 16, gl.SliceLayout(0, gl.SliceLayout(1, _QUERY)))
+    return gl.load(q_rows + (first + stride * r)[None, :, None] + j[None, None, :], mask=head_ok, other=0.0)
+
+
+@gluon.jit
+def _runs_amax(x):
+    """Largest magnitude of each head's values in ``x`` (``[16, 4, 16]``) -> fp32 ``[16]``, Inf for one holding NaN."""
+    return _row_amax(gl.reshape(x.to(gl.float32), [BLOCK_H, 64]))
+
+
+@gluon.jit
+def _store_half(x, up, dst):
+    """The query dims of one half of a tile (``x`` bf16 ``[16, 4 c, 16 j]``, dim ``32 c + j`` past the half's start,
+    :func:`_query_runs`) in :func:`logit_dim`'s column order times ``up``, fp16 ``[16, 64]``: ``j = a + 2 e0 + 4 e1 + 8
+    g0`` is column ``e0 + 2 c + 8 e1 + 16 a + 32 g0`` (a register permutation)."""
+    v = gl.reshape(x.to(gl.float32) * up[:, None, None], [BLOCK_H, 4, 2, 2, 2, 2])  # h, c, g0, e1, e0, a
+    dst.store(gl.reshape(gl.permute(v, _TO_LOGIT_COLUMNS.value), [BLOCK_H, 64]).to(gl.float16))
+
+
+@gluon.jit
+def _rope_columns(x):
+    """The RoPE query dims (``x`` ``[16, 4 c, 16 b]``, dim ``16 c + b``) in :func:`rope_dim`'s column order
+    (``[16, 64]``, as :func:`_rope_operand` puts the codes)."""
+    return gl.reshape(gl.permute(gl.reshape(x, [BLOCK_H, 4, 2, 2, 2, 2]), _TO_ROPE_COLUMNS.value), [BLOCK_H, 64])
 
 
 @gluon.jit(do_not_specialize=SIZE_ARGS)
@@ -335,6 +383,7 @@ def sparse_mla_wgmma_fp4_kernel(
     FLAT: gl.constexpr,  # record s at byte s * s8_t (blocks back to back)
     OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
     IN_FLIGHT: gl.constexpr = 1,  # logit MMAs in flight (each holds its decoded operand's 16 registers)
+    ALIGNED: gl.constexpr = False,  # every split starts at a multiple of 64 slots (the slot indices' loads vectorised)
 ):
     W: gl.constexpr = _logit_layout()  # the logit accumulator [64 slots, 16 heads]
     ROWS: gl.constexpr = gl.SliceLayout(1, W)
@@ -344,31 +393,12 @@ def sparse_mla_wgmma_fp4_kernel(
     DOT_P: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=PV, k_width=2)
     DOT_V: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=PV, k_width=2)
     PV_HEADS: gl.constexpr = gl.SliceLayout(1, PV)
-    PV_COLS: gl.constexpr = gl.SliceLayout(0, PV)
     split = gl.program_id(0)
     t = gl.program_id(1).to(gl.int64)
     q_ptr, o_ptr, lse_ptr, H = head_group(q_ptr, stride_qh, o_ptr, stride_oh, lse_ptr, H, BLOCK_H)
 
-    # the queries: each head scaled by a power of two over its 576 dims into fp16 (its largest in [2^13, 2^14)), the
-    # RoPE part twice that (the decoded values are 2 · code · σ, the RoPE ones exact)
-    qh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, _QUERY))
-    qd = gl.arange(0, 64, gl.SliceLayout(0, _QUERY))
-    q_rows = q_ptr + t * stride_qt + qh[:, None] * stride_qh
-    head_ok = (qh < H)[:, None]
-    amax = _row_amax(gl.load(q_rows + 512 + qd[None, :], mask=head_ok, other=0.0).to(gl.float32))
-    for c in gl.static_range(8):
-        amax = gl.maximum(amax, _row_amax(gl.load(q_rows + 64 * c + qd[None, :], mask=head_ok, other=0.0)
-                                          .to(gl.float32)))
-    up, down = _row_scale16(amax)
-    q_s = gl.allocate_shared_memory(gl.float16, [8, BLOCK_H, 64], _Q)
-    for c in gl.static_range(8):
-        _store_query(q_rows, head_ok, up, c // 2, c % 2, q_s.index(c))
-    q_rope = gl.load(q_rows + 512 + rope_dim(qd)[None, :], mask=head_ok, other=0.0).to(gl.float32)
-    q_rope_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 64], _Q, (q_rope * (2.0 * up)[:, None]).to(gl.float16))
-    fence_async_shared()  # the queries' stores, before the first wgmma reads them (after the first barrier)
-    # (/ 2: the decoded values' 2)
-    head_scale = gl.convert_layout(down * (logit_scale * 0.5), HEADS)  # NaN for a head holding Inf or NaN
-
+    # the first steps' gathers first: the queries' loads and scaling below overlap their flight (as the fp8_ds_mla
+    # kernel's, thirty-sixth session)
     codes_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 256], _ROW_MAJOR)
     rope_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 64], _ROW_MAJOR)
     scale_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 32], _ROW_MAJOR)
@@ -376,6 +406,8 @@ def sparse_mla_wgmma_fp4_kernel(
 
     slot_row = slots_ptr + t * stride_st
     start = split * split_size
+    if ALIGNED:
+        start = gl.multiple_of(start, 64)
     end = gl.minimum(start + split_size, K)
     steps = gl.cdiv(end - start, TILE)
     for j in gl.static_range(STAGES - 1):
@@ -389,6 +421,30 @@ def sparse_mla_wgmma_fp4_kernel(
     ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end)
     here_n = start + gl.arange(0, TILE, ROWS)
     here = gl.load(slot_row + here_n, mask=here_n < end, other=-1)  # step 0's slots, for its mask
+
+    # the queries: each head scaled by a power of two over its 576 dims into fp16 (its largest in [2^13, 2^14)), the
+    # RoPE part twice that (the decoded values are 2 · code · σ, the RoPE ones exact); loaded as runs of consecutive
+    # dims, put in the MMAs' column orders by register permutations
+    qh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, gl.SliceLayout(2, _QUERY)))
+    q_rows = q_ptr + t * stride_qt + qh[:, None, None] * stride_qh
+    head_ok = (qh < H)[:, None, None]
+    halves = ()
+    for h in gl.static_range(8):  # half h = g1 + 2 t of tile t: dims 128 t + 16 g1 + 32 c + j
+        halves = halves + (_query_runs(q_rows, head_ok, 128 * (h // 2) + 16 * (h % 2), 32),)
+    q_rope = _query_runs(q_rows, head_ok, 512, 16)
+    amax = _runs_amax(q_rope)
+    for h in gl.static_range(8):
+        amax = gl.maximum(amax, _runs_amax(halves[h]))
+    up, down = _row_scale16(amax)
+    up = gl.convert_layout(up, gl.SliceLayout(1, gl.SliceLayout(2, _QUERY)))
+    q_s = gl.allocate_shared_memory(gl.float16, [8, BLOCK_H, 64], _Q)
+    for h in gl.static_range(8):
+        _store_half(halves[h], up, q_s.index(h))
+    q_rope_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 64], _Q, _rope_columns(
+        (q_rope.to(gl.float32) * (2.0 * up)[:, None, None]).to(gl.float16)))
+    fence_async_shared()  # the queries' stores, before the first wgmma reads them (after the first barrier)
+    # (/ 2: the decoded values' 2)
+    head_scale = gl.convert_layout(down * (logit_scale * 0.5), HEADS)  # NaN for a head holding Inf or NaN
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS)
     l_acc = gl.zeros([TILE, BLOCK_H], gl.float32, W)  # per-thread partial sums of p, summed at the end
@@ -439,10 +495,14 @@ def sparse_mla_wgmma_fp4_kernel(
     lse, half_inv_l = softmax_totals(l_acc, m_i, 0.5)  # (0.5: the decoded values' 2)
     norm = gl.convert_layout(half_inv_l, PV_HEADS)
     out = acc * norm[:, None]
-    oh = gl.arange(0, BLOCK_H, PV_HEADS)
-    on = gl.arange(0, 512, PV_COLS)
+    # the columns un-permuted in registers (n = r + 8 w + 32 a + 64 e holds dim 128 w + 16 r + 2 e + a: value_dim), so
+    # each thread's values are runs of 16 consecutive dims: 16-byte stores
+    out = gl.reshape(gl.permute(gl.reshape(out, [BLOCK_H, 8, 2, 4, 8]), _COLUMNS_TO_DIMS.value), [BLOCK_H, 512])
+    out = gl.convert_layout(out, _OUT)  # (the same registers in another order: no data moves)
+    oh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, _OUT))
+    od = gl.arange(0, 512, gl.SliceLayout(0, _OUT))
     o_rows = o_ptr + split.to(gl.int64) * stride_os + t * stride_ot + oh[:, None] * stride_oh
-    gl.store(o_rows + value_dim(on)[None, :], out.to(o_ptr.dtype.element_ty), mask=(oh < H)[:, None])
+    gl.store(o_rows + od[None, :], out.to(o_ptr.dtype.element_ty), mask=(oh < H)[:, None])
     lh = gl.arange(0, BLOCK_H, HEADS)
     gl.store(lse_ptr + split * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
 
@@ -494,7 +554,7 @@ def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *,
     q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
-    meta = dict(STAGES=stages, IN_FLIGHT=in_flight, num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
+    meta = dict(STAGES=stages, IN_FLIGHT=in_flight, ALIGNED=splits == 1 or split_size % 64 == 0, num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
     return launch_over_tokens(sparse_mla_wgmma_fp4_kernel, q, kv_pages, slots, o, lse, splits,
                               (heads, k, split_size, softmax_scale * LOG2E), meta, record_bytes=RECORD,
                               head_group=HEAD_GROUP)
