@@ -78,6 +78,20 @@ def wgmma(heads):
         sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None, 192**-0.5, **wgmma_launch(tokens))
 
 
+def wgmma_fp4(heads):
+    """The NVFP4 few-heads route's kernel (``sparse_mla_wgmma_fp4``, the backend's launch for 320 tokens) at ``heads``."""
+    from dsahal.backends.nvidia.ops import wgmma_fp4_launch
+    from dsahal.backends.triton_kernels.sparse_mla_wgmma_fp4 import sparse_mla_wgmma_fp4
+
+    pages, _ = cache_pools.latent_pools(torch, ("nvfp4",), 1 << 20, DEVICE)["nvfp4"]
+    gen = torch.Generator(device=DEVICE).manual_seed(16)
+    tokens = 320
+    slots = torch.randint(0, pages.shape[0] * 64, (tokens, 2048), device=DEVICE, dtype=torch.int32, generator=gen)
+    q = torch.randn(tokens, heads, 576, device=DEVICE, generator=gen).to(torch.bfloat16)
+    for _ in range(3):
+        sparse_mla_wgmma_fp4(q, pages, slots, "nvfp4", None, 192**-0.5, **wgmma_fp4_launch(tokens))
+
+
 BF16 = torch.bfloat16
 CASES = {"indexer": lambda: indexer(1), "indexer2": lambda: indexer(2), "indexer5": lambda: indexer(5),
          "indexer_bf16": lambda: indexer(1, q_dtype=BF16), "indexer_bf16_2": lambda: indexer(2, q_dtype=BF16),
@@ -85,7 +99,7 @@ CASES = {"indexer": lambda: indexer(1), "indexer2": lambda: indexer(2), "indexer
          "mxfp4": lambda: indexer(1, fmt="mxfp4"), "mxfp4_5": lambda: indexer(5, fmt="mxfp4"),
          "mxfp4_bf16": lambda: indexer(1, q_dtype=BF16, fmt="mxfp4"),
          "prefill": lambda: indexer(4096, requests=1, context=32 * 1024), "small_heads": small_heads,
-         "wgmma16": lambda: wgmma(16), "wgmma12": lambda: wgmma(12),
+         "wgmma16": lambda: wgmma(16), "wgmma12": lambda: wgmma(12), "nvfp4_16": lambda: wgmma_fp4(16),
          # twenty-seventh session: the warp-specialised Gluon variant at 64 x 5 (a producer warp, 3 programs a SM)
          "indexer5_ws": lambda: indexer(5, more=dict(stages=6, depth=1, maxnreg=80, head_sum_mma=True,
                                                      warp_specialized=True)),
