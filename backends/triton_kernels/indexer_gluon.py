@@ -217,9 +217,9 @@ def _entry(block_table_ptr, stride_bt, req, tile, max_blocks, block_tokens, WHOL
         logical = tile
     else:
         logical = tile * 64 // block_tokens
-    in_table = logical < max_blocks
-    entry = gl.load(block_table_ptr + req * stride_bt + gl.where(in_table, logical, 0))
-    return gl.where(in_table, entry, -1)
+    # (a masked load, not a select after it: nothing waits for the load until the entry's first use, so an entry
+    # loaded a tile ahead is in flight through the tile; a select waited for it at once, a long-scoreboard stall)
+    return gl.load(block_table_ptr + req * stride_bt + logical, mask=logical < max_blocks, other=-1)
 
 
 @gluon.jit

@@ -39,6 +39,7 @@ def swapped(name: str, module):
     """``PACKAGE.name`` resolves to ``module`` (imports inside functions, ``from . import name``, see it)."""
     package = importlib.import_module(PACKAGE)
     full = f"{PACKAGE}.{name}"
+    importlib.import_module(full)  # (imported first: the backend imports it lazily, at its first call)
     saved = sys.modules[full], getattr(package, name)
     sys.modules[full] = module
     setattr(package, name, module)
