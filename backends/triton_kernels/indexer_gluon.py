@@ -217,9 +217,9 @@ def _entry(block_table_ptr, stride_bt, req, tile, max_blocks, block_tokens, WHOL
         logical = tile
     else:
         logical = tile * 64 // block_tokens
-    # (a masked load, not a select after it: nothing waits for the load until the entry's first use, so an entry
-    # loaded a tile ahead is in flight through the tile; a select waited for it at once, a long-scoreboard stall)
-    return gl.load(block_table_ptr + req * stride_bt + logical, mask=logical < max_blocks, other=-1)
+    in_table = logical < max_blocks
+    entry = gl.load(block_table_ptr + req * stride_bt + gl.where(in_table, logical, 0))
+    return gl.where(in_table, entry, -1)
 
 
 @gluon.jit
@@ -759,18 +759,15 @@ def _unit_queries(rows_q, u: gl.constexpr, GROUP: gl.constexpr, TSTACK: gl.const
 
 
 @gluon.jit
-def _tile(i, live, first, here, refill, ahead_entry, here_entry, qs, qs_lo, w_s, oks, poss, t0, pages_i32, s32_b, block_table_ptr,
+def _tile(i, live, first, here, refill, ahead_entry, qs, qs_lo, w_s, oks, poss, t0, pages_i32, s32_b, block_table_ptr,
           stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt,
           MAXIMA_G: gl.constexpr, max_context, a_blocks,
           BLOCK_H: gl.constexpr, GROUP: gl.constexpr, STAGES: gl.constexpr, DEPTH: gl.constexpr,
           WHOLE: gl.constexpr, HI_LO: gl.constexpr, MX: gl.constexpr, STACK: gl.constexpr,
           MX_REG: gl.constexpr = False, TSTACK: gl.constexpr = 1, HSUM: gl.constexpr = False,
           MX_FOLD: gl.constexpr = False):
-    """Key tile ``i`` from stage ``here`` (its table entry ``here_entry``); the tile ``STAGES - 1`` ahead is copied into
-    ``refill`` (the stage read by tile ``i - 1``). Returns the table entries of the tile copied next and of tile ``i +
-    1`` (each loaded a tile before its use: the mask of a tile's scores never waits on a table lookup, which was the
-    long-scoreboard stall of 27.6% of the 64 x 5 launch's samples, on the relu and mask selects, H100, thirty-sixth
-    session)."""
+    """Key tile ``i`` from stage ``here``; the tile ``STAGES - 1`` ahead is copied into ``refill`` (the stage read by
+    tile ``i - 1``). Returns the table entry of the tile copied next."""
     async_copy.wait_group(STAGES - 2)  # this thread's pieces of tile i have landed
     _barrier()  # everyone's have; every warp is done reading the stage refilled next
     ahead = i + STAGES - 1
@@ -779,28 +776,27 @@ def _tile(i, live, first, here, refill, ahead_entry, here_entry, qs, qs_lo, w_s,
     async_copy.commit_group()
     ahead_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(ahead + 1, live - 1), max_blocks,
                          block_tokens, WHOLE)
-    next_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(i + 1, live - 1), max_blocks,
-                        block_tokens, WHOLE)
-    mapped = (here_entry >= 0) & (here_entry < num_blocks)
     if MX_FOLD:
-        _folded_tile_scores(i, first, here, qs, qs_lo, w_s, oks, poss, t0, mapped, out_ptr, stride_ot, maxima_ptr,
-                            stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP,
-                            DEPTH, HI_LO)
+        _folded_tile_scores(i, first, here, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt, req64,
+                            num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G,
+                            max_context, BLOCK_H, GROUP,
+                            DEPTH, WHOLE, HI_LO)
     else:
-        _tile_scores(i, first, here, a_blocks, here, qs, qs_lo, w_s, oks, poss, t0, mapped, out_ptr, stride_ot,
-                     maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP,
-                     DEPTH, HI_LO, MX, STACK, MX_REG, TSTACK, HSUM, False)
-    return ahead_entry, next_entry
+        _tile_scores(i, first, here, a_blocks, here, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt,
+                     req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G,
+                     max_context, BLOCK_H, GROUP,
+                     DEPTH, WHOLE, HI_LO, MX, STACK, MX_REG, TSTACK, HSUM, False)
+    return ahead_entry
 
 
 @gluon.jit
-def _tile_scores(i, first, here, a_blocks, release, qs, qs_lo, w_s, oks, poss, t0, mapped, out_ptr, stride_ot, maxima_ptr,
-                 stride_mt, MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
-                 GROUP: gl.constexpr, DEPTH: gl.constexpr, HI_LO: gl.constexpr,
+def _tile_scores(i, first, here, a_blocks, release, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt, req64,
+                 num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt,
+                 MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
+                 GROUP: gl.constexpr, DEPTH: gl.constexpr, WHOLE: gl.constexpr, HI_LO: gl.constexpr,
                  MX: gl.constexpr, STACK: gl.constexpr, MX_REG: gl.constexpr, TSTACK: gl.constexpr,
                  HSUM: gl.constexpr, RELEASE: gl.constexpr):
-    """Key tile ``i``'s scores from stage ``here`` (landed and visible to every thread; ``mapped``: whether the tile's
-    block is in the pool, else its keys score -inf): the MMAs and epilogues.
+    """Key tile ``i``'s scores from stage ``here`` (landed and visible to every thread): the MMAs and epilogues.
     ``RELEASE`` (the warp-specialised kernel): once every thread has read the stage into registers the warpgroup
     arrives on the mbarrier ``release`` (Triton's ``mbarrier.arrive``: the warpgroup's barrier, then one elected
     arrival), freeing the stage for the producer's next copy."""
@@ -834,20 +830,23 @@ def _tile_scores(i, first, here, a_blocks, release, qs, qs_lo, w_s, oks, poss, t
     if TSTACK > 1:  # FP8 queries, tokens stacked on the MMA's N side
         if not RELEASE:
             key_scale = _scales(here, ROWS)
+        entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
         s = (first + i) * 64 + gl.arange(0, 64, ROWS)
-        _stacked_tile(a, qs, w_s, key_scale, mapped, s, (first + i) * 64, oks, poss, t0,
+        _stacked_tile(a, qs, w_s, key_scale, (entry >= 0) & (entry < num_blocks), s, (first + i) * 64, oks, poss, t0,
                       out_ptr,
                       stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP, DEPTH, TSTACK)
     else:  # a MMA (or two, or four) a token
-        _tokens(a, block_scales, key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, first, mapped, out_ptr, stride_ot,
-                maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP, DEPTH,
-                HI_LO, MX, STACK, MX_REG, HSUM, RELEASE, False)
+        _tokens(a, block_scales, key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt,
+                req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G,
+                max_context, BLOCK_H, GROUP, DEPTH,
+                WHOLE, HI_LO, MX, STACK, MX_REG, HSUM, RELEASE, False)
 
 
 @gluon.jit
-def _folded_tile_scores(i, first, here, qs, qs_lo, w_s, oks, poss, t0, mapped, out_ptr, stride_ot, maxima_ptr, stride_mt,
-                        MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
-                        GROUP: gl.constexpr, DEPTH: gl.constexpr, HI_LO: gl.constexpr):
+def _folded_tile_scores(i, first, here, qs, qs_lo, w_s, oks, poss, t0, block_table_ptr, stride_bt, req64, num_blocks,
+                        max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr,
+                        max_context, BLOCK_H: gl.constexpr,
+                        GROUP: gl.constexpr, DEPTH: gl.constexpr, WHOLE: gl.constexpr, HI_LO: gl.constexpr):
     """(``MX_FOLD``) MXFP4 key tile ``i``'s scores with each key's block scales folded into its decoded codes.
 
     Block ``b`` of a key whose largest scale byte is ``top`` is decoded through the table for distance ``top - e_b``
@@ -871,19 +870,22 @@ def _folded_tile_scores(i, first, here, qs, qs_lo, w_s, oks, poss, t0, mapped, o
     if gl.max(wide.to(gl.int32), axis=0) == 0:  # no key of the tile spans more than FOLD_SPAN binades
         a = _mx_folded_registers(here, exps, top, DOT_A)
         key_scale = gl.convert_layout(_fold_scale(top), SUM_ROWS)
-        _tokens(a, (), key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, first, mapped, out_ptr, stride_ot, maxima_ptr,
-                stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP, DEPTH,
+        _tokens(a, (), key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt, req64,
+                num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context,
+                BLOCK_H, GROUP, DEPTH, WHOLE,
                 HI_LO, True, False, True, True, False, True)
     else:  # every block at distance 0 (its values times 2^6), scored block by block
         _spread_tile_tokens(_mx_folded_registers(here, (top, top, top, top), top, DOT_A), _mx_scales(here, ROWS), qs,
-                            qs_lo, w_s, oks, poss, t0, i, first, mapped, out_ptr, stride_ot, maxima_ptr, stride_mt,
-                            MAXIMA_G, max_context, BLOCK_H, GROUP, HI_LO)
+                            qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt, req64, num_blocks,
+                            max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context,
+                            BLOCK_H, GROUP, WHOLE, HI_LO)
 
 
 @gluon.jit
-def _spread_tile_tokens(a, block_scales, qs, qs_lo, w_s, oks, poss, t0, i, first, mapped, out_ptr, stride_ot, maxima_ptr,
-                        stride_mt, MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
-                        GROUP: gl.constexpr, HI_LO: gl.constexpr):
+def _spread_tile_tokens(a, block_scales, qs, qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt, req64,
+                        num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt,
+                        MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
+                        GROUP: gl.constexpr, WHOLE: gl.constexpr, HI_LO: gl.constexpr):
     """(``MX_FOLD``) A tile holding a key whose scales span more than ``FOLD_SPAN`` binades, its codes decoded at
     distance 0 (``a``: the blocks' values times 2^6): each token's blocks one MMA at a time, each summed into the
     token's accumulator with its exact block scale (``block_scales``, :func:`_mx_scales`), then its head sum, its
@@ -895,6 +897,8 @@ def _spread_tile_tokens(a, block_scales, qs, qs_lo, w_s, oks, poss, t0, i, first
     sum_zeros = gl.zeros([64, 8], gl.float32, _sum_layout())
     key_scale = gl.full([64], 0.015625, gl.float32, SUM_ROWS)
     s = (first + i) * 64 + gl.arange(0, 64, SUM_ROWS)
+    entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
+    mapped = (entry >= 0) & (entry < num_blocks)
     for g in gl.static_range(GROUP):
         total = zeros
         for b in gl.static_range(4):
@@ -910,9 +914,10 @@ def _spread_tile_tokens(a, block_scales, qs, qs_lo, w_s, oks, poss, t0, i, first
 
 
 @gluon.jit
-def _tokens(a, block_scales, key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, first, mapped, out_ptr, stride_ot,
-            maxima_ptr, stride_mt, MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
-            GROUP: gl.constexpr, DEPTH: gl.constexpr, HI_LO: gl.constexpr, MX: gl.constexpr,
+def _tokens(a, block_scales, key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, first, block_table_ptr, stride_bt,
+            req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt,
+            MAXIMA_G: gl.constexpr, max_context, BLOCK_H: gl.constexpr,
+            GROUP: gl.constexpr, DEPTH: gl.constexpr, WHOLE: gl.constexpr, HI_LO: gl.constexpr, MX: gl.constexpr,
             STACK: gl.constexpr, MX_REG: gl.constexpr, HSUM: gl.constexpr, RELEASE: gl.constexpr,
             CHAINED: gl.constexpr):
     """The segment's tokens on key tile ``i`` (keys ``a``, TSTACK 1): each token's MMA (or two, or four), ``DEPTH`` in
@@ -949,6 +954,8 @@ def _tokens(a, block_scales, key_scale, here, qs, qs_lo, w_s, oks, poss, t0, i, 
         s = (first + i) * 64 + gl.arange(0, 64, ROWS)
         if not (MX or RELEASE):
             key_scale = _scales(here, ROWS)
+    entry = _entry(block_table_ptr, stride_bt, req64, first + i, max_blocks, block_tokens, WHOLE)
+    mapped = (entry >= 0) & (entry < num_blocks)
     for g in gl.static_range(GROUP):
         # tokens 0 .. min(g + D, GROUP) - 1 issued; wait for token g's, then issue token g + D's before g's epilogue
         # (HSUM: and token g - 1's head sum, issued at depth 1 after token g's MMAs, deeper before token g + D -
@@ -1017,11 +1024,10 @@ def _ws_consume(bufs, full, empty, live, first, qs, qs_lo, w_s, oks, poss, t0, b
         phase = (i0 // STAGES) & 1
         for u in gl.static_range(STAGES):
             if i0 + u < live:
-                entry = _entry(block_table_ptr, stride_bt, req64, first + i0 + u, max_blocks, block_tokens, WHOLE)
                 mbarrier.wait(full.index(u), phase)
                 _tile_scores(i0 + u, first, bufs[u], bufs[0], empty.index(u), qs, qs_lo, w_s, oks, poss, t0,
-                             (entry >= 0) & (entry < num_blocks), out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G,
-                             max_context, BLOCK_H, GROUP, DEPTH,
+                             block_table_ptr, stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr,
+                             stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, BLOCK_H, GROUP, DEPTH, WHOLE,
                              HI_LO, MX, STACK, MX_REG, 1, HSUM,
                              True)
 
@@ -1195,18 +1201,15 @@ def indexer_gluon_kernel(
             # the table entry of the tile copied next, loaded one tile ahead (a copy never waits on its lookup)
             ahead_entry = _entry(block_table_ptr, stride_bt, req64, first + gl.minimum(STAGES - 1, live - 1),
                                  max_blocks, block_tokens, WHOLE)
-            # (and the first tile's, for its scores' mask: each tile's loaded a tile before its use)
-            here_entry = _entry(block_table_ptr, stride_bt, req64, first, max_blocks, block_tokens, WHOLE)
             for i0 in range(0, live, STAGES):  # unrolled by the stages: tile i0 + u reads bufs[u]
                 for u in gl.static_range(STAGES):
                     if i0 + u < live:
-                        ahead_entry, here_entry = _tile(i0 + u, live, first, bufs[u],
-                                                        bufs[(u + STAGES - 1) % STAGES], ahead_entry, here_entry,
-                                                        qs, qs_lo, ws, oks, poss, t0, pages_i32, s32_b,
-                                                        block_table_ptr, stride_bt, req64, num_blocks, max_blocks,
-                                                        block_tokens, out_ptr, stride_ot, maxima_ptr, stride_mt,
-                                                        MAXIMA_G, max_context, a_blocks, BLOCK_H, GROUP, STAGES, DEPTH,
-                                                        WHOLE, HI_LO, MX, STACK, MX_REG, TSTACK, HSUM, MX_FOLD)
+                        ahead_entry = _tile(i0 + u, live, first, bufs[u], bufs[(u + STAGES - 1) % STAGES],
+                                            ahead_entry, qs, qs_lo, ws, oks, poss, t0, pages_i32, s32_b,
+                                            block_table_ptr, stride_bt, req64, num_blocks, max_blocks, block_tokens,
+                                            out_ptr, stride_ot, maxima_ptr, stride_mt, MAXIMA_G, max_context, a_blocks,
+                                            BLOCK_H, GROUP, STAGES, DEPTH,
+                                            WHOLE, HI_LO, MX, STACK, MX_REG, TSTACK, HSUM, MX_FOLD)
             async_copy.wait_group(0)
         dead = gl.full([64], float("-inf"), gl.float32, ROWS)
         keys = gl.arange(0, 64, ROWS)
