@@ -93,6 +93,80 @@ def test_the_value_view_reads_each_swizzled_code_once_at_the_dim_the_output_stor
     assert sorted(_value_dim(n) for n in range(128)) == list(range(128))
 
 
+def _index4(bases, offset):
+    index = [0, 0, 0, 0]
+    for bit, basis in enumerate(bases):
+        if offset >> bit & 1:
+            index = [a ^ b for a, b in zip(index, basis)]
+    return tuple(index)
+
+
+def test_the_chunk_view_reads_each_swizzled_code_once_where_the_swizzle_put_it():
+    """Chunk 2 t + h of a stage is the 16-byte pieces 2 c + h of tile t's 64 slots: view index [chunk, slot, c, j] is
+    byte j of piece (2 c + h) ^ (slot % 8) of the slot's 128-byte row (the 128-byte swizzle), tiles 8 KB apart."""
+    bases = [list(b) for b in w._CHUNK_BASES.value]
+    seen = set()
+    for offset in range(4 * 64 * 128):
+        chunk, slot, c, j = _index4(bases, offset)
+        assert 0 <= chunk < 8 and 0 <= slot < 64 and 0 <= c < 4 and 0 <= j < 16
+        t, h = chunk >> 1, chunk & 1
+        assert offset == t * 8192 + slot * 128 + 16 * ((2 * c + h) ^ (slot % 8)) + j, (offset, chunk, slot, c, j)
+        seen.add((chunk, slot, c, j))
+    assert len(seen) == 4 * 64 * 128
+
+
+def test_the_fp8_rope_view_is_row_major():
+    bases = [list(b) for b in w._ROPE8_BASES.value]
+    for offset in range(64 * 64):
+        _, slot, c, j = _index4(bases, offset)
+        assert offset == slot * 64 + 16 * c + j
+
+
+def _held(layout, reg, lane, warp):
+    index = [0] * len(layout.shape)
+    for bases, value in ((layout.reg_bases, reg), (layout.lane_bases, lane), (layout.warp_bases, warp)):
+        for bit, basis in enumerate(bases):
+            if value >> bit & 1:
+                index = [a ^ b for a, b in zip(index, basis)]
+    return index
+
+
+def test_a_chunk_is_loaded_as_the_fp16_wgmma_register_a_fragment_with_its_columns_permuted():
+    """The wgmma's register A operand (fp16, PTX ISA: each warp's 16 rows as mma.m16n8k16's A fragment) gives lane l of
+    warp w the rows 16 w + l // 4 and + 8, and in each 16-column block the columns 2 (l % 4) + {0, 1} and + 8. The load
+    gives the thread its 16 consecutive bytes j of piece c = l % 4 of those two slots: byte j = e + 2 hh + 4 b is
+    column k = e + 2 c + 8 hh + 16 b, one of the fragment's columns."""
+    load = w._CHUNK_LOAD.value
+    assert load.shape == [1, 64, 4, 16]
+    for warp in range(4):
+        for lane in range(32):
+            held = {tuple(_held(load, reg, lane, warp)) for reg in range(32)}
+            assert len(held) == 32
+            for _, slot, c, j in held:
+                assert slot // 16 == warp and slot % 8 == lane // 4 and c == lane % 4
+                e, hh, b = j & 1, (j >> 1) & 1, j >> 2
+                k = e + 2 * c + 8 * hh + 16 * b
+                assert (k % 8) // 2 == lane % 4  # a column of the lane's fragment
+            assert {j for _, _, _, j in held} == set(range(16))
+
+
+def _columns(x):
+    """The kernel's register permutation into column order (reshape, _TO_COLUMNS, reshape) on ``x [rows, 4, 16]``."""
+    return x.reshape(x.shape[0], 4, 4, 2, 2).permute(w._TO_COLUMNS.value).reshape(x.shape[0], 64)
+
+
+@pytest.mark.parametrize("chunk", range(8))
+def test_each_query_column_meets_the_code_column_of_its_dim(chunk):
+    """A chunk's codes (piece 2 c + h, byte j: dim 128 t + 16 (2 c + h) + j) and its queries (runs at 128 t + 16 h +
+    32 c, :func:`_query_runs`) go through the same permutation: column k of both holds logit_dim(chunk, k)."""
+    t, h = chunk >> 1, chunk & 1
+    code_dims = torch.tensor([[128 * t + 16 * (2 * c + h) + j for c in range(4) for j in range(16)]]).reshape(1, 4, 16)
+    query_dims = torch.tensor([[128 * t + 16 * h + 32 * c + j for c in range(4) for j in range(16)]]).reshape(1, 4, 16)
+    want = [w.logit_dim(chunk, k) for k in range(64)]
+    assert _columns(code_dims)[0].tolist() == want and _columns(query_dims)[0].tolist() == want
+    assert sorted(d for ch in range(8) for d in (w.logit_dim(ch, k) for k in range(64))) == list(range(512))
+
+
 def test_a_lane_reads_the_four_n_tiles_of_a_32_bit_word_in_register_order():
     load = w._LOAD.value
     # registers 0 and 1 of the load layout are n + 8 and n + 16: four consecutive bytes of one slot's row

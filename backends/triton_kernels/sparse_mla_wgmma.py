@@ -66,7 +66,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from dsahal.kernel_launch import wrap_launched
 
-from .indexer_gluon import _row_amax, _row_scale, _split, _view
+from .indexer_gluon import _row_amax, _view
 from .sparse_mla import LOG2E
 from .partials import bounded_partials
 from .sparse_mla_gluon import (RECORD_BYTES, _as_f16, _rows, head_group, launch_over_tokens, records_refusal,
@@ -84,16 +84,11 @@ HEAD_GROUP = 16
 TILE = gl.constexpr(64)  # slots a step: the logit wgmma's M
 DEFAULT_STAGES, DEFAULT_SPLIT_SIZE = 2, 1024  # the H200's fastest at 64 x 5 and 64 x 8 tokens (BENCHMARKS.md)
 BLOCK_H = gl.constexpr(16)
-# the queries' e4m3 lo parts hold 16 x the residual (exact above 2^-13 of a head's largest value), each part's MMAs
-# in their own accumulator: Hopper's FP8 MMAs add into the accumulator at reduced precision, and a lo part chained
-# onto its hi part's accumulator kept fewer of its bits
-LO_UP = gl.constexpr(16.0)
-LO_DOWN = gl.constexpr(0.0625)
 
-# shared layouts: a stage's codes [4 tiles, 64 slots, 128 bytes] and RoPE values [64, 64] bf16 as the wgmma's A
-# operands (128-byte rows, swizzled), its tile scales [4, 64] fp32; the fp16 P_c [4, 64 slots, 16 heads]
+# shared layouts: a stage's codes [4 tiles, 64 slots, 128 bytes] (128-byte rows, their 16-byte pieces swizzled by the
+# slot: both reads below bank-conflict free) and RoPE values [64, 64] bf16 (the RoPE wgmma's A operand), its tile
+# scales [4, 64] fp32; the fp16 P_c [4, 64 slots, 16 heads]
 _CODES = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3))  # [STAGES, 4, 64, 128]
-_CODE_ROWS = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # [4 * 64, 128]
 _ROPE = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 _SCALES = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))  # [STAGES, 4, 64]
 _SCALE_ROW = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))  # [4 * 64]
@@ -104,10 +99,38 @@ _SCALES_ALL = gl.constexpr(gl.DistributedLinearLayout(
     reg_bases=[[0, 1], [0, 2], [0, 4]], lane_bases=[[0, 8], [0, 16], [0, 32], [1, 0], [2, 0]],
     warp_bases=[[0, 0], [0, 0]], block_bases=[], shape=[4, 64]))
 _P = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[2, 1, 0]))
-_Q = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # [4, 16, 128] e4m3
-_QR = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))  # [16, 64] bf16
-# (FP8, per-tensor records) the RoPE codes [64 slots, 64] e4m3 and the queries' RoPE hi + lo parts [32, 64] e4m3
-_ROPE8 = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2))
+_Q = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))  # [16, 64] fp16 / bf16
+# (FP8, per-tensor records) the RoPE codes [64 slots, 64] e4m3, row-major (read into registers like the codes)
+_ROPE8 = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+
+# The logits' A operands: each 128-dim tile's codes as two chunks of 64 dims, read from shared memory into registers
+# and widened exactly to fp16 (cvt.rn.f16x2.e4m3x2), then one fp16 wgmma a chunk, accumulated in full fp32 (Hopper's
+# FP8 MMAs accumulate at reduced precision: a logit lost about 2^-13 of its products' magnitudes, and rows whose
+# logits reach thousands while the largest two are that close got softmax weights far from the reference's:
+# o off by 3.6e-2 on a conformance example, H100, thirty-seventh session). Chunk h of tile t holds the 16-byte pieces
+# 2 c + h (c = 0..3) of each slot's 128 bytes: a thread (lane % 4 = c) reads its 16 consecutive bytes of a slot in
+# one 16-byte load, the two slots of a quarter warp hit pieces of opposite parity (the swizzle XORs the slot into the
+# piece index): no bank conflict. The view [8 chunks (2 t + h), 64 slots, 4 c, 16 bytes] of a stage (offset bit ->
+# index: bytes 0-3, piece bit 0 the chunk's h, bits 1-2 c; a slot's bits 0-2 flip piece bits 0-2, so they carry the
+# chunk's h and c along; tiles 8 KB apart):
+_CHUNK_BASES = gl.constexpr([[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4], [0, 0, 0, 8],
+                             [1, 0, 0, 0], [0, 0, 1, 0], [0, 0, 2, 0],
+                             [1, 1, 0, 0], [0, 2, 1, 0], [0, 4, 2, 0], [0, 8, 0, 0], [0, 16, 0, 0], [0, 32, 0, 0],
+                             [2, 0, 0, 0], [4, 0, 0, 0]])
+# (FP8 records) the RoPE codes [1, 64 slots, 4 c, 16 bytes], row-major: slots 64 bytes apart, so the quarter warp's two
+# slots fill the 32 banks
+_ROPE8_BASES = gl.constexpr([[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4], [0, 0, 0, 8], [0, 0, 1, 0], [0, 0, 2, 0],
+                             [0, 1, 0, 0], [0, 2, 0, 0], [0, 4, 0, 0], [0, 8, 0, 0], [0, 16, 0, 0], [0, 32, 0, 0]])
+# A chunk as loaded, u8 [1, 64 slots, 4 c, 16 j]: the fp16 wgmma's register A layout with its columns permuted so
+# that a lane's 16 values of a slot are 16 consecutive bytes (the same lanes and warps: lane l the slots l // 4 and
+# l // 4 + 8 of its warp's 16, c = l % 4). Column k = e + 2 c + 8 hh + 16 b reads byte j = e + 2 hh + 4 b of piece c
+# (logit_dim); the queries are stored through the same permutation.
+_CHUNK_LOAD = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4], [0, 0, 0, 8], [0, 8, 0, 0]],
+    lane_bases=[[0, 0, 1, 0], [0, 0, 2, 0], [0, 1, 0, 0], [0, 2, 0, 0], [0, 4, 0, 0]],
+    warp_bases=[[0, 16, 0, 0], [0, 32, 0, 0]], block_bases=[], shape=[1, 64, 4, 16]))
+# [rows, 4 c, 4 b, 2 hh, 2 e] (the 16 bytes j = e + 2 hh + 4 b of piece c) into column order k = e + 2 c + 8 hh + 16 b
+_TO_COLUMNS = gl.constexpr((0, 2, 3, 1, 4))
 
 # copies: 16-byte pieces, each instruction a warp covering whole records (a slot's 512 code bytes over the 32 lanes, 4
 # slots' RoPE values, 8 slots' 4 scales). A record is 656 bytes, so every other one starts 16 bytes into a 32-byte
@@ -118,7 +141,8 @@ _CODES_COPY = gl.constexpr(gl.BlockedLayout([1, 16, 16], [4, 1, 8], [1, 4, 1], [
 _ROPE_COPY = gl.constexpr(gl.BlockedLayout([4, 8], [4, 8], [4, 1], [1, 0]))  # [64, 64] bf16
 _SCALE_COPY = gl.constexpr(gl.BlockedLayout([1, 2], [4, 8], [1, 4], [0, 1]))  # [4, 64] fp32
 _ROPE8_COPY = gl.constexpr(gl.BlockedLayout([2, 16], [8, 4], [4, 1], [1, 0]))  # [64, 64] e4m3 (FP8 records)
-_QUERY = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # [16, 128] / [16, 64] as loaded
+# the queries as loaded: [16 heads, 4, 16] runs of 16 consecutive dims (a thread's 8 of them: one 16-byte load)
+_QUERY = gl.constexpr(gl.BlockedLayout([1, 1, 8], [4, 4, 2], [4, 1, 1], [2, 1, 0]))
 
 # The value operand. mma.sync's B fragment gives lane (r = lane // 4, c = lane % 4) the columns n = 8 j + r of the
 # n-tiles j and the slots 2c, 2c + 1, 2c + 8, 2c + 9 of a 16-slot chunk. Column n = 8 j + r of part (tile) c reads
@@ -163,12 +187,6 @@ def value_dim(n):
 
 
 @gluon.jit
-def _tile(codes, c: gl.constexpr):
-    """Tile ``c`` of a stage's codes (``[4, 64, 128]``) as the wgmma's A operand ``[64, 128]``."""
-    return _view(codes, gl.float8e4nv, [4 * TILE, 128], _CODE_ROWS).slice(c * TILE, TILE)
-
-
-@gluon.jit
 def _scale_row(scales, c: gl.constexpr):
     """Tile ``c``'s scales of a stage (``[4, 64]`` fp32) as ``[64]``."""
     return _view(scales, gl.float32, [4 * TILE], _SCALE_ROW).slice(c * TILE, TILE)
@@ -180,21 +198,85 @@ def _value_view(codes):
     return _view(codes, gl.uint8, [4, 64, 128], gl.SharedLinearLayout(_VALUE_BASES))
 
 
-@gluon.jit
-def _store_parts(q, up, hi_dst, lo_dst):
-    """One 128-dim tile of the queries (fp32 ``[16, 128]``) split exactly into e4m3 hi and lo parts (``up`` per head,
-    lo 16 x the residual: :func:`.indexer_gluon._split`), stored as the logit MMAs' B operands."""
-    hi, lo = _split(q, up, LO_UP)
-    hi_dst.store(hi)
-    lo_dst.store(lo)
+def logit_dim(chunk, k):
+    """The dim (0..511) that column ``k`` (0..63) of chunk ``chunk`` (``2 t + h``: tile ``t``'s pieces ``2 c + h``)
+    holds: ``k = e + 2 c + 8 hh + 16 b`` is byte ``e + 2 hh + 4 b`` of piece ``2 c + h`` of tile ``t``."""
+    t, h = chunk >> 1, chunk & 1
+    e, c, hh, b = k & 1, (k >> 1) & 3, (k >> 3) & 1, k >> 4
+    return 128 * t + 16 * (2 * c + h) + e + 2 * hh + 4 * b
 
 
 @gluon.jit
-def _hi_plus_lo(acc, layout: gl.constexpr):
-    """A stacked tile's accumulator ``[64, 32]`` (hi columns, then lo) -> ``hi + lo / 16`` ``[64, 16]`` in ``layout``
-    (a thread holds column n and n + 16 of its rows: no data moves)."""
-    hi, lo = gl.split(gl.permute(gl.reshape(acc, [TILE, 2, BLOCK_H]), (0, 2, 1)))
-    return gl.convert_layout(hi + lo * LO_DOWN, layout)
+def _columns(x, DOT_A: gl.constexpr):
+    """A chunk's e4m3 bytes as loaded (u8 ``[64, 4 c, 16 j]``) widened exactly to fp16 and put in column order (a
+    register permutation, :data:`_TO_COLUMNS`): the fp16 wgmma's register A operand ``[64, 64]``."""
+    v = gl.reshape(_as_f16(x), [TILE, 4, 4, 2, 2])  # slot, c, b, hh, e
+    return gl.convert_layout(gl.reshape(gl.permute(v, _TO_COLUMNS.value), [TILE, 64]), DOT_A, assert_trivial=True)
+
+
+@gluon.jit
+def _code_chunk(codes, chunk: gl.constexpr, DOT_A: gl.constexpr):
+    """Chunk ``chunk`` of a stage's codes (e4m3 ``[4, 64, 128]``, swizzled) as the register A operand (fp16 ``[64
+    slots, 64]``, columns in :func:`logit_dim` order)."""
+    view = _view(codes, gl.uint8, [8, TILE, 4, 16], gl.SharedLinearLayout(_CHUNK_BASES))
+    return _columns(gl.reshape(view.slice(chunk, 1, dim=0).load(_CHUNK_LOAD), [TILE, 4, 16]), DOT_A)
+
+
+@gluon.jit
+def _rope8_operand(rope, DOT_A: gl.constexpr):
+    """(FP8 records) A stage's RoPE codes (e4m3 ``[64, 64]``, row-major) as the register A operand (fp16, columns:
+    byte ``e + 2 hh + 4 b`` of piece ``c`` at ``k = e + 2 c + 8 hh + 16 b``, as the chunks')."""
+    view = _view(rope, gl.uint8, [1, TILE, 4, 16], gl.SharedLinearLayout(_ROPE8_BASES))
+    return _columns(gl.reshape(view.load(_CHUNK_LOAD), [TILE, 4, 16]), DOT_A)
+
+
+@gluon.jit
+def _logit_chunk(codes, chunk: gl.constexpr, q_s, pending, zeros, LOGIT_A: gl.constexpr):
+    """Chunk ``chunk``'s logit MMA (``[64 slots, 16 heads]``): its codes read into registers while ``pending`` (the
+    MMA issued before) runs, then ``pending`` waited for (its register operand freed: one MMA in flight) and the
+    chunk's issued, from zero for a tile's first chunk, onto ``pending`` (its tile's first) for the second. Returns
+    (``pending`` complete, the chunk's MMA in flight)."""
+    a = _code_chunk(codes, chunk, LOGIT_A)
+    done = warpgroup_mma_wait(0, deps=[pending])
+    if chunk % 2 == 0:
+        mma = warpgroup_mma(a, q_s.index(chunk).permute((1, 0)), zeros, use_acc=False, is_async=True)
+    else:
+        mma = warpgroup_mma(a, q_s.index(chunk).permute((1, 0)), done, is_async=True)
+    return done, mma
+
+
+@gluon.jit
+def _query_runs(q_rows, head_ok, first: gl.constexpr, stride: gl.constexpr):
+    """bf16 ``[16 heads, 4, 16]``: the 4 runs of 16 consecutive query dims starting at ``first + stride r``
+    (``q_rows [16, 1, 1]`` the heads' rows, ``head_ok`` the heads that exist)."""
+    r = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, _QUERY)))
+    j = gl.arange(0, 16, gl.SliceLayout(0, gl.SliceLayout(1, _QUERY)))
+    return gl.load(q_rows + (first + stride * r)[None, :, None] + j[None, None, :], mask=head_ok, other=0.0)
+
+
+@gluon.jit
+def _runs_amax(x):
+    """Largest magnitude of each head's values in ``x`` (``[16, 4, 16]``) -> fp32 ``[16]``, Inf for one holding NaN."""
+    return _row_amax(gl.reshape(x.to(gl.float32), [BLOCK_H, 64]))
+
+
+@gluon.jit
+def _row_scale16(amax):
+    """(up, down): per row a power of two putting ``amax`` in [2^13, 2^14) (fp16 then holds the row and twice it), and
+    its inverse (NaN where ``amax`` is Inf: a row holding Inf or NaN); at most 2^126 (a zero row stays zero)."""
+    biased = (amax.to(gl.int32, bitcast=True) >> 23) & 0xFF
+    field = gl.minimum(267 - biased, 253)  # exponent field of 2^(140 - biased)
+    up = (field << 23).to(gl.float32, bitcast=True)
+    down = ((254 - field) << 23).to(gl.float32, bitcast=True)
+    return up, gl.where(amax < float("inf"), down, float("nan"))
+
+
+@gluon.jit
+def _store_columns(x, up, dst):
+    """Query runs (``x`` bf16 ``[16, 4 c, 16 j]``, :func:`_query_runs`) times ``up`` (per head) in fp16, in the
+    chunks' column order (:data:`_TO_COLUMNS`): the logit wgmma's B operand ``[16, 64]``."""
+    v = gl.reshape(x.to(gl.float32) * up[:, None, None], [BLOCK_H, 4, 4, 2, 2])  # h, c, b, hh, e
+    dst.store(gl.reshape(gl.permute(v, _TO_COLUMNS.value), [BLOCK_H, 64]).to(gl.float16))
 
 
 @gluon.jit
@@ -320,10 +402,10 @@ def sparse_mla_wgmma_kernel(
     FP8: gl.constexpr = False,  # per-tensor FP8 records (576 e4m3 codes x kv_scale) instead of fp8_ds_mla's
     ALIGNED: gl.constexpr = False,  # every split starts at a multiple of 64 slots (the slot indices' loads vectorised)
 ):
-    W8: gl.constexpr = _logit_layout(32)  # the FP8 logit MMAs' accumulator [64 slots, 16 heads]
-    W16: gl.constexpr = _logit_layout(16)  # the RoPE MMA's (the same registers)
-    ROWS: gl.constexpr = gl.SliceLayout(1, W8)  # [64] per slot
-    HEADS: gl.constexpr = gl.SliceLayout(0, W8)  # [16] per head
+    W: gl.constexpr = _logit_layout(16)  # the logit MMAs' accumulators [64 slots, 16 heads]
+    LOGIT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=W, k_width=2)  # their register A operands
+    ROWS: gl.constexpr = gl.SliceLayout(1, W)  # [64] per slot
+    HEADS: gl.constexpr = gl.SliceLayout(0, W)  # [16] per head
     PV: gl.constexpr = _pv_layout()  # the value MMA's accumulator [4 parts, 16 heads, 128 n]
     DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=PV, k_width=2)
     DOT_B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=PV, k_width=2)
@@ -359,40 +441,38 @@ def sparse_mla_wgmma_kernel(
     ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end, FP8)
     here = _slot_rows(slot_row, start, end, ROWS)  # step 0's slots, for its mask
 
-    # the queries: each head scaled by a power of two over its 512 nope dims and split exactly into e4m3 hi + lo
-    qh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, _QUERY))
-    qd = gl.arange(0, 128, gl.SliceLayout(0, _QUERY))
-    q_rows = q_ptr + t * stride_qt + qh[:, None] * stride_qh
-    head_ok = (qh < H)[:, None]
-    q0 = gl.load(q_rows + qd[None, :], mask=head_ok, other=0.0).to(gl.float32)
-    q1 = gl.load(q_rows + 128 + qd[None, :], mask=head_ok, other=0.0).to(gl.float32)
-    q2 = gl.load(q_rows + 256 + qd[None, :], mask=head_ok, other=0.0).to(gl.float32)
-    q3 = gl.load(q_rows + 384 + qd[None, :], mask=head_ok, other=0.0).to(gl.float32)
-    amax = gl.maximum(gl.maximum(_row_amax(q0), _row_amax(q1)), gl.maximum(_row_amax(q2), _row_amax(q3)))
-    rd = gl.arange(0, 64, gl.SliceLayout(0, _QUERY))
-    if FP8:  # the RoPE codes are e4m3 too: the RoPE query dims join the power of two and split into hi + lo parts
-        qr = gl.load(q_rows + 512 + rd[None, :], mask=head_ok, other=0.0).to(gl.float32)
-        amax = gl.maximum(amax, _row_amax(qr))
-    up, down = _row_scale(amax)
-    # a tile's hi rows, then its lo rows: one N = 32 MMA a tile
-    q_hl = gl.allocate_shared_memory(gl.float8e4nv, [4, 2 * BLOCK_H, 128], _Q)
-    _store_parts(q0, up, q_hl.index(0).slice(0, BLOCK_H), q_hl.index(0).slice(BLOCK_H, BLOCK_H))
-    _store_parts(q1, up, q_hl.index(1).slice(0, BLOCK_H), q_hl.index(1).slice(BLOCK_H, BLOCK_H))
-    _store_parts(q2, up, q_hl.index(2).slice(0, BLOCK_H), q_hl.index(2).slice(BLOCK_H, BLOCK_H))
-    _store_parts(q3, up, q_hl.index(3).slice(0, BLOCK_H), q_hl.index(3).slice(BLOCK_H, BLOCK_H))
+    # the queries: each head scaled by a power of two into fp16 (its largest in [2^13, 2^14): exact but for values
+    # below 2^-27 of it), in the chunks' column order; FP8 records: the RoPE dims too (e4m3 codes), fp8_ds_mla: the
+    # RoPE dims as they are (bf16 values, a bf16 MMA)
+    qh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, gl.SliceLayout(2, _QUERY)))
+    q_rows = q_ptr + t * stride_qt + qh[:, None, None] * stride_qh
+    head_ok = (qh < H)[:, None, None]
+    runs = ()
+    for chunk in gl.static_range(8):  # chunk 2 t + h: dims 128 t + 16 h + 32 c + j
+        runs = runs + (_query_runs(q_rows, head_ok, 128 * (chunk // 2) + 16 * (chunk % 2), 32),)
+    rope_runs = _query_runs(q_rows, head_ok, 512, 16)  # dims 512 + 16 c + j
+    amax = _runs_amax(runs[0])
+    for chunk in gl.static_range(1, 8):
+        amax = gl.maximum(amax, _runs_amax(runs[chunk]))
     if FP8:
-        q_rope = gl.allocate_shared_memory(gl.float8e4nv, [2 * BLOCK_H, 64], _ROPE8)
-        _store_parts(qr, up, q_rope.slice(0, BLOCK_H), q_rope.slice(BLOCK_H, BLOCK_H))
+        amax = gl.maximum(amax, _runs_amax(rope_runs))
+    up, down = _row_scale16(amax)
+    up = gl.convert_layout(up, gl.SliceLayout(1, gl.SliceLayout(2, _QUERY)))
+    q_s = gl.allocate_shared_memory(gl.float16, [8, BLOCK_H, 64], _Q)
+    for chunk in gl.static_range(8):
+        _store_columns(runs[chunk], up, q_s.index(chunk))
+    if FP8:
+        q_rope = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 64], _Q)
+        _store_columns(rope_runs, up, q_rope)
         kv_scale = gl.load(kv_scale_ptr)
         head_scale = gl.convert_layout(down * (kv_scale * logit_scale), HEADS)  # every code x the tensor scale
     else:
-        q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], _QR,
-                                           gl.load(q_rows + 512 + rd[None, :], mask=head_ok, other=0.0))
+        q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], _Q, gl.reshape(rope_runs, [BLOCK_H, 64]))
         head_scale = gl.convert_layout(down * logit_scale, HEADS)  # NaN for a head holding Inf or NaN
     fence_async_shared()  # the queries' stores, before the first wgmma reads them (after the first barrier)
 
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS)
-    l_acc = gl.zeros([TILE, BLOCK_H], gl.float32, W8)  # per-thread partial sums of p, summed at the end
+    l_acc = gl.zeros([TILE, BLOCK_H], gl.float32, W)  # per-thread partial sums of p, summed at the end
     # M_c, the largest tile-c scale of the split's slots so far (a running maximum, raised step by step):
     # P_c = p · σ_c / M_c <= 1 in fp16, the accumulated values of tile c taking M_old / M_new when it rises, the
     # output times M_c at the end; FP8 records: P_c = p, the output times the tensor scale
@@ -407,8 +487,7 @@ def sparse_mla_wgmma_kernel(
         b2 = b0
         b3 = b0
     acc = gl.zeros([4, BLOCK_H, 128], gl.float32, PV)
-    zeros16 = gl.zeros([TILE, BLOCK_H], gl.float32, W16)
-    zeros32 = gl.zeros([TILE, 2 * BLOCK_H], gl.float32, _logit_layout(32, 2 * BLOCK_H))
+    zeros = gl.zeros([TILE, BLOCK_H], gl.float32, W)
     for i in range(steps):
         stage = i % STAGES
         async_copy.wait_group(STAGES - 2)  # this thread's copies of step i have landed
@@ -425,18 +504,12 @@ def sparse_mla_wgmma_kernel(
         here = _slot_rows(slot_row, start + (i + 1) * TILE, end, ROWS)
 
         codes = codes_s.index(stage)
-        a0 = warpgroup_mma(_tile(codes, 0), q_hl.index(0).permute((1, 0)), zeros32, use_acc=False, is_async=True)
-        a1 = warpgroup_mma(_tile(codes, 1), q_hl.index(1).permute((1, 0)), zeros32, use_acc=False, is_async=True)
-        a2 = warpgroup_mma(_tile(codes, 2), q_hl.index(2).permute((1, 0)), zeros32, use_acc=False, is_async=True)
-        a3 = warpgroup_mma(_tile(codes, 3), q_hl.index(3).permute((1, 0)), zeros32, use_acc=False, is_async=True)
-        if FP8:  # the RoPE codes' FP8 MMA, hi and lo query parts stacked as for the other dims
-            ar = warpgroup_mma(rope_s.index(stage), q_rope.permute((1, 0)), zeros32, use_acc=False, is_async=True)
-            a0, a1, a2, a3, ar = warpgroup_mma_wait(0, deps=[a0, a1, a2, a3, ar])
-            codes_sum = (_hi_plus_lo(a0, W8) + _hi_plus_lo(a1, W8) + _hi_plus_lo(a2, W8) + _hi_plus_lo(a3, W8)
-                         + _hi_plus_lo(ar, W8))
-            s = codes_sum * head_scale[None, :]
+        # the RoPE MMA, then the chunks' (each read into registers while the MMA before it runs)
+        if FP8:
+            ar = warpgroup_mma(_rope8_operand(rope_s.index(stage), LOGIT_A), q_rope.permute((1, 0)), zeros,
+                               use_acc=False, is_async=True)
         else:
-            ar = warpgroup_mma(rope_s.index(stage), q_rope.permute((1, 0)), zeros16, use_acc=False, is_async=True)
+            ar = warpgroup_mma(rope_s.index(stage), q_rope.permute((1, 0)), zeros, use_acc=False, is_async=True)
             s0 = _scale_row(scale_s.index(stage), 0).load(ROWS)  # σ_c of the step's slots
             s1 = _scale_row(scale_s.index(stage), 1).load(ROWS)
             s2 = _scale_row(scale_s.index(stage), 2).load(ROWS)
@@ -446,10 +519,20 @@ def sparse_mla_wgmma_kernel(
             b1, f1, r1 = _raise_maximum(b1, t1)
             b2, f2, r2 = _raise_maximum(b2, t2)
             b3, f3, r3 = _raise_maximum(b3, t3)
-            a0, a1, a2, a3, ar = warpgroup_mma_wait(0, deps=[a0, a1, a2, a3, ar])
-            nope = (_hi_plus_lo(a0, W8) * s0[:, None] + _hi_plus_lo(a1, W8) * s1[:, None]
-                    + _hi_plus_lo(a2, W8) * s2[:, None] + _hi_plus_lo(a3, W8) * s3[:, None])
-            s = nope * head_scale[None, :] + gl.convert_layout(ar, W8) * logit_scale
+        ar, a0 = _logit_chunk(codes, 0, q_s, ar, zeros, LOGIT_A)  # tile t's sum a_t: its chunks 2 t and 2 t + 1
+        _, a0 = _logit_chunk(codes, 1, q_s, a0, zeros, LOGIT_A)
+        a0, a1 = _logit_chunk(codes, 2, q_s, a0, zeros, LOGIT_A)
+        _, a1 = _logit_chunk(codes, 3, q_s, a1, zeros, LOGIT_A)
+        a1, a2 = _logit_chunk(codes, 4, q_s, a1, zeros, LOGIT_A)
+        _, a2 = _logit_chunk(codes, 5, q_s, a2, zeros, LOGIT_A)
+        a2, a3 = _logit_chunk(codes, 6, q_s, a2, zeros, LOGIT_A)
+        _, a3 = _logit_chunk(codes, 7, q_s, a3, zeros, LOGIT_A)
+        a3 = warpgroup_mma_wait(0, deps=[a3])
+        if FP8:
+            s = (a0 + a1 + a2 + a3 + ar) * head_scale[None, :]
+        else:
+            nope = a0 * s0[:, None] + a1 * s1[:, None] + a2 * s2[:, None] + a3 * s3[:, None]
+            s = nope * head_scale[None, :] + ar * logit_scale
         s = gl.where(valid[:, None], s, float("-inf"))
 
         p, alpha, m_i, l_acc = online_softmax(s, m_i, l_acc)

@@ -48,12 +48,13 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from dsahal.kernel_launch import wrap_launched
 
-from .indexer_gluon import _row_amax, _view
+from .indexer_gluon import _view
 from .sparse_mla import LOG2E
 from .partials import bounded_partials
 from .sparse_mla_gluon import _as_f16, _rows, head_group, launch_over_tokens, records_refusal, unserved
 from .sparse_mla_small_heads_raw import check_launch, unit_stride_and_outputs
-from .sparse_mla_wgmma import online_softmax, softmax_totals
+from .sparse_mla_wgmma import (_QUERY, _query_runs, _row_scale16, _runs_amax, online_softmax,
+                               softmax_totals)
 
 _async_copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -162,8 +163,6 @@ _VALUE_CODES = gl.constexpr(gl.DistributedLinearLayout(
 _CODES_COPY = gl.constexpr(gl.BlockedLayout([8, 16], [2, 16], [4, 1], [1, 0]))  # [64, 256]
 _ROPE_COPY = gl.constexpr(gl.BlockedLayout([2, 16], [8, 4], [4, 1], [1, 0]))  # [64, 64]
 _SCALE_COPY = gl.constexpr(gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0]))  # [64, 32]
-# the queries as loaded: [16 heads, 4, 16] runs of 16 consecutive dims (a thread's 8 of them: one 16-byte load)
-_QUERY = gl.constexpr(gl.BlockedLayout([1, 1, 8], [4, 4, 2], [4, 1, 1], [2, 1, 0]))
 # Register permutations (reshape, permute, reshape: no data moves) into the logit MMAs' column orders, applied alike
 # to the decoded codes and to the queries (their columns must meet): [rows, 4 c, 2 g0, 2 e1, 2 e0, 2 a] (a half's 16
 # consecutive dims j = a + 2 e0 + 4 e1 + 8 g0 of each 32-dim piece c) into logit_dim's k = e0 + 2 c + 8 e1 + 16 a + 32
@@ -215,17 +214,6 @@ def value_dim(n):
     r = n & 7
     w = (n >> 3) & 3
     return 128 * w + 16 * r + 2 * (n >> 6) + ((n >> 5) & 1)
-
-
-@gluon.jit
-def _row_scale16(amax):
-    """(up, down): per row a power of two putting ``amax`` in [2^13, 2^14) (fp16 then holds the row and twice it), and
-    its inverse (NaN where ``amax`` is Inf: a row holding Inf or NaN); at most 2^126 (a zero row stays zero)."""
-    biased = (amax.to(gl.int32, bitcast=True) >> 23) & 0xFF
-    field = gl.minimum(267 - biased, 253)  # exponent field of 2^(140 - biased)
-    up = (field << 23).to(gl.float32, bitcast=True)
-    down = ((254 - field) << 23).to(gl.float32, bitcast=True)
-    return up, gl.where(amax < float("inf"), down, float("nan"))
 
 
 @gluon.jit
@@ -338,20 +326,6 @@ def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tok
     row_s, ok_s = _rows(slots_s, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
     byte_s = gl.arange(0, 32, gl.SliceLayout(0, _SCALE_COPY))
     _async_copy(scales, pages_u8 + row_s[:, None] + 320 + byte_s[None, :], mask=ok_s[:, None])
-
-
-@gluon.jit
-def _query_runs(q_rows, head_ok, first: gl.constexpr, stride: gl.constexpr):
-    """bf16 ``[16 heads, 4, 16]``: the 4 runs of 16 consecutive query dims starting at ``first + stride r``."""
-    r = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, _QUERY)))
-    j = gl.arange(0, 16, gl.SliceLayout(0, gl.SliceLayout(1, _QUERY)))
-    return gl.load(q_rows + (first + stride * r)[None, :, None] + j[None, None, :], mask=head_ok, other=0.0)
-
-
-@gluon.jit
-def _runs_amax(x):
-    """Largest magnitude of each head's values in ``x`` (``[16, 4, 16]``) -> fp32 ``[16]``, Inf for one holding NaN."""
-    return _row_amax(gl.reshape(x.to(gl.float32), [BLOCK_H, 64]))
 
 
 @gluon.jit
