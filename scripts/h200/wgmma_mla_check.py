@@ -13,8 +13,9 @@ Usage (on a CUDA machine, from the repository root)::
    of |lse|, the row's largest sum |q k| and 1 (an FP8-accumulated logit's error grows with its products' magnitudes,
    not with their cancelling sum).
 2. The serving shape: 64 requests x 5 tokens (and x 1, x 8) x top-k 2048 over a 1M-token fp8_ds_mla pool (656 MB,
-   larger than the L2), H = 16 and 12; each variant (and an earlier commit's kernel where :data:`BASELINE_MODULE` is
-   present: the thirty-sixth session timed bc0171a's beside its own) checked on its first rows against the reference,
+   larger than the L2), H = 16 and 12; each variant (and earlier commits' kernels where modules named
+   :data:`BASELINE_PREFIX`... are present: the thirty-sixth session timed bc0171a's beside its own) checked on its
+   first rows against the reference,
    then timed (``do_bench`` median); a table of ms, TB/s of gathered bytes, % of the copy ceiling, FlashMLA / ours.
 
 Exits with one ``error:`` line when a check fails (after timing what passed).
@@ -31,9 +32,10 @@ TOL_O, TOL_LSE = 1e-2, 1e-3  # lse: of max(|lse|, the row's largest sum |q k|, 1
 CHECK_ROWS = 8
 EDGE_LAUNCHES = (dict(),)
 VARIANTS = {"full": (dict(split_size=1024),), "small": (dict(split_size=512),)}
-# a frozen copy of an earlier commit's kernel module, timed beside the current one when present: a device call copies
-# it into the package (`cp .baseline/_baseline_wgmma.py backends/triton_kernels/`, .baseline carried; not in the repo)
-BASELINE_MODULE = "dsahal.backends.triton_kernels._baseline_wgmma"
+# frozen copies of earlier commits' kernel module, timed beside the current one when present: a device call copies
+# them into the package (`cp .baseline/_baseline_wgmma*.py backends/triton_kernels/`, .baseline carried; not in the
+# repo); every module of the package named _baseline_wgmma* is timed, in name order
+BASELINE_PREFIX = "_baseline_wgmma"
 GLUON_BEST = dict(block_n=16, stages=3, q_smem=True, maxnreg=168, split_size=512)  # sixteenth session's best
 
 
@@ -156,11 +158,14 @@ def sweep(torch, pool_tokens, ceiling, failures, with_gluon=False):
     from dsahal.backends.triton_kernels.sparse_mla_gluon import sparse_mla_gluon
     from dsahal.backends.triton_kernels.sparse_mla_wgmma import sparse_mla_wgmma
 
-    try:
-        baseline = importlib.import_module(BASELINE_MODULE)
-        print(f"baseline kernel module present: {BASELINE_MODULE}")
-    except ImportError:
-        baseline = None
+    import pkgutil
+
+    from dsahal.backends import triton_kernels
+
+    names = sorted(m.name for m in pkgutil.iter_modules(triton_kernels.__path__) if m.name.startswith(BASELINE_PREFIX))
+    baselines = [(name, importlib.import_module(f"{triton_kernels.__name__}.{name}")) for name in names]
+    for name, _ in baselines:
+        print(f"baseline kernel module present: {name}")
 
     pages = cache_pools.latent_pools(torch, ("fp8_ds_mla",), pool_tokens, "cuda")["fp8_ds_mla"][0]
     rows = []
@@ -176,10 +181,11 @@ def sweep(torch, pool_tokens, ceiling, failures, with_gluon=False):
         if with_gluon:
             runs.append(("gluon few heads (best)", *(2 * (lambda: sparse_mla_gluon(
                 q, pages, slots, "fp8_ds_mla", None, SOFTMAX_SCALE, **GLUON_BEST),))))
-        if baseline is not None:
+        for module_name, baseline in baselines:
             cfg = VARIANTS[kind][0]
-            fn = (lambda cfg=cfg: baseline.sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None, SOFTMAX_SCALE, **cfg))
-            runs.append((f"wgmma before {cfg}", fn, fn))
+            fn = (lambda cfg=cfg, b=baseline: b.sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None, SOFTMAX_SCALE,
+                                                                  **cfg))
+            runs.append((f"{module_name[1:]} {cfg}", fn, fn))
         for cfg in VARIANTS[kind]:
             fn = (lambda cfg=cfg: sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None, SOFTMAX_SCALE, **cfg))
             runs.append((f"wgmma {cfg}", fn, fn))
