@@ -232,17 +232,15 @@ def _rope8_operand(rope, DOT_A: gl.constexpr):
 
 @gluon.jit
 def _logit_chunk(codes, chunk: gl.constexpr, q_s, pending, zeros, LOGIT_A: gl.constexpr):
-    """Chunk ``chunk``'s logit MMA (``[64 slots, 16 heads]``), its codes read into registers while ``pending`` (the
-    MMA issued before) runs: a tile's first chunk issued from zero, then ``pending`` (the previous tile's, or the
-    RoPE MMA) waited for while it runs; its second issued onto ``pending`` (the first) once that is done. At most
-    two MMAs in flight, each register operand freed by the wait after it. Returns (``pending`` complete, the chunk's
-    MMA in flight)."""
+    """Chunk ``chunk``'s logit MMA (``[64 slots, 16 heads]``): its codes read into registers while ``pending`` (the
+    MMA issued before) runs, then ``pending`` waited for (its register operand freed: one MMA in flight) and the
+    chunk's issued, from zero for a tile's first chunk, onto ``pending`` (its tile's first) for the second. Returns
+    (``pending`` complete, the chunk's MMA in flight)."""
     a = _code_chunk(codes, chunk, LOGIT_A)
+    done = warpgroup_mma_wait(0, deps=[pending])
     if chunk % 2 == 0:
         mma = warpgroup_mma(a, q_s.index(chunk).permute((1, 0)), zeros, use_acc=False, is_async=True)
-        done = warpgroup_mma_wait(1, deps=[pending])
     else:
-        done = warpgroup_mma_wait(0, deps=[pending])
         mma = warpgroup_mma(a, q_s.index(chunk).permute((1, 0)), done, is_async=True)
     return done, mma
 
