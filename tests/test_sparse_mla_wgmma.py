@@ -303,17 +303,23 @@ def test_the_route_verifier_names_what_the_kernel_does_not_take(monkeypatch):
     assert verifiers.wgmma_few_heads_accepts(big, _pages(), slots, "fp8_ds_mla", None, 0.1) == (True, "")
     monkeypatch.setattr(config, "batch_invariant", lambda: True)  # every batch: the route must not depend on it
     assert verifiers.wgmma_few_heads_accepts(q, _pages(), slots, "fp8_ds_mla", None, 0.1) == (True, "")
-    # more than 16 heads (the kernel's groups) and per-tensor FP8 records: not routed (config.WGMMA_ROUTE_MAX_HEADS),
-    # whatever the mode and whether FlashMLA loads
-    most = config.WGMMA_ROUTE_MAX_HEADS
+    # past each format's head limit (the kernel's groups): not routed (config.WGMMA_ROUTE_MAX_HEADS), whatever the
+    # mode and whether FlashMLA loads; per-tensor FP8 records (which FlashMLA does not read) up to theirs
+    scale = torch.tensor(1.0)
     for invariant, loads in ((True, True), (False, True), (False, False)):
         monkeypatch.setattr(config, "batch_invariant", lambda: invariant)
         monkeypatch.setattr(verifiers, "_flashmla_loads", lambda: loads)
-        wide = torch.zeros(config.WGMMA_MIN_TOKENS, most + 1, 576, dtype=torch.bfloat16)
-        assert verifiers.wgmma_few_heads_accepts(wide, _pages(), slots, "fp8_ds_mla", None, 0.1) == (
-            False, f"{most + 1} heads: the route takes at most {most} (config.WGMMA_ROUTE_MAX_HEADS)")
-        ok, reason = verifiers.wgmma_few_heads_accepts(big, _pages(record=576), slots, "fp8", torch.tensor(1.0), 0.1)
-        assert not ok and reason.startswith("fp8 latents: the route takes fp8_ds_mla (per-tensor FP8 records measured")
+        for fmt, record in (("fp8_ds_mla", 656), ("fp8", 576)):
+            most = config.WGMMA_ROUTE_MAX_HEADS[fmt]
+            at_most = torch.zeros(config.WGMMA_MIN_TOKENS, most, 576, dtype=torch.bfloat16)
+            wide = torch.zeros(config.WGMMA_MIN_TOKENS, most + 1, 576, dtype=torch.bfloat16)
+            given = scale if fmt == "fp8" else None
+            assert verifiers.wgmma_few_heads_accepts(at_most, _pages(record=record), slots, fmt, given, 0.1) == (
+                True, "")
+            assert verifiers.wgmma_few_heads_accepts(wide, _pages(record=record), slots, fmt, given, 0.1) == (
+                False, f"{most + 1} heads: the route takes at most {most} with {fmt} latents "
+                       f"(config.WGMMA_ROUTE_MAX_HEADS)")
+    assert config.WGMMA_ROUTE_MAX_HEADS["fp8_ds_mla"] == 16  # past it, FlashMLA's decode (heads padded) is faster
 
 
 @pytest.mark.parametrize("module_name, launcher, kernel_name, extra", [

@@ -60,15 +60,18 @@ WGMMA_FEW_HEADS = dict(stages=2, split_size=1024)
 # NVFP4 H = 24 0.390 / 1.506 / 1.723, 32 0.430 / 1.518 / 1.930, 48 0.606 / - / 3.740, 64 0.791 / - / 0.862 (even past
 # 64: not measured). The NVFP4 route takes up to this many heads (exact fp16 MMAs on the decoded codes).
 WGMMA_GROUPED_MAX_HEADS = 64
-# The fp8_ds_mla route (gluon_wgmma_few_heads) takes at most this many heads, and fp8_ds_mla records only. Its FP8
-# MMAs accumulate at reduced precision (a logit off by about 2^-13 of its products' magnitudes, twenty-second session):
-# with 17-64 heads as groups (fp8_ds_mla 24 / 32 / 48 heads 0.434 / 0.458 / 0.687 ms, 3.5-3.8x the Triton kernels,
-# where FlashMLA's decode does not serve) and per-tensor FP8 records (576 bytes: 0.195 / 0.216 / 0.333 ms at H = 16 /
-# 12 / 32, 2.32x / 2.06x / 1.86x the general kernel), the twenty-fourth session's conformance run (R9, 40 examples)
-# drew a 20-head call with records of magnitudes 1e-3 .. 1e3 ("wide") on each: o 5.2e-2 / 4.3e-2 from the reference,
-# the suite's bound 1.56e-2. Those calls keep the routes before (FlashMLA's decode, the Triton kernels); the kernel
-# serves them when called directly.
-WGMMA_ROUTE_MAX_HEADS = 16
+# The wgmma few-heads route (gluon_wgmma_few_heads) takes at most this many heads, by record format. Until the
+# thirty-seventh session its logits were FP8 MMAs, which accumulate at reduced precision (a logit off by about 2^-13
+# of its products' magnitudes): conformance draws with records of magnitudes 1e-3 .. 1e3 ("wide") exceeded the
+# suite's bound (a 20-head call, o 5.2e-2 / 4.3e-2, twenty-fourth session R9; a 1-head fp8_ds_mla call in
+# batch-invariant mode, 3.6e-2, thirty-seventh R3), so the route took fp8_ds_mla at <= 16 heads only. Its logits are
+# fp16 MMAs now (exact operands, full fp32 accumulation: lse within 1e-6 of the reference, the failing draw passes),
+# so the limits are speed's. fp8_ds_mla: 16, FlashMLA's decode (heads padded to 64) being faster past that where it
+# loads (fp8_ds_mla as groups of 16 at 24 / 32 / 48 heads 0.434 / 0.458 / 0.687 ms on the H200, twenty-fourth session;
+# FlashMLA 0.31 ms at 64 heads on an H100). Per-tensor FP8 records (576 bytes, which FlashMLA does not read): 32, the
+# most measured (H100, thirty-seventh session R4, scripts/h200/wgmma_fp8_check.py, 64 x 5 tokens x 2048 slots: 0.194 /
+# 0.191 / 0.336 ms at H = 16 / 12 / 32, 2.34x / 2.35x / 1.94x the general Triton kernel; 64 x 1 at H = 16 1.27x).
+WGMMA_ROUTE_MAX_HEADS = {"fp8_ds_mla": 16, "fp8": 32}
 # default mode: (calls of fewer than this many query tokens, their slots a split), the first that holds
 WGMMA_SMALL_SPLITS = ((32, 256), (64, 512))
 WGMMA_MIN_TOKENS = 16

@@ -43,17 +43,18 @@ def routes() -> dict[str, list[Route]]:
                              description="packed 32-bit exact DCP merge over NCCL")],
         "positions_to_slots": [_triton("positions_to_slots")],
         "sparse_mla": [
-            # The wgmma few-heads kernel, fp8_ds_mla at <= 16 heads on sm_90: the gathered slots as the logit MMA's M
-            # side, so 12 or 16 heads are not padded to 64; 1.31x / 1.35x FlashMLA (heads padded) at 64 x 5 tokens,
-            # H = 16 / 12, 1.40x / 1.44x at 64 x 8 (H100, thirty-sixth session). Ahead of FlashMLA: in default mode
-            # it leaves calls of < 16 query tokens (config.WGMMA_MIN_TOKENS) that FlashMLA's decode takes to it
-            # (as fast there; 16-63 tokens with smaller splits); in batch-invariant mode it takes every call it can
-            # (fixed splits: the route must not depend on the batch). The kernel also serves more heads (groups of 16)
-            # and per-tensor FP8 records: not routed (config.WGMMA_ROUTE_MAX_HEADS says why).
+            # The wgmma few-heads kernel on sm_90, fp8_ds_mla at <= 16 heads and per-tensor FP8 records at <= 32
+            # (config.WGMMA_ROUTE_MAX_HEADS): the gathered slots as the logit MMA's M side, so 12 or 16 heads are not
+            # padded to 64; 1.31x / 1.32x FlashMLA (heads padded) at 64 x 5 tokens, H = 16 / 12, 1.38x at 64 x 8;
+            # per-tensor FP8 2.34x / 1.94x the general kernel at H = 16 / 32 (H100, thirty-seventh session: its
+            # logits fp16 MMAs, exact). Ahead of FlashMLA: in default mode it leaves calls of < 16 query tokens
+            # (config.WGMMA_MIN_TOKENS) that FlashMLA's decode takes to it (as fast there; 16-63 tokens with smaller
+            # splits); in batch-invariant mode it takes every call it can (fixed splits: the route must not depend on
+            # the batch).
             Route("gluon_wgmma_few_heads", f"{PACKAGE}.ops:sparse_mla_wgmma",
                   f"{PACKAGE}.verifiers:wgmma_few_heads_accepts",
-                  description="Gluon: fp8_ds_mla at <= 16 heads, the gathered slots as the logit wgmma's M side "
-                              "(sm_90; default mode: FlashMLA's decode below 32 tokens)"),
+                  description="Gluon: fp8_ds_mla at <= 16 heads, per-tensor FP8 at <= 32, the gathered slots as the "
+                              "logit wgmma's M side (sm_90; default mode: FlashMLA's decode below 16 tokens)"),
             # The wgmma NVFP4 kernel, nvfp4 latents on sm_90 (FlashMLA reads no NVFP4): the same design, each code
             # decoded exactly into an fp16 MMA operand; 3.8-4.2x the few-heads Triton kernel it replaces at 64 x 5
             # tokens, 1.32x / 1.45x FlashMLA's padded time on the same tokens as fp8_ds_mla at H = 16 / 12 (H200,

@@ -53,24 +53,21 @@ WGMMA_CAPABILITY = (9, 0)  # Hopper's wgmma: sm_90 only (Blackwell has tcgen05 M
 
 def wgmma_few_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tuple[bool, str]:
     """The wgmma few-heads kernel (:mod:`dsahal.backends.triton_kernels.sparse_mla_wgmma`): what its launcher takes
-    (:func:`~dsahal.backends.triton_kernels.sparse_mla_wgmma.refusal`) on an sm_90 GPU, fp8_ds_mla records of at most
-    :data:`config.WGMMA_ROUTE_MAX_HEADS` heads (the kernel also reads per-tensor FP8 records and more heads, in
-    groups of 16: not routed, :data:`config.WGMMA_ROUTE_MAX_HEADS` says why). In default mode a call of fewer than
-    :data:`config.WGMMA_MIN_TOKENS` query tokens that FlashMLA's decode serves (its package loads and its verifier
-    takes the call) is left to it: there it measured as fast in GPU time, with less host time a call (thirty-sixth
-    session, H100: 8 tokens 21.4 us against our 20.9 at 256-slot splits; from 16 tokens ours is faster). Every call in
-    batch-invariant mode, where a route must not depend on the batch (this kernel's splits are a fixed slot count,
-    so its result does not either)."""
-    if q.dim() == 3 and q.shape[1] > config.WGMMA_ROUTE_MAX_HEADS:  # first: the calls FlashMLA serves (64, 128 heads)
+    (:func:`~dsahal.backends.triton_kernels.sparse_mla_wgmma.refusal`: fp8_ds_mla or per-tensor FP8 records) on an
+    sm_90 GPU, at most :data:`config.WGMMA_ROUTE_MAX_HEADS` heads for the format (the kernel takes more, in groups of
+    16: not routed, the limits say why). In default mode a call of fewer than :data:`config.WGMMA_MIN_TOKENS` query
+    tokens that FlashMLA's decode serves (its package loads and its verifier takes the call) is left to it: there it
+    measured as fast in GPU time, with less host time a call (thirty-sixth session, H100: 8 tokens 21.4 us against our
+    20.9 at 256-slot splits; from 16 tokens ours is faster). Every call in batch-invariant mode, where a route must not
+    depend on the batch (this kernel's splits are a fixed slot count, so its result does not either)."""
+    most = config.WGMMA_ROUTE_MAX_HEADS.get(kv_fmt)
+    if most is not None and q.dim() == 3 and q.shape[1] > most:  # first: the calls FlashMLA serves (64, 128 heads)
         # pay no more than this on every call (host time at 64 x 1 tokens, twenty-fifth session)
-        return False, (f"{q.shape[1]} heads: the route takes at most {config.WGMMA_ROUTE_MAX_HEADS} "
+        return False, (f"{q.shape[1]} heads: the route takes at most {most} with {kv_fmt} latents "
                        f"(config.WGMMA_ROUTE_MAX_HEADS)")
     why = _wgmma_refusal("sparse_mla_wgmma", q, kv_pages, kv_fmt, slots)
     if why:
         return False, why
-    if kv_fmt != "fp8_ds_mla":
-        return False, (f"{kv_fmt} latents: the route takes fp8_ds_mla (per-tensor FP8 records measured 1.9-2.3x the "
-                       f"general kernel, not routed: config.WGMMA_ROUTE_MAX_HEADS)")
     if (not config.batch_invariant() and q.shape[0] < config.WGMMA_MIN_TOKENS and _flashmla_loads()
             and flashmla.decode_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)[0]):
         return False, (f"{q.shape[0]} query tokens: below {config.WGMMA_MIN_TOKENS}, FlashMLA's decode (which takes "
