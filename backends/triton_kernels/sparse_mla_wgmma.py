@@ -7,9 +7,8 @@ kv[s, :512]``, ``lse`` natural log, -1 and out-of-range slots skipped, a row wit
 
 Per-tensor FP8 records (``FP8``: 576 e4m3 codes times one fp32 tensor scale, read in the kernel) take the same path:
 the 512 value dims as above with every tile scale the tensor scale (``P_c = p``, the output times the scale), the 64
-RoPE dims one more FP8 ``wgmma`` on the codes as copied against the queries' RoPE dims split into hi + lo parts with
-the rest (measured 1.9-2.3x the general Triton kernel; the nvidia route takes fp8_ds_mla at <= 16 heads only:
-``config.WGMMA_ROUTE_MAX_HEADS`` says why).
+RoPE codes read into registers and widened like the others, against the queries' RoPE dims scaled with the rest
+(1.9-2.4x the general Triton kernel; the nvidia route takes them up to 32 heads: ``config.WGMMA_ROUTE_MAX_HEADS``).
 
 Why another layout. FlashMLA computes 64 heads x 64 slots a step; a tensor-parallel slice has 12 or 16 heads, so it
 pads them to 64 and does 4-5x the work. Our earlier few-heads kernels put the heads on the MMAs' M side (``mma.sync``
@@ -21,13 +20,16 @@ as DeepGEMM's indexer does with keys, a step's 64 gathered slots are the M side 
   pieces straight into 128-byte-swizzled shared tiles, ``STAGES - 1`` steps ahead, each instruction a warp covering
   whole records (skipped slots zero-filled; the slot indices loaded a step before their copies, a thread's as whole
   words); the first steps' copies are issued before the queries are loaded and split, so those overlap their flight;
-- the logits ``S^T [64 slots, 16 heads]``: per 128-dim tile ``c`` one FP8 ``wgmma`` on the codes as copied (A from
-  shared memory: no widening) against the queries split exactly into e4m3 hi + lo parts (a power of two per head,
-  :func:`.indexer_gluon._split`), stacked as its 32 columns (one N = 32 MMA a tile), so each part sums into its own
-  accumulator columns (Hopper's FP8 MMAs add into their accumulator at reduced precision: the lo part chained
-  onto the hi one's gave lse errors up to 1.45e-2 on saturated codes, H200, twenty-first session), each tile's sum
-  scaled by its per-slot scale ``σ[s, c]`` (a row of the accumulator is a slot: one multiply); the 64 RoPE dims one bf16
-  ``wgmma``;
+- the logits ``S^T [64 slots, 16 heads]``: each 128-dim tile's codes as two chunks of 64 dims, each read from shared
+  memory into registers (a lane's 16 bytes of a slot one 16-byte load, :data:`_CHUNK_BASES`), widened exactly to fp16
+  (``cvt.rn.f16x2.e4m3x2``) in the register A layout of an fp16 ``wgmma`` against the queries scaled per head by a
+  power of two into fp16 (both in one permuted column order, :func:`logit_dim`), the chunk read while the MMA before
+  it runs; the tile's two chunks sum into its accumulator, scaled by its per-slot scale ``σ[s, c]`` (a row of the
+  accumulator is a slot: one multiply); the 64 RoPE dims one bf16 ``wgmma``. Until the thirty-seventh session these
+  were FP8 MMAs on the codes as copied, against the queries split into e4m3 hi + lo parts: Hopper's FP8 MMAs
+  accumulate at reduced precision (a logit off by about 2^-13 of its products' magnitudes), and rows whose logits
+  reach thousands with near-tied maxima got softmax weights far from the reference's (a batch-invariant conformance
+  example: o off by 3.6e-2, the bound 1.56e-2); fp16 MMAs accumulate in full fp32;
 - the online softmax over the 64 rows of a step (one cross-warp maximum a step), ``P_c = p · σ_c / M_c`` per tile
   stored as fp16 ``[4, 64, 16]``, ``M_c`` the largest tile-c scale of the split's slots so far (a running maximum: each
   warp reduces the step's scales from shared memory by itself, :func:`_step_scale_maxima`; when it rises the tile's
@@ -41,14 +43,12 @@ as DeepGEMM's indexer does with keys, a step's 64 gathered slots are the M side 
   time.
 
 Measured (BENCHMARKS.md, 64 x 5 tokens x 2048 slots): on the H200 (twenty-fourth session) 0.266 / 0.245 ms at H = 16 /
-12, 1.12x / 1.21x FlashMLA with its heads padded; on an H100 (thirty-sixth session, the changes above: until then the
-split's tile-scale maxima were gathered before the first step, two dependent DRAM round trips that were 12.6% of the
-warps' stall samples, and the work outside the loop 29%) 0.2331 / 0.2299 ms against 0.2936 / 0.2745 before, 1.34x /
-1.36x FlashMLA. Latency-bound at two programs of four warps a SM (241 registers, 41 KB stages): the gathers' copies
-in flight per SM. lse within 2-5e-4 of the float64 reference (FlashMLA's 2e-6), o within 1.0-1.2e-3. The FP8
-MMAs' accumulation costs a logit about 2^-13 of its products' magnitudes (sum |q k|): rows whose logits reach
-thousands and whose largest two are that close get softmax weights far from the reference's (one such row: o off by
-1.8e-2, lse by 1.3 at logits near 8,600; R4).
+12, 1.12x / 1.21x FlashMLA with its heads padded; on an H100 (thirty-sixth session: the split's tile-scale maxima a
+running maximum, the work outside the loop from 29% of the warps' stall samples to 12.5%) 0.2331 / 0.2299 ms, 1.34x /
+1.36x FlashMLA; with the fp16 logits (thirty-seventh session, same run as the FP8 ones) 0.2406 / 0.2379 ms against
+0.2337 / 0.2316 (0.97x), 1.31x / 1.32x FlashMLA. Latency-bound at two programs of four warps a SM (247 registers, 41 KB
+stages): the gathers' copies in flight per SM, and now the e4m3 -> fp16 conversions (18.7% of the stall samples).
+lse within 1e-6 of the float64 reference (FlashMLA's 2e-6; 2-5e-4 with the FP8 logits), o within 6e-4.
 
 One program = (one split of the slot list, one token), heads padded to 16; ``splits > 1`` writes fp32 partials that
 :func:`.lse_combine.lse_combine` merges in split order (a fixed slot count a split: a row's result does not depend

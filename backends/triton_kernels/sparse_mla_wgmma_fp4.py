@@ -30,7 +30,12 @@ bank-conflict free.
 Measured on the H200 (BENCHMARKS.md, twenty-third session, 64 x 5 tokens x 2048 slots): 0.225 / 0.206 ms at H = 16 /
 12 (three programs a SM), 3.8-4.2x the Triton few-heads kernel and 1.32x / 1.44x FlashMLA's time on the same tokens
 as fp8_ds_mla with its heads padded; 25-27% of the copy ceiling on the gathered bytes, ALU-bound on the decode (about
-960 of a step's 1,671 instructions a warp). o within 1.7e-3, lse within 2e-6 of the float64 reference.
+960 of a step's 1,671 instructions a warp). o within 1.7e-3, lse within 2e-6 of the float64 reference. On an H100
+(thirty-seventh session, GPU time, the same bits as before): the first copies issued before the queries are loaded,
+the slot indices loaded as whole words (a thread's slots consecutive), the queries loaded as runs of 16 dims and put
+in column order by a register permutation, the output stored 16 bytes at a time: 0.2360 -> 0.1877 ms at 64 x 5 H = 16
+(1.26x), 1.16x at H = 12, 1.25x at 64 x 8, 1.44x at 16 tokens, 1.03x at 64 x 1; 1.66x FlashMLA's padded time on the
+same tokens as fp8_ds_mla.
 
 One program = (one split of the slot list, one token), heads padded to 16; ``splits > 1`` writes fp32 partials that
 :func:`.lse_combine.lse_combine` merges in split order (a fixed slot count a split: a row's result does not depend on
