@@ -175,8 +175,9 @@ def _pv_layout():
 
 
 @gluon.constexpr_function
-def _logit_layout(k, n=16):
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, k])
+def _logit_layout():
+    """The logit wgmmas' accumulator ``[64 slots, 16 heads]`` (fp16 / bf16 MMAs: K = 16 an instruction)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
 
 
 @gluon.jit
@@ -402,7 +403,7 @@ def sparse_mla_wgmma_kernel(
     FP8: gl.constexpr = False,  # per-tensor FP8 records (576 e4m3 codes x kv_scale) instead of fp8_ds_mla's
     ALIGNED: gl.constexpr = False,  # every split starts at a multiple of 64 slots (the slot indices' loads vectorised)
 ):
-    W: gl.constexpr = _logit_layout(16)  # the logit MMAs' accumulators [64 slots, 16 heads]
+    W: gl.constexpr = _logit_layout()  # the logit MMAs' accumulators [64 slots, 16 heads]
     LOGIT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=W, k_width=2)  # their register A operands
     ROWS: gl.constexpr = gl.SliceLayout(1, W)  # [64] per slot
     HEADS: gl.constexpr = gl.SliceLayout(0, W)  # [16] per head

@@ -58,7 +58,7 @@ from .sparse_mla import LOG2E
 from .partials import bounded_partials
 from .sparse_mla_gluon import _as_f16, _rows, head_group, launch_over_tokens, records_refusal, unserved
 from .sparse_mla_small_heads_raw import check_launch, unit_stride_and_outputs
-from .sparse_mla_wgmma import (_QUERY, _query_runs, _row_scale16, _runs_amax, online_softmax,
+from .sparse_mla_wgmma import (_QUERY, _logit_layout, _query_runs, _row_scale16, _runs_amax, online_softmax,
                                softmax_totals)
 
 _async_copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -186,11 +186,6 @@ _OUT = gl.constexpr(gl.DistributedLinearLayout(
     reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [8, 0]],
     lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]],
     warp_bases=[[0, 128], [0, 256]], block_bases=[], shape=[16, 512]))
-
-
-@gluon.constexpr_function
-def _logit_layout():
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
 
 
 @gluon.constexpr_function
