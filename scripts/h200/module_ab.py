@@ -19,7 +19,8 @@ reported and skipped. The families:
 
 A change meant to keep every result (a schedule, a layout) must give the copy's outputs bit for bit: a difference is a
 failure. Timing: the GPU time of each launch from CUDA-graph replays (eager calls of few tokens are host-bound),
-``do_bench`` medians in the order copy, module, module, copy (the pairs averaged). Exits with one ``error:`` line when a check fails.
+``do_bench`` medians in the order copy, module, module, copy (the pairs averaged). Exits with one ``error:`` line
+when a check fails.
 """
 from __future__ import annotations
 
@@ -115,7 +116,8 @@ FAMILIES = {"indexer_gluon": indexer_cases, "sparse_mla_wgmma_fp4": sparse_mla_f
 def main(argv=None) -> int:
     names = list(sys.argv[1:] if argv is None else argv) or list(FAMILIES)
     torch, _, started, _ = start("module_ab", "cuda")
-    failures, rows = [], ["| module | case | copy ms | module ms | copy / module |", "| --- | --- | ---: | ---: | ---: |"]
+    failures = []
+    rows = ["| module | case | copy ms | module ms | copy / module |", "| --- | --- | ---: | ---: | ---: |"]
     for name in names:
         if name not in FAMILIES:
             failures.append(f"{name}: no cases (known: {', '.join(FAMILIES)})")
