@@ -24,7 +24,8 @@ from script_cli import edge_then_sweep, run  # scripts/h200/script_cli.py
 from wgmma_mla_check import TOPK, serving_inputs
 
 BLOCK_TOKENS, SOFTMAX_SCALE = 64, 192**-0.5
-TOL_O, TOL_LSE = 1e-2, 1e-3  # the fp8_ds_mla kernel's bounds (the same FP8 MMAs on the codes as copied)
+# fp16 logits since the thirty-seventh session (H100 R4: o <= 1.7e-3, lse <= 1.8e-7 on these cases; 1e-2 / 1e-3 before)
+TOL_O, TOL_LSE = 4e-3, 1e-5
 
 
 def edge_cases(torch, failures):

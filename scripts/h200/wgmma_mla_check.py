@@ -5,13 +5,13 @@ Usage (on a CUDA machine, from the repository root)::
 
     python3 scripts/h200/wgmma_mla_check.py [--pool-tokens 1048576] [--no-sweep]
 
-1. Edge cases (one line each): 1, 12 and 16 heads, skipped (-1) and out-of-range slots, a row with no valid slot,
-   splits with a partial last one, per-record magnitudes 2^-6..2^6 (scales spread over 12 binades), a strided pool
-   (blocks not back to back), 16-slot blocks, bf16 queries scaled by 1e-20 and 1e20, records whose codes are all e4m3's
-   largest (the FP8 MMAs' accumulation at its worst), 2 and 3 stages, rows whose first 200 / 600 slots are skipped and
-   whose later records are 4x larger (the kept maxima move late). The lse error is relative to the largest
-   of |lse|, the row's largest sum |q k| and 1 (an FP8-accumulated logit's error grows with its products' magnitudes,
-   not with their cancelling sum).
+1. Edge cases (one line each): 1, 12 and 16 heads, skipped (-1) and out-of-range slots, a row with no valid slot, splits
+   with a partial last one, per-record magnitudes 2^-6..2^6 (scales spread over 12 binades), a strided pool (blocks not
+   back to back), 16-slot blocks, bf16 queries scaled by 1e-20 and 1e20, records whose codes are all e4m3's largest
+   (where the FP8 logits' accumulation was at its worst), 2 and 3 stages, rows whose first 200 / 600 slots are skipped
+   and whose later records are 4x larger (the kept maxima move late). The lse error is relative to the largest of |lse|,
+   the row's largest sum |q k| and 1 (an FP8-accumulated logit's error grew with its products' magnitudes, not with
+   their cancelling sum: the kernel's logits were FP8 MMAs until the thirty-seventh session).
 2. The serving shape: 64 requests x 5 tokens (and x 1, x 8) x top-k 2048 over a 1M-token fp8_ds_mla pool (656 MB,
    larger than the L2), H = 16 and 12; each variant (and earlier commits' kernels where modules named
    :data:`BASELINE_PREFIX`... are present: the thirty-sixth session timed bc0171a's beside its own) checked on its
@@ -28,7 +28,9 @@ from mla_check import edge_errors  # scripts/h200/mla_check.py
 from script_cli import edge_then_sweep, run  # scripts/h200/script_cli.py
 
 TOPK, BLOCK_TOKENS, SOFTMAX_SCALE = 2048, 64, 192**-0.5
-TOL_O, TOL_LSE = 1e-2, 1e-3  # lse: of max(|lse|, the row's largest sum |q k|, 1)
+# lse: of max(|lse|, the row's largest sum |q k|, 1). The fp16 logits (thirty-seventh session, H100 R4) measured o <=
+# 1.7e-3 and lse <= 6.3e-8 of that scale on the edge cases; the FP8 logits before needed 1e-2 / 1e-3
+TOL_O, TOL_LSE = 4e-3, 1e-5
 CHECK_ROWS = 8
 EDGE_LAUNCHES = (dict(),)
 VARIANTS = {"full": (dict(split_size=1024),), "small": (dict(split_size=512),)}
