@@ -74,23 +74,18 @@ def _index(bases, offset):
     return tuple(index)
 
 
-def _value_dim(n):
-    """``sparse_mla_wgmma.value_dim`` (a Gluon function, not callable here), as its docstring states it."""
-    return 4 * (8 * (n >> 5) + (n & 7)) + ((n >> 3) & 3)
-
-
 def test_the_value_view_reads_each_swizzled_code_once_at_the_dim_the_output_stores():
     bases = [list(b) for b in w._VALUE_BASES.value]
     seen = set()
     for offset in range(4 * 64 * 128):  # a stage's codes: [tile, slot, 128 bytes], rows swizzled in 16-byte pieces
         part, slot, n = _index(bases, offset)
         assert 0 <= part < 4 and 0 <= slot < 64 and 0 <= n < 128
-        dim = _value_dim(n)
+        dim = w.value_dim(n)
         # the 128-byte swizzle: a slot's 16-byte piece p of its row sits at piece p ^ (slot % 8)
         assert offset == part * 8192 + slot * 128 + ((dim >> 4) ^ (slot % 8)) * 16 + (dim & 15), (offset, part, slot, n)
         seen.add((part, slot, n))
     assert len(seen) == 4 * 64 * 128
-    assert sorted(_value_dim(n) for n in range(128)) == list(range(128))
+    assert sorted(w.value_dim(n) for n in range(128)) == list(range(128))
 
 
 def _index4(bases, offset):
@@ -171,8 +166,8 @@ def test_a_lane_reads_the_four_n_tiles_of_a_32_bit_word_in_register_order():
     load = w._LOAD.value
     # registers 0 and 1 of the load layout are n + 8 and n + 16: four consecutive bytes of one slot's row
     assert load.reg_bases[0] == [0, 0, 8] and load.reg_bases[1] == [0, 0, 16]
-    assert [_value_dim(n) for n in (0, 8, 16, 24)] == [0, 1, 2, 3]
-    assert [_value_dim(n) for n in (5, 13, 21, 29)] == [20, 21, 22, 23]
+    assert [w.value_dim(n) for n in (0, 8, 16, 24)] == [0, 1, 2, 3]
+    assert [w.value_dim(n) for n in (5, 13, 21, 29)] == [20, 21, 22, 23]
 
 
 def _first_register(layout, warp=0):
@@ -239,7 +234,7 @@ def test_the_output_layout_is_the_accumulator_with_its_columns_at_their_dims_and
 
     def at_dim(basis):
         part, head, n = basis
-        return [part, head, _value_dim(n) if n else 0]
+        return [part, head, w.value_dim(n) if n else 0]
 
     reg, lane, warp = _accumulator_bases()
     assert out.lane_bases == [at_dim(b) for b in lane]

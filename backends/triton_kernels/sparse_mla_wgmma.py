@@ -180,7 +180,6 @@ def _logit_layout():
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
 
 
-@gluon.jit
 def value_dim(n):
     """The dim (within its 128-dim tile) that value column ``n`` holds: ``4 (8 (j // 4) + r) + j % 4`` for ``n = 8 j +
     r`` (the permutation :data:`_VALUE_BASES` reads; the output is stored through it)."""

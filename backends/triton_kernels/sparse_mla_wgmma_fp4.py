@@ -297,7 +297,9 @@ def _value_operand(values_v, vscales_v, kk: gl.constexpr, DOT_B: gl.constexpr):
 def _copy_slots(slot_row, n0, end):
     """Slots ``n0 .. n0 + 64`` of the token's list (-1 past the split's end) as the three copies of :func:`_issue` hold
     them (loaded a step before they are issued: the copies never wait on the load of their slot indices): unmasked
-    (16-byte words where ``n0`` is known a multiple of 64, ``ALIGNED``) unless the split ends inside the step."""
+    (16-byte words where ``n0`` is known a multiple of 64, ``ALIGNED``) unless the split ends inside the step. One
+    branch for the three (not :func:`.sparse_mla_wgmma._slot_rows` three times: under the 168-register cap three
+    branches spilled 40 bytes, one 16)."""
     n_c = n0 + gl.arange(0, TILE, gl.SliceLayout(1, _CODES_COPY))
     n_r = n0 + gl.arange(0, TILE, gl.SliceLayout(1, _ROPE_COPY))
     n_s = n0 + gl.arange(0, TILE, gl.SliceLayout(1, _SCALE_COPY))
