@@ -99,6 +99,8 @@ _SCALES_ALL = gl.constexpr(gl.DistributedLinearLayout(
     reg_bases=[[0, 1], [0, 2], [0, 4]], lane_bases=[[0, 8], [0, 16], [0, 32], [1, 0], [2, 0]],
     warp_bases=[[0, 0], [0, 0]], block_bases=[], shape=[4, 64]))
 _P = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[2, 1, 0]))
+# a stage's valid-slot flags ([STAGES, 64] u8): the order of one stage's [64] (a buffer's layout may name one dim fewer)
+_SLOT_FLAGS = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 _Q = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))  # [16, 64] fp16 / bf16
 # (FP8, per-tensor records) the RoPE codes [64 slots, 64] e4m3, row-major (read into registers like the codes)
 _ROPE8 = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
@@ -336,12 +338,15 @@ def _copy_slots(slot_row, n0, end, FP8: gl.constexpr):
 
 
 @gluon.jit
-def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tokens, codes, rope, scales,
+def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tokens, codes, rope, scales, valid,
            FLAT: gl.constexpr, OFF32: gl.constexpr, FP8: gl.constexpr):
     """Start the copies of one step's records (its slots as :func:`_copy_slots` gives them) into one stage: ``codes [4,
     64, 128]`` e4m3 (tile c's bytes of the slots at ``[c]``), ``rope [64, 64]`` bf16 (FP8 records: e4m3, at byte 512),
-    ``scales [4, 64]`` fp32 (tile c's scales at ``[c]``; none in FP8 records); skipped slots zero-filled."""
+    ``scales [4, 64]`` fp32 (tile c's scales at ``[c]``; none in FP8 records); skipped slots zero-filled. And store
+    which slots are valid (``valid [64]`` u8, 1 or 0): the step's mask is read back after the barriers that precede its
+    use instead of reloading the slot indices, so it never waits on a global load."""
     row, ok = _rows(slots_c, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
+    valid.store(ok.to(gl.uint8))
     part = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _CODES_COPY)))
     byte = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, _CODES_COPY)))
     src = pages_u8 + row[None, :, None] + (part * 128)[:, None, None] + byte[None, None, :]
@@ -425,6 +430,7 @@ def sparse_mla_wgmma_kernel(
         rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, TILE, 64], _ROPE)
         scale_s = gl.allocate_shared_memory(gl.float32, [STAGES, 4, TILE], _SCALES)
     p_s = gl.allocate_shared_memory(gl.float16, [4, TILE, BLOCK_H], _P)
+    valid_s = gl.allocate_shared_memory(gl.uint8, [STAGES, TILE], _SLOT_FLAGS)  # a stage's valid slots (1 / 0)
 
     slot_row = slots_ptr + t * stride_st
     start = split * split_size
@@ -436,10 +442,9 @@ def sparse_mla_wgmma_kernel(
         if j < steps:
             sc, sr, ss = _copy_slots(slot_row, start + j * TILE, end, FP8)
             _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens, codes_s.index(j), rope_s.index(j),
-                   scale_s.index(j), FLAT, OFF32, FP8)
+                   scale_s.index(j), valid_s.index(j), FLAT, OFF32, FP8)
         async_copy.commit_group()
     ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end, FP8)
-    here = _slot_rows(slot_row, start, end, ROWS)  # step 0's slots, for its mask
 
     # the queries: each head scaled by a power of two into fp16 (its largest in [2^13, 2^14): exact but for values
     # below 2^-27 of it), in the chunks' column order; FP8 records: the RoPE dims too (e4m3 codes), fp8_ds_mla: the
@@ -497,11 +502,10 @@ def sparse_mla_wgmma_kernel(
         if ahead < steps:
             nxt = ahead % STAGES
             _issue(pages_u8, ahead_c, ahead_r, ahead_s, num_slots, s8_b, s8_t, block_tokens, codes_s.index(nxt),
-                   rope_s.index(nxt), scale_s.index(nxt), FLAT, OFF32, FP8)
+                   rope_s.index(nxt), scale_s.index(nxt), valid_s.index(nxt), FLAT, OFF32, FP8)
         async_copy.commit_group()
         ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (ahead + 1) * TILE, end, FP8)
-        valid = (here >= 0) & (here < num_slots)
-        here = _slot_rows(slot_row, start + (i + 1) * TILE, end, ROWS)
+        valid = valid_s.index(stage).load(ROWS) != 0
 
         codes = codes_s.index(stage)
         # the RoPE MMA, then the chunks' (each read into registers while the MMA before it runs)

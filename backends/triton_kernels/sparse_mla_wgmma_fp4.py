@@ -131,6 +131,8 @@ _ROPE_VIEW = gl.constexpr(gl.SharedLinearLayout([
     [1, 0, 0], [2, 0, 0], [4, 0, 0], [8, 0, 0], [16, 0, 0], [32, 0, 0]]))
 # a stage's rows as copied (the [STAGES, 64, n] buffers, and a stage's [64, n]): row-major, unswizzled
 _ROW_MAJOR = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+# a stage's valid-slot flags ([STAGES, 64] u8): the order of one stage's [64] (a buffer's layout may name one dim fewer)
+_SLOT_FLAGS = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 _P = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[1, 0]))  # [64 slots, 16 heads]
 _Q = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))  # [16 heads, 64] fp16
 
@@ -315,10 +317,12 @@ def _copy_slots(slot_row, n0, end):
 
 
 @gluon.jit
-def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tokens, codes, rope, scales,
+def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tokens, codes, rope, scales, valid,
            FLAT: gl.constexpr, OFF32: gl.constexpr):
     """Start the copies of one step's records into one stage: ``codes [64, 256]`` (swizzled), ``rope [64, 64]``,
-    ``scales [64, 32]`` u8; skipped slots zero-filled."""
+    ``scales [64, 32]`` u8; skipped slots zero-filled. And store which slots are valid (``valid [64]`` u8, 1 or 0: a
+    plain store, the step's mask read back after the barriers that precede its use, so the mask never waits on a
+    global load: the slot indices' reload a step ahead was 13% of the stall samples, H100, thirty-seventh session)."""
     row, ok = _rows(slots_c, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
     byte = gl.arange(0, 256, gl.SliceLayout(0, _CODES_COPY))
     _async_copy(codes, pages_u8 + row[:, None] + byte[None, :], mask=ok[:, None])
@@ -328,6 +332,7 @@ def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tok
     row_s, ok_s = _rows(slots_s, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
     byte_s = gl.arange(0, 32, gl.SliceLayout(0, _SCALE_COPY))
     _async_copy(scales, pages_u8 + row_s[:, None] + 320 + byte_s[None, :], mask=ok_s[:, None])
+    valid.store(ok_s.to(gl.uint8))
 
 
 @gluon.jit
@@ -378,6 +383,7 @@ def sparse_mla_wgmma_fp4_kernel(
     codes_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 256], _ROW_MAJOR)
     rope_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 64], _ROW_MAJOR)
     scale_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 32], _ROW_MAJOR)
+    valid_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64], _SLOT_FLAGS)  # a step's valid slots (1 / 0)
     p_s = gl.allocate_shared_memory(gl.float16, [TILE, BLOCK_H], _P)
 
     slot_row = slots_ptr + t * stride_st
@@ -392,11 +398,9 @@ def sparse_mla_wgmma_fp4_kernel(
             _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens,
                    _view(codes_s.index(j), gl.uint8, [64, 256], _copy_view_layout()),
                    _view(rope_s.index(j), gl.uint8, [64, 64], _ROW_MAJOR),
-                   _view(scale_s.index(j), gl.uint8, [64, 32], _ROW_MAJOR), FLAT, OFF32)
+                   _view(scale_s.index(j), gl.uint8, [64, 32], _ROW_MAJOR), valid_s.index(j), FLAT, OFF32)
         async_copy.commit_group()
     ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end)
-    here_n = start + gl.arange(0, TILE, ROWS)
-    here = gl.load(slot_row + here_n, mask=here_n < end, other=-1)  # step 0's slots, for its mask
 
     # the queries: each head scaled by a power of two over its 576 dims into fp16 (its largest in [2^13, 2^14)), the
     # RoPE part twice that (the decoded values are 2 · code · σ, the RoPE ones exact); loaded as runs of consecutive
@@ -436,12 +440,10 @@ def sparse_mla_wgmma_fp4_kernel(
             _issue(pages_u8, ahead_c, ahead_r, ahead_s, num_slots, s8_b, s8_t, block_tokens,
                    _view(codes_s.index(nxt), gl.uint8, [64, 256], _copy_view_layout()),
                    _view(rope_s.index(nxt), gl.uint8, [64, 64], _ROW_MAJOR),
-                   _view(scale_s.index(nxt), gl.uint8, [64, 32], _ROW_MAJOR), FLAT, OFF32)
+                   _view(scale_s.index(nxt), gl.uint8, [64, 32], _ROW_MAJOR), valid_s.index(nxt), FLAT, OFF32)
         async_copy.commit_group()
         ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (ahead + 1) * TILE, end)
-        valid = (here >= 0) & (here < num_slots)
-        here_n = start + (i + 1) * TILE + gl.arange(0, TILE, ROWS)
-        here = gl.load(slot_row + here_n, mask=here_n < end, other=-1)
+        valid = valid_s.index(stage).load(ROWS) != 0
 
         codes_flat = codes_s.index(stage)
         codes_v = _view(codes_flat, gl.uint8, [8, 64, 4, 2, 4], _logit_view_layout())

@@ -15,7 +15,8 @@ reported and skipped. The families:
   at 100,037 keys with unmapped blocks and a request's tokens well inside the context);
 - ``sparse_mla_wgmma_fp4``: the nvidia backend's NVFP4 launch (``ops.sparse_mla_wgmma_fp4``: its launch parameters by
   token count) at H = 16 and 12, 64 x 5, 64 x 8, 64 x 1 and 16 tokens over a 1M-token pool, and edge cases (5 heads,
-  2,000 slots a row: a partial last split, skipped and out-of-range slots, a row with none valid).
+  2,000 slots a row: a partial last split, skipped and out-of-range slots, a row with none valid);
+- ``sparse_mla_wgmma``: the fp8_ds_mla and per-tensor FP8 launch (``ops.sparse_mla_wgmma``) on the same cases.
 
 A change meant to keep every result (a schedule, a layout) must give the copy's outputs bit for bit: a difference is a
 failure. Timing: the GPU time of each launch from CUDA-graph replays (eager calls of few tokens are host-bound),
@@ -87,30 +88,44 @@ def indexer_cases(torch):
     return out
 
 
-def sparse_mla_fp4_cases(torch):
-    """(label, call, timed): the nvidia backend's NVFP4 sparse MLA launch on each case."""
+def wgmma_cases(torch, launch_name, formats):
+    """(label, call, timed): the nvidia backend's wgmma launch ``ops.<launch_name>`` on each case, per latent format."""
     from dsahal.backends.nvidia import ops
 
-    pages = cache_pools.latent_pools(torch, ("nvfp4",), 1 << 20, "cuda")["nvfp4"][0]
-    pool_slots = pages.shape[0] * pages.shape[1]
+    launch = getattr(ops, launch_name)
+    pools = cache_pools.latent_pools(torch, formats, 1 << 20, "cuda")
     out = []
-    for heads, tokens, width, label in ((16, 320, 2048, "H=16 64 x 5"), (12, 320, 2048, "H=12 64 x 5"),
-                                        (16, 512, 2048, "H=16 64 x 8"), (16, 64, 2048, "H=16 64 x 1"),
-                                        (16, 16, 2048, "H=16 16 tokens"), (5, 70, 2000, "H=5 70 x 2000 (edges)")):
-        gen = torch.Generator(device="cuda").manual_seed(heads * 1000 + tokens)
-        slots = torch.randint(0, pool_slots, (tokens, width), device="cuda", dtype=torch.int32, generator=gen)
-        slots[:, -7:] = -1
-        if width != 2048:  # skipped and out-of-range slots, a row with none valid
-            slots[:, ::13] = -1
-            slots[1, :300] = pool_slots + 3
-            slots[-1] = -1
-        q = torch.randn(tokens, heads, 576, device="cuda", generator=gen).to(torch.bfloat16)
-        out.append((label, (lambda q=q, s=slots: ops.sparse_mla_wgmma_fp4(q, pages, s, "nvfp4", None, 192**-0.5)),
-                    width == 2048))
+    for fmt in formats:
+        pages, scale = pools[fmt]
+        pool_slots = pages.shape[0] * pages.shape[1]
+        for heads, tokens, width, label in ((16, 320, 2048, "H=16 64 x 5"), (12, 320, 2048, "H=12 64 x 5"),
+                                            (16, 512, 2048, "H=16 64 x 8"), (16, 64, 2048, "H=16 64 x 1"),
+                                            (16, 16, 2048, "H=16 16 tokens"), (5, 70, 2000, "H=5 70 x 2000 (edges)")):
+            gen = torch.Generator(device="cuda").manual_seed(heads * 1000 + tokens)
+            slots = torch.randint(0, pool_slots, (tokens, width), device="cuda", dtype=torch.int32, generator=gen)
+            slots[:, -7:] = -1
+            if width != 2048:  # skipped and out-of-range slots, a row with none valid
+                slots[:, ::13] = -1
+                slots[1, :300] = pool_slots + 3
+                slots[-1] = -1
+            q = torch.randn(tokens, heads, 576, device="cuda", generator=gen).to(torch.bfloat16)
+            call = (lambda q=q, s=slots, p=pages, f=fmt, k=scale: launch(q, p, s, f, k, 192**-0.5))
+            out.append((f"{fmt} {label}", call, width == 2048))
     return out
 
 
-FAMILIES = {"indexer_gluon": indexer_cases, "sparse_mla_wgmma_fp4": sparse_mla_fp4_cases}
+def sparse_mla_fp4_cases(torch):
+    """The NVFP4 launch (``ops.sparse_mla_wgmma_fp4``) on :func:`wgmma_cases`' cases."""
+    return wgmma_cases(torch, "sparse_mla_wgmma_fp4", ("nvfp4",))
+
+
+def sparse_mla_fp8_cases(torch):
+    """The fp8_ds_mla and per-tensor FP8 launch (``ops.sparse_mla_wgmma``) on :func:`wgmma_cases`' cases."""
+    return wgmma_cases(torch, "sparse_mla_wgmma", ("fp8_ds_mla", "fp8"))
+
+
+FAMILIES = {"indexer_gluon": indexer_cases, "sparse_mla_wgmma_fp4": sparse_mla_fp4_cases,
+            "sparse_mla_wgmma": sparse_mla_fp8_cases}
 
 
 def main(argv=None) -> int:

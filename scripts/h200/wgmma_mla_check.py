@@ -33,7 +33,7 @@ TOPK, BLOCK_TOKENS, SOFTMAX_SCALE = 2048, 64, 192**-0.5
 TOL_O, TOL_LSE = 4e-3, 1e-5
 CHECK_ROWS = 8
 EDGE_LAUNCHES = (dict(),)
-VARIANTS = {"full": (dict(split_size=1024),), "small": (dict(split_size=512),)}
+VARIANTS = {"full": (dict(split_size=1024), dict(split_size=1024, stages=3)), "small": (dict(split_size=512),)}
 # frozen copies of earlier commits' kernel module, timed beside the current one when present: a device call copies
 # them into the package (`cp .baseline/_baseline_wgmma*.py backends/triton_kernels/`, .baseline carried; not in the
 # repo); every module of the package named _baseline_wgmma* is timed, in name order
