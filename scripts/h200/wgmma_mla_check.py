@@ -33,7 +33,10 @@ TOPK, BLOCK_TOKENS, SOFTMAX_SCALE = 2048, 64, 192**-0.5
 TOL_O, TOL_LSE = 4e-3, 1e-5
 CHECK_ROWS = 8
 EDGE_LAUNCHES = (dict(),)
-VARIANTS = {"full": (dict(split_size=1024), dict(split_size=1024, stages=3)), "small": (dict(split_size=512),)}
+# (H100, thirty-eighth session: 3 stages and 768 / 512-slot splits beside the default, the wave tail's share probed by
+# the 264-token case: 528 programs, two full waves of two a SM on 132 SMs, against 320 tokens' 640)
+VARIANTS = {"full": (dict(split_size=1024), dict(split_size=1024, stages=3), dict(split_size=768),
+                     dict(split_size=512)), "small": (dict(split_size=512),)}
 # frozen copies of earlier commits' kernel module, timed beside the current one when present: a device call copies
 # them into the package (`cp .baseline/_baseline_wgmma*.py backends/triton_kernels/`, .baseline carried; not in the
 # repo); every module of the package named _baseline_wgmma* is timed, in name order
@@ -172,7 +175,7 @@ def sweep(torch, pool_tokens, ceiling, failures, with_gluon=False):
     pages = cache_pools.latent_pools(torch, ("fp8_ds_mla",), pool_tokens, "cuda")["fp8_ds_mla"][0]
     rows = []
     for heads, requests, per_request, kind in ((16, 64, 5, "full"), (12, 64, 5, "full"), (16, 64, 1, "small"),
-                                               (16, 64, 8, "full"), (16, 8, 1, "small")):
+                                               (16, 64, 8, "full"), (16, 8, 1, "small"), (16, 66, 4, "full")):
         tokens = requests * per_request
         slots, q = serving_inputs(torch, pages.shape[0] * BLOCK_TOKENS, heads, tokens)
         case = f"H={heads} {requests}x{per_request}"
