@@ -254,15 +254,37 @@ def test_every_warp_holds_a_steps_tile_scales_whole():
     assert held == {(p, s) for p in range(4) for s in range(64)}
 
 
+def step_loop_local_memory(cubin) -> list[str]:
+    """The local-memory (spill) instructions of a kernel's step loop: the smallest region a backward branch closes
+    that holds MMAs (the balanced kernels run it inside their loop over pieces)."""
+    from dsahal.backends.nvidia import sass
+
+    instructions = sass.parse_sass(sass.cuobjdump(cubin, "-sass"))
+    loops = []
+    for ins in instructions:
+        target = re.search(r"0x([0-9a-f]+)\s*$", ins.operands) if ins.opcode.startswith("BRA") else None
+        if target and int(target.group(1), 16) < ins.address:
+            region = [i for i in instructions if int(target.group(1), 16) <= i.address <= ins.address]
+            if any("MMA" in i.opcode for i in region):
+                loops.append(region)
+    assert loops, "no loop holding MMAs"
+    return [f"{i.opcode} {i.operands}" for i in min(loops, key=len) if i.opcode.startswith(("LDL", "STL"))]
+
+
+@pytest.mark.parametrize("balanced", [False, True])
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8"])
-def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm(fmt):
-    """The backend's launch, on either record format."""
+def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm(fmt, balanced):
+    """The backend's launch, on either record format, with fixed splits and on the balanced schedule (whose loop over
+    pieces may keep its few piece bounds in local memory: never the step loop)."""
     from dsahal.backends.nvidia import aot
 
-    (variant,) = [v for v in aot._wgmma_variants() if v.constexprs["FP8"] == (fmt == "fp8")]
+    (variant,) = [v for v in aot._wgmma_variants()
+                  if v.constexprs["FP8"] == (fmt == "fp8") and v.constexprs["BALANCED"] == balanced]
     result = aot.compile_variant(variant)
     assert result.error == "", result.error
-    assert 0 < result.registers <= 255 and result.stack_bytes == 0
+    assert 0 < result.registers <= 255
+    assert result.stack_bytes <= (64 if balanced else 0)
+    assert step_loop_local_memory(result.cubin) == []
     assert 2 * result.registers * 128 <= 65536  # two programs of 4 warps a SM by registers
     assert 2 * (result.shared_bytes + 1024) <= 228 * 1024  # and by shared memory (1 KB reserved a program)
 
@@ -346,6 +368,8 @@ def test_the_launchers_pass_each_kernel_parameter_by_its_name(monkeypatch, modul
     assert set(names) <= set(bound) and len(args) == names.index("logit_scale") + 1 + ("kv_scale_ptr" in names)
     assert (bound["H"], bound["K"], bound["num_slots"], bound["block_tokens"], bound["split_size"]) == (heads, 300,
                                                                                                           256, 64, 300)
+    if module_name == "sparse_mla_wgmma":  # (the balanced schedule's sizes: unused by a fixed launch)
+        assert (bound["tokens"], bound["parts"], bound["BALANCED"]) == (3, 1, False)
     assert bound["logit_scale"] == pytest.approx(0.25 * LOG2E)
     assert (bound["s8_b"], bound["s8_t"], bound["FLAT"], bound["OFF32"]) == (64 * 656, 656, True, True)
     assert (bound["stride_qt"], bound["stride_st"], bound["stride_ot"]) == (heads * 576, 300, heads * 512)
@@ -392,3 +416,75 @@ def test_the_launch_takes_smaller_splits_below_the_token_count_in_default_mode_o
     monkeypatch.setattr(config, "batch_invariant", lambda: True)  # a fixed split whatever the batch
     assert ops.wgmma_launch(tiers[-1][0] - 1) == config.WGMMA_FEW_HEADS
     assert ops.wgmma_launch(1) == config.WGMMA_FEW_HEADS
+
+
+@pytest.mark.parametrize("module_name, launcher, kernel_name, record", [
+    ("sparse_mla_wgmma", "sparse_mla_wgmma", "sparse_mla_wgmma_kernel", 656),
+    ("sparse_mla_wgmma_fp4", "sparse_mla_wgmma_fp4", "sparse_mla_wgmma_fp4_kernel", 352)])
+@pytest.mark.parametrize("heads, programs", [(16, 264), (40, 264), (12, 5), (16, 10_000)])
+def test_a_balanced_launch_runs_its_programs_over_the_calls_steps(monkeypatch, module_name, launcher, kernel_name,
+                                                                  record, heads, programs):
+    """``programs`` in all, divided among the head groups (never more a group than the call's steps), one grid row,
+    ``BALANCED`` set; the partials sized by the schedule's parts bound and merged (a recorder takes the launch: the
+    kernels cannot run here)."""
+    import importlib
+
+    from dsahal.backends.triton_kernels import balanced
+    from dsahal.kernel_launch import triton_launch
+
+    from dsahal.backends.triton_kernels import sparse_mla_gluon
+
+    module = importlib.import_module(f"dsahal.backends.triton_kernels.{module_name}")
+    names = triton_launch(getattr(module, kernel_name)).arg_names
+    recorder = LaunchRecorder()
+    monkeypatch.setattr(module, "refusal", lambda *args: "")
+    monkeypatch.setattr(module, kernel_name, recorder)
+    merged = []
+    monkeypatch.setattr(sparse_mla_gluon, "lse_combine", lambda o, lse, out_dtype: merged.append(o.shape) or (
+        o[0].to(out_dtype), lse[0]))
+    q = torch.zeros(37, heads, 576, dtype=torch.bfloat16)
+    slots = torch.zeros(37, 2000, dtype=torch.int32)
+    fmt = "fp8_ds_mla" if record == 656 else "nvfp4"
+    o, lse = getattr(module, launcher)(q, _pages(record=record), slots, fmt, None, 0.25, programs=programs)
+    assert o.shape == (37, heads, 512) and lse.shape == (37, heads) and o.dtype == torch.bfloat16
+    ((grid, args, kwargs),) = recorder.calls
+    groups = -(-heads // 16)
+    per_group = max(1, programs // groups)
+    assert grid == (balanced.launch_programs(37, 2000, per_group), 1, groups)
+    bound = dict(zip(names, args), **kwargs)
+    assert bound["BALANCED"] is True and bound["tokens"] == 37
+    assert bound["parts"] == balanced.parts_bound(37, 2000, per_group) == bound["o_ptr"].shape[0]
+    assert bound["lse_ptr"].shape == (bound["parts"], 37, heads) and bound["o_ptr"].dtype == torch.float32
+    assert merged == [bound["o_ptr"].shape]
+
+
+@pytest.mark.parametrize("programs", [0, -3, 2.5, True, "264"])
+def test_a_bad_program_count_is_refused_naming_it(monkeypatch, programs):
+    monkeypatch.setattr(w, "refusal", lambda *args: "")
+    q = torch.zeros(3, 16, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=rf"triton sparse_mla_wgmma: programs expected None or an int >= 1, got "
+                                         rf"{re.escape(repr(programs))}"):
+        w.sparse_mla_wgmma(q, _pages(), torch.zeros(3, 300, dtype=torch.int32), "fp8_ds_mla", None, 0.25,
+                           programs=programs)
+
+
+def test_default_mode_takes_the_balanced_schedule_from_its_token_count(monkeypatch):
+    """From ``config.WGMMA_BALANCED_FROM_TOKENS`` tokens, ``config.WGMMA_PROGRAMS_PER_SM`` programs a SM of the call's
+    device; fixed splits below it, in batch-invariant mode and without a device."""
+    from dsahal.backends.nvidia import config, ops
+
+    monkeypatch.setattr(ops, "_multiprocessors", lambda device: 132)
+    monkeypatch.setattr(config, "batch_invariant", lambda: False)
+    start = config.WGMMA_BALANCED_FROM_TOKENS
+    assert start >= config.WGMMA_SMALL_SPLITS[-1][0]  # the small splits' calls keep them
+    per_sm = config.WGMMA_PROGRAMS_PER_SM
+    assert ops.wgmma_launch(start, "cuda") == dict(config.WGMMA_FEW_HEADS, programs=per_sm["few_heads"] * 132)
+    assert ops.wgmma_launch(320, "cuda")["programs"] == per_sm["few_heads"] * 132
+    assert ops.wgmma_launch(start - 1, "cuda") == dict(config.WGMMA_FEW_HEADS, split_size=config.WGMMA_SMALL_SPLITS[-1][1])
+    assert ops.wgmma_launch(320) == config.WGMMA_FEW_HEADS
+    many = config.WGMMA_NVFP4_MANY
+    assert ops.wgmma_fp4_launch(many["from_tokens"], "cuda")["programs"] == per_sm["nvfp4_many"] * 132
+    assert ops.wgmma_fp4_launch(start, "cuda") == dict(config.WGMMA_NVFP4, programs=per_sm["nvfp4"] * 132)
+    monkeypatch.setattr(config, "batch_invariant", lambda: True)  # fixed splits: a row's sums never follow its batch
+    assert ops.wgmma_launch(320, "cuda") == config.WGMMA_FEW_HEADS
+    assert ops.wgmma_fp4_launch(320, "cuda") == config.WGMMA_NVFP4

@@ -64,7 +64,7 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
     slots as the logit wgmma's M side; :func:`wgmma_launch` its launch parameters."""
     from dsahal.backends.triton_kernels.sparse_mla_wgmma import sparse_mla_wgmma as launch  # (imports Gluon)
 
-    return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **wgmma_launch(q.shape[0]))
+    return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **wgmma_launch(q.shape[0], q.device))
 
 
 def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
@@ -72,32 +72,52 @@ def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
     the gathered slots the logit wgmma's M side; :func:`wgmma_fp4_launch` its launch (a fixed split: batch invariant)."""
     from dsahal.backends.triton_kernels.sparse_mla_wgmma_fp4 import sparse_mla_wgmma_fp4 as launch  # (imports Gluon)
 
-    return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **wgmma_fp4_launch(q.shape[0]))
+    return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **wgmma_fp4_launch(q.shape[0], q.device))
 
 
-def wgmma_fp4_launch(tokens: int) -> dict:
-    """The wgmma NVFP4 kernel's launch parameters for a call of ``tokens`` query tokens: ``config.WGMMA_NVFP4``; in
-    default mode ``config.WGMMA_NVFP4_MANY``'s three programs a SM from its token count and
-    ``config.WGMMA_NVFP4_SMALL_SPLITS``' smaller splits below theirs."""
+def wgmma_fp4_launch(tokens: int, device=None) -> dict:
+    """The wgmma NVFP4 kernel's launch parameters for a call of ``tokens`` query tokens on ``device``:
+    ``config.WGMMA_NVFP4``; in default mode ``config.WGMMA_NVFP4_MANY``'s three programs a SM from its token count,
+    ``config.WGMMA_NVFP4_SMALL_SPLITS``' smaller splits below theirs, and from ``config.WGMMA_BALANCED_FROM_TOKENS``
+    tokens the balanced schedule (``device`` None: without it)."""
     if config.batch_invariant():
         return config.WGMMA_NVFP4
     many = config.WGMMA_NVFP4_MANY
     if tokens >= many["from_tokens"]:
-        return dict(config.WGMMA_NVFP4, stages=many["stages"], maxnreg=many["maxnreg"], in_flight=many["in_flight"])
+        launch = dict(config.WGMMA_NVFP4, stages=many["stages"], maxnreg=many["maxnreg"], in_flight=many["in_flight"])
+        return _balanced(launch, tokens, device, "nvfp4_many")
     for below, split_size in config.WGMMA_NVFP4_SMALL_SPLITS:
         if tokens < below:
             return dict(config.WGMMA_NVFP4, split_size=split_size)
-    return config.WGMMA_NVFP4
+    return _balanced(config.WGMMA_NVFP4, tokens, device, "nvfp4")
 
 
-def wgmma_launch(tokens: int) -> dict:
-    """The wgmma few-heads kernel's launch parameters for a call of ``tokens`` query tokens: ``config.WGMMA_FEW_HEADS``,
-    with ``config.WGMMA_SMALL_SPLITS``' smaller splits (more programs) below their token counts in default mode."""
-    if not config.batch_invariant():
-        for below, split_size in config.WGMMA_SMALL_SPLITS:
-            if tokens < below:
-                return dict(config.WGMMA_FEW_HEADS, split_size=split_size)
-    return config.WGMMA_FEW_HEADS
+def wgmma_launch(tokens: int, device=None) -> dict:
+    """The wgmma few-heads kernel's launch parameters for a call of ``tokens`` query tokens on ``device``:
+    ``config.WGMMA_FEW_HEADS``, in default mode with ``config.WGMMA_SMALL_SPLITS``' smaller splits (more programs)
+    below their token counts and the balanced schedule from ``config.WGMMA_BALANCED_FROM_TOKENS`` (``device`` None:
+    without it)."""
+    if config.batch_invariant():
+        return config.WGMMA_FEW_HEADS
+    for below, split_size in config.WGMMA_SMALL_SPLITS:
+        if tokens < below:
+            return dict(config.WGMMA_FEW_HEADS, split_size=split_size)
+    return _balanced(config.WGMMA_FEW_HEADS, tokens, device, "few_heads")
+
+
+def _balanced(launch: dict, tokens: int, device, kernel: str) -> dict:
+    """``launch`` with the balanced schedule's program count (``config.WGMMA_PROGRAMS_PER_SM[kernel]`` a SM of
+    ``device``) where default mode takes it for ``tokens`` query tokens; else ``launch``."""
+    start = config.WGMMA_BALANCED_FROM_TOKENS
+    if device is None or start is None or tokens < start:
+        return launch
+    return dict(launch, programs=config.WGMMA_PROGRAMS_PER_SM[kernel] * _multiprocessors(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device) -> int:
+    """``device``'s streaming multiprocessors (asked once a device)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def lse_combine(o_parts, lse_parts):

@@ -44,6 +44,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from dsahal.kernel_launch import wrap_launched
 
 from . import grid as launch_grid
+from .balanced import launch_programs
 from .bytes import row_alignment
 from .indexer_decode import runs_ptx
 from .lse_combine import lse_combine
@@ -376,26 +377,34 @@ def head_group(q_ptr, stride_qh, o_ptr, stride_oh, lse_ptr, H, BLOCK_H: gl.const
 
 
 def launch_over_tokens(kernel, q, kv_pages, slots, o, lse, splits: int, sizes: tuple, meta: dict,
-                       record_bytes: int = 656, head_group: int | None = None):
+                       record_bytes: int = 656, head_group: int | None = None, programs: int | None = None):
     """Launch a Gluon few-heads ``kernel`` (this module's signature) over the tokens, ``splits`` programs a token (grid
     axis 1 in slices of at most 65,535 tokens) and, with ``head_group``, one program a group of that many heads (grid
     axis 2: the kernel offsets its queries and outputs by its group and serves ``H - group · head_group`` heads of
     them), the pages' geometry (records of ``record_bytes``) as ``FLAT`` / ``OFF32`` constexprs; then the splits' fp32
-    partials merged in split order. Returns ``(o [T, H, 512], lse [T, H])``."""
+    partials merged in split order. With ``programs`` (a kernel with the balanced schedule, :mod:`.balanced`; ``o``
+    and ``lse`` then hold :func:`.balanced.parts_bound` parts a row) one launch of that many programs (fewer for a
+    call of fewer 64-slot steps) a head group, ``BALANCED`` set. Returns ``(o [T, H, 512], lse [T, H])``."""
     blocks, block_tokens = kv_pages.shape[0], kv_pages.shape[1]
     s8_b, s8_t = kv_pages.stride(0), kv_pages.stride(1)
     last = (blocks - 1) * s8_b + (block_tokens - 1) * s8_t + record_bytes  # one past the furthest record's last byte
     meta = dict(meta, FLAT=s8_b == block_tokens * s8_t, OFF32=last < 2**31)
     sizes = (sizes[0], sizes[1], blocks * block_tokens, block_tokens, *sizes[2:])
     groups = 1 if head_group is None else -(-q.shape[1] // head_group)
-    for first, stop in launch_grid.ranges(q.shape[0]):  # (CUDA: <= 65535 programs on grid axis 1)
-        kernel[(splits, stop - first, groups)](
-            q[first:stop], q.stride(0), q.stride(1),
-            kv_pages, s8_b, s8_t,
-            slots[first:stop], slots.stride(0),
-            o[:, first:stop], o.stride(0), o.stride(1), o.stride(2),
-            lse[:, first:stop], lse.stride(0), lse.stride(1),
-            *sizes, **meta)
+    if programs is not None and slots.shape[1] > 0:  # (no slots: no steps to share; the fixed launch empties the rows)
+        kernel[(launch_programs(q.shape[0], slots.shape[1], programs), 1, groups)](
+            q, q.stride(0), q.stride(1), kv_pages, s8_b, s8_t, slots, slots.stride(0),
+            o, o.stride(0), o.stride(1), o.stride(2), lse, lse.stride(0), lse.stride(1), *sizes,
+            **dict(meta, BALANCED=True))
+    else:
+        for first, stop in launch_grid.ranges(q.shape[0]):  # (CUDA: <= 65535 programs on grid axis 1)
+            kernel[(splits, stop - first, groups)](
+                q[first:stop], q.stride(0), q.stride(1),
+                kv_pages, s8_b, s8_t,
+                slots[first:stop], slots.stride(0),
+                o[:, first:stop], o.stride(0), o.stride(1), o.stride(2),
+                lse[:, first:stop], lse.stride(0), lse.stride(1),
+                *sizes, **meta)
     if splits == 1:
         return o[0], lse[0]
     return lse_combine(o, lse, out_dtype=q.dtype)

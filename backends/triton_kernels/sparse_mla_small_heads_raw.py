@@ -49,6 +49,7 @@ from .limits import MAX_SMALL_MLA_HEADS
 from .lse_combine import lse_combine
 from .partials import bounded_partials
 from .alignment import aligned_rows
+from .balanced import parts_bound
 from .sparse_mla import LOG2E, NOPE
 from dsahal.kernel_launch import wrap_launched
 
@@ -327,21 +328,30 @@ def check_launch(name: str, heads: int, block_n: int, split_size, max_heads: int
         raise ValueError(f"{name}: split_size expected None or >= 1, got {split_size}")
 
 
-def unit_stride_and_outputs(q: torch.Tensor, slots: torch.Tensor, split_size):
+def check_programs(name: str, programs) -> None:
+    """A balanced launch's program count (:mod:`.balanced`): None (fixed splits) or an int >= 1."""
+    if programs is not None and (type(programs) is not int or programs < 1):
+        raise ValueError(f"{name}: programs expected None or an int >= 1, got {programs!r}")
+
+
+def unit_stride_and_outputs(q: torch.Tensor, slots: torch.Tensor, split_size, programs: int | None = None):
     """A few-heads launcher's inputs with unit stride in their last dim (q also 16-byte aligned with strides
     multiples of 16: :func:`~.alignment.aligned_rows`), and :func:`split_outputs` for them: ``(q, slots, slots
     per split, splits, o, lse)``."""
     q = aligned_rows(q)
     slots = slots if slots.stride(-1) == 1 else slots.contiguous()
-    return (q, slots, *split_outputs(q, slots.shape[1], split_size))
+    return (q, slots, *split_outputs(q, slots.shape[1], split_size, programs))
 
 
-def split_outputs(q: torch.Tensor, k: int, split_size):
+def split_outputs(q: torch.Tensor, k: int, split_size, programs: int | None = None):
     """The few-heads kernels' split of ``k`` slots per token and their outputs: (slots per split, splits,
     o ``[splits, T, H, 512]``, lse ``[splits, T, H]`` fp32). One split (``split_size`` None or >= k) writes o
-    in q's dtype, final; several write fp32 partials for :func:`lse_combine`."""
+    in q's dtype, final; several write fp32 partials for :func:`lse_combine`. With ``programs`` (the balanced
+    schedule, ``k`` > 0) the splits are the most parts a row can have (:func:`.balanced.parts_bound`)."""
     tokens, heads = q.shape[0], q.shape[1]
-    if split_size is None or split_size >= k:
+    if programs is not None and k > 0 and tokens > 0:
+        splits = parts_bound(tokens, k, programs)
+    elif split_size is None or split_size >= k:
         split_size, splits = max(k, 1), 1
     else:
         splits = triton.cdiv(k, split_size)

@@ -71,13 +71,13 @@ from .sparse_mla import LOG2E
 from .partials import bounded_partials
 from .sparse_mla_gluon import (RECORD_BYTES, _as_f16, _rows, head_group, launch_over_tokens, records_refusal,
                                unserved)
-from .sparse_mla_small_heads_raw import check_launch, unit_stride_and_outputs
+from .sparse_mla_small_heads_raw import check_launch, check_programs, unit_stride_and_outputs
 
 # Triton 3.6 (the H200's) names the copy async_copy_global_to_shared; later releases renamed it async_load
 _async_copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # (renamed barrier the same way)
 
-SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")
+SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size", "tokens", "parts")
 # a program's heads: the logit MMA's N side and the value MMA's M side (m16); a call of more heads runs a program a
 # group of 16 (each gathering the records again)
 HEAD_GROUP = 16
@@ -391,22 +391,39 @@ def softmax_totals(l_acc, m_i, numerator: gl.constexpr):
     return lse, numerator / gl.where(has_any, l_i, 1.0)
 
 
-@gluon.jit(do_not_specialize=SIZE_ARGS)
-def sparse_mla_wgmma_kernel(
-    q_ptr, stride_qt, stride_qh,  # q [T, H, 576] bf16
-    pages_u8, s8_b, s8_t,  # latent pages [num_blocks, block_tokens, 656] uint8, strides in bytes (multiples of 16)
-    slots_ptr, stride_st,  # slots [T, K] int32/int64
-    o_ptr, stride_os, stride_ot, stride_oh,  # o [splits, T, H, 512] (fp32 partials or bf16)
-    lse_ptr, stride_ls, stride_lt,  # lse [splits, T, H] fp32
-    H, K, num_slots, block_tokens, split_size,
-    logit_scale,  # softmax_scale · log2(e)
-    kv_scale_ptr,  # [] fp32 tensor scale of FP8 records (read in-kernel: no host sync; unread for fp8_ds_mla)
-    STAGES: gl.constexpr,
-    FLAT: gl.constexpr,  # record s at byte s * s8_t (blocks back to back)
-    OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
-    FP8: gl.constexpr = False,  # per-tensor FP8 records (576 e4m3 codes x kv_scale) instead of fp8_ds_mla's
-    ALIGNED: gl.constexpr = False,  # every split starts at a multiple of 64 slots (the slot indices' loads vectorised)
-):
+@gluon.jit
+def program_steps(tokens, K):
+    """The balanced schedule (:mod:`.balanced`): this program's global steps ``[g0, g1)`` of the call's ``total = T ·
+    S`` (program ``p`` of ``P = num_programs(0)`` takes ``[p · total // P, (p + 1) · total // P)``), and ``S``, a
+    row's steps: int32 (a call's steps are far fewer than 2^31: its slot indices alone would take 2^37 bytes), the
+    products int64."""
+    S = gl.cdiv(K, TILE)
+    total = tokens * S
+    p = gl.program_id(0).to(gl.int64)
+    P = gl.num_programs(0)
+    return (p * total // P).to(gl.int32), ((p + 1) * total // P).to(gl.int32), S, total
+
+
+@gluon.jit
+def piece(t, g0, g1, S, total, K):
+    """Row ``t``'s piece of this program's steps ``[g0, g1)`` (:func:`.balanced.pieces`' twin): ``(first slot, end
+    slot, part)``, int32; the part is this program's index past the one holding the row's first step."""
+    P = gl.num_programs(0)
+    first = (((t * S + 1).to(gl.int64) * P - 1) // total).to(gl.int32)
+    start = gl.maximum(g0 - t * S, 0) * TILE
+    end = gl.minimum(gl.minimum(g1 - t * S, S) * TILE, K)
+    return start, end, gl.program_id(0) - first
+
+
+@gluon.jit
+def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os, stride_ot,
+           stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts, logit_scale, kv_scale_ptr,
+           t, start, end, part, codes_s, rope_s, scale_s, valid_s, p_s, q_s, q_rope,
+           STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr, FP8: gl.constexpr, ALIGNED: gl.constexpr):
+    """Row ``t``'s slots ``start .. end`` (a split, or a piece of the balanced schedule): the first steps' gathers
+    issued, the queries scaled into ``q_s`` / ``q_rope``, the steps' online softmax, the fp32 partial (or, with one
+    part, the final bf16 row) stored as part ``part``; a row's last piece marks its unused parts ``lse = -inf``
+    (``parts`` of them in all). The caller has every warp past its previous use of the buffers."""
     W: gl.constexpr = _logit_layout()  # the logit MMAs' accumulators [64 slots, 16 heads]
     LOGIT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=W, k_width=2)  # their register A operands
     ROWS: gl.constexpr = gl.SliceLayout(1, W)  # [64] per slot
@@ -416,27 +433,9 @@ def sparse_mla_wgmma_kernel(
     DOT_B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=PV, k_width=2)
     PV_HEADS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, PV))
     PV_PARTS: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, PV))
-    split = gl.program_id(0)
-    t = gl.program_id(1).to(gl.int64)
-    q_ptr, o_ptr, lse_ptr, H = head_group(q_ptr, stride_qh, o_ptr, stride_oh, lse_ptr, H, BLOCK_H)
-
-    # the first steps' gathers first: the queries' loads and split below overlap their flight (a program's work
-    # outside its loop was 29% of the warps' stall samples, H100, thirty-sixth session)
-    codes_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, 4, TILE, 128], _CODES)
-    if FP8:
-        rope_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, TILE, 64], _ROPE8)
-        scale_s = rope_s  # (FP8 records have no scales: _issue never writes this one, the loop never reads it)
-    else:
-        rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, TILE, 64], _ROPE)
-        scale_s = gl.allocate_shared_memory(gl.float32, [STAGES, 4, TILE], _SCALES)
-    p_s = gl.allocate_shared_memory(gl.float16, [4, TILE, BLOCK_H], _P)
-    valid_s = gl.allocate_shared_memory(gl.uint8, [STAGES, TILE], _SLOT_FLAGS)  # a stage's valid slots (1 / 0)
-
     slot_row = slots_ptr + t * stride_st
-    start = split * split_size
     if ALIGNED:
         start = gl.multiple_of(start, 64)
-    end = gl.minimum(start + split_size, K)
     steps = gl.cdiv(end - start, TILE)
     for j in gl.static_range(STAGES - 1):
         if j < steps:
@@ -463,16 +462,14 @@ def sparse_mla_wgmma_kernel(
         amax = gl.maximum(amax, _runs_amax(rope_runs))
     up, down = _row_scale16(amax)
     up = gl.convert_layout(up, gl.SliceLayout(1, gl.SliceLayout(2, _QUERY)))
-    q_s = gl.allocate_shared_memory(gl.float16, [8, BLOCK_H, 64], _Q)
     for chunk in gl.static_range(8):
         _store_columns(runs[chunk], up, q_s.index(chunk))
     if FP8:
-        q_rope = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 64], _Q)
         _store_columns(rope_runs, up, q_rope)
         kv_scale = gl.load(kv_scale_ptr)
         head_scale = gl.convert_layout(down * (kv_scale * logit_scale), HEADS)  # every code x the tensor scale
     else:
-        q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], _Q, gl.reshape(rope_runs, [BLOCK_H, 64]))
+        q_rope.store(gl.reshape(rope_runs, [BLOCK_H, 64]))
         head_scale = gl.convert_layout(down * logit_scale, HEADS)  # NaN for a head holding Inf or NaN
     fence_async_shared()  # the queries' stores, before the first wgmma reads them (after the first barrier)
 
@@ -570,11 +567,76 @@ def sparse_mla_wgmma_kernel(
     op = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _OUT)))
     oh = gl.arange(0, BLOCK_H, gl.SliceLayout(0, gl.SliceLayout(2, _OUT)))
     od = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, _OUT)))
-    o_rows = o_ptr + split.to(gl.int64) * stride_os + t * stride_ot + oh[None, :, None] * stride_oh
+    o_rows = o_ptr + part.to(gl.int64) * stride_os + t * stride_ot + oh[None, :, None] * stride_oh
     gl.store(o_rows + (op * 128)[:, None, None] + od[None, None, :], out.to(o_ptr.dtype.element_ty),
              mask=(oh < H)[None, :, None])
     lh = gl.arange(0, BLOCK_H, HEADS)
-    gl.store(lse_ptr + split * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
+    gl.store(lse_ptr + part * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
+    if end == K:  # the row's last piece: its unused parts (balanced schedule) skipped by the merge
+        for unused in range(part + 1, parts):
+            gl.store(lse_ptr + unused * stride_ls + t * stride_lt + lh,
+                     gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS), mask=lh < H)
+
+
+
+
+@gluon.jit(do_not_specialize=SIZE_ARGS)
+def sparse_mla_wgmma_kernel(
+    q_ptr, stride_qt, stride_qh,  # q [T, H, 576] bf16
+    pages_u8, s8_b, s8_t,  # latent pages [num_blocks, block_tokens, 656] uint8, strides in bytes (multiples of 16)
+    slots_ptr, stride_st,  # slots [T, K] int32/int64
+    o_ptr, stride_os, stride_ot, stride_oh,  # o [splits, T, H, 512] (fp32 partials or bf16)
+    lse_ptr, stride_ls, stride_lt,  # lse [splits, T, H] fp32
+    H, K, num_slots, block_tokens, split_size,
+    tokens, parts,  # this launch's tokens; parts a row (o, lse's first dim)
+    logit_scale,  # softmax_scale · log2(e)
+    kv_scale_ptr,  # [] fp32 tensor scale of FP8 records (read in-kernel: no host sync; unread for fp8_ds_mla)
+    STAGES: gl.constexpr,
+    FLAT: gl.constexpr,  # record s at byte s * s8_t (blocks back to back)
+    OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
+    FP8: gl.constexpr = False,  # per-tensor FP8 records (576 e4m3 codes x kv_scale) instead of fp8_ds_mla's
+    ALIGNED: gl.constexpr = False,  # every split starts at a multiple of 64 slots (the slot indices' loads vectorised)
+    BALANCED: gl.constexpr = False,  # the balanced schedule (.balanced): grid axis 0 its programs, axis 1 one
+):
+    """Fixed splits (grid: splits, tokens, head groups): program (split, t) reduces row t's slots split · split_size
+    onwards; or (``BALANCED``; grid: programs, 1, head groups) program p its share of the call's 64-slot steps, a
+    piece a row it meets (:mod:`.balanced`)."""
+    q_ptr, o_ptr, lse_ptr, H = head_group(q_ptr, stride_qh, o_ptr, stride_oh, lse_ptr, H, BLOCK_H)
+    # the first steps' gathers first: the queries' loads and split below overlap their flight (a program's work
+    # outside its loop was 29% of the warps' stall samples, H100, thirty-sixth session)
+    codes_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, 4, TILE, 128], _CODES)
+    if FP8:
+        rope_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, TILE, 64], _ROPE8)
+        scale_s = rope_s  # (FP8 records have no scales: _issue never writes this one, the loop never reads it)
+    else:
+        rope_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, TILE, 64], _ROPE)
+        scale_s = gl.allocate_shared_memory(gl.float32, [STAGES, 4, TILE], _SCALES)
+    p_s = gl.allocate_shared_memory(gl.float16, [4, TILE, BLOCK_H], _P)
+    q_s = gl.allocate_shared_memory(gl.float16, [8, BLOCK_H, 64], _Q)  # the queries, in the chunks' column order
+    if FP8:  # the queries' RoPE dims: fp16 against the e4m3 codes, bf16 values as they are against fp8_ds_mla's bf16
+        q_rope = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 64], _Q)
+    else:
+        q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], _Q)
+    valid_s = gl.allocate_shared_memory(gl.uint8, [STAGES, TILE], _SLOT_FLAGS)  # a stage's valid slots (1 / 0)
+
+    if BALANCED:
+        g0, g1, S, total = program_steps(tokens, K)
+        for t in range(g0 // S, (g1 - 1) // S + 1):
+            start, end, part = piece(t, g0, g1, S, total, K)
+            _barrier()  # every warp done with the previous piece's stages, P and queries
+            _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
+                   stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
+                   logit_scale, kv_scale_ptr, t.to(gl.int64), start, end, part, codes_s, rope_s, scale_s, valid_s, p_s, q_s,
+                   q_rope, STAGES, FLAT, OFF32, FP8, True)
+    else:
+        split = gl.program_id(0)
+        start = split * split_size
+        if ALIGNED:
+            start = gl.multiple_of(start, 64)
+        _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os, stride_ot,
+               stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts, logit_scale,
+               kv_scale_ptr, gl.program_id(1).to(gl.int64), start, gl.minimum(start + split_size, K), split, codes_s,
+               rope_s, scale_s, valid_s, p_s, q_s, q_rope, STAGES, FLAT, OFF32, FP8, ALIGNED)
 
 
 FORMATS = ("fp8_ds_mla", "fp8")  # the record formats this kernel reads (fp8: per-tensor scaled, 576 bytes)
@@ -596,7 +658,7 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
 
 @bounded_partials
 def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, stages=DEFAULT_STAGES,
-                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None):
+                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, programs=None):
     """Launch :func:`sparse_mla_wgmma_kernel` (a call :func:`serves` refuses raises, naming what it got).
 
     Args:
@@ -612,6 +674,9 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
             stages let two programs share a SM).
         split_size: slots per split, a fixed count (batch invariance); None = one split a token.
         maxnreg: ptxas's register cap (None: its own choice).
+        programs: the balanced schedule (:mod:`.balanced`; default mode only: its split points follow the batch):
+            this many programs in all (as many as run at once; divided among the groups of 16 heads) share the
+            call's 64-slot steps (``split_size`` then unused); None: fixed splits.
 
     Returns:
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
@@ -632,17 +697,20 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     check_launch(name, heads, 64, split_size, max_heads=None)
     if stages not in (2, 3):
         raise ValueError(f"{name}: stages expected 2 or 3, got {stages}")
+    check_programs(name, programs)
+    if programs is not None:  # (the programs a head group: the groups share the GPU)
+        programs = max(1, programs // -(-heads // HEAD_GROUP)) if heads else programs
     k = slots.shape[1]
-    q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size)
+    q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size, programs)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
-    meta = dict(STAGES=stages, FP8=fp8, ALIGNED=splits == 1 or split_size % 64 == 0, num_warps=4,
+    meta = dict(STAGES=stages, FP8=fp8, ALIGNED=splits == 1 or split_size % 64 == 0, BALANCED=False, num_warps=4,
                 **({"maxnreg": maxnreg} if maxnreg else {}))
     # (fp8_ds_mla: the kernel reads no tensor scale; q stands in for the pointer)
     scale_arg = kv_scale.reshape(()) if fp8 else q
-    return launch_over_tokens(sparse_mla_wgmma_kernel, q, kv_pages, slots, o, lse, splits,
-                              (heads, k, split_size, softmax_scale * LOG2E, scale_arg), meta,
-                              record_bytes=RECORD_BYTES[kv_fmt], head_group=HEAD_GROUP)
+    sizes = (heads, k, split_size, tokens, splits, softmax_scale * LOG2E, scale_arg)
+    return launch_over_tokens(sparse_mla_wgmma_kernel, q, kv_pages, slots, o, lse, splits, sizes, meta,
+                              record_bytes=RECORD_BYTES[kv_fmt], head_group=HEAD_GROUP, programs=programs)
 
 
 # the launch cache (dsahal.kernel_launch) for this module's kernel: 33-80 us less host time a call than Triton's own

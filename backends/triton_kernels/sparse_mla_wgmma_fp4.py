@@ -57,15 +57,15 @@ from .indexer_gluon import _view
 from .sparse_mla import LOG2E
 from .partials import bounded_partials
 from .sparse_mla_gluon import _as_f16, _rows, head_group, launch_over_tokens, records_refusal, unserved
-from .sparse_mla_small_heads_raw import check_launch, unit_stride_and_outputs
-from .sparse_mla_wgmma import (_QUERY, _logit_layout, _query_runs, _row_scale16, _runs_amax, online_softmax,
-                               softmax_totals)
+from .sparse_mla_small_heads_raw import check_launch, check_programs, unit_stride_and_outputs
+from .sparse_mla_wgmma import (_QUERY, _logit_layout, _query_runs, _row_scale16, _runs_amax, online_softmax, piece,
+                               program_steps, softmax_totals)
 
 _async_copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 RECORD = 352  # bytes a record: codes [0, 256), RoPE e4m3 [256, 320), scales e4m3 [320, 352)
-SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size")
+SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size", "tokens", "parts")
 HEAD_GROUP = 16  # a program's heads (a call of more runs a program a group of 16)
 DEFAULT_STAGES, DEFAULT_SPLIT_SIZE = 3, 1024
 TILE = gl.constexpr(64)  # slots a step: the logit wgmma's M
@@ -351,21 +351,14 @@ def _rope_columns(x):
     return gl.reshape(gl.permute(gl.reshape(x, [BLOCK_H, 4, 2, 2, 2, 2]), _TO_ROPE_COLUMNS.value), [BLOCK_H, 64])
 
 
-@gluon.jit(do_not_specialize=SIZE_ARGS)
-def sparse_mla_wgmma_fp4_kernel(
-    q_ptr, stride_qt, stride_qh,  # q [T, H, 576] bf16
-    pages_u8, s8_b, s8_t,  # latent pages [num_blocks, block_tokens, 352] uint8, strides in bytes (multiples of 16)
-    slots_ptr, stride_st,  # slots [T, K] int32/int64
-    o_ptr, stride_os, stride_ot, stride_oh,  # o [splits, T, H, 512] (fp32 partials or bf16)
-    lse_ptr, stride_ls, stride_lt,  # lse [splits, T, H] fp32
-    H, K, num_slots, block_tokens, split_size,
-    logit_scale,  # softmax_scale · log2(e)
-    STAGES: gl.constexpr,
-    FLAT: gl.constexpr,  # record s at byte s * s8_t (blocks back to back)
-    OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
-    IN_FLIGHT: gl.constexpr = 1,  # logit MMAs in flight (each holds its decoded operand's 16 registers)
-    ALIGNED: gl.constexpr = False,  # every split starts at a multiple of 64 slots (the slot indices' loads vectorised)
-):
+@gluon.jit
+def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
+                  stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
+                  logit_scale, t, start, end, part, codes_s, rope_s, scale_s, valid_s, p_s, q_s, q_rope_s,
+                  STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr, IN_FLIGHT: gl.constexpr,
+                  ALIGNED: gl.constexpr):
+    """Row ``t``'s slots ``start .. end`` (a split, or a piece of the balanced schedule): as the fp8_ds_mla kernel's
+    ``_reduce_piece``, on NVFP4 records."""
     W: gl.constexpr = _logit_layout()  # the logit accumulator [64 slots, 16 heads]
     ROWS: gl.constexpr = gl.SliceLayout(1, W)
     HEADS: gl.constexpr = gl.SliceLayout(0, W)
@@ -374,23 +367,9 @@ def sparse_mla_wgmma_fp4_kernel(
     DOT_P: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=PV, k_width=2)
     DOT_V: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=PV, k_width=2)
     PV_HEADS: gl.constexpr = gl.SliceLayout(1, PV)
-    split = gl.program_id(0)
-    t = gl.program_id(1).to(gl.int64)
-    q_ptr, o_ptr, lse_ptr, H = head_group(q_ptr, stride_qh, o_ptr, stride_oh, lse_ptr, H, BLOCK_H)
-
-    # the first steps' gathers first: the queries' loads and scaling below overlap their flight (as the fp8_ds_mla
-    # kernel's, thirty-sixth session)
-    codes_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 256], _ROW_MAJOR)
-    rope_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 64], _ROW_MAJOR)
-    scale_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 32], _ROW_MAJOR)
-    valid_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64], _SLOT_FLAGS)  # a step's valid slots (1 / 0)
-    p_s = gl.allocate_shared_memory(gl.float16, [TILE, BLOCK_H], _P)
-
     slot_row = slots_ptr + t * stride_st
-    start = split * split_size
     if ALIGNED:
         start = gl.multiple_of(start, 64)
-    end = gl.minimum(start + split_size, K)
     steps = gl.cdiv(end - start, TILE)
     for j in gl.static_range(STAGES - 1):
         if j < steps:
@@ -417,11 +396,9 @@ def sparse_mla_wgmma_fp4_kernel(
         amax = gl.maximum(amax, _runs_amax(halves[h]))
     up, down = _row_scale16(amax)
     up = gl.convert_layout(up, gl.SliceLayout(1, gl.SliceLayout(2, _QUERY)))
-    q_s = gl.allocate_shared_memory(gl.float16, [8, BLOCK_H, 64], _Q)
     for h in gl.static_range(8):
         _store_half(halves[h], up, q_s.index(h))
-    q_rope_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 64], _Q, _rope_columns(
-        (q_rope.to(gl.float32) * (2.0 * up)[:, None, None]).to(gl.float16)))
+    q_rope_s.store(_rope_columns((q_rope.to(gl.float32) * (2.0 * up)[:, None, None]).to(gl.float16)))
     fence_async_shared()  # the queries' stores, before the first wgmma reads them (after the first barrier)
     # (/ 2: the decoded values' 2)
     head_scale = gl.convert_layout(down * (logit_scale * 0.5), HEADS)  # NaN for a head holding Inf or NaN
@@ -479,10 +456,65 @@ def sparse_mla_wgmma_fp4_kernel(
     out = gl.convert_layout(out, _OUT)  # (the same registers in another order: no data moves)
     oh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, _OUT))
     od = gl.arange(0, 512, gl.SliceLayout(0, _OUT))
-    o_rows = o_ptr + split.to(gl.int64) * stride_os + t * stride_ot + oh[:, None] * stride_oh
+    o_rows = o_ptr + part.to(gl.int64) * stride_os + t * stride_ot + oh[:, None] * stride_oh
     gl.store(o_rows + od[None, :], out.to(o_ptr.dtype.element_ty), mask=(oh < H)[:, None])
     lh = gl.arange(0, BLOCK_H, HEADS)
-    gl.store(lse_ptr + split * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
+    gl.store(lse_ptr + part * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
+    if end == K:  # the row's last piece: its unused parts (balanced schedule) skipped by the merge
+        for unused in range(part + 1, parts):
+            gl.store(lse_ptr + unused * stride_ls + t * stride_lt + lh,
+                     gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS), mask=lh < H)
+
+
+
+
+@gluon.jit(do_not_specialize=SIZE_ARGS)
+def sparse_mla_wgmma_fp4_kernel(
+    q_ptr, stride_qt, stride_qh,  # q [T, H, 576] bf16
+    pages_u8, s8_b, s8_t,  # latent pages [num_blocks, block_tokens, 352] uint8, strides in bytes (multiples of 16)
+    slots_ptr, stride_st,  # slots [T, K] int32/int64
+    o_ptr, stride_os, stride_ot, stride_oh,  # o [splits, T, H, 512] (fp32 partials or bf16)
+    lse_ptr, stride_ls, stride_lt,  # lse [splits, T, H] fp32
+    H, K, num_slots, block_tokens, split_size,
+    tokens, parts,  # this launch's tokens; parts a row (o, lse's first dim)
+    logit_scale,  # softmax_scale · log2(e)
+    STAGES: gl.constexpr,
+    FLAT: gl.constexpr,  # record s at byte s * s8_t (blocks back to back)
+    OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
+    IN_FLIGHT: gl.constexpr = 1,  # logit MMAs in flight (each holds its decoded operand's 16 registers)
+    ALIGNED: gl.constexpr = False,  # every split starts at a multiple of 64 slots (the slot indices' loads vectorised)
+    BALANCED: gl.constexpr = False,  # the balanced schedule (.balanced): grid axis 0 its programs, axis 1 one
+):
+    """Fixed splits or the balanced schedule, as :func:`.sparse_mla_wgmma.sparse_mla_wgmma_kernel`."""
+    q_ptr, o_ptr, lse_ptr, H = head_group(q_ptr, stride_qh, o_ptr, stride_oh, lse_ptr, H, BLOCK_H)
+    # the first steps' gathers first: the queries' loads and scaling below overlap their flight (as the fp8_ds_mla
+    # kernel's, thirty-sixth session)
+    codes_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 256], _ROW_MAJOR)
+    rope_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 64], _ROW_MAJOR)
+    scale_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 32], _ROW_MAJOR)
+    valid_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64], _SLOT_FLAGS)  # a step's valid slots (1 / 0)
+    p_s = gl.allocate_shared_memory(gl.float16, [TILE, BLOCK_H], _P)
+    q_s = gl.allocate_shared_memory(gl.float16, [8, BLOCK_H, 64], _Q)  # the queries, in the MMAs' column orders
+    q_rope_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 64], _Q)
+
+    if BALANCED:
+        g0, g1, S, total = program_steps(tokens, K)
+        for t in range(g0 // S, (g1 - 1) // S + 1):
+            start, end, part = piece(t, g0, g1, S, total, K)
+            _barrier()  # every warp done with the previous piece's stages, P and queries
+            _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
+                          stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
+                          logit_scale, t.to(gl.int64), start, end, part, codes_s, rope_s, scale_s, valid_s, p_s, q_s, q_rope_s,
+                          STAGES, FLAT, OFF32, IN_FLIGHT, True)
+    else:
+        split = gl.program_id(0)
+        start = split * split_size
+        if ALIGNED:
+            start = gl.multiple_of(start, 64)
+        _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
+                      stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
+                      logit_scale, gl.program_id(1).to(gl.int64), start, gl.minimum(start + split_size, K), split,
+                      codes_s, rope_s, scale_s, valid_s, p_s, q_s, q_rope_s, STAGES, FLAT, OFF32, IN_FLIGHT, ALIGNED)
 
 
 def refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots: torch.Tensor | None = None) -> str:
@@ -498,7 +530,7 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
 
 @bounded_partials
 def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, stages=DEFAULT_STAGES,
-                         split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, in_flight=1):
+                         split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, in_flight=1, programs=None):
     """Launch :func:`sparse_mla_wgmma_fp4_kernel` (a call :func:`serves` refuses raises, naming what it got).
 
     Args:
@@ -514,6 +546,9 @@ def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *,
         split_size: slots per split, a fixed count (batch invariance); None = one split a token.
         maxnreg: ptxas's register cap (None: its own choice).
         in_flight: logit MMAs in flight while the next 64 dims decode, 1 or 2 (221 / 229 registers at 3 stages).
+        programs: the balanced schedule (:mod:`.balanced`; default mode only: its split points follow the batch):
+            this many programs in all (as many as run at once; divided among the groups of 16 heads) share the
+            call's 64-slot steps (``split_size`` then unused); None: fixed splits.
 
     Returns:
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
@@ -528,15 +563,18 @@ def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *,
         raise ValueError(f"{name}: stages expected 2, 3 or 4, got {stages}")
     if in_flight not in (1, 2):
         raise ValueError(f"{name}: in_flight expected 1 or 2, got {in_flight}")
+    check_programs(name, programs)
+    if programs is not None:  # (the programs a head group: the groups share the GPU)
+        programs = max(1, programs // -(-heads // HEAD_GROUP)) if heads else programs
     k = slots.shape[1]
-    q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size)
+    q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size, programs)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
-    meta = dict(STAGES=stages, IN_FLIGHT=in_flight, ALIGNED=splits == 1 or split_size % 64 == 0, num_warps=4,
+    meta = dict(STAGES=stages, IN_FLIGHT=in_flight, ALIGNED=splits == 1 or split_size % 64 == 0, BALANCED=False, num_warps=4,
                 **({"maxnreg": maxnreg} if maxnreg else {}))
     return launch_over_tokens(sparse_mla_wgmma_fp4_kernel, q, kv_pages, slots, o, lse, splits,
-                              (heads, k, split_size, softmax_scale * LOG2E), meta, record_bytes=RECORD,
-                              head_group=HEAD_GROUP)
+                              (heads, k, split_size, tokens, splits, softmax_scale * LOG2E), meta, record_bytes=RECORD,
+                              head_group=HEAD_GROUP, programs=programs)
 
 
 wrap_launched(globals())

@@ -13,10 +13,10 @@ reported and skipped. The families:
 - ``indexer_gluon``: ``indexer.indexer_score`` with the backend's options (``config.indexer_config``) at 64 x 1, 64 x 2,
   64 x 5 at 128K (FP8 keys with FP8 and bf16 queries, MXFP4 keys with FP8 queries), 8 x 1 at 1M, and edge cases (8 x 3
   at 100,037 keys with unmapped blocks and a request's tokens well inside the context);
-- ``sparse_mla_wgmma_fp4``: the nvidia backend's NVFP4 launch (``ops.sparse_mla_wgmma_fp4``: its launch parameters by
-  token count) at H = 16 and 12, 64 x 5, 64 x 8, 64 x 1 and 16 tokens over a 1M-token pool, and edge cases (5 heads,
-  2,000 slots a row: a partial last split, skipped and out-of-range slots, a row with none valid);
-- ``sparse_mla_wgmma``: the fp8_ds_mla and per-tensor FP8 launch (``ops.sparse_mla_wgmma``) on the same cases.
+- ``sparse_mla_wgmma_fp4``: the NVFP4 launcher with the nvidia backend's fixed-split launch parameters by token count
+  (``ops.wgmma_fp4_launch``) at H = 16 and 12, 64 x 5, 64 x 8, 64 x 1 and 16 tokens over a 1M-token pool, and edge
+  cases (5 heads, 2,000 slots a row: a partial last split, skipped and out-of-range slots, a row with none valid);
+- ``sparse_mla_wgmma``: the fp8_ds_mla and per-tensor FP8 launcher (``ops.wgmma_launch``) on the same cases.
 
 A change meant to keep every result (a schedule, a layout) must give the copy's outputs bit for bit: a difference is a
 failure. Timing: the GPU time of each launch from CUDA-graph replays (eager calls of few tokens are host-bound),
@@ -88,11 +88,13 @@ def indexer_cases(torch):
     return out
 
 
-def wgmma_cases(torch, launch_name, formats):
-    """(label, call, timed): the nvidia backend's wgmma launch ``ops.<launch_name>`` on each case, per latent format."""
-    from dsahal.backends.nvidia import ops
+def wgmma_cases(torch, name, launch_of, formats):
+    """(label, call, timed): the wgmma module ``name``'s launcher with the nvidia backend's fixed-split launch for the
+    call (``launch_of(tokens)``, no device: the balanced schedule's split points are not the copy's), per format."""
+    def launch(q, *args):
+        module = importlib.import_module(f"{PACKAGE}.{name}")  # (the copy while swapped)
+        return getattr(module, name)(q, *args, **launch_of(q.shape[0]))
 
-    launch = getattr(ops, launch_name)
     pools = cache_pools.latent_pools(torch, formats, 1 << 20, "cuda")
     out = []
     for fmt in formats:
@@ -116,12 +118,16 @@ def wgmma_cases(torch, launch_name, formats):
 
 def sparse_mla_fp4_cases(torch):
     """The NVFP4 launch (``ops.sparse_mla_wgmma_fp4``) on :func:`wgmma_cases`' cases."""
-    return wgmma_cases(torch, "sparse_mla_wgmma_fp4", ("nvfp4",))
+    from dsahal.backends.nvidia import ops
+
+    return wgmma_cases(torch, "sparse_mla_wgmma_fp4", ops.wgmma_fp4_launch, ("nvfp4",))
 
 
 def sparse_mla_fp8_cases(torch):
     """The fp8_ds_mla and per-tensor FP8 launch (``ops.sparse_mla_wgmma``) on :func:`wgmma_cases`' cases."""
-    return wgmma_cases(torch, "sparse_mla_wgmma", ("fp8_ds_mla", "fp8"))
+    from dsahal.backends.nvidia import ops
+
+    return wgmma_cases(torch, "sparse_mla_wgmma", ops.wgmma_launch, ("fp8_ds_mla", "fp8"))
 
 
 FAMILIES = {"indexer_gluon": indexer_cases, "sparse_mla_wgmma_fp4": sparse_mla_fp4_cases,

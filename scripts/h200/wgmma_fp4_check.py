@@ -24,7 +24,7 @@ import pools as cache_pools  # scripts/h200/pools.py
 from mla_check import edge_errors  # scripts/h200/mla_check.py
 from script_cli import edge_then_sweep, run  # scripts/h200/script_cli.py
 # FlashMLA's decode on fp8_ds_mla bytes (heads padded to 64), the reference check, the serving shapes' inputs
-from wgmma_mla_check import check, flash_mla, serving_inputs
+from wgmma_mla_check import EDGE_LAUNCHES, check, flash_mla, rows_agree, serving_inputs
 
 TOPK, BLOCK_TOKENS, SOFTMAX_SCALE = 2048, 64, 192**-0.5
 TOL_O, TOL_LSE = 4e-3, 1e-4  # fp16 MMAs on exactly decoded values: the fp8_ds_mla kernel's bounds are 1e-2, 1e-3
@@ -88,23 +88,25 @@ def edge_cases(torch, failures):
         q = q.to(torch.bfloat16)
         safe = torch.where(slots >= slots_n, -1, slots)
         want_o, want_lse = reference(q.float(), records, safe, "nvfp4", None, 0.07)
-        try:
-            o, lse = sparse_mla_wgmma_fp4(q.cuda(), pages_gpu, slots.cuda(), "nvfp4", None, 0.07, stages=stages,
-                                          split_size=split)
-            torch.cuda.synchronize()
-        except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
-            failures.append(f"edge case H={heads} {kind}: {type(exc).__name__}: {str(exc)[:300]}")
-            print(f"  H={heads} {kind}: {type(exc).__name__}: {str(exc)[:300]}  FAIL", flush=True)
-            continue
-        err = edge_errors(torch, o, lse, want_o, want_lse)
-        o_err, lse_err, empty = err.o, err.lse, err.empty
-        ok = o_err < TOL_O and lse_err < TOL_LSE and empty and err.finite
-        case = (f"H={heads} blocks of {block_tokens} width {width} split {split} stages {stages} |q|~{q_mag:g} {kind}"
-                + (" strided" if strided else "") + (f" first {lead_skip} skipped" if lead_skip else ""))
-        print(f"  {case:<88s} o rel err {o_err:.2e}  lse err {lse_err:.2e}  empty row ok {empty}  "
-              f"{'pass' if ok else 'FAIL'}", flush=True)
-        if not ok:
-            failures.append(case)
+        for launch in EDGE_LAUNCHES:  # fixed splits, then the balanced schedule's
+            try:
+                o, lse = sparse_mla_wgmma_fp4(q.cuda(), pages_gpu, slots.cuda(), "nvfp4", None, 0.07, stages=stages,
+                                              split_size=split, **launch)
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 - recorded, the rest goes on
+                failures.append(f"edge case H={heads} {kind}: {type(exc).__name__}: {str(exc)[:300]}")
+                print(f"  H={heads} {kind}: {type(exc).__name__}: {str(exc)[:300]}  FAIL", flush=True)
+                continue
+            err = edge_errors(torch, o, lse, want_o, want_lse)
+            o_err, lse_err, empty = err.o, err.lse, err.empty
+            ok = o_err < TOL_O and lse_err < TOL_LSE and empty and err.finite
+            case = (f"H={heads} blocks of {block_tokens} width {width} split {split} stages {stages} |q|~{q_mag:g} "
+                    f"{kind}" + (" strided" if strided else "") + (f" first {lead_skip} skipped" if lead_skip else "")
+                    + "".join(f" {k} {v}" for k, v in launch.items()))
+            print(f"  {case:<88s} o rel err {o_err:.2e}  lse err {lse_err:.2e}  empty row ok {empty}  "
+                  f"{'pass' if ok else 'FAIL'}", flush=True)
+            if not ok:
+                failures.append(case)
 
 
 def sweep(torch, pool_tokens, ceiling, failures):
@@ -125,9 +127,17 @@ def sweep(torch, pool_tokens, ceiling, failures):
             runs.append(("FlashMLA fp8_ds_mla (h pad 64)", peer[0], peer[1], "fp8_ds_mla"))
         runs.append(("triton few heads (the route before)", *(2 * (lambda: nvidia_ops.sparse_mla_small_heads(
             q, pages, slots, "nvfp4", None, SOFTMAX_SCALE),)), "nvfp4"))
-        for cfg in VARIANTS[kind]:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        balanced = (dict(stages=2, maxnreg=168, programs=3 * sms), dict(stages=3, in_flight=2, programs=2 * sms))
+        for cfg in VARIANTS[kind] + balanced:  # (the balanced schedule: three programs a SM, two)
             fn = (lambda cfg=cfg: sparse_mla_wgmma_fp4(q, pages, slots, "nvfp4", None, SOFTMAX_SCALE, **cfg))
             runs.append((f"wgmma nvfp4 {cfg}", fn, fn, "nvfp4"))
+            if "programs" in cfg:  # every row against the fixed splits' (the reference checks the first rows only)
+                agree = rows_agree(torch, fn, lambda: sparse_mla_wgmma_fp4(q, pages, slots, "nvfp4", None,
+                                                                             SOFTMAX_SCALE, **VARIANTS[kind][0]))
+                print(f"  all rows {case:<12s} {cfg}: {agree}", flush=True)
+                if not agree.startswith("agree"):
+                    failures.append(f"{case} {cfg}: {agree}")
         peer_ms = route_ms = None
         for name, timed, checked, fmt in runs:
             bytes_in = fp8_pages if fmt == "fp8_ds_mla" else pages

@@ -32,7 +32,9 @@ TOPK, BLOCK_TOKENS, SOFTMAX_SCALE = 2048, 64, 192**-0.5
 # 1.7e-3 and lse <= 6.3e-8 of that scale on the edge cases; the FP8 logits before needed 1e-2 / 1e-3
 TOL_O, TOL_LSE = 4e-3, 1e-5
 CHECK_ROWS = 8
-EDGE_LAUNCHES = (dict(),)
+# fixed splits, and the balanced schedule (thirty-eighth session) with 7 programs (pieces crossing rows, several parts a
+# row) and 264 (more programs than steps: one step each)
+EDGE_LAUNCHES = (dict(), dict(programs=7), dict(programs=264))
 # (H100, thirty-eighth session: 3 stages and 768 / 512-slot splits beside the default, the wave tail's share probed by
 # the 264-token case: 528 programs, two full waves of two a SM on 132 SMs, against 320 tokens' 640)
 VARIANTS = {"full": (dict(split_size=1024), dict(split_size=1024, stages=3), dict(split_size=768),
@@ -100,7 +102,7 @@ def edge_cases(torch, failures):
             ok = o_err < TOL_O and lse_err_mag < TOL_LSE and empty and err.finite
             case = (f"H={heads} blocks of {block_tokens} width {width} split {split} stages {stages} |q|~{q_mag:g}"
                     + (" strided" if strided else "") + (f" first {lead_skip} skipped" if lead_skip else "")
-                    + "".join(f" {k}" for k, v in launch.items() if v))
+                    + "".join(f" {k} {v}" for k, v in launch.items()))
             print(f"  {case:<80s} o rel err {o_err:.2e}  lse err {lse_err:.2e} (of sum|qk| {lse_err_mag:.2e})  "
                   f"empty row ok {empty}  {'pass' if ok else 'FAIL'}", flush=True)
             if not ok:
@@ -119,6 +121,20 @@ def check(torch, fn, q, pages, slots, fmt="fp8_ds_mla"):
     finite = torch.isfinite(want_lse)
     lse_err = float((lse[:rows].float()[finite] - want_lse.float()[finite]).abs().max())
     return o_err < 2e-2 and lse_err < 2e-2, f"o rel err {o_err:.2e}, lse max err {lse_err:.2e}"
+
+
+def rows_agree(torch, fn, fixed_fn) -> str:
+    """Whether ``fn()`` (the balanced schedule) gives the fixed splits' outputs on every row, to their rounding (the two
+    sum a row's slots in other groups): "agree ..." or what differs."""
+    (o, lse), (want_o, want_lse) = fn(), fixed_fn()
+    torch.cuda.synchronize()
+    row_err = ((o.float() - want_o.float()).norm(dim=-1) / want_o.float().norm(dim=-1).clamp(min=1e-30)).max().item()
+    finite = torch.isfinite(want_lse)
+    same_inf = bool((torch.isfinite(lse) == finite).all())
+    lse_err = (lse[finite] - want_lse[finite]).abs().max().item() if finite.any() else 0.0
+    ok = row_err < 1e-2 and lse_err < 1e-4 and same_inf
+    return (f"{'agree' if ok else 'DIFFER'}: worst row's o rel err {row_err:.2e}, lse max err {lse_err:.2e}, "
+            f"-inf rows the same {same_inf}")
 
 
 def serving_inputs(torch, pool_slots, heads, tokens):
@@ -191,9 +207,16 @@ def sweep(torch, pool_tokens, ceiling, failures, with_gluon=False):
             fn = (lambda cfg=cfg, b=baseline: b.sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None, SOFTMAX_SCALE,
                                                                   **cfg))
             runs.append((f"{module_name[1:]} {cfg}", fn, fn))
-        for cfg in VARIANTS[kind]:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        for cfg in VARIANTS[kind] + (dict(programs=2 * sms),):  # (the balanced schedule: two programs a SM)
             fn = (lambda cfg=cfg: sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None, SOFTMAX_SCALE, **cfg))
             runs.append((f"wgmma {cfg}", fn, fn))
+            if "programs" in cfg:  # every row against the fixed splits' (the reference checks the first rows only)
+                agree = rows_agree(torch, fn, lambda: sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None,
+                                                                         SOFTMAX_SCALE, **VARIANTS[kind][0]))
+                print(f"  all rows {case:<12s} {cfg}: {agree}", flush=True)
+                if not agree.startswith("agree"):
+                    failures.append(f"{case} {cfg}: {agree}")
         peer_ms = None
         for name, timed, checked in runs:
             try:

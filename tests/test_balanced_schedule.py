@@ -1,0 +1,57 @@
+"""The balanced schedule of the wgmma sparse-MLA kernels (``triton_kernels.balanced``): its plain-Python model, which
+the kernels' Gluon twins (``sparse_mla_wgmma.program_steps`` / ``piece``) mirror line for line."""
+import pytest
+
+from dsahal.backends.triton_kernels import balanced
+
+CASES = [(320, 2048, 264), (512, 2048, 264), (64, 2048, 264), (16, 2048, 264), (1, 2048, 264), (3, 300, 7),
+         (5, 64, 11), (7, 1, 3), (1000, 4096, 396), (2, 130, 264), (13, 2000, 37), (264, 2048, 264)]
+
+
+@pytest.mark.parametrize("tokens, k, programs", CASES)
+def test_every_step_of_every_row_is_reduced_once_in_parts_the_merge_can_hold(tokens, k, programs):
+    steps = balanced.steps_per_row(k)
+    running = balanced.launch_programs(tokens, k, programs)
+    assert 1 <= running <= min(programs, tokens * steps)
+    bound = balanced.parts_bound(tokens, k, programs)
+    seen = {}
+    parts_of = {t: [] for t in range(tokens)}
+    for p in range(running):
+        mine = balanced.pieces(p, tokens, k, programs)
+        assert mine, f"program {p} has no step"  # (never more programs than steps)
+        sizes = []
+        for t, start, end, part in mine:
+            assert start % balanced.TILE == 0 and 0 <= start < end <= k  # whole steps; ALIGNED holds
+            assert 0 <= part < bound
+            parts_of[t].append((part, p, start, end))
+            for step in range(start // balanced.TILE, -(-end // balanced.TILE)):
+                assert (t, step) not in seen, f"row {t} step {step} in programs {seen.get((t, step))} and {p}"
+                seen[(t, step)] = p
+            sizes.append(-(-end // balanced.TILE) - start // balanced.TILE)
+        # a program's share is W // P or one more steps, its rows consecutive
+        assert sum(sizes) in (tokens * steps // running, tokens * steps // running + 1)
+        assert [t for t, *_ in mine] == list(range(mine[0][0], mine[0][0] + len(mine)))
+    assert len(seen) == tokens * steps
+    for t, got in parts_of.items():
+        got.sort()
+        # a row's parts are 0, 1, ... in slot order (the merge visits them in part order), its last one ends the row
+        assert [part for part, *_ in got] == list(range(len(got)))
+        assert [start for _, _, start, _ in got] == sorted(start for _, _, start, _ in got)
+        assert got[-1][3] == k and got[0][2] == 0
+
+
+def test_the_bound_is_met_by_some_row_where_programs_are_short():
+    """The parts bound is tight enough to size the partials by: some row of a call with short programs reaches
+    within one of it."""
+    tokens, k, programs = 64, 2048, 264
+    bound = balanced.parts_bound(tokens, k, programs)
+    most = max(len([1 for p in range(balanced.launch_programs(tokens, k, programs))
+                    for t, *_ in balanced.pieces(p, tokens, k, programs) if t == row]) for row in range(tokens))
+    assert most <= bound <= most + 1
+
+
+def test_the_first_program_of_a_step_is_the_one_whose_share_holds_it():
+    total, programs = 10240, 264
+    for g in (0, 1, 37, 38, 39, 5000, total - 1):
+        p = balanced.first_program(g, total, programs)
+        assert p * total // programs <= g < (p + 1) * total // programs
