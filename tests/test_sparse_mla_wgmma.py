@@ -364,8 +364,10 @@ def test_the_launchers_pass_each_kernel_parameter_by_its_name(monkeypatch, modul
     ((grid, args, kwargs),) = recorder.calls
     assert grid == (1, 3, 3 if heads == 40 else 1)  # one split, three tokens, the head groups
     bound = dict(zip(names, args), **kwargs)
-    # every run-time argument by position (the wgmma kernel's tensor scale after the logit scale)
-    assert set(names) <= set(bound) and len(args) == names.index("logit_scale") + 1 + ("kv_scale_ptr" in names)
+    # every run-time argument by position (the wgmma kernel's tensor scale after the logit scale, then the balanced
+    # schedule's sizes: last, so the fixed launch's parameters keep their places)
+    last = "parts" if "parts" in names else "logit_scale"
+    assert set(names) <= set(bound) and len(args) == names.index(last) + 1
     assert (bound["H"], bound["K"], bound["num_slots"], bound["block_tokens"], bound["split_size"]) == (heads, 300,
                                                                                                           256, 64, 300)
     if module_name == "sparse_mla_wgmma":  # (the balanced schedule's sizes: unused by a fixed launch)
@@ -475,12 +477,16 @@ def test_default_mode_takes_the_balanced_schedule_from_its_token_count(monkeypat
 
     monkeypatch.setattr(ops, "_multiprocessors", lambda device: 132)
     monkeypatch.setattr(config, "batch_invariant", lambda: False)
-    start = config.WGMMA_BALANCED_FROM_TOKENS
+    assert config.WGMMA_BALANCED_FROM_TOKENS is None  # off until it has run on a GPU (config's comment)
+    assert ops.wgmma_launch(320, "cuda") == config.WGMMA_FEW_HEADS
+    start = 64
+    monkeypatch.setattr(config, "WGMMA_BALANCED_FROM_TOKENS", start)
     assert start >= config.WGMMA_SMALL_SPLITS[-1][0]  # the small splits' calls keep them
     per_sm = config.WGMMA_PROGRAMS_PER_SM
     assert ops.wgmma_launch(start, "cuda") == dict(config.WGMMA_FEW_HEADS, programs=per_sm["few_heads"] * 132)
     assert ops.wgmma_launch(320, "cuda")["programs"] == per_sm["few_heads"] * 132
-    assert ops.wgmma_launch(start - 1, "cuda") == dict(config.WGMMA_FEW_HEADS, split_size=config.WGMMA_SMALL_SPLITS[-1][1])
+    small = config.WGMMA_SMALL_SPLITS[-1][1]
+    assert ops.wgmma_launch(start - 1, "cuda") == dict(config.WGMMA_FEW_HEADS, split_size=small)
     assert ops.wgmma_launch(320) == config.WGMMA_FEW_HEADS
     many = config.WGMMA_NVFP4_MANY
     assert ops.wgmma_fp4_launch(many["from_tokens"], "cuda")["programs"] == per_sm["nvfp4_many"] * 132

@@ -284,7 +284,8 @@ def test_the_launcher_passes_each_kernel_parameter_by_its_name(monkeypatch):
     ((grid, args, kwargs),) = recorder.calls
     assert grid == (3, 3, 2)  # three splits, three tokens, two groups of 16 heads
     bound = dict(zip(names, args), **kwargs)
-    assert set(names) <= set(bound) and len(args) == names.index("logit_scale") + 1
+    assert set(names) <= set(bound) and len(args) == names.index("parts") + 1  # (the balanced schedule's sizes last)
+    assert (bound["tokens"], bound["parts"], bound["BALANCED"]) == (3, 3, False)  # (three splits: three parts)
     assert (bound["H"], bound["K"], bound["num_slots"], bound["block_tokens"], bound["split_size"]) == (24, 300, 256,
                                                                                                           64, 128)
     assert bound["logit_scale"] == pytest.approx(0.25 * LOG2E)

@@ -94,13 +94,18 @@ WGMMA_NVFP4_MANY = dict(from_tokens=256, stages=2, maxnreg=168, in_flight=1)
 # / 35.7 / 34.3, 32 53.3 / 43.3 / 57.0, 64 61.7 / 69.5 / 105.4, 128 94.3 / 128.8 / 191.2. Batch-invariant mode keeps
 # the fixed 1024 (a split chosen by batch size would make a row's sums depend on its batch).
 WGMMA_NVFP4_SMALL_SPLITS = ((32, 256), (64, 512))
-# In default mode the wgmma kernels run calls of at least WGMMA_BALANCED_FROM_TOKENS query tokens on the balanced
-# schedule (triton_kernels.balanced): as many programs as run at once (WGMMA_PROGRAMS_PER_SM a SM: the few-heads
-# kernel's 254 registers and the NVFP4 kernel's 3 stages two, its 168-register launch three) share the call's 64-slot
-# steps equally, instead of a program a 1024-slot split whose last wave runs part-empty (640 programs at 64 x 5 tokens
-# are 2.4 waves of 264; 64 x 8 ran at 0.88x 64 x 5's time a token, H100, thirty-seventh session). Below, the small
-# splits above (measured). Batch-invariant mode keeps the fixed splits (the pieces follow the batch).
-WGMMA_BALANCED_FROM_TOKENS = 64
+# The balanced schedule (triton_kernels.balanced) of the wgmma kernels, for default mode: as many programs as run at
+# once (WGMMA_PROGRAMS_PER_SM a SM: the few-heads kernel's 247 registers and the NVFP4 kernel's 3 stages two, its
+# 168-register launch three) share a call's 64-slot steps equally, instead of a program a 1024-slot split whose last
+# wave runs part-empty (640 programs at 64 x 5 tokens are 2.4 waves of 264 on 132 SMs; on an H100 in the
+# thirty-seventh session 64 x 8 tokens ran at 0.88x 64 x 5's time a token on the same kernel, and the NVFP4 kernel's
+# 64 x 5 and 64 x 8 times stood 2 : 3, their wave counts). WGMMA_BALANCED_FROM_TOKENS: the token count from which
+# default mode takes it; None (off) until it has run on a GPU: built in the thirty-eighth session, compiled for sm_90
+# (the fixed launches' step loops unchanged), its schedule model tested here, no device lent to run it
+# (scripts/h200/wgmma_mla_check.py and wgmma_fp4_check.py check it against the reference and time it beside the
+# fixed splits). Batch-invariant mode keeps the fixed splits whatever this says (a piece's split points follow the
+# batch).
+WGMMA_BALANCED_FROM_TOKENS = None
 WGMMA_PROGRAMS_PER_SM = {"few_heads": 2, "nvfp4": 2, "nvfp4_many": 3}
 
 

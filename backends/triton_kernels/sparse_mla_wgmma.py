@@ -99,8 +99,6 @@ _SCALES_ALL = gl.constexpr(gl.DistributedLinearLayout(
     reg_bases=[[0, 1], [0, 2], [0, 4]], lane_bases=[[0, 8], [0, 16], [0, 32], [1, 0], [2, 0]],
     warp_bases=[[0, 0], [0, 0]], block_bases=[], shape=[4, 64]))
 _P = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[2, 1, 0]))
-# a stage's valid-slot flags ([STAGES, 64] u8): the order of one stage's [64] (a buffer's layout may name one dim fewer)
-_SLOT_FLAGS = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 _Q = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))  # [16, 64] fp16 / bf16
 # (FP8, per-tensor records) the RoPE codes [64 slots, 64] e4m3, row-major (read into registers like the codes)
 _ROPE8 = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
@@ -338,15 +336,12 @@ def _copy_slots(slot_row, n0, end, FP8: gl.constexpr):
 
 
 @gluon.jit
-def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tokens, codes, rope, scales, valid,
+def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tokens, codes, rope, scales,
            FLAT: gl.constexpr, OFF32: gl.constexpr, FP8: gl.constexpr):
     """Start the copies of one step's records (its slots as :func:`_copy_slots` gives them) into one stage: ``codes [4,
     64, 128]`` e4m3 (tile c's bytes of the slots at ``[c]``), ``rope [64, 64]`` bf16 (FP8 records: e4m3, at byte 512),
-    ``scales [4, 64]`` fp32 (tile c's scales at ``[c]``; none in FP8 records); skipped slots zero-filled. And store
-    which slots are valid (``valid [64]`` u8, 1 or 0): the step's mask is read back after the barriers that precede its
-    use instead of reloading the slot indices, so it never waits on a global load."""
+    ``scales [4, 64]`` fp32 (tile c's scales at ``[c]``; none in FP8 records); skipped slots zero-filled."""
     row, ok = _rows(slots_c, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
-    valid.store(ok.to(gl.uint8))
     part = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _CODES_COPY)))
     byte = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, _CODES_COPY)))
     src = pages_u8 + row[None, :, None] + (part * 128)[:, None, None] + byte[None, None, :]
@@ -416,14 +411,15 @@ def piece(t, g0, g1, S, total, K):
 
 
 @gluon.jit
-def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os, stride_ot,
-           stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts, logit_scale, kv_scale_ptr,
-           t, start, end, part, codes_s, rope_s, scale_s, valid_s, p_s, q_s, q_rope,
-           STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr, FP8: gl.constexpr, ALIGNED: gl.constexpr):
+def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
+                  stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
+                  logit_scale, kv_scale_ptr, t, start, end, part, codes_s, rope_s, scale_s, p_s, q_s, q_rope,
+                  STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr, FP8: gl.constexpr,
+                  ALIGNED: gl.constexpr, BALANCED: gl.constexpr):
     """Row ``t``'s slots ``start .. end`` (a split, or a piece of the balanced schedule): the first steps' gathers
     issued, the queries scaled into ``q_s`` / ``q_rope``, the steps' online softmax, the fp32 partial (or, with one
-    part, the final bf16 row) stored as part ``part``; a row's last piece marks its unused parts ``lse = -inf``
-    (``parts`` of them in all). The caller has every warp past its previous use of the buffers."""
+    part, the final bf16 row) stored as part ``part``; on the balanced schedule a row's last piece marks its unused
+    parts ``lse = -inf`` (``parts`` of them in all). The caller has every warp past its previous use of the buffers."""
     W: gl.constexpr = _logit_layout()  # the logit MMAs' accumulators [64 slots, 16 heads]
     LOGIT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=W, k_width=2)  # their register A operands
     ROWS: gl.constexpr = gl.SliceLayout(1, W)  # [64] per slot
@@ -441,9 +437,10 @@ def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
         if j < steps:
             sc, sr, ss = _copy_slots(slot_row, start + j * TILE, end, FP8)
             _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens, codes_s.index(j), rope_s.index(j),
-                   scale_s.index(j), valid_s.index(j), FLAT, OFF32, FP8)
+                   scale_s.index(j), FLAT, OFF32, FP8)
         async_copy.commit_group()
     ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end, FP8)
+    here = _slot_rows(slot_row, start, end, ROWS)  # step 0's slots, for its mask
 
     # the queries: each head scaled by a power of two into fp16 (its largest in [2^13, 2^14): exact but for values
     # below 2^-27 of it), in the chunks' column order; FP8 records: the RoPE dims too (e4m3 codes), fp8_ds_mla: the
@@ -499,10 +496,11 @@ def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
         if ahead < steps:
             nxt = ahead % STAGES
             _issue(pages_u8, ahead_c, ahead_r, ahead_s, num_slots, s8_b, s8_t, block_tokens, codes_s.index(nxt),
-                   rope_s.index(nxt), scale_s.index(nxt), valid_s.index(nxt), FLAT, OFF32, FP8)
+                   rope_s.index(nxt), scale_s.index(nxt), FLAT, OFF32, FP8)
         async_copy.commit_group()
         ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (ahead + 1) * TILE, end, FP8)
-        valid = valid_s.index(stage).load(ROWS) != 0
+        valid = (here >= 0) & (here < num_slots)
+        here = _slot_rows(slot_row, start + (i + 1) * TILE, end, ROWS)
 
         codes = codes_s.index(stage)
         # the RoPE MMA, then the chunks' (each read into registers while the MMA before it runs)
@@ -572,12 +570,10 @@ def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
              mask=(oh < H)[None, :, None])
     lh = gl.arange(0, BLOCK_H, HEADS)
     gl.store(lse_ptr + part * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
-    if end == K:  # the row's last piece: its unused parts (balanced schedule) skipped by the merge
+    if BALANCED and end == K:  # the row's last piece: its unused parts skipped by the merge
         for unused in range(part + 1, parts):
             gl.store(lse_ptr + unused * stride_ls + t * stride_lt + lh,
                      gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS), mask=lh < H)
-
-
 
 
 @gluon.jit(do_not_specialize=SIZE_ARGS)
@@ -588,9 +584,9 @@ def sparse_mla_wgmma_kernel(
     o_ptr, stride_os, stride_ot, stride_oh,  # o [splits, T, H, 512] (fp32 partials or bf16)
     lse_ptr, stride_ls, stride_lt,  # lse [splits, T, H] fp32
     H, K, num_slots, block_tokens, split_size,
-    tokens, parts,  # this launch's tokens; parts a row (o, lse's first dim)
     logit_scale,  # softmax_scale · log2(e)
     kv_scale_ptr,  # [] fp32 tensor scale of FP8 records (read in-kernel: no host sync; unread for fp8_ds_mla)
+    tokens, parts,  # (the balanced schedule's) this launch's tokens, parts a row (o, lse's first dim)
     STAGES: gl.constexpr,
     FLAT: gl.constexpr,  # record s at byte s * s8_t (blocks back to back)
     OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
@@ -617,7 +613,6 @@ def sparse_mla_wgmma_kernel(
         q_rope = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 64], _Q)
     else:
         q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], _Q)
-    valid_s = gl.allocate_shared_memory(gl.uint8, [STAGES, TILE], _SLOT_FLAGS)  # a stage's valid slots (1 / 0)
 
     if BALANCED:
         g0, g1, S, total = program_steps(tokens, K)
@@ -625,18 +620,19 @@ def sparse_mla_wgmma_kernel(
             start, end, part = piece(t, g0, g1, S, total, K)
             _barrier()  # every warp done with the previous piece's stages, P and queries
             _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
-                   stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
-                   logit_scale, kv_scale_ptr, t.to(gl.int64), start, end, part, codes_s, rope_s, scale_s, valid_s, p_s, q_s,
-                   q_rope, STAGES, FLAT, OFF32, FP8, True)
+                          stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
+                          logit_scale, kv_scale_ptr, t.to(gl.int64), start, end, part, codes_s, rope_s, scale_s, p_s,
+                          q_s, q_rope, STAGES, FLAT, OFF32, FP8, True, True)
     else:
         split = gl.program_id(0)
         start = split * split_size
         if ALIGNED:
             start = gl.multiple_of(start, 64)
-        _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os, stride_ot,
-               stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts, logit_scale,
-               kv_scale_ptr, gl.program_id(1).to(gl.int64), start, gl.minimum(start + split_size, K), split, codes_s,
-               rope_s, scale_s, valid_s, p_s, q_s, q_rope, STAGES, FLAT, OFF32, FP8, ALIGNED)
+        _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
+                      stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
+                      logit_scale, kv_scale_ptr, gl.program_id(1).to(gl.int64), start,
+                      gl.minimum(start + split_size, K), split, codes_s, rope_s, scale_s, p_s, q_s, q_rope, STAGES,
+                      FLAT, OFF32, FP8, ALIGNED, False)
 
 
 FORMATS = ("fp8_ds_mla", "fp8")  # the record formats this kernel reads (fp8: per-tensor scaled, 576 bytes)
@@ -708,7 +704,7 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
                 **({"maxnreg": maxnreg} if maxnreg else {}))
     # (fp8_ds_mla: the kernel reads no tensor scale; q stands in for the pointer)
     scale_arg = kv_scale.reshape(()) if fp8 else q
-    sizes = (heads, k, split_size, tokens, splits, softmax_scale * LOG2E, scale_arg)
+    sizes = (heads, k, split_size, softmax_scale * LOG2E, scale_arg, tokens, splits)
     return launch_over_tokens(sparse_mla_wgmma_kernel, q, kv_pages, slots, o, lse, splits, sizes, meta,
                               record_bytes=RECORD_BYTES[kv_fmt], head_group=HEAD_GROUP, programs=programs)
 

@@ -131,8 +131,6 @@ _ROPE_VIEW = gl.constexpr(gl.SharedLinearLayout([
     [1, 0, 0], [2, 0, 0], [4, 0, 0], [8, 0, 0], [16, 0, 0], [32, 0, 0]]))
 # a stage's rows as copied (the [STAGES, 64, n] buffers, and a stage's [64, n]): row-major, unswizzled
 _ROW_MAJOR = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
-# a stage's valid-slot flags ([STAGES, 64] u8): the order of one stage's [64] (a buffer's layout may name one dim fewer)
-_SLOT_FLAGS = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 _P = gl.constexpr(gl.SwizzledSharedLayout(vec=8, per_phase=4, max_phase=2, order=[1, 0]))  # [64 slots, 16 heads]
 _Q = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))  # [16 heads, 64] fp16
 
@@ -317,12 +315,10 @@ def _copy_slots(slot_row, n0, end):
 
 
 @gluon.jit
-def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tokens, codes, rope, scales, valid,
+def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tokens, codes, rope, scales,
            FLAT: gl.constexpr, OFF32: gl.constexpr):
     """Start the copies of one step's records into one stage: ``codes [64, 256]`` (swizzled), ``rope [64, 64]``,
-    ``scales [64, 32]`` u8; skipped slots zero-filled. And store which slots are valid (``valid [64]`` u8, 1 or 0: a
-    plain store, the step's mask read back after the barriers that precede its use, so the mask never waits on a
-    global load: the slot indices' reload a step ahead was 13% of the stall samples, H100, thirty-seventh session)."""
+    ``scales [64, 32]`` u8; skipped slots zero-filled."""
     row, ok = _rows(slots_c, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
     byte = gl.arange(0, 256, gl.SliceLayout(0, _CODES_COPY))
     _async_copy(codes, pages_u8 + row[:, None] + byte[None, :], mask=ok[:, None])
@@ -332,7 +328,6 @@ def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tok
     row_s, ok_s = _rows(slots_s, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
     byte_s = gl.arange(0, 32, gl.SliceLayout(0, _SCALE_COPY))
     _async_copy(scales, pages_u8 + row_s[:, None] + 320 + byte_s[None, :], mask=ok_s[:, None])
-    valid.store(ok_s.to(gl.uint8))
 
 
 @gluon.jit
@@ -354,9 +349,9 @@ def _rope_columns(x):
 @gluon.jit
 def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
                   stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
-                  logit_scale, t, start, end, part, codes_s, rope_s, scale_s, valid_s, p_s, q_s, q_rope_s,
+                  logit_scale, t, start, end, part, codes_s, rope_s, scale_s, p_s, q_s, q_rope_s,
                   STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr, IN_FLIGHT: gl.constexpr,
-                  ALIGNED: gl.constexpr):
+                  ALIGNED: gl.constexpr, BALANCED: gl.constexpr):
     """Row ``t``'s slots ``start .. end`` (a split, or a piece of the balanced schedule): as the fp8_ds_mla kernel's
     ``_reduce_piece``, on NVFP4 records."""
     W: gl.constexpr = _logit_layout()  # the logit accumulator [64 slots, 16 heads]
@@ -377,9 +372,11 @@ def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
             _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens,
                    _view(codes_s.index(j), gl.uint8, [64, 256], _copy_view_layout()),
                    _view(rope_s.index(j), gl.uint8, [64, 64], _ROW_MAJOR),
-                   _view(scale_s.index(j), gl.uint8, [64, 32], _ROW_MAJOR), valid_s.index(j), FLAT, OFF32)
+                   _view(scale_s.index(j), gl.uint8, [64, 32], _ROW_MAJOR), FLAT, OFF32)
         async_copy.commit_group()
     ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end)
+    here_n = start + gl.arange(0, TILE, ROWS)
+    here = gl.load(slot_row + here_n, mask=here_n < end, other=-1)  # step 0's slots, for its mask
 
     # the queries: each head scaled by a power of two over its 576 dims into fp16 (its largest in [2^13, 2^14)), the
     # RoPE part twice that (the decoded values are 2 · code · σ, the RoPE ones exact); loaded as runs of consecutive
@@ -417,10 +414,12 @@ def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
             _issue(pages_u8, ahead_c, ahead_r, ahead_s, num_slots, s8_b, s8_t, block_tokens,
                    _view(codes_s.index(nxt), gl.uint8, [64, 256], _copy_view_layout()),
                    _view(rope_s.index(nxt), gl.uint8, [64, 64], _ROW_MAJOR),
-                   _view(scale_s.index(nxt), gl.uint8, [64, 32], _ROW_MAJOR), valid_s.index(nxt), FLAT, OFF32)
+                   _view(scale_s.index(nxt), gl.uint8, [64, 32], _ROW_MAJOR), FLAT, OFF32)
         async_copy.commit_group()
         ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (ahead + 1) * TILE, end)
-        valid = valid_s.index(stage).load(ROWS) != 0
+        valid = (here >= 0) & (here < num_slots)
+        here_n = start + (i + 1) * TILE + gl.arange(0, TILE, ROWS)
+        here = gl.load(slot_row + here_n, mask=here_n < end, other=-1)
 
         codes_flat = codes_s.index(stage)
         codes_v = _view(codes_flat, gl.uint8, [8, 64, 4, 2, 4], _logit_view_layout())
@@ -460,12 +459,10 @@ def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
     gl.store(o_rows + od[None, :], out.to(o_ptr.dtype.element_ty), mask=(oh < H)[:, None])
     lh = gl.arange(0, BLOCK_H, HEADS)
     gl.store(lse_ptr + part * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
-    if end == K:  # the row's last piece: its unused parts (balanced schedule) skipped by the merge
+    if BALANCED and end == K:  # the row's last piece: its unused parts skipped by the merge
         for unused in range(part + 1, parts):
             gl.store(lse_ptr + unused * stride_ls + t * stride_lt + lh,
                      gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS), mask=lh < H)
-
-
 
 
 @gluon.jit(do_not_specialize=SIZE_ARGS)
@@ -476,8 +473,8 @@ def sparse_mla_wgmma_fp4_kernel(
     o_ptr, stride_os, stride_ot, stride_oh,  # o [splits, T, H, 512] (fp32 partials or bf16)
     lse_ptr, stride_ls, stride_lt,  # lse [splits, T, H] fp32
     H, K, num_slots, block_tokens, split_size,
-    tokens, parts,  # this launch's tokens; parts a row (o, lse's first dim)
     logit_scale,  # softmax_scale · log2(e)
+    tokens, parts,  # (the balanced schedule's) this launch's tokens, parts a row (o, lse's first dim)
     STAGES: gl.constexpr,
     FLAT: gl.constexpr,  # record s at byte s * s8_t (blocks back to back)
     OFF32: gl.constexpr,  # every record's byte offset fits int32 (a pool under 2 GiB)
@@ -492,7 +489,6 @@ def sparse_mla_wgmma_fp4_kernel(
     codes_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 256], _ROW_MAJOR)
     rope_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 64], _ROW_MAJOR)
     scale_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 32], _ROW_MAJOR)
-    valid_s = gl.allocate_shared_memory(gl.uint8, [STAGES, 64], _SLOT_FLAGS)  # a step's valid slots (1 / 0)
     p_s = gl.allocate_shared_memory(gl.float16, [TILE, BLOCK_H], _P)
     q_s = gl.allocate_shared_memory(gl.float16, [8, BLOCK_H, 64], _Q)  # the queries, in the MMAs' column orders
     q_rope_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 64], _Q)
@@ -504,8 +500,8 @@ def sparse_mla_wgmma_fp4_kernel(
             _barrier()  # every warp done with the previous piece's stages, P and queries
             _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
                           stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
-                          logit_scale, t.to(gl.int64), start, end, part, codes_s, rope_s, scale_s, valid_s, p_s, q_s, q_rope_s,
-                          STAGES, FLAT, OFF32, IN_FLIGHT, True)
+                          logit_scale, t.to(gl.int64), start, end, part, codes_s, rope_s, scale_s, p_s, q_s, q_rope_s,
+                          STAGES, FLAT, OFF32, IN_FLIGHT, True, True)
     else:
         split = gl.program_id(0)
         start = split * split_size
@@ -514,7 +510,7 @@ def sparse_mla_wgmma_fp4_kernel(
         _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
                       stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
                       logit_scale, gl.program_id(1).to(gl.int64), start, gl.minimum(start + split_size, K), split,
-                      codes_s, rope_s, scale_s, valid_s, p_s, q_s, q_rope_s, STAGES, FLAT, OFF32, IN_FLIGHT, ALIGNED)
+                      codes_s, rope_s, scale_s, p_s, q_s, q_rope_s, STAGES, FLAT, OFF32, IN_FLIGHT, ALIGNED, False)
 
 
 def refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots: torch.Tensor | None = None) -> str:
@@ -570,10 +566,11 @@ def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *,
     q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size, programs)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
-    meta = dict(STAGES=stages, IN_FLIGHT=in_flight, ALIGNED=splits == 1 or split_size % 64 == 0, BALANCED=False, num_warps=4,
+    meta = dict(STAGES=stages, IN_FLIGHT=in_flight, ALIGNED=splits == 1 or split_size % 64 == 0, BALANCED=False,
+                num_warps=4,
                 **({"maxnreg": maxnreg} if maxnreg else {}))
     return launch_over_tokens(sparse_mla_wgmma_fp4_kernel, q, kv_pages, slots, o, lse, splits,
-                              (heads, k, split_size, tokens, splits, softmax_scale * LOG2E), meta, record_bytes=RECORD,
+                              (heads, k, split_size, softmax_scale * LOG2E, tokens, splits), meta, record_bytes=RECORD,
                               head_group=HEAD_GROUP, programs=programs)
 
 

@@ -30,8 +30,8 @@ TOPK, BLOCK_TOKENS, SOFTMAX_SCALE = 2048, 64, 192**-0.5
 TOL_O, TOL_LSE = 4e-3, 1e-4  # fp16 MMAs on exactly decoded values: the fp8_ds_mla kernel's bounds are 1e-2, 1e-3
 RECORD = 352
 # (2 stages under a 168-register cap: three programs a SM, 64 KB each; in_flight 2: two logit MMAs in flight)
-# (thirty-eighth session: 768 / 512-slot splits of the three-programs launch, and 198 tokens: 396 programs, one full wave
-# of three a SM on 132 SMs, to probe the wave tail)
+# (thirty-eighth session: 768 / 512-slot splits of the three-programs launch, and 198 tokens: 396 programs, one full
+# wave of three a SM on 132 SMs, to probe the wave tail)
 VARIANTS = {"full": (dict(stages=3, split_size=1024), dict(stages=2, split_size=1024, maxnreg=168),
                      dict(stages=2, split_size=768, maxnreg=168), dict(stages=2, split_size=512, maxnreg=168),
                      dict(stages=3, split_size=1024, in_flight=2)),
