@@ -1,6 +1,11 @@
-"""The balanced schedule of the wgmma sparse-MLA kernels (``triton_kernels.balanced``): its plain-Python model, which
-the kernels' Gluon twins (``sparse_mla_wgmma.program_steps`` / ``piece``) mirror line for line."""
+"""The balanced schedule of the wgmma sparse-MLA kernels (``triton_kernels.balanced``): its plain-Python model, and
+the kernels' Gluon twins (``sparse_mla_wgmma.program_steps`` / ``piece``) run against it. Gluon has no interpreter, so
+the twins' own code objects run in a Triton kernel under ``TRITON_INTERPRET=1`` (in a child process: the variable must
+be set before triton's import) with ``gl`` bound to ``triton.language``: the same integer arithmetic, the same lines."""
+import json
+
 import pytest
+from interpreter_child import child_results, run_groups
 
 from dsahal.backends.triton_kernels import balanced
 
@@ -55,3 +60,63 @@ def test_the_first_program_of_a_step_is_the_one_whose_share_holds_it():
     for g in (0, 1, 37, 38, 39, 5000, total - 1):
         p = balanced.first_program(g, total, programs)
         assert p * total // programs <= g < (p + 1) * total // programs
+
+
+TWIN_CASES = [(13, 2000, 37), (320, 2048, 264), (64, 2048, 264), (3, 300, 7), (7, 1, 3), (2, 130, 264), (1, 64, 5)]
+MOST_PIECES = 40  # pieces a program records (the cases' programs meet at most this many rows)
+
+
+def _twin_cases(results):
+    import types
+
+    import torch
+    import triton
+    import triton.language as tl
+
+    from dsahal.backends.triton_kernels import sparse_mla_wgmma
+
+    def as_tl(jitted):
+        """A Gluon function's code object with ``gl`` (and its constexprs) bound to ``triton.language``'s."""
+        fn = jitted.fn
+        names = dict(fn.__globals__, gl=tl, TILE=tl.constexpr(balanced.TILE))
+        return triton.jit(types.FunctionType(fn.__code__, names, fn.__name__, fn.__defaults__, fn.__closure__))
+
+    # (module globals: a jit'd kernel finds the functions it calls there)
+    globals().update(program_steps=as_tl(sparse_mla_wgmma.program_steps), piece=as_tl(sparse_mla_wgmma.piece))
+
+    @triton.jit
+    def record_pieces(out_ptr, tokens, K, MOST: tl.constexpr):
+        """Program p's pieces as the kernels' loop runs them: ``out [P, MOST, 4]`` (row, start, end, part)."""
+        g0, g1, S, total = program_steps(tokens, K)  # noqa: F821 - bound above
+        n = 0
+        for t in range(g0 // S, (g1 - 1) // S + 1):
+            start, end, part = piece(t, g0, g1, S, total, K)  # noqa: F821 - bound above
+            row = out_ptr + (tl.program_id(0) * MOST + n) * 4
+            tl.store(row, t)
+            tl.store(row + 1, start)
+            tl.store(row + 2, end)
+            tl.store(row + 3, part)
+            n += 1
+
+    for tokens, k, programs in TWIN_CASES:
+        running = balanced.launch_programs(tokens, k, programs)
+        out = torch.full((running, MOST_PIECES, 4), -1, dtype=torch.int32)
+        record_pieces[(running,)](out, tokens, k, MOST=MOST_PIECES)
+        results[f"twin_{tokens}_{k}_{programs}"] = all(
+            [tuple(r) for r in out[p].tolist() if r[0] >= 0] == list(balanced.pieces(p, tokens, k, programs))
+            for p in range(running))
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    return child_results(__file__)
+
+
+@pytest.mark.parametrize("tokens, k, programs", TWIN_CASES)
+def test_the_kernels_gluon_twins_run_the_models_schedule(interpreted, tokens, k, programs):
+    assert interpreted[f"twin_{tokens}_{k}_{programs}"]
+
+
+if __name__ == "__main__":
+    # Child process: TRITON_INTERPRET=1 is already in the environment, before triton's import.
+    print(json.dumps(run_groups((_twin_cases,))))
