@@ -211,7 +211,8 @@ def test_the_kernel_compiles_for_hopper_without_spilling_two_or_three_programs_a
     programs = 2 if launch == "default" else 3
     result = aot.compile_variant({"default": default, "many": many, "many balanced": many_balanced}[launch])
     assert result.error == "", result.error
-    # (the 168-register launch spills a few bytes outside its step loop; the balanced one its piece bounds too)
+    # (the 168-register launches spill a few bytes, the balanced one its piece loop's values too; with this machine's
+    # Triton none in the step loop: the H200's Triton 3.6 puts 3 / 2 local loads a step there)
     assert 0 < result.registers <= 255
     assert result.stack_bytes <= {"default": 0, "many": 16, "many balanced": 64}[launch]
     assert step_loop_local_memory(result.cubin) == []
