@@ -107,6 +107,47 @@ def _twin_cases(results):
             for p in range(running))
 
 
+MERGE_CASES = [(9, 300, 7), (4, 130, 264), (6, 64, 4)]
+
+
+def _merge_cases(results):
+    """The schedule's partials, merged as the launcher merges them, give each whole row: every piece reduced alone
+    (the float64 reference on its slots), stored as its part; a row's unused parts left holding garbage (NaN) with
+    ``lse = -inf``, as the kernels' last piece marks them; then ``lse_combine`` (interpreted) in part order."""
+    import torch
+
+    from dsahal.backends.triton_kernels.lse_combine import lse_combine
+    from dsahal.formats import latent_format
+    from dsahal.reference.sparse_mla import sparse_mla as reference
+
+    gen = torch.Generator().manual_seed(3)
+    spec = latent_format("bf16")
+    pages = spec.pack(torch.randn(40 * 16, 576, generator=gen) + 1e-3).view(40, 16, -1)
+    for tokens, k, programs in MERGE_CASES:
+        heads = 3
+        q = torch.randn(tokens, heads, 576, generator=gen)
+        slots = torch.randint(-1, 40 * 16, (tokens, k), generator=gen, dtype=torch.int32)
+        slots[-1] = -1  # a row with no valid slot
+        parts = balanced.parts_bound(tokens, k, programs)
+        o_parts = torch.full((parts, tokens, heads, 512), float("nan"))
+        lse_parts = torch.full((parts, tokens, heads), float("nan"))
+        for p in range(balanced.launch_programs(tokens, k, programs)):
+            for t, start, end, part in balanced.pieces(p, tokens, k, programs):
+                piece_slots = torch.full((1, k), -1, dtype=torch.int32)
+                piece_slots[0, start:end] = slots[t, start:end]
+                o_parts[part, t], lse_parts[part, t] = (x[0].float() for x in reference(
+                    q[t:t + 1].double(), pages, piece_slots, "bf16", None, 0.1))
+                if end == k:
+                    lse_parts[part + 1:, t] = float("-inf")
+        o, lse = lse_combine(o_parts, lse_parts)
+        want_o, want_lse = reference(q.double(), pages, slots, "bf16", None, 0.1)
+        finite = torch.isfinite(want_lse)
+        results[f"merge_{tokens}_{k}_{programs}"] = bool(
+            torch.allclose(o.double(), want_o, atol=1e-5, rtol=1e-4) and (o[-1] == 0).all()
+            and torch.equal(torch.isfinite(lse), finite)
+            and torch.allclose(lse[finite].double(), want_lse[finite].double(), atol=1e-5))
+
+
 @pytest.fixture(scope="module")
 def interpreted():
     return child_results(__file__)
@@ -117,6 +158,11 @@ def test_the_kernels_gluon_twins_run_the_models_schedule(interpreted, tokens, k,
     assert interpreted[f"twin_{tokens}_{k}_{programs}"]
 
 
+@pytest.mark.parametrize("tokens, k, programs", MERGE_CASES)
+def test_a_rows_pieces_merged_in_part_order_are_the_whole_row(interpreted, tokens, k, programs):
+    assert interpreted[f"merge_{tokens}_{k}_{programs}"]
+
+
 if __name__ == "__main__":
     # Child process: TRITON_INTERPRET=1 is already in the environment, before triton's import.
-    print(json.dumps(run_groups((_twin_cases,))))
+    print(json.dumps(run_groups((_twin_cases, _merge_cases))))
