@@ -411,6 +411,16 @@ def piece(t, g0, g1, S, total, K):
 
 
 @gluon.jit
+def mark_unused_parts(lse_row, stride_ls, part, parts, head_ok):
+    """A row's last piece on the balanced schedule (part ``part`` of the ``parts`` the partials hold): ``lse = -inf``
+    into its row's unused parts ``part + 1 ..`` (``lse_row`` its heads' lse pointers in part 0), so the merge skips them
+    without reading their outputs."""
+    minus_inf = gl.where(head_ok, float("-inf"), 0.0)  # (the heads' layout, fp32)
+    for unused in range(part + 1, parts):
+        gl.store(lse_row + unused * stride_ls, minus_inf, mask=head_ok)
+
+
+@gluon.jit
 def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
                   stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
                   logit_scale, kv_scale_ptr, t, start, end, part, codes_s, rope_s, scale_s, p_s, q_s, q_rope,
@@ -570,10 +580,8 @@ def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
              mask=(oh < H)[None, :, None])
     lh = gl.arange(0, BLOCK_H, HEADS)
     gl.store(lse_ptr + part * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
-    if BALANCED and end == K:  # the row's last piece: its unused parts skipped by the merge
-        for unused in range(part + 1, parts):
-            gl.store(lse_ptr + unused * stride_ls + t * stride_lt + lh,
-                     gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS), mask=lh < H)
+    if BALANCED and end == K:  # the row's last piece
+        mark_unused_parts(lse_ptr + t * stride_lt + lh, stride_ls, part, parts, lh < H)
 
 
 @gluon.jit(do_not_specialize=SIZE_ARGS)

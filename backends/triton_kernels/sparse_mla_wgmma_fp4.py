@@ -58,8 +58,8 @@ from .sparse_mla import LOG2E
 from .partials import bounded_partials
 from .sparse_mla_gluon import _as_f16, _rows, head_group, launch_over_tokens, records_refusal, unserved
 from .sparse_mla_small_heads_raw import check_launch, check_programs, unit_stride_and_outputs
-from .sparse_mla_wgmma import (_QUERY, _logit_layout, _query_runs, _row_scale16, _runs_amax, online_softmax, piece,
-                               program_steps, softmax_totals)
+from .sparse_mla_wgmma import (_QUERY, _logit_layout, _query_runs, _row_scale16, _runs_amax,
+                               mark_unused_parts, online_softmax, piece, program_steps, softmax_totals)
 
 _async_copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -459,10 +459,8 @@ def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
     gl.store(o_rows + od[None, :], out.to(o_ptr.dtype.element_ty), mask=(oh < H)[:, None])
     lh = gl.arange(0, BLOCK_H, HEADS)
     gl.store(lse_ptr + part * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
-    if BALANCED and end == K:  # the row's last piece: its unused parts skipped by the merge
-        for unused in range(part + 1, parts):
-            gl.store(lse_ptr + unused * stride_ls + t * stride_lt + lh,
-                     gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS), mask=lh < H)
+    if BALANCED and end == K:  # the row's last piece
+        mark_unused_parts(lse_ptr + t * stride_lt + lh, stride_ls, part, parts, lh < H)
 
 
 @gluon.jit(do_not_specialize=SIZE_ARGS)

@@ -123,9 +123,9 @@ def check(torch, fn, q, pages, slots, fmt="fp8_ds_mla"):
     return o_err < 2e-2 and lse_err < 2e-2, f"o rel err {o_err:.2e}, lse max err {lse_err:.2e}"
 
 
-def rows_agree(torch, fn, fixed_fn) -> str:
+def rows_agree(torch, case, fn, fixed_fn, failures) -> None:
     """Whether ``fn()`` (the balanced schedule) gives the fixed splits' outputs on every row, to their rounding (the two
-    sum a row's slots in other groups): "agree ..." or what differs."""
+    sum a row's slots in other groups): one line, and a failure when they differ."""
     (o, lse), (want_o, want_lse) = fn(), fixed_fn()
     torch.cuda.synchronize()
     row_err = ((o.float() - want_o.float()).norm(dim=-1) / want_o.float().norm(dim=-1).clamp(min=1e-30)).max().item()
@@ -133,8 +133,11 @@ def rows_agree(torch, fn, fixed_fn) -> str:
     same_inf = bool((torch.isfinite(lse) == finite).all())
     lse_err = (lse[finite] - want_lse[finite]).abs().max().item() if finite.any() else 0.0
     ok = row_err < 1e-2 and lse_err < 1e-4 and same_inf
-    return (f"{'agree' if ok else 'DIFFER'}: worst row's o rel err {row_err:.2e}, lse max err {lse_err:.2e}, "
-            f"-inf rows the same {same_inf}")
+    verdict = (f"{'agree' if ok else 'DIFFER'}: worst row's o rel err {row_err:.2e}, lse max err {lse_err:.2e}, "
+               f"-inf rows the same {same_inf}")
+    print(f"  all rows {case}: {verdict}", flush=True)
+    if not ok:
+        failures.append(f"{case}: {verdict}")
 
 
 def serving_inputs(torch, pool_slots, heads, tokens):
@@ -212,11 +215,8 @@ def sweep(torch, pool_tokens, ceiling, failures, with_gluon=False):
             fn = (lambda cfg=cfg: sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None, SOFTMAX_SCALE, **cfg))
             runs.append((f"wgmma {cfg}", fn, fn))
             if "programs" in cfg:  # every row against the fixed splits' (the reference checks the first rows only)
-                agree = rows_agree(torch, fn, lambda: sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None,
-                                                                         SOFTMAX_SCALE, **VARIANTS[kind][0]))
-                print(f"  all rows {case:<12s} {cfg}: {agree}", flush=True)
-                if not agree.startswith("agree"):
-                    failures.append(f"{case} {cfg}: {agree}")
+                rows_agree(torch, f"{case} {cfg}", fn, lambda: sparse_mla_wgmma(
+                    q, pages, slots, "fp8_ds_mla", None, SOFTMAX_SCALE, **VARIANTS[kind][0]), failures)
         peer_ms = None
         for name, timed, checked in runs:
             try:
