@@ -10,10 +10,13 @@ Usage (on a CUDA machine, from the repository root)::
    splits with a partial last one (1024 / 512 / 128 / 16 slots), records over 12 binades, records whose scales are
    e4m3 subnormals (written byte by byte: no encoder makes them), saturated records (every code 6, every scale 448),
    a strided pool, 16-slot blocks, queries x1e-20 / x1e20, a head of zeros, 2, 3 and 4 stages, rows whose first 200 /
-   600 slots are skipped. o relative error (Frobenius, rows with a valid slot) and lse error (relative past 1).
-2. The serving shapes: 64 requests x 5 tokens (and x 1, x 8; 8 x 1) x top-k 2048 over a 1M-token pool, H = 16 and
-   12; each variant checked on its first rows against the reference, then timed (``do_bench`` median); a table of
-   ms, TB/s of gathered bytes (352 a slot), % of the copy ceiling, the ratio to the Triton route and to FlashMLA.
+   600 slots are skipped. o relative error (Frobenius, rows with a valid slot) and lse error (relative past 1). Each
+   case with fixed splits and on the balanced schedule (``programs`` 7 and 264: pieces across rows, one step each).
+2. The serving shapes: 64 requests x 5 tokens (and x 1, x 8; 8 x 1; 66 x 3, one full wave of three programs a SM)
+   x top-k 2048 over a 1M-token pool, H = 16 and 12; each variant checked on its first rows against the reference
+   (the balanced schedule's, three and two programs a SM, also every row against the fixed splits), then timed
+   (``do_bench`` median); a table of ms, TB/s of gathered bytes (352 a slot), % of the copy ceiling, the ratio to the
+   Triton route and to FlashMLA.
 
 Exits with one ``error:`` line when a check fails (after timing what passed).
 """

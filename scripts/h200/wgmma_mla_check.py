@@ -9,14 +9,16 @@ Usage (on a CUDA machine, from the repository root)::
    with a partial last one, per-record magnitudes 2^-6..2^6 (scales spread over 12 binades), a strided pool (blocks not
    back to back), 16-slot blocks, bf16 queries scaled by 1e-20 and 1e20, records whose codes are all e4m3's largest
    (where the FP8 logits' accumulation was at its worst), 2 and 3 stages, rows whose first 200 / 600 slots are skipped
-   and whose later records are 4x larger (the kept maxima move late). The lse error is relative to the largest of |lse|,
-   the row's largest sum |q k| and 1 (an FP8-accumulated logit's error grew with its products' magnitudes, not with
-   their cancelling sum: the kernel's logits were FP8 MMAs until the thirty-seventh session).
-2. The serving shape: 64 requests x 5 tokens (and x 1, x 8) x top-k 2048 over a 1M-token fp8_ds_mla pool (656 MB,
-   larger than the L2), H = 16 and 12; each variant (and earlier commits' kernels where modules named
+   and whose later records are 4x larger (the kept maxima move late); each with fixed splits and on the balanced
+   schedule (``programs`` 7 and 264: pieces across rows, one step each). The lse error is relative to the largest of
+   |lse|, the row's largest sum |q k| and 1 (an FP8-accumulated logit's error grew with its products' magnitudes, not
+   with their cancelling sum: the kernel's logits were FP8 MMAs until the thirty-seventh session).
+2. The serving shape: 64 requests x 5 tokens (and x 1, x 8; 66 x 4, two full waves of two programs a SM) x top-k 2048
+   over a 1M-token fp8_ds_mla pool (656 MB, larger than the L2), H = 16 and 12; each variant (the balanced schedule's,
+   two programs a SM, also every row against the fixed splits; and earlier commits' kernels where modules named
    :data:`BASELINE_PREFIX`... are present: the thirty-sixth session timed bc0171a's beside its own) checked on its
-   first rows against the reference,
-   then timed (``do_bench`` median); a table of ms, TB/s of gathered bytes, % of the copy ceiling, FlashMLA / ours.
+   first rows against the reference, then timed (``do_bench`` median); a table of ms, TB/s of gathered bytes, % of
+   the copy ceiling, FlashMLA / ours.
 
 Exits with one ``error:`` line when a check fails (after timing what passed).
 """
