@@ -351,6 +351,7 @@ def split_outputs(q: torch.Tensor, k: int, split_size, programs: int | None = No
     tokens, heads = q.shape[0], q.shape[1]
     if programs is not None and k > 0 and tokens > 0:
         splits = parts_bound(tokens, k, programs)
+        split_size = k if split_size is None else split_size  # (unread by a balanced launch)
     elif split_size is None or split_size >= k:
         split_size, splits = max(k, 1), 1
     else:
