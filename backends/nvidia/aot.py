@@ -476,8 +476,8 @@ def _wgmma_variants() -> list[Variant]:
 
 
 def _wgmma_fp4_variants() -> list[Variant]:
-    """The wgmma NVFP4 kernel (``sparse_mla_wgmma_fp4``) as the backend launches it (``config.WGMMA_NVFP4``, and
-    ``config.WGMMA_NVFP4_MANY`` for large calls in default mode): bf16 queries, NVFP4 pages of back-to-back 64-token
+    """The wgmma NVFP4 kernel (``sparse_mla_wgmma_fp4``) as the backend launches it (``config.WGMMA_NVFP4``, also on
+    the balanced schedule, and ``config.WGMMA_NVFP4_MANY``): bf16 queries, NVFP4 pages of back-to-back 64-token
     blocks under 2 GiB (flat, 32-bit offsets)."""
     from ..triton_kernels import sparse_mla_wgmma_fp4 as fp4_mla
     from . import config
@@ -485,8 +485,8 @@ def _wgmma_fp4_variants() -> list[Variant]:
     out = []
     one, many = config.WGMMA_NVFP4, config.WGMMA_NVFP4_MANY
     for stages, maxnreg, in_flight, balanced in ((one["stages"], None, one["in_flight"], False),
-                                                 (many["stages"], many["maxnreg"], many["in_flight"], False),
-                                                 (many["stages"], many["maxnreg"], many["in_flight"], True)):
+                                                 (one["stages"], None, one["in_flight"], True),
+                                                 (many["stages"], many["maxnreg"], many["in_flight"], False)):
         out.append(Variant(
             f"sparse MLA few heads, wgmma, nvfp4, H=16, {stages} stages, {in_flight} logit MMA(s) in flight"
             + (f", {maxnreg} registers" if maxnreg else "") + (", balanced" if balanced else ""),

@@ -95,18 +95,18 @@ WGMMA_NVFP4_MANY = dict(from_tokens=256, stages=2, maxnreg=168, in_flight=1)
 # the fixed 1024 (a split chosen by batch size would make a row's sums depend on its batch).
 WGMMA_NVFP4_SMALL_SPLITS = ((32, 256), (64, 512))
 # The balanced schedule (triton_kernels.balanced) of the wgmma kernels, for default mode: as many programs as run at
-# once (WGMMA_PROGRAMS_PER_SM a SM: the few-heads kernel's 247 registers and the NVFP4 kernel's 3 stages two, its
-# 168-register launch three) share a call's 64-slot steps equally, instead of a program a 1024-slot split whose last
-# wave runs part-empty (640 programs at 64 x 5 tokens are 2.4 waves of 264 on 132 SMs; on an H100 in the
-# thirty-seventh session 64 x 8 tokens ran at 0.88x 64 x 5's time a token on the same kernel, and the NVFP4 kernel's
-# 64 x 5 and 64 x 8 times stood 2 : 3, their wave counts). WGMMA_BALANCED_FROM_TOKENS: the token count from which
-# default mode takes it; None (off) until it has run on a GPU: built in the thirty-eighth session, compiled for sm_90
-# (the fixed launches' step loops unchanged), its schedule model tested here, no device lent to run it
-# (scripts/h200/wgmma_mla_check.py and wgmma_fp4_check.py check it against the reference and time it beside the
-# fixed splits). Batch-invariant mode keeps the fixed splits whatever this says (a piece's split points follow the
-# batch).
-WGMMA_BALANCED_FROM_TOKENS = None
-WGMMA_PROGRAMS_PER_SM = {"few_heads": 2, "nvfp4": 2, "nvfp4_many": 3}
+# once (WGMMA_PROGRAMS_PER_SM a SM: the few-heads kernel's 247 registers and the NVFP4 kernel's 3 stages let two share
+# a SM) share a call's 64-slot steps equally, instead of a program a 1024-slot split whose last wave runs part-empty
+# (640 programs at 64 x 5 tokens are 2.4 waves of 264 on 132 SMs). WGMMA_BALANCED_FROM_TOKENS: by record format, the
+# query-token count from which default mode takes it (a format absent: never). Thirty-ninth session, H100, R1
+# (scripts/h200/wgmma_mla_check.py, wgmma_fp4_check.py; every row checked against the fixed splits first), ms, fixed /
+# balanced: fp8_ds_mla H = 16 64 x 5 0.2404 / 0.2156 (1.115x; FlashMLA / ours 1.30x -> 1.45x), H = 12 1.104x, 64 x 8
+# 1.029x, 66 x 4 1.074x, but 64 x 1 0.0649 (512-slot splits) / 0.0692; NVFP4 (balanced on its 3-stage launch) 64 x 5
+# 0.1886 (168 registers, three a SM) / 0.1794, H = 12 0.1957 / 0.1747, 64 x 8 0.2805 / 0.2645, 64 x 1 0.0655 / 0.0633,
+# 66 x 3 0.1516 (3 stages) / 0.1227. Per-tensor FP8 records: not yet timed on it, so not taken. Batch-invariant mode
+# keeps the fixed splits whatever this says (a piece's split points follow the batch).
+WGMMA_BALANCED_FROM_TOKENS = {"fp8_ds_mla": 256, "nvfp4": 64}
+WGMMA_PROGRAMS_PER_SM = 2
 
 
 _batch_invariant: bool | None = None

@@ -64,12 +64,13 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
     slots as the logit wgmma's M side; :func:`wgmma_launch` its launch parameters."""
     from dsahal.backends.triton_kernels.sparse_mla_wgmma import sparse_mla_wgmma as launch  # (imports Gluon)
 
-    return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **wgmma_launch(q.shape[0], q.device))
+    return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale,
+                  **wgmma_launch(q.shape[0], q.device, kv_fmt))
 
 
 def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
     """The wgmma NVFP4 kernel (nvfp4 latents, 16 heads a program, sm_90): the codes decoded exactly into fp16 MMA operands,
-    the gathered slots the logit wgmma's M side; :func:`wgmma_fp4_launch` its launch (a fixed split: batch invariant)."""
+    the gathered slots the logit wgmma's M side; :func:`wgmma_fp4_launch` its launch."""
     from dsahal.backends.triton_kernels.sparse_mla_wgmma_fp4 import sparse_mla_wgmma_fp4 as launch  # (imports Gluon)
 
     return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **wgmma_fp4_launch(q.shape[0], q.device))
@@ -77,41 +78,47 @@ def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
 
 def wgmma_fp4_launch(tokens: int, device=None) -> dict:
     """The wgmma NVFP4 kernel's launch parameters for a call of ``tokens`` query tokens on ``device``:
-    ``config.WGMMA_NVFP4``; in default mode ``config.WGMMA_NVFP4_MANY``'s three programs a SM from its token count,
-    ``config.WGMMA_NVFP4_SMALL_SPLITS``' smaller splits below theirs, and from ``config.WGMMA_BALANCED_FROM_TOKENS``
-    tokens the balanced schedule (``device`` None: without it)."""
+    ``config.WGMMA_NVFP4`` (fixed splits: batch invariant); in default mode the balanced schedule from
+    ``config.WGMMA_BALANCED_FROM_TOKENS["nvfp4"]`` tokens (``device`` None: never), else ``config.WGMMA_NVFP4_MANY``'s
+    three programs a SM from its token count and ``config.WGMMA_NVFP4_SMALL_SPLITS``' smaller splits below theirs."""
     if config.batch_invariant():
         return config.WGMMA_NVFP4
+    balanced = _balanced(config.WGMMA_NVFP4, tokens, device, "nvfp4")
+    if balanced is not None:
+        return balanced
     many = config.WGMMA_NVFP4_MANY
     if tokens >= many["from_tokens"]:
-        launch = dict(config.WGMMA_NVFP4, stages=many["stages"], maxnreg=many["maxnreg"], in_flight=many["in_flight"])
-        return _balanced(launch, tokens, device, "nvfp4_many")
+        return dict(config.WGMMA_NVFP4, stages=many["stages"], maxnreg=many["maxnreg"], in_flight=many["in_flight"])
     for below, split_size in config.WGMMA_NVFP4_SMALL_SPLITS:
         if tokens < below:
             return dict(config.WGMMA_NVFP4, split_size=split_size)
-    return _balanced(config.WGMMA_NVFP4, tokens, device, "nvfp4")
+    return config.WGMMA_NVFP4
 
 
-def wgmma_launch(tokens: int, device=None) -> dict:
-    """The wgmma few-heads kernel's launch parameters for a call of ``tokens`` query tokens on ``device``:
-    ``config.WGMMA_FEW_HEADS``, in default mode with ``config.WGMMA_SMALL_SPLITS``' smaller splits (more programs)
-    below their token counts and the balanced schedule from ``config.WGMMA_BALANCED_FROM_TOKENS`` (``device`` None:
-    without it)."""
+def wgmma_launch(tokens: int, device=None, kv_fmt: str = "fp8_ds_mla") -> dict:
+    """The wgmma few-heads kernel's launch parameters for a call of ``tokens`` query tokens of ``kv_fmt`` records on
+    ``device``: ``config.WGMMA_FEW_HEADS`` (fixed splits: batch invariant); in default mode the balanced schedule from
+    ``config.WGMMA_BALANCED_FROM_TOKENS[kv_fmt]`` tokens (``device`` None: never), else ``config.WGMMA_SMALL_SPLITS``'
+    smaller splits (more programs) below their token counts."""
     if config.batch_invariant():
         return config.WGMMA_FEW_HEADS
+    balanced = _balanced(config.WGMMA_FEW_HEADS, tokens, device, kv_fmt)
+    if balanced is not None:
+        return balanced
     for below, split_size in config.WGMMA_SMALL_SPLITS:
         if tokens < below:
             return dict(config.WGMMA_FEW_HEADS, split_size=split_size)
-    return _balanced(config.WGMMA_FEW_HEADS, tokens, device, "few_heads")
+    return config.WGMMA_FEW_HEADS
 
 
-def _balanced(launch: dict, tokens: int, device, kernel: str) -> dict:
-    """``launch`` with the balanced schedule's program count (``config.WGMMA_PROGRAMS_PER_SM[kernel]`` a SM of
-    ``device``) where default mode takes it for ``tokens`` query tokens; else ``launch``."""
-    start = config.WGMMA_BALANCED_FROM_TOKENS
+def _balanced(launch: dict, tokens: int, device, kv_fmt: str) -> dict | None:
+    """``launch`` on the balanced schedule (``config.WGMMA_PROGRAMS_PER_SM`` programs a SM of ``device``) where default
+    mode takes it for ``tokens`` query tokens of ``kv_fmt`` records (``config.WGMMA_BALANCED_FROM_TOKENS``); else
+    None."""
+    start = config.WGMMA_BALANCED_FROM_TOKENS.get(kv_fmt)
     if device is None or start is None or tokens < start:
-        return launch
-    return dict(launch, programs=config.WGMMA_PROGRAMS_PER_SM[kernel] * _multiprocessors(device))
+        return None
+    return dict(launch, programs=config.WGMMA_PROGRAMS_PER_SM * _multiprocessors(device))
 
 
 @functools.lru_cache(maxsize=None)
