@@ -86,6 +86,9 @@ WGMMA_MIN_TOKENS = 16
 # run): two logit MMAs in flight at 3 stages (in_flight, 229 registers) 0.2276 / 0.2092 / 0.3410 ms against 0.2340 /
 # 0.2151 / 0.3465 with one (1.02-1.03x), the same sums (its checks the same errors to the digit); under the 168-register
 # cap it spills, so the three-programs launch keeps one.
+# Since the thirty-ninth session default mode takes the balanced schedule (below) from fewer tokens than this launch's
+# threshold (3 stages, two programs a SM: 1.05-1.12x this launch at 64 x 5 and 64 x 8), so a call reaches this launch
+# only where the balanced schedule is not taken (no device given, a format the table leaves out).
 WGMMA_NVFP4 = dict(stages=3, split_size=1024, in_flight=2)
 WGMMA_NVFP4_MANY = dict(from_tokens=256, stages=2, maxnreg=168, in_flight=1)
 # In default mode calls of few query tokens take smaller splits (more programs): (below this many tokens, slots a
@@ -98,14 +101,18 @@ WGMMA_NVFP4_SMALL_SPLITS = ((32, 256), (64, 512))
 # once (WGMMA_PROGRAMS_PER_SM a SM: the few-heads kernel's 247 registers and the NVFP4 kernel's 3 stages let two share
 # a SM) share a call's 64-slot steps equally, instead of a program a 1024-slot split whose last wave runs part-empty
 # (640 programs at 64 x 5 tokens are 2.4 waves of 264 on 132 SMs). WGMMA_BALANCED_FROM_TOKENS: by record format, the
-# query-token count from which default mode takes it (a format absent: never). Thirty-ninth session, H100, R1
-# (scripts/h200/wgmma_mla_check.py, wgmma_fp4_check.py; every row checked against the fixed splits first), ms, fixed /
-# balanced: fp8_ds_mla H = 16 64 x 5 0.2404 / 0.2156 (1.115x; FlashMLA / ours 1.30x -> 1.45x), H = 12 1.104x, 64 x 8
-# 1.029x, 66 x 4 1.074x, but 64 x 1 0.0649 (512-slot splits) / 0.0692; NVFP4 (balanced on its 3-stage launch) 64 x 5
-# 0.1886 (168 registers, three a SM) / 0.1794, H = 12 0.1957 / 0.1747, 64 x 8 0.2805 / 0.2645, 64 x 1 0.0655 / 0.0633,
-# 66 x 3 0.1516 (3 stages) / 0.1227. Per-tensor FP8 records: not yet timed on it, so not taken. Batch-invariant mode
-# keeps the fixed splits whatever this says (a piece's split points follow the batch).
-WGMMA_BALANCED_FROM_TOKENS = {"fp8_ds_mla": 256, "nvfp4": 64}
+# query-token count from which default mode takes it (a format absent: never). Thirty-ninth session, H100 (every
+# launch checked against the reference and every row against the fixed splits first; BENCHMARKS.md). R1
+# (scripts/h200/wgmma_mla_check.py, wgmma_fp4_check.py, do_bench ms, fixed / balanced): fp8_ds_mla H = 16 64 x 5 0.2404
+# / 0.2156 (1.115x; FlashMLA / ours 1.30x -> 1.45x), H = 12 1.104x, 64 x 8 1.029x, 66 x 4 1.074x; NVFP4 (balanced on
+# its 3-stage launch) 64 x 5 0.1886 (168 registers, three a SM) / 0.1794, H = 12 0.1957 / 0.1747, 64 x 8 0.2805 /
+# 0.2645, 66 x 3 0.1516 (3 stages) / 0.1227. R2 (scripts/h200/balanced_sweep.py, GPU us from CUDA-graph replays, H = 16,
+# n x 2048 slots, fixed / balanced): fp8_ds_mla 64 57.2 / 61.5, 128 90.3 / 98.5, 192 154.0 / 135.5 (1.136x);
+# per-tensor FP8 64 47.3 / 52.9, 128 74.7 / 82.3, 192 122.4 / 111.4 (1.099x); NVFP4 64 58.4 / 56.7 (1.03x), 128 79.7 /
+# 84.9, 192 139.4 / 112.0 (1.245x). So each format from 192 tokens, the first count measured faster (the crossing lies
+# between 128 and 192; NVFP4's small win at 64 is left). Batch-invariant mode keeps the fixed splits whatever this says
+# (a piece's split points follow the batch).
+WGMMA_BALANCED_FROM_TOKENS = {"fp8_ds_mla": 192, "fp8": 192, "nvfp4": 192}
 WGMMA_PROGRAMS_PER_SM = 2
 
 
