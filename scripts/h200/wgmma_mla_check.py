@@ -111,14 +111,15 @@ def edge_cases(torch, failures):
                 failures.append(case)
 
 
-def check(torch, fn, q, pages, slots, fmt="fp8_ds_mla"):
-    """``fn()``'s first rows against the float64 reference on ``pages`` (``fmt`` records) -> (ok, message)."""
+def check(torch, fn, q, pages, slots, fmt="fp8_ds_mla", kv_scale=None):
+    """``fn()``'s first rows against the float64 reference on ``pages`` (``fmt`` records; per-tensor FP8: their
+    ``kv_scale``) -> (ok, message)."""
     from dsahal.reference.sparse_mla import sparse_mla as reference
 
     o, lse = fn()
     torch.cuda.synchronize()
     rows = min(CHECK_ROWS, q.shape[0])
-    want_o, want_lse = reference(q[:rows], pages, slots[:rows], fmt, None, SOFTMAX_SCALE)
+    want_o, want_lse = reference(q[:rows], pages, slots[:rows], fmt, kv_scale, SOFTMAX_SCALE)
     o_err = float((o[:rows].double() - want_o.double()).norm() / want_o.double().norm())
     finite = torch.isfinite(want_lse)
     lse_err = float((lse[:rows].float()[finite] - want_lse.float()[finite]).abs().max())
