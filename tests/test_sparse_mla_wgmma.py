@@ -481,10 +481,13 @@ def test_default_mode_takes_the_balanced_schedule_from_its_token_count(monkeypat
     monkeypatch.setattr(ops, "_multiprocessors", lambda device: 132)
     monkeypatch.setattr(config, "batch_invariant", lambda: False)
     programs = config.WGMMA_PROGRAMS_PER_SM * 132
-    for fmt, launch, base in (("fp8_ds_mla", ops.wgmma_launch, config.WGMMA_FEW_HEADS),
-                              ("nvfp4", lambda n, device: ops.wgmma_fp4_launch(n, device), config.WGMMA_NVFP4)):
+    for fmt, launch, base, small_splits in (
+            ("fp8_ds_mla", ops.wgmma_launch, config.WGMMA_FEW_HEADS, config.WGMMA_SMALL_SPLITS),
+            ("fp8", lambda n, device: ops.wgmma_launch(n, device, "fp8"), config.WGMMA_FEW_HEADS,
+             config.WGMMA_SMALL_SPLITS),
+            ("nvfp4", ops.wgmma_fp4_launch, config.WGMMA_NVFP4, config.WGMMA_NVFP4_SMALL_SPLITS)):
         start = config.WGMMA_BALANCED_FROM_TOKENS[fmt]
-        assert start >= config.WGMMA_SMALL_SPLITS[-1][0]  # the small splits' calls keep them
+        assert start >= small_splits[-1][0]  # the small splits' calls keep them
         assert launch(start, "cuda") == dict(base, programs=programs)
         assert launch(4096, "cuda") == dict(base, programs=programs)
         assert "programs" not in launch(start - 1, "cuda")
