@@ -328,10 +328,14 @@ def check_launch(name: str, heads: int, block_n: int, split_size, max_heads: int
         raise ValueError(f"{name}: split_size expected None or >= 1, got {split_size}")
 
 
-def check_programs(name: str, programs) -> None:
-    """A balanced launch's program count (:mod:`.balanced`): None (fixed splits) or an int >= 1."""
+def programs_per_group(name: str, programs, heads: int, head_group: int):
+    """A balanced launch's program count (:mod:`.balanced`), checked (None: fixed splits, or an int >= 1), as the
+    programs each group of ``head_group`` heads gets (the groups share the GPU; at least one)."""
     if programs is not None and (type(programs) is not int or programs < 1):
         raise ValueError(f"{name}: programs expected None or an int >= 1, got {programs!r}")
+    if programs is None or heads == 0:
+        return programs
+    return max(1, programs // -(-heads // head_group))
 
 
 def unit_stride_and_outputs(q: torch.Tensor, slots: torch.Tensor, split_size, programs: int | None = None):

@@ -71,7 +71,7 @@ from .sparse_mla import LOG2E
 from .partials import bounded_partials
 from .sparse_mla_gluon import (RECORD_BYTES, _as_f16, _rows, head_group, launch_over_tokens, records_refusal,
                                unserved)
-from .sparse_mla_small_heads_raw import check_launch, check_programs, unit_stride_and_outputs
+from .sparse_mla_small_heads_raw import check_launch, programs_per_group, unit_stride_and_outputs
 
 # Triton 3.6 (the H200's) names the copy async_copy_global_to_shared; later releases renamed it async_load
 _async_copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -701,9 +701,7 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     check_launch(name, heads, 64, split_size, max_heads=None)
     if stages not in (2, 3):
         raise ValueError(f"{name}: stages expected 2 or 3, got {stages}")
-    check_programs(name, programs)
-    if programs is not None:  # (the programs a head group: the groups share the GPU)
-        programs = max(1, programs // -(-heads // HEAD_GROUP)) if heads else programs
+    programs = programs_per_group(name, programs, heads, HEAD_GROUP)
     k = slots.shape[1]
     q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size, programs)
     if tokens == 0 or heads == 0:

@@ -57,7 +57,7 @@ from .indexer_gluon import _view
 from .sparse_mla import LOG2E
 from .partials import bounded_partials
 from .sparse_mla_gluon import _as_f16, _rows, head_group, launch_over_tokens, records_refusal, unserved
-from .sparse_mla_small_heads_raw import check_launch, check_programs, unit_stride_and_outputs
+from .sparse_mla_small_heads_raw import check_launch, programs_per_group, unit_stride_and_outputs
 from .sparse_mla_wgmma import (_QUERY, _logit_layout, _query_runs, _row_scale16, _runs_amax,
                                mark_unused_parts, online_softmax, piece, program_steps, softmax_totals)
 
@@ -557,9 +557,7 @@ def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *,
         raise ValueError(f"{name}: stages expected 2, 3 or 4, got {stages}")
     if in_flight not in (1, 2):
         raise ValueError(f"{name}: in_flight expected 1 or 2, got {in_flight}")
-    check_programs(name, programs)
-    if programs is not None:  # (the programs a head group: the groups share the GPU)
-        programs = max(1, programs // -(-heads // HEAD_GROUP)) if heads else programs
+    programs = programs_per_group(name, programs, heads, HEAD_GROUP)
     k = slots.shape[1]
     q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size, programs)
     if tokens == 0 or heads == 0:
