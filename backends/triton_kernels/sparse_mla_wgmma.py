@@ -421,40 +421,37 @@ def mark_unused_parts(lse_row, stride_ls, part, parts, head_ok):
 
 
 @gluon.jit
-def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
-                  stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
-                  logit_scale, kv_scale_ptr, t, start, end, part, codes_s, rope_s, scale_s, p_s, q_s, q_rope,
-                  STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr, FP8: gl.constexpr,
-                  ALIGNED: gl.constexpr, BALANCED: gl.constexpr):
-    """Row ``t``'s slots ``start .. end`` (a split, or a piece of the balanced schedule): the first steps' gathers
-    issued, the queries scaled into ``q_s`` / ``q_rope``, the steps' online softmax, the fp32 partial (or, with one
-    part, the final bf16 row) stored as part ``part``; on the balanced schedule a row's last piece marks its unused
-    parts ``lse = -inf`` (``parts`` of them in all). The caller has every warp past its previous use of the buffers."""
-    W: gl.constexpr = _logit_layout()  # the logit MMAs' accumulators [64 slots, 16 heads]
-    LOGIT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=W, k_width=2)  # their register A operands
-    ROWS: gl.constexpr = gl.SliceLayout(1, W)  # [64] per slot
-    HEADS: gl.constexpr = gl.SliceLayout(0, W)  # [16] per head
-    PV: gl.constexpr = _pv_layout()  # the value MMA's accumulator [4 parts, 16 heads, 128 n]
-    DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=PV, k_width=2)
-    DOT_B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=PV, k_width=2)
-    PV_HEADS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, PV))
-    PV_PARTS: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, PV))
-    slot_row = slots_ptr + t * stride_st
-    if ALIGNED:
-        start = gl.multiple_of(start, 64)
-    steps = gl.cdiv(end - start, TILE)
-    for j in gl.static_range(STAGES - 1):
-        if j < steps:
-            sc, sr, ss = _copy_slots(slot_row, start + j * TILE, end, FP8)
-            _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens, codes_s.index(j), rope_s.index(j),
-                   scale_s.index(j), FLAT, OFF32, FP8)
-        async_copy.commit_group()
-    ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end, FP8)
-    here = _slot_rows(slot_row, start, end, ROWS)  # step 0's slots, for its mask
+def step_row(g, S):
+    """Global step ``g`` of the balanced schedule (``S`` steps a row): its row and the row's first slot it covers
+    (int32; :func:`program_steps`)."""
+    t = g // S
+    return t, (g - t * S) * TILE
 
-    # the queries: each head scaled by a power of two into fp16 (its largest in [2^13, 2^14): exact but for values
-    # below 2^-27 of it), in the chunks' column order; FP8 records: the RoPE dims too (e4m3 codes), fp8_ds_mla: the
-    # RoPE dims as they are (bf16 values, a bf16 MMA)
+
+@gluon.jit
+def next_step(t, n, K):
+    """The step after the one at row ``t``, slots ``n ..`` (rows of ``K`` slots in 64-slot steps, row-major): the
+    stream's positions advance without a division a step."""
+    more = n + TILE < K
+    return gl.where(more, t, t + 1), gl.where(more, n + TILE, 0)
+
+
+@gluon.jit
+def piece_ends(g, g1, n, K):
+    """Whether step ``g`` (slots ``n ..`` of its row) of a program ending at ``g1`` ends its piece (the program's last
+    step or the row's), and whether it ends the row (the row's last piece: :func:`mark_unused_parts`)."""
+    row_ends = n + TILE >= K
+    return (g + 1 == g1) | row_ends, row_ends
+
+
+@gluon.jit
+def _queries(q_ptr, stride_qt, stride_qh, t, H, q_s, q_rope, logit_scale, kv_scale_ptr, FP8: gl.constexpr):
+    """Row ``t``'s queries into ``q_s`` / ``q_rope``: each head scaled by a power of two into fp16 (its largest in
+    [2^13, 2^14): exact but for values below 2^-27 of it), in the chunks' column order; FP8 records: the RoPE dims
+    too (e4m3 codes), fp8_ds_mla: the RoPE dims as they are (bf16 values, a bf16 MMA). Returns ``(head_scale [16]``
+    (the logits' factor a head, NaN for a head holding Inf or NaN), the tiles' first running scale maximum: FP8 the
+    tensor scale, else 0). The caller has every warp past its previous MMA on the buffers."""
+    HEADS: gl.constexpr = gl.SliceLayout(0, _logit_layout())
     qh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, gl.SliceLayout(2, _QUERY)))
     q_rows = q_ptr + t * stride_qt + qh[:, None, None] * stride_qh
     head_ok = (qh < H)[:, None, None]
@@ -475,96 +472,111 @@ def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
         _store_columns(rope_runs, up, q_rope)
         kv_scale = gl.load(kv_scale_ptr)
         head_scale = gl.convert_layout(down * (kv_scale * logit_scale), HEADS)  # every code x the tensor scale
+        first_maximum = kv_scale
     else:
         q_rope.store(gl.reshape(rope_runs, [BLOCK_H, 64]))
-        head_scale = gl.convert_layout(down * logit_scale, HEADS)  # NaN for a head holding Inf or NaN
-    fence_async_shared()  # the queries' stores, before the first wgmma reads them (after the first barrier)
+        head_scale = gl.convert_layout(down * logit_scale, HEADS)
+        first_maximum = logit_scale * 0.0  # (an fp32 scalar: loop-carried)
+    fence_async_shared()  # the queries' stores, before the first wgmma reads them (after the next barrier)
+    return head_scale, first_maximum
 
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS)
-    l_acc = gl.zeros([TILE, BLOCK_H], gl.float32, W)  # per-thread partial sums of p, summed at the end
-    # M_c, the largest tile-c scale of the split's slots so far (a running maximum, raised step by step):
-    # P_c = p · σ_c / M_c <= 1 in fp16, the accumulated values of tile c taking M_old / M_new when it rises, the
-    # output times M_c at the end; FP8 records: P_c = p, the output times the tensor scale
+
+@gluon.jit
+def _step(i, issue_ahead, ahead_c, ahead_r, ahead_s, next_row, next_n0, next_end, here, here_row, here_n0, here_end,
+          pages_u8, s8_b, s8_t, num_slots, block_tokens, logit_scale, head_scale, m_i, l_acc, acc, b0, b1, b2, b3,
+          codes_s, rope_s, scale_s, p_s, q_s, q_rope, STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr,
+          FP8: gl.constexpr):
+    """One 64-slot step of a piece: the ``i``-th a program runs (its stage ``i % STAGES``), whose slots ``here`` are
+    (-1 skipped); the copies of the step ``STAGES - 1`` ahead (slots ``ahead_*``) issued when ``issue_ahead``, then the
+    slot indices of the step after that (``next_row`` from slot ``next_n0``, up to ``next_end``) loaded, and those of
+    the next step (``here_row`` / ``here_n0`` / ``here_end``) for its mask; the logits, online softmax and value MMAs.
+    Returns the carried state: ``(ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc, b0, b1, b2, b3)``."""
+    W: gl.constexpr = _logit_layout()  # the logit MMAs' accumulators [64 slots, 16 heads]
+    LOGIT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=W, k_width=2)  # their register A operands
+    ROWS: gl.constexpr = gl.SliceLayout(1, W)  # [64] per slot
+    PV: gl.constexpr = _pv_layout()  # the value MMA's accumulator [4 parts, 16 heads, 128 n]
+    DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=PV, k_width=2)
+    DOT_B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=PV, k_width=2)
+    PV_HEADS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, PV))
+    PV_PARTS: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, PV))
+    zeros = gl.zeros([TILE, BLOCK_H], gl.float32, W)  # (the first chunk MMAs' unread accumulator)
+    stage = i % STAGES
+    async_copy.wait_group(STAGES - 2)  # this thread's copies of step i have landed
+    fence_async_shared()  # (cp.async writes through the generic proxy, the wgmma reads through the async one)
+    _barrier()  # everyone's have; every warp is done with step i - 1's stage and P
+    if issue_ahead:
+        nxt = (i + STAGES - 1) % STAGES
+        _issue(pages_u8, ahead_c, ahead_r, ahead_s, num_slots, s8_b, s8_t, block_tokens, codes_s.index(nxt),
+               rope_s.index(nxt), scale_s.index(nxt), FLAT, OFF32, FP8)
+    async_copy.commit_group()
+    ahead_c, ahead_r, ahead_s = _copy_slots(next_row, next_n0, next_end, FP8)
+    valid = (here >= 0) & (here < num_slots)
+    here = _slot_rows(here_row, here_n0, here_end, ROWS)
+
+    codes = codes_s.index(stage)
+    # the RoPE MMA, then the chunks' (each read into registers while the MMA before it runs)
     if FP8:
-        b0 = kv_scale
-        b1 = kv_scale
-        b2 = kv_scale
-        b3 = kv_scale
+        ar = warpgroup_mma(_rope8_operand(rope_s.index(stage), LOGIT_A), q_rope.permute((1, 0)), zeros,
+                           use_acc=False, is_async=True)
     else:
-        b0 = logit_scale * 0.0  # (fp32 scalars: loop-carried)
-        b1 = b0
-        b2 = b0
-        b3 = b0
-    acc = gl.zeros([4, BLOCK_H, 128], gl.float32, PV)
-    zeros = gl.zeros([TILE, BLOCK_H], gl.float32, W)
-    for i in range(steps):
-        stage = i % STAGES
-        async_copy.wait_group(STAGES - 2)  # this thread's copies of step i have landed
-        fence_async_shared()  # (cp.async writes through the generic proxy, the wgmma reads through the async one)
-        _barrier()  # everyone's have; every warp is done with step i - 1's stage and P
-        ahead = i + STAGES - 1
-        if ahead < steps:
-            nxt = ahead % STAGES
-            _issue(pages_u8, ahead_c, ahead_r, ahead_s, num_slots, s8_b, s8_t, block_tokens, codes_s.index(nxt),
-                   rope_s.index(nxt), scale_s.index(nxt), FLAT, OFF32, FP8)
-        async_copy.commit_group()
-        ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (ahead + 1) * TILE, end, FP8)
-        valid = (here >= 0) & (here < num_slots)
-        here = _slot_rows(slot_row, start + (i + 1) * TILE, end, ROWS)
+        ar = warpgroup_mma(rope_s.index(stage), q_rope.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        s0 = _scale_row(scale_s.index(stage), 0).load(ROWS)  # σ_c of the step's slots
+        s1 = _scale_row(scale_s.index(stage), 1).load(ROWS)
+        s2 = _scale_row(scale_s.index(stage), 2).load(ROWS)
+        s3 = _scale_row(scale_s.index(stage), 3).load(ROWS)
+        t0, t1, t2, t3 = _step_scale_maxima(scale_s.index(stage))
+        b0, f0, r0 = _raise_maximum(b0, t0)
+        b1, f1, r1 = _raise_maximum(b1, t1)
+        b2, f2, r2 = _raise_maximum(b2, t2)
+        b3, f3, r3 = _raise_maximum(b3, t3)
+    ar, a0 = _logit_chunk(codes, 0, q_s, ar, zeros, LOGIT_A)  # tile t's sum a_t: its chunks 2 t and 2 t + 1
+    _, a0 = _logit_chunk(codes, 1, q_s, a0, zeros, LOGIT_A)
+    a0, a1 = _logit_chunk(codes, 2, q_s, a0, zeros, LOGIT_A)
+    _, a1 = _logit_chunk(codes, 3, q_s, a1, zeros, LOGIT_A)
+    a1, a2 = _logit_chunk(codes, 4, q_s, a1, zeros, LOGIT_A)
+    _, a2 = _logit_chunk(codes, 5, q_s, a2, zeros, LOGIT_A)
+    a2, a3 = _logit_chunk(codes, 6, q_s, a2, zeros, LOGIT_A)
+    _, a3 = _logit_chunk(codes, 7, q_s, a3, zeros, LOGIT_A)
+    a3 = warpgroup_mma_wait(0, deps=[a3])
+    if FP8:
+        s = (a0 + a1 + a2 + a3 + ar) * head_scale[None, :]
+    else:
+        nope = a0 * s0[:, None] + a1 * s1[:, None] + a2 * s2[:, None] + a3 * s3[:, None]
+        s = nope * head_scale[None, :] + ar * logit_scale
+    s = gl.where(valid[:, None], s, float("-inf"))
 
-        codes = codes_s.index(stage)
-        # the RoPE MMA, then the chunks' (each read into registers while the MMA before it runs)
-        if FP8:
-            ar = warpgroup_mma(_rope8_operand(rope_s.index(stage), LOGIT_A), q_rope.permute((1, 0)), zeros,
-                               use_acc=False, is_async=True)
-        else:
-            ar = warpgroup_mma(rope_s.index(stage), q_rope.permute((1, 0)), zeros, use_acc=False, is_async=True)
-            s0 = _scale_row(scale_s.index(stage), 0).load(ROWS)  # σ_c of the step's slots
-            s1 = _scale_row(scale_s.index(stage), 1).load(ROWS)
-            s2 = _scale_row(scale_s.index(stage), 2).load(ROWS)
-            s3 = _scale_row(scale_s.index(stage), 3).load(ROWS)
-            t0, t1, t2, t3 = _step_scale_maxima(scale_s.index(stage))
-            b0, f0, r0 = _raise_maximum(b0, t0)
-            b1, f1, r1 = _raise_maximum(b1, t1)
-            b2, f2, r2 = _raise_maximum(b2, t2)
-            b3, f3, r3 = _raise_maximum(b3, t3)
-        ar, a0 = _logit_chunk(codes, 0, q_s, ar, zeros, LOGIT_A)  # tile t's sum a_t: its chunks 2 t and 2 t + 1
-        _, a0 = _logit_chunk(codes, 1, q_s, a0, zeros, LOGIT_A)
-        a0, a1 = _logit_chunk(codes, 2, q_s, a0, zeros, LOGIT_A)
-        _, a1 = _logit_chunk(codes, 3, q_s, a1, zeros, LOGIT_A)
-        a1, a2 = _logit_chunk(codes, 4, q_s, a1, zeros, LOGIT_A)
-        _, a2 = _logit_chunk(codes, 5, q_s, a2, zeros, LOGIT_A)
-        a2, a3 = _logit_chunk(codes, 6, q_s, a2, zeros, LOGIT_A)
-        _, a3 = _logit_chunk(codes, 7, q_s, a3, zeros, LOGIT_A)
-        a3 = warpgroup_mma_wait(0, deps=[a3])
-        if FP8:
-            s = (a0 + a1 + a2 + a3 + ar) * head_scale[None, :]
-        else:
-            nope = a0 * s0[:, None] + a1 * s1[:, None] + a2 * s2[:, None] + a3 * s3[:, None]
-            s = nope * head_scale[None, :] + ar * logit_scale
-        s = gl.where(valid[:, None], s, float("-inf"))
+    p, alpha, m_i, l_acc = online_softmax(s, m_i, l_acc)
+    # [64, 16, 2, 2] with P_c at [.., c % 2, c // 2] (join adds its dim last), as [4, 64, 16] in tile order
+    if FP8:
+        pc = gl.join(gl.join(p, p), gl.join(p, p))
+        acc = acc * gl.convert_layout(alpha, PV_HEADS)[None, :, None]
+    else:
+        pc = gl.join(gl.join(p * (s0 * r0)[:, None], p * (s1 * r1)[:, None]),
+                     gl.join(p * (s2 * r2)[:, None], p * (s3 * r3)[:, None]))
+        # (the factor per part and head first: 2 a thread, then one multiply a value)
+        factor = gl.convert_layout(alpha, PV_HEADS)[None, :] * _per_part(f0, f1, f2, f3, PV_PARTS)[:, None]
+        acc = acc * factor[:, :, None]
+    p_s.store(gl.reshape(gl.permute(pc, (3, 2, 0, 1)), [4, TILE, BLOCK_H]).to(gl.float16))
+    _barrier()  # every warp's P stored
 
-        p, alpha, m_i, l_acc = online_softmax(s, m_i, l_acc)
-        # [64, 16, 2, 2] with P_c at [.., c % 2, c // 2] (join adds its dim last), as [4, 64, 16] in tile order
-        if FP8:
-            pc = gl.join(gl.join(p, p), gl.join(p, p))
-            acc = acc * gl.convert_layout(alpha, PV_HEADS)[None, :, None]
-        else:
-            pc = gl.join(gl.join(p * (s0 * r0)[:, None], p * (s1 * r1)[:, None]),
-                         gl.join(p * (s2 * r2)[:, None], p * (s3 * r3)[:, None]))
-            # (the factor per part and head first: 2 a thread, then one multiply a value)
-            factor = gl.convert_layout(alpha, PV_HEADS)[None, :] * _per_part(f0, f1, f2, f3, PV_PARTS)[:, None]
-            acc = acc * factor[:, :, None]
-        p_s.store(gl.reshape(gl.permute(pc, (3, 2, 0, 1)), [4, TILE, BLOCK_H]).to(gl.float16))
-        _barrier()  # every warp's P stored
+    values = _value_view(codes)
+    for kk in gl.static_range(4):  # 16 slots at a time: the B operand's registers
+        v = gl.convert_layout(_as_f16(values.slice(16 * kk, 16, dim=1).load(_LOAD)), DOT_B)
+        pa = p_s.slice(16 * kk, 16, dim=1).permute((0, 2, 1)).load(DOT_A)  # [4, 16 heads, 16 slots]
+        acc = mma_v2(pa, v, acc)
+    return ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc, b0, b1, b2, b3
 
-        values = _value_view(codes)
-        for kk in gl.static_range(4):  # 16 slots at a time: the B operand's registers
-            v = gl.convert_layout(_as_f16(values.slice(16 * kk, 16, dim=1).load(_LOAD)), DOT_B)
-            pa = p_s.slice(16 * kk, 16, dim=1).permute((0, 2, 1)).load(DOT_A)  # [4, 16 heads, 16 slots]
-            acc = mma_v2(pa, v, acc)
-    async_copy.wait_group(0)
 
+@gluon.jit
+def _store_piece(acc, l_acc, m_i, b0, b1, b2, b3, o_ptr, stride_os, stride_ot, stride_oh, lse_ptr, stride_ls,
+                 stride_lt, H, parts, t, part, row_ends, BALANCED: gl.constexpr):
+    """A piece's result as part ``part`` of row ``t``: the fp32 partial (or, with one part, the final bf16 row) and
+    its lse; on the balanced schedule the row's last piece (``row_ends``) marks its unused parts ``lse = -inf``."""
+    W: gl.constexpr = _logit_layout()
+    HEADS: gl.constexpr = gl.SliceLayout(0, W)  # [16] per head
+    PV: gl.constexpr = _pv_layout()
+    PV_HEADS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, PV))
+    PV_PARTS: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, PV))
     lse, inv_l = softmax_totals(l_acc, m_i, 1.0)
     norm = gl.convert_layout(inv_l, PV_HEADS)
     out = acc * (norm[None, :, None] * _per_part(b0, b1, b2, b3, PV_PARTS)[:, None, None])
@@ -580,8 +592,113 @@ def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
              mask=(oh < H)[None, :, None])
     lh = gl.arange(0, BLOCK_H, HEADS)
     gl.store(lse_ptr + part * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
-    if BALANCED and end == K:  # the row's last piece
+    if BALANCED and row_ends:  # the row's last piece
         mark_unused_parts(lse_ptr + t * stride_lt + lh, stride_ls, part, parts, lh < H)
+
+
+@gluon.jit
+def _fresh_state(first_maximum):
+    """A piece's starting softmax state: ``(m_i [16] -inf, l_acc [64, 16] 0, acc [4, 16, 128] 0`` and the tiles'
+    running scale maxima ``b0 .. b3 = first_maximum)``."""
+    W: gl.constexpr = _logit_layout()
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, W))
+    l_acc = gl.zeros([TILE, BLOCK_H], gl.float32, W)  # per-thread partial sums of p, summed at the end
+    acc = gl.zeros([4, BLOCK_H, 128], gl.float32, _pv_layout())
+    return m_i, l_acc, acc, first_maximum, first_maximum, first_maximum, first_maximum
+
+
+@gluon.jit
+def _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
+                  stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
+                  logit_scale, kv_scale_ptr, t, start, end, part, codes_s, rope_s, scale_s, p_s, q_s, q_rope,
+                  STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr, FP8: gl.constexpr,
+                  ALIGNED: gl.constexpr):
+    """(Fixed splits) Row ``t``'s slots ``start .. end``: the first steps' gathers issued, the queries scaled into
+    ``q_s`` / ``q_rope`` (overlapping their flight), the steps, the partial stored as part ``part``.
+    M_c, the largest tile-c scale of the split's slots so far (a running maximum, raised step by step): P_c = p · σ_c /
+    M_c <= 1 in fp16, the accumulated values of tile c taking M_old / M_new when it rises, the output times M_c at the
+    end; FP8 records: P_c = p, the output times the tensor scale."""
+    ROWS: gl.constexpr = gl.SliceLayout(1, _logit_layout())
+    slot_row = slots_ptr + t * stride_st
+    if ALIGNED:
+        start = gl.multiple_of(start, 64)
+    steps = gl.cdiv(end - start, TILE)
+    for j in gl.static_range(STAGES - 1):
+        if j < steps:
+            sc, sr, ss = _copy_slots(slot_row, start + j * TILE, end, FP8)
+            _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens, codes_s.index(j), rope_s.index(j),
+                   scale_s.index(j), FLAT, OFF32, FP8)
+        async_copy.commit_group()
+    ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end, FP8)
+    here = _slot_rows(slot_row, start, end, ROWS)  # step 0's slots, for its mask
+    head_scale, first_maximum = _queries(q_ptr, stride_qt, stride_qh, t, H, q_s, q_rope, logit_scale, kv_scale_ptr,
+                                         FP8)
+    m_i, l_acc, acc, b0, b1, b2, b3 = _fresh_state(first_maximum)
+    for i in range(steps):
+        ahead = i + STAGES - 1
+        ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc, b0, b1, b2, b3 = _step(
+            i, ahead < steps, ahead_c, ahead_r, ahead_s, slot_row, start + (ahead + 1) * TILE, end, here, slot_row,
+            start + (i + 1) * TILE, end, pages_u8, s8_b, s8_t, num_slots, block_tokens, logit_scale, head_scale, m_i,
+            l_acc, acc, b0, b1, b2, b3, codes_s, rope_s, scale_s, p_s, q_s, q_rope, STAGES, FLAT, OFF32, FP8)
+    async_copy.wait_group(0)
+    _store_piece(acc, l_acc, m_i, b0, b1, b2, b3, o_ptr, stride_os, stride_ot, stride_oh, lse_ptr, stride_ls,
+                 stride_lt, H, parts, t, part, end == K, False)
+
+
+@gluon.jit
+def _reduce_share(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
+                  stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
+                  logit_scale, kv_scale_ptr, tokens, codes_s, rope_s, scale_s, p_s, q_s, q_rope,
+                  STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr, FP8: gl.constexpr):
+    """(The balanced schedule) This program's share ``[g0, g1)`` of the call's 64-slot steps as one stream: the
+    gathers run ``STAGES - 1`` steps ahead across its pieces (a piece's first step never waits for its copies'
+    flight), each piece's result stored at its last step and the next row's queries scaled in behind it. Until the
+    fortieth session each piece was a split of its own (its first copies issued after the previous piece's last step:
+    a pipeline refill a piece)."""
+    ROWS: gl.constexpr = gl.SliceLayout(1, _logit_layout())
+    g0, g1, S, total = program_steps(tokens, K)
+    if g0 < g1:  # (the launcher gives every program a step: launch_programs)
+        for j in gl.static_range(STAGES - 1):
+            g = g0 + j
+            if g < g1:
+                tj, nj = step_row(g, S)
+                sc, sr, ss = _copy_slots(slots_ptr + tj.to(gl.int64) * stride_st, nj, K, FP8)
+                _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens, codes_s.index(j), rope_s.index(j),
+                       scale_s.index(j), FLAT, OFF32, FP8)
+            async_copy.commit_group()
+        # three positions in the stream, each advanced a step at a time: this step (t, n), the next (th, nh: its
+        # slots the next step's mask) and the one STAGES ahead of this (ta, na: its slot indices loaded this step, its
+        # copies issued next step); slot indices are read only for steps of this program (past g1 masked off: end 0)
+        t, n = step_row(g0, S)
+        th, nh = next_step(t, n, K)
+        ta, na = step_row(g0 + STAGES - 1, S)
+        ahead_c, ahead_r, ahead_s = _copy_slots(slots_ptr + ta.to(gl.int64) * stride_st, na,
+                                                gl.where(g0 + STAGES - 1 < g1, K, 0), FP8)
+        ta, na = next_step(ta, na, K)
+        here = _slot_rows(slots_ptr + t.to(gl.int64) * stride_st, n, K, ROWS)
+        head_scale, first_maximum = _queries(q_ptr, stride_qt, stride_qh, t.to(gl.int64), H, q_s, q_rope, logit_scale,
+                                             kv_scale_ptr, FP8)
+        m_i, l_acc, acc, b0, b1, b2, b3 = _fresh_state(first_maximum)
+        _, _, part = piece(t, g0, g1, S, total, K)  # the first piece's part; a row this program starts: part 0
+        for g in range(g0, g1):
+            ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc, b0, b1, b2, b3 = _step(
+                g - g0, g + STAGES - 1 < g1, ahead_c, ahead_r, ahead_s, slots_ptr + ta.to(gl.int64) * stride_st, na,
+                gl.where(g + STAGES < g1, K, 0), here, slots_ptr + th.to(gl.int64) * stride_st, nh,
+                gl.where(g + 1 < g1, K, 0), pages_u8, s8_b, s8_t, num_slots, block_tokens, logit_scale, head_scale, m_i,
+                l_acc, acc, b0, b1, b2, b3, codes_s, rope_s, scale_s, p_s, q_s, q_rope, STAGES, FLAT, OFF32, FP8)
+            ends, row_ends = piece_ends(g, g1, n, K)
+            if ends:
+                _store_piece(acc, l_acc, m_i, b0, b1, b2, b3, o_ptr, stride_os, stride_ot, stride_oh, lse_ptr,
+                             stride_ls, stride_lt, H, parts, t.to(gl.int64), part, row_ends, True)
+                part = 0
+                if g + 1 < g1:  # the next row's queries (every warp is past this step's logit MMAs: its P barrier)
+                    head_scale, first_maximum = _queries(q_ptr, stride_qt, stride_qh, th.to(gl.int64), H, q_s, q_rope,
+                                                         logit_scale, kv_scale_ptr, FP8)
+                    m_i, l_acc, acc, b0, b1, b2, b3 = _fresh_state(first_maximum)
+            t, n = th, nh
+            th, nh = next_step(th, nh, K)
+            ta, na = next_step(ta, na, K)
+        async_copy.wait_group(0)
 
 
 @gluon.jit(do_not_specialize=SIZE_ARGS)
@@ -623,24 +740,20 @@ def sparse_mla_wgmma_kernel(
         q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], _Q)
 
     if BALANCED:
-        g0, g1, S, total = program_steps(tokens, K)
-        for t in range(g0 // S, (g1 - 1) // S + 1):
-            start, end, part = piece(t, g0, g1, S, total, K)
-            _barrier()  # every warp done with the previous piece's stages, P and queries
-            _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
-                          stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
-                          logit_scale, kv_scale_ptr, t.to(gl.int64), start, end, part, codes_s, rope_s, scale_s, p_s,
-                          q_s, q_rope, STAGES, FLAT, OFF32, FP8, True, True)
+        _reduce_share(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
+                      stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
+                      logit_scale, kv_scale_ptr, tokens, codes_s, rope_s, scale_s, p_s, q_s, q_rope, STAGES, FLAT,
+                      OFF32, FP8)
     else:
         split = gl.program_id(0)
         start = split * split_size
         if ALIGNED:
             start = gl.multiple_of(start, 64)
-        _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
+        _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
                       stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
                       logit_scale, kv_scale_ptr, gl.program_id(1).to(gl.int64), start,
                       gl.minimum(start + split_size, K), split, codes_s, rope_s, scale_s, p_s, q_s, q_rope, STAGES,
-                      FLAT, OFF32, FP8, ALIGNED, False)
+                      FLAT, OFF32, FP8, ALIGNED)
 
 
 FORMATS = ("fp8_ds_mla", "fp8")  # the record formats this kernel reads (fp8: per-tensor scaled, 576 bytes)

@@ -59,7 +59,8 @@ from .partials import bounded_partials
 from .sparse_mla_gluon import _as_f16, _rows, head_group, launch_over_tokens, records_refusal, unserved
 from .sparse_mla_small_heads_raw import check_launch, programs_per_group, unit_stride_and_outputs
 from .sparse_mla_wgmma import (_QUERY, _logit_layout, _query_runs, _row_scale16, _runs_amax,
-                               mark_unused_parts, online_softmax, piece, program_steps, softmax_totals)
+                               mark_unused_parts, next_step, online_softmax, piece, piece_ends, program_steps,
+                               softmax_totals, step_row)
 
 _async_copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -347,40 +348,12 @@ def _rope_columns(x):
 
 
 @gluon.jit
-def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
-                  stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
-                  logit_scale, t, start, end, part, codes_s, rope_s, scale_s, p_s, q_s, q_rope_s,
-                  STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr, IN_FLIGHT: gl.constexpr,
-                  ALIGNED: gl.constexpr, BALANCED: gl.constexpr):
-    """Row ``t``'s slots ``start .. end`` (a split, or a piece of the balanced schedule): as the fp8_ds_mla kernel's
-    ``_reduce_piece``, on NVFP4 records."""
-    W: gl.constexpr = _logit_layout()  # the logit accumulator [64 slots, 16 heads]
-    ROWS: gl.constexpr = gl.SliceLayout(1, W)
-    HEADS: gl.constexpr = gl.SliceLayout(0, W)
-    DOT_Q: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=W, k_width=2)
-    PV: gl.constexpr = _pv_layout()  # the value accumulator [16 heads, 512]
-    DOT_P: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=PV, k_width=2)
-    DOT_V: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=PV, k_width=2)
-    PV_HEADS: gl.constexpr = gl.SliceLayout(1, PV)
-    slot_row = slots_ptr + t * stride_st
-    if ALIGNED:
-        start = gl.multiple_of(start, 64)
-    steps = gl.cdiv(end - start, TILE)
-    for j in gl.static_range(STAGES - 1):
-        if j < steps:
-            sc, sr, ss = _copy_slots(slot_row, start + j * TILE, end)
-            _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens,
-                   _view(codes_s.index(j), gl.uint8, [64, 256], _copy_view_layout()),
-                   _view(rope_s.index(j), gl.uint8, [64, 64], _ROW_MAJOR),
-                   _view(scale_s.index(j), gl.uint8, [64, 32], _ROW_MAJOR), FLAT, OFF32)
-        async_copy.commit_group()
-    ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end)
-    here_n = start + gl.arange(0, TILE, ROWS)
-    here = gl.load(slot_row + here_n, mask=here_n < end, other=-1)  # step 0's slots, for its mask
-
-    # the queries: each head scaled by a power of two over its 576 dims into fp16 (its largest in [2^13, 2^14)), the
-    # RoPE part twice that (the decoded values are 2 · code · σ, the RoPE ones exact); loaded as runs of consecutive
-    # dims, put in the MMAs' column orders by register permutations
+def _queries(q_ptr, stride_qt, stride_qh, t, H, q_s, q_rope_s, logit_scale):
+    """Row ``t``'s queries into ``q_s`` / ``q_rope_s``: each head scaled by a power of two over its 576 dims into fp16
+    (its largest in [2^13, 2^14)), the RoPE part twice that (the decoded values are 2 · code · σ, the RoPE ones
+    exact); loaded as runs of consecutive dims, put in the MMAs' column orders by register permutations. Returns the
+    logits' factor a head (``[16]``, NaN for a head holding Inf or NaN). The caller has every warp past its previous
+    MMA on the buffers."""
     qh = gl.arange(0, BLOCK_H, gl.SliceLayout(1, gl.SliceLayout(2, _QUERY)))
     q_rows = q_ptr + t * stride_qt + qh[:, None, None] * stride_qh
     head_ok = (qh < H)[:, None, None]
@@ -396,56 +369,86 @@ def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
     for h in gl.static_range(8):
         _store_half(halves[h], up, q_s.index(h))
     q_rope_s.store(_rope_columns((q_rope.to(gl.float32) * (2.0 * up)[:, None, None]).to(gl.float16)))
-    fence_async_shared()  # the queries' stores, before the first wgmma reads them (after the first barrier)
+    fence_async_shared()  # the queries' stores, before the first wgmma reads them (after the next barrier)
     # (/ 2: the decoded values' 2)
-    head_scale = gl.convert_layout(down * (logit_scale * 0.5), HEADS)  # NaN for a head holding Inf or NaN
+    return gl.convert_layout(down * (logit_scale * 0.5), gl.SliceLayout(0, _logit_layout()))
 
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS)
-    l_acc = gl.zeros([TILE, BLOCK_H], gl.float32, W)  # per-thread partial sums of p, summed at the end
-    acc = gl.zeros([BLOCK_H, 512], gl.float32, PV)
-    zeros = gl.zeros([TILE, BLOCK_H], gl.float32, W)
-    for i in range(steps):
-        stage = i % STAGES
-        async_copy.wait_group(STAGES - 2)  # this thread's copies of step i have landed
-        _barrier()  # everyone's have; every warp is done with step i - 1's stage and P
-        ahead = i + STAGES - 1
-        if ahead < steps:
-            nxt = ahead % STAGES
-            _issue(pages_u8, ahead_c, ahead_r, ahead_s, num_slots, s8_b, s8_t, block_tokens,
-                   _view(codes_s.index(nxt), gl.uint8, [64, 256], _copy_view_layout()),
-                   _view(rope_s.index(nxt), gl.uint8, [64, 64], _ROW_MAJOR),
-                   _view(scale_s.index(nxt), gl.uint8, [64, 32], _ROW_MAJOR), FLAT, OFF32)
-        async_copy.commit_group()
-        ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (ahead + 1) * TILE, end)
-        valid = (here >= 0) & (here < num_slots)
-        here_n = start + (i + 1) * TILE + gl.arange(0, TILE, ROWS)
-        here = gl.load(slot_row + here_n, mask=here_n < end, other=-1)
 
-        codes_flat = codes_s.index(stage)
-        codes_v = _view(codes_flat, gl.uint8, [8, 64, 4, 2, 4], _logit_view_layout())
-        hs = _logit_scales(_view(scale_s.index(stage), gl.uint8, [64, 4, 8], _LOGIT_SCALES))
-        s_acc = warpgroup_mma(_rope_operand(_view(rope_s.index(stage), gl.uint8, [64, 4, 16], _ROPE_VIEW), DOT_Q),
-                              q_rope_s.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        for c in gl.static_range(8):
-            a = _logit_operand(codes_v, hs[c], c, DOT_Q)  # (decoded while the previous MMA runs)
-            s_acc = warpgroup_mma_wait(IN_FLIGHT - 1, deps=[s_acc])  # (the earlier ones' register operands free)
-            s_acc = warpgroup_mma(a, q_s.index(c).permute((1, 0)), s_acc, is_async=True)
-        s_acc = warpgroup_mma_wait(0, deps=[s_acc])
-        s = s_acc * head_scale[None, :]
-        s = gl.where(valid[:, None], s, float("-inf"))
+@gluon.jit
+def _here(slot_row, n0, end):
+    """Slots ``n0 .. n0 + 64`` of a row's list as the logits' rows (-1 from ``end`` on): a step's mask."""
+    here_n = n0 + gl.arange(0, TILE, gl.SliceLayout(1, _logit_layout()))
+    return gl.load(slot_row + here_n, mask=here_n < end, other=-1)
 
-        p, alpha, m_i, l_acc = online_softmax(s, m_i, l_acc)
-        p_s.store(p.to(gl.float16))
-        acc = acc * gl.convert_layout(alpha, PV_HEADS)[:, None]
-        _barrier()  # every warp's P stored
 
-        values_v = _view(codes_flat, gl.uint8, [64, 4, 8, 8], _value_view_layout())
-        vscales_v = _view(scale_s.index(stage), gl.uint8, [64, 4, 8], _VALUE_SCALES)
-        for kk in gl.static_range(4):  # 16 slots at a time: the B operand's registers
-            pa = p_s.slice(16 * kk, 16, dim=0).permute((1, 0)).load(DOT_P)  # [16 heads, 16 slots]
-            acc = mma_v2(pa, _value_operand(values_v, vscales_v, kk, DOT_V), acc)
-    async_copy.wait_group(0)
+@gluon.jit
+def _stage_views(codes_s, rope_s, scale_s, j: gl.constexpr):
+    """Stage ``j``'s buffers as :func:`_issue` writes them."""
+    return (_view(codes_s.index(j), gl.uint8, [64, 256], _copy_view_layout()),
+            _view(rope_s.index(j), gl.uint8, [64, 64], _ROW_MAJOR),
+            _view(scale_s.index(j), gl.uint8, [64, 32], _ROW_MAJOR))
 
+
+@gluon.jit
+def _step(i, issue_ahead, ahead_c, ahead_r, ahead_s, next_row, next_n0, next_end, here, here_row, here_n0, here_end,
+          pages_u8, s8_b, s8_t, num_slots, block_tokens, head_scale, m_i, l_acc, acc, codes_s, rope_s, scale_s, p_s,
+          q_s, q_rope_s, STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr, IN_FLIGHT: gl.constexpr):
+    """One 64-slot step, as the fp8_ds_mla kernel's ``_step``, on NVFP4 records. Returns ``(ahead_c, ahead_r,
+    ahead_s, here, m_i, l_acc, acc)``."""
+    W: gl.constexpr = _logit_layout()  # the logit accumulator [64 slots, 16 heads]
+    DOT_Q: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=W, k_width=2)
+    PV: gl.constexpr = _pv_layout()  # the value accumulator [16 heads, 512]
+    DOT_P: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=PV, k_width=2)
+    DOT_V: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=PV, k_width=2)
+    PV_HEADS: gl.constexpr = gl.SliceLayout(1, PV)
+    zeros = gl.zeros([TILE, BLOCK_H], gl.float32, W)  # (the RoPE MMA's unread accumulator)
+    stage = i % STAGES
+    async_copy.wait_group(STAGES - 2)  # this thread's copies of step i have landed
+    _barrier()  # everyone's have; every warp is done with step i - 1's stage and P
+    if issue_ahead:
+        nxt = (i + STAGES - 1) % STAGES
+        _issue(pages_u8, ahead_c, ahead_r, ahead_s, num_slots, s8_b, s8_t, block_tokens,
+               _view(codes_s.index(nxt), gl.uint8, [64, 256], _copy_view_layout()),
+               _view(rope_s.index(nxt), gl.uint8, [64, 64], _ROW_MAJOR),
+               _view(scale_s.index(nxt), gl.uint8, [64, 32], _ROW_MAJOR), FLAT, OFF32)
+    async_copy.commit_group()
+    ahead_c, ahead_r, ahead_s = _copy_slots(next_row, next_n0, next_end)
+    valid = (here >= 0) & (here < num_slots)
+    here = _here(here_row, here_n0, here_end)
+
+    codes_flat = codes_s.index(stage)
+    codes_v = _view(codes_flat, gl.uint8, [8, 64, 4, 2, 4], _logit_view_layout())
+    hs = _logit_scales(_view(scale_s.index(stage), gl.uint8, [64, 4, 8], _LOGIT_SCALES))
+    s_acc = warpgroup_mma(_rope_operand(_view(rope_s.index(stage), gl.uint8, [64, 4, 16], _ROPE_VIEW), DOT_Q),
+                          q_rope_s.permute((1, 0)), zeros, use_acc=False, is_async=True)
+    for c in gl.static_range(8):
+        a = _logit_operand(codes_v, hs[c], c, DOT_Q)  # (decoded while the previous MMA runs)
+        s_acc = warpgroup_mma_wait(IN_FLIGHT - 1, deps=[s_acc])  # (the earlier ones' register operands free)
+        s_acc = warpgroup_mma(a, q_s.index(c).permute((1, 0)), s_acc, is_async=True)
+    s_acc = warpgroup_mma_wait(0, deps=[s_acc])
+    s = s_acc * head_scale[None, :]
+    s = gl.where(valid[:, None], s, float("-inf"))
+
+    p, alpha, m_i, l_acc = online_softmax(s, m_i, l_acc)
+    p_s.store(p.to(gl.float16))
+    acc = acc * gl.convert_layout(alpha, PV_HEADS)[:, None]
+    _barrier()  # every warp's P stored
+
+    values_v = _view(codes_flat, gl.uint8, [64, 4, 8, 8], _value_view_layout())
+    vscales_v = _view(scale_s.index(stage), gl.uint8, [64, 4, 8], _VALUE_SCALES)
+    for kk in gl.static_range(4):  # 16 slots at a time: the B operand's registers
+        pa = p_s.slice(16 * kk, 16, dim=0).permute((1, 0)).load(DOT_P)  # [16 heads, 16 slots]
+        acc = mma_v2(pa, _value_operand(values_v, vscales_v, kk, DOT_V), acc)
+    return ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc
+
+
+@gluon.jit
+def _store_piece(acc, l_acc, m_i, o_ptr, stride_os, stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, parts, t,
+                 part, row_ends, BALANCED: gl.constexpr):
+    """A piece's result as part ``part`` of row ``t`` (the fp32 partial, or with one part the final bf16 row) and its
+    lse; on the balanced schedule the row's last piece (``row_ends``) marks its unused parts ``lse = -inf``."""
+    PV_HEADS: gl.constexpr = gl.SliceLayout(1, _pv_layout())
+    HEADS: gl.constexpr = gl.SliceLayout(0, _logit_layout())
     lse, half_inv_l = softmax_totals(l_acc, m_i, 0.5)  # (0.5: the decoded values' 2)
     norm = gl.convert_layout(half_inv_l, PV_HEADS)
     out = acc * norm[:, None]
@@ -459,8 +462,99 @@ def _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
     gl.store(o_rows + od[None, :], out.to(o_ptr.dtype.element_ty), mask=(oh < H)[:, None])
     lh = gl.arange(0, BLOCK_H, HEADS)
     gl.store(lse_ptr + part * stride_ls + t * stride_lt + lh, lse, mask=lh < H)
-    if BALANCED and end == K:  # the row's last piece
+    if BALANCED and row_ends:  # the row's last piece
         mark_unused_parts(lse_ptr + t * stride_lt + lh, stride_ls, part, parts, lh < H)
+
+
+@gluon.jit
+def _fresh_state():
+    """A piece's starting softmax state: ``(m_i [16] -inf, l_acc [64, 16] 0, acc [16, 512] 0)``."""
+    W: gl.constexpr = _logit_layout()
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, W))
+    l_acc = gl.zeros([TILE, BLOCK_H], gl.float32, W)  # per-thread partial sums of p, summed at the end
+    return m_i, l_acc, gl.zeros([BLOCK_H, 512], gl.float32, _pv_layout())
+
+
+@gluon.jit
+def _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
+                  stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
+                  logit_scale, t, start, end, part, codes_s, rope_s, scale_s, p_s, q_s, q_rope_s,
+                  STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr, IN_FLIGHT: gl.constexpr,
+                  ALIGNED: gl.constexpr):
+    """(Fixed splits) Row ``t``'s slots ``start .. end``, as the fp8_ds_mla kernel's ``_reduce_split``."""
+    slot_row = slots_ptr + t * stride_st
+    if ALIGNED:
+        start = gl.multiple_of(start, 64)
+    steps = gl.cdiv(end - start, TILE)
+    for j in gl.static_range(STAGES - 1):
+        if j < steps:
+            sc, sr, ss = _copy_slots(slot_row, start + j * TILE, end)
+            codes_j, rope_j, scale_j = _stage_views(codes_s, rope_s, scale_s, j)
+            _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens, codes_j, rope_j, scale_j, FLAT, OFF32)
+        async_copy.commit_group()
+    ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end)
+    here = _here(slot_row, start, end)  # step 0's slots, for its mask
+    head_scale = _queries(q_ptr, stride_qt, stride_qh, t, H, q_s, q_rope_s, logit_scale)
+    m_i, l_acc, acc = _fresh_state()
+    for i in range(steps):
+        ahead = i + STAGES - 1
+        ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc = _step(
+            i, ahead < steps, ahead_c, ahead_r, ahead_s, slot_row, start + (ahead + 1) * TILE, end, here, slot_row,
+            start + (i + 1) * TILE, end, pages_u8, s8_b, s8_t, num_slots, block_tokens, head_scale, m_i, l_acc, acc,
+            codes_s, rope_s, scale_s, p_s, q_s, q_rope_s, STAGES, FLAT, OFF32, IN_FLIGHT)
+    async_copy.wait_group(0)
+    _store_piece(acc, l_acc, m_i, o_ptr, stride_os, stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, parts, t,
+                 part, end == K, False)
+
+
+@gluon.jit
+def _reduce_share(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
+                  stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
+                  logit_scale, tokens, codes_s, rope_s, scale_s, p_s, q_s, q_rope_s, STAGES: gl.constexpr,
+                  FLAT: gl.constexpr, OFF32: gl.constexpr, IN_FLIGHT: gl.constexpr):
+    """(The balanced schedule) This program's share of the call's steps as one stream, the gathers ``STAGES - 1``
+    steps ahead across its pieces: as the fp8_ds_mla kernel's ``_reduce_share``."""
+    g0, g1, S, total = program_steps(tokens, K)
+    if g0 < g1:  # (the launcher gives every program a step: launch_programs)
+        for j in gl.static_range(STAGES - 1):
+            g = g0 + j
+            if g < g1:
+                tj, nj = step_row(g, S)
+                sc, sr, ss = _copy_slots(slots_ptr + tj.to(gl.int64) * stride_st, nj, K)
+                codes_j, rope_j, scale_j = _stage_views(codes_s, rope_s, scale_s, j)
+                _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens, codes_j, rope_j, scale_j, FLAT,
+                       OFF32)
+            async_copy.commit_group()
+        # the stream's three positions, as the fp8_ds_mla kernel's
+        t, n = step_row(g0, S)
+        th, nh = next_step(t, n, K)
+        ta, na = step_row(g0 + STAGES - 1, S)
+        ahead_c, ahead_r, ahead_s = _copy_slots(slots_ptr + ta.to(gl.int64) * stride_st, na,
+                                                gl.where(g0 + STAGES - 1 < g1, K, 0))
+        ta, na = next_step(ta, na, K)
+        here = _here(slots_ptr + t.to(gl.int64) * stride_st, n, K)
+        head_scale = _queries(q_ptr, stride_qt, stride_qh, t.to(gl.int64), H, q_s, q_rope_s, logit_scale)
+        m_i, l_acc, acc = _fresh_state()
+        _, _, part = piece(t, g0, g1, S, total, K)  # the first piece's part; a row this program starts: part 0
+        for g in range(g0, g1):
+            ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc = _step(
+                g - g0, g + STAGES - 1 < g1, ahead_c, ahead_r, ahead_s, slots_ptr + ta.to(gl.int64) * stride_st, na,
+                gl.where(g + STAGES < g1, K, 0), here, slots_ptr + th.to(gl.int64) * stride_st, nh,
+                gl.where(g + 1 < g1, K, 0), pages_u8, s8_b, s8_t, num_slots, block_tokens, head_scale, m_i, l_acc,
+                acc, codes_s, rope_s, scale_s, p_s, q_s, q_rope_s, STAGES, FLAT, OFF32, IN_FLIGHT)
+            ends, row_ends = piece_ends(g, g1, n, K)
+            if ends:
+                _store_piece(acc, l_acc, m_i, o_ptr, stride_os, stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt,
+                             H, parts, t.to(gl.int64), part, row_ends, True)
+                part = 0
+                if g + 1 < g1:  # the next row's queries (every warp is past this step's logit MMAs: its P barrier)
+                    head_scale = _queries(q_ptr, stride_qt, stride_qh, th.to(gl.int64), H, q_s, q_rope_s,
+                                          logit_scale)
+                    m_i, l_acc, acc = _fresh_state()
+            t, n = th, nh
+            th, nh = next_step(th, nh, K)
+            ta, na = next_step(ta, na, K)
+        async_copy.wait_group(0)
 
 
 @gluon.jit(do_not_specialize=SIZE_ARGS)
@@ -492,23 +586,19 @@ def sparse_mla_wgmma_fp4_kernel(
     q_rope_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 64], _Q)
 
     if BALANCED:
-        g0, g1, S, total = program_steps(tokens, K)
-        for t in range(g0 // S, (g1 - 1) // S + 1):
-            start, end, part = piece(t, g0, g1, S, total, K)
-            _barrier()  # every warp done with the previous piece's stages, P and queries
-            _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
-                          stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
-                          logit_scale, t.to(gl.int64), start, end, part, codes_s, rope_s, scale_s, p_s, q_s, q_rope_s,
-                          STAGES, FLAT, OFF32, IN_FLIGHT, True, True)
+        _reduce_share(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
+                      stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
+                      logit_scale, tokens, codes_s, rope_s, scale_s, p_s, q_s, q_rope_s, STAGES, FLAT, OFF32,
+                      IN_FLIGHT)
     else:
         split = gl.program_id(0)
         start = split * split_size
         if ALIGNED:
             start = gl.multiple_of(start, 64)
-        _reduce_piece(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
+        _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
                       stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
                       logit_scale, gl.program_id(1).to(gl.int64), start, gl.minimum(start + split_size, K), split,
-                      codes_s, rope_s, scale_s, p_s, q_s, q_rope_s, STAGES, FLAT, OFF32, IN_FLIGHT, ALIGNED, False)
+                      codes_s, rope_s, scale_s, p_s, q_s, q_rope_s, STAGES, FLAT, OFF32, IN_FLIGHT, ALIGNED)
 
 
 def refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots: torch.Tensor | None = None) -> str:

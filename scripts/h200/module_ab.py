@@ -14,8 +14,9 @@ reported and skipped. The families:
   64 x 5 at 128K (FP8 keys with FP8 and bf16 queries, MXFP4 keys with FP8 queries), 8 x 1 at 1M, and edge cases (8 x 3
   at 100,037 keys with unmapped blocks and a request's tokens well inside the context);
 - ``sparse_mla_wgmma_fp4``: the NVFP4 launcher with the nvidia backend's fixed-split launch parameters by token count
-  (``ops.wgmma_fp4_launch``) at H = 16 and 12, 64 x 5, 64 x 8, 64 x 1 and 16 tokens over a 1M-token pool, and edge
-  cases (5 heads, 2,000 slots a row: a partial last split, skipped and out-of-range slots, a row with none valid);
+  (``ops.wgmma_fp4_launch``) and on the balanced schedule (two programs a SM) at H = 16 and 12, 64 x 5, 64 x 8, 192,
+  128, 64 and 16 tokens over a 1M-token pool, and edge cases (5 heads, 2,000 slots a row: a partial last split,
+  skipped and out-of-range slots, a row with none valid; also balanced on 7 programs, each meeting many rows);
 - ``sparse_mla_wgmma``: the fp8_ds_mla and per-tensor FP8 launcher (``ops.wgmma_launch``) on the same cases.
 
 A change meant to keep every result (a schedule, a layout) must give the copy's outputs bit for bit: a difference is a
@@ -88,12 +89,14 @@ def indexer_cases(torch):
     return out
 
 
-def wgmma_cases(torch, name, launch_of, formats):
-    """(label, call, timed): the wgmma module ``name``'s launcher with the nvidia backend's fixed-split launch for the
-    call (``launch_of(tokens)``, no device: the balanced schedule's split points are not the copy's), per format."""
-    def launch(q, *args):
+def wgmma_cases(torch, name, launches_of, formats):
+    """(label, call, timed): the wgmma module ``name``'s launcher with each launch ``launches_of(tokens)`` names
+    (``{label: launch keyword arguments}``: the fixed splits default mode takes without a device, and the balanced
+    schedule at two programs a SM, and at 7 programs on the edge case, whose programs then meet many rows), per
+    format."""
+    def launch(q, *args, kw):
         module = importlib.import_module(f"{PACKAGE}.{name}")  # (the copy while swapped)
-        return getattr(module, name)(q, *args, **launch_of(q.shape[0]))
+        return getattr(module, name)(q, *args, **kw)
 
     pools = cache_pools.latent_pools(torch, formats, 1 << 20, "cuda")
     out = []
@@ -101,7 +104,8 @@ def wgmma_cases(torch, name, launch_of, formats):
         pages, scale = pools[fmt]
         pool_slots = pages.shape[0] * pages.shape[1]
         for heads, tokens, width, label in ((16, 320, 2048, "H=16 64 x 5"), (12, 320, 2048, "H=12 64 x 5"),
-                                            (16, 512, 2048, "H=16 64 x 8"), (16, 64, 2048, "H=16 64 x 1"),
+                                            (16, 512, 2048, "H=16 64 x 8"), (16, 192, 2048, "H=16 192 tokens"),
+                                            (16, 128, 2048, "H=16 128 tokens"), (16, 64, 2048, "H=16 64 x 1"),
                                             (16, 16, 2048, "H=16 16 tokens"), (5, 70, 2000, "H=5 70 x 2000 (edges)")):
             gen = torch.Generator(device="cuda").manual_seed(heads * 1000 + tokens)
             slots = torch.randint(0, pool_slots, (tokens, width), device="cuda", dtype=torch.int32, generator=gen)
@@ -111,23 +115,42 @@ def wgmma_cases(torch, name, launch_of, formats):
                 slots[1, :300] = pool_slots + 3
                 slots[-1] = -1
             q = torch.randn(tokens, heads, 576, device="cuda", generator=gen).to(torch.bfloat16)
-            call = (lambda q=q, s=slots, p=pages, f=fmt, k=scale: launch(q, p, s, f, k, 192**-0.5))
-            out.append((f"{fmt} {label}", call, width == 2048))
+            for kind, kw in launches_of(tokens, edges=width != 2048).items():
+                call = (lambda q=q, s=slots, p=pages, f=fmt, k=scale, kw=kw: launch(q, p, s, f, k, 192**-0.5, kw=kw))
+                out.append((f"{fmt} {label} {kind}", call, width == 2048))
     return out
 
 
-def sparse_mla_fp4_cases(torch):
-    """The NVFP4 launch (``ops.sparse_mla_wgmma_fp4``) on :func:`wgmma_cases`' cases."""
-    from dsahal.backends.nvidia import ops
+def _sms(torch):
+    return torch.cuda.get_device_properties(0).multi_processor_count
 
-    return wgmma_cases(torch, "sparse_mla_wgmma_fp4", ops.wgmma_fp4_launch, ("nvfp4",))
+
+def sparse_mla_fp4_cases(torch):
+    """The NVFP4 launch (``ops.sparse_mla_wgmma_fp4``) on :func:`wgmma_cases`' cases: the fixed splits default mode
+    takes without a device, and the balanced schedule on its 3-stage launch."""
+    from dsahal.backends.nvidia import config, ops
+
+    def launches(tokens, edges):
+        out = {"fixed": ops.wgmma_fp4_launch(tokens), "balanced": dict(config.WGMMA_NVFP4, programs=2 * _sms(torch))}
+        if edges:
+            out["balanced 7 programs"] = dict(config.WGMMA_NVFP4, programs=7)
+        return out
+
+    return wgmma_cases(torch, "sparse_mla_wgmma_fp4", launches, ("nvfp4",))
 
 
 def sparse_mla_fp8_cases(torch):
-    """The fp8_ds_mla and per-tensor FP8 launch (``ops.sparse_mla_wgmma``) on :func:`wgmma_cases`' cases."""
-    from dsahal.backends.nvidia import ops
+    """The fp8_ds_mla and per-tensor FP8 launch (``ops.sparse_mla_wgmma``) on :func:`wgmma_cases`' cases: fixed and
+    balanced, as the NVFP4 family's."""
+    from dsahal.backends.nvidia import config, ops
 
-    return wgmma_cases(torch, "sparse_mla_wgmma", ops.wgmma_launch, ("fp8_ds_mla", "fp8"))
+    def launches(tokens, edges):
+        out = {"fixed": ops.wgmma_launch(tokens), "balanced": dict(config.WGMMA_FEW_HEADS, programs=2 * _sms(torch))}
+        if edges:
+            out["balanced 7 programs"] = dict(config.WGMMA_FEW_HEADS, programs=7)
+        return out
+
+    return wgmma_cases(torch, "sparse_mla_wgmma", launches, ("fp8_ds_mla", "fp8"))
 
 
 FAMILIES = {"indexer_gluon": indexer_cases, "sparse_mla_wgmma_fp4": sparse_mla_fp4_cases,
