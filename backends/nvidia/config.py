@@ -114,6 +114,14 @@ WGMMA_NVFP4_SMALL_SPLITS = ((32, 256), (64, 512))
 # (a piece's split points follow the batch).
 WGMMA_BALANCED_FROM_TOKENS = {"fp8_ds_mla": 192, "fp8": 192, "nvfp4": 192}
 WGMMA_PROGRAMS_PER_SM = 2
+# Whether the balanced launches run each program's steps as one stream (the kernels' STREAM: the gathers STAGES - 1
+# steps ahead across a program's pieces, the next row's queries scaled in behind a piece's last step) instead of piece
+# by piece (each piece a split of its own: its first gathers issued after the previous piece's last step, a pipeline
+# refill a piece; R2's balanced / fixed losses at 64-128 tokens, where a program meets two rows in 8-16 steps, are
+# about one such refill and prologue a piece). The same results bit for bit (scripts/h200/module_ab.py checks it
+# against a frozen copy of the per-piece kernels). Fortieth session: built and compiled for sm_90 (Triton 3.6: no
+# local memory in the step loops but one load, NVFP4's 48-byte stack gone), not yet run on a GPU, so off.
+WGMMA_BALANCED_STREAM = False
 
 
 _batch_invariant: bool | None = None

@@ -612,9 +612,10 @@ def _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
                   stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
                   logit_scale, kv_scale_ptr, t, start, end, part, codes_s, rope_s, scale_s, p_s, q_s, q_rope,
                   STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr, FP8: gl.constexpr,
-                  ALIGNED: gl.constexpr):
-    """(Fixed splits) Row ``t``'s slots ``start .. end``: the first steps' gathers issued, the queries scaled into
-    ``q_s`` / ``q_rope`` (overlapping their flight), the steps, the partial stored as part ``part``.
+                  ALIGNED: gl.constexpr, BALANCED: gl.constexpr):
+    """Row ``t``'s slots ``start .. end`` (a split, or a piece of the balanced schedule run on its own): the first
+    steps' gathers issued, the queries scaled into ``q_s`` / ``q_rope`` (overlapping their flight), the steps, the
+    partial stored as part ``part`` (the balanced schedule's row's last piece marks its unused parts).
     M_c, the largest tile-c scale of the split's slots so far (a running maximum, raised step by step): P_c = p · σ_c /
     M_c <= 1 in fp16, the accumulated values of tile c taking M_old / M_new when it rises, the output times M_c at the
     end; FP8 records: P_c = p, the output times the tensor scale."""
@@ -642,7 +643,7 @@ def _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
             l_acc, acc, b0, b1, b2, b3, codes_s, rope_s, scale_s, p_s, q_s, q_rope, STAGES, FLAT, OFF32, FP8)
     async_copy.wait_group(0)
     _store_piece(acc, l_acc, m_i, b0, b1, b2, b3, o_ptr, stride_os, stride_ot, stride_oh, lse_ptr, stride_ls,
-                 stride_lt, H, parts, t, part, end == K, False)
+                 stride_lt, H, parts, t, part, end == K, BALANCED)
 
 
 @gluon.jit
@@ -718,10 +719,12 @@ def sparse_mla_wgmma_kernel(
     FP8: gl.constexpr = False,  # per-tensor FP8 records (576 e4m3 codes x kv_scale) instead of fp8_ds_mla's
     ALIGNED: gl.constexpr = False,  # every split starts at a multiple of 64 slots (the slot indices' loads vectorised)
     BALANCED: gl.constexpr = False,  # the balanced schedule (.balanced): grid axis 0 its programs, axis 1 one
+    STREAM: gl.constexpr = False,  # (BALANCED) a program's steps as one stream (_reduce_share), not piece by piece
 ):
     """Fixed splits (grid: splits, tokens, head groups): program (split, t) reduces row t's slots split · split_size
     onwards; or (``BALANCED``; grid: programs, 1, head groups) program p its share of the call's 64-slot steps, a
-    piece a row it meets (:mod:`.balanced`)."""
+    piece a row it meets (:mod:`.balanced`): piece by piece, each run as a split (its gathers started after the
+    previous piece's last step), or with ``STREAM`` as one stream of steps (:func:`_reduce_share`)."""
     q_ptr, o_ptr, lse_ptr, H = head_group(q_ptr, stride_qh, o_ptr, stride_oh, lse_ptr, H, BLOCK_H)
     # the first steps' gathers first: the queries' loads and split below overlap their flight (a program's work
     # outside its loop was 29% of the warps' stall samples, H100, thirty-sixth session)
@@ -739,11 +742,20 @@ def sparse_mla_wgmma_kernel(
     else:
         q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], _Q)
 
-    if BALANCED:
+    if BALANCED and STREAM:
         _reduce_share(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
                       stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
                       logit_scale, kv_scale_ptr, tokens, codes_s, rope_s, scale_s, p_s, q_s, q_rope, STAGES, FLAT,
                       OFF32, FP8)
+    elif BALANCED:
+        g0, g1, S, total = program_steps(tokens, K)
+        for t in range(g0 // S, (g1 - 1) // S + 1):
+            start, end, part = piece(t, g0, g1, S, total, K)
+            _barrier()  # every warp done with the previous piece's stages, P and queries
+            _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
+                          stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
+                          logit_scale, kv_scale_ptr, t.to(gl.int64), start, end, part, codes_s, rope_s, scale_s, p_s,
+                          q_s, q_rope, STAGES, FLAT, OFF32, FP8, True, True)
     else:
         split = gl.program_id(0)
         start = split * split_size
@@ -753,7 +765,7 @@ def sparse_mla_wgmma_kernel(
                       stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
                       logit_scale, kv_scale_ptr, gl.program_id(1).to(gl.int64), start,
                       gl.minimum(start + split_size, K), split, codes_s, rope_s, scale_s, p_s, q_s, q_rope, STAGES,
-                      FLAT, OFF32, FP8, ALIGNED)
+                      FLAT, OFF32, FP8, ALIGNED, False)
 
 
 FORMATS = ("fp8_ds_mla", "fp8")  # the record formats this kernel reads (fp8: per-tensor scaled, 576 bytes)
@@ -775,7 +787,7 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
 
 @bounded_partials
 def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, stages=DEFAULT_STAGES,
-                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, programs=None):
+                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, programs=None, stream=False):
     """Launch :func:`sparse_mla_wgmma_kernel` (a call :func:`serves` refuses raises, naming what it got).
 
     Args:
@@ -794,6 +806,8 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
         programs: the balanced schedule (:mod:`.balanced`; default mode only: its split points follow the batch):
             this many programs in all (as many as run at once; divided among the groups of 16 heads) share the
             call's 64-slot steps (``split_size`` then unused); None: fixed splits.
+        stream: (``programs``) each program's steps as one stream, its gathers running ahead across its pieces
+            (:func:`_reduce_share`), instead of piece by piece; the same results bit for bit.
 
     Returns:
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
@@ -819,7 +833,8 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size, programs)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
-    meta = dict(STAGES=stages, FP8=fp8, ALIGNED=splits == 1 or split_size % 64 == 0, BALANCED=False, num_warps=4,
+    meta = dict(STAGES=stages, FP8=fp8, ALIGNED=splits == 1 or split_size % 64 == 0, BALANCED=False,
+                STREAM=bool(stream) and programs is not None, num_warps=4,
                 **({"maxnreg": maxnreg} if maxnreg else {}))
     # (fp8_ds_mla: the kernel reads no tensor scale; q stands in for the pointer)
     scale_arg = kv_scale.reshape(()) if fp8 else q

@@ -480,8 +480,9 @@ def _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
                   stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
                   logit_scale, t, start, end, part, codes_s, rope_s, scale_s, p_s, q_s, q_rope_s,
                   STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr, IN_FLIGHT: gl.constexpr,
-                  ALIGNED: gl.constexpr):
-    """(Fixed splits) Row ``t``'s slots ``start .. end``, as the fp8_ds_mla kernel's ``_reduce_split``."""
+                  ALIGNED: gl.constexpr, BALANCED: gl.constexpr):
+    """Row ``t``'s slots ``start .. end`` (a split, or a piece run on its own), as the fp8_ds_mla kernel's
+    ``_reduce_split``."""
     slot_row = slots_ptr + t * stride_st
     if ALIGNED:
         start = gl.multiple_of(start, 64)
@@ -504,7 +505,7 @@ def _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
             codes_s, rope_s, scale_s, p_s, q_s, q_rope_s, STAGES, FLAT, OFF32, IN_FLIGHT)
     async_copy.wait_group(0)
     _store_piece(acc, l_acc, m_i, o_ptr, stride_os, stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, parts, t,
-                 part, end == K, False)
+                 part, end == K, BALANCED)
 
 
 @gluon.jit
@@ -573,6 +574,7 @@ def sparse_mla_wgmma_fp4_kernel(
     IN_FLIGHT: gl.constexpr = 1,  # logit MMAs in flight (each holds its decoded operand's 16 registers)
     ALIGNED: gl.constexpr = False,  # every split starts at a multiple of 64 slots (the slot indices' loads vectorised)
     BALANCED: gl.constexpr = False,  # the balanced schedule (.balanced): grid axis 0 its programs, axis 1 one
+    STREAM: gl.constexpr = False,  # (BALANCED) a program's steps as one stream (_reduce_share), not piece by piece
 ):
     """Fixed splits or the balanced schedule, as :func:`.sparse_mla_wgmma.sparse_mla_wgmma_kernel`."""
     q_ptr, o_ptr, lse_ptr, H = head_group(q_ptr, stride_qh, o_ptr, stride_oh, lse_ptr, H, BLOCK_H)
@@ -585,11 +587,20 @@ def sparse_mla_wgmma_fp4_kernel(
     q_s = gl.allocate_shared_memory(gl.float16, [8, BLOCK_H, 64], _Q)  # the queries, in the MMAs' column orders
     q_rope_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 64], _Q)
 
-    if BALANCED:
+    if BALANCED and STREAM:
         _reduce_share(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
                       stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
                       logit_scale, tokens, codes_s, rope_s, scale_s, p_s, q_s, q_rope_s, STAGES, FLAT, OFF32,
                       IN_FLIGHT)
+    elif BALANCED:
+        g0, g1, S, total = program_steps(tokens, K)
+        for t in range(g0 // S, (g1 - 1) // S + 1):
+            start, end, part = piece(t, g0, g1, S, total, K)
+            _barrier()  # every warp done with the previous piece's stages, P and queries
+            _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
+                          stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
+                          logit_scale, t.to(gl.int64), start, end, part, codes_s, rope_s, scale_s, p_s, q_s, q_rope_s,
+                          STAGES, FLAT, OFF32, IN_FLIGHT, True, True)
     else:
         split = gl.program_id(0)
         start = split * split_size
@@ -598,7 +609,7 @@ def sparse_mla_wgmma_fp4_kernel(
         _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
                       stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
                       logit_scale, gl.program_id(1).to(gl.int64), start, gl.minimum(start + split_size, K), split,
-                      codes_s, rope_s, scale_s, p_s, q_s, q_rope_s, STAGES, FLAT, OFF32, IN_FLIGHT, ALIGNED)
+                      codes_s, rope_s, scale_s, p_s, q_s, q_rope_s, STAGES, FLAT, OFF32, IN_FLIGHT, ALIGNED, False)
 
 
 def refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots: torch.Tensor | None = None) -> str:
@@ -614,7 +625,7 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
 
 @bounded_partials
 def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, stages=DEFAULT_STAGES,
-                         split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, in_flight=1, programs=None):
+                         split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, in_flight=1, programs=None, stream=False):
     """Launch :func:`sparse_mla_wgmma_fp4_kernel` (a call :func:`serves` refuses raises, naming what it got).
 
     Args:
@@ -633,6 +644,8 @@ def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *,
         programs: the balanced schedule (:mod:`.balanced`; default mode only: its split points follow the batch):
             this many programs in all (as many as run at once; divided among the groups of 16 heads) share the
             call's 64-slot steps (``split_size`` then unused); None: fixed splits.
+        stream: (``programs``) each program's steps as one stream, its gathers running ahead across its pieces
+            (:func:`_reduce_share`), instead of piece by piece; the same results bit for bit.
 
     Returns:
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
@@ -653,7 +666,7 @@ def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *,
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
     meta = dict(STAGES=stages, IN_FLIGHT=in_flight, ALIGNED=splits == 1 or split_size % 64 == 0, BALANCED=False,
-                num_warps=4,
+                STREAM=bool(stream) and programs is not None, num_warps=4,
                 **({"maxnreg": maxnreg} if maxnreg else {}))
     return launch_over_tokens(sparse_mla_wgmma_fp4_kernel, q, kv_pages, slots, o, lse, splits,
                               (heads, k, split_size, softmax_scale * LOG2E, tokens, splits), meta, record_bytes=RECORD,
