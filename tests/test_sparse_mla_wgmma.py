@@ -271,15 +271,16 @@ def step_loop_local_memory(cubin) -> list[str]:
     return [f"{i.opcode} {i.operands}" for i in min(loops, key=len) if i.opcode.startswith(("LDL", "STL"))]
 
 
-@pytest.mark.parametrize("balanced", [False, True])
+@pytest.mark.parametrize("balanced, stream", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8"])
-def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm(fmt, balanced):
-    """The backend's launch, on either record format, with fixed splits and on the balanced schedule (whose loop over
-    pieces may keep its few piece bounds in local memory: never the step loop)."""
+def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm(fmt, balanced, stream):
+    """The backend's launch, on either record format, with fixed splits and on the balanced schedule, piece by piece
+    or as one stream (whose loops may keep a few piece bounds in local memory: never the step loop)."""
     from dsahal.backends.nvidia import aot
 
     (variant,) = [v for v in aot._wgmma_variants()
-                  if v.constexprs["FP8"] == (fmt == "fp8") and v.constexprs["BALANCED"] == balanced]
+                  if v.constexprs["FP8"] == (fmt == "fp8") and v.constexprs["BALANCED"] == balanced
+                  and v.constexprs["STREAM"] == stream]
     result = aot.compile_variant(variant)
     assert result.error == "", result.error
     assert 0 < result.registers <= 255
