@@ -425,7 +425,7 @@ def step_row(g, S):
     """Global step ``g`` of the balanced schedule (``S`` steps a row): its row and the row's first slot it covers
     (int32; :func:`program_steps`)."""
     t = g // S
-    return t, (g - t * S) * TILE
+    return t, gl.multiple_of((g - t * S) * TILE, 64)  # (whole steps: the slot indices' loads vectorised)
 
 
 @gluon.jit
@@ -433,7 +433,7 @@ def next_step(t, n, K):
     """The step after the one at row ``t``, slots ``n ..`` (rows of ``K`` slots in 64-slot steps, row-major): the
     stream's positions advance without a division a step."""
     more = n + TILE < K
-    return gl.where(more, t, t + 1), gl.where(more, n + TILE, 0)
+    return gl.where(more, t, t + 1), gl.multiple_of(gl.where(more, n + TILE, 0), 64)
 
 
 @gluon.jit
