@@ -598,13 +598,13 @@ def _store_piece(acc, l_acc, m_i, b0, b1, b2, b3, o_ptr, stride_os, stride_ot, s
 
 @gluon.jit
 def _fresh_state(first_maximum):
-    """A piece's starting softmax state: ``(m_i [16] -inf, l_acc [64, 16] 0, acc [4, 16, 128] 0`` and the tiles'
-    running scale maxima ``b0 .. b3 = first_maximum)``."""
+    """A piece's starting softmax state: ``(m_i [16] -inf, l_acc [64, 16] 0``, the tiles' running scale maxima ``b0 ..
+    b3 = first_maximum``, ``acc [4, 16, 128] 0)`` (the order the loops carry them in: the fixed launch's compile)."""
     W: gl.constexpr = _logit_layout()
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, W))
     l_acc = gl.zeros([TILE, BLOCK_H], gl.float32, W)  # per-thread partial sums of p, summed at the end
     acc = gl.zeros([4, BLOCK_H, 128], gl.float32, _pv_layout())
-    return m_i, l_acc, acc, first_maximum, first_maximum, first_maximum, first_maximum
+    return m_i, l_acc, first_maximum, first_maximum, first_maximum, first_maximum, acc
 
 
 @gluon.jit
@@ -634,7 +634,7 @@ def _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
     here = _slot_rows(slot_row, start, end, ROWS)  # step 0's slots, for its mask
     head_scale, first_maximum = _queries(q_ptr, stride_qt, stride_qh, t, H, q_s, q_rope, logit_scale, kv_scale_ptr,
                                          FP8)
-    m_i, l_acc, acc, b0, b1, b2, b3 = _fresh_state(first_maximum)
+    m_i, l_acc, b0, b1, b2, b3, acc = _fresh_state(first_maximum)
     for i in range(steps):
         ahead = i + STAGES - 1
         ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc, b0, b1, b2, b3 = _step(
@@ -679,7 +679,7 @@ def _reduce_share(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
         here = _slot_rows(slots_ptr + t.to(gl.int64) * stride_st, n, K, ROWS)
         head_scale, first_maximum = _queries(q_ptr, stride_qt, stride_qh, t.to(gl.int64), H, q_s, q_rope, logit_scale,
                                              kv_scale_ptr, FP8)
-        m_i, l_acc, acc, b0, b1, b2, b3 = _fresh_state(first_maximum)
+        m_i, l_acc, b0, b1, b2, b3, acc = _fresh_state(first_maximum)
         _, _, part = piece(t, g0, g1, S, total, K)  # the first piece's part; a row this program starts: part 0
         for g in range(g0, g1):
             ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc, b0, b1, b2, b3 = _step(
@@ -695,7 +695,7 @@ def _reduce_share(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
                 if g + 1 < g1:  # the next row's queries (every warp is past this step's logit MMAs: its P barrier)
                     head_scale, first_maximum = _queries(q_ptr, stride_qt, stride_qh, th.to(gl.int64), H, q_s, q_rope,
                                                          logit_scale, kv_scale_ptr, FP8)
-                    m_i, l_acc, acc, b0, b1, b2, b3 = _fresh_state(first_maximum)
+                    m_i, l_acc, b0, b1, b2, b3, acc = _fresh_state(first_maximum)
             t, n = th, nh
             th, nh = next_step(th, nh, K)
             ta, na = next_step(ta, na, K)
