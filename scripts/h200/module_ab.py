@@ -128,40 +128,35 @@ def wgmma_cases(torch, name, launches_of, formats):
     return out
 
 
-def _sms(torch):
-    return torch.cuda.get_device_properties(0).multi_processor_count
+def _launches(torch, fixed_of, base):
+    """``launches_of`` for :func:`wgmma_cases`: the fixed splits default mode takes without a device
+    (``fixed_of(tokens)``), and ``base`` on the balanced schedule at two programs a SM, piece by piece and as a stream
+    (the edge case: also the stream on 7 programs, each meeting many rows)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def launches(tokens, edges):
+        balanced = dict(base, programs=2 * sms)
+        out = {"fixed": fixed_of(tokens), "balanced": balanced, "balanced stream": dict(balanced, stream=True)}
+        if edges:
+            out["balanced stream 7 programs"] = dict(balanced, programs=7, stream=True)
+        return out
+    return launches
 
 
 def sparse_mla_fp4_cases(torch):
-    """The NVFP4 launch (``ops.sparse_mla_wgmma_fp4``) on :func:`wgmma_cases`' cases: the fixed splits default mode
-    takes without a device, and the balanced schedule on its 3-stage launch."""
+    """The NVFP4 launch (``ops.sparse_mla_wgmma_fp4``) on :func:`wgmma_cases`' cases (balanced: its 3-stage launch)."""
     from dsahal.backends.nvidia import config, ops
 
-    def launches(tokens, edges):
-        balanced = dict(config.WGMMA_NVFP4, programs=2 * _sms(torch))
-        out = {"fixed": ops.wgmma_fp4_launch(tokens), "balanced": balanced,
-               "balanced stream": dict(balanced, stream=True)}
-        if edges:
-            out["balanced stream 7 programs"] = dict(balanced, programs=7, stream=True)
-        return out
-
-    return wgmma_cases(torch, "sparse_mla_wgmma_fp4", launches, ("nvfp4",))
+    return wgmma_cases(torch, "sparse_mla_wgmma_fp4", _launches(torch, ops.wgmma_fp4_launch, config.WGMMA_NVFP4),
+                       ("nvfp4",))
 
 
 def sparse_mla_fp8_cases(torch):
-    """The fp8_ds_mla and per-tensor FP8 launch (``ops.sparse_mla_wgmma``) on :func:`wgmma_cases`' cases: fixed and
-    balanced, as the NVFP4 family's."""
+    """The fp8_ds_mla and per-tensor FP8 launch (``ops.sparse_mla_wgmma``) on :func:`wgmma_cases`' cases."""
     from dsahal.backends.nvidia import config, ops
 
-    def launches(tokens, edges):
-        balanced = dict(config.WGMMA_FEW_HEADS, programs=2 * _sms(torch))
-        out = {"fixed": ops.wgmma_launch(tokens), "balanced": balanced,
-               "balanced stream": dict(balanced, stream=True)}
-        if edges:
-            out["balanced stream 7 programs"] = dict(balanced, programs=7, stream=True)
-        return out
-
-    return wgmma_cases(torch, "sparse_mla_wgmma", launches, ("fp8_ds_mla",) if QUICK else ("fp8_ds_mla", "fp8"))
+    return wgmma_cases(torch, "sparse_mla_wgmma", _launches(torch, ops.wgmma_launch, config.WGMMA_FEW_HEADS),
+                       ("fp8_ds_mla",) if QUICK else ("fp8_ds_mla", "fp8"))
 
 
 FAMILIES = {"indexer_gluon": indexer_cases, "sparse_mla_wgmma_fp4": sparse_mla_fp4_cases,
