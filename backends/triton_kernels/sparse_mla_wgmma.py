@@ -653,9 +653,10 @@ def _reduce_share(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
                   STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr, FP8: gl.constexpr):
     """(The balanced schedule) This program's share ``[g0, g1)`` of the call's 64-slot steps as one stream: the
     gathers run ``STAGES - 1`` steps ahead across its pieces (a piece's first step never waits for its copies'
-    flight), each piece's result stored at its last step and the next row's queries scaled in behind it. Until the
-    fortieth session each piece was a split of its own (its first copies issued after the previous piece's last step:
-    a pipeline refill a piece)."""
+    flight), each piece's result stored at its last step and the next row's queries scaled in behind it. The
+    per-piece launch (``STREAM`` off) runs each piece as a split of its own: its first copies issued after the
+    previous piece's last step, a pipeline refill a piece. The same results bit for bit: a piece's arithmetic is the
+    same either way."""
     ROWS: gl.constexpr = gl.SliceLayout(1, _logit_layout())
     g0, g1, S, total = program_steps(tokens, K)
     if g0 < g1:  # (the launcher gives every program a step: launch_programs)
