@@ -120,7 +120,8 @@ WGMMA_PROGRAMS_PER_SM = 2
 # refill a piece; R2's balanced / fixed losses at 64-128 tokens, where a program meets two rows in 8-16 steps, are
 # about one such refill and prologue a piece). The same results bit for bit (scripts/h200/module_ab.py checks it
 # against a frozen copy of the per-piece kernels). Fortieth session: built and compiled for sm_90 (Triton 3.6: no
-# local memory in the step loops but one load, NVFP4's 48-byte stack gone), not yet run on a GPU, so off.
+# local memory in the step loops but one load; the per-piece NVFP4 launch's 40-byte stack gone), not yet run on a
+# GPU, so off.
 WGMMA_BALANCED_STREAM = False
 
 
