@@ -94,6 +94,7 @@ class Compiled:
     shared_bytes: int | None
     error: str = ""
     cubin: bytes = field(default=b"", repr=False)  # for --sass
+    ttgir: str = field(default="", repr=False)  # the Triton GPU IR (dataflow comparisons: .dataflow)
 
 
 def run_time_alignment(variant: Variant) -> dict:
@@ -166,7 +167,8 @@ def compile_variant(variant: Variant) -> Compiled:
     seconds = time.perf_counter() - start
     cubin = kernel.asm["cubin"]
     registers, stack = cubin_resources(cubin)
-    return Compiled(variant, seconds, registers, stack, int(kernel.metadata.shared), cubin=cubin)
+    return Compiled(variant, seconds, registers, stack, int(kernel.metadata.shared), cubin=cubin,
+                    ttgir=kernel.asm["ttgir"])
 
 
 # --- the variants ----------------------------------------------------------------------------------------

@@ -118,13 +118,9 @@ def _module_at(rev: str, module, folder: str):
 
 
 def _ttgir(variant, kernel=None) -> str:
-    """``variant`` compiled for sm_90 (or the same launch of ``kernel``, the options it does not declare left out):
-    its TTGIR text."""
+    """``variant`` compiled for sm_90 (:func:`.aot.compile_variant`; or the same launch of ``kernel``, the options it
+    does not declare left out): its TTGIR text."""
     import dataclasses
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from . import aot
 
@@ -132,17 +128,10 @@ def _ttgir(variant, kernel=None) -> str:
         declared = _declared(kernel)
         variant = dataclasses.replace(variant, kernel=kernel,
                                       constexprs={k: v for k, v in variant.constexprs.items() if k in declared})
-    kernel = variant.kernel
-    if variant.gluon:
-        from triton.experimental.gluon._runtime import GluonASTSource as source_type
-    else:
-        source_type = ASTSource
-    source = source_type(fn=aot.triton_launch(kernel), signature=variant.signature(), constexprs=variant.constexprs,
-                         attrs=aot.run_time_alignment(variant))
-    compiled = triton.compile(source, target=GPUTarget(*aot.HOPPER),
-                              options=dict(num_warps=variant.num_warps, num_stages=variant.num_stages,
-                                           **({"maxnreg": variant.maxnreg} if variant.maxnreg else {})))
-    return compiled.asm["ttgir"]
+    compiled = aot.compile_variant(variant)
+    if compiled.error:
+        raise RuntimeError(compiled.error)
+    return compiled.ttgir
 
 
 def _declared(kernel) -> set[str]:

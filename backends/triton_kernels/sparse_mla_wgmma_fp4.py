@@ -382,7 +382,7 @@ def _here(slot_row, n0, end):
 
 
 @gluon.jit
-def _stage_views(codes_s, rope_s, scale_s, j: gl.constexpr):
+def _stage_views(codes_s, rope_s, scale_s, j):
     """Stage ``j``'s buffers as :func:`_issue` writes them."""
     return (_view(codes_s.index(j), gl.uint8, [64, 256], _copy_view_layout()),
             _view(rope_s.index(j), gl.uint8, [64, 64], _ROW_MAJOR),
@@ -406,11 +406,9 @@ def _step(i, issue_ahead, ahead_c, ahead_r, ahead_s, next_row, next_n0, next_end
     async_copy.wait_group(STAGES - 2)  # this thread's copies of step i have landed
     _barrier()  # everyone's have; every warp is done with step i - 1's stage and P
     if issue_ahead:
-        nxt = (i + STAGES - 1) % STAGES
-        _issue(pages_u8, ahead_c, ahead_r, ahead_s, num_slots, s8_b, s8_t, block_tokens,
-               _view(codes_s.index(nxt), gl.uint8, [64, 256], _copy_view_layout()),
-               _view(rope_s.index(nxt), gl.uint8, [64, 64], _ROW_MAJOR),
-               _view(scale_s.index(nxt), gl.uint8, [64, 32], _ROW_MAJOR), FLAT, OFF32)
+        codes_n, rope_n, scale_n = _stage_views(codes_s, rope_s, scale_s, (i + STAGES - 1) % STAGES)
+        _issue(pages_u8, ahead_c, ahead_r, ahead_s, num_slots, s8_b, s8_t, block_tokens, codes_n, rope_n, scale_n,
+               FLAT, OFF32)
     async_copy.commit_group()
     ahead_c, ahead_r, ahead_s = _copy_slots(next_row, next_n0, next_end)
     valid = (here >= 0) & (here < num_slots)
