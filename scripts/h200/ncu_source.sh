@@ -12,11 +12,11 @@ mkdir -p /tmp/ncu-src
 for case in "$@"; do
     timeout "${T_NCU_CASE:-150}" "$NCU" --clock-control none -k "regex:${NCU_KERNEL:?set NCU_KERNEL}" --launch-skip 2 \
         --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-        --section SourceCounters --import-source no -f -o "/tmp/ncu-src/$case" \
+        --section InstructionStats --section MemoryWorkloadAnalysis --section SourceCounters --import-source no -f -o "/tmp/ncu-src/$case" \
         python3 scripts/h200/hot_ncu.py "$case" >"$OUT/ncu-$case.log" 2>&1
     echo "=== $case rc=$?"
     "$NCU" --import "/tmp/ncu-src/$case.ncu-rep" --page details >"$OUT/ncu-$case.txt" 2>&1
-    grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|Warp Cycles Per Issued|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|==ERR|error" "$OUT/ncu-$case.txt" | head -12
+    grep -E "Duration|Executed Instructions  |Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Warp Cycles Per Issued|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|==ERR|error" "$OUT/ncu-$case.txt" | head -16
     "$NCU" --import "/tmp/ncu-src/$case.ncu-rep" --page source --csv --print-source sass >"/tmp/ncu-src/$case-sass.csv" 2>&1
     python3 scripts/h200/sass_hotspots.py "/tmp/ncu-src/$case-sass.csv" --top "${TOP:-45}" | tee "$OUT/ncu-$case-hot.txt"
 done
