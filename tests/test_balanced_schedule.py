@@ -1,9 +1,7 @@
 """The balanced schedule of the wgmma sparse-MLA kernels (``triton_kernels.balanced``): its plain-Python model, and
-the kernels' Gluon twins (``sparse_mla_wgmma.program_steps``, ``step_row``, ``next_step``, ``piece_ends`` and
-``piece``: the bookkeeping of the kernels' one stream of steps a program) run against it. Gluon has no interpreter,
-so the twins' own code objects run in a Triton kernel under ``TRITON_INTERPRET=1`` (in a child process: the variable
-must be set before triton's import) with ``gl`` bound to ``triton.language``: the same integer arithmetic, the same
-lines."""
+the kernels' Gluon twins (``sparse_mla_wgmma.program_steps`` / ``piece``) run against it. Gluon has no interpreter, so
+the twins' own code objects run in a Triton kernel under ``TRITON_INTERPRET=1`` (in a child process: the variable must
+be set before triton's import) with ``gl`` bound to ``triton.language``: the same integer arithmetic, the same lines."""
 import json
 
 import pytest
@@ -84,42 +82,28 @@ def _twin_cases(results):
         return triton.jit(types.FunctionType(fn.__code__, names, fn.__name__, fn.__defaults__, fn.__closure__))
 
     # (module globals: a jit'd kernel finds the functions it calls there)
-    globals().update({name: as_tl(getattr(sparse_mla_wgmma, name))
-                      for name in ("program_steps", "step_row", "next_step", "piece_ends", "piece")})
+    globals().update(program_steps=as_tl(sparse_mla_wgmma.program_steps), piece=as_tl(sparse_mla_wgmma.piece))
 
     @triton.jit
     def record_pieces(out_ptr, tokens, K, MOST: tl.constexpr):
-        """Program p's pieces as the kernels' stream of steps finds them (``_reduce_share``: the first piece from
-        where the program starts, its part from ``piece``, each later one from a row's start as part 0; the position
-        advanced by ``next_step``, a piece ended where ``piece_ends`` says): ``out [P, MOST, 5]`` (row, start, end,
-        part, whether it ends the row)."""
+        """Program p's pieces as the kernels' loop runs them: ``out [P, MOST, 4]`` (row, start, end, part)."""
         g0, g1, S, total = program_steps(tokens, K)  # noqa: F821 - bound above
-        t, n = step_row(g0, S)  # noqa: F821 - bound above
-        _, _, part = piece(t, g0, g1, S, total, K)  # noqa: F821 - bound above
-        start = n
-        count = 0
-        for g in range(g0, g1):
-            ends, row_ends = piece_ends(g, g1, n, K)  # noqa: F821 - bound above
-            if ends:
-                row = out_ptr + (tl.program_id(0) * MOST + count) * 5
-                tl.store(row, t)
-                tl.store(row + 1, start)
-                tl.store(row + 2, tl.minimum(n + 64, K))
-                tl.store(row + 3, part)
-                tl.store(row + 4, row_ends.to(tl.int32))
-                count += 1
-                part = 0
-                start = 0
-            t, n = next_step(t, n, K)  # noqa: F821 - bound above
+        n = 0
+        for t in range(g0 // S, (g1 - 1) // S + 1):
+            start, end, part = piece(t, g0, g1, S, total, K)  # noqa: F821 - bound above
+            row = out_ptr + (tl.program_id(0) * MOST + n) * 4
+            tl.store(row, t)
+            tl.store(row + 1, start)
+            tl.store(row + 2, end)
+            tl.store(row + 3, part)
+            n += 1
 
     for tokens, k, programs in TWIN_CASES:
         running = balanced.launch_programs(tokens, k, programs)
-        out = torch.full((running, MOST_PIECES, 5), -1, dtype=torch.int32)
+        out = torch.full((running, MOST_PIECES, 4), -1, dtype=torch.int32)
         record_pieces[(running,)](out, tokens, k, MOST=MOST_PIECES)
-        # the model's pieces, each with whether it ends its row (the -inf marks of the unused parts)
         results[f"twin_{tokens}_{k}_{programs}"] = all(
-            [tuple(r) for r in out[p].tolist() if r[0] >= 0]
-            == [(*piece, int(piece[2] == k)) for piece in balanced.pieces(p, tokens, k, programs)]
+            [tuple(r) for r in out[p].tolist() if r[0] >= 0] == list(balanced.pieces(p, tokens, k, programs))
             for p in range(running))
 
 

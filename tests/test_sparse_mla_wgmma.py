@@ -271,16 +271,15 @@ def step_loop_local_memory(cubin) -> list[str]:
     return [f"{i.opcode} {i.operands}" for i in min(loops, key=len) if i.opcode.startswith(("LDL", "STL"))]
 
 
-@pytest.mark.parametrize("balanced, stream", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("balanced", [False, True])
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8"])
-def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm(fmt, balanced, stream):
-    """The backend's launch, on either record format, with fixed splits and on the balanced schedule, piece by piece
-    or as one stream (whose loops may keep a few piece bounds in local memory: never the step loop)."""
+def test_the_kernel_compiles_for_hopper_without_spilling_two_programs_a_sm(fmt, balanced):
+    """The backend's launch, on either record format, with fixed splits and on the balanced schedule (whose loop over
+    pieces may keep its few piece bounds in local memory: never the step loop)."""
     from dsahal.backends.nvidia import aot
 
     (variant,) = [v for v in aot._wgmma_variants()
-                  if v.constexprs["FP8"] == (fmt == "fp8") and v.constexprs["BALANCED"] == balanced
-                  and v.constexprs["STREAM"] == stream]
+                  if v.constexprs["FP8"] == (fmt == "fp8") and v.constexprs["BALANCED"] == balanced]
     result = aot.compile_variant(variant)
     assert result.error == "", result.error
     assert 0 < result.registers <= 255
@@ -475,14 +474,13 @@ def test_a_bad_program_count_is_refused_naming_it(monkeypatch, programs):
 
 def test_default_mode_takes_the_balanced_schedule_from_its_token_count(monkeypatch):
     """From ``config.WGMMA_BALANCED_FROM_TOKENS[format]`` tokens, ``config.WGMMA_PROGRAMS_PER_SM`` programs a SM of
-    the call's device (a program's steps one stream where ``config.WGMMA_BALANCED_STREAM`` says); fixed splits below
-    it, for a format it does not name, in batch-invariant mode and without a device."""
+    the call's device; fixed splits below it, for a format it does not name, in batch-invariant mode and without a
+    device."""
     from dsahal.backends.nvidia import config, ops
 
     monkeypatch.setattr(ops, "_multiprocessors", lambda device: 132)
     monkeypatch.setattr(config, "batch_invariant", lambda: False)
     programs = config.WGMMA_PROGRAMS_PER_SM * 132
-    stream = config.WGMMA_BALANCED_STREAM
     for fmt, launch, base, small_splits in (
             ("fp8_ds_mla", ops.wgmma_launch, config.WGMMA_FEW_HEADS, config.WGMMA_SMALL_SPLITS),
             ("fp8", lambda n, device: ops.wgmma_launch(n, device, "fp8"), config.WGMMA_FEW_HEADS,
@@ -490,8 +488,8 @@ def test_default_mode_takes_the_balanced_schedule_from_its_token_count(monkeypat
             ("nvfp4", ops.wgmma_fp4_launch, config.WGMMA_NVFP4, config.WGMMA_NVFP4_SMALL_SPLITS)):
         start = config.WGMMA_BALANCED_FROM_TOKENS[fmt]
         assert start >= small_splits[-1][0]  # the small splits' calls keep them
-        assert launch(start, "cuda") == dict(base, programs=programs, stream=stream)
-        assert launch(4096, "cuda") == dict(base, programs=programs, stream=stream)
+        assert launch(start, "cuda") == dict(base, programs=programs)
+        assert launch(4096, "cuda") == dict(base, programs=programs)
         assert "programs" not in launch(start - 1, "cuda")
         assert "programs" not in launch(4096, None)  # (no device: fixed splits)
     below = config.WGMMA_BALANCED_FROM_TOKENS["fp8_ds_mla"] - 1
@@ -499,15 +497,11 @@ def test_default_mode_takes_the_balanced_schedule_from_its_token_count(monkeypat
     # a format the table does not name never takes it (per-tensor FP8: not yet timed on it)
     monkeypatch.setattr(config, "WGMMA_BALANCED_FROM_TOKENS", {"fp8_ds_mla": 64})
     assert ops.wgmma_launch(320, "cuda", "fp8") == config.WGMMA_FEW_HEADS
-    assert ops.wgmma_launch(320, "cuda", "fp8_ds_mla") == dict(config.WGMMA_FEW_HEADS, programs=programs,
-                                                              stream=stream)
-    monkeypatch.setattr(config, "WGMMA_BALANCED_STREAM", not stream)  # the stream where the table says
-    assert ops.wgmma_launch(320, "cuda", "fp8_ds_mla")["stream"] is (not stream)
+    assert ops.wgmma_launch(320, "cuda", "fp8_ds_mla") == dict(config.WGMMA_FEW_HEADS, programs=programs)
     many = config.WGMMA_NVFP4_MANY  # NVFP4 without it: the three-programs launch for large calls, as before
     assert ops.wgmma_fp4_launch(many["from_tokens"], "cuda") == dict(
         config.WGMMA_NVFP4, stages=many["stages"], maxnreg=many["maxnreg"], in_flight=many["in_flight"])
     monkeypatch.setattr(config, "WGMMA_BALANCED_FROM_TOKENS", {"fp8_ds_mla": 1, "fp8": 1, "nvfp4": 1})
-    assert ops.wgmma_fp4_launch(320, "cuda")["stream"] is (not stream)
     monkeypatch.setattr(config, "batch_invariant", lambda: True)  # fixed splits: a row's sums never follow its batch
     assert ops.wgmma_launch(320, "cuda") == config.WGMMA_FEW_HEADS
     assert ops.wgmma_launch(320, "cuda", "fp8") == config.WGMMA_FEW_HEADS

@@ -467,17 +467,14 @@ def _wgmma_variants() -> list[Variant]:
 
     launch = config.WGMMA_FEW_HEADS
     return [Variant(
-        f"sparse MLA few heads, wgmma, {fmt}, H=16, {launch['stages']} stages" + (", balanced" if balanced else "")
-        + (", stream" if stream else ""),
+        f"sparse MLA few heads, wgmma, {fmt}, H=16, {launch['stages']} stages" + (", balanced" if balanced else ""),
         wgmma_mla.sparse_mla_wgmma_kernel,
-        dict(STAGES=launch["stages"], FLAT=True, OFF32=True, FP8=fmt == "fp8", ALIGNED=True, BALANCED=balanced,
-             STREAM=stream),
+        dict(STAGES=launch["stages"], FLAT=True, OFF32=True, FP8=fmt == "fp8", ALIGNED=True, BALANCED=balanced),
         dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32",
              kv_scale_ptr="fp32" if fmt == "fp8" else "bf16"),  # (fp8_ds_mla: q stands in, unread)
         floats=("logit_scale",), num_warps=4, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * record, s8_t=record),
         gluon=True)
-        for fmt, record in (("fp8_ds_mla", 656), ("fp8", 576))
-        for balanced, stream in ((False, False), (True, False), (True, True))]
+        for fmt, record in (("fp8_ds_mla", 656), ("fp8", 576)) for balanced in (False, True)]
 
 
 def _wgmma_fp4_variants() -> list[Variant]:
@@ -489,18 +486,14 @@ def _wgmma_fp4_variants() -> list[Variant]:
 
     out = []
     one, many = config.WGMMA_NVFP4, config.WGMMA_NVFP4_MANY
-    for stages, maxnreg, in_flight, balanced, stream in ((one["stages"], None, one["in_flight"], False, False),
-                                                         (one["stages"], None, one["in_flight"], True, False),
-                                                         (one["stages"], None, one["in_flight"], True, True),
-                                                         (many["stages"], many["maxnreg"], many["in_flight"], False,
-                                                          False)):
+    for stages, maxnreg, in_flight, balanced in ((one["stages"], None, one["in_flight"], False),
+                                                 (one["stages"], None, one["in_flight"], True),
+                                                 (many["stages"], many["maxnreg"], many["in_flight"], False)):
         out.append(Variant(
             f"sparse MLA few heads, wgmma, nvfp4, H=16, {stages} stages, {in_flight} logit MMA(s) in flight"
-            + (f", {maxnreg} registers" if maxnreg else "") + (", balanced" if balanced else "")
-            + (", stream" if stream else ""),
+            + (f", {maxnreg} registers" if maxnreg else "") + (", balanced" if balanced else ""),
             fp4_mla.sparse_mla_wgmma_fp4_kernel,
-            dict(STAGES=stages, FLAT=True, OFF32=True, IN_FLIGHT=in_flight, ALIGNED=True, BALANCED=balanced,
-                 STREAM=stream),
+            dict(STAGES=stages, FLAT=True, OFF32=True, IN_FLIGHT=in_flight, ALIGNED=True, BALANCED=balanced),
             dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32"), floats=("logit_scale",),
             num_warps=4, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * 352, s8_t=352), gluon=True, maxnreg=maxnreg))
     return out

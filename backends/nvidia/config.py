@@ -111,18 +111,11 @@ WGMMA_NVFP4_SMALL_SPLITS = ((32, 256), (64, 512))
 # per-tensor FP8 64 47.3 / 52.9, 128 74.7 / 82.3, 192 122.4 / 111.4 (1.099x); NVFP4 64 58.4 / 56.7 (1.03x), 128 79.7 /
 # 84.9, 192 139.4 / 112.0 (1.245x). So each format from 192 tokens, the first count measured faster (the crossing lies
 # between 128 and 192; NVFP4's small win at 64 is left). Batch-invariant mode keeps the fixed splits whatever this says
-# (a piece's split points follow the batch).
+# (a piece's split points follow the batch). Forty-first session, H200 (scripts/h200/module_ab.py, GPU ms, fixed /
+# balanced): fp8_ds_mla H = 16 64 x 5 0.2210 / 0.1879 (1.176x), 192 0.1503 / 0.1248, 128 0.0856 / 0.0917; NVFP4 64 x 5
+# 0.1802 / 0.1725, 192 0.1307 / 0.1129, 128 0.0834 / 0.0855: the same crossing on the H200.
 WGMMA_BALANCED_FROM_TOKENS = {"fp8_ds_mla": 192, "fp8": 192, "nvfp4": 192}
 WGMMA_PROGRAMS_PER_SM = 2
-# Whether the balanced launches run each program's steps as one stream (the kernels' STREAM: the gathers STAGES - 1
-# steps ahead across a program's pieces, the next row's queries scaled in behind a piece's last step) instead of piece
-# by piece (each piece a split of its own: its first gathers issued after the previous piece's last step, a pipeline
-# refill a piece; R2's balanced / fixed losses at 64-128 tokens, where a program meets two rows in 8-16 steps, are
-# about one such refill and prologue a piece). The same results bit for bit (scripts/h200/module_ab.py checks it
-# against a frozen copy of the per-piece kernels). Fortieth session: built and compiled for sm_90 (Triton 3.6: no
-# local memory in the step loops but one load; the per-piece NVFP4 launch's 40-byte stack gone), not yet run on a
-# GPU, so off.
-WGMMA_BALANCED_STREAM = False
 
 
 _batch_invariant: bool | None = None

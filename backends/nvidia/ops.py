@@ -112,14 +112,13 @@ def wgmma_launch(tokens: int, device=None, kv_fmt: str = "fp8_ds_mla") -> dict:
 
 
 def _balanced(launch: dict, tokens: int, device, kv_fmt: str) -> dict | None:
-    """``launch`` on the balanced schedule (``config.WGMMA_PROGRAMS_PER_SM`` programs a SM of ``device``, each program's
-    steps one stream where ``config.WGMMA_BALANCED_STREAM`` says) where default mode takes it for ``tokens`` query
-    tokens of ``kv_fmt`` records (``config.WGMMA_BALANCED_FROM_TOKENS``); else None."""
+    """``launch`` on the balanced schedule (``config.WGMMA_PROGRAMS_PER_SM`` programs a SM of ``device``) where default
+    mode takes it for ``tokens`` query tokens of ``kv_fmt`` records (``config.WGMMA_BALANCED_FROM_TOKENS``); else
+    None."""
     start = config.WGMMA_BALANCED_FROM_TOKENS.get(kv_fmt)
     if device is None or start is None or tokens < start:
         return None
-    return dict(launch, programs=config.WGMMA_PROGRAMS_PER_SM * _multiprocessors(device),
-                stream=config.WGMMA_BALANCED_STREAM)
+    return dict(launch, programs=config.WGMMA_PROGRAMS_PER_SM * _multiprocessors(device))
 
 
 @functools.lru_cache(maxsize=None)

@@ -421,30 +421,6 @@ def mark_unused_parts(lse_row, stride_ls, part, parts, head_ok):
 
 
 @gluon.jit
-def step_row(g, S):
-    """Global step ``g`` of the balanced schedule (``S`` steps a row): its row and the row's first slot it covers
-    (int32; :func:`program_steps`)."""
-    t = g // S
-    return t, gl.multiple_of((g - t * S) * TILE, 64)  # (whole steps: the slot indices' loads vectorised)
-
-
-@gluon.jit
-def next_step(t, n, K):
-    """The step after the one at row ``t``, slots ``n ..`` (rows of ``K`` slots in 64-slot steps, row-major): the
-    stream's positions advance without a division a step."""
-    more = n + TILE < K
-    return gl.where(more, t, t + 1), gl.multiple_of(gl.where(more, n + TILE, 0), 64)
-
-
-@gluon.jit
-def piece_ends(g, g1, n, K):
-    """Whether step ``g`` (slots ``n ..`` of its row) of a program ending at ``g1`` ends its piece (the program's last
-    step or the row's), and whether it ends the row (the row's last piece: :func:`mark_unused_parts`)."""
-    row_ends = n + TILE >= K
-    return (g + 1 == g1) | row_ends, row_ends
-
-
-@gluon.jit
 def _queries(q_ptr, stride_qt, stride_qh, t, H, q_s, q_rope, logit_scale, kv_scale_ptr, FP8: gl.constexpr):
     """Row ``t``'s queries into ``q_s`` / ``q_rope``: each head scaled by a power of two into fp16 (its largest in
     [2^13, 2^14): exact but for values below 2^-27 of it), in the chunks' column order; FP8 records: the RoPE dims
@@ -646,63 +622,6 @@ def _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
                  stride_lt, H, parts, t, part, end == K, BALANCED)
 
 
-@gluon.jit
-def _reduce_share(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
-                  stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
-                  logit_scale, kv_scale_ptr, tokens, codes_s, rope_s, scale_s, p_s, q_s, q_rope,
-                  STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr, FP8: gl.constexpr):
-    """(The balanced schedule) This program's share ``[g0, g1)`` of the call's 64-slot steps as one stream: the
-    gathers run ``STAGES - 1`` steps ahead across its pieces (a piece's first step never waits for its copies'
-    flight), each piece's result stored at its last step and the next row's queries scaled in behind it. The
-    per-piece launch (``STREAM`` off) runs each piece as a split of its own: its first copies issued after the
-    previous piece's last step, a pipeline refill a piece. The same results bit for bit: a piece's arithmetic is the
-    same either way."""
-    ROWS: gl.constexpr = gl.SliceLayout(1, _logit_layout())
-    g0, g1, S, total = program_steps(tokens, K)
-    if g0 < g1:  # (the launcher gives every program a step: launch_programs)
-        for j in gl.static_range(STAGES - 1):
-            g = g0 + j
-            if g < g1:
-                tj, nj = step_row(g, S)
-                sc, sr, ss = _copy_slots(slots_ptr + tj.to(gl.int64) * stride_st, nj, K, FP8)
-                _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens, codes_s.index(j), rope_s.index(j),
-                       scale_s.index(j), FLAT, OFF32, FP8)
-            async_copy.commit_group()
-        # three positions in the stream, each advanced a step at a time: this step (t, n), the next (th, nh: its
-        # slots the next step's mask) and the one STAGES ahead of this (ta, na: its slot indices loaded this step, its
-        # copies issued next step); slot indices are read only for steps of this program (past g1 masked off: end 0)
-        t, n = step_row(g0, S)
-        th, nh = next_step(t, n, K)
-        ta, na = step_row(g0 + STAGES - 1, S)
-        ahead_c, ahead_r, ahead_s = _copy_slots(slots_ptr + ta.to(gl.int64) * stride_st, na,
-                                                gl.where(g0 + STAGES - 1 < g1, K, 0), FP8)
-        ta, na = next_step(ta, na, K)
-        here = _slot_rows(slots_ptr + t.to(gl.int64) * stride_st, n, K, ROWS)
-        head_scale, first_maximum = _queries(q_ptr, stride_qt, stride_qh, t.to(gl.int64), H, q_s, q_rope, logit_scale,
-                                             kv_scale_ptr, FP8)
-        m_i, l_acc, b0, b1, b2, b3, acc = _fresh_state(first_maximum)
-        _, _, part = piece(t, g0, g1, S, total, K)  # the first piece's part; a row this program starts: part 0
-        for g in range(g0, g1):
-            ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc, b0, b1, b2, b3 = _step(
-                g - g0, g + STAGES - 1 < g1, ahead_c, ahead_r, ahead_s, slots_ptr + ta.to(gl.int64) * stride_st, na,
-                gl.where(g + STAGES < g1, K, 0), here, slots_ptr + th.to(gl.int64) * stride_st, nh,
-                gl.where(g + 1 < g1, K, 0), pages_u8, s8_b, s8_t, num_slots, block_tokens, logit_scale, head_scale, m_i,
-                l_acc, acc, b0, b1, b2, b3, codes_s, rope_s, scale_s, p_s, q_s, q_rope, STAGES, FLAT, OFF32, FP8)
-            ends, row_ends = piece_ends(g, g1, n, K)
-            if ends:
-                _store_piece(acc, l_acc, m_i, b0, b1, b2, b3, o_ptr, stride_os, stride_ot, stride_oh, lse_ptr,
-                             stride_ls, stride_lt, H, parts, t.to(gl.int64), part, row_ends, True)
-                part = 0
-                if g + 1 < g1:  # the next row's queries (every warp is past this step's logit MMAs: its P barrier)
-                    head_scale, first_maximum = _queries(q_ptr, stride_qt, stride_qh, th.to(gl.int64), H, q_s, q_rope,
-                                                         logit_scale, kv_scale_ptr, FP8)
-                    m_i, l_acc, b0, b1, b2, b3, acc = _fresh_state(first_maximum)
-            t, n = th, nh
-            th, nh = next_step(th, nh, K)
-            ta, na = next_step(ta, na, K)
-        async_copy.wait_group(0)
-
-
 @gluon.jit(do_not_specialize=SIZE_ARGS)
 def sparse_mla_wgmma_kernel(
     q_ptr, stride_qt, stride_qh,  # q [T, H, 576] bf16
@@ -720,12 +639,12 @@ def sparse_mla_wgmma_kernel(
     FP8: gl.constexpr = False,  # per-tensor FP8 records (576 e4m3 codes x kv_scale) instead of fp8_ds_mla's
     ALIGNED: gl.constexpr = False,  # every split starts at a multiple of 64 slots (the slot indices' loads vectorised)
     BALANCED: gl.constexpr = False,  # the balanced schedule (.balanced): grid axis 0 its programs, axis 1 one
-    STREAM: gl.constexpr = False,  # (BALANCED) a program's steps as one stream (_reduce_share), not piece by piece
 ):
     """Fixed splits (grid: splits, tokens, head groups): program (split, t) reduces row t's slots split · split_size
     onwards; or (``BALANCED``; grid: programs, 1, head groups) program p its share of the call's 64-slot steps, a
-    piece a row it meets (:mod:`.balanced`): piece by piece, each run as a split (its gathers started after the
-    previous piece's last step), or with ``STREAM`` as one stream of steps (:func:`_reduce_share`)."""
+    piece a row it meets (:mod:`.balanced`), each piece run as a split of its own (a program's steps as one stream,
+    its gathers running ahead across its pieces, gave the same bits and was 5-8% slower on the H200: forty-first
+    session)."""
     q_ptr, o_ptr, lse_ptr, H = head_group(q_ptr, stride_qh, o_ptr, stride_oh, lse_ptr, H, BLOCK_H)
     # the first steps' gathers first: the queries' loads and split below overlap their flight (a program's work
     # outside its loop was 29% of the warps' stall samples, H100, thirty-sixth session)
@@ -743,12 +662,7 @@ def sparse_mla_wgmma_kernel(
     else:
         q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], _Q)
 
-    if BALANCED and STREAM:
-        _reduce_share(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
-                      stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
-                      logit_scale, kv_scale_ptr, tokens, codes_s, rope_s, scale_s, p_s, q_s, q_rope, STAGES, FLAT,
-                      OFF32, FP8)
-    elif BALANCED:
+    if BALANCED:
         g0, g1, S, total = program_steps(tokens, K)
         for t in range(g0 // S, (g1 - 1) // S + 1):
             start, end, part = piece(t, g0, g1, S, total, K)
@@ -788,7 +702,7 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
 
 @bounded_partials
 def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, stages=DEFAULT_STAGES,
-                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, programs=None, stream=False):
+                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, programs=None):
     """Launch :func:`sparse_mla_wgmma_kernel` (a call :func:`serves` refuses raises, naming what it got).
 
     Args:
@@ -807,8 +721,6 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
         programs: the balanced schedule (:mod:`.balanced`; default mode only: its split points follow the batch):
             this many programs in all (as many as run at once; divided among the groups of 16 heads) share the
             call's 64-slot steps (``split_size`` then unused); None: fixed splits.
-        stream: (``programs``) each program's steps as one stream, its gathers running ahead across its pieces
-            (:func:`_reduce_share`), instead of piece by piece; the same results bit for bit.
 
     Returns:
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
@@ -834,8 +746,7 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size, programs)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
-    meta = dict(STAGES=stages, FP8=fp8, ALIGNED=splits == 1 or split_size % 64 == 0, BALANCED=False,
-                STREAM=bool(stream) and programs is not None, num_warps=4,
+    meta = dict(STAGES=stages, FP8=fp8, ALIGNED=splits == 1 or split_size % 64 == 0, BALANCED=False, num_warps=4,
                 **({"maxnreg": maxnreg} if maxnreg else {}))
     # (fp8_ds_mla: the kernel reads no tensor scale; q stands in for the pointer)
     scale_arg = kv_scale.reshape(()) if fp8 else q

@@ -59,8 +59,7 @@ from .partials import bounded_partials
 from .sparse_mla_gluon import _as_f16, _rows, head_group, launch_over_tokens, records_refusal, unserved
 from .sparse_mla_small_heads_raw import check_launch, programs_per_group, unit_stride_and_outputs
 from .sparse_mla_wgmma import (_QUERY, _logit_layout, _query_runs, _row_scale16, _runs_amax,
-                               mark_unused_parts, next_step, online_softmax, piece, piece_ends, program_steps,
-                               softmax_totals, step_row)
+                               mark_unused_parts, online_softmax, piece, program_steps, softmax_totals)
 
 _async_copy = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -506,56 +505,6 @@ def _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
                  part, end == K, BALANCED)
 
 
-@gluon.jit
-def _reduce_share(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
-                  stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
-                  logit_scale, tokens, codes_s, rope_s, scale_s, p_s, q_s, q_rope_s, STAGES: gl.constexpr,
-                  FLAT: gl.constexpr, OFF32: gl.constexpr, IN_FLIGHT: gl.constexpr):
-    """(The balanced schedule) This program's share of the call's steps as one stream, the gathers ``STAGES - 1``
-    steps ahead across its pieces: as the fp8_ds_mla kernel's ``_reduce_share``."""
-    g0, g1, S, total = program_steps(tokens, K)
-    if g0 < g1:  # (the launcher gives every program a step: launch_programs)
-        for j in gl.static_range(STAGES - 1):
-            g = g0 + j
-            if g < g1:
-                tj, nj = step_row(g, S)
-                sc, sr, ss = _copy_slots(slots_ptr + tj.to(gl.int64) * stride_st, nj, K)
-                codes_j, rope_j, scale_j = _stage_views(codes_s, rope_s, scale_s, j)
-                _issue(pages_u8, sc, sr, ss, num_slots, s8_b, s8_t, block_tokens, codes_j, rope_j, scale_j, FLAT,
-                       OFF32)
-            async_copy.commit_group()
-        # the stream's three positions, as the fp8_ds_mla kernel's
-        t, n = step_row(g0, S)
-        th, nh = next_step(t, n, K)
-        ta, na = step_row(g0 + STAGES - 1, S)
-        ahead_c, ahead_r, ahead_s = _copy_slots(slots_ptr + ta.to(gl.int64) * stride_st, na,
-                                                gl.where(g0 + STAGES - 1 < g1, K, 0))
-        ta, na = next_step(ta, na, K)
-        here = _here(slots_ptr + t.to(gl.int64) * stride_st, n, K)
-        head_scale = _queries(q_ptr, stride_qt, stride_qh, t.to(gl.int64), H, q_s, q_rope_s, logit_scale)
-        m_i, l_acc, acc = _fresh_state()
-        _, _, part = piece(t, g0, g1, S, total, K)  # the first piece's part; a row this program starts: part 0
-        for g in range(g0, g1):
-            ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc = _step(
-                g - g0, g + STAGES - 1 < g1, ahead_c, ahead_r, ahead_s, slots_ptr + ta.to(gl.int64) * stride_st, na,
-                gl.where(g + STAGES < g1, K, 0), here, slots_ptr + th.to(gl.int64) * stride_st, nh,
-                gl.where(g + 1 < g1, K, 0), pages_u8, s8_b, s8_t, num_slots, block_tokens, head_scale, m_i, l_acc,
-                acc, codes_s, rope_s, scale_s, p_s, q_s, q_rope_s, STAGES, FLAT, OFF32, IN_FLIGHT)
-            ends, row_ends = piece_ends(g, g1, n, K)
-            if ends:
-                _store_piece(acc, l_acc, m_i, o_ptr, stride_os, stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt,
-                             H, parts, t.to(gl.int64), part, row_ends, True)
-                part = 0
-                if g + 1 < g1:  # the next row's queries (every warp is past this step's logit MMAs: its P barrier)
-                    head_scale = _queries(q_ptr, stride_qt, stride_qh, th.to(gl.int64), H, q_s, q_rope_s,
-                                          logit_scale)
-                    m_i, l_acc, acc = _fresh_state()
-            t, n = th, nh
-            th, nh = next_step(th, nh, K)
-            ta, na = next_step(ta, na, K)
-        async_copy.wait_group(0)
-
-
 @gluon.jit(do_not_specialize=SIZE_ARGS)
 def sparse_mla_wgmma_fp4_kernel(
     q_ptr, stride_qt, stride_qh,  # q [T, H, 576] bf16
@@ -572,7 +521,6 @@ def sparse_mla_wgmma_fp4_kernel(
     IN_FLIGHT: gl.constexpr = 1,  # logit MMAs in flight (each holds its decoded operand's 16 registers)
     ALIGNED: gl.constexpr = False,  # every split starts at a multiple of 64 slots (the slot indices' loads vectorised)
     BALANCED: gl.constexpr = False,  # the balanced schedule (.balanced): grid axis 0 its programs, axis 1 one
-    STREAM: gl.constexpr = False,  # (BALANCED) a program's steps as one stream (_reduce_share), not piece by piece
 ):
     """Fixed splits or the balanced schedule, as :func:`.sparse_mla_wgmma.sparse_mla_wgmma_kernel`."""
     q_ptr, o_ptr, lse_ptr, H = head_group(q_ptr, stride_qh, o_ptr, stride_oh, lse_ptr, H, BLOCK_H)
@@ -585,12 +533,7 @@ def sparse_mla_wgmma_fp4_kernel(
     q_s = gl.allocate_shared_memory(gl.float16, [8, BLOCK_H, 64], _Q)  # the queries, in the MMAs' column orders
     q_rope_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, 64], _Q)
 
-    if BALANCED and STREAM:
-        _reduce_share(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
-                      stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
-                      logit_scale, tokens, codes_s, rope_s, scale_s, p_s, q_s, q_rope_s, STAGES, FLAT, OFF32,
-                      IN_FLIGHT)
-    elif BALANCED:
+    if BALANCED:
         g0, g1, S, total = program_steps(tokens, K)
         for t in range(g0 // S, (g1 - 1) // S + 1):
             start, end, part = piece(t, g0, g1, S, total, K)
@@ -623,7 +566,7 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
 
 @bounded_partials
 def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, stages=DEFAULT_STAGES,
-                         split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, in_flight=1, programs=None, stream=False):
+                         split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, in_flight=1, programs=None):
     """Launch :func:`sparse_mla_wgmma_fp4_kernel` (a call :func:`serves` refuses raises, naming what it got).
 
     Args:
@@ -642,8 +585,6 @@ def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *,
         programs: the balanced schedule (:mod:`.balanced`; default mode only: its split points follow the batch):
             this many programs in all (as many as run at once; divided among the groups of 16 heads) share the
             call's 64-slot steps (``split_size`` then unused); None: fixed splits.
-        stream: (``programs``) each program's steps as one stream, its gathers running ahead across its pieces
-            (:func:`_reduce_share`), instead of piece by piece; the same results bit for bit.
 
     Returns:
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
@@ -664,7 +605,7 @@ def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *,
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
     meta = dict(STAGES=stages, IN_FLIGHT=in_flight, ALIGNED=splits == 1 or split_size % 64 == 0, BALANCED=False,
-                STREAM=bool(stream) and programs is not None, num_warps=4,
+                num_warps=4,
                 **({"maxnreg": maxnreg} if maxnreg else {}))
     return launch_over_tokens(sparse_mla_wgmma_fp4_kernel, q, kv_pages, slots, o, lse, splits,
                               (heads, k, split_size, softmax_scale * LOG2E, tokens, splits), meta, record_bytes=RECORD,

@@ -13,8 +13,7 @@ queries, 64 x 1), ``prefill`` (one request's 4096 tokens at positions 28K..32K, 
 (64 x 5 at 64 index heads), ``small_heads`` (sparse MLA, few-heads
 kernel, fp8_ds_mla latents, H = 16, 64 x 5 tokens x 2048 slots into a 1M-token pool), ``wgmma16`` / ``wgmma12`` (the
 same call on the route's kernel, ``sparse_mla_wgmma`` at the backend's launch, H = 16 / 12), ``nvfp4_16`` (the same
-on NVFP4 latents, ``sparse_mla_wgmma_fp4``, H = 16), ``wgmma16_stream`` / ``nvfp4_16_stream`` (those two with the
-balanced schedule's steps as one stream a program, ``config.WGMMA_BALANCED_STREAM``). Each case runs three
+on NVFP4 latents, ``sparse_mla_wgmma_fp4``, H = 16). Each case runs three
 calls (the first compiles); prints only the cases' order, so ncu's report is the output.
 """
 import sys
@@ -66,12 +65,10 @@ def small_heads():
         chunked.sparse_mla_small_heads(q, pages, slots, "fp8_ds_mla", scale, 192**-0.5, **cfg)
 
 
-def wgmma(heads, fmt="fp8_ds_mla", stream=False):
+def wgmma(heads, fmt="fp8_ds_mla"):
     """The few-heads route's wgmma kernel for ``fmt`` (``sparse_mla_wgmma``; ``sparse_mla_wgmma_fp4`` for nvfp4) as the
-    backend launches it for 320 tokens, at ``heads`` (``stream``: the balanced schedule's steps as one stream)."""
-    from dsahal.backends.nvidia import config, ops
-
-    config.WGMMA_BALANCED_STREAM = stream
+    backend launches it for 320 tokens, at ``heads``."""
+    from dsahal.backends.nvidia import ops
 
     launch = ops.sparse_mla_wgmma_fp4 if fmt == "nvfp4" else ops.sparse_mla_wgmma
     pages, _ = cache_pools.latent_pools(torch, (fmt,), 1 << 20, DEVICE)[fmt]
@@ -91,7 +88,6 @@ CASES = {"indexer": lambda: indexer(1), "indexer2": lambda: indexer(2), "indexer
          "mxfp4_bf16": lambda: indexer(1, q_dtype=BF16, fmt="mxfp4"),
          "prefill": lambda: indexer(4096, requests=1, context=32 * 1024), "small_heads": small_heads,
          "wgmma16": lambda: wgmma(16), "wgmma12": lambda: wgmma(12), "nvfp4_16": lambda: wgmma(16, "nvfp4"),
-         "wgmma16_stream": lambda: wgmma(16, stream=True), "nvfp4_16_stream": lambda: wgmma(16, "nvfp4", stream=True),
          # twenty-seventh session: the warp-specialised Gluon variant at 64 x 5 (a producer warp, 3 programs a SM)
          "indexer5_ws": lambda: indexer(5, more=dict(stages=6, depth=1, maxnreg=80, head_sum_mma=True,
                                                      warp_specialized=True)),

@@ -16,9 +16,9 @@ reported and skipped. The families:
 - ``sparse_mla_wgmma_fp4``: the NVFP4 launcher with the nvidia backend's fixed-split launch parameters by token count
   (``ops.wgmma_fp4_launch``) and on the balanced schedule (two programs a SM) at H = 16, 64 x 5, 64 x 8, 192, 128
   and 64 tokens over a 1M-token pool, and edge cases (5 heads, 2,000 slots a row: a partial last split,
-  skipped and out-of-range slots, a row with none valid; the balanced stream also on 7 programs, each meeting many
-  rows: a launch option the copy predates (``stream``) is left out of the copy's call, so the stream is checked bit
-  for bit against the copy's pieces);
+  skipped and out-of-range slots, a row with none valid; the balanced schedule also on 7 programs, each meeting many
+  rows). A launch option the copy predates is left out of the copy's call (a new launch is checked bit for bit
+  against the copy's launch without it);
 - ``sparse_mla_wgmma``: the fp8_ds_mla and per-tensor FP8 launcher (``ops.wgmma_launch``) on the same cases.
 
 A change meant to keep every result (a schedule, a layout) must give the copy's outputs bit for bit: a difference is a
@@ -100,7 +100,7 @@ def wgmma_cases(torch, name, launches_of, formats):
     def launch(q, *args, kw):
         module = importlib.import_module(f"{PACKAGE}.{name}")  # (the copy while swapped)
         launcher = getattr(module, name)
-        # (an option the copy predates is left out of its call: e.g. the stream, whose results are the pieces')
+        # (an option the copy predates is left out of its call: a new launch checked against the copy's own)
         known = inspect.signature(inspect.unwrap(launcher)).parameters
         return launcher(q, *args, **{key: value for key, value in kw.items() if key in known})
 
@@ -130,15 +130,15 @@ def wgmma_cases(torch, name, launches_of, formats):
 
 def _launches(torch, fixed_of, base):
     """``launches_of`` for :func:`wgmma_cases`: the fixed splits default mode takes without a device
-    (``fixed_of(tokens)``), and ``base`` on the balanced schedule at two programs a SM, piece by piece and as a stream
-    (the edge case: also the stream on 7 programs, each meeting many rows)."""
+    (``fixed_of(tokens)``), and ``base`` on the balanced schedule at two programs a SM (the edge case: also on 7
+    programs, each meeting many rows)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def launches(tokens, edges):
         balanced = dict(base, programs=2 * sms)
-        out = {"fixed": fixed_of(tokens), "balanced": balanced, "balanced stream": dict(balanced, stream=True)}
+        out = {"fixed": fixed_of(tokens), "balanced": balanced}
         if edges:
-            out["balanced stream 7 programs"] = dict(balanced, programs=7, stream=True)
+            out["balanced 7 programs"] = dict(balanced, programs=7)
         return out
     return launches
 
