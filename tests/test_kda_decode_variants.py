@@ -11,6 +11,7 @@ shapes with fp32 / fp16 inputs, this module checks:
   the op contract of ``dsahal.ops.kda.kda_decode``) on a pool that is a strided view of a larger buffer
   (rows two apart, K stride wider than V): every buffer byte outside the addressed slabs is unchanged;
 * the default kernel and ``scalar_row`` agree within fp32 rounding;
+* an fp64 gate gives the bits of the fp32 gate it holds exactly (the launchers convert it: ``limits.kda_gate``);
 * the options that need ``scalar_row=True`` are refused without it (in this process: no launch happens).
 
 The kernel's output comes from ``torch.empty``; the child makes that allocation NaN-filled (:func:`_poisoned`),
@@ -201,6 +202,16 @@ def _agreement_cases(results):
             results[f"agree_{label}_{name}"] = dict(
                 o_diff=_rel(got, base), state_diff=_rel(mine, base_pool),
                 same_padding=torch.equal(got[1], base[1]))
+        # an fp64 gate (the op takes any float gate, used in fp32): the launchers hand the kernels its fp32
+        # values, so the same bits as the fp32 gate it holds exactly, on both kernels
+        q, k, v, g, beta = tensors
+        for name, options in (("default", {}), ("scalar", OPTIONS["scalar"])):
+            fp32_pool, fp64_pool = buffer.clone()[1:-1], buffer.clone()[1:-1]
+            with _poisoned():
+                want = kda_decode(q, k, v, g, beta, fp32_pool, ids, scale, True, block_v=block_v, **options)
+                got = kda_decode(q, k, v, g.double(), beta, fp64_pool, ids, scale, True, block_v=block_v, **options)
+            results[f"fp64_gate_{label}_{name}"] = dict(same_output=torch.equal(got, want),
+                                                        same_state=torch.equal(fp64_pool, fp32_pool))
 
 
 def _pool(rows, key_dim, value_dim, seed):
@@ -293,3 +304,35 @@ def test_scalar_row_options_without_scalar_row_are_refused(options, names):
 if __name__ == "__main__":
     # Child process: TRITON_INTERPRET=1 is already in the environment, before triton's import.
     print(json.dumps(_run_all()))
+
+
+@pytest.mark.parametrize("label", [PLAIN[0], MASKED[0][0]])
+@pytest.mark.parametrize("name", ["default", "scalar"])
+def test_an_fp64_gate_is_served_as_the_fp32_gate_it_holds(interpreted, label, name):
+    entry = interpreted[f"fp64_gate_{label}_{name}"]
+    assert entry["same_output"] and entry["same_state"], f"{label} {name}: fp64 gate against its fp32 values: {entry}"
+
+
+def test_the_kernels_limits_take_an_fp64_gate_and_no_other_fp64_input():
+    """The op's gate may be any float dtype (used in fp32): the shared Triton routes take an fp64 one (their
+    launchers convert it) instead of leaving the call to the float64 reference; q, k, v and beta stay 16/32-bit."""
+    from dsahal.backends.triton_kernels import limits
+
+    def call(**dtypes):
+        t = {name: torch.zeros(2, HEADS, 8, dtype=dtypes.get(name, torch.float32)) for name in ("q", "k", "v", "g")}
+        beta = torch.zeros(2, HEADS, dtype=dtypes.get("beta", torch.float32))
+        pool = torch.zeros(3, HEADS, 8, 8)
+        return limits.kda_decode(t["q"], t["k"], t["v"], t["g"], beta, pool, torch.arange(2), 0.5, True,
+                                 device_check=lambda **_: limits.OK)
+
+    assert call(g=torch.float64) == limits.OK
+    assert call(g=torch.bfloat16) == limits.OK
+    for name in ("q", "k", "v", "beta"):
+        ok, why = call(**{name: torch.float64})
+        assert not ok and f"'{name}'" in why and "float64" in why, (name, why)
+    ok, why = call(g=torch.int32)
+    assert not ok and "'g'" in why and "int32" in why, why
+    g = torch.randn(4, dtype=torch.float64)
+    assert limits.kda_gate(g).dtype == torch.float32 and torch.equal(limits.kda_gate(g), g.float())
+    same = torch.randn(4, dtype=torch.bfloat16)
+    assert limits.kda_gate(same) is same

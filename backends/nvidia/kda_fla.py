@@ -108,7 +108,7 @@ def kda_prefill_fla(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, 
     initial = gather_states(state_pool, state_ids)  # dense [B, H, K, V] fp32, zeros for padding ids
     host = {"cu_seqlens_cpu": bounds_cpu} if _takes_host_bounds(chunk_kda) else {}
     o, final = chunk_kda(
-        q[None], k[None], v[None], g[None], beta.to(k.dtype)[None],
+        q[None], k[None], v[None], limits.kda_gate(g)[None], beta.to(k.dtype)[None],
         scale=scale, initial_state=initial, output_final_state=True,
         use_qk_l2norm_in_kernel=bool(use_qk_l2norm), cu_seqlens=bounds, **host,
     )

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from . import grid
 from .alignment import aligned_rows
+from .limits import kda_gate
 from dsahal.kernel_launch import wrap_launched
 
 
@@ -222,7 +223,7 @@ def _check_state_pool(state_pool):
 
 def _launch(q, k, v, g, beta, state_pool, state_ids, cu_seqlens, scale, use_qk_l2norm, block_v, num_warps,
             decode):
-    q, k, v, g, beta = (aligned_rows(t) for t in (q, k, v, g, beta))  # (LAUNCHER_ALIGNED_ARGS)
+    q, k, v, g, beta = (aligned_rows(t) for t in (q, k, v, kda_gate(g), beta))  # (LAUNCHER_ALIGNED_ARGS)
     heads, key_dim, value_dim = q.shape[1], q.shape[2], v.shape[2]
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     sequences = state_ids.shape[0]
@@ -254,7 +255,7 @@ def _launch(q, k, v, g, beta, state_pool, state_ids, cu_seqlens, scale, use_qk_l
 
 def _launch_scalar_row(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm, block_v, num_warps,
                        num_stages, fused_output, stream_state, maxnreg):
-    q, k, v, g, beta = (aligned_rows(t) for t in (q, k, v, g, beta))  # (LAUNCHER_ALIGNED_ARGS)
+    q, k, v, g, beta = (aligned_rows(t) for t in (q, k, v, kda_gate(g), beta))  # (LAUNCHER_ALIGNED_ARGS)
     heads, key_dim, value_dim = q.shape[1], q.shape[2], v.shape[2]
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     sequences = state_ids.shape[0]

@@ -92,6 +92,7 @@ import triton.language as tl
 
 from .alignment import aligned_rows
 from .kda import _TOKEN_ARGS, _check_state_pool, sequence_ranges
+from .limits import kda_gate
 from dsahal.kernel_launch import wrap_launched
 
 CHUNK = 16
@@ -403,7 +404,7 @@ def prepare(q, k, v, g, beta, cu_seqlens, sequences, scale, use_qk_l2norm, *, op
             num_warps=4, inverse="ieee", scan_mma=False, maxnreg=None):
     """Pass A alone: allocates the scratch and fills it; returns its views ``(w, kg, qg, uᵀ, A_qkᵀ, e^{G_C})``.
     (The launcher's first half; separate so that a benchmark can time the passes one by one.)"""
-    q, k, v, g, beta = (aligned_rows(t) for t in (q, k, v, g, beta))  # (LAUNCHER_ALIGNED_ARGS)
+    q, k, v, g, beta = (aligned_rows(t) for t in (q, k, v, kda_gate(g), beta))  # (LAUNCHER_ALIGNED_ARGS)
     heads, key_dim, value_dim, tokens = q.shape[1], q.shape[2], v.shape[2], q.shape[0]
     code, dtype, query_dtype = OPERANDS[operands]
     scratch = _scratch(tokens, sequences, heads, _block(key_dim), _block(value_dim), dtype, query_dtype, q.device)

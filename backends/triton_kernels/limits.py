@@ -18,9 +18,11 @@ MAX_INDEX_HEADS = 128
 MAX_SMALL_MLA_HEADS = 64  # the few-heads kernels' MAX_HEADS: their fp32 accumulator is 512 x heads (64 need 8 warps)
 SMALL_MLA_Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_KDA_KEY_DIM = 256
-# The dtypes the KDA kernels were tested with. The op also takes a float64 gate (its docs: any float
-# dtype); the kernels decline it so the reference serves it rather than an untested fp64 load path.
+# The dtypes the KDA kernels read. The op also takes a float64 gate (its docs: any float dtype, used in fp32):
+# the launchers hand the kernels it as fp32 (kda_gate: one elementwise pass a call), so the kernels never load
+# fp64 and such a call is not left to the float64 reference (as it was before the forty-first session).
 KDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+KDA_GATE_DTYPES = KDA_DTYPES + (torch.float64,)
 OK = (True, "")
 
 
@@ -100,11 +102,19 @@ def lse_combine(o_parts, lse_parts, *, device_check=on_gpu):
 def _kda(q, k, v, g, beta, state_pool, device_check):
     if q.shape[-1] > MAX_KDA_KEY_DIM:
         return False, f"Triton KDA key dim {q.shape[-1]} > {MAX_KDA_KEY_DIM}"
-    for name, tensor in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+    for name, tensor in (("q", q), ("k", k), ("v", v), ("beta", beta)):
         if tensor.dtype not in KDA_DTYPES:
             return False, f"Triton KDA reads fp32/bf16/fp16 '{name}', not {str(tensor.dtype).replace('torch.', '')}"
+    if g.dtype not in KDA_GATE_DTYPES:
+        return False, f"Triton KDA reads an fp64/fp32/bf16/fp16 'g', not {str(g.dtype).replace('torch.', '')}"
     return _all(lambda: unit_stride(q=q, k=k, v=v, g=g, state_pool=state_pool),
                 lambda: device_check(q=q, k=k, v=v, g=g, state_pool=state_pool))
+
+
+def kda_gate(g: torch.Tensor) -> torch.Tensor:
+    """The gate ``g`` as a KDA launcher hands it to its kernel: used in fp32 (the op's contract), so an fp64 gate
+    becomes fp32 here (the kernels are compiled and tested for 16- and 32-bit loads only); any other as given."""
+    return g.float() if g.dtype == torch.float64 else g
 
 
 def kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm, *, device_check=on_gpu):
