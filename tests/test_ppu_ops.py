@@ -180,6 +180,22 @@ def test_kda_prefill_matches_reference_across_chunks_empty_and_stateless_sequenc
     torch.testing.assert_close(pool, ref_pool, rtol=1e-4, atol=1e-5)
 
 
+def test_kda_prefill_takes_a_minus_inf_gate_as_the_reference_does():
+    """A -inf gate (a full reset of its channel, as in a decode step) gives the reference's output and state, no NaN."""
+    q, k, v, g, beta = _kda_inputs(150, seed=4)
+    g[5, 1, :3] = float("-inf")
+    g[100, 0, 0] = float("-inf")
+    cu_seqlens = torch.tensor([0, 150], dtype=torch.int32)
+    state_ids = torch.tensor([1], dtype=torch.int32)
+    pool = torch.randn(2, 2, 8, 6)
+    ref_pool = pool.clone()
+    out = portable_kda.kda_prefill(q, k, v, g, beta, cu_seqlens, pool, state_ids, 0.3, False)
+    ref_out = ref_kda.kda_prefill(q, k, v, g, beta, cu_seqlens, ref_pool, state_ids, 0.3, False)
+    assert not out.isnan().any() and not pool.isnan().any()
+    torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-5 * ref_out.abs().max())
+    torch.testing.assert_close(pool, ref_pool, rtol=1e-4, atol=1e-5)
+
+
 def test_verifiers_read_shapes_only_and_state_the_limit():
     wide = torch.empty((1, 1 << 24), device="meta")
     ok, reason = verifiers.portable_topk(wide, torch.empty((1,), dtype=torch.int32, device="meta"), 8)

@@ -198,6 +198,26 @@ def test_kda_chunked_equals_recurrent_definition_across_chunk_boundaries():
     torch.testing.assert_close(pool[0].double(), state, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("gate", [float("-inf"), -1e300, -800.0])
+def test_kda_prefill_takes_a_full_reset_gate_as_decode_steps_do(gate):
+    """A gate whose exponential is 0 (-inf, or finite and that strong) resets its channel: the chunked prefill gives
+    the token-by-token definition's output and state, with no NaN (the pairwise differences once made -inf - -inf)."""
+    gen = torch.Generator().manual_seed(11)
+    q, k, v, g, beta = _kda_inputs(gen, 150, 2, 16, 8)
+    g = g.double()  # (the op takes any float gate: -1e300 stays finite)
+    g[3, 0, :5] = gate  # early in the first chunk, and twice in the second (the same channel)
+    g[70, 1, 2] = gate
+    g[90, 1, 2] = gate
+    initial = torch.randn(1, 2, 16, 8, generator=gen)
+    pool = initial.clone()
+    out = ops.kda_prefill(q, k, v, g, beta, torch.tensor([0, 150], dtype=torch.int32), pool,
+                          torch.tensor([0], dtype=torch.int32), use_qk_l2norm=False, scale=0.3)
+    state, expected = kda_recurrent_sequence(q, k, v, g, beta, initial[0], 0.3, False)
+    assert not out.isnan().any() and not pool.isnan().any()
+    torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(pool[0].double(), state, rtol=1e-4, atol=1e-4)
+
+
 @SETTINGS
 @given(seed=st.integers(0, 2**16), fmt=st.sampled_from(["bf16", "fp8"]), kind=st.sampled_from(["latent", "index"]))
 def test_cache_write_stores_packed_records_only_at_target_slots(seed, fmt, kind):

@@ -68,6 +68,23 @@ def test_prefill_with_strong_decay_stays_finite_and_exact(xla):
     assert_close(got_pool, expected_pool, atol=1e-3, rtol=1e-3, what="kda_prefill state (strong decay)")
 
 
+def test_prefill_takes_a_minus_inf_gate_as_a_full_reset(xla):
+    """A -inf gate (exp(g) = 0: its channel forgets, as in a decode step) gives the reference's output and state,
+    not NaN from the pairwise differences."""
+    cu_seqlens = torch.tensor([0, 90], dtype=torch.int32)
+    state_ids = torch.tensor([1], dtype=torch.int32)
+    q, k, v, g, beta = kda_inputs(90, seed=7)
+    g[4, 0, :3] = float("-inf")
+    g[70, 1, 5] = float("-inf")
+    expected_pool = pool(8)
+    expected = on_reference(ops.kda_prefill, q, k, v, g, beta, cu_seqlens, expected_pool, state_ids)
+    got_pool = pool(8).to(xla)
+    got = on_tpu(ops.kda_prefill, *to(xla, q, k, v, g, beta), cu_seqlens.to(xla), got_pool, state_ids.to(xla))
+    assert not got.cpu().isnan().any() and not got_pool.cpu().isnan().any()
+    assert_close(got, expected, atol=1e-4, rtol=1e-4, what="kda_prefill o (-inf gates)")
+    assert_close(got_pool, expected_pool, atol=1e-4, rtol=1e-4, what="kda_prefill state (-inf gates)")
+
+
 def test_prefill_then_decode_equals_prefill_of_the_whole_sequence(xla):
     inputs = kda_inputs(21, seed=6)
     whole_pool = pool(7).to(xla)

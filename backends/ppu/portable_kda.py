@@ -6,7 +6,8 @@ fp32 throughout (the state pool is fp32). Per head, state ``S`` ``[K, V]``::
 
 The prefill processes CHUNK_SIZE tokens at a time with the WY-style solve of the chunked form
 (see ``dsahal.reference.kda`` for the derivation): decay differences are formed pairwise as
-``exp(G_i − G_j)`` with ``j <= i``, never as ``exp(−G)``, so strong decays cannot overflow.
+``exp(G_i − G_j)`` with ``j <= i``, never as ``exp(−G)``, so strong decays cannot overflow; a gate of ``-inf``
+(a full reset, as in a decode step) is taken as :data:`RESET_GATE`, whose fp32 exponential is 0 too.
 """
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ import torch
 from dsahal.ops.kda import L2NORM_EPS
 
 CHUNK_SIZE = 64
+# exp(-110) is 0.0 in fp32 (its smallest subnormal is ~e^-103): the same full reset as a -inf gate, finite, so the
+# pairwise decay differences stay finite (-inf - (-inf) is NaN)
+RESET_GATE = -110.0
 
 
 def _normalised(x: torch.Tensor, enabled: bool) -> torch.Tensor:
@@ -47,7 +51,7 @@ def kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm):
 def _chunk(state, q, k, v, g, beta, scale):
     """One chunk, all heads. state ``[H, K, V]``; q, k, g ``[H, C, K]``; v ``[H, C, V]``; beta ``[H, C]``."""
     size = q.shape[1]
-    cum = torch.cumsum(g, dim=1)  # G_i per channel
+    cum = torch.cumsum(g.clamp_min(RESET_GATE), dim=1)  # G_i per channel
     decay = torch.exp((cum[:, :, None, :] - cum[:, None, :, :]).clamp_max(0.0))  # [H, C, C, K]
     causal = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
     strictly = causal.tril(diagonal=-1)

@@ -32,6 +32,9 @@ from dsahal.ops.kda import L2NORM_EPS
 from .paged import scatter_rows_skipping
 
 CHUNK_SIZE = 64
+# exp(-110) is 0.0 in fp32 (its smallest subnormal is ~e^-103): the same full reset of a channel as a -inf gate
+# (a decode step's exp(-inf) = 0), but finite, so the pairwise decay differences never meet -inf - (-inf) = NaN
+RESET_GATE = -110.0
 
 
 def _l2_normalise(x: torch.Tensor) -> torch.Tensor:
@@ -107,7 +110,7 @@ def chunk_terms(q, k, v, g, beta):
     ``U_v`` ``[N, H, C, V]``, ``W`` ``[N, H, C, K]``, ``Q_e`` ``[N, H, C, K]``, ``QK`` ``[N, H, C, C]``,
     ``K_d`` ``[N, H, C, K]``, ``decay`` ``[N, H, K]`` (``e^{G_C}``)."""
     chunk = q.shape[2]
-    cum = torch.cumsum(g, dim=2)
+    cum = torch.cumsum(g.clamp_min(RESET_GATE), dim=2)
     # e^{G_i - G_j} formed pairwise (<= 0 exponents on the kept j <= i), never as e^{-G}.
     pair = torch.exp((cum[:, :, :, None, :] - cum[:, :, None, :, :]).clamp_max(0.0))  # [N, H, C, C, K]
     strictly_lower = torch.tril(torch.ones(chunk, chunk, device=q.device), diagonal=-1)

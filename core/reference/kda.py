@@ -12,7 +12,9 @@ recurrence gives ``S_i = Γ_i (S₀ + Σ_{j≤i} Γ_j⁻¹ k_j u_jᵀ)`` with ``
     S_C  = e^{G_C} ⊙ S₀ + Σ_j (k_j ⊙ e^{G_C − G_j}) u_jᵀ
 
 Decay differences are formed pairwise (``G_i − G_j ≤ 0`` for ``j ≤ i``), never as ``e^{−G}``,
-so strong decays do not overflow.
+so strong decays do not overflow. A gate of ``-inf`` (``exp(g) = 0``: the channel forgets its state, as a
+decode step does) is taken as :data:`RESET_GATE` there, whose exponential is 0 as well: ``-inf - (-inf)``
+would be NaN in the pairwise differences.
 """
 from __future__ import annotations
 
@@ -21,6 +23,10 @@ import torch
 L2NORM_EPS = 1e-6  # fla's use_qk_l2norm: x / sqrt(sum(x^2) + 1e-6); dsahal.ops.kda documents the same
 
 CHUNK_SIZE = 64
+# exp(-1000) is exactly 0.0 in float64 (its smallest subnormal is ~e^-745), so a gate at or below it is the same
+# full reset as -inf; finite, it keeps the chunked form's pairwise differences finite (and a sum of a chunk's worth
+# of such gates, -64000, keeps ~1e-11 of absolute precision for the gates after it)
+RESET_GATE = -1000.0
 
 
 def l2_normalise(x: torch.Tensor) -> torch.Tensor:
@@ -58,7 +64,7 @@ def kda_decode(q, k, v, g, beta, state_pool, state_ids, scale, use_qk_l2norm):
 
 def _chunk(state, q, k, v, g, beta, scale):
     """One chunk for all heads. state ``[H, K, V]``; q, k, g ``[C, H, K]``; v ``[C, H, V]``; beta ``[C, H]``."""
-    q, k, v, g, beta = (x.transpose(0, 1) for x in (q, k, v, g, beta))  # heads first
+    q, k, v, g, beta = (x.transpose(0, 1) for x in (q, k, v, g.clamp_min(RESET_GATE), beta))  # heads first
     chunk = q.shape[1]
     cum = torch.cumsum(g, dim=1)  # [H, C, K]
     pair = torch.exp((cum[:, :, None, :] - cum[:, None, :, :]).clamp_max(0.0))  # e^{G_i - G_j}, [H, C, C, K]
