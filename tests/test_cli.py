@@ -77,6 +77,16 @@ def test_version(capsys):
     assert __version__ in capsys.readouterr().out
 
 
+def test_no_command_is_one_error_line_naming_the_commands(capsys):
+    from dsahal.cli import main
+
+    assert main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("error: dsahal: a COMMAND is required, one of ")
+    for command in ("backends", "run", "conformance", "bench"):
+        assert command in err
+
+
 def test_every_command_has_help(capsys):
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices  # argparse keeps sub-parsers here

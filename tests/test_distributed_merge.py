@@ -195,6 +195,25 @@ def test_one_rank_exact_merge_equals_single_device_topk():
     assert merge_traffic.last.band_rows > 0 and merge_traffic.last.wire_bytes == 0
 
 
+def test_widths_the_packed_words_cannot_carry_are_merged_all_the_same():
+    """An empty shard (N = 0) gives -1 rows; N past 2^23 (ids wider than the words' 23 bits) goes to the generic
+    merge: both the reference's answer (the route used to raise for widths the op accepts)."""
+    from dsahal.reference.topk import topk_merge as reference_merge
+
+    empty = torch.zeros(3, 0)
+    lengths = torch.zeros(3, dtype=torch.int32)
+    got = exact_topk_merge(empty, lengths, 4)
+    assert got.dtype == torch.int32 and torch.equal(got, torch.full((3, 4), -1, dtype=torch.int32))
+    assert torch.equal(got, reference_merge(empty, lengths, 4, None).to(torch.int32))
+    gen = torch.Generator().manual_seed(8)
+    wide = torch.randn(2, 2**23 + 5, generator=gen)
+    lengths = torch.tensor([2**23 + 5, 2**23 + 1], dtype=torch.int32)
+    wide[0, -3:] = 1e9  # winners past 2^23: their ids need 24 bits
+    got = exact_topk_merge(wide, lengths, 6)
+    assert_same_topk_set(got, reference_merge(wide, lengths, 6, None))
+    assert {2**23 + 2, 2**23 + 3, 2**23 + 4} <= set(got[0].tolist())
+
+
 def test_score_key_orders_like_floats_and_round_trips():
     values = torch.tensor([float("-inf"), -3e38, -1.5, -1e-45, 0.0, 1e-45, 2.0, 3e38, float("inf")])
     keys = score_key(values)

@@ -312,27 +312,3 @@ def test_an_fp64_gate_is_served_as_the_fp32_gate_it_holds(interpreted, label, na
     entry = interpreted[f"fp64_gate_{label}_{name}"]
     assert entry["same_output"] and entry["same_state"], f"{label} {name}: fp64 gate against its fp32 values: {entry}"
 
-
-def test_the_kernels_limits_take_an_fp64_gate_and_no_other_fp64_input():
-    """The op's gate may be any float dtype (used in fp32): the shared Triton routes take an fp64 one (their
-    launchers convert it) instead of leaving the call to the float64 reference; q, k, v and beta stay 16/32-bit."""
-    from dsahal.backends.triton_kernels import limits
-
-    def call(**dtypes):
-        t = {name: torch.zeros(2, HEADS, 8, dtype=dtypes.get(name, torch.float32)) for name in ("q", "k", "v", "g")}
-        beta = torch.zeros(2, HEADS, dtype=dtypes.get("beta", torch.float32))
-        pool = torch.zeros(3, HEADS, 8, 8)
-        return limits.kda_decode(t["q"], t["k"], t["v"], t["g"], beta, pool, torch.arange(2), 0.5, True,
-                                 device_check=lambda **_: limits.OK)
-
-    assert call(g=torch.float64) == limits.OK
-    assert call(g=torch.bfloat16) == limits.OK
-    for name in ("q", "k", "v", "beta"):
-        ok, why = call(**{name: torch.float64})
-        assert not ok and f"'{name}'" in why and "float64" in why, (name, why)
-    ok, why = call(g=torch.int32)
-    assert not ok and "'g'" in why and "int32" in why, why
-    g = torch.randn(4, dtype=torch.float64)
-    assert limits.kda_gate(g).dtype == torch.float32 and torch.equal(limits.kda_gate(g), g.float())
-    same = torch.randn(4, dtype=torch.bfloat16)
-    assert limits.kda_gate(same) is same

@@ -490,6 +490,51 @@ def test_topk_merge_whose_ranks_disagree_on_rows_or_k_is_rejected_on_every_rank(
     assert outcomes[0].value[1] == outcomes[1].value[1] and len(outcomes[0].value[1]) == 3
 
 
+def collectives_with_a_rank_failing_its_own_checks(rank, world):
+    """Rank 1 alone passes an argument its own checks reject (topk_merge's lengths out of range, all_gather's x not a
+    tensor, all_to_all's sizes not summing to its rows): it must still join the ranks' agreement exchange, so that
+    rank 0 raises too instead of waiting there for it (until the group's timeout) or pairing it with rank 1's next
+    collective. A consistent call afterwards still merges, gathers and exchanges the right rows."""
+    from dsahal.distributed import init_distributed, shutdown_distributed
+
+    init_distributed({"suite": "local_checks"}, timeout_s=20.0)
+    try:
+        scores = torch.randn(3, 10, generator=torch.Generator().manual_seed(rank))
+        lengths = torch.full((3,), 10 + 5 * rank, dtype=I32)  # rank 1: 15 > N = 10
+        x = torch.arange(4.0).reshape(4, 1) + 10 * rank
+        messages = value_errors(lambda: ops.topk_merge(scores, lengths, 4))
+        try:
+            ops.all_gather([1.0, 2.0] if rank else torch.ones(2))
+            messages.append(None)
+        except (TypeError, ValueError) as exc:
+            messages.append(str(exc))
+        messages += value_errors(lambda: ops.all_to_all(x, [2, 2], [2, 2 + rank]))
+        merged = ops.topk_merge(scores, torch.full((3,), 10, dtype=I32), 4)
+        gathered = ops.all_gather(torch.full((2,), float(rank + 1)))
+        exchanged = ops.all_to_all(x, [2, 2], [2, 2])
+        return messages, merged.shape[0], gathered.tolist(), exchanged.flatten().tolist()
+    finally:
+        shutdown_distributed()
+
+
+def test_a_rank_whose_own_checks_fail_takes_its_peers_with_it_instead_of_hanging_them():
+    outcomes = run_on_ranks(collectives_with_a_rank_failing_its_own_checks, 2, timeout_s=90.0)
+    for outcome in outcomes:
+        assert outcome.ok, outcome.traceback
+    (peer, merged0, gathered0, exchanged0), (own, merged1, gathered1, exchanged1) = (o.value for o in outcomes)
+    for op, message in zip(("topk_merge", "all_gather", "all_to_all"), peer):
+        assert message == (f"dsahal.{op}: the argument checks of this call failed on rank(s) [1] (each raised its "
+                           "reason; this is rank 0, and every rank of the call raises)"), message
+    for op, argument, message in zip(("topk_merge", "all_gather", "all_to_all"),
+                                     ("local_lengths", "x", "input_split_sizes"), own):
+        assert message is not None and message.startswith(f"dsahal.{op}: argument '{argument}' expected "), message
+        assert message.endswith("(this is rank 1; every rank of the call raises: its argument checks failed on "
+                                "rank(s) [1])"), message
+    assert merged0 == merged1 == 3
+    assert gathered0 == gathered1 == [[1.0, 1.0], [2.0, 2.0]]
+    assert exchanged0 == [0.0, 1.0, 10.0, 11.0] and exchanged1 == [2.0, 3.0, 12.0, 13.0]
+
+
 # ---------------------------------------------------------------------------- the valid call
 
 @pytest.mark.parametrize("op", KDA_CALLS)
@@ -504,15 +549,23 @@ def test_a_float64_gate_is_valid_and_means_the_same_as_fp32(op):
     torch.testing.assert_close(pool64, pool32)
 
 
-def test_the_triton_kda_kernels_decline_a_float64_gate_so_the_reference_serves_it():
+def test_the_triton_kda_kernels_take_a_float64_gate_and_no_other_float64_input():
+    """The op's gate may be any float dtype, used in fp32: the shared Triton routes take an fp64 one (their launchers
+    hand the kernels its fp32 values, ``limits.kda_gate``) rather than leave the call to the float64 reference;
+    q, k, v and beta stay 16/32-bit."""
     accept_any_device = lambda **tensors: limits.OK  # noqa: E731 - the CPU stands in for the GPU here
     a = kda_args()
     decode = (a["q"], a["k"], a["v"], a["g"], a["beta"], a["state_pool"], a["state_ids"], 1.0, True)
     assert limits.kda_decode(*decode, device_check=accept_any_device) == limits.OK
-    ok, why = limits.kda_decode(*decode[:3], a["g"].double(), *decode[4:], device_check=accept_any_device)
-    assert not ok and "'g'" in why and "float64" in why
+    assert limits.kda_decode(*decode[:3], a["g"].double(), *decode[4:], device_check=accept_any_device) == limits.OK
+    ok, why = limits.kda_decode(a["q"].double(), *decode[1:], device_check=accept_any_device)
+    assert not ok and "'q'" in why and "float64" in why
+    ok, why = limits.kda_decode(*decode[:3], a["g"].to(I32), *decode[4:], device_check=accept_any_device)
+    assert not ok and "'g'" in why and "int32" in why
     b = kda_args(lead=5)
     prefill = (b["q"], b["k"], b["v"], b["g"].double(), b["beta"], torch.tensor([0, 2, 5], dtype=I32),
                b["state_pool"], b["state_ids"], 1.0, True)
-    ok, why = limits.kda_prefill(*prefill, device_check=accept_any_device)
-    assert not ok and "float64" in why
+    assert limits.kda_prefill(*prefill, device_check=accept_any_device) == limits.OK
+    g = b["g"].double()
+    assert limits.kda_gate(g).dtype == torch.float32 and torch.equal(limits.kda_gate(g), g.float())
+    assert limits.kda_gate(b["g"]) is b["g"]

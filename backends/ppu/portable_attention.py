@@ -22,6 +22,9 @@ def lse_combine(o_parts: torch.Tensor, lse_parts: torch.Tensor) -> tuple[torch.T
     Returns:
         ``o`` ``[T, H, D]`` in o_parts' dtype, ``lse`` ``[T, H]`` fp32; all parts -inf gives 0, -inf.
     """
+    if lse_parts.shape[0] == 0:  # no parts: no keys in any row (amax has nothing to reduce)
+        return (o_parts.new_zeros(o_parts.shape[1:]),
+                torch.full(lse_parts.shape[1:], float("-inf"), dtype=torch.float32, device=lse_parts.device))
     peak = lse_parts.amax(dim=0)  # [T, H]
     finite = torch.isfinite(peak)
     # Subtract the row's peak so exp never overflows; an all -inf row keeps weight 0 everywhere.
@@ -55,6 +58,8 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
     tokens, heads, _ = q.shape
     o = torch.zeros((tokens, heads, LATENT_NOPE_DIM), dtype=torch.float32, device=q.device)
     lse = torch.full((tokens, heads), float("-inf"), dtype=torch.float32, device=q.device)
+    if kv_pages.shape[0] * kv_pages.shape[1] == 0:  # an empty pool: every slot is -1 (validated), nothing to read
+        return o.to(q.dtype), lse
     rows_per_gather = max(1, SPARSE_MLA_GATHER_TOKENS // max(1, slots.shape[1]))
     for start in range(0, tokens, rows_per_gather):
         rows = slice(start, start + rows_per_gather)

@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(subparsers)
+    parser.set_defaults(commands=list(subparsers.choices))  # (named when no command is given)
     _plain_help(parser)
     return parser
 
@@ -100,8 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
+    if not getattr(args, "func", None):  # plain `dsahal`: a usage error like any other, one line
+        print(f"error: dsahal: a COMMAND is required, one of {', '.join(parser.get_default('commands'))} "
+              f"(dsahal --help describes them)", file=sys.stderr)
         return 2
 
     try:

@@ -61,6 +61,7 @@ from . import collective
 from .generic_merge import generic_topk_merge, rank_with_tie_rule
 from .traffic import MergeStats, generic_payload_bytes, merge_traffic
 from .packing import (
+    MAX_ID_BITS,
     id_bits_for_width,
     pack_candidates,
     score_key,
@@ -537,8 +538,15 @@ def exact_topk_merge(local_scores: torch.Tensor, local_lengths: torch.Tensor, k:
         of the raw scores, -1 padding. Collective.
     """
     rank, world = group_rank_and_size(group)
-    tokens = local_scores.shape[0]
-    plan = plan_merge(k, local_scores.shape[1], world)
+    tokens, width = local_scores.shape
+    # Widths the 32-bit words cannot carry (every rank has the same N: the op checks it), decided without talking:
+    if width == 0:  # an empty shard on every rank: no candidate anywhere
+        return torch.full((tokens, k), -1, dtype=torch.int32, device=local_scores.device)
+    if width > 1 << MAX_ID_BITS:  # ids past 23 bits: the generic merge sends ids apart from the scores
+        positions = generic_topk_merge(local_scores, local_lengths, k, group)
+        merge_traffic.record(_generic_stats(world, tokens, k))
+        return positions
+    plan = plan_merge(k, width, world)
     if uses_generic(tokens, plan):
         positions = generic_topk_merge(local_scores, local_lengths, k, group, local_topk=_local_topk)
         merge_traffic.record(_generic_stats(world, tokens, k))

@@ -6,26 +6,32 @@ import torch
 from ..registry.state import active_table
 from ._layout import unit_last
 from ._validate import INDEX_DTYPES, INT32_MAX, ShapeBinder, values_in_range
-from .collectives import checked_rank_and_size, same_on_every_rank
+from .collectives import LocalChecks, checked_rank_and_size, same_on_every_rank
 
 OP = "topk_merge"
 
 
 def validate_topk_merge(local_scores, local_lengths, k, group) -> None:
     v = ShapeBinder(OP)
-    v.tensor("local_scores", local_scores, ["T", "N"], torch.float32)
-    v.tensor("local_lengths", local_lengths, ["T"], INDEX_DTYPES)
-    v.positive_int("k", k)
-    # The output is [T, k] int32 (-1 padded past the row): a k past int32 is no row width, only an allocation
-    # failure deep inside a route (dsa_attention bounds its topk the same way).
-    v.at_most("k", k, INT32_MAX, "a count")
-    v.same_device(local_scores=local_scores, local_lengths=local_lengths)
-    values_in_range(OP, "local_lengths", local_lengths, 0, local_scores.shape[1])
     rank, world = checked_rank_and_size(v, group)
+    facts = None
+    # A rank whose own checks fail still joins the agreement exchange below (LocalChecks), so that its peers raise
+    # too instead of waiting in it.
+    with LocalChecks() as checks:
+        v.tensor("local_scores", local_scores, ["T", "N"], torch.float32)
+        v.tensor("local_lengths", local_lengths, ["T"], INDEX_DTYPES)
+        v.positive_int("k", k)
+        # The output is [T, k] int32 (-1 padded past the row): a k past int32 is no row width, only an allocation
+        # failure deep inside a route (dsa_attention bounds its topk the same way).
+        v.at_most("k", k, INT32_MAX, "a count")
+        v.same_device(local_scores=local_scores, local_lengths=local_lengths)
+        v.has_data("local_scores", local_scores)  # (the merge reads scores and lengths)
+        values_in_range(OP, "local_lengths", local_lengths, 0, local_scores.shape[1])
+        facts = [*local_scores.shape, k]
     # Collective: ranks that disagree on T or N aborted gloo's process (and would hang NCCL); on k they each
     # returned a different width, where every rank must receive the same result.
-    same_on_every_rank(v, "local_scores", "[T, N] and k", [*local_scores.shape, k], local_scores, group, rank, world,
-                       lambda row: f"[T, N] = [{row[0]}, {row[1]}], k = {row[2]}")
+    same_on_every_rank(v, "local_scores", "[T, N] and k", facts, local_scores, group, rank, world,
+                       lambda row: f"[T, N] = [{row[0]}, {row[1]}], k = {row[2]}", checks, 3)
 
 
 def topk_merge(
