@@ -186,3 +186,17 @@ def test_an_unknown_flashmla_schedule_layout_is_an_error_not_a_guess():
             assert "flashmla_decode" in str(exc) and "layout" in str(exc)
         else:
             raise AssertionError("a schedule of another layout was accepted")
+
+
+def test_neither_route_takes_pages_of_no_record(monkeypatch):
+    """FlashMLA's decode kernel read past an empty cache (compute-sanitizer, H100, forty-first session): both routes
+    decline pages of no block (the ops answer such calls themselves before any route: dsahal.ops._empty)."""
+    monkeypatch.setattr(flashmla, "_common", lambda *args: (True, ""))  # past the device checks (meta tensors here)
+    q, pages, slots, fmt, scale, softmax_scale = meta_args()
+    assert flashmla.decode_accepts(q, pages, slots, fmt, scale, softmax_scale) == (True, "")
+    empty = torch.empty((0, 64, 656), dtype=torch.uint8, device="meta")
+    ok, why = flashmla.decode_accepts(q, empty, slots, fmt, scale, softmax_scale)
+    assert not ok and "empty cache" in why
+    empty_bf16 = torch.empty((0, 64, 1152), dtype=torch.uint8, device="meta")
+    ok, why = flashmla.prefill_accepts(q, empty_bf16, slots, "bf16", None, softmax_scale)
+    assert not ok and "empty cache" in why

@@ -122,6 +122,8 @@ def decode_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tuple
         return ok
     if kv_pages.data_ptr() % 16:
         return False, "the pages start at an address not 16-byte aligned"
+    if kv_pages.shape[0] == 0:  # (the op answers such calls itself: dsahal.ops._empty)
+        return False, "pages of no block: FlashMLA's decode kernel reads past an empty cache (H100, 41st session)"
     return OK
 
 
@@ -138,6 +140,8 @@ def prefill_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> tupl
                        f"latent array (a standalone bf16 cache, not pages interleaved in a packed pool)")
     if kv_pages.data_ptr() % 16:
         return False, "the pages start at an address not 16-byte aligned"
+    if kv_pages.shape[0] * kv_pages.shape[1] == 0:  # (the op answers such calls itself: dsahal.ops._empty)
+        return False, "pages of no record: FlashMLA's kernels are not run on an empty cache"
     return OK
 
 

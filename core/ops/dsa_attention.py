@@ -8,6 +8,7 @@ import torch
 from ..formats import INDEX_DIM, LATENT_DIM, LATENT_NOPE_DIM
 from ..registry.state import active_table
 from ._dispatch import tracing
+from ._empty import attention_without_keys, holds_no_record
 from ._layout import unit_last
 from ._validate import INT32_MAX, ShapeBinder, values_in_range
 from .indexer import QUERY_DTYPES as INDEX_QUERY_DTYPES
@@ -82,6 +83,8 @@ def dsa_attention(
                                index_fmt, kv_fmt, kv_scale, topk, max_context, softmax_scale)
     args = (q_index, index_weights, index_pages, q, kv_pages, unit_last(block_table), unit_last(req_ids),
             unit_last(positions), index_fmt, kv_fmt, kv_scale, topk, max_context, float(softmax_scale))
+    if holds_no_record(index_pages) or holds_no_record(kv_pages):  # every block unmapped (checked): no route asked
+        return attention_without_keys(q)
     if tracing():
         return torch.ops.dsahal.dsa_attention(*args)
     return active_table().dispatch[OP](*args)

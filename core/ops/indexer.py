@@ -6,6 +6,7 @@ import torch
 from ..formats import INDEX_DIM, INDEX_FORMATS, index_format
 from ..registry.state import active_table
 from ._dispatch import tracing
+from ._empty import holds_no_record, scores_without_keys
 from ._layout import unit_last
 from ._validate import INDEX_DTYPES, INT32_MAX, ShapeBinder, values_in_range
 
@@ -103,6 +104,8 @@ def indexer_score(
     if check:
         validate_indexer_score(q, weights, index_pages, block_table, req_ids, positions, index_fmt, max_context)
     block_table, req_ids, positions = unit_last(block_table), unit_last(req_ids), unit_last(positions)
+    if holds_no_record(index_pages):  # every block unmapped (checked): no route asked (._empty)
+        return scores_without_keys(q, max_context)
     if tracing():
         return torch.ops.dsahal.indexer_score(q, weights, index_pages, block_table, req_ids, positions,
                                           index_fmt, max_context)

@@ -9,6 +9,7 @@ import torch
 from ..formats import LATENT_DIM, LATENT_FORMATS, LATENT_NOPE_DIM, latent_format
 from ..registry.state import active_table
 from ._dispatch import tracing
+from ._empty import attention_without_keys, holds_no_record
 from ._layout import unit_last
 from ._validate import INDEX_DTYPES, INT32_MAX, ShapeBinder, positive_scale, values_in_range
 
@@ -94,6 +95,8 @@ def sparse_mla(
     if check:
         validate_sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale)
     slots = unit_last(slots)
+    if holds_no_record(kv_pages):  # every slot -1 (checked): no route asked (._empty)
+        return attention_without_keys(q)
     if tracing():
         return torch.ops.dsahal.sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, float(softmax_scale))
     return active_table().dispatch[OP](q, kv_pages, slots, kv_fmt, kv_scale, float(softmax_scale))
