@@ -90,3 +90,9 @@ def test_an_op_named_twice_is_one_family(cli, monkeypatch):
     monkeypatch.setattr(jobs, "run_jobs", lambda args, suite_dir: seen.setdefault("ops", args.ops) and 0)
     assert cli("--ops", "lse_combine", "lse_combine", "--jobs", "2") == (0, [])
     assert seen["ops"] == ["lse_combine"]  # was: the merged report's settings listed it twice
+
+
+def test_a_control_file_path_that_is_a_folder_or_missing_says_which(cli, tmp_path):
+    (tmp_path / "folder").mkdir()
+    assert one_error(*cli("--xfails", "folder"), "--xfails:").endswith("expected a file, got a directory 'folder'")
+    assert one_error(*cli("--skips", "gone.txt"), "--skips:").endswith("expected a file, got no such path 'gone.txt'")

@@ -211,7 +211,9 @@ def run(args) -> int:
     for name in ("skips", "xfails", "tests"):
         path = getattr(args, name)
         if path and not Path(path).is_file():
-            print(f"error: --{name}: no such file {path!r}", file=sys.stderr)
+            what = "a file, got a directory" if Path(path).is_dir() else "a file, got no such path" if not \
+                Path(path).exists() else "a regular file, got a special file"
+            print(f"error: --{name}: expected {what} {path!r}", file=sys.stderr)
             return 2
     for name in ("skips", "xfails"):
         path = getattr(args, name)
