@@ -58,8 +58,6 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
     tokens, heads, _ = q.shape
     o = torch.zeros((tokens, heads, LATENT_NOPE_DIM), dtype=torch.float32, device=q.device)
     lse = torch.full((tokens, heads), float("-inf"), dtype=torch.float32, device=q.device)
-    if kv_pages.shape[0] * kv_pages.shape[1] == 0:  # an empty pool: every slot is -1 (validated), nothing to read
-        return o.to(q.dtype), lse
     rows_per_gather = max(1, SPARSE_MLA_GATHER_TOKENS // max(1, slots.shape[1]))
     for start in range(0, tokens, rows_per_gather):
         rows = slice(start, start + rows_per_gather)

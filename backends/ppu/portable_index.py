@@ -32,8 +32,6 @@ def indexer_score(q, weights, index_pages, block_table, req_ids, positions, inde
     spec = index_format(index_fmt)
     block_tokens = index_pages.shape[1]
     scores = torch.full((q.shape[0], max_context), NEG_INF, dtype=torch.float32, device=q.device)
-    if index_pages.shape[0] * block_tokens == 0:  # an empty pool: every block unmapped (validated), no key to read
-        return scores
     queries, head_weights, positions = q.float(), weights.float(), positions.long()
     rows_per_step = max(1, INDEXER_MAX_LOGITS // (max(1, q.shape[1]) * INDEXER_CONTEXT_CHUNK))
     # One pass per request: its tokens share the keys, so each key chunk is dequantised once per

@@ -132,34 +132,31 @@ def fp64_gate_cases(ops, failures, routes):
         return q, k, v, g, beta
 
     pool0 = torch.randn(6, heads, key_dim, value_dim, device=DEVICE, generator=gen)
-    for dtype in (torch.float32, torch.bfloat16):
-        q, k, v, g, beta = inputs(4, dtype)
-        ids = torch.tensor([3, -1, 0, 5], dtype=torch.int32, device=DEVICE)
+
+    def same_bits(label, call, g):
+        """``call(gate, pool)`` with the fp32 gate ``g`` and with it as fp64, each on a fresh copy of the pool: the
+        same output and states, and no call left to the reference."""
         results = []
         for gate in (g, g.double()):
             pool = pool0.clone()
-            results.append((ops.kda_decode(q, k, v, gate, beta, pool, ids), pool))
+            results.append((call(gate, pool), pool))
         routes_used = routes.take()
         same = torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
-        label = f"kda_decode fp64 gate, {str(dtype)[6:]} inputs"
         print(f"{label}: {'the fp32 gate bits' if same else 'DIFFERENT'} [{routes_used}]")
         if not same or "fallback" in routes_used:
             failures.append(f"{label}: same bits {same}, routes {routes_used}")
+
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v, g, beta = inputs(4, dtype)
+        ids = torch.tensor([3, -1, 0, 5], dtype=torch.int32, device=DEVICE)
+        same_bits(f"kda_decode fp64 gate, {str(dtype)[6:]} inputs",
+                  lambda gate, pool: ops.kda_decode(q, k, v, gate, beta, pool, ids), g)
         for tokens in (40, 600, 3000):  # the short route, then the chunked kernel (16-bit) or the recurrent one
             q, k, v, g, beta = inputs(tokens, dtype)
             bounds = torch.tensor([0, tokens // 3, tokens], dtype=torch.int32, device=DEVICE)
             ids = torch.tensor([2, 4], dtype=torch.int32, device=DEVICE)
-            results = []
-            for gate in (g, g.double()):
-                pool = pool0.clone()
-                results.append((ops.kda_prefill(q, k, v, gate, beta, bounds, pool, ids), pool))
-            routes_used = routes.take()
-            same = torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
-            label = f"kda_prefill fp64 gate, {str(dtype)[6:]} inputs, {tokens} tokens"
-            print(f"{label}: {'the fp32 gate bits' if same else 'DIFFERENT'} [{routes_used}]")
-            if not same or "fallback" in routes_used:
-                failures.append(f"{label}: same bits {same}, routes {routes_used}")
-
+            same_bits(f"kda_prefill fp64 gate, {str(dtype)[6:]} inputs, {tokens} tokens",
+                      lambda gate, pool: ops.kda_prefill(q, k, v, gate, beta, bounds, pool, ids), g)
 
 def main() -> int:
     if not SMOKE and not torch.cuda.is_available():
