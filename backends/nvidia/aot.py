@@ -469,8 +469,7 @@ def _wgmma_variants() -> list[Variant]:
     return [Variant(
         f"sparse MLA few heads, wgmma, {fmt}, H=16, {launch['stages']} stages" + (", balanced" if balanced else ""),
         wgmma_mla.sparse_mla_wgmma_kernel,
-        dict(STAGES=launch["stages"], FLAT=True, OFF32=True, FP8=fmt == "fp8", ALIGNED=True, BALANCED=balanced,
-             L2_AHEAD=launch.get("l2_ahead", 0)),
+        dict(STAGES=launch["stages"], FLAT=True, OFF32=True, FP8=fmt == "fp8", ALIGNED=True, BALANCED=balanced),
         dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32",
              kv_scale_ptr="fp32" if fmt == "fp8" else "bf16"),  # (fp8_ds_mla: q stands in, unread)
         floats=("logit_scale",), num_warps=4, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * record, s8_t=record),

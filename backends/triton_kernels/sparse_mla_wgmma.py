@@ -83,7 +83,6 @@ SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size", "tokens", "par
 HEAD_GROUP = 16
 TILE = gl.constexpr(64)  # slots a step: the logit wgmma's M
 DEFAULT_STAGES, DEFAULT_SPLIT_SIZE = 2, 1024  # the H200's fastest at 64 x 5 and 64 x 8 tokens (BENCHMARKS.md)
-L2_AHEAD_MAX = 4  # l2_ahead: how many steps past the next copied one a step may ask the L2 for
 BLOCK_H = gl.constexpr(16)
 
 # shared layouts: a stage's codes [4 tiles, 64 slots, 128 bytes] (128-byte rows, their 16-byte pieces swizzled by the
@@ -144,9 +143,6 @@ _SCALE_COPY = gl.constexpr(gl.BlockedLayout([1, 2], [4, 8], [1, 4], [0, 1]))  # 
 _ROPE8_COPY = gl.constexpr(gl.BlockedLayout([2, 16], [8, 4], [4, 1], [1, 0]))  # [64, 64] e4m3 (FP8 records)
 # the queries as loaded: [16 heads, 4, 16] runs of 16 consecutive dims (a thread's 8 of them: one 16-byte load)
 _QUERY = gl.constexpr(gl.BlockedLayout([1, 1, 8], [4, 4, 2], [4, 1, 1], [2, 1, 0]))
-# (L2_AHEAD) a step's records as L2 prefetches: [64 slots, 2 halves], one half a thread (no thread repeats another's)
-_PREFETCH = gl.constexpr(gl.BlockedLayout([1, 1], [16, 2], [4, 1], [1, 0]))
-_DS_RECORD = gl.constexpr(RECORD_BYTES["fp8_ds_mla"])  # bytes a record (per-tensor FP8: 576)
 
 # The value operand. mma.sync's B fragment gives lane (r = lane // 4, c = lane % 4) the columns n = 8 j + r of the
 # n-tiles j and the slots 2c, 2c + 1, 2c + 8, 2c + 9 of a 16-slot chunk. Column n = 8 j + r of part (tile) c reads
@@ -367,26 +363,6 @@ def _issue(pages_u8, slots_c, slots_r, slots_s, num_slots, s8_b, s8_t, block_tok
 
 
 @gluon.jit
-def _l2_prefetch(pages_u8, slots, num_slots, s8_b, s8_t, block_tokens, FLAT: gl.constexpr, OFF32: gl.constexpr,
-                 RECORD: gl.constexpr):
-    """Ask the L2 for a step's records (``slots [64]`` in ``SliceLayout(1, _PREFETCH)``, -1 or out of range
-    skipped): each record as two ``cp.async.bulk.prefetch.L2`` requests (its first ``ceil(pieces / 2)`` 16-byte pieces
-    and the rest; a record is whole 16-byte pieces at a 16-byte aligned offset), one a thread. Nothing waits on them
-    and nothing comes back: the gathers of a later step then find their bytes in the L2, so more bytes are in flight
-    a SM than its stages' shared memory holds. Every request lies inside a valid record (a skipped slot asks for
-    nothing), so a hint never reaches outside the pages; it changes no result."""
-    FIRST: gl.constexpr = (RECORD // 16 + 1) // 2 * 16
-    row, ok = _rows(slots, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
-    half = gl.arange(0, 2, gl.SliceLayout(0, _PREFETCH))
-    addr = (pages_u8 + row[:, None] + (half * FIRST)[None, :]).to(gl.int64)
-    size = gl.where(half == 0, FIRST, RECORD - FIRST)[None, :] + gl.zeros_like(row)[:, None]
-    gl.inline_asm_elementwise(
-        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $2, 0;\n\t@p cp.async.bulk.prefetch.L2.global [$1], $3;"
-        "\n\tmov.u32 $0, 0;\n\t}", "=r,l,r,r", [addr, ok[:, None].to(gl.int32) + gl.zeros_like(size), size],
-        dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def online_softmax(s, m_i, l_acc):
     """One step of the online softmax over a step's logits ``s [64 slots, 16 heads]`` (log2 units, -inf skipped):
     ``m_i [16]`` the heads' running maxima, ``l_acc [64, 16]`` per-thread partial sums of p. Returns ``(p, alpha, m_i,
@@ -485,14 +461,12 @@ def _queries(q_ptr, stride_qt, stride_qh, t, H, q_s, q_rope, logit_scale, kv_sca
 def _step(i, issue_ahead, ahead_c, ahead_r, ahead_s, next_row, next_n0, next_end, here, here_row, here_n0, here_end,
           pages_u8, s8_b, s8_t, num_slots, block_tokens, logit_scale, head_scale, m_i, l_acc, acc, b0, b1, b2, b3,
           codes_s, rope_s, scale_s, p_s, q_s, q_rope, STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr,
-          FP8: gl.constexpr, pf=0, L2_AHEAD: gl.constexpr = 0):
+          FP8: gl.constexpr):
     """One 64-slot step of a piece: the ``i``-th a program runs (its stage ``i % STAGES``), whose slots ``here`` are
     (-1 skipped); the copies of the step ``STAGES - 1`` ahead (slots ``ahead_*``) issued when ``issue_ahead``, then the
     slot indices of the step after that (``next_row`` from slot ``next_n0``, up to ``next_end``) loaded, and those of
-    the next step (``here_row`` / ``here_n0`` / ``here_end``) for its mask; with ``L2_AHEAD`` the records of the step
-    ``L2_AHEAD`` past the copied one asked of the L2 (slots ``pf``, loaded a step before) and the slots of the one after
-    loaded; the logits, online softmax and value MMAs. Returns the carried state: ``(ahead_c, ahead_r, ahead_s, here,
-    m_i, l_acc, acc, b0, b1, b2, b3, pf)``."""
+    the next step (``here_row`` / ``here_n0`` / ``here_end``) for its mask; the logits, online softmax and value MMAs.
+    Returns the carried state: ``(ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc, b0, b1, b2, b3)``."""
     W: gl.constexpr = _logit_layout()  # the logit MMAs' accumulators [64 slots, 16 heads]
     LOGIT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=W, k_width=2)  # their register A operands
     ROWS: gl.constexpr = gl.SliceLayout(1, W)  # [64] per slot
@@ -512,9 +486,6 @@ def _step(i, issue_ahead, ahead_c, ahead_r, ahead_s, next_row, next_n0, next_end
                rope_s.index(nxt), scale_s.index(nxt), FLAT, OFF32, FP8)
     async_copy.commit_group()
     ahead_c, ahead_r, ahead_s = _copy_slots(next_row, next_n0, next_end, FP8)
-    if L2_AHEAD > 0:  # (past the piece's end the slots load as -1: nothing asked)
-        _l2_prefetch(pages_u8, pf, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32, 576 if FP8 else _DS_RECORD)
-        pf = _slot_rows(next_row, next_n0 + L2_AHEAD * TILE, next_end, gl.SliceLayout(1, _PREFETCH))
     valid = (here >= 0) & (here < num_slots)
     here = _slot_rows(here_row, here_n0, here_end, ROWS)
 
@@ -569,7 +540,7 @@ def _step(i, issue_ahead, ahead_c, ahead_r, ahead_s, next_row, next_n0, next_end
         v = gl.convert_layout(_as_f16(values.slice(16 * kk, 16, dim=1).load(_LOAD)), DOT_B)
         pa = p_s.slice(16 * kk, 16, dim=1).permute((0, 2, 1)).load(DOT_A)  # [4, 16 heads, 16 slots]
         acc = mma_v2(pa, v, acc)
-    return ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc, b0, b1, b2, b3, pf
+    return ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc, b0, b1, b2, b3
 
 
 @gluon.jit
@@ -617,7 +588,7 @@ def _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
                   stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
                   logit_scale, kv_scale_ptr, t, start, end, part, codes_s, rope_s, scale_s, p_s, q_s, q_rope,
                   STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr, FP8: gl.constexpr,
-                  ALIGNED: gl.constexpr, BALANCED: gl.constexpr, L2_AHEAD: gl.constexpr = 0):
+                  ALIGNED: gl.constexpr, BALANCED: gl.constexpr):
     """Row ``t``'s slots ``start .. end`` (a split, or a piece of the balanced schedule run on its own): the first
     steps' gathers issued, the queries scaled into ``q_s`` / ``q_rope`` (overlapping their flight), the steps, the
     partial stored as part ``part`` (the balanced schedule's row's last piece marks its unused parts).
@@ -636,24 +607,16 @@ def _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
                    scale_s.index(j), FLAT, OFF32, FP8)
         async_copy.commit_group()
     ahead_c, ahead_r, ahead_s = _copy_slots(slot_row, start + (STAGES - 1) * TILE, end, FP8)
-    pf = 0
-    if L2_AHEAD > 0:  # the L2 asked for the L2_AHEAD steps from the loop's first copy on; pf: the slots of the next
-        PF_SLOTS: gl.constexpr = gl.SliceLayout(1, _PREFETCH)
-        for j in gl.static_range(L2_AHEAD):
-            _l2_prefetch(pages_u8, _slot_rows(slot_row, start + (STAGES - 1 + j) * TILE, end, PF_SLOTS), num_slots, s8_b,
-                         s8_t, block_tokens, FLAT, OFF32, 576 if FP8 else _DS_RECORD)
-        pf = _slot_rows(slot_row, start + (STAGES - 1 + L2_AHEAD) * TILE, end, PF_SLOTS)
     here = _slot_rows(slot_row, start, end, ROWS)  # step 0's slots, for its mask
     head_scale, first_maximum = _queries(q_ptr, stride_qt, stride_qh, t, H, q_s, q_rope, logit_scale, kv_scale_ptr,
                                          FP8)
     m_i, l_acc, b0, b1, b2, b3, acc = _fresh_state(first_maximum)
     for i in range(steps):
         ahead = i + STAGES - 1
-        ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc, b0, b1, b2, b3, pf = _step(
+        ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc, b0, b1, b2, b3 = _step(
             i, ahead < steps, ahead_c, ahead_r, ahead_s, slot_row, start + (ahead + 1) * TILE, end, here, slot_row,
             start + (i + 1) * TILE, end, pages_u8, s8_b, s8_t, num_slots, block_tokens, logit_scale, head_scale, m_i,
-            l_acc, acc, b0, b1, b2, b3, codes_s, rope_s, scale_s, p_s, q_s, q_rope, STAGES, FLAT, OFF32, FP8, pf,
-            L2_AHEAD)
+            l_acc, acc, b0, b1, b2, b3, codes_s, rope_s, scale_s, p_s, q_s, q_rope, STAGES, FLAT, OFF32, FP8)
     async_copy.wait_group(0)
     _store_piece(acc, l_acc, m_i, b0, b1, b2, b3, o_ptr, stride_os, stride_ot, stride_oh, lse_ptr, stride_ls,
                  stride_lt, H, parts, t, part, end == K, BALANCED)
@@ -676,7 +639,6 @@ def sparse_mla_wgmma_kernel(
     FP8: gl.constexpr = False,  # per-tensor FP8 records (576 e4m3 codes x kv_scale) instead of fp8_ds_mla's
     ALIGNED: gl.constexpr = False,  # every split starts at a multiple of 64 slots (the slot indices' loads vectorised)
     BALANCED: gl.constexpr = False,  # the balanced schedule (.balanced): grid axis 0 its programs, axis 1 one
-    L2_AHEAD: gl.constexpr = 0,  # steps past the next copied one whose records are asked of the L2 (0: none)
 ):
     """Fixed splits (grid: splits, tokens, head groups): program (split, t) reduces row t's slots split · split_size
     onwards; or (``BALANCED``; grid: programs, 1, head groups) program p its share of the call's 64-slot steps, a
@@ -708,7 +670,7 @@ def sparse_mla_wgmma_kernel(
             _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, stride_st, o_ptr, stride_os,
                           stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
                           logit_scale, kv_scale_ptr, t.to(gl.int64), start, end, part, codes_s, rope_s, scale_s, p_s,
-                          q_s, q_rope, STAGES, FLAT, OFF32, FP8, True, True, L2_AHEAD)
+                          q_s, q_rope, STAGES, FLAT, OFF32, FP8, True, True)
     else:
         split = gl.program_id(0)
         start = split * split_size
@@ -718,7 +680,7 @@ def sparse_mla_wgmma_kernel(
                       stride_ot, stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, block_tokens, parts,
                       logit_scale, kv_scale_ptr, gl.program_id(1).to(gl.int64), start,
                       gl.minimum(start + split_size, K), split, codes_s, rope_s, scale_s, p_s, q_s, q_rope, STAGES,
-                      FLAT, OFF32, FP8, ALIGNED, False, L2_AHEAD)
+                      FLAT, OFF32, FP8, ALIGNED, False)
 
 
 FORMATS = ("fp8_ds_mla", "fp8")  # the record formats this kernel reads (fp8: per-tensor scaled, 576 bytes)
@@ -740,7 +702,7 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
 
 @bounded_partials
 def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, stages=DEFAULT_STAGES,
-                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, programs=None, l2_ahead=0):
+                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, programs=None):
     """Launch :func:`sparse_mla_wgmma_kernel` (a call :func:`serves` refuses raises, naming what it got).
 
     Args:
@@ -759,9 +721,6 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
         programs: the balanced schedule (:mod:`.balanced`; default mode only: its split points follow the batch):
             this many programs in all (as many as run at once; divided among the groups of 16 heads) share the
             call's 64-slot steps (``split_size`` then unused); None: fixed splits.
-        l2_ahead: 0 to :data:`L2_AHEAD_MAX`: each step also asks the L2 for the records of the step this many past
-            the one whose gathers it starts (``cp.async.bulk.prefetch.L2``, two requests a record), so more bytes are
-            in flight a SM than its stages hold; the same results bit for bit. 0: no hint.
 
     Returns:
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
@@ -782,15 +741,13 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     check_launch(name, heads, 64, split_size, max_heads=None)
     if stages not in (2, 3):
         raise ValueError(f"{name}: stages expected 2 or 3, got {stages}")
-    if not (isinstance(l2_ahead, int) and 0 <= l2_ahead <= L2_AHEAD_MAX):
-        raise ValueError(f"{name}: l2_ahead expected an int in 0..{L2_AHEAD_MAX}, got {l2_ahead!r}")
     programs = programs_per_group(name, programs, heads, HEAD_GROUP)
     k = slots.shape[1]
     q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size, programs)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
     meta = dict(STAGES=stages, FP8=fp8, ALIGNED=splits == 1 or split_size % 64 == 0, BALANCED=False, num_warps=4,
-                L2_AHEAD=l2_ahead, **({"maxnreg": maxnreg} if maxnreg else {}))
+                **({"maxnreg": maxnreg} if maxnreg else {}))
     # (fp8_ds_mla: the kernel reads no tensor scale; q stands in for the pointer)
     scale_arg = kv_scale.reshape(()) if fp8 else q
     sizes = (heads, k, split_size, softmax_scale * LOG2E, scale_arg, tokens, splits)
