@@ -27,6 +27,17 @@ def test_backends_lists_every_builtin_with_availability_and_reason():
     assert "selected: reference" in result.stdout
 
 
+def test_backends_columns_line_up_with_a_long_backend_name():
+    result = run_cli("backends", env={"DSAHAL_PLUGIN_MODULES": "dsahal.backends.ppu.cpu_twin"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    column = lines[0].index("available")
+    rows = [line for line in lines[1:] if line[1:].split(" ")[0] in ("reference", "ppu-cpu-twin", "nvidia")]
+    assert len(rows) == 3, result.stdout
+    for line in rows:
+        assert line[column:].split()[0] in ("yes", "no"), line  # the availability column under its header
+
+
 def test_backends_json_reports_coverage_per_op():
     result = run_cli("backends", "--json")
     data = json.loads(result.stdout)

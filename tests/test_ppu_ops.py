@@ -1,6 +1,8 @@
 """The PPU backend's portable ops agree with the reference on fresh random inputs and edge cases.
 
 They run here on the CPU: the same torch code the PPU would run, not the PPU itself."""
+import math
+
 import pytest
 import torch
 
@@ -216,3 +218,19 @@ def test_cpu_twin_serves_the_ppu_ops_natively_through_the_op_interface(monkeypat
     assert table.name == "ppu-cpu-twin" and [(c.route, c.fallback) for c in log.calls] == [("portable", False)]
     assert table.entries["cache_write"].status == "fallback"
     torch.testing.assert_close(o, ref_lse.lse_combine(o_parts, lse_parts)[0])
+
+
+@pytest.mark.parametrize("log2_scale", [10, 20, 23, 30])
+def test_sparse_mla_is_normalised_at_large_logits(log2_scale):
+    """Two slots with equal, exactly representable logits near -2^k: o is their average at any magnitude (the
+    weights were exp(logit - lse) against an fp32-rounded lse, which summed to 1.2-2 from logits near 2^23)."""
+    latent = torch.randn(16, 576, generator=torch.Generator().manual_seed(3))
+    latent[:, 0] = -1.0  # q = e_0: every logit is -softmax_scale exactly
+    pages = cache_format("latent", "bf16").pack(latent, None).view(1, 16, -1)
+    q = torch.zeros(1, 1, 576)
+    q[0, 0, 0] = 1.0
+    slots = torch.tensor([[3, 5]], dtype=torch.int32)
+    o, lse = portable_attention.sparse_mla(q, pages, slots, "bf16", None, 2.0 ** log2_scale)
+    stored = cache_format("latent", "bf16").unpack(pages.view(16, -1)[[3, 5]]).double()
+    torch.testing.assert_close(o[0, 0].double(), stored[:, :512].mean(0), rtol=1e-6, atol=1e-6)
+    assert lse[0, 0].item() == pytest.approx(-(2.0 ** log2_scale) + math.log(2), rel=1e-6)

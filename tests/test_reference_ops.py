@@ -285,3 +285,14 @@ def test_dsa_attention_is_the_composition_of_the_ops():
     slots = ops.positions_to_slots(chosen, req_ids, block_table, 8)
     o2, lse2 = ops.sparse_mla(q, kv_pages, slots, kv_fmt="bf16", softmax_scale=0.1)
     assert torch.equal(o, o2) and torch.equal(lse, lse2)
+
+
+@pytest.mark.parametrize("magnitude", [-1e30, -1e10, 1e10, 1e30])
+def test_lse_combine_averages_equal_parts_at_any_magnitude(magnitude):
+    """Two parts of equal lse combine to their average and lse + log 2 (the weights were exp(lse_r - lse) against a
+    rounded lse: at 1e30 the two parts were summed)."""
+    o_parts = torch.tensor([[[[1.0, 2.0]]], [[[3.0, 4.0]]]])  # [2 parts, 1 token, 1 head, 2]
+    lse_parts = torch.full((2, 1, 1), magnitude)
+    o, lse = ops.lse_combine(o_parts, lse_parts)
+    torch.testing.assert_close(o[0, 0], torch.tensor([2.0, 3.0]), rtol=1e-6, atol=0.0)
+    assert lse[0, 0].item() == pytest.approx(float(torch.tensor(magnitude).float()) + math.log(2), rel=1e-6)

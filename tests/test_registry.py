@@ -198,6 +198,29 @@ def test_use_backend_is_local_to_its_thread_and_nests(monkeypatch):
         assert active_table().name == "halflse"
     assert active_table().name == "reference"
 
+def test_use_backend_blocks_share_one_table_and_log_a_fallback_once(monkeypatch, caplog):
+    """A block entered per call resolves its backend's table once (each resolution walks every op's routes) and
+    logs a fallback reason once across blocks; a changed DSAHAL_ROUTES or DSAHAL_STRICT gives a table of its own."""
+    monkeypatch.setenv("DSAHAL_PLUGIN_MODULES", "plugins.half_lse")
+    monkeypatch.setenv("DSAHAL_BACKEND", "reference")
+    scores = torch.randn(2, 10)
+    tables = []
+    with caplog.at_level(logging.WARNING, logger="dsahal"):
+        for _ in range(3):
+            with dsahal.use_backend("halflse") as table:
+                tables.append(table)
+                ops.topk(scores, torch.tensor([10, 5]), 3)  # halflse has no topk: the reference, logged
+    assert tables[0] is tables[1] is tables[2]
+    assert len([r for r in caplog.records if "dsahal.topk" in r.getMessage()]) == 1
+    with dsahal.use_routes(lse_combine="reference") as forced, dsahal.use_routes(lse_combine="reference") as again:
+        assert forced is again and forced.overrides.forced == {"lse_combine": "reference"}
+    monkeypatch.setenv("DSAHAL_STRICT", "1")
+    with dsahal.use_backend("halflse") as strict:
+        assert strict is not tables[0] and strict.strict
+        with pytest.raises(FallbackError, match="does not implement topk"):
+            ops.topk(scores, torch.tensor([10, 5]), 3)
+
+
 def test_op_table_is_resolved_once_not_per_call(monkeypatch):
     table = active_table()
     ops.topk(torch.randn(2, 10), torch.tensor([10, 5]), 3)

@@ -68,9 +68,13 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
         kv = _gather_latent(kv_pages, chosen, kv_fmt, kv_scale).masked_fill(skipped[..., None], 0.0)  # [t, K, 576]
         logits = softmax_scale * torch.einsum("thd,tkd->thk", q[rows].float(), kv)
         logits = logits.masked_fill(skipped[:, None, :], float("-inf"))
-        row_lse = torch.logsumexp(logits, dim=-1)  # [t, H]
-        live = torch.isfinite(row_lse)
-        probs = torch.exp(logits - torch.where(live, row_lse, torch.zeros_like(row_lse))[..., None])
-        o[rows] = torch.einsum("thk,tkd->thd", probs, kv[..., :LATENT_NOPE_DIM])
-        lse[rows] = row_lse
+        # shifted by each row's largest logit and normalised by the weights' own sum: exp(logit - lse) against an
+        # fp32-rounded lse would not sum to 1 once |lse| is large (o off by 21% at logits near 2^23)
+        peak = logits.amax(dim=-1)  # [t, H]; -inf for a row with no valid slot
+        live = torch.isfinite(peak)
+        weights = torch.exp(logits - torch.where(live, peak, torch.zeros_like(peak))[..., None])
+        total = weights.sum(dim=-1)
+        o[rows] = torch.einsum("thk,tkd->thd", weights, kv[..., :LATENT_NOPE_DIM]) / torch.where(
+            live, total, torch.ones_like(total))[..., None]
+        lse[rows] = torch.where(live, peak + torch.log(total), torch.logsumexp(logits, dim=-1))
     return o.to(q.dtype), lse

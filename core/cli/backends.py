@@ -73,11 +73,12 @@ def describe(reg, *, with_routes: bool = True) -> list[dict]:
 
 
 def _print_table(rows, reg, selected, verbose: bool) -> None:
-    print(f"{'backend':<12} {'available':<10} {'native ops':<11} reason")
+    width = max([len("backend") - 1] + [len(row["name"]) for row in rows])  # (the name column after the mark)
+    print(f"{'backend':<{width + 1}} {'available':<10} {'native ops':<11} reason")
     for row in rows:
         native = sum(1 for s in row["coverage"].values() if s == "native")
         mark = "*" if row["name"] == selected else " "
-        print(f"{mark}{row['name']:<11} {'yes' if row['available'] else 'no':<10} "
+        print(f"{mark}{row['name']:<{width}} {'yes' if row['available'] else 'no':<10} "
               f"{native:>2}/{len(OP_NAMES):<8} {row['reason']}")
         if not verbose:
             continue

@@ -44,7 +44,8 @@ def lse_combine(
 
     Args:
         o_parts: ``[W, T, H, D]`` fp32/bf16/fp16 partial outputs.
-        lse_parts: ``[W, T, H]`` fp32 natural-log partial LSEs; -inf parts contribute nothing.
+        lse_parts: ``[W, T, H]`` fp32 natural-log partial LSEs; -inf parts contribute nothing. A part
+            of +inf or NaN is outside the contract (backends differ there).
 
     Returns:
         ``o``: ``[T, H, D]`` in o_parts' dtype; ``lse``: ``[T, H]`` fp32. All parts -inf gives

@@ -86,7 +86,9 @@ def sparse_mla(
         slots: ``[T, K]`` int32 physical slots; -1 skipped.
         kv_fmt: latent format name (``"bf16"``, ``"fp8"``, ``"fp8_ds_mla"``, ``"nvfp4"``).
         kv_scale: ``[]`` fp32 per-tensor scale for ``"fp8"`` (finite, > 0), else None.
-        softmax_scale: always explicit (the model's is ``192^-0.5 · mscale²``, not ``576^-0.5``).
+        softmax_scale: always explicit (the model's is ``192^-0.5 · mscale²``, not ``576^-0.5``). The
+            scaled logits must stay finite in fp32 (``lse`` is fp32): a scale that overflows them is
+            outside the contract (backends differ there).
 
     Returns:
         ``o``: ``[T, H, 512]`` in q's dtype; ``lse``: ``[T, H]`` fp32 natural-log sum-exp of the

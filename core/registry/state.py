@@ -17,6 +17,10 @@ _table: OpTable | None = None
 # use_backend's override: a context variable, so a block run on another backend in one thread (a check
 # against the reference, say) never redirects ops that other threads of a server run meanwhile.
 _override: contextvars.ContextVar[OpTable | None] = contextvars.ContextVar("dsahal_backend_override", default=None)
+# the tables of use_backend / use_routes blocks, resolved once per backend, overrides and the settings a table reads
+# (building one resolves every op's routes: milliseconds; and a table logs each fallback reason once, so a block
+# entered per call repeated its warning every time); forgotten by reset()
+_block_tables: dict[tuple, OpTable] = {}
 
 
 def registry() -> Registry:
@@ -41,6 +45,18 @@ def _resolve(name: str | None, route_overrides: overrides.RouteOverrides | None 
         reg.probe_all()  # automatic selection reads every backend's probe: run them in parallel, each bounded
     return OpTable(select(reg, name), reg.records["reference"], OP_NAMES, COMPOSITE_OPS,
                    route_overrides=route_overrides, overrides_apply_to_all=selected)
+
+
+def _block_table(name: str, route_overrides: overrides.RouteOverrides | None = None, *,
+                 selected: bool = True) -> OpTable:
+    """:func:`_resolve` for a ``use_backend`` / ``use_routes`` block, kept per backend, overrides and the
+    environment's ``DSAHAL_ROUTES`` / ``DSAHAL_STRICT`` (which a table reads when it is built)."""
+    key = (name, None if route_overrides is None else route_overrides.text(), selected,
+           os.environ.get(overrides.ENV), os.environ.get(settings.STRICT))
+    table = _block_tables.get(key)
+    if table is None:
+        table = _block_tables[key] = _resolve(name, route_overrides, selected=selected)
+    return table
 
 
 def active_table() -> OpTable:
@@ -72,7 +88,7 @@ def use_backend(name: str):
     """Run a block on another backend in this thread (or asyncio task); other threads keep theirs.
     Blocks nest; the previous selection is restored on exit."""
     with _lock:
-        table = _resolve(name, selected=False)
+        table = _block_table(name, selected=False)
     token = _override.set(table)
     try:
         yield table
@@ -96,7 +112,7 @@ def use_routes(spec=None, **by_op: str):
     if by_op:
         wanted = wanted.merged(overrides.parse(by_op, source="use_routes"))
     with _lock:
-        table = _resolve(current.name, current.overrides.merged(wanted))
+        table = _block_table(current.name, current.overrides.merged(wanted))
     token = _override.set(table)
     try:
         yield table
@@ -109,4 +125,5 @@ def reset() -> None:
     global _registry, _table
     with _lock:
         _registry, _table = None, None
+        _block_tables.clear()
     _override.set(None)
