@@ -192,7 +192,6 @@ def sparse_mla_kernel(
     FMT: tl.constexpr, AS_BF16: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     ALIGNED: tl.constexpr,  # every record 4-byte aligned: typed views; else byte loads
     V_SPLIT: tl.constexpr,  # programs sharing a head block, each accumulating 512 / V_SPLIT value columns
-    F16: tl.constexpr = False,  # (per-tensor FP8, bf16 q) fp16 MMAs: q scaled per head by a power of two, codes widened
 ):
     pid_h = tl.program_id(0) // V_SPLIT
     v_part = tl.program_id(0) % V_SPLIT
@@ -208,17 +207,7 @@ def sparse_mla_kernel(
     q_rows = q_ptr + t * stride_qt + heads[:, None] * stride_qh
     q_nope = tl.load(q_rows + nope_cols[None, :], mask=head_ok[:, None], other=0.0)
     q_rope = tl.load(q_rows + 512 + rope_cols[None, :], mask=head_ok[:, None], other=0.0)
-    if F16:  # (head_scale: each head's logits' factor, the inverse of its queries')
-        # each head's queries times a power of two putting its largest magnitude in [2^13, 2^14): exact in fp16 (but
-        # for values below 2^-27 of that largest), and twice it still finite; the logits take the inverse back
-        amax = tl.maximum(tl.max(tl.abs(q_nope.to(tl.float32)), axis=1), tl.max(tl.abs(q_rope.to(tl.float32)), axis=1))
-        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        field = tl.minimum(267 - biased, 253)  # exponent field of 2^(140 - biased), at most 2^126 (a zero head)
-        up = (field << 23).to(tl.float32, bitcast=True)
-        head_scale = tl.where(amax < float("inf"), ((254 - field) << 23).to(tl.float32, bitcast=True), float("nan"))
-        q_nope = (q_nope.to(tl.float32) * up[:, None]).to(tl.float16)
-        q_rope = (q_rope.to(tl.float32) * up[:, None]).to(tl.float16)
-    elif AS_BF16:
+    if AS_BF16:
         q_nope = q_nope.to(tl.bfloat16)
         q_rope = q_rope.to(tl.bfloat16)
     else:
@@ -243,25 +232,16 @@ def sparse_mla_kernel(
         slot = tl.where(valid, slot, 0)
         rows = record_rows(slot, block_tokens, (s8_b, s8_t, s16_b, s16_t, s32_b, s32_t))
         codes, scales = load_nope_raw(pages_u8, pages_u16, pages_f32, rows, valid, 0, 512, FMT, ALIGNED)
-        if F16:  # the e4m3 codes widened exactly to fp16 (one conversion per two)
-            kv_nope = codes.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-            kv_rope = load_rope_raw(pages_u8, pages_u16, rows, valid, FMT, ALIGNED).to(tl.float8e4nv,
-                                                                                      bitcast=True).to(tl.float16)
-        else:
-            kv_nope = decode_nope(codes, scales, FMT, AS_BF16)
-            kv_rope = decode_rope(load_rope_raw(pages_u8, pages_u16, rows, valid, FMT, ALIGNED), FMT, AS_BF16)
+        kv_nope = decode_nope(codes, scales, FMT, AS_BF16)
+        kv_rope = decode_rope(load_rope_raw(pages_u8, pages_u16, rows, valid, FMT, ALIGNED), FMT, AS_BF16)
 
-        if AS_BF16 or F16:
+        if AS_BF16:
             s = tl.dot(q_nope, tl.trans(kv_nope))
             s = tl.dot(q_rope, tl.trans(kv_rope), s)
         else:
             s = tl.dot(q_nope, tl.trans(kv_nope), input_precision="ieee")
             s = tl.dot(q_rope, tl.trans(kv_rope), s, input_precision="ieee")
-        if F16:
-            s = s * (logit_scale * head_scale)[:, None]
-        else:
-            s = s * logit_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
+        s = tl.where(valid[None, :], s * logit_scale, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # an all-skipped row stays at p = 0
@@ -272,13 +252,8 @@ def sparse_mla_kernel(
             values = kv_nope
         else:  # this program's value columns of the same rows again (just read: cache hits)
             codes, scales = load_nope_raw(pages_u8, pages_u16, pages_f32, rows, valid, v_part * VD, VD, FMT, ALIGNED)
-            if F16:
-                values = codes.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-            else:
-                values = decode_nope(codes, scales, FMT, AS_BF16)
-        if F16:
-            acc = tl.dot(p.to(tl.float16), values, acc * alpha[:, None])
-        elif AS_BF16:
+            values = decode_nope(codes, scales, FMT, AS_BF16)
+        if AS_BF16:
             acc = tl.dot(p.to(tl.bfloat16), values, acc * alpha[:, None])
         else:
             acc = tl.dot(p, values, acc * alpha[:, None], input_precision="ieee")
@@ -298,7 +273,7 @@ def sparse_mla_kernel(
 
 @bounded_partials
 def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=64, block_n=32,
-               split_size=None, num_warps=8, num_stages=1, exact_fp32=None, bf16_view=True, v_split=1, fp16=False):
+               split_size=None, num_warps=8, num_stages=1, exact_fp32=None, bf16_view=True, v_split=1):
     """Launch :func:`sparse_mla_kernel`.
 
     Args:
@@ -315,9 +290,6 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=6
             the MMA, which the software pipeliner can stage) rather than as raw 16-bit words.
         v_split: 1 or 2 programs per head block; with 2 each computes the logits and accumulates
             half of the 512 value columns (half the accumulator registers, twice the QK work).
-        fp16: (per-tensor FP8 latents, bf16 queries) fp16 MMAs on the codes widened exactly, each head's
-            queries scaled by a power of two into fp16 (their largest in [2^13, 2^14)), P in fp16, rather
-            than the codes widened to fp32 then rounded to bf16 (fewer registers a step).
 
     Returns:
         ``(o [T, H, 512] in q's dtype, lse [T, H] fp32)``.
@@ -340,9 +312,6 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=6
         return o[0].to(q.dtype), lse[0]
     if v_split not in (1, 2, 4):
         raise ValueError(f"triton sparse_mla: v_split expected 1, 2 or 4, got {v_split!r}")
-    if fp16 and not (fmt == LATENT_FP8 and as_bf16):
-        raise ValueError(f"triton sparse_mla: fp16 takes per-tensor fp8 latents and bf16 queries, got {kv_fmt} "
-                         f"latents and {'bf16' if as_bf16 else 'exact fp32'} dots")
     head_programs = triton.cdiv(heads, block_h) * v_split
     views = typed_views(kv_pages)
     if bf16_view and as_bf16 and fmt == LATENT_BF16 and views[1][0].dtype == torch.uint16:
@@ -351,7 +320,7 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, block_h=6
     scale = kv_scale if fmt == LATENT_FP8 else lse
     pool = (kv_pages.shape[0] * kv_pages.shape[1], kv_pages.shape[1])
     meta = dict(FMT=fmt, AS_BF16=as_bf16, BLOCK_H=block_h, BLOCK_N=block_n, ALIGNED=views_usable(kv_pages),
-                V_SPLIT=v_split, F16=bool(fp16), num_warps=num_warps, num_stages=num_stages)
+                V_SPLIT=v_split, num_warps=num_warps, num_stages=num_stages)
     limit = launch_grid.MAX_GRID_YZ
     if tokens <= limit and splits <= limit:
         _launch(head_programs, q, views, slots, scale, o, lse, heads, k, pool, split_size, softmax_scale, meta)
