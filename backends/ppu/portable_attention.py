@@ -76,5 +76,5 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
         total = weights.sum(dim=-1)
         o[rows] = torch.einsum("thk,tkd->thd", weights, kv[..., :LATENT_NOPE_DIM]) / torch.where(
             live, total, torch.ones_like(total))[..., None]
-        lse[rows] = torch.where(live, peak + torch.log(total), torch.logsumexp(logits, dim=-1))
+        lse[rows] = torch.where(live, peak + torch.log(total), peak)  # (-inf for a row with no valid slot)
     return o.to(q.dtype), lse
