@@ -238,3 +238,11 @@ def test_backend_declaration_is_validated():
         dsahal.Backend(name="x", verifiers={"topk": lambda *a: (True, "")})
     with pytest.raises(ValueError, match="non-empty identifier"):
         dsahal.Backend(name="bad name!")
+
+
+def test_a_use_routes_error_names_use_routes_not_the_variable(monkeypatch):
+    monkeypatch.delenv("DSAHAL_ROUTES", raising=False)
+    monkeypatch.setenv("DSAHAL_BACKEND", "reference")
+    with pytest.raises(RegistryError, match=r"^use_routes: backend 'reference' has no route 'triton' for sparse_mla"):
+        with dsahal.use_routes(sparse_mla="triton"):
+            pass

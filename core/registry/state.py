@@ -35,7 +35,7 @@ def registry() -> Registry:
 
 
 def _resolve(name: str | None, route_overrides: overrides.RouteOverrides | None = None, *,
-             selected: bool = True) -> OpTable:
+             selected: bool = True, source: str = overrides.ENV) -> OpTable:
     """``selected``: this is the process's backend, so ``DSAHAL_ROUTES`` must name its routes; a table for a
     ``use_backend`` block keeps only the items that name routes of its backend."""
     from ..ops.catalog import COMPOSITE_OPS, OP_NAMES
@@ -44,18 +44,18 @@ def _resolve(name: str | None, route_overrides: overrides.RouteOverrides | None 
     if not (name or os.environ.get("DSAHAL_BACKEND")):
         reg.probe_all()  # automatic selection reads every backend's probe: run them in parallel, each bounded
     return OpTable(select(reg, name), reg.records["reference"], OP_NAMES, COMPOSITE_OPS,
-                   route_overrides=route_overrides, overrides_apply_to_all=selected)
+                   route_overrides=route_overrides, overrides_apply_to_all=selected, overrides_source=source)
 
 
 def _block_table(name: str, route_overrides: overrides.RouteOverrides | None = None, *,
-                 selected: bool = True) -> OpTable:
+                 selected: bool = True, source: str = overrides.ENV) -> OpTable:
     """:func:`_resolve` for a ``use_backend`` / ``use_routes`` block, kept per backend, overrides and the
     environment's ``DSAHAL_ROUTES`` / ``DSAHAL_STRICT`` (which a table reads when it is built)."""
-    key = (name, None if route_overrides is None else route_overrides.text(), selected,
+    key = (name, None if route_overrides is None else route_overrides.text(), selected, source,
            os.environ.get(overrides.ENV), os.environ.get(settings.STRICT))
     table = _block_tables.get(key)
     if table is None:
-        table = _block_tables[key] = _resolve(name, route_overrides, selected=selected)
+        table = _block_tables[key] = _resolve(name, route_overrides, selected=selected, source=source)
     return table
 
 
@@ -112,7 +112,8 @@ def use_routes(spec=None, **by_op: str):
     if by_op:
         wanted = wanted.merged(overrides.parse(by_op, source="use_routes"))
     with _lock:
-        table = _block_table(current.name, current.overrides.merged(wanted))
+        # (its messages name use_routes, whose items sit on top of those already in effect)
+        table = _block_table(current.name, current.overrides.merged(wanted), source="use_routes")
     token = _override.set(table)
     try:
         yield table

@@ -177,8 +177,10 @@ class OpTable:
     """
 
     def __init__(self, record: BackendRecord, reference: BackendRecord, op_names, composite_ops, strict=None,
-                 route_overrides: overrides.RouteOverrides | None = None, overrides_apply_to_all: bool = True):
+                 route_overrides: overrides.RouteOverrides | None = None, overrides_apply_to_all: bool = True,
+                 overrides_source: str = overrides.ENV):
         self.record = record
+        self.source = overrides_source  # who asked for the overrides, as messages name it
         self.strict = settings.env_flag(settings.STRICT) if strict is None else strict
         self.overrides = route_overrides if route_overrides is not None else \
             overrides.parse(os.environ.get(overrides.ENV))
@@ -225,12 +227,12 @@ class OpTable:
                  **{op: set(routes) for op, routes in self.overrides.disabled.items()}}
         for op, routes in named.items():
             if op not in op_names:
-                raise RegistryError(f"{overrides.ENV}: unknown op {op!r}; the ops are: {', '.join(op_names)}")
+                raise RegistryError(f"{self.source}: unknown op {op!r}; the ops are: {', '.join(op_names)}")
             known = [r.name for r in self._declared(op, op in composite_ops)]
             for route in routes - {overrides.REFERENCE}:
                 if route not in known:
                     raise RegistryError(
-                        f"{overrides.ENV}: backend {self.name!r} has no route {route!r} for {op}; its routes are: "
+                        f"{self.source}: backend {self.name!r} has no route {route!r} for {op}; its routes are: "
                         f"{', '.join(known + [overrides.REFERENCE])}")
 
     def _resolve_op(self, op: str, composite: bool) -> OpEntry:
@@ -242,15 +244,15 @@ class OpTable:
         for route in declared:
             if forced is not None and route.name != forced:
                 resolved.append(ResolvedRoute(route.name, None, None, False,
-                                              f"not forced ({overrides.ENV} forces {op}:{forced})"))
+                                              f"not forced ({self.source} forces {op}:{forced})"))
             elif route.name in disabled:
-                resolved.append(ResolvedRoute(route.name, None, None, False, f"disabled ({overrides.ENV})"))
+                resolved.append(ResolvedRoute(route.name, None, None, False, f"disabled ({self.source})"))
             else:
                 resolved.append(_resolve_route(backend, op, route))
         if forced not in (None, overrides.REFERENCE):
             chosen = next(r for r in resolved if r.name == forced)
             if not chosen.available:
-                raise RegistryError(f"{overrides.ENV}: route {forced!r} of {op} on backend {backend!r} is "
+                raise RegistryError(f"{self.source}: route {forced!r} of {op} on backend {backend!r} is "
                                     f"unavailable: {chosen.reason}")
         active = tuple(r for r in resolved if r.available)
         if backend == "reference":
