@@ -283,6 +283,13 @@ def test_only_with_no_matching_variant_is_one_error_line(capsys):
     assert aot.main(["--only", "no such kernel"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --only no such kernel: no variant name contains") and err.count("\n") == 1
+    assert "--list names them" in err
+
+
+def test_list_names_the_variants_without_compiling(capsys, monkeypatch):
+    monkeypatch.setattr(aot, "compile_variant", lambda variant: pytest.fail("--list compiled a variant"))
+    assert aot.main(["--list", "--only", "top-k"]) == 0
+    assert "top-k" in capsys.readouterr().out.splitlines()
 
 
 def test_a_variant_compiles_for_hopper_and_reports_its_resources():

@@ -71,6 +71,10 @@ def test_check_tolerance_overrides_the_table(mutants, tmp_path, capsys):
     mutants("mutant_kda_read_before_write")
     code, check = run_check(tmp_path, "--backend", "mutant_kda_read_before_write", "--check-tolerance", "0.5")
     assert code == 0 and check["tolerance"] == 0.5
+    code, check = run_check(tmp_path, "--backend", "mutant_kda_read_before_write", "--check-tolerance", "1e-4")
+    err = capsys.readouterr().err
+    assert code == 1 and "beyond the tolerance 1.0e-04 (--check-tolerance)" in err  # the flag's value, named so
+    assert "for float32 with" not in err
     assert main(SMALL + ["--check-tolerance", "0"]) == 2
     assert "--check-tolerance expected a number > 0, got 0.0" in capsys.readouterr().err
 

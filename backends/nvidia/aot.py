@@ -785,6 +785,8 @@ def main(argv=None) -> int:
     parser.add_argument("--invariant", action="store_true",
                         help="also compile each variant as batch-invariant mode does (its twin: the facts of the "
                              "cache's and the launcher-aligned arguments only)")
+    parser.add_argument("--list", action="store_true", help="print the variants' names (what --only matches), compile "
+                                                             "nothing")
     args = parser.parse_args(argv)
     if importlib.util.find_spec("triton") is None:
         print("error: Triton is not installed (pip install 'dsahal[test]')", file=sys.stderr)
@@ -792,8 +794,11 @@ def main(argv=None) -> int:
     chosen = [v for v in variants() if not args.only or any(t in v.name for t in args.only)]
     if not chosen:
         print(f"error: --only {' '.join(args.only)}: no variant name contains any of these "
-              f"(python -m dsahal.backends.nvidia.aot lists them all)", file=sys.stderr)
+              f"(python -m dsahal.backends.nvidia.aot --list names them)", file=sys.stderr)
         return 2
+    if args.list:
+        print("\n".join(v.name for v in chosen))
+        return 0
     width = max(58, *(len(v.name) for v in chosen))
     print(f"{'variant':<{width}} {'warps':>5} {'stages':>6} {'compile s':>9} {'regs':>5} {'stack B':>7} {'smem KB':>7}")
     if args.invariant:

@@ -65,7 +65,17 @@ def make_requests(args, vocab_size: int, *, forced: list[list[int]] | None = Non
 
 def resolve_device(args) -> torch.device:
     """``--device`` (checked: a CUDA device on a CPU build of torch is a usage error), else cuda for a GPU
-    backend when CUDA is available, else cpu. Raises ``ValueError`` naming the argument."""
+    backend when CUDA is available, else cpu; ``--cuda-graph`` needs it to be a CUDA device (said before any
+    weight is drawn). Raises ``ValueError`` naming the argument."""
+    device = _device(args)
+    if getattr(args, "cuda_graph", False) and device.type != "cuda":
+        raise ValueError(f"dsahal run: argument '--cuda-graph' needs a CUDA device, the run's device is {device} "
+                         f"(drop --cuda-graph, or run on a GPU with a GPU backend or --device cuda)")
+    return device
+
+
+def _device(args) -> torch.device:
+    """:func:`resolve_device` without the ``--cuda-graph`` check."""
     if args.device:
         try:
             device = torch.device(args.device)
@@ -407,8 +417,9 @@ def _report(args, config, attention, device, *, rank: int, world: int, replay_at
         return _error(f"dsahal run --check: backend {table.name!r} differs from the reference by "
                       f"{check['relative_logit_diff']:.2e} of the largest |logit| (max |logit difference| "
                       f"{check['max_abs_logit_diff']:.3e} at {check['where']}), beyond the tolerance "
-                      f"{check['tolerance']:.1e} for {dtype_name} with {args.latent_fmt} latents and "
-                      f"{args.index_fmt} index keys (README, 'dsahal run'; --check-tolerance overrides it)",
+                      + (f"{check['tolerance']:.1e} (--check-tolerance)" if args.check_tolerance is not None else
+                         f"{check['tolerance']:.1e} for {dtype_name} with {args.latent_fmt} latents and "
+                         f"{args.index_fmt} index keys (README, 'dsahal run'; --check-tolerance overrides it)"),
                       EXIT_CHECK_FAILED)
     return 0
 
