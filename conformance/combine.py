@@ -12,7 +12,6 @@ runs that differ) is one ``error:`` line and exit status 2.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -74,10 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             path, _, label = spec.partition(":")
             runs.append((report.read_json(Path(path)), label or path))
         records, backend, settings, notes = combine(runs)
-    except (OSError, ValueError, KeyError, TypeError) as exc:  # (json.JSONDecodeError is a ValueError)
-        what = f"{type(exc).__name__}: {exc}" if isinstance(exc, (KeyError, TypeError, json.JSONDecodeError)) else exc
-        print(f"error: {what}" if str(what).startswith("dsahal.") else
-              f"error: dsahal.conformance.combine: {what}", file=sys.stderr)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # a report missing, not JSON, or not a report
+        own = isinstance(exc, ValueError) and str(exc).startswith("dsahal.")  # combine()'s own message
+        print(f"error: {exc}" if own else f"error: dsahal.conformance.combine: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
