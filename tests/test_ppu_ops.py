@@ -234,3 +234,11 @@ def test_sparse_mla_is_normalised_at_large_logits(log2_scale):
     stored = cache_format("latent", "bf16").unpack(pages.view(16, -1)[[3, 5]]).double()
     torch.testing.assert_close(o[0, 0].double(), stored[:, :512].mean(0), rtol=1e-6, atol=1e-6)
     assert lse[0, 0].item() == pytest.approx(-(2.0 ** log2_scale) + math.log(2), rel=1e-6)
+
+
+def test_sparse_mla_of_no_slot_is_empty_attention():
+    """A slot list of width 0 (the op accepts it): o 0 and lse -inf on every row, as the reference."""
+    pages = cache_format("latent", "bf16").pack(torch.randn(16, 576), None).view(1, 16, -1)
+    o, lse = portable_attention.sparse_mla(torch.randn(2, 3, 576), pages, torch.zeros(2, 0, dtype=torch.int32),
+                                           "bf16", None, 0.1)
+    assert torch.equal(o, torch.zeros(2, 3, 512)) and bool(torch.isneginf(lse).all())

@@ -296,3 +296,8 @@ def test_lse_combine_averages_equal_parts_at_any_magnitude(magnitude):
     o, lse = ops.lse_combine(o_parts, lse_parts)
     torch.testing.assert_close(o[0, 0], torch.tensor([2.0, 3.0]), rtol=1e-6, atol=0.0)
     assert lse[0, 0].item() == pytest.approx(float(torch.tensor(magnitude).float()) + math.log(2), rel=1e-6)
+
+
+def test_lse_combine_of_no_part_is_empty_attention():
+    o, lse = ops.lse_combine(torch.randn(0, 2, 3, 8), torch.randn(0, 2, 3))
+    assert torch.equal(o, torch.zeros(2, 3, 8)) and bool(torch.isneginf(lse).all())

@@ -70,7 +70,8 @@ def sparse_mla(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
         logits = logits.masked_fill(skipped[:, None, :], float("-inf"))
         # shifted by each row's largest logit and normalised by the weights' own sum: exp(logit - lse) against an
         # fp32-rounded lse would not sum to 1 once |lse| is large (o off by 21% at logits near 2^23)
-        peak = logits.amax(dim=-1)  # [t, H]; -inf for a row with no valid slot
+        peak = logits.amax(dim=-1) if logits.shape[-1] else torch.full(  # [t, H]; -inf for a row with no valid slot
+            logits.shape[:-1], float("-inf"), device=logits.device)
         live = torch.isfinite(peak)
         weights = torch.exp(logits - torch.where(live, peak, torch.zeros_like(peak))[..., None])
         total = weights.sum(dim=-1)

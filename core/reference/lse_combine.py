@@ -9,7 +9,8 @@ def lse_combine(o_parts, lse_parts):
     # each part weighted by exp(lse_r - the largest), the sum normalised by the weights' own total: weighting by
     # exp(lse_r - lse) against a rounded lse is off once |lse| is large (at 1e30, lse + log 2 rounds to lse and two
     # equal parts summed instead of averaged)
-    peak = lse_parts64.amax(dim=0)  # [T, H]
+    peak = lse_parts64.amax(dim=0) if lse_parts64.shape[0] else torch.full(  # [T, H]; no part: -inf
+        lse_parts64.shape[1:], float("-inf"), dtype=torch.float64, device=lse_parts64.device)
     finite = torch.isfinite(peak)  # -inf: every part empty (o = 0, lse = -inf)
     weights = torch.exp(lse_parts64 - torch.where(finite, peak, 0.0)[None])  # -inf parts: 0
     total = weights.sum(dim=0)
