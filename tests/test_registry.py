@@ -168,7 +168,6 @@ def test_use_backend_switches_and_restores(monkeypatch):
     assert active_table().name == "reference"
 
 
-
 def test_use_backend_is_local_to_its_thread_and_nests(monkeypatch):
     """A block run on another backend (e.g. a check against the reference) must not redirect the ops
     that other threads of the process run meanwhile; blocks nest and restore in order."""
