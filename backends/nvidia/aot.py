@@ -474,7 +474,15 @@ def _wgmma_variants() -> list[Variant]:
              kv_scale_ptr="fp32" if fmt == "fp8" else "bf16"),  # (fp8_ds_mla: q stands in, unread)
         floats=("logit_scale",), num_warps=4, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * record, s8_t=record),
         gluon=True)
-        for fmt, record in (("fp8_ds_mla", 656), ("fp8", 576)) for balanced in (False, True)]
+        for fmt, record in (("fp8_ds_mla", 656), ("fp8", 576)) for balanced in (False, True)] + [Variant(
+        f"sparse MLA few heads, wgmma, fp8_ds_mla, H=16, {launch['stages']} stages, balanced, producer warp"
+        + (f" ({regs} registers)" if regs else ""),
+        wgmma_mla.sparse_mla_wgmma_kernel,
+        dict(STAGES=launch["stages"], FLAT=True, OFF32=True, FP8=False, ALIGNED=True, BALANCED=True, WS=True,
+             PRODUCER_REGS=regs or wgmma_mla.DEFAULT_PRODUCER_REGS),
+        dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32", kv_scale_ptr="bf16"),
+        floats=("logit_scale",), num_warps=4, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * 656, s8_t=656),
+        gluon=True, maxnreg=128) for regs in (None, 24, 40)]
 
 
 def _wgmma_fp4_variants() -> list[Variant]:

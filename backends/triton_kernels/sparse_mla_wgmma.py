@@ -61,7 +61,7 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mbarrier, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from dsahal.kernel_launch import wrap_launched
@@ -83,6 +83,7 @@ SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size", "tokens", "par
 HEAD_GROUP = 16
 TILE = gl.constexpr(64)  # slots a step: the logit wgmma's M
 DEFAULT_STAGES, DEFAULT_SPLIT_SIZE = 2, 1024  # the H200's fastest at 64 x 5 and 64 x 8 tokens (BENCHMARKS.md)
+DEFAULT_PRODUCER_REGS = 32  # (ws) the producer warpgroup's registers a thread: the computing one gets 256 - 32
 BLOCK_H = gl.constexpr(16)
 
 # shared layouts: a stage's codes [4 tiles, 64 slots, 128 bytes] (128-byte rows, their 16-byte pieces swizzled by the
@@ -467,15 +468,7 @@ def _step(i, issue_ahead, ahead_c, ahead_r, ahead_s, next_row, next_n0, next_end
     slot indices of the step after that (``next_row`` from slot ``next_n0``, up to ``next_end``) loaded, and those of
     the next step (``here_row`` / ``here_n0`` / ``here_end``) for its mask; the logits, online softmax and value MMAs.
     Returns the carried state: ``(ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc, b0, b1, b2, b3)``."""
-    W: gl.constexpr = _logit_layout()  # the logit MMAs' accumulators [64 slots, 16 heads]
-    LOGIT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=W, k_width=2)  # their register A operands
-    ROWS: gl.constexpr = gl.SliceLayout(1, W)  # [64] per slot
-    PV: gl.constexpr = _pv_layout()  # the value MMA's accumulator [4 parts, 16 heads, 128 n]
-    DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=PV, k_width=2)
-    DOT_B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=PV, k_width=2)
-    PV_HEADS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, PV))
-    PV_PARTS: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, PV))
-    zeros = gl.zeros([TILE, BLOCK_H], gl.float32, W)  # (the first chunk MMAs' unread accumulator)
+    ROWS: gl.constexpr = gl.SliceLayout(1, _logit_layout())  # [64] per slot
     stage = i % STAGES
     async_copy.wait_group(STAGES - 2)  # this thread's copies of step i have landed
     fence_async_shared()  # (cp.async writes through the generic proxy, the wgmma reads through the async one)
@@ -488,19 +481,38 @@ def _step(i, issue_ahead, ahead_c, ahead_r, ahead_s, next_row, next_n0, next_end
     ahead_c, ahead_r, ahead_s = _copy_slots(next_row, next_n0, next_end, FP8)
     valid = (here >= 0) & (here < num_slots)
     here = _slot_rows(here_row, here_n0, here_end, ROWS)
+    m_i, l_acc, acc, b0, b1, b2, b3 = _step_math(
+        codes_s.index(stage), rope_s.index(stage), scale_s.index(stage), valid, logit_scale, head_scale, m_i, l_acc,
+        acc, b0, b1, b2, b3, p_s, q_s, q_rope, FP8)
+    return ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc, b0, b1, b2, b3
 
-    codes = codes_s.index(stage)
+
+@gluon.jit
+def _step_math(codes, rope, scales, valid, logit_scale, head_scale, m_i, l_acc, acc, b0, b1, b2, b3, p_s, q_s, q_rope,
+               FP8: gl.constexpr):
+    """A step's arithmetic on its stage (landed and visible to every warp; the warps past their previous step's reads
+    of ``p_s``): the logits of its slots (``valid`` ``[64]``: the slots not skipped), the online softmax and the value
+    MMAs. Returns ``(m_i, l_acc, acc, b0, b1, b2, b3)``."""
+    W: gl.constexpr = _logit_layout()  # the logit MMAs' accumulators [64 slots, 16 heads]
+    LOGIT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=W, k_width=2)  # their register A operands
+    ROWS: gl.constexpr = gl.SliceLayout(1, W)  # [64] per slot
+    PV: gl.constexpr = _pv_layout()  # the value MMA's accumulator [4 parts, 16 heads, 128 n]
+    DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=PV, k_width=2)
+    DOT_B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=PV, k_width=2)
+    PV_HEADS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, PV))
+    PV_PARTS: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, PV))
+    zeros = gl.zeros([TILE, BLOCK_H], gl.float32, W)  # (the first chunk MMAs' unread accumulator)
     # the RoPE MMA, then the chunks' (each read into registers while the MMA before it runs)
     if FP8:
-        ar = warpgroup_mma(_rope8_operand(rope_s.index(stage), LOGIT_A), q_rope.permute((1, 0)), zeros,
-                           use_acc=False, is_async=True)
+        ar = warpgroup_mma(_rope8_operand(rope, LOGIT_A), q_rope.permute((1, 0)), zeros, use_acc=False,
+                           is_async=True)
     else:
-        ar = warpgroup_mma(rope_s.index(stage), q_rope.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        s0 = _scale_row(scale_s.index(stage), 0).load(ROWS)  # σ_c of the step's slots
-        s1 = _scale_row(scale_s.index(stage), 1).load(ROWS)
-        s2 = _scale_row(scale_s.index(stage), 2).load(ROWS)
-        s3 = _scale_row(scale_s.index(stage), 3).load(ROWS)
-        t0, t1, t2, t3 = _step_scale_maxima(scale_s.index(stage))
+        ar = warpgroup_mma(rope, q_rope.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        s0 = _scale_row(scales, 0).load(ROWS)  # σ_c of the step's slots
+        s1 = _scale_row(scales, 1).load(ROWS)
+        s2 = _scale_row(scales, 2).load(ROWS)
+        s3 = _scale_row(scales, 3).load(ROWS)
+        t0, t1, t2, t3 = _step_scale_maxima(scales)
         b0, f0, r0 = _raise_maximum(b0, t0)
         b1, f1, r1 = _raise_maximum(b1, t1)
         b2, f2, r2 = _raise_maximum(b2, t2)
@@ -540,7 +552,7 @@ def _step(i, issue_ahead, ahead_c, ahead_r, ahead_s, next_row, next_n0, next_end
         v = gl.convert_layout(_as_f16(values.slice(16 * kk, 16, dim=1).load(_LOAD)), DOT_B)
         pa = p_s.slice(16 * kk, 16, dim=1).permute((0, 2, 1)).load(DOT_A)  # [4, 16 heads, 16 slots]
         acc = mma_v2(pa, v, acc)
-    return ahead_c, ahead_r, ahead_s, here, m_i, l_acc, acc, b0, b1, b2, b3
+    return m_i, l_acc, acc, b0, b1, b2, b3
 
 
 @gluon.jit
@@ -622,6 +634,151 @@ def _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
                  stride_lt, H, parts, t, part, end == K, BALANCED)
 
 
+
+# --- the warp-specialised launch (``WS``): a producer warpgroup gathers, the warpgroup computes ------------------------
+# A step's 1,478 instructions a warp (sm_90 SASS, forty-third session) held about 340 of the gathers' own: the slot
+# indices' loads, their record offsets and masks, the copies' addresses and the copies. With ``WS`` a second warpgroup
+# (the producer) does all of that, the computing warpgroup waits for a stage's ``full`` mbarrier (each producer thread
+# arrives once its copies have landed: ``cp.async.mbarrier.arrive.noinc``) and frees it on ``empty`` once its value
+# MMAs have read it.
+# The producer's copy layouts (a warpgroup: Triton gives a worker partition's warpgroup its registers whole, so all four
+# warps copy): a step's records as 4 rounds of 16 slots, 8 lanes a slot (a lane one 16-byte piece of a 128-byte tile
+# row or RoPE row), so a thread copies 4 slots (lane // 8 + 4 warp + 16 r) whose four tiles' pieces are one address and
+# three constant offsets: few registers (the producer's 24-40 leave the warpgroup 216-232 under two programs a SM).
+_CODES_COPY_W = gl.constexpr(gl.BlockedLayout([1, 1, 16], [1, 4, 8], [1, 4, 1], [2, 1, 0]))  # [4, 64, 128] bytes
+_ROPE_COPY_W = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # [64, 64] bf16
+_SCALE_COPY_W = _SCALE_COPY  # [4, 64] fp32: a thread 2 slots' scales of one tile
+_ROPE8_COPY_W = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0]))  # [64, 64] e4m3 (FP8 records)
+
+
+@gluon.jit
+def _ws_issue(pages_u8, slot_row, n0, end, num_slots, s8_b, s8_t, block_tokens, codes, rope, scales,
+              FLAT: gl.constexpr, OFF32: gl.constexpr, FP8: gl.constexpr):
+    """(``WS``, the producer) Start the copies of the step of slots ``n0 .. n0 + 64`` (-1 past ``end``) into one
+    stage, as :func:`_issue` does from the warpgroup: ``codes [4, 64, 128]``, ``rope [64, 64]``, ``scales [4, 64]``
+    (none in FP8 records); skipped slots zero-filled."""
+    slots_c = _slot_rows(slot_row, n0, end, gl.SliceLayout(0, gl.SliceLayout(2, _CODES_COPY_W)))
+    row, ok = _rows(slots_c, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
+    part = gl.arange(0, 4, gl.SliceLayout(1, gl.SliceLayout(2, _CODES_COPY_W)))
+    byte = gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(1, _CODES_COPY_W)))
+    src = pages_u8 + row[None, :, None] + (part * 128)[:, None, None] + byte[None, None, :]
+    _async_copy(codes, src.to(gl.pointer_type(gl.float8e4nv), bitcast=True), mask=ok[None, :, None])
+    if FP8:
+        slots_r = _slot_rows(slot_row, n0, end, gl.SliceLayout(1, _ROPE8_COPY_W))
+        row_r, ok_r = _rows(slots_r, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
+        rope_byte = gl.arange(0, 64, gl.SliceLayout(0, _ROPE8_COPY_W))
+        rope_src = pages_u8 + row_r[:, None] + 512 + rope_byte[None, :]  # the RoPE codes at byte 512
+        _async_copy(rope, rope_src.to(gl.pointer_type(gl.float8e4nv), bitcast=True), mask=ok_r[:, None])
+    else:
+        row_r = gl.convert_layout(row, gl.SliceLayout(1, _ROPE_COPY_W))  # (the same lanes' slots: no data moves)
+        ok_r = gl.convert_layout(ok, gl.SliceLayout(1, _ROPE_COPY_W))
+        dim = gl.arange(0, 64, gl.SliceLayout(0, _ROPE_COPY_W))
+        words = (pages_u8 + row_r[:, None]).to(gl.pointer_type(gl.bfloat16), bitcast=True)
+        _async_copy(rope, words + 264 + dim[None, :], mask=ok_r[:, None])  # RoPE at byte 528
+        slots_s = _slot_rows(slot_row, n0, end, gl.SliceLayout(0, _SCALE_COPY_W))
+        row_s, ok_s = _rows(slots_s, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
+        part_s = gl.arange(0, 4, gl.SliceLayout(1, _SCALE_COPY_W))
+        floats = (pages_u8 + row_s[None, :]).to(gl.pointer_type(gl.float32), bitcast=True) + 128  # scales at byte 512
+        _async_copy(scales, floats + part_s[:, None], mask=ok_s[None, :])
+
+
+@gluon.jit
+def _ws_produce_piece(pages_u8, s8_b, s8_t, slot_row, start, end, num_slots, block_tokens, i, codes_s, rope_s,
+                      scale_s, full, empty, STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr,
+                      FP8: gl.constexpr, ALIGNED: gl.constexpr):
+    """(``WS``, the producer) The steps of one piece (slots ``start .. end`` of a row), the program's ``i``-th step
+    onwards: each waits for its stage to be free (``empty``; the first round passes), is copied, and each thread arrives
+    on the stage's ``full`` once its copies have landed. Returns the program's next step number."""
+    if ALIGNED:  # (the slot indices' loads as whole 16-byte words)
+        start = gl.multiple_of(start, 64)
+    for n0 in range(start, end, TILE):
+        stage = i % STAGES
+        mbarrier.wait(empty.index(stage), ((i // STAGES) & 1) ^ 1)
+        _ws_issue(pages_u8, slot_row, n0, end, num_slots, s8_b, s8_t, block_tokens, codes_s.index(stage),
+                  rope_s.index(stage), scale_s.index(stage), FLAT, OFF32, FP8)
+        async_copy.mbarrier_arrive(full.index(stage), increment_count=False)
+        i += 1
+    return i
+
+
+@gluon.jit
+def _ws_produce(pages_u8, s8_b, s8_t, slots_ptr, stride_st, K, num_slots, block_tokens, split_size, tokens, codes_s,
+                rope_s, scale_s, full, empty, STAGES: gl.constexpr, FLAT: gl.constexpr, OFF32: gl.constexpr,
+                FP8: gl.constexpr, ALIGNED: gl.constexpr, BALANCED: gl.constexpr):
+    """(``WS``) The producer: the program's pieces in the warpgroup's order (:func:`_ws_consume`)."""
+    i = 0
+    if BALANCED:
+        g0, g1, S, total = program_steps(tokens, K)
+        for t in range(g0 // S, (g1 - 1) // S + 1):
+            start, end, part = piece(t, g0, g1, S, total, K)
+            i = _ws_produce_piece(pages_u8, s8_b, s8_t, slots_ptr + t.to(gl.int64) * stride_st, start, end,
+                                  num_slots, block_tokens, i, codes_s, rope_s, scale_s, full, empty, STAGES, FLAT,
+                                  OFF32, FP8, True)
+    else:
+        start = gl.program_id(0) * split_size
+        _ws_produce_piece(pages_u8, s8_b, s8_t, slots_ptr + gl.program_id(1).to(gl.int64) * stride_st, start,
+                          gl.minimum(start + split_size, K), num_slots, block_tokens, i, codes_s, rope_s, scale_s,
+                          full, empty, STAGES, FLAT, OFF32, FP8, ALIGNED)
+
+
+@gluon.jit
+def _ws_consume_piece(q_ptr, stride_qt, stride_qh, slots_ptr, stride_st, o_ptr, stride_os, stride_ot, stride_oh,
+                      lse_ptr, stride_ls, stride_lt, H, K, num_slots, parts, logit_scale, kv_scale_ptr, t, start, end,
+                      part, i, codes_s, rope_s, scale_s, p_s, q_s, q_rope, full, empty, STAGES: gl.constexpr,
+                      FP8: gl.constexpr, ALIGNED: gl.constexpr, BALANCED: gl.constexpr):
+    """(``WS``, the warpgroup) Row ``t``'s slots ``start .. end`` as :func:`_reduce_split` reduces them, the program's
+    ``i``-th step onwards, each step's stage waited for on ``full`` and freed on ``empty`` once read. Returns the
+    program's next step number."""
+    ROWS: gl.constexpr = gl.SliceLayout(1, _logit_layout())
+    slot_row = slots_ptr + t * stride_st
+    if ALIGNED:
+        start = gl.multiple_of(start, 64)
+    here = _slot_rows(slot_row, start, end, ROWS)  # the first step's slots, for its mask
+    _barrier()  # every warp past its previous piece's MMAs on the queries
+    head_scale, first_maximum = _queries(q_ptr, stride_qt, stride_qh, t, H, q_s, q_rope, logit_scale, kv_scale_ptr,
+                                         FP8)
+    _barrier()  # the queries stored (and fenced) before any warp's first wgmma reads them
+    m_i, l_acc, b0, b1, b2, b3, acc = _fresh_state(first_maximum)
+    for n0 in range(start, end, TILE):
+        stage = i % STAGES
+        valid = (here >= 0) & (here < num_slots)
+        here = _slot_rows(slot_row, n0 + TILE, end, ROWS)
+        mbarrier.wait(full.index(stage), (i // STAGES) & 1)
+        fence_async_shared()  # (the producer's cp.async writes are generic-proxy ones; the RoPE wgmma reads async)
+        m_i, l_acc, acc, b0, b1, b2, b3 = _step_math(
+            codes_s.index(stage), rope_s.index(stage), scale_s.index(stage), valid, logit_scale, head_scale, m_i,
+            l_acc, acc, b0, b1, b2, b3, p_s, q_s, q_rope, FP8)
+        mbarrier.arrive(empty.index(stage))  # (after the warpgroup's barrier: every warp done with the stage and P)
+        i += 1
+    _store_piece(acc, l_acc, m_i, b0, b1, b2, b3, o_ptr, stride_os, stride_ot, stride_oh, lse_ptr, stride_ls,
+                 stride_lt, H, parts, t, part, end == K, BALANCED)
+    return i
+
+
+@gluon.jit
+def _ws_consume(q_ptr, stride_qt, stride_qh, slots_ptr, stride_st, o_ptr, stride_os, stride_ot, stride_oh, lse_ptr,
+                stride_ls, stride_lt, H, K, num_slots, split_size, parts, tokens, logit_scale, kv_scale_ptr, codes_s,
+                rope_s, scale_s, p_s, q_s, q_rope, full, empty, STAGES: gl.constexpr, FP8: gl.constexpr,
+                ALIGNED: gl.constexpr, BALANCED: gl.constexpr):
+    """(``WS``) The warpgroup: the program's pieces (the balanced schedule's, or its fixed split)."""
+    i = 0
+    if BALANCED:
+        g0, g1, S, total = program_steps(tokens, K)
+        for t in range(g0 // S, (g1 - 1) // S + 1):
+            start, end, part = piece(t, g0, g1, S, total, K)
+            i = _ws_consume_piece(q_ptr, stride_qt, stride_qh, slots_ptr, stride_st, o_ptr, stride_os, stride_ot,
+                                  stride_oh, lse_ptr, stride_ls, stride_lt, H, K, num_slots, parts, logit_scale,
+                                  kv_scale_ptr, t.to(gl.int64), start, end, part, i, codes_s, rope_s, scale_s, p_s,
+                                  q_s, q_rope, full, empty, STAGES, FP8, True, True)
+    else:
+        split = gl.program_id(0)
+        start = split * split_size
+        _ws_consume_piece(q_ptr, stride_qt, stride_qh, slots_ptr, stride_st, o_ptr, stride_os, stride_ot, stride_oh,
+                          lse_ptr, stride_ls, stride_lt, H, K, num_slots, parts, logit_scale, kv_scale_ptr,
+                          gl.program_id(1).to(gl.int64), start, gl.minimum(start + split_size, K), split, i, codes_s,
+                          rope_s, scale_s, p_s, q_s, q_rope, full, empty, STAGES, FP8, ALIGNED, False)
+
+
 @gluon.jit(do_not_specialize=SIZE_ARGS)
 def sparse_mla_wgmma_kernel(
     q_ptr, stride_qt, stride_qh,  # q [T, H, 576] bf16
@@ -639,6 +796,8 @@ def sparse_mla_wgmma_kernel(
     FP8: gl.constexpr = False,  # per-tensor FP8 records (576 e4m3 codes x kv_scale) instead of fp8_ds_mla's
     ALIGNED: gl.constexpr = False,  # every split starts at a multiple of 64 slots (the slot indices' loads vectorised)
     BALANCED: gl.constexpr = False,  # the balanced schedule (.balanced): grid axis 0 its programs, axis 1 one
+    WS: gl.constexpr = False,  # a producer warpgroup gathering, one computing (_ws_produce, _ws_consume)
+    PRODUCER_REGS: gl.constexpr = 40,  # (WS) the producer's registers
 ):
     """Fixed splits (grid: splits, tokens, head groups): program (split, t) reduces row t's slots split · split_size
     onwards; or (``BALANCED``; grid: programs, 1, head groups) program p its share of the call's 64-slot steps, a
@@ -662,7 +821,22 @@ def sparse_mla_wgmma_kernel(
     else:
         q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], _Q)
 
-    if BALANCED:
+    if WS:
+        full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(STAGES):
+            mbarrier.init(full.index(j), count=128)  # the producer's threads, each once its copies have landed
+            mbarrier.init(empty.index(j), count=1)  # the warpgroup, once it has read the stage (one arrival)
+        _barrier()
+        gl.warp_specialize([
+            (_ws_consume, (q_ptr, stride_qt, stride_qh, slots_ptr, stride_st, o_ptr, stride_os, stride_ot, stride_oh,
+                           lse_ptr, stride_ls, stride_lt, H, K, num_slots, split_size, parts, tokens, logit_scale,
+                           kv_scale_ptr, codes_s, rope_s, scale_s, p_s, q_s, q_rope, full, empty, STAGES, FP8,
+                           ALIGNED, BALANCED)),
+            (_ws_produce, (pages_u8, s8_b, s8_t, slots_ptr, stride_st, K, num_slots, block_tokens, split_size, tokens,
+                           codes_s, rope_s, scale_s, full, empty, STAGES, FLAT, OFF32, FP8, ALIGNED, BALANCED)),
+        ], [4], [PRODUCER_REGS])
+    elif BALANCED:
         g0, g1, S, total = program_steps(tokens, K)
         for t in range(g0 // S, (g1 - 1) // S + 1):
             start, end, part = piece(t, g0, g1, S, total, K)
@@ -702,7 +876,7 @@ def serves(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str) -> bool:
 
 @bounded_partials
 def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, stages=DEFAULT_STAGES,
-                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, programs=None):
+                     split_size=DEFAULT_SPLIT_SIZE, maxnreg=None, programs=None, ws=False, producer_regs=None):
     """Launch :func:`sparse_mla_wgmma_kernel` (a call :func:`serves` refuses raises, naming what it got).
 
     Args:
@@ -721,6 +895,9 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
         programs: the balanced schedule (:mod:`.balanced`; default mode only: its split points follow the batch):
             this many programs in all (as many as run at once; divided among the groups of 16 heads) share the
             call's 64-slot steps (``split_size`` then unused); None: fixed splits.
+        ws: a producer warpgroup gathers the records, one computes (``WS``; the same results bit for bit).
+        producer_regs: (``ws``) the producer's registers a thread (the computing warpgroup gets 256 less them,
+            under a launch cap of 128: two programs a SM).
 
     Returns:
         ``(o [T, H, 512] bf16, lse [T, H] fp32)``.
@@ -748,6 +925,8 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
         return o[0].to(q.dtype), lse[0]
     meta = dict(STAGES=stages, FP8=fp8, ALIGNED=splits == 1 or split_size % 64 == 0, BALANCED=False, num_warps=4,
                 **({"maxnreg": maxnreg} if maxnreg else {}))
+    if ws:  # the launch's cap: 8 warps x 128 registers, two programs a SM (setmaxnreg moves them to the warpgroup)
+        meta.update(WS=True, PRODUCER_REGS=producer_regs or DEFAULT_PRODUCER_REGS, maxnreg=maxnreg or 128)
     # (fp8_ds_mla: the kernel reads no tensor scale; q stands in for the pointer)
     scale_arg = kv_scale.reshape(()) if fp8 else q
     sizes = (heads, k, split_size, softmax_scale * LOG2E, scale_arg, tokens, splits)
