@@ -459,30 +459,31 @@ def _gluon_variants() -> list[Variant]:
 
 
 def _wgmma_variants() -> list[Variant]:
-    """The wgmma few-heads kernel (``sparse_mla_wgmma``) as the backend launches it (``config.WGMMA_FEW_HEADS``): bf16
-    queries, fp8_ds_mla and per-tensor FP8 pages of back-to-back 64-token blocks under 2 GiB (flat, 32-bit
-    offsets)."""
+    """The wgmma few-heads kernel (``sparse_mla_wgmma``) as the backend launches it (``config.WGMMA_FEW_HEADS``: with its
+    producer warpgroup, ``ws``): bf16 queries, fp8_ds_mla and per-tensor FP8 pages of back-to-back 64-token blocks
+    under 2 GiB (flat, 32-bit offsets); and the balanced fp8_ds_mla launch without the producer (its warpgroup issuing
+    the copies itself: the kernel before the forty-third session)."""
     from ..triton_kernels import sparse_mla_wgmma as wgmma_mla
     from . import config
 
     launch = config.WGMMA_FEW_HEADS
-    return [Variant(
-        f"sparse MLA few heads, wgmma, {fmt}, H=16, {launch['stages']} stages" + (", balanced" if balanced else ""),
-        wgmma_mla.sparse_mla_wgmma_kernel,
-        dict(STAGES=launch["stages"], FLAT=True, OFF32=True, FP8=fmt == "fp8", ALIGNED=True, BALANCED=balanced),
-        dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32",
-             kv_scale_ptr="fp32" if fmt == "fp8" else "bf16"),  # (fp8_ds_mla: q stands in, unread)
-        floats=("logit_scale",), num_warps=4, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * record, s8_t=record),
-        gluon=True)
-        for fmt, record in (("fp8_ds_mla", 656), ("fp8", 576)) for balanced in (False, True)] + [Variant(
-        f"sparse MLA few heads, wgmma, fp8_ds_mla, H=16, {launch['stages']} stages, balanced, producer warp"
-        + (f" ({regs} registers)" if regs else ""),
-        wgmma_mla.sparse_mla_wgmma_kernel,
-        dict(STAGES=launch["stages"], FLAT=True, OFF32=True, FP8=False, ALIGNED=True, BALANCED=True, WS=True,
-             PRODUCER_REGS=regs or wgmma_mla.DEFAULT_PRODUCER_REGS),
-        dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32", kv_scale_ptr="bf16"),
-        floats=("logit_scale",), num_warps=4, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * 656, s8_t=656),
-        gluon=True, maxnreg=128) for regs in (None, 24, 40)]
+
+    def variant(fmt: str, record: int, balanced: bool, ws: bool) -> Variant:
+        extra = dict(WS=ws, PRODUCER_REGS=launch.get("producer_regs") or wgmma_mla.DEFAULT_PRODUCER_REGS)
+        return Variant(
+            f"sparse MLA few heads, wgmma, {fmt}, H=16, {launch['stages']} stages" + (", balanced" if balanced else "")
+            + ("" if ws else ", no producer"),
+            wgmma_mla.sparse_mla_wgmma_kernel,
+            dict(STAGES=launch["stages"], FLAT=True, OFF32=True, FP8=fmt == "fp8", ALIGNED=True, BALANCED=balanced,
+                 **extra),
+            dict(q_ptr="bf16", pages_u8="u8", slots_ptr="i32", o_ptr="fp32", lse_ptr="fp32",
+                 kv_scale_ptr="fp32" if fmt == "fp8" else "bf16"),  # (fp8_ds_mla: q stands in, unread)
+            floats=("logit_scale",), num_warps=4, divisible=multiples_of_16(s8_b=BLOCK_TOKENS * record, s8_t=record),
+            gluon=True, maxnreg=128 if ws else None)
+
+    ws = bool(launch.get("ws"))
+    return [variant(fmt, record, balanced, ws) for fmt, record in (("fp8_ds_mla", 656), ("fp8", 576))
+            for balanced in (False, True)] + ([variant("fp8_ds_mla", 656, True, False)] if ws else [])
 
 
 def _wgmma_fp4_variants() -> list[Variant]:

@@ -53,7 +53,12 @@ GLUON_FEW_HEADS = dict(block_n=16, stages=3, q_smem=True, maxnreg=168, split_siz
 # 54.9 / 65.7, 128 tokens 117.5 / 88.5 / 101.1 / 118.6. So the route now takes calls from 16 tokens (16-31 with
 # 256-slot splits: 1.49x at 16), 32-63 keep 512-slot splits (1.60x at 32), 64 on 1024 (1.56x at 64); at 8 tokens the
 # two tie and FlashMLA's host time is lower: left to it. (Eager calls of < 64 tokens are host-bound on both.)
-WGMMA_FEW_HEADS = dict(stages=2, split_size=1024)
+# Forty-third session: a producer warpgroup gathers (``ws``: the computing warpgroup's step 1,171 instructions a warp
+# instead of 1,478, the same results bit for bit), H100 same run (scripts/h200/ws_sweep.py, GPU us, balanced / fixed
+# 1024-slot splits, today's launch -> ws with 40 producer registers): H = 16 64 x 5 202.2 -> 197.6 / 229.5 -> 211.2,
+# 64 x 8 310.0 -> 302.0 / 322.0 -> 300.9, 128 tokens 96.2 -> 94.6 / 87.6 -> 84.0; H = 12 alike; per-tensor FP8
+# 163.7 -> 160.0 / 179.8 -> 176.1.
+WGMMA_FEW_HEADS = dict(stages=2, split_size=1024, ws=True, producer_regs=40)
 # The wgmma kernels serve a call of more than 16 heads as groups of 16, one program each (every group gathers the
 # records again, the L2 serving some: 32 heads cost 1.7-1.9x 16). H200, twenty-fourth session, 64 x 5 tokens x 2048
 # slots (scripts/h200/head_groups_check.py), ms, groups against the few-heads Triton kernel (H <= 32) / the general one:

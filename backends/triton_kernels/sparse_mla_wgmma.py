@@ -918,15 +918,20 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     check_launch(name, heads, 64, split_size, max_heads=None)
     if stages not in (2, 3):
         raise ValueError(f"{name}: stages expected 2 or 3, got {stages}")
+    if ws and producer_regs is not None and (not isinstance(producer_regs, int) or not 24 <= producer_regs <= 128
+                                             or producer_regs % 8):
+        raise ValueError(f"{name}: producer_regs expected a multiple of 8 in 24..128 (setmaxnreg's steps), "
+                         f"got {producer_regs!r}")
     programs = programs_per_group(name, programs, heads, HEAD_GROUP)
     k = slots.shape[1]
     q, slots, split_size, splits, o, lse = unit_stride_and_outputs(q, slots, split_size, programs)
     if tokens == 0 or heads == 0:
         return o[0].to(q.dtype), lse[0]
     meta = dict(STAGES=stages, FP8=fp8, ALIGNED=splits == 1 or split_size % 64 == 0, BALANCED=False, num_warps=4,
+                WS=bool(ws), PRODUCER_REGS=producer_regs or DEFAULT_PRODUCER_REGS,
                 **({"maxnreg": maxnreg} if maxnreg else {}))
     if ws:  # the launch's cap: 8 warps x 128 registers, two programs a SM (setmaxnreg moves them to the warpgroup)
-        meta.update(WS=True, PRODUCER_REGS=producer_regs or DEFAULT_PRODUCER_REGS, maxnreg=maxnreg or 128)
+        meta.setdefault("maxnreg", 128)
     # (fp8_ds_mla: the kernel reads no tensor scale; q stands in for the pointer)
     scale_arg = kv_scale.reshape(()) if fp8 else q
     sizes = (heads, k, split_size, softmax_scale * LOG2E, scale_arg, tokens, splits)
