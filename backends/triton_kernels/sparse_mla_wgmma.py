@@ -188,6 +188,35 @@ def value_dim(n):
 
 
 @gluon.jit
+def _slot_pairs_f16(even, odd):
+    """Two slots' value words (e4m3 ``even`` = slot ``s``, ``odd`` = slot ``s + 1``, each 4 bytes: the dims ``n0 + 8 m``,
+    ``m = 0..3``) -> fp16 pairs, each 32-bit register one dim at both slots (mma.sync's B fragment pairs): two ``prmt``
+    put the two slots' bytes of a dim side by side, then one ``cvt.rn.f16x2.e4m3x2`` a pair (exact). Returns ``(a,
+    b)``, each in its input's place but holding, at element ``m = m0 + 2 m1``, slot ``s + m0``'s value of dim ``n0 + 8
+    m1`` (``a``) or ``n0 + 8 (2 + m1)`` (``b``): :func:`_value_operand` puts them back in order."""
+    return gl.inline_asm_elementwise(
+        "{\n\t.reg .b32 x0, x1;\n\t.reg .b16 l0, h0, l1, h1;\n\tprmt.b32 x0, $4, $5, 0x5140;"
+        "\n\tprmt.b32 x1, $4, $5, 0x7362;\n\tmov.b32 {l0, h0}, x0;\n\tmov.b32 {l1, h1}, x1;"
+        "\n\tcvt.rn.f16x2.e4m3x2 $0, l0;\n\tcvt.rn.f16x2.e4m3x2 $1, h0;\n\tcvt.rn.f16x2.e4m3x2 $2, l1;"
+        "\n\tcvt.rn.f16x2.e4m3x2 $3, h1;\n\t}",
+        "=r,=r,=r,=r,r,r", [even, odd], dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
+
+
+@gluon.jit
+def _value_operand(x, DOT_B: gl.constexpr):
+    """16 slots' value codes (u8 ``[4 parts, 16 slots, 128 n]`` as loaded in :data:`_LOAD`) widened exactly to fp16 as
+    the value MMA's B operand: the slots' bytes paired before the conversion (:func:`_slot_pairs_f16`: one ``prmt`` a
+    word instead of one a converted pair after it, 64 fewer a step a warp), the result's elements put back in order by
+    a reshape and a permutation of registers (no data moves: asserted)."""
+    even, odd = gl.split(gl.permute(gl.reshape(x, [4, 8, 2, 128]), (0, 1, 3, 2)))  # slots 2 a, 2 a + 1: [4, 8, 128]
+    a, b = _slot_pairs_f16(even, odd)
+    # a / b at n = 32 i + 16 m1 + 8 m0 + r hold slot 2 a + m0, dim 32 i + 16 t + 8 m1 + r (t = 0 for a, 1 for b)
+    both = gl.reshape(gl.join(a, b), [4, 8, 4, 2, 2, 8, 2])  # p, a, i, m1, m0, r, t
+    v = gl.reshape(gl.permute(both, (0, 1, 4, 2, 6, 3, 5)), [4, 16, 128])  # p, (a, m0), (i, t, m1, r)
+    return gl.convert_layout(v, DOT_B, assert_trivial=True)
+
+
+@gluon.jit
 def _scale_row(scales, c: gl.constexpr):
     """Tile ``c``'s scales of a stage (``[4, 64]`` fp32) as ``[64]``."""
     return _view(scales, gl.float32, [4 * TILE], _SCALE_ROW).slice(c * TILE, TILE)
@@ -549,7 +578,7 @@ def _step_math(codes, rope, scales, valid, logit_scale, head_scale, m_i, l_acc, 
 
     values = _value_view(codes)
     for kk in gl.static_range(4):  # 16 slots at a time: the B operand's registers
-        v = gl.convert_layout(_as_f16(values.slice(16 * kk, 16, dim=1).load(_LOAD)), DOT_B)
+        v = _value_operand(values.slice(16 * kk, 16, dim=1).load(_LOAD), DOT_B)
         pa = p_s.slice(16 * kk, 16, dim=1).permute((0, 2, 1)).load(DOT_A)  # [4, 16 heads, 16 slots]
         acc = mma_v2(pa, v, acc)
     return m_i, l_acc, acc, b0, b1, b2, b3
