@@ -2,7 +2,9 @@
 
 Usage (on a CUDA machine, from the repository root)::
 
-    python3 scripts/h200/ws_sweep.py [--heads 16,12] [--tokens 320,512,128,64] [--regs 24,32,40]
+    python3 scripts/h200/ws_sweep.py [--heads 16,12] [--tokens 320,512,128,64] [--regs 24,32,40] [--edges-only]
+
+``--edges-only``: the edge cases alone, no timing (run it under ``compute-sanitizer --tool memcheck``).
 
 Why: a step of the shipped kernel is 1,478 instructions a warp, about 340 of them the gathers' own (the slot indices'
 loads, the record offsets, the copies' addresses and the copies; sm_90 SASS, forty-third session), at two programs of
@@ -15,8 +17,10 @@ and per-tensor FP8 at 16 heads x 320 tokens; for each, the launch today (the bal
 and the fixed splits) and the same launch with ``ws`` at each producer register count; FlashMLA's decode on the same
 bytes (heads padded to 64) as the peer. Each launch is checked first: today's first rows against the float64
 reference, every ``ws`` launch against its twin bit for bit (the same arithmetic in the same order), then timed from
-CUDA-graph replays. Edge cases after: 5 heads, rows of 2,000 slots with skipped and out-of-range ones and a row with
-none valid, a balanced launch of 7 programs (each meeting many rows), checked bit for bit the same way.
+CUDA-graph replays. Edge cases after, each checked against the reference and bit for bit the same way: 5 heads, rows
+of 2,000 slots with skipped and out-of-range ones and a row with none valid, on a balanced launch of 7 programs (each
+meeting many rows), 512-slot splits and one split; int64 slots; a strided q; blocks 16 bytes further apart than
+their records (not flat); per-tensor FP8 records at 20 heads (two head groups).
 
 Exits with one ``error:`` line when a check fails (after timing what passed).
 """
@@ -47,6 +51,7 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", default="16,12")
     parser.add_argument("--tokens", default="320,512,128,64")
     parser.add_argument("--regs", default="24,32,40")
+    parser.add_argument("--edges-only", action="store_true", help="the edge cases alone, no timing")
     args = parser.parse_args(argv)
     torch, _, _, _ = start("ws_sweep", "cuda")
     from dsahal.backends.nvidia import config, ops
@@ -58,6 +63,8 @@ def main(argv=None) -> int:
     cases = [("fp8_ds_mla", h, n) for h in map(int, args.heads.split(",")) for n in map(int, args.tokens.split(","))]
     cases.append(("fp8", 16, 320))
     failures, table = [], []
+    if args.edges_only:
+        cases = []
     for fmt, heads, tokens in cases:
         pages, kv_scale = pools[fmt]
         gen = torch.Generator(device="cuda").manual_seed(heads * 1000 + tokens)
@@ -97,18 +104,34 @@ def main(argv=None) -> int:
     slots[:, 5::11] = -1
     slots[:, 7::13] = pool + 3  # past the pool: the kernel skips them (the reference is given -1 there)
     slots[4] = -1
-    ref_slots = torch.where(slots >= pool, -1, slots)
     q = torch.randn(9, 5, 576, device="cuda", generator=gen).to(torch.bfloat16)
-    for name, cfg in (("balanced 7 programs", dict(config.WGMMA_FEW_HEADS, programs=7, ws=False)),
-                      ("fixed 512-slot splits", dict(config.WGMMA_FEW_HEADS, split_size=512, ws=False)),
-                      ("fixed one split", dict(config.WGMMA_FEW_HEADS, split_size=None, ws=False))):
-        fn = (lambda cfg=cfg: sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None, SOFTMAX_SCALE, **cfg))
-        ok, msg = check(torch, fn, q, pages, ref_slots)
+    # blocks 16 bytes further apart than their records: a view into a larger buffer (not flat)
+    spaced = torch.zeros(pages.shape[0], pages.shape[1] * 656 + 16, dtype=torch.uint8, device="cuda")
+    spaced_pages = spaced[:, : pages.shape[1] * 656].unflatten(1, (pages.shape[1], 656))
+    spaced_pages.copy_(pages)
+    wide_q = torch.randn(9, 2, 5, 576, device="cuda", generator=gen).to(torch.bfloat16)[:, 1]  # a strided q
+    fp8_pages, fp8_scale = pools["fp8"]
+    q20 = torch.randn(9, 20, 576, device="cuda", generator=gen).to(torch.bfloat16)
+    edges = [("balanced 7 programs", "fp8_ds_mla", q, pages, slots, None, dict(programs=7)),
+             ("fixed 512-slot splits", "fp8_ds_mla", q, pages, slots, None, dict(split_size=512)),
+             ("fixed one split", "fp8_ds_mla", q, pages, slots, None, dict(split_size=None)),
+             ("int64 slots, balanced", "fp8_ds_mla", q, pages, slots.long(), None, dict(programs=11)),
+             ("strided q, spaced blocks", "fp8_ds_mla", wide_q, spaced_pages, slots, None, dict()),
+             ("spaced blocks, balanced", "fp8_ds_mla", q, spaced_pages, slots, None, dict(programs=5)),
+             ("fp8 20 heads (two groups)", "fp8", q20, fp8_pages, slots, fp8_scale, dict()),
+             ("fp8 20 heads, balanced", "fp8", q20, fp8_pages, slots, fp8_scale, dict(programs=9))]
+    for name, fmt, eq, epages, eslots, escale, extra in edges:
+        cfg = dict(config.WGMMA_FEW_HEADS, **extra, ws=False)
+        fn = (lambda cfg=cfg, fmt=fmt, eq=eq, epages=epages, eslots=eslots, escale=escale:
+              sparse_mla_wgmma(eq, epages, eslots, fmt, escale, SOFTMAX_SCALE, **cfg))
+        ref_slots = torch.where(eslots >= pool, -1, eslots)
+        ok, msg = check(torch, fn, eq, epages, ref_slots, fmt, escale)
         print(f"  edge {name}: {'ok' if ok else 'FAIL'} {msg}", flush=True)
         if not ok:
             failures.append(f"edge {name}: {msg}")
         ws_cfg = dict(cfg, ws=True)
-        ws_fn = (lambda ws_cfg=ws_cfg: sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None, SOFTMAX_SCALE, **ws_cfg))
+        ws_fn = (lambda ws_cfg=ws_cfg, fmt=fmt, eq=eq, epages=epages, eslots=eslots, escale=escale:
+                 sparse_mla_wgmma(eq, epages, eslots, fmt, escale, SOFTMAX_SCALE, **ws_cfg))
         if bitwise(torch, f"edge {name} ws", ws_fn, fn, failures):
             print(f"  edge {name} ws: bit for bit", flush=True)
 
