@@ -255,25 +255,14 @@ def test_every_warp_holds_a_steps_tile_scales_whole():
 
 
 def step_loop_local_memory(cubin) -> list[str]:
-    """The local-memory (spill) instructions of a kernel's step loop: the smallest region a backward branch closes
-    that holds MMAs (the balanced kernels run it inside their loop over pieces)."""
-    from dsahal.backends.nvidia import sass
-
-    instructions = sass.parse_sass(sass.cuobjdump(cubin, "-sass"))
-    loops = []
-    for ins in instructions:
-        target = re.search(r"0x([0-9a-f]+)\s*$", ins.operands) if ins.opcode.startswith("BRA") else None
-        if target and int(target.group(1), 16) < ins.address:
-            region = [i for i in instructions if int(target.group(1), 16) <= i.address <= ins.address]
-            if any("MMA" in i.opcode for i in region):
-                loops.append(region)
-    assert loops, "no loop holding MMAs"
-    return [f"{i.opcode} {i.operands}" for i in min(loops, key=len) if i.opcode.startswith(("LDL", "STL"))]
+    """The local-memory (spill) instructions of a kernel's step loop: the smallest loop that holds MMAs (the balanced
+    kernels run it inside their loop over pieces)."""
+    return loop_local_memory(cubin, "MMA")
 
 
 def loop_local_memory(cubin, holding: str) -> list[str]:
     """The local-memory (spill) instructions of the smallest loop (a region a backward branch closes) holding an
-    instruction whose opcode starts with ``holding``."""
+    instruction whose opcode contains ``holding``."""
     from dsahal.backends.nvidia import sass
 
     instructions = sass.parse_sass(sass.cuobjdump(cubin, "-sass"))
@@ -282,7 +271,7 @@ def loop_local_memory(cubin, holding: str) -> list[str]:
         target = re.search(r"0x([0-9a-f]+)\s*$", ins.operands) if ins.opcode.startswith("BRA") else None
         if target and int(target.group(1), 16) < ins.address:
             region = [i for i in instructions if int(target.group(1), 16) <= i.address <= ins.address]
-            if any(i.opcode.startswith(holding) for i in region):
+            if any(holding in i.opcode for i in region):
                 loops.append(region)
     assert loops, f"no loop holding {holding}"
     return [f"{i.opcode} {i.operands}" for i in min(loops, key=len) if i.opcode.startswith(("LDL", "STL"))]

@@ -1033,6 +1033,21 @@ def _ws_consume(bufs, full, empty, live, first, qs, qs_lo, w_s, oks, poss, t0, b
 
 
 @gluon.jit
+def stage_mbarriers(STAGES: gl.constexpr, PRODUCER_THREADS: gl.constexpr):
+    """A producer's handover of ``STAGES`` shared-memory stages: ``(full, empty)``, each ``[STAGES, 1]`` mbarriers.
+    ``full[j]`` completes once each of the producer's ``PRODUCER_THREADS`` threads has arrived (its copies landed:
+    ``cp.async.mbarrier.arrive.noinc``), ``empty[j]`` on the consuming warpgroup's one arrival once it has read the
+    stage. Every warp of the program past the initialisation before either is used."""
+    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(STAGES):
+        mbarrier.init(full.index(j), count=PRODUCER_THREADS)
+        mbarrier.init(empty.index(j), count=1)
+    _barrier()
+    return full, empty
+
+
+@gluon.jit
 def _ws_produce(bufs, full, empty, live, first, pages_i32, s32_b, block_table_ptr, stride_bt, req64, num_blocks,
                 max_blocks, block_tokens, STAGES: gl.constexpr, WHOLE: gl.constexpr, MX: gl.constexpr):
     """(``WS``) The producer warp: tile ``i`` waits for its stage to be free (``empty``; the first round passes),
@@ -1177,12 +1192,7 @@ def indexer_gluon_kernel(
         else:
             a_blocks = bufs[0]  # (unused)
         if WS:  # one producer warp copying, this warpgroup scoring, the stages handed over by mbarriers
-            full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            for j in gl.static_range(STAGES):
-                mbarrier.init(full.index(j), count=32)  # the producer's lanes, each once its copies have landed
-                mbarrier.init(empty.index(j), count=1)  # the warpgroup, once it has read the stage (one arrival)
-            _barrier()
+            full, empty = stage_mbarriers(STAGES, 32)  # (the producer's 32 lanes)
             gl.warp_specialize([
                 (_ws_consume, (bufs, full, empty, live, first, qs, qs_lo, ws, oks, poss, t0, block_table_ptr,
                                stride_bt, req64, num_blocks, max_blocks, block_tokens, out_ptr, stride_ot, maxima_ptr,
