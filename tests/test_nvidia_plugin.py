@@ -17,8 +17,10 @@ def test_declares_every_op_as_routes_and_each_reference_resolves():
     assert [r.name for r in backend.routes("sparse_mla")] == ["gluon_wgmma_few_heads", "gluon_wgmma_nvfp4",
                                                                  "flashmla_decode", "flashmla_prefill", "gluon_few_heads",
                                                                  "triton_small_heads", "triton"]
-    assert [r.name for r in backend.routes("kda_prefill")] == ["triton_short", "triton_chunk_mixed", "fla_chunk",
-                                                              "triton_recurrent", "triton_chunk"]
+    # (fla_chunk after the route that takes every call: forced only, its results past the bf16 bound under strong
+    # decay)
+    assert [r.name for r in backend.routes("kda_prefill")] == ["triton_short", "triton_chunk_mixed",
+                                                              "triton_recurrent", "fla_chunk", "triton_chunk"]
     pytest.importorskip("triton")
     for op in OP_NAMES:
         for route in backend.routes(op):

@@ -217,6 +217,7 @@ def _chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_
 
 
 def kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
-    """The exact recurrent kernel, token by token (the ``fla_chunk`` route, :mod:`.kda_fla`, comes first)."""
+    """The exact recurrent kernel, token by token: the route for the calls neither the short nor the chunked kernel
+    takes (fp32 inputs; K or V past 128); fla's ``chunk_kda`` (:mod:`.kda_fla`) only when forced."""
     return _kda.kda_prefill_recurrent(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm,
                                       **config.kda_prefill_config(v.shape[-1]))
