@@ -400,6 +400,8 @@ def test_the_launchers_pass_each_kernel_parameter_by_its_name(monkeypatch, modul
                                   producer_regs=40)
         ws_bound = dict(zip(names, recorder.calls[1][1]), **recorder.calls[1][2])
         assert (ws_bound["WS"], ws_bound["PRODUCER_REGS"], ws_bound["maxnreg"]) == (True, 40, 128)
+        with pytest.raises(ValueError, match="ws .the producer warpgroup. expected stages=2, got stages=3"):
+            getattr(module, launcher)(q, pages, slots, "fp8_ds_mla", None, 0.25, ws=True, stages=3)
         for bad in (16, 44, 136, 40.0):
             with pytest.raises(ValueError, match=rf"producer_regs expected a multiple of 8 in 24..128 .*got {bad}"):
                 getattr(module, launcher)(q, pages, slots, "fp8_ds_mla", None, 0.25, ws=True, producer_regs=bad)

@@ -88,7 +88,8 @@ SIZE_ARGS = ("H", "K", "num_slots", "block_tokens", "split_size", "tokens", "par
 HEAD_GROUP = 16
 TILE = gl.constexpr(64)  # slots a step: the logit wgmma's M
 DEFAULT_STAGES, DEFAULT_SPLIT_SIZE = 2, 1024  # the H200's fastest at 64 x 5 and 64 x 8 tokens (BENCHMARKS.md)
-DEFAULT_PRODUCER_REGS = 32  # (ws) the producer warpgroup's registers a thread: the computing one gets 256 - 32
+DEFAULT_PRODUCER_REGS = 40  # (ws) the producer warpgroup's registers a thread: the computing one gets 256 - 40
+# (H100, forty-third session: 1-3% faster than 32 or 24 at 64 x 5 and 64 x 8)
 BLOCK_H = gl.constexpr(16)
 
 # shared layouts: a stage's codes [4 tiles, 64 slots, 128 bytes] (128-byte rows, their 16-byte pieces swizzled by the
@@ -831,7 +832,7 @@ def sparse_mla_wgmma_kernel(
     ALIGNED: gl.constexpr = False,  # every split starts at a multiple of 64 slots (the slot indices' loads vectorised)
     BALANCED: gl.constexpr = False,  # the balanced schedule (.balanced): grid axis 0 its programs, axis 1 one
     WS: gl.constexpr = False,  # a producer warpgroup gathering, one computing (_ws_produce, _ws_consume)
-    PRODUCER_REGS: gl.constexpr = 40,  # (WS) the producer's registers
+    PRODUCER_REGS: gl.constexpr = 40,  # (WS) the producer's registers (DEFAULT_PRODUCER_REGS)
 ):
     """Fixed splits (grid: splits, tokens, head groups): program (split, t) reduces row t's slots split · split_size
     onwards; or (``BALANCED``; grid: programs, 1, head groups) program p its share of the call's 64-slot steps, a
@@ -924,7 +925,8 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
         programs: the balanced schedule (:mod:`.balanced`; default mode only: its split points follow the batch):
             this many programs in all (as many as run at once; divided among the groups of 16 heads) share the
             call's 64-slot steps (``split_size`` then unused); None: fixed splits.
-        ws: a producer warpgroup gathers the records, one computes (``WS``; the same results bit for bit).
+        ws: a producer warpgroup gathers the records, one computes (``WS``; the same results bit for bit; two
+            stages only).
         producer_regs: (``ws``) the producer's registers a thread (the computing warpgroup gets 256 less them,
             under a launch cap of 128: two programs a SM).
 
@@ -947,6 +949,8 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     check_launch(name, heads, 64, split_size, max_heads=None)
     if stages not in (2, 3):
         raise ValueError(f"{name}: stages expected 2 or 3, got {stages}")
+    if ws and stages != 2:  # (two stages keep two programs a SM; the only launch checked on a GPU)
+        raise ValueError(f"{name}: ws (the producer warpgroup) expected stages=2, got stages={stages}")
     if ws and producer_regs is not None and (not isinstance(producer_regs, int) or not 24 <= producer_regs <= 128
                                              or producer_regs % 8):
         raise ValueError(f"{name}: producer_regs expected a multiple of 8 in 24..128 (setmaxnreg's steps), "
