@@ -539,3 +539,27 @@ def test_default_mode_takes_the_balanced_schedule_from_its_token_count(monkeypat
     assert ops.wgmma_launch(320, "cuda") == config.WGMMA_FEW_HEADS
     assert ops.wgmma_launch(320, "cuda", "fp8") == config.WGMMA_FEW_HEADS
     assert ops.wgmma_fp4_launch(320, "cuda") == config.WGMMA_NVFP4
+
+
+def test_the_producer_launch_needs_gluons_warp_specialize_form(monkeypatch):
+    """This Triton (CI's) has the form the producer launch is written in. A Triton without it: an explicit ``ws=True``
+    is refused by name, and the route (``ops.sparse_mla_wgmma``) runs the launch without the producer instead (the
+    same results bit for bit), never a compile error mid-serving."""
+    from dsahal.backends.nvidia import config, ops
+
+    assert w.producer_refusal() == ""
+    recorder = LaunchRecorder()
+    monkeypatch.setattr(w, "refusal", lambda *args: "")
+    monkeypatch.setattr(w, "sparse_mla_wgmma_kernel", recorder)
+    monkeypatch.setattr(w, "producer_refusal", lambda: "Triton 0.0's gl.warp_specialize takes (a, b, c, ...)")
+    q = torch.zeros(3, 16, 576, dtype=torch.bfloat16)
+    pages = torch.zeros(4, 64, 656, dtype=torch.uint8)
+    slots = torch.zeros(3, 300, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"ws \(the producer warpgroup\) needs another Triton: Triton 0\.0's"):
+        w.sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None, 0.25, ws=True)
+    assert recorder.calls == []
+    monkeypatch.setattr(config, "batch_invariant", lambda: True)  # (fixed splits: no device asked for its SMs)
+    assert config.WGMMA_FEW_HEADS["ws"]
+    ops.sparse_mla_wgmma(q, pages, slots, "fp8_ds_mla", None, 0.25)
+    ((_, _, kwargs),) = recorder.calls
+    assert kwargs["WS"] is False and "maxnreg" not in kwargs

@@ -62,10 +62,13 @@ def sparse_mla_gluon(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
 def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):
     """The wgmma few-heads kernel (fp8_ds_mla or per-tensor FP8 records, 16 heads a program, sm_90): the gathered
     slots as the logit wgmma's M side; :func:`wgmma_launch` its launch parameters."""
-    from dsahal.backends.triton_kernels.sparse_mla_wgmma import sparse_mla_wgmma as launch  # (imports Gluon)
+    from dsahal.backends.triton_kernels.sparse_mla_wgmma import producer_refusal  # (imports Gluon)
+    from dsahal.backends.triton_kernels.sparse_mla_wgmma import sparse_mla_wgmma as launch
 
-    return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale,
-                  **wgmma_launch(q.shape[0], q.device, kv_fmt))
+    options = wgmma_launch(q.shape[0], q.device, kv_fmt)
+    if options.get("ws") and producer_refusal():  # a Triton that cannot compile the producer: the launch without it
+        options = dict(options, ws=False)  # (the same results bit for bit, 1-10% slower; docs/nvidia.md)
+    return launch(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, **options)
 
 
 def sparse_mla_wgmma_fp4(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale):

@@ -63,7 +63,11 @@ reference (``scripts/h200/wgmma_mla_check.py``) and by the conformance suite thr
 """
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mbarrier, mma_v2
@@ -890,6 +894,18 @@ def sparse_mla_wgmma_kernel(
 FORMATS = ("fp8_ds_mla", "fp8")  # the record formats this kernel reads (fp8: per-tensor scaled, 576 bytes)
 
 
+@functools.lru_cache(maxsize=None)
+def producer_refusal() -> str:
+    """Why this Triton cannot compile the producer launch (``ws``), "" when it can: the launch is written in Gluon's
+    ``warp_specialize(functions_and_args, worker_num_warps, worker_num_regs)`` (Triton 3.6, the H200's, and 3.9 compile
+    it; earlier releases took the partitions as separate arguments). Asked once a process."""
+    params = list(inspect.signature(gl.warp_specialize).parameters)
+    if params[:3] != ["functions_and_args", "worker_num_warps", "worker_num_regs"]:
+        return (f"Triton {triton.__version__}'s gl.warp_specialize takes ({', '.join(params[:3])}, ...), not the "
+                "(functions_and_args, worker_num_warps, worker_num_regs) the producer launch is written in")
+    return ""
+
+
 def refusal(q: torch.Tensor, kv_pages: torch.Tensor, kv_fmt: str, slots: torch.Tensor | None = None) -> str:
     """Why this kernel does not take the call ("" when it does): the Gluon few-heads kernels' shared conditions
     (:func:`.sparse_mla_gluon.records_refusal`) on fp8_ds_mla or per-tensor FP8 records. The route's verifier
@@ -949,6 +965,8 @@ def sparse_mla_wgmma(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale, *, sta
     check_launch(name, heads, 64, split_size, max_heads=None)
     if stages not in (2, 3):
         raise ValueError(f"{name}: stages expected 2 or 3, got {stages}")
+    if ws and producer_refusal():
+        raise ValueError(f"{name}: ws (the producer warpgroup) needs another Triton: {producer_refusal()}")
     if ws and stages != 2:  # (two stages keep two programs a SM; the only launch checked on a GPU)
         raise ValueError(f"{name}: ws (the producer warpgroup) expected stages=2, got stages={stages}")
     if ws and producer_regs is not None and (not isinstance(producer_regs, int) or not 24 <= producer_regs <= 128
