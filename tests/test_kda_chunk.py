@@ -9,7 +9,7 @@ inputs (never zeros: gates in [-0.51, -0.01], beta in [0.05, 0.95]), this module
   NaN-filled buffer (rows two apart, K rows wider than V): every byte outside the live rows' slabs must be
   unchanged, and a stray read would turn the output NaN. Variants: use_qk_l2norm on and off, K and V
   not powers of two (12, 24: masked channels and a masked V slab), a V slab as wide as V, fp16 inputs,
-  and the reduced-precision operand path (``operands="fp16"``: the casts and the 16-bit scratch of the
+  the value columns in slices (``max_v``: how V past 128 runs), and the reduced-precision operand path (``operands="fp16"``: the casts and the 16-bit scratch of the
   GPU's bf16 path; bf16 dots are not bf16 under the interpreter);
 * strongly negative gates (the clamp path): a chunk whose gates are all -30 would overflow the
   factorised decays without the clamp (NaN); the result must equal the reference on the clamped gates
@@ -70,6 +70,10 @@ REFERENCE_CASES = (
      dict(scan_mma=True, gate_dtype="float64")),
     # pass B's programs in the order longest sequence first (a permutation of the sequences; padding id included)
     ("longest_first_k16_v32_bv16_float32", 16, 32, 16, "float32", True, "fp32", dict(longest_first=True)),
+    # the value columns in slices (V past max_v: one call a slice, on the slice of v and of the pool's view; the
+    # backend splits V past 128 so), here slices of 16, 16 and 8 columns, and of 16, 16 and 4 in the tf32 mode
+    ("v_slices_k16_v40_max16_float32", 16, 40, 16, "float32", True, "fp32", dict(max_v=16)),
+    ("v_slices_tf32_k12_v36_max16_float16", 12, 36, 16, "float16", False, "tf32", dict(max_v=16, scan_mma=True)),
 )
 # operands -> (output, state) tolerance where the mode's roundings, not the input dtype's, bound the error
 OPERAND_TOL = {"fp16": (FP16_OPERAND_TOL, FP16_OPERAND_TOL)}
@@ -321,7 +325,9 @@ def test_empty_calls_return_the_shape_and_leave_the_pool(interpreted, label, sha
     (dict(block_v=24), ["block_v", "24"]),
     (dict(block_v=8), ["block_v", "8"]),
     (dict(key_dim=160), ["K", "160"]),
-    (dict(value_dim=256), ["V", "256"]),
+    # (V past 128 is split into slices, not refused: the split's own bound)
+    (dict(max_v=0), ["max_v", "0"]),
+    (dict(max_v=256), ["max_v", "256"]),
     (dict(pool_v_stride=2), ["state_pool", "unit stride"]),
     (dict(inverse="fp8"), ["inverse", "'fp8'"]),
 ])
@@ -335,7 +341,7 @@ def test_bad_arguments_are_refused_before_any_launch(change, words):
     pool = torch.randn(2, HEADS, key_dim, value_dim * change.get("pool_v_stride", 1))[..., ::change.get("pool_v_stride", 1)]
     before = pool.clone()
     options = {name: value for name, value in change.items()
-               if name in ("operands", "block_v", "inverse")}
+               if name in ("operands", "block_v", "inverse", "max_v")}
     with pytest.raises(ValueError) as info:
         kda_prefill_chunked(*tensors, _cu([5]), pool, torch.tensor([1], dtype=torch.int32), 0.25, True, **options)
     message = str(info.value)

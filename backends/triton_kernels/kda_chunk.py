@@ -453,10 +453,16 @@ def recur(scratch, out, cu_seqlens, state_pool, state_ids, *, operands="tf32", b
 
 def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm, *,
                         block_v=64, num_warps=4, num_stages=2, prepare_warps=4, operands="tf32", pair="ieee",
-                        inverse="ieee", scan_mma=False, prepare_maxnreg=None, longest_first=False):
+                        inverse="ieee", scan_mma=False, prepare_maxnreg=None, longest_first=False, max_v=MAX_DIM):
     """Chunked prefill of packed sequences: q, k, g ``[T, H, K]``, v ``[T, H, V]``, beta ``[T, H]``,
     ``cu_seqlens [B + 1]``, ``state_pool [P, H, K, V]`` fp32 updated in place at ``state_ids [B]``.
     Returns ``[T, H, V]`` in q's dtype. Two launches, no host sync (see the module docstring).
+
+    ``V > max_v`` (``K`` stays <= :data:`MAX_DIM`): one call per slice of at most ``max_v`` value columns, each on
+    its slice of v and, through the view, of the pool. Exact: a state's value columns evolve independently (``u``,
+    ``v_new``, ``o`` and the update ``Sᵀ ← Sᵀ ⊙ e^{G_C} + v_newᵀ kg`` are each per column; the gates, keys and queries
+    enter every column alike), so each slice is the certified ``V <= 128`` call; pass A's key-side work is repeated
+    once a slice.
 
     ``block_v``: pass B's V slab (a power of two >= 16; capped at V rounded up); ``num_warps`` /
     ``num_stages``: pass B's; ``prepare_warps``: pass A's; ``operands``: ``"tf32"``, ``"mixed"``, ``"bf16"``,
@@ -466,11 +472,22 @@ def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, sca
     ``prepare_maxnreg``: pass A's register cap (ptxas ``maxnreg``; None: ptxas's choice); ``longest_first``: pass B's
     programs start with the longest sequences' (:func:`recur`)."""
     heads, key_dim, value_dim = q.shape[1], q.shape[2], v.shape[2]
-    _options(operands, key_dim, value_dim, block_v)
+    if not isinstance(max_v, int) or not 1 <= max_v <= MAX_DIM:
+        raise ValueError(f"triton kda_prefill_chunked: max_v expected an int in 1..{MAX_DIM}, got {max_v!r}")
+    _options(operands, key_dim, min(value_dim, max_v), block_v)
     if pair not in PAIRS:
         raise ValueError(f"triton kda_prefill_chunked: pair expected one of {sorted(PAIRS)}, got {pair!r}")
     if inverse not in INVERSES:
         raise ValueError(f"triton kda_prefill_chunked: inverse expected one of {sorted(INVERSES)}, got {inverse!r}")
+    if value_dim > max_v:  # slices of the value columns (exact: see above)
+        _check_state_pool(state_pool)
+        options = dict(block_v=block_v, num_warps=num_warps, num_stages=num_stages, prepare_warps=prepare_warps,
+                       operands=operands, pair=pair, inverse=inverse, scan_mma=scan_mma,
+                       prepare_maxnreg=prepare_maxnreg, longest_first=longest_first, max_v=max_v)
+        return torch.cat([kda_prefill_chunked(q, k, v[:, :, v0:v0 + max_v], g, beta, cu_seqlens,
+                                              state_pool[..., v0:v0 + max_v], state_ids, scale, use_qk_l2norm,
+                                              **options)
+                          for v0 in range(0, value_dim, max_v)], dim=2)
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     sequences = state_ids.shape[0]
     if out.numel() == 0 or sequences == 0 or key_dim == 0:
