@@ -228,14 +228,14 @@ def test_the_few_heads_route_takes_the_formats_it_measured_faster_on():
 def test_the_mixed_chunked_route_takes_16_bit_inputs_and_leaves_fp32_to_the_exact_kernel():
     from dsahal.backends.nvidia.verifiers import chunk_mixed_accepts
 
-    def call(dtype, key_dim=128):
+    def call(dtype, key_dim=128, value_dim=128):
         tokens, heads = 600, 2
         q, k = (torch.randn(tokens, heads, key_dim).to(dtype) for _ in range(2))
-        v = torch.randn(tokens, heads, 128).to(dtype)
+        v = torch.randn(tokens, heads, value_dim).to(dtype)
         g = -torch.rand(tokens, heads, key_dim)
         beta = torch.rand(tokens, heads).to(dtype)
         cu = torch.tensor([0, 100, tokens], dtype=torch.int32)
-        pool = torch.zeros(2, heads, key_dim, 128)
+        pool = torch.zeros(2, heads, key_dim, value_dim)
         return chunk_mixed_accepts(q, k, v, g, beta, cu, pool, torch.tensor([0, 1], dtype=torch.int32), None, True)
 
     ok, reason = call(torch.bfloat16)  # past the route's own checks, to the kernels' limits (CPU tensors here)
@@ -244,3 +244,6 @@ def test_the_mixed_chunked_route_takes_16_bit_inputs_and_leaves_fp32_to_the_exac
     assert not ok and "fp32" in reason and "recurrent" in reason, reason
     ok, reason = call(torch.bfloat16, key_dim=192)
     assert not ok and "K = 192" in reason, reason
+    # V past 128 runs in slices of value columns (the launcher's max_v): refused only where the kernels' limits say
+    ok, reason = call(torch.bfloat16, value_dim=256)
+    assert not ok and "cuda" in reason and "V = " not in reason, reason

@@ -214,13 +214,15 @@ def kda_prefill_chunked_mixed(q, k, v, g, beta, cu_seqlens, state_pool, state_id
 
 
 def _chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm, mode):
-    options = dict(operands="fp32") if q.dtype == torch.float32 else config.kda_chunk_config(v.shape[-1], mode)
+    # (V past 128: the launcher runs slices of at most 128 value columns, each launched as a V <= 128 call)
+    options = (dict(operands="fp32") if q.dtype == torch.float32
+               else config.kda_chunk_config(min(v.shape[-1], 128), mode))
     return _kda_chunk.kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm,
                                           **options)
 
 
 def kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
     """The exact recurrent kernel, token by token: the route for the calls neither the short nor the chunked kernel
-    takes (fp32 inputs; K or V past 128); fla's ``chunk_kda`` (:mod:`.kda_fla`) only when forced."""
+    takes (fp32 inputs; K past 128); fla's ``chunk_kda`` (:mod:`.kda_fla`) only when forced."""
     return _kda.kda_prefill_recurrent(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm,
                                       **config.kda_prefill_config(v.shape[-1]))

@@ -146,14 +146,15 @@ def small_heads_accepts(q, kv_pages, slots, kv_fmt, kv_scale, softmax_scale) -> 
 SHORT_PREFILL_TOKENS = 512
 
 
-CHUNK_MAX_DIM = 128  # the chunked kernel's K and V (tiles held on chip)
+CHUNK_MAX_DIM = 128  # the chunked kernel's K and a call's V (tiles held on chip; V past it in slices)
 
 
 def chunk_prefill_accepts(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm):
-    """Our chunked kernel: K and V up to :data:`CHUNK_MAX_DIM`, and what the recurrent kernel takes."""
-    if q.shape[-1] > CHUNK_MAX_DIM or v.shape[-1] > CHUNK_MAX_DIM:
-        return False, (f"K = {q.shape[-1]}, V = {v.shape[-1]}: the chunked kernel holds K, V <= {CHUNK_MAX_DIM} "
-                       f"on chip")
+    """Our chunked kernel: K up to :data:`CHUNK_MAX_DIM` (any V: past it the launcher runs slices of the value
+    columns, each an exact call of its own), and what the recurrent kernel takes."""
+    if q.shape[-1] > CHUNK_MAX_DIM:
+        return False, (f"K = {q.shape[-1]}: the chunked kernel holds K <= {CHUNK_MAX_DIM} on chip (V past it runs "
+                       f"in slices)")
     return limits.kda_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, scale, use_qk_l2norm)
 
 
