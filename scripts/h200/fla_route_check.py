@@ -26,9 +26,12 @@ import torch
 from edge_check import Routes  # scripts/h200/edge_check.py
 from script_cli import finish, run, start  # scripts/h200/script_cli.py
 
-# (lengths, heads, K, V, dtype, decay): each run through the default chain and with fla_chunk forced
-CASES = [((1024,), 2, 256, 256, torch.bfloat16, 0.1), ((600, 700), 2, 192, 128, torch.bfloat16, 5.0),
+# (lengths, heads, K, V, dtype, decay): each run through the default chain and with fla_chunk forced. The default
+# chain takes the first to the chunked kernel in slices of value columns (V past 128), the second to the recurrent
+# kernel (K past 128), the third to the chunked kernel as it is
+CASES = [((1024,), 2, 128, 256, torch.bfloat16, 5.0), ((600, 700), 2, 192, 128, torch.bfloat16, 5.0),
          ((1024,), 2, 128, 128, torch.bfloat16, 5.0)]
+
 
 def inputs(lengths, heads, kd, vd, dtype, decay, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
