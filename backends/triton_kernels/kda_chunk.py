@@ -479,8 +479,7 @@ def kda_prefill_chunked(q, k, v, g, beta, cu_seqlens, state_pool, state_ids, sca
         raise ValueError(f"triton kda_prefill_chunked: pair expected one of {sorted(PAIRS)}, got {pair!r}")
     if inverse not in INVERSES:
         raise ValueError(f"triton kda_prefill_chunked: inverse expected one of {sorted(INVERSES)}, got {inverse!r}")
-    if value_dim > max_v:  # slices of the value columns (exact: see above)
-        _check_state_pool(state_pool)
+    if value_dim > max_v:  # slices of the value columns (exact: see above; each slice's call checks its pool view)
         options = dict(block_v=block_v, num_warps=num_warps, num_stages=num_stages, prepare_warps=prepare_warps,
                        operands=operands, pair=pair, inverse=inverse, scan_mma=scan_mma,
                        prepare_maxnreg=prepare_maxnreg, longest_first=longest_first, max_v=max_v)

@@ -686,7 +686,6 @@ def _reduce_split(q_ptr, stride_qt, stride_qh, pages_u8, s8_b, s8_t, slots_ptr, 
 # three constant offsets: few registers (the producer's 24-40 leave the warpgroup 216-232 under two programs a SM).
 _CODES_COPY_W = gl.constexpr(gl.BlockedLayout([1, 1, 16], [1, 4, 8], [1, 4, 1], [2, 1, 0]))  # [4, 64, 128] bytes
 _ROPE_COPY_W = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))  # [64, 64] bf16
-_SCALE_COPY_W = _SCALE_COPY  # [4, 64] fp32: a thread 2 slots' scales of one tile
 _ROPE8_COPY_W = gl.constexpr(gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0]))  # [64, 64] e4m3 (FP8 records)
 
 
@@ -714,9 +713,9 @@ def _ws_issue(pages_u8, slot_row, n0, end, num_slots, s8_b, s8_t, block_tokens, 
         dim = gl.arange(0, 64, gl.SliceLayout(0, _ROPE_COPY_W))
         words = (pages_u8 + row_r[:, None]).to(gl.pointer_type(gl.bfloat16), bitcast=True)
         _async_copy(rope, words + 264 + dim[None, :], mask=ok_r[:, None])  # RoPE at byte 528
-        slots_s = _slot_rows(slot_row, n0, end, gl.SliceLayout(0, _SCALE_COPY_W))
+        slots_s = _slot_rows(slot_row, n0, end, gl.SliceLayout(0, _SCALE_COPY))  # (4 warps already)
         row_s, ok_s = _rows(slots_s, num_slots, s8_b, s8_t, block_tokens, FLAT, OFF32)
-        part_s = gl.arange(0, 4, gl.SliceLayout(1, _SCALE_COPY_W))
+        part_s = gl.arange(0, 4, gl.SliceLayout(1, _SCALE_COPY))
         floats = (pages_u8 + row_s[None, :]).to(gl.pointer_type(gl.float32), bitcast=True) + 128  # scales at byte 512
         _async_copy(scales, floats + part_s[:, None], mask=ok_s[None, :])
 

@@ -30,15 +30,17 @@ import argparse
 
 import pools as cache_pools  # scripts/h200/pools.py
 from gluon_launch import graph_us  # scripts/h200/gluon_launch.py
+from module_ab import same_bits  # scripts/h200/module_ab.py
 from script_cli import CheckError, run, start  # scripts/h200/script_cli.py
 from wgmma_mla_check import SOFTMAX_SCALE, TOPK, check, flash_mla
 
 
 def bitwise(torch, case, fn, twin_fn, failures) -> bool:
-    """Whether ``fn()`` gives ``twin_fn()``'s outputs bit for bit (one line; a failure when not)."""
+    """Whether ``fn()`` gives ``twin_fn()``'s outputs bit for bit (:func:`module_ab.same_bits`; one line and a failure
+    when not)."""
     (o, lse), (want_o, want_lse) = fn(), twin_fn()
     torch.cuda.synchronize()
-    same = torch.equal(o, want_o) and torch.equal(lse.nan_to_num(), want_lse.nan_to_num())
+    same = same_bits(torch, (o, lse), (want_o, want_lse))
     if not same:
         err = ((o.float() - want_o.float()).abs().max().item(), (lse - want_lse).abs().nan_to_num().max().item())
         failures.append(f"{case}: not bit for bit its twin (o max diff {err[0]:.3e}, lse {err[1]:.3e})")
